@@ -1,0 +1,61 @@
+"""loopscope: observability for agent loops.
+
+Every model generation and tool call of an agent becomes an OpenTelemetry GenAI span,
+an event in an embedded DuckDB activity log, and one summary per turn that says why the
+loop stopped and which tools the model was offered.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .models import (
+    RESPONSE_SEGMENT_SEPARATOR,
+    ActivityEvent,
+    AIResponseEvent,
+    DeclaredTool,
+    EventSource,
+    EventStatus,
+    EventType,
+    LoopEndReason,
+    SessionInfo,
+    TextContent,
+    ToolCall,
+    ToolCallContent,
+)
+from .pipeline import Pipeline, configure, flush, shutdown
+from .recorder import Round, ToolExecution, Turn, tool, turn
+from .storage.errors import StoreError, StoreLockedError
+from .storage.policy import EventFilter, PersistencePolicy
+from .storage.store import AsyncStore, Store
+
+__all__ = [
+    "RESPONSE_SEGMENT_SEPARATOR",
+    "AIResponseEvent",
+    "ActivityEvent",
+    "AsyncStore",
+    "DeclaredTool",
+    "EventFilter",
+    "EventSource",
+    "EventStatus",
+    "EventType",
+    "LoopEndReason",
+    "PersistencePolicy",
+    "Pipeline",
+    "Round",
+    "SessionInfo",
+    "Store",
+    "StoreError",
+    "StoreLockedError",
+    "TextContent",
+    "ToolCall",
+    "ToolCallContent",
+    "ToolExecution",
+    "Turn",
+    "__version__",
+    "configure",
+    "flush",
+    "shutdown",
+    "tool",
+    "turn",
+]

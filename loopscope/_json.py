@@ -1,0 +1,123 @@
+"""Turn arbitrary Python values into JSON text without ever raising.
+
+Tool arguments and results are whatever the user's code passes: bytes, datetimes,
+sets, custom objects, cycles. Each is kept in a readable form rather than lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Mapping
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from enum import Enum
+from pathlib import PurePath
+from typing import Any
+from uuid import UUID
+
+_MAX_DEPTH = 64
+
+
+def to_jsonable(value: Any) -> Any:
+    """A JSON-compatible copy of ``value``; unknown objects become their ``repr``."""
+    return _convert(value, set(), 0)
+
+
+def dumps(value: Any) -> str:
+    """JSON text for ``value``; the fast path is plain ``json.dumps``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps(to_jsonable(value), ensure_ascii=False)
+    return text if text.isascii() or _encodable(text) else json.dumps(to_jsonable(value), ensure_ascii=False)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # a lone surrogate somewhere inside
+        return False
+
+
+def loads(text: str | None) -> Any:
+    """Parse stored JSON text; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    return json.loads(text)
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:  # a __repr__ that raises must not lose the rest
+        return f"<unrepresentable {type(value).__qualname__}: {type(exc).__name__}>"
+
+
+def _convert(value: Any, seen: set[int], depth: int) -> Any:
+    if isinstance(value, str):
+        # lone surrogates cannot be encoded as UTF-8: keep them visible, escaped
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+    if depth > _MAX_DEPTH:
+        return "<too deep>"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"$bytes_base64": base64.b64encode(raw).decode("ascii")}
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (Decimal, UUID, PurePath)):
+        return str(value)
+    if isinstance(value, Enum):
+        return _convert(value.value, seen, depth + 1)
+    ident = id(value)
+    if ident in seen:
+        return "<cycle>"
+    seen.add(ident)
+    try:
+        if isinstance(value, Mapping):
+            return {_key(k): _convert(v, seen, depth + 1) for k, v in list(value.items())}
+        if isinstance(value, (list, tuple)):
+            return [_convert(v, seen, depth + 1) for v in value]
+        if isinstance(value, (set, frozenset)):
+            items = [_convert(v, seen, depth + 1) for v in value]
+            try:
+                return sorted(items)
+            except TypeError:
+                return items
+        model_dump = getattr(value, "model_dump", None)
+        if callable(model_dump):
+            try:
+                return _convert(model_dump(mode="json"), seen, depth + 1)
+            except Exception:
+                pass
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            try:
+                fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+                return _convert(fields, seen, depth + 1)
+            except Exception:
+                pass
+        return _safe_repr(value)
+    finally:
+        seen.discard(ident)
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return _convert(key, set(), 0)
+    converted = _convert(key, set(), 0)
+    return converted if isinstance(converted, str) else json.dumps(converted, ensure_ascii=False)

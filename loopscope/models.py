@@ -1,0 +1,171 @@
+"""The public data model: what a turn, a tool call and a stored event look like.
+
+The shapes follow RoomKit's activity model so that its users read ours without a
+glossary: a turn ends in one :class:`AIResponseEvent`, a tool call is recorded as a
+start and an end :class:`ActivityEvent` carrying :class:`ToolCallContent`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "RESPONSE_SEGMENT_SEPARATOR",
+    "AIResponseEvent",
+    "ActivityEvent",
+    "DeclaredTool",
+    "EventSource",
+    "EventStatus",
+    "EventType",
+    "LoopEndReason",
+    "SessionInfo",
+    "TextContent",
+    "ToolCall",
+    "ToolCallContent",
+]
+
+RESPONSE_SEGMENT_SEPARATOR = "\n\n"
+"""Joins a turn's segments into its ``response_content``: a blank line at every tool-call boundary."""
+
+ToolStatus = Literal["pending", "completed", "failed"]
+ToolOutcome = Literal["served", "refused", "failed", "blocked", "unserved", "cancelled"]
+ToolOrigin = Literal["always", "pinned", "sticky", "revealed"]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class LoopEndReason(str, Enum):
+    """Why an agent's tool loop stopped."""
+
+    COMPLETED = "completed"
+    MAX_ROUNDS = "max_rounds"
+    TIMEOUT = "timeout"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    TRUNCATED = "truncated"
+    EMPTY_RESPONSE = "empty_response"
+    UNFINISHED = "unfinished"
+    FORCE_STOPPED = "force_stopped"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class EventType(str, Enum):
+    """The kinds of rows in the activity log. Stored as plain strings, so the set can grow."""
+
+    MESSAGE = "message"
+    TOOL_CALL_START = "tool_call_start"
+    TOOL_CALL_END = "tool_call_end"
+
+
+class EventStatus(str, Enum):
+    """Whether a row was delivered, or refused (blocked) and kept only for audit."""
+
+    DELIVERED = "delivered"
+    BLOCKED = "blocked"
+
+
+class ToolCall(BaseModel):
+    """A tool call as the model asked for it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: Any = None
+
+
+class ToolCallContent(BaseModel):
+    """The content of ``tool_call_start`` and ``tool_call_end`` events."""
+
+    type: Literal["tool_call"] = "tool_call"
+    tool_name: str
+    tool_id: str
+    arguments: Any = None
+    result: Any = None
+    status: ToolStatus = "pending"
+    outcome: ToolOutcome | None = None
+    duration_ms: float | None = None
+    error: str | None = None
+
+
+class TextContent(BaseModel):
+    """The content of a ``message`` event: one text segment and who said it."""
+
+    type: Literal["text"] = "text"
+    body: str
+    role: str = "assistant"
+
+
+class DeclaredTool(BaseModel):
+    """One tool as the model was offered it, and why it was there."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    origin: ToolOrigin = "always"
+
+
+class EventSource(BaseModel):
+    """Who produced an event: the agent (channel), the model provider, the framework."""
+
+    channel_id: str | None = None
+    provider: str | None = None
+    framework: str | None = None
+
+
+class ActivityEvent(BaseModel):
+    """One row of a session's activity log."""
+
+    id: str
+    session_id: str
+    index: int
+    type: str
+    created_at: datetime
+    correlation_id: str | None = None
+    source: EventSource = Field(default_factory=EventSource)
+    status: EventStatus = EventStatus.DELIVERED
+    content: Union[ToolCallContent, TextContent, dict[str, Any]] = Field(union_mode="left_to_right")
+    trace_id: str | None = None
+    span_id: str | None = None
+
+
+class AIResponseEvent(BaseModel):
+    """The summary of one agent turn: what it said, what it did, and why it stopped."""
+
+    channel_id: str | None = None
+    session_id: str | None = None
+    correlation_id: str | None = None
+    parent_correlation_id: str | None = None
+    response_content: str = ""
+    segments: list[str] = Field(default_factory=list)
+    tool_calls_count: int = 0
+    round_count: int = 0
+    usage: dict[str, int] = Field(default_factory=dict)
+    thinking: str = ""
+    loop_end_reason: LoopEndReason | None = None
+    latency_ms: float = 0
+    streaming: bool = False
+    timestamp: datetime = Field(default_factory=_utcnow)
+    declared_tools: list[DeclaredTool] = Field(default_factory=list)
+    model: str | None = None
+    provider: str | None = None
+    error: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+
+
+class SessionInfo(BaseModel):
+    """A session as listed by :meth:`Store.list_sessions`."""
+
+    session_id: str
+    event_count: int
+    turn_count: int
+    first_at: datetime | None
+    last_at: datetime | None
+    agents: list[str] = Field(default_factory=list)

@@ -1,0 +1,240 @@
+"""Tool executions: ``execute_tool`` spans from a decorator or a context manager."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from .. import _json, semconv as a
+from .._guard import internal_error
+from ..models import ToolCall
+from .context import current_turn
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_SKIPPED_PARAMS = frozenset({"self", "cls"})
+
+
+class ToolExecution:
+    """One execution of a tool: an ``execute_tool`` span and its start and end rows.
+
+    Inside a turn it serves the call the model asked for: the one with ``call_id``, or
+    else the oldest pending call of the same tool name. Set the outcome with
+    :meth:`set_result`, :meth:`refuse` or :meth:`block`; an exception marks it failed
+    (or cancelled) and passes through unchanged.
+    """
+
+    __slots__ = ("name", "arguments", "call_id", "description", "result", "_outcome", "_error", "_span", "_token", "_turn")
+
+    def __init__(self, name: str, arguments: Any = None, call_id: str | None = None, description: str | None = None) -> None:
+        self.name = name
+        self.arguments = arguments
+        self.call_id = call_id
+        self.description = description
+        self.result: Any = None
+        self._outcome: str | None = None
+        self._error: str | None = None
+        self._span: Span | None = None
+        self._token: object | None = None
+        self._turn: Any = None
+
+    def set_result(self, value: Any) -> None:
+        """The value the tool returned (the decorator sets it for you)."""
+        self.result = value
+
+    def refuse(self, reason: str = "") -> None:
+        """The tool declined to serve the call (a gate, a policy, a bad request)."""
+        self._outcome, self._error = "refused", reason or None
+
+    def block(self, reason: str = "") -> None:
+        """The result was withheld from the model (for example by a guardrail)."""
+        self._outcome, self._error = "blocked", reason or None
+
+    def __enter__(self) -> ToolExecution:
+        self._start()
+        return self
+
+    async def __aenter__(self) -> ToolExecution:
+        self._start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish(exc)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish(exc)
+
+    def __call__(self, fn: _F) -> _F:
+        """Use a configured ``loopscope.tool(name=...)`` as a decorator."""
+        return _decorate(fn, self.name or fn.__name__, self.description)
+
+    def _start(self) -> None:
+        try:
+            from ..pipeline import tracer
+
+            turn = current_turn.get()
+            self._turn = turn
+            attributes: dict[str, Any] = {a.OPERATION: a.OP_EXECUTE_TOOL, a.TOOL_NAME: self.name, a.TOOL_TYPE: "function"}
+            if turn is not None:
+                call = turn._claim_call(self.name, self.call_id)
+                if call is not None:
+                    self.call_id = call.id
+                    if self.arguments is None:
+                        self.arguments = call.arguments
+                attributes[a.CONVERSATION_ID] = turn.session_id
+                attributes[a.TURN_ID] = turn.correlation_id
+                if turn.agent:
+                    attributes[a.AGENT_NAME] = turn.agent
+            if self.call_id is None:
+                self.call_id = uuid.uuid4().hex
+            attributes[a.TOOL_CALL_ID] = self.call_id
+            if self.arguments is not None:
+                attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
+            if self.description:
+                attributes[a.TOOL_DESCRIPTION] = self.description
+            self._span = tracer().start_span(f"{a.OP_EXECUTE_TOOL} {self.name}", attributes=attributes)
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        except Exception:
+            internal_error("tool start")
+
+    def _finish(self, exc: BaseException | None) -> None:
+        try:
+            span = self._span
+            if span is None:
+                return
+            outcome, error = self._outcome, self._error
+            if exc is not None:
+                outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed"
+                error = f"{type(exc).__qualname__}: {exc}"
+            elif outcome is None:
+                outcome = "served"
+            attributes: dict[str, Any] = {a.TOOL_OUTCOME: outcome, a.TOOL_STATUS: "completed" if outcome == "served" else "failed"}
+            if self.result is not None:
+                attributes[a.TOOL_CALL_RESULT] = _json.dumps(self.result)
+            if error:
+                attributes[a.TOOL_ERROR] = error
+            if outcome != "served":
+                attributes[a.ERROR_TYPE] = type(exc).__qualname__ if exc is not None else outcome
+                span.set_status(Status(StatusCode.ERROR, error))
+            span.set_attributes(attributes)
+            if self._token is not None:
+                otel_context.detach(self._token)
+            span.end()
+            if self._turn is not None:
+                self._turn._tool_done()
+        except Exception:
+            internal_error("tool end")
+
+
+def record_unserved(turn: Any, call: ToolCall) -> None:
+    """A call the model asked for that nothing ran before its turn ended."""
+    execution = ToolExecution(call.name, call.arguments, call.id)
+    execution._outcome, execution._error = "unserved", "not executed before the turn ended"
+    execution._start()
+    execution._turn = None  # it never ran: not counted among the turn's tool calls
+    execution._finish(None)
+
+
+def _argument_binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """A fast mapping of a call's arguments to parameter names, computed once per tool."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return lambda args, kwargs: {"args": list(args), **kwargs} if args else dict(kwargs)
+    params = list(signature.parameters.values())
+    simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params)
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    skip = bool(names) and names[0] in _SKIPPED_PARAMS
+
+    if simple:
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not args:
+                return dict(kwargs)
+            bound = dict(zip(names, args))
+            if skip:
+                bound.pop(names[0], None)
+            if kwargs:
+                bound.update(kwargs)
+            return bound
+
+        return bind
+
+    def bind_slow(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return {"args": list(args), **kwargs}
+        return {k: v for k, v in bound.items() if k not in _SKIPPED_PARAMS}
+
+    return bind_slow
+
+
+def _decorate(fn: _F, name: str, description: str | None) -> _F:
+    bind = _argument_binder(fn)
+    description = description or inspect.getdoc(fn)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            execution = ToolExecution(name, bind(args, kwargs), None, description)
+            execution._start()
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                execution._finish(exc)
+                raise
+            execution.result = result
+            execution._finish(None)
+            return result
+
+        wrapper: Any = async_wrapper
+    else:
+
+        @functools.wraps(fn)
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            execution = ToolExecution(name, bind(args, kwargs), None, description)
+            execution._start()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                execution._finish(exc)
+                raise
+            execution.result = result
+            execution._finish(None)
+            return result
+
+        wrapper = sync_wrapper
+    wrapper.__loopscope_tool_name__ = name
+    return wrapper  # type: ignore[no-any-return]
+
+
+@overload
+def tool(fn: _F, /) -> _F: ...
+@overload
+def tool(
+    name: str | None = None, /, *, arguments: Any = None, call_id: str | None = None, description: str | None = None
+) -> ToolExecution: ...
+def tool(
+    name_or_fn: Any = None, /, *, arguments: Any = None, call_id: str | None = None, description: str | None = None
+) -> Any:
+    """Record tool executions.
+
+    As a decorator (``@loopscope.tool`` or ``@loopscope.tool("name")``) on a sync or
+    async function, every call becomes an ``execute_tool`` span with its arguments,
+    result, duration and outcome. As a context manager
+    (``with loopscope.tool("search", arguments=...) as call:``) it records the block;
+    set ``call.set_result(...)``, ``call.refuse(...)`` or ``call.block(...)`` inside.
+    """
+    if callable(name_or_fn):
+        return _decorate(name_or_fn, name_or_fn.__name__, description)
+    return ToolExecution(name_or_fn or "", arguments, call_id, description)

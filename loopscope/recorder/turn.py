@@ -1,0 +1,483 @@
+"""The turn model: one agent turn, its generation rounds and its tool calls, as spans.
+
+A :class:`Turn` is an ``invoke_agent`` span; each :class:`Round` is a ``chat`` span
+under it; tool executions (see :mod:`loopscope.recorder.tool`) are ``execute_tool``
+spans. The turn keeps what a summary needs (segments, usage, the declared-tool union,
+which requested calls ran) and writes it onto the ``invoke_agent`` span when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from .. import _json, semconv as a
+from .._guard import internal_error
+from ..models import RESPONSE_SEGMENT_SEPARATOR, DeclaredTool, LoopEndReason, ToolCall
+from .context import current_turn
+from .declared import declared_tools, union_into
+
+_TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length"})
+
+
+def _tool_call(call: Any) -> ToolCall:
+    if isinstance(call, ToolCall):
+        return call
+    if isinstance(call, Mapping):
+        fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
+        args = fn.get("arguments", fn.get("input", call.get("input")))
+        if isinstance(args, str):
+            try:
+                args = _json.loads(args)
+            except ValueError:
+                pass  # keep the model's text as it was
+        return ToolCall(id=str(call.get("id") or call.get("call_id") or uuid.uuid4().hex), name=str(fn.get("name")), arguments=args)
+    return ToolCall(
+        id=str(getattr(call, "id", None) or uuid.uuid4().hex),
+        name=str(getattr(call, "name", "")),
+        arguments=getattr(call, "arguments", None),
+    )
+
+
+class Round:
+    """One generation of the model inside a turn: a ``chat`` span.
+
+    Use it as a context manager around the model call and report what came back with
+    :meth:`response`; :meth:`Turn.generation` records a finished round in one call.
+    """
+
+    def __init__(self, turn: Turn, model: str | None, provider: str | None, tools: Iterable[Any] | None, stream: bool | None) -> None:
+        self._turn = turn
+        self.model = model or turn.model
+        self.provider = provider or turn.provider
+        self._tools = declared_tools(tools) if tools is not None else None
+        self._stream = stream
+        self.text = ""
+        self.tool_calls: list[ToolCall] = []
+        self.usage: dict[str, int] = {}
+        self.finish_reason: str | None = None
+        self.thinking = ""
+        self.response_id: str | None = None
+        self.response_model: str | None = None
+        self.blocked = False
+        self._span: Span | None = None
+        self._token: object | None = None
+        self._first_chunk_ns: int | None = None
+
+    def response(
+        self,
+        text: str | None = None,
+        tool_calls: Iterable[Any] | None = None,
+        usage: Mapping[str, int] | None = None,
+        finish_reason: str | None = None,
+        *,
+        thinking: str | None = None,
+        response_id: str | None = None,
+        model: str | None = None,
+        blocked: bool = False,
+    ) -> None:
+        """Report what the model returned in this round."""
+        if text:
+            self.text += text
+        if tool_calls:
+            self.tool_calls.extend(_tool_call(c) for c in tool_calls)
+        if usage:
+            for key, value in usage.items():
+                if value is not None:
+                    self.usage[key] = self.usage.get(key, 0) + int(value)
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+        if thinking:
+            self.thinking += thinking
+        if response_id is not None:
+            self.response_id = response_id
+        if model is not None:
+            self.response_model = model
+        self.blocked = self.blocked or blocked
+
+    def text_delta(self, delta: str) -> None:
+        """Add a streamed chunk of text; the first one marks the time to first chunk."""
+        if self._first_chunk_ns is None:
+            self._first_chunk_ns = time.monotonic_ns()
+        self.text += delta
+
+    def __enter__(self) -> Round:
+        self._start()
+        return self
+
+    async def __aenter__(self) -> Round:
+        self._start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish(exc)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish(exc)
+
+    def _start(self) -> None:
+        try:
+            turn = self._turn
+            tools = self._tools if self._tools is not None else turn._tools
+            turn._declare(tools)
+            attributes: dict[str, Any] = {
+                a.OPERATION: a.OP_CHAT,
+                a.CONVERSATION_ID: turn.session_id,
+                a.TURN_ID: turn.correlation_id,
+            }
+            if self.model:
+                attributes[a.REQUEST_MODEL] = self.model
+            if self.provider:
+                attributes[a.PROVIDER] = self.provider
+            if turn.agent:
+                attributes[a.AGENT_NAME] = turn.agent
+            if turn.framework:
+                attributes[a.FRAMEWORK] = turn.framework
+            if self._stream is not None:
+                attributes[a.REQUEST_STREAM] = self._stream
+            if tools:
+                attributes[a.TOOL_DEFINITIONS] = _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools])
+            name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
+            self._start_ns = time.monotonic_ns()
+            self._span = turn._tracer.start_span(name, attributes=attributes)
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        except Exception:
+            internal_error("round start")
+
+    def _finish(self, exc: BaseException | None) -> None:
+        try:
+            span = self._span
+            if span is None:
+                return
+            attributes: dict[str, Any] = {}
+            if self.response_model:
+                attributes[a.RESPONSE_MODEL] = self.response_model
+            if self.response_id:
+                attributes[a.RESPONSE_ID] = self.response_id
+            if self.finish_reason:
+                attributes[a.RESPONSE_FINISH_REASONS] = (self.finish_reason,)
+            for key, value in self.usage.items():
+                attr = a.USAGE_ATTRIBUTES.get(key)
+                if attr:
+                    attributes[attr] = value
+            if self.text:
+                attributes[a.ROUND_TEXT] = self.text
+            if self.blocked:
+                attributes[a.ROUND_BLOCKED] = True
+            if self.text or self.tool_calls:
+                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self)])
+            if self._first_chunk_ns is not None:
+                attributes["gen_ai.response.time_to_first_chunk"] = (self._first_chunk_ns - self._start_ns) / 1e9
+            if exc is not None:
+                attributes[a.ERROR_TYPE] = type(exc).__qualname__
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+            span.set_attributes(attributes)
+            if self._token is not None:
+                otel_context.detach(self._token)
+            span.end()
+            self._turn._round_done(self, exc)
+        except Exception:
+            internal_error("round end")
+
+
+def _output_message(rnd: Round) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    if rnd.text:
+        parts.append({"type": "text", "content": rnd.text})
+    for call in rnd.tool_calls:
+        parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments})
+    message: dict[str, Any] = {"role": "assistant", "parts": parts}
+    if rnd.finish_reason:
+        message["finish_reason"] = rnd.finish_reason
+    return message
+
+
+class Turn:
+    """One agent turn: an ``invoke_agent`` span and the summary it ends with.
+
+    Create it with :func:`loopscope.turn`. Inside, record each model generation with
+    :meth:`round` or :meth:`generation` and run tools decorated with
+    :func:`loopscope.tool`; after the block, :attr:`response` holds the turn's
+    :class:`~loopscope.AIResponseEvent`.
+    """
+
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        *,
+        session_id: str | None,
+        agent: str | None,
+        tools: Iterable[Any] | None,
+        input: str | None,
+        input_blocked: bool,
+        model: str | None,
+        provider: str | None,
+        framework: str | None,
+        correlation_id: str | None,
+        streaming: bool,
+    ) -> None:
+        self._tracer = tracer
+        self._requested_session = session_id
+        self.session_id = session_id or ""
+        self.agent = agent
+        self._tools = declared_tools(tools)
+        self.input = input
+        self._input_blocked = input_blocked
+        self.model = model
+        self.provider = provider
+        self.framework = framework
+        self.correlation_id = correlation_id or uuid.uuid4().hex
+        self.parent: Turn | None = None
+        self.streaming = streaming
+        self.response: Any = None  # the AIResponseEvent, once the turn has ended
+        self._lock = threading.Lock()
+        self._declared: dict[str, DeclaredTool] = {}
+        self._segments: list[str] = []
+        self._open_segment = ""
+        self._usage: dict[str, int] = {}
+        self._thinking: list[str] = []
+        self._pending: dict[str, tuple[ToolCall, int]] = {}  # requested, not yet executed: call id -> (call, round no.)
+        self._rounds_with_tools: dict[int, bool] = {}  # round no. -> did one of its calls run
+        self._round_no = 0
+        self._tool_calls_count = 0
+        self._last_round: Round | None = None
+        self._explicit_reason: LoopEndReason | None = None
+        self._span: Span | None = None
+        self._token: object | None = None
+        self._turn_token: object | None = None
+        self._started = 0.0
+
+    # -- recording API -------------------------------------------------------------------
+
+    def round(
+        self,
+        model: str | None = None,
+        *,
+        provider: str | None = None,
+        tools: Iterable[Any] | None = None,
+        stream: bool | None = None,
+    ) -> Round:
+        """A context manager around one model generation; ``tools`` default to the turn's."""
+        return Round(self, model, provider, tools, stream)
+
+    def generation(
+        self,
+        text: str | None = None,
+        tool_calls: Iterable[Any] | None = None,
+        usage: Mapping[str, int] | None = None,
+        finish_reason: str | None = None,
+        *,
+        model: str | None = None,
+        provider: str | None = None,
+        tools: Iterable[Any] | None = None,
+        thinking: str | None = None,
+        response_id: str | None = None,
+        blocked: bool = False,
+    ) -> Round:
+        """Record a generation that has already returned, as one round."""
+        rnd = Round(self, model, provider, tools, None)
+        with rnd:
+            rnd.response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, blocked=blocked)
+        return rnd
+
+    def declare_tools(self, tools: Iterable[Any], origin: str = "revealed") -> None:
+        """Offer more tools from now on (for example revealed by a tool search)."""
+        with self._lock:
+            self._tools = self._tools + [t for t in declared_tools(tools, origin) if t.name not in {x.name for x in self._tools}]
+
+    def end(self, reason: LoopEndReason | str) -> None:
+        """Name why the loop stopped (``max_rounds``, ``timeout``, ``budget_exceeded``...)."""
+        self._explicit_reason = LoopEndReason(reason)
+
+    # -- context management --------------------------------------------------------------
+
+    def __enter__(self) -> Turn:
+        self._start()
+        return self
+
+    async def __aenter__(self) -> Turn:
+        self._start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish(exc)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish(exc)
+
+    def _start(self) -> None:
+        self._started = time.monotonic()
+        try:
+            parent = current_turn.get()
+            self.parent = parent
+            if not self._requested_session:
+                self.session_id = parent.session_id if parent is not None else uuid.uuid4().hex
+            attributes: dict[str, Any] = {
+                a.OPERATION: a.OP_INVOKE_AGENT,
+                a.CONVERSATION_ID: self.session_id,
+                a.TURN_ID: self.correlation_id,
+            }
+            if self.agent:
+                attributes[a.AGENT_NAME] = self.agent
+            if self.provider:
+                attributes[a.PROVIDER] = self.provider
+            if self.model:
+                attributes[a.REQUEST_MODEL] = self.model
+            if self.framework:
+                attributes[a.FRAMEWORK] = self.framework
+            if parent is not None:
+                attributes[a.PARENT_TURN_ID] = parent.correlation_id
+            if self.input is not None:
+                attributes[a.TURN_INPUT] = _json.to_jsonable(self.input) if isinstance(self.input, str) else _json.dumps(self.input)
+                if self._input_blocked:
+                    attributes[a.TURN_INPUT_BLOCKED] = True
+            name = f"{a.OP_INVOKE_AGENT} {self.agent}" if self.agent else a.OP_INVOKE_AGENT
+            self._span = self._tracer.start_span(name, attributes=attributes)
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+            self._turn_token = current_turn.set(self)
+        except Exception:
+            internal_error("turn start")
+
+    def _finish(self, exc: BaseException | None) -> None:
+        try:
+            from ..semconv import turn_summary_attributes
+
+            span = self._span
+            if span is None:
+                return
+            reason = self._loop_end_reason(exc)
+            self._close_unserved()
+            summary = self._summary(reason, exc)
+            span.set_attributes(turn_summary_attributes(summary))
+            if exc is not None and reason is LoopEndReason.ERROR:
+                span.set_attribute(a.ERROR_TYPE, type(exc).__qualname__)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+            if self._turn_token is not None:
+                current_turn.reset(self._turn_token)  # type: ignore[arg-type]
+            if self._token is not None:
+                otel_context.detach(self._token)
+            span.end()
+            summary.trace_id = format(span.get_span_context().trace_id, "032x")
+            summary.span_id = format(span.get_span_context().span_id, "016x")
+            summary.latency_ms = (time.monotonic() - self._started) * 1000
+            self.response = summary
+        except Exception:
+            internal_error("turn end")
+
+    # -- bookkeeping, called by rounds and tools -----------------------------------------
+
+    def _declare(self, tools: list[DeclaredTool]) -> None:
+        with self._lock:
+            union_into(self._declared, tools)
+
+    def _round_done(self, rnd: Round, exc: BaseException | None) -> None:
+        with self._lock:
+            self._round_no += 1
+            self._last_round = rnd
+            if rnd.text:
+                self._open_segment += rnd.text
+            for key, value in rnd.usage.items():
+                self._usage[key] = self._usage.get(key, 0) + value
+            if rnd.thinking:
+                self._thinking.append(rnd.thinking)
+            if rnd.response_model and not self.model:
+                self.model = rnd.response_model
+            elif rnd.model and not self.model:
+                self.model = rnd.model
+            if rnd.provider and not self.provider:
+                self.provider = rnd.provider
+            if rnd._stream:
+                self.streaming = True
+            if rnd.tool_calls:
+                # a tool call is a segment boundary: the text so far is one stretch
+                self._close_segment()
+                self._rounds_with_tools[self._round_no] = False
+                for call in rnd.tool_calls:
+                    self._pending[call.id] = (call, self._round_no)
+
+    def _close_segment(self) -> None:
+        if self._open_segment.strip():
+            self._segments.append(self._open_segment)
+        self._open_segment = ""
+
+    def _claim_call(self, name: str, call_id: str | None) -> ToolCall | None:
+        """The requested call a tool execution serves: by id, else the oldest of that name."""
+        with self._lock:
+            entry = self._pending.pop(call_id, None) if call_id else None
+            if entry is None and call_id is None:
+                for cid, (call, _) in self._pending.items():
+                    if call.name == name:
+                        entry = self._pending.pop(cid)
+                        break
+            if entry is None:
+                return None
+            call, round_no = entry
+            self._rounds_with_tools[round_no] = True
+            return call
+
+    def _tool_done(self) -> None:
+        with self._lock:
+            self._tool_calls_count += 1
+
+    def _close_unserved(self) -> None:
+        from .tool import record_unserved
+
+        with self._lock:
+            pending = [call for call, _ in self._pending.values()]
+            self._pending.clear()
+        for call in pending:
+            record_unserved(self, call)
+
+    def _loop_end_reason(self, exc: BaseException | None) -> LoopEndReason:
+        if self._explicit_reason is not None:
+            return self._explicit_reason
+        if exc is not None:
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+                return LoopEndReason.CANCELLED
+            if isinstance(exc, TimeoutError):
+                return LoopEndReason.TIMEOUT
+            return LoopEndReason.ERROR
+        last = self._last_round
+        if last is None:
+            return LoopEndReason.EMPTY_RESPONSE
+        if last.tool_calls:
+            return LoopEndReason.UNFINISHED  # the model still asked for tools when the loop stopped
+        if last.finish_reason in _TRUNCATION_REASONS:
+            return LoopEndReason.TRUNCATED
+        if not last.text.strip():
+            return LoopEndReason.EMPTY_RESPONSE
+        return LoopEndReason.COMPLETED
+
+    def _summary(self, reason: LoopEndReason, exc: BaseException | None) -> Any:
+        from ..models import AIResponseEvent
+
+        with self._lock:
+            self._close_segment()
+            segments = list(self._segments)
+            return AIResponseEvent(
+                channel_id=self.agent,
+                session_id=self.session_id,
+                correlation_id=self.correlation_id,
+                parent_correlation_id=self.parent.correlation_id if self.parent else None,
+                response_content=RESPONSE_SEGMENT_SEPARATOR.join(segments),
+                segments=segments,
+                tool_calls_count=self._tool_calls_count,
+                round_count=sum(1 for ran in self._rounds_with_tools.values() if ran),
+                usage=dict(self._usage),
+                thinking="\n".join(self._thinking),
+                loop_end_reason=reason,
+                streaming=self.streaming,
+                declared_tools=list(self._declared.values()),
+                model=self.model,
+                provider=self.provider,
+                error=f"{type(exc).__qualname__}: {exc}" if exc is not None and reason is LoopEndReason.ERROR else None,
+            )

@@ -1,0 +1,114 @@
+"""Attribute names on the spans loopscope emits and reads.
+
+GenAI names follow the OpenTelemetry semantic conventions for generative AI; the
+``loopscope.*`` names carry what those conventions do not have (yet): why the loop
+ended, the turn's text segments, a tool call's outcome, where a declared tool came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# operation names (gen_ai.operation.name values)
+OP_INVOKE_AGENT = "invoke_agent"
+OP_CHAT = "chat"
+OP_EXECUTE_TOOL = "execute_tool"
+
+# GenAI semantic conventions
+OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
+AGENT_NAME = "gen_ai.agent.name"
+AGENT_ID = "gen_ai.agent.id"
+CONVERSATION_ID = "gen_ai.conversation.id"
+REQUEST_MODEL = "gen_ai.request.model"
+REQUEST_STREAM = "gen_ai.request.stream"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_ID = "gen_ai.response.id"
+RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+USAGE_INPUT = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT = "gen_ai.usage.output_tokens"
+USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
+USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
+USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+TOOL_TYPE = "gen_ai.tool.type"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
+TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+ERROR_TYPE = "error.type"
+
+# loopscope's own
+TURN_ID = "loopscope.turn.id"
+PARENT_TURN_ID = "loopscope.turn.parent_id"
+FRAMEWORK = "loopscope.framework"
+LOOP_END_REASON = "loopscope.turn.loop_end_reason"
+SEGMENTS = "loopscope.turn.segments"
+ROUND_COUNT = "loopscope.turn.round_count"
+TOOL_CALLS_COUNT = "loopscope.turn.tool_calls_count"
+DECLARED_TOOLS = "loopscope.turn.declared_tools"
+THINKING = "loopscope.turn.thinking"
+STREAMING = "loopscope.turn.streaming"
+TURN_INPUT = "loopscope.turn.input"
+TURN_INPUT_BLOCKED = "loopscope.turn.input_blocked"
+ROUND_TEXT = "loopscope.round.text"
+ROUND_BLOCKED = "loopscope.round.blocked"
+TOOL_STATUS = "loopscope.tool.status"
+TOOL_OUTCOME = "loopscope.tool.outcome"
+TOOL_ERROR = "loopscope.tool.error"
+
+USAGE_ATTRIBUTES = {
+    "input_tokens": USAGE_INPUT,
+    "output_tokens": USAGE_OUTPUT,
+    "cache_read_input_tokens": USAGE_CACHE_READ,
+    "cache_creation_input_tokens": USAGE_CACHE_CREATION,
+    "reasoning_tokens": USAGE_REASONING,
+}
+"""Usage keys of :class:`~loopscope.AIResponseEvent` and the span attributes that carry them."""
+
+
+def turn_summary_attributes(summary: Any) -> dict[str, Any]:
+    """The ``invoke_agent`` span attributes that carry a turn's :class:`AIResponseEvent`."""
+    from . import _json
+
+    attributes: dict[str, Any] = {
+        LOOP_END_REASON: summary.loop_end_reason.value if summary.loop_end_reason else "",
+        SEGMENTS: _json.dumps(summary.segments),
+        ROUND_COUNT: summary.round_count,
+        TOOL_CALLS_COUNT: summary.tool_calls_count,
+        STREAMING: summary.streaming,
+        DECLARED_TOOLS: _json.dumps([t.model_dump(exclude_none=True) for t in summary.declared_tools]),
+    }
+    if summary.declared_tools:
+        attributes[TOOL_DEFINITIONS] = _json.dumps(
+            [t.model_dump(exclude={"origin"}, exclude_none=True) for t in summary.declared_tools]
+        )
+    if summary.response_content:
+        attributes[OUTPUT_MESSAGES] = _json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": summary.response_content}]}]
+        )
+    if summary.thinking:
+        attributes[THINKING] = summary.thinking
+    if summary.model:
+        attributes[RESPONSE_MODEL] = summary.model
+    if summary.provider:
+        attributes[PROVIDER] = summary.provider
+    for key, value in summary.usage.items():
+        attr = USAGE_ATTRIBUTES.get(key)
+        if attr:
+            attributes[attr] = value
+    return attributes
+
+
+def usage_from_attributes(attributes: Mapping[str, Any]) -> dict[str, int]:
+    """Token usage keyed as :attr:`AIResponseEvent.usage` is, from GenAI attributes."""
+    usage = {}
+    for key, attr in USAGE_ATTRIBUTES.items():
+        value = attributes.get(attr)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            usage[key] = int(value)
+    return usage

@@ -1,0 +1,1 @@
+"""The DuckDB store: schema, span-to-event mapping, background writer, query API."""

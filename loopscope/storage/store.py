@@ -1,0 +1,278 @@
+"""Reading a store: the timeline, the conversation, counts, turns and sessions.
+
+The semantics follow RoomKit's ConversationStore. A page is always ascending by index;
+``newest_first`` and ``before_index`` only choose which window the page holds. Each
+read opens the file for that read alone, so a reader in another process works while an
+agent keeps writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from .. import pipeline
+from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, SessionInfo, TextContent, ToolCallContent
+from .connection import open_store, resolve
+from .policy import RECEIVED, EventFilter
+from .schema import check_readable
+
+_EVENT_COLUMNS = (
+    "id, session_id, idx, type, created_at, correlation_id, source_channel_id, source_provider, "
+    "source_framework, status, content, trace_id, span_id"
+)
+_TURN_COLUMNS = (
+    "channel_id, session_id, correlation_id, parent_correlation_id, response_content, segments, tool_calls_count, "
+    "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
+    "provider, error, trace_id, span_id"
+)
+
+
+def _content(text: str | None) -> Any:
+    data = json.loads(text) if text else {}
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind == "tool_call":
+        return ToolCallContent.model_validate(data)
+    if kind == "text":
+        return TextContent.model_validate(data)
+    return data if isinstance(data, dict) else {"value": data}
+
+
+def _event(row: Sequence[Any]) -> ActivityEvent:
+    return ActivityEvent(
+        id=row[0],
+        session_id=row[1],
+        index=row[2],
+        type=row[3],
+        created_at=row[4],
+        correlation_id=row[5],
+        source=EventSource(channel_id=row[6], provider=row[7], framework=row[8]),
+        status=EventStatus(row[9]),
+        content=_content(row[10]),
+        trace_id=row[11],
+        span_id=row[12],
+    )
+
+
+def _turn(row: Sequence[Any]) -> AIResponseEvent:
+    names = [c.strip() for c in _TURN_COLUMNS.split(",")]
+    data = dict(zip(names, row))
+    for key in ("segments", "usage", "declared_tools"):
+        data[key] = json.loads(data[key]) if data[key] else None
+    return AIResponseEvent.model_validate({k: v for k, v in data.items() if v is not None})
+
+
+class Store:
+    """Read access to a loopscope DuckDB file.
+
+    ``Store()`` reads the file the current configuration writes (``LOOPSCOPE_DB`` or
+    ``./loopscope.duckdb`` by default). Events this process recorded are flushed before
+    a read, so a read always sees them.
+    """
+
+    def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0) -> None:
+        self.path = resolve(path or _configured_path() or pipeline.default_db_path())
+        self.lock_timeout = lock_timeout
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        active = pipeline._active
+        if active is not None and active.db_path == self.path and active.writer is not None:
+            active.writer.flush()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+            check_readable(con)
+            return con.execute(sql, list(params)).fetchall()
+
+    # -- events --------------------------------------------------------------------------
+
+    def list_events(
+        self,
+        session_id: str,
+        offset: int = 0,
+        limit: int | None = 50,
+        *,
+        after_index: int | None = None,
+        before_index: int | None = None,
+        event_filter: EventFilter | None = None,
+        newest_first: bool = False,
+    ) -> list[ActivityEvent]:
+        """One page of a session's events, always ascending by index.
+
+        ``newest_first`` takes the window from the newest end (``offset`` then counts
+        back from it); ``before_index`` takes the ``limit`` events just before that
+        index; ``after_index`` the ``limit`` events just after it. A cursor ignores
+        ``offset`` and ``newest_first``; both cursors at once raise ``ValueError``.
+        Blocked rows are skipped before the page is cut, unless the filter includes them.
+        """
+        if after_index is not None and before_index is not None:
+            raise ValueError("after_index and before_index cannot be used together")
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ValueError("offset and limit must not be negative")
+        clauses, params = (event_filter or RECEIVED).where()
+        clauses.insert(0, "session_id = ?")
+        params.insert(0, session_id)
+        descending = False
+        if after_index is not None:
+            clauses.append("idx > ?")
+            params.append(after_index)
+            offset = 0
+        elif before_index is not None:
+            clauses.append("idx < ?")
+            params.append(before_index)
+            offset, descending = 0, True
+        elif newest_first:
+            descending = True
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY idx {'DESC' if descending else 'ASC'}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        if offset:
+            sql += f" OFFSET {int(offset)}"
+        rows = self._query(sql, params)
+        if descending:
+            rows.reverse()
+        return [_event(r) for r in rows]
+
+    def get_timeline(
+        self,
+        session_id: str,
+        offset: int = 0,
+        limit: int | None = None,
+        *,
+        after_index: int | None = None,
+        before_index: int | None = None,
+        event_filter: EventFilter | None = None,
+        newest_first: bool = False,
+    ) -> list[ActivityEvent]:
+        """Everything the session received, in order; the same paging rules as :meth:`list_events`."""
+        return self.list_events(
+            session_id, offset, limit, after_index=after_index, before_index=before_index,
+            event_filter=event_filter, newest_first=newest_first,
+        )
+
+    def get_conversation(self, session_id: str, limit: int = 50, after_index: int | None = None) -> list[ActivityEvent]:
+        """Message events only, blocked ones included: the most recent ``limit`` in
+        ascending order, or with ``after_index`` the first ``limit`` after it."""
+        only_messages = EventFilter(event_types=["message"], include_blocked=True)
+        if after_index is not None:
+            return self.list_events(session_id, limit=limit, after_index=after_index, event_filter=only_messages)
+        return self.list_events(session_id, limit=limit, newest_first=True, event_filter=only_messages)
+
+    def get_event(self, event_id: str) -> ActivityEvent | None:
+        """One event by id, whatever its status."""
+        rows = self._query(f"SELECT {_EVENT_COLUMNS} FROM events WHERE id = ?", [event_id])
+        return _event(rows[0]) if rows else None
+
+    def get_event_count(self, session_id: str, event_filter: EventFilter | None = None) -> int:
+        """Without a filter every committed row (blocked included); with one, exactly
+        the rows :meth:`list_events` would serve under it, uncapped."""
+        if event_filter is None:
+            clauses, params = ["session_id = ?"], [session_id]
+        else:
+            clauses, params = event_filter.where()
+            clauses.insert(0, "session_id = ?")
+            params.insert(0, session_id)
+        rows = self._query(f"SELECT count(*) FROM events WHERE {' AND '.join(clauses)}", params)
+        return int(rows[0][0])
+
+    # -- turns and sessions --------------------------------------------------------------
+
+    def list_turns(
+        self,
+        session_id: str | None = None,
+        limit: int | None = 50,
+        *,
+        correlation_id: str | None = None,
+        channel_id: str | None = None,
+        loop_end_reason: str | None = None,
+        after_time: datetime | None = None,
+        newest_first: bool = False,
+    ) -> list[AIResponseEvent]:
+        """Turn summaries, oldest first (``newest_first`` picks the most recent ``limit``)."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("session_id", session_id), ("correlation_id", correlation_id),
+            ("channel_id", channel_id), ("loop_end_reason", loop_end_reason),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if after_time is not None:
+            clauses.append("timestamp > ?")
+            params.append(after_time)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "DESC" if newest_first else "ASC"
+        sql = f"SELECT {_TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self._query(sql, params)
+        if newest_first:
+            rows.reverse()
+        return [_turn(r) for r in rows]
+
+    def list_sessions(self, limit: int | None = None) -> list[SessionInfo]:
+        """Sessions, most recently active first."""
+        sql = """
+            SELECT s.session_id, s.last_index, coalesce(t.turns, 0), s.first_at, s.last_at, coalesce(t.agents, [])
+            FROM sessions s
+            LEFT JOIN (
+                SELECT session_id, count(*) AS turns, list_sort(list_distinct(list(channel_id))) AS agents
+                FROM turns GROUP BY session_id
+            ) t USING (session_id)
+            ORDER BY s.last_at DESC, s.session_id"""
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [
+            SessionInfo(session_id=r[0], event_count=r[1], turn_count=r[2], first_at=r[3], last_at=r[4], agents=[x for x in r[5] if x])
+            for r in self._query(sql)
+        ]
+
+    def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run read-only SQL on the store: column names and rows."""
+        active = pipeline._active
+        if active is not None and active.db_path == self.path and active.writer is not None:
+            active.writer.flush()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+            cursor = con.execute(query, list(params))
+            names = [d[0] for d in cursor.description] if cursor.description else []
+            return names, cursor.fetchall()
+
+
+def _configured_path() -> str | None:
+    active = pipeline._active
+    return active.db_path if active is not None else None
+
+
+class AsyncStore:
+    """The same reads as :class:`Store`, for async code: each runs in a worker thread
+    so the event loop never waits on the file."""
+
+    def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0) -> None:
+        self.sync = Store(path, lock_timeout=lock_timeout)
+        self.path = self.sync.path
+
+    async def list_events(self, session_id: str, offset: int = 0, limit: int | None = 50, **kwargs: Any) -> list[ActivityEvent]:
+        return await asyncio.to_thread(self.sync.list_events, session_id, offset, limit, **kwargs)
+
+    async def get_timeline(self, session_id: str, offset: int = 0, limit: int | None = None, **kwargs: Any) -> list[ActivityEvent]:
+        return await asyncio.to_thread(self.sync.get_timeline, session_id, offset, limit, **kwargs)
+
+    async def get_conversation(self, session_id: str, limit: int = 50, after_index: int | None = None) -> list[ActivityEvent]:
+        return await asyncio.to_thread(self.sync.get_conversation, session_id, limit, after_index)
+
+    async def get_event(self, event_id: str) -> ActivityEvent | None:
+        return await asyncio.to_thread(self.sync.get_event, event_id)
+
+    async def get_event_count(self, session_id: str, event_filter: EventFilter | None = None) -> int:
+        return await asyncio.to_thread(self.sync.get_event_count, session_id, event_filter)
+
+    async def list_turns(self, session_id: str | None = None, limit: int | None = 50, **kwargs: Any) -> list[AIResponseEvent]:
+        return await asyncio.to_thread(self.sync.list_turns, session_id, limit, **kwargs)
+
+    async def list_sessions(self, limit: int | None = None) -> list[SessionInfo]:
+        return await asyncio.to_thread(self.sync.list_sessions, limit)
+
+    async def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
+        return await asyncio.to_thread(self.sync.sql, query, params)

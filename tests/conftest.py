@@ -1,0 +1,49 @@
+"""Shared fixtures: a real DuckDB file per test, and an in-memory copy of every span."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+os.environ["LOOPSCOPE_STRICT"] = "1"  # internal errors fail tests instead of being logged
+
+import loopscope  # noqa: E402
+from loopscope import _guard  # noqa: E402
+
+_guard.set_strict(True)
+
+
+@dataclass
+class Recording:
+    """A configured pipeline writing to ``db``; ``spans`` holds every finished span."""
+
+    db: Path
+    exporter: InMemorySpanExporter
+    pipeline: loopscope.Pipeline
+
+    @property
+    def store(self) -> loopscope.Store:
+        return loopscope.Store(str(self.db))
+
+    def spans(self):  # noqa: ANN201 - a tuple of ReadableSpan
+        return self.exporter.get_finished_spans()
+
+
+@pytest.fixture
+def recording(tmp_path: Path) -> Iterator[Recording]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    db = tmp_path / "store.duckdb"
+    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05)
+    try:
+        yield Recording(db, exporter, pipeline)
+    finally:
+        loopscope.shutdown()
