@@ -25,13 +25,21 @@ def to_jsonable(value: Any) -> Any:
     return _convert(value, set(), 0)
 
 
+# ``json.dumps(value, ensure_ascii=False)`` builds a new JSONEncoder on every call, which
+# costs more than encoding a small value. One shared encoder gives the very same text
+# (``dumps`` is exactly ``JSONEncoder(**options).encode``) and is safe to share between
+# threads: ``encode`` keeps no state on the instance.
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+_encode_str = json.encoder.encode_basestring  # what that encoder does with a str
+
+
 def dumps(value: Any) -> str:
     """JSON text for ``value``; the fast path is plain ``json.dumps``."""
     try:
-        text = json.dumps(value, ensure_ascii=False)
+        text = _encode_str(value) if type(value) is str else _encode(value)
     except (TypeError, ValueError, RecursionError):
-        return json.dumps(to_jsonable(value), ensure_ascii=False)
-    return text if text.isascii() or _encodable(text) else json.dumps(to_jsonable(value), ensure_ascii=False)
+        return _encode(to_jsonable(value))
+    return text if text.isascii() or _encodable(text) else _encode(to_jsonable(value))
 
 
 def _encodable(text: str) -> bool:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from ..models import DeclaredTool
 
@@ -37,8 +40,28 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
         name = getattr(tool, "__loopscope_tool_name__", None) or getattr(tool, "__name__", None)
         if not name:
             return None
-        return DeclaredTool(name=name, description=inspect.getdoc(tool), origin=origin)  # type: ignore[arg-type]
+        return DeclaredTool(name=name, description=inspect.getdoc(tool), parameters=_parameters(tool), origin=origin)  # type: ignore[arg-type]
     return None
+
+
+_schemas: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any] | None] = weakref.WeakKeyDictionary()
+
+
+def _parameters(fn: Callable[..., Any]) -> dict[str, Any] | None:
+    """The JSON schema of a function's parameters, as a model would be offered it (cached)."""
+    try:
+        return _schemas[fn]
+    except (KeyError, TypeError):
+        pass
+    try:
+        schema: dict[str, Any] | None = TypeAdapter(fn).json_schema()
+    except Exception:  # unannotated or exotic signatures: declare the name alone
+        schema = None
+    try:
+        _schemas[fn] = schema
+    except TypeError:
+        pass
+    return schema
 
 
 def declared_tools(tools: Iterable[Any] | None, origin: str = "always") -> list[DeclaredTool]:

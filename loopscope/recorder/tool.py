@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import uuid
+import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -14,7 +14,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import _json, semconv as a
+from .. import _json, pipeline, semconv as a
 from .._guard import internal_error
 from ..models import ToolCall
 from .context import current_turn
@@ -78,8 +78,6 @@ class ToolExecution:
 
     def _start(self) -> None:
         try:
-            from ..pipeline import tracer
-
             turn = current_turn.get()
             self._turn = turn
             attributes: dict[str, Any] = {a.OPERATION: a.OP_EXECUTE_TOOL, a.TOOL_NAME: self.name, a.TOOL_TYPE: "function"}
@@ -94,13 +92,14 @@ class ToolExecution:
                 if turn.agent:
                     attributes[a.AGENT_NAME] = turn.agent
             if self.call_id is None:
-                self.call_id = uuid.uuid4().hex
+                # 32 random hex digits, as uuid4().hex gives, for a quarter of its cost
+                self.call_id = os.urandom(16).hex()
             attributes[a.TOOL_CALL_ID] = self.call_id
             if self.arguments is not None:
                 attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
             if self.description:
                 attributes[a.TOOL_DESCRIPTION] = self.description
-            self._span = tracer().start_span(f"{a.OP_EXECUTE_TOOL} {self.name}", attributes=attributes)
+            self._span = pipeline.tracer().start_span(f"{a.OP_EXECUTE_TOOL} {self.name}", attributes=attributes)
             self._token = otel_context.attach(trace.set_span_in_context(self._span))
         except Exception:
             internal_error("tool start")

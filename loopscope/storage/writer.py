@@ -84,6 +84,8 @@ class StoreWriter:
         self._failed_writes = 0
         self._batches = 0
         self._last_error: str | None = None
+        self._allowed: dict[str, bool] = {}
+        self._allowed_by: PersistencePolicy | None = None
         self._thread = threading.Thread(target=self._run, name=f"loopscope-writer {path}", daemon=True)
         self._thread.start()
         _live_writers.add(self)
@@ -184,17 +186,24 @@ class StoreWriter:
         events = self._backlog_events
         turns = self._backlog_turns
         self._backlog_events, self._backlog_turns = [], []
-        allows = self.policy.allows
+        on_start, on_end = mapping.rows_on_start, mapping.rows_on_end
+        policy = self.policy
+        if self._allowed_by is not policy:  # the policy's answer per event type, asked once
+            self._allowed, self._allowed_by = {}, policy
+        allowed = self._allowed
         for kind, span in items:
             try:
                 if kind == _START:
-                    rows = mapping.rows_on_start(span)
+                    rows = on_start(span)
                 else:
-                    rows, turn = mapping.rows_on_end(span)
+                    rows, turn = on_end(span)
                     if turn is not None:
                         turns.append(turn)
                 for row in rows:
-                    if allows(row.type):
+                    keep = allowed.get(row.type)
+                    if keep is None:
+                        keep = allowed[row.type] = policy.allows(row.type)
+                    if keep:
                         events.append(row)
                     else:
                         self._excluded += 1
@@ -256,15 +265,13 @@ def write_batch(con: duckdb.DuckDBPyConnection, events: list[mapping.EventRow], 
         if events:
             columns = list(zip(*events))
             sessions = columns[1]
-            first_seen: dict[str, int] = {}
-            for pos, session in enumerate(sessions):
-                first_seen.setdefault(session, pos)
+            distinct = dict.fromkeys(sessions)  # in order of first appearance
             known = dict(
                 con.execute(
-                    "SELECT session_id, last_index FROM sessions WHERE list_contains(?, session_id)", [list(first_seen)]
+                    "SELECT session_id, last_index FROM sessions WHERE list_contains(?, session_id)", [list(distinct)]
                 ).fetchall()
             )
-            next_index = {s: known.get(s, 0) for s in first_seen}
+            next_index = {s: known.get(s, 0) for s in distinct}
             indices = []
             for session in sessions:
                 value = next_index[session] + 1
@@ -290,22 +297,16 @@ def write_batch(con: duckdb.DuckDBPyConnection, events: list[mapping.EventRow], 
             )
             con.register("_loopscope_events", table)
             con.execute("INSERT INTO events SELECT * FROM _loopscope_events")
-            con.unregister("_loopscope_events")
-            bounds: dict[str, list[int]] = {}
-            for session, ts in zip(sessions, created):
-                b = bounds.get(session)
-                if b is None:
-                    bounds[session] = [ts, ts]
-                else:
-                    b[0] = min(b[0], ts)
-                    b[1] = max(b[1], ts)
-            con.executemany(
-                """INSERT INTO sessions VALUES (?, ?, make_timestamptz(?), make_timestamptz(?))
+            # the session counters from the same Arrow table, in one statement: a row per
+            # session is far cheaper than executemany's statement per session
+            con.execute(
+                """INSERT INTO sessions
+                   SELECT session_id, max(idx), min(created_at), max(created_at) FROM _loopscope_events GROUP BY session_id
                    ON CONFLICT (session_id) DO UPDATE SET last_index = excluded.last_index,
                      first_at = least(sessions.first_at, excluded.first_at),
-                     last_at = greatest(sessions.last_at, excluded.last_at)""",
-                [(s, next_index[s], bounds[s][0], bounds[s][1]) for s in first_seen],
+                     last_at = greatest(sessions.last_at, excluded.last_at)"""
             )
+            con.unregister("_loopscope_events")
         if turns:
             columns = list(zip(*turns))
             table = pa.table(

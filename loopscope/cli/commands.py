@@ -1,0 +1,273 @@
+"""The commands behind ``loopscope``: each reads the store and prints a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Any
+
+import duckdb
+
+from .._json import to_jsonable
+from ..dashboards import tables
+from ..models import ToolCallContent
+from ..pipeline import default_db_path
+from ..storage.errors import StoreError
+from ..storage.policy import EventFilter
+from ..storage.store import Store
+
+
+class CommandError(Exception):
+    """A command cannot do what was asked; the message is shown as one line."""
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _encodable(text: str) -> bool:
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return True
+    except (UnicodeEncodeError, LookupError):
+        return False
+
+
+def emit(text: str = "") -> None:
+    """Print to stdout; characters the terminal cannot show become ``?`` instead of failing."""
+    if not _encodable(text):
+        encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+        text = text.encode(encoding, "replace").decode(encoding)
+    print(text)
+
+
+def ellipsis() -> str:
+    return tables.ELLIPSIS if _encodable(tables.ELLIPSIS) else "..."
+
+
+def emit_json(value: Any) -> None:
+    """Valid JSON on stdout; non-ASCII text escaped when the terminal cannot show it."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+    if not _encodable(text):
+        text = json.dumps(value, indent=2, ensure_ascii=True, allow_nan=False)
+    print(text)
+
+
+def silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def describe(exc: BaseException) -> str:
+    """One line that says what went wrong."""
+    text = str(exc).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if isinstance(exc, (StoreError, ValueError, CommandError)) and first:
+        return first
+    if isinstance(exc, duckdb.Error):
+        return f"SQL failed: {first}" if first else f"SQL failed: {type(exc).__name__}"
+    if isinstance(exc, OSError) and first:
+        return first
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+# -- shared steps ----------------------------------------------------------------------------
+
+
+def db_path(args: argparse.Namespace) -> str:
+    """``--db``, else ``LOOPSCOPE_DB``, else ``./loopscope.duckdb``."""
+    return os.path.expanduser(getattr(args, "db", None) or default_db_path())
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    return Store(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
+
+
+def resolve_session(store: Store, requested: str | None) -> str:
+    """The session a command is about: the one named (or uniquely prefixed), else the most recent."""
+    if requested is None:
+        recent = store.list_sessions(limit=1)
+        if not recent:
+            raise CommandError(
+                f"the store {store.path} holds no sessions yet (run an instrumented agent, or `loopscope demo`)"
+            )
+        return recent[0].session_id
+    if store.get_event_count(requested) > 0:
+        return requested
+    _, rows = store.sql(
+        """SELECT session_id FROM (
+               SELECT session_id FROM sessions UNION SELECT session_id FROM turns WHERE session_id IS NOT NULL
+           ) WHERE starts_with(session_id, ?) ORDER BY session_id LIMIT 6""",
+        [requested],
+    )
+    matches = [r[0] for r in rows]
+    if requested in matches or len(matches) == 1:
+        return requested if requested in matches else matches[0]
+    if not matches:
+        raise CommandError(f"no session {requested!r} in {store.path} (list them with `loopscope sessions`)")
+    shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+    raise CommandError(f"{requested!r} matches several sessions ({shown}); give more of the id")
+
+
+def _running_ids(events: list[Any]) -> set[str]:
+    """Tool calls whose start is on the page and whose end is not (yet) anywhere."""
+    started: dict[str, None] = {}
+    for e in events:
+        if isinstance(e.content, ToolCallContent):
+            if e.type == "tool_call_start":
+                started[e.content.tool_id] = None
+            elif e.type == "tool_call_end":
+                started.pop(e.content.tool_id, None)
+    return set(started)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def demo(args: argparse.Namespace) -> int:
+    from .. import demo as demo_module
+
+    result = demo_module.run(db_path(args), session_id=args.session)
+    store = Store(result.db_path, lock_timeout=getattr(args, "wait", 10.0))
+    events = store.get_timeline(result.session_id)
+    turns = store.list_turns(result.session_id, limit=None)
+    if args.json:
+        emit_json(
+            {
+                "session_id": result.session_id,
+                "db": result.db_path,
+                "events": [e.model_dump(mode="json") for e in events],
+                "turns": [t.model_dump(mode="json") for t in turns],
+            }
+        )
+        return 0
+    cut = ellipsis()
+    emit(f"Recorded session {result.session_id}: {len(turns)} turns, {len(events)} events in {result.db_path}")
+    emit()
+    emit("Timeline")
+    emit(tables.events_table(events, ellipsis=cut))
+    emit()
+    emit("Turns")
+    emit(tables.turns_table(turns, ellipsis=cut))
+    db_flag = f" --db {shlex.quote(result.db_path)}" if getattr(args, "db", None) else ""
+    query = (
+        "SELECT content->>'tool_name' AS tool, content->>'outcome' AS outcome, count(*) AS n "
+        "FROM events WHERE type = 'tool_call_end' GROUP BY ALL ORDER BY ALL"
+    )
+    emit()
+    emit("Next:")
+    emit(f"  loopscope timeline {result.session_id}{db_flag} --json")
+    emit(f"  loopscope turns{db_flag}")
+    emit(f'  loopscope sql{db_flag} "{query}"')
+    return 0
+
+
+def timeline(args: argparse.Namespace) -> int:
+    if args.after is not None and args.before is not None:
+        raise CommandError(
+            "--after and --before cannot be used together (page forwards with --after, backwards with --before)"
+        )
+    store = open_store(args)
+    session = resolve_session(store, args.session)
+    event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
+    events = store.get_timeline(
+        session,
+        limit=args.limit or None,
+        after_index=args.after,
+        before_index=args.before,
+        event_filter=event_filter,
+        newest_first=args.newest,
+    )
+    if args.json:
+        emit_json([e.model_dump(mode="json") for e in events])
+        return 0
+    total = store.get_event_count(session, event_filter)
+    db_flag = f" --db {shlex.quote(store.path)}" if getattr(args, "db", None) else ""
+    if not events:
+        where = (
+            f" after index {args.after}"
+            if args.after is not None
+            else f" before index {args.before}"
+            if args.before is not None
+            else ""
+        )
+        emit(f"session {session}: no events{where} ({total} in all)")
+        return 0
+    first, last = events[0].index, events[-1].index
+    later = bool(store.list_events(session, limit=1, after_index=last, event_filter=event_filter))
+    earlier = bool(store.list_events(session, limit=1, before_index=first, event_filter=event_filter))
+    emit(f"session {session}: events {first}-{last} ({len(events)} of {total})")
+    emit(tables.events_table(events, running=set() if later else _running_ids(events), ellipsis=ellipsis()))
+    hints = []
+    if earlier:
+        hints.append(f"earlier: loopscope timeline {session}{db_flag} --before {first}")
+    if later:
+        hints.append(f"later: loopscope timeline {session}{db_flag} --after {last}")
+    for hint in hints:
+        emit(hint)
+    return 0
+
+
+def turns(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    session = resolve_session(store, args.session) if args.session is not None else None
+    found = store.list_turns(session, limit=args.limit or None, newest_first=True)
+    if args.json:
+        emit_json([t.model_dump(mode="json") for t in found])
+        return 0
+    if not found:
+        emit(f"no turns{f' in session {session}' if session else ''} yet")
+        return 0
+    emit(tables.turns_table(found, show_session=session is None, ellipsis=ellipsis()))
+    return 0
+
+
+def sessions(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    found = store.list_sessions(limit=args.limit or None)
+    if args.json:
+        emit_json([s.model_dump(mode="json") for s in found])
+        return 0
+    if not found:
+        emit("no sessions yet")
+        return 0
+    emit(tables.sessions_table(found, ellipsis=ellipsis()))
+    return 0
+
+
+def _record_keys(names: list[str]) -> list[str]:
+    """Column names as JSON keys; a repeated name gets a suffix so that no value is lost."""
+    seen: dict[str, int] = {}
+    keys = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        keys.append(name if count == 0 else f"{name}_{count}")
+    return keys
+
+
+def sql(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    names, rows = store.sql(args.query)
+    if args.json:
+        keys = _record_keys(names)
+        emit_json([{k: _json_value(v) for k, v in zip(keys, row)} for row in rows])
+        return 0
+    if not names:
+        emit("OK")
+        return 0
+    emit(tables.sql_table(names, rows, ellipsis=ellipsis()))
+    emit(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return 0
+
+
+def _json_value(value: Any) -> Any:
+    """A SQL value as JSON: timestamps as ISO text, decimals and UUIDs as text, NaN as "nan"."""
+    return to_jsonable(value)

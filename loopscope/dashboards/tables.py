@@ -1,0 +1,302 @@
+"""Plain-text tables for a terminal: events, turns, sessions and SQL results.
+
+No dependency: columns are aligned with spaces, a cell is kept on one line, and a cell
+too long for its column is cut with an ellipsis. When the whole table is wider than the
+terminal, the columns marked ``shrink`` give up width first (the text columns), so the
+identifying columns stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .._json import to_jsonable
+from ..models import ActivityEvent, AIResponseEvent, SessionInfo, TextContent, ToolCallContent
+
+ELLIPSIS = "…"
+GAP = "  "
+MIN_WIDTH = 60
+DEFAULT_WIDTH = 120
+
+
+@dataclass(frozen=True)
+class Column:
+    """How one column is laid out."""
+
+    header: str
+    align: str = "left"  # "left" or "right"
+    max_width: int | None = None  # a cell longer than this is cut, even when there is room
+    shrink: int = 0  # 0: keeps its width; else gives up width when the table is too wide, higher first
+    min_width: int = 8
+
+
+def terminal_width() -> int:
+    """The terminal's width (``COLUMNS`` wins); 120 when output is not a terminal."""
+    width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    return max(width, MIN_WIDTH)
+
+
+def char_width(ch: str) -> int:
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def text_width(text: str) -> int:
+    """Columns ``text`` takes on a terminal (wide CJK characters count two)."""
+    if text.isascii():
+        return len(text)
+    return sum(char_width(ch) for ch in text)
+
+
+def one_line(value: Any) -> str:
+    """A cell's text: ``None`` empty, line breaks and tabs folded into single spaces."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    if "\n" in text or "\r" in text or "\t" in text:
+        text = " ".join(text.split())
+    return text
+
+
+def truncate(text: str, width: int, ellipsis: str = ELLIPSIS) -> str:
+    """``text`` cut to ``width`` columns, ending with ``ellipsis`` when something was cut."""
+    if width <= 0:
+        return ""
+    if text_width(text) <= width:
+        return text
+    room = width - text_width(ellipsis)
+    if room <= 0:
+        return ellipsis[:width]
+    out, used = [], 0
+    for ch in text:
+        w = char_width(ch)
+        if used + w > room:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out).rstrip() + ellipsis
+
+
+def _pad(text: str, width: int, align: str) -> str:
+    fill = " " * (width - text_width(text))
+    return fill + text if align == "right" else text + fill
+
+
+def render(
+    columns: Sequence[Column],
+    rows: Iterable[Sequence[Any]],
+    *,
+    width: int | None = None,
+    ellipsis: str = ELLIPSIS,
+) -> str:
+    """The table as text: a header, a rule, one line per row, no trailing spaces."""
+    cells = [[one_line(v) for v in row] for row in rows]
+    widths = []
+    for i, col in enumerate(columns):
+        natural = max([text_width(col.header)] + [text_width(r[i]) for r in cells])
+        widths.append(min(natural, max(col.max_width, text_width(col.header))) if col.max_width else natural)
+    limit = width if width is not None else terminal_width()
+    excess = sum(widths) + len(GAP) * (len(columns) - 1) - limit
+    # columns give up width by priority (the free-text ones first), widest first within a priority
+    for priority in sorted({c.shrink for c in columns if c.shrink}, reverse=True):
+        group = [i for i, c in enumerate(columns) if c.shrink == priority]
+        while excess > 0:
+            floor = {i: max(columns[i].min_width, text_width(columns[i].header)) for i in group}
+            candidates = [i for i in group if widths[i] > floor[i]]
+            if not candidates:
+                break
+            widest = max(candidates, key=lambda i: widths[i])
+            runner_up = max([widths[i] for i in candidates if i != widest] + [floor[widest]])
+            step = max(1, min(excess, widths[widest] - runner_up))
+            widths[widest] -= step
+            excess -= step
+    lines = [
+        GAP.join(_pad(c.header, w, c.align) for c, w in zip(columns, widths)).rstrip(),
+        GAP.join("-" * w for w in widths).rstrip(),
+    ]
+    for row in cells:
+        lines.append(
+            GAP.join(_pad(truncate(text, w, ellipsis), w, c.align) for c, text, w in zip(columns, row, widths)).rstrip()
+        )
+    return "\n".join(lines)
+
+
+# -- cell formatting -------------------------------------------------------------------------
+
+
+def compact_json(value: Any) -> str:
+    """JSON on one line, readable: ``{"city": "Lisbon", "day": "tomorrow"}``."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(to_jsonable(value), ensure_ascii=False, separators=(", ", ": "))
+
+
+def clock(value: datetime | None) -> str:
+    """Local time of day with milliseconds."""
+    if value is None:
+        return ""
+    return value.astimezone().strftime("%H:%M:%S.%f")[:-3]
+
+
+def stamp(value: datetime | None) -> str:
+    """Local date and time to the second."""
+    if value is None:
+        return ""
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def millis(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.0f}"
+
+
+# -- the tables ------------------------------------------------------------------------------
+
+EVENT_COLUMNS = (
+    Column("IDX", "right"),
+    Column("TIME"),
+    Column("TYPE"),
+    Column("ROLE/TOOL", max_width=24, shrink=1, min_width=9),
+    Column("OUTCOME"),
+    Column("MS", "right"),
+    Column("DETAIL", shrink=2, min_width=20),
+)
+
+
+def event_row(event: ActivityEvent, running: bool = False) -> list[str]:
+    """One timeline line: who or which tool, how it went, and what it said or returned."""
+    content = event.content
+    name = outcome = ms = detail = ""
+    if isinstance(content, TextContent):
+        name, detail = content.role, content.body
+    elif isinstance(content, ToolCallContent):
+        name = content.tool_name
+        if event.type == "tool_call_start":
+            outcome = "running" if running else ""
+            detail = compact_json(content.arguments)
+        else:
+            outcome = content.outcome or content.status
+            ms = millis(content.duration_ms)
+            if content.error:
+                detail = content.error
+            elif content.result is not None:
+                detail = "-> " + compact_json(content.result)
+    else:
+        detail = compact_json(content)
+    if event.status.value == "blocked":
+        outcome = f"blocked{'/' + outcome if outcome else ''}"
+    return [str(event.index), clock(event.created_at), event.type, name, outcome, ms, detail]
+
+
+def events_table(
+    events: Sequence[ActivityEvent],
+    *,
+    running: Iterable[str] = (),
+    width: int | None = None,
+    ellipsis: str = ELLIPSIS,
+) -> str:
+    """A session's timeline; ``running`` names the tool call ids still without an end."""
+    open_ids = set(running)
+    rows = [
+        event_row(
+            e, isinstance(e.content, ToolCallContent) and e.type == "tool_call_start" and e.content.tool_id in open_ids
+        )
+        for e in events
+    ]
+    return render(EVENT_COLUMNS, rows, width=width, ellipsis=ellipsis)
+
+
+def turns_table(
+    turns: Sequence[AIResponseEvent],
+    *,
+    show_session: bool = False,
+    width: int | None = None,
+    ellipsis: str = ELLIPSIS,
+) -> str:
+    """Turn summaries: rounds, tool calls, tokens, latency, why the loop stopped, and its last
+    text segment (the answer, usually), or the error that ended it."""
+    columns = [Column("ENDED")]
+    if show_session:
+        columns.append(Column("SESSION", max_width=20, shrink=1, min_width=10))
+    columns += [
+        Column("AGENT", max_width=16),
+        Column("MODEL", max_width=24, shrink=1, min_width=10),
+        Column("ROUNDS", "right"),
+        Column("TOOLS", "right"),
+        Column("TOKENS IN/OUT", "right"),
+        Column("MS", "right"),
+        Column("END"),
+        Column("FINAL SEGMENT", shrink=2, min_width=20),
+    ]
+    rows = []
+    for t in turns:
+        row = [clock(t.timestamp)]
+        if show_session:
+            row.append(t.session_id or "")
+        tokens = ""
+        if t.usage:
+            tokens = f"{t.usage.get('input_tokens', 0):,}/{t.usage.get('output_tokens', 0):,}"
+        row += [
+            t.channel_id or "",
+            t.model or "",
+            str(t.round_count),
+            str(t.tool_calls_count),
+            tokens,
+            millis(t.latency_ms),
+            t.loop_end_reason.value if t.loop_end_reason else "",
+            t.error or (t.segments[-1] if t.segments else t.response_content),
+        ]
+        rows.append(row)
+    return render(columns, rows, width=width, ellipsis=ellipsis)
+
+
+SESSION_COLUMNS = (
+    Column("SESSION", max_width=40, shrink=1, min_width=12),
+    Column("EVENTS", "right"),
+    Column("TURNS", "right"),
+    Column("FIRST"),
+    Column("LAST"),
+    Column("AGENTS", shrink=2, min_width=10),
+)
+
+
+def sessions_table(sessions: Sequence[SessionInfo], *, width: int | None = None, ellipsis: str = ELLIPSIS) -> str:
+    """Sessions, as :meth:`Store.list_sessions` orders them (most recently active first)."""
+    rows = [
+        [s.session_id, str(s.event_count), str(s.turn_count), stamp(s.first_at), stamp(s.last_at), ", ".join(s.agents)]
+        for s in sessions
+    ]
+    return render(SESSION_COLUMNS, rows, width=width, ellipsis=ellipsis)
+
+
+def sql_cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, (dict, list, tuple)):
+        return compact_json(value)
+    return str(value)
+
+
+def sql_table(
+    names: Sequence[str], rows: Sequence[Sequence[Any]], *, width: int | None = None, ellipsis: str = ELLIPSIS
+) -> str:
+    """Any query's result; numbers align right, every column may shrink."""
+    columns = []
+    for i, name in enumerate(names):
+        numeric = bool(rows) and all(
+            isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows if r[i] is not None
+        )
+        columns.append(Column(name, "right" if numeric else "left", max_width=80, shrink=1, min_width=6))
+    return render(columns, [[sql_cell(v) for v in r] for r in rows], width=width, ellipsis=ellipsis)
