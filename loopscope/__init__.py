@@ -23,8 +23,9 @@ from .models import (
     ToolCall,
     ToolCallContent,
 )
+from .instrument import instrument, uninstrument
 from .pipeline import Pipeline, configure, flush, shutdown
-from .recorder import Round, ToolExecution, Turn, tool, turn
+from .recorder import Round, ToolExecution, Turn, session, tool, turn
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import EventFilter, PersistencePolicy
 from .storage.store import AsyncStore, Store
@@ -55,7 +56,10 @@ __all__ = [
     "__version__",
     "configure",
     "flush",
+    "instrument",
+    "session",
     "shutdown",
     "tool",
     "turn",
+    "uninstrument",
 ]

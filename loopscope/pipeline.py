@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
+from ._guard import internal_error
 from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
@@ -73,6 +75,12 @@ class Pipeline:
 
 
 _active: Pipeline | None = None
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at ``shutdown()``, before the store's last flush (ends open turns)."""
+    _shutdown_hooks.append(hook)
 _lock = threading.RLock()
 _dispatchers: dict[int, _Dispatch] = {}
 
@@ -183,9 +191,14 @@ def _shutdown_locked() -> None:
 
 
 def shutdown() -> None:
-    """Flush every recorded event to the store and stop the writer."""
+    """End open stitched turns, flush every recorded event to the store and stop the writer."""
+    for hook in _shutdown_hooks:
+        try:
+            hook()
+        except Exception:
+            internal_error("shutdown hook")
     with _lock:
         _shutdown_locked()
 
 
-__all__ = ["Pipeline", "active", "configure", "default_db_path", "flush", "shutdown", "tracer"]
+__all__ = ["Pipeline", "active", "configure", "default_db_path", "flush", "on_shutdown", "shutdown", "tracer"]

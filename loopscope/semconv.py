@@ -112,3 +112,35 @@ def usage_from_attributes(attributes: Mapping[str, Any]) -> dict[str, int]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             usage[key] = int(value)
     return usage
+
+
+REQUEST_PARAMETERS = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "top_k": "gen_ai.request.top_k",
+    "max_tokens": "gen_ai.request.max_tokens",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "seed": "gen_ai.request.seed",
+    "stop": "gen_ai.request.stop_sequences",
+    "choice_count": "gen_ai.request.choice.count",
+    "reasoning_effort": "gen_ai.request.reasoning.level",
+    "service_tier": "gen_ai.request.service_tier",
+    "server_address": "server.address",
+    "server_port": "server.port",
+}
+"""Neutral request parameter names (what adapters report) and their span attributes."""
+
+
+def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Span attributes for the request parameters an adapter reports; others are ignored."""
+    out: dict[str, Any] = {}
+    for key, value in request.items():
+        attr = REQUEST_PARAMETERS.get(key)
+        if attr is None or value is None:
+            continue
+        if isinstance(value, (str, bool, int, float)):
+            out[attr] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            out[attr] = tuple(value)
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .stitch import ToolResult, session
 from .tool import ToolExecution, tool
 from .turn import Round, Turn
 
@@ -49,4 +50,4 @@ def turn(
     )
 
 
-__all__ = ["Round", "ToolExecution", "Turn", "tool", "turn"]
+__all__ = ["Round", "ToolExecution", "ToolResult", "Turn", "session", "tool", "turn"]

@@ -17,7 +17,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from .. import _json, pipeline, semconv as a
 from .._guard import internal_error
 from ..models import ToolCall
-from .context import current_turn
+from .context import current_turn, open_stitched_turn
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _SKIPPED_PARAMS = frozenset({"self", "cls"})
@@ -32,7 +32,9 @@ class ToolExecution:
     (or cancelled) and passes through unchanged.
     """
 
-    __slots__ = ("name", "arguments", "call_id", "description", "result", "_outcome", "_error", "_span", "_token", "_turn")
+    __slots__ = (
+        "name", "arguments", "call_id", "description", "result", "_outcome", "_error", "_span", "_token", "_turn", "_adopted",
+    )
 
     def __init__(self, name: str, arguments: Any = None, call_id: str | None = None, description: str | None = None) -> None:
         self.name = name
@@ -45,6 +47,7 @@ class ToolExecution:
         self._span: Span | None = None
         self._token: object | None = None
         self._turn: Any = None
+        self._adopted: ToolExecution | None = None
 
     def set_result(self, value: Any) -> None:
         """The value the tool returned (the decorator sets it for you)."""
@@ -78,33 +81,56 @@ class ToolExecution:
 
     def _start(self) -> None:
         try:
-            turn = current_turn.get()
+            turn = current_turn.get() or open_stitched_turn()
             self._turn = turn
-            attributes: dict[str, Any] = {a.OPERATION: a.OP_EXECUTE_TOOL, a.TOOL_NAME: self.name, a.TOOL_TYPE: "function"}
+            call = None
             if turn is not None:
                 call = turn._claim_call(self.name, self.call_id)
+                if type(call) is ToolExecution:
+                    # the model's response already started this call: serve that one, once
+                    self._adopted = call
+                    self.call_id = call.call_id
+                    if self.arguments is None:
+                        self.arguments = call.arguments
+                    self._token = otel_context.attach(trace.set_span_in_context(call._span))  # type: ignore[arg-type]
+                    return
                 if call is not None:
                     self.call_id = call.id
                     if self.arguments is None:
                         self.arguments = call.arguments
-                attributes[a.CONVERSATION_ID] = turn.session_id
-                attributes[a.TURN_ID] = turn.correlation_id
-                if turn.agent:
-                    attributes[a.AGENT_NAME] = turn.agent
-            if self.call_id is None:
-                # 32 random hex digits, as uuid4().hex gives, for a quarter of its cost
-                self.call_id = os.urandom(16).hex()
-            attributes[a.TOOL_CALL_ID] = self.call_id
-            if self.arguments is not None:
-                attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
-            if self.description:
-                attributes[a.TOOL_DESCRIPTION] = self.description
-            self._span = pipeline.tracer().start_span(f"{a.OP_EXECUTE_TOOL} {self.name}", attributes=attributes)
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+            self._open(turn, None)
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))  # type: ignore[arg-type]
         except Exception:
             internal_error("tool start")
 
+    def _open(self, turn: Any, parent: otel_context.Context | None) -> None:
+        """Start the ``execute_tool`` span (under ``parent``, else the current span)."""
+        attributes: dict[str, Any] = {a.OPERATION: a.OP_EXECUTE_TOOL, a.TOOL_NAME: self.name, a.TOOL_TYPE: "function"}
+        if turn is not None:
+            attributes[a.CONVERSATION_ID] = turn.session_id
+            attributes[a.TURN_ID] = turn.correlation_id
+            if turn.agent:
+                attributes[a.AGENT_NAME] = turn.agent
+        if self.call_id is None:
+            # 32 random hex digits, as uuid4().hex gives, for a quarter of its cost
+            self.call_id = os.urandom(16).hex()
+        attributes[a.TOOL_CALL_ID] = self.call_id
+        if self.arguments is not None:
+            attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
+        if self.description:
+            attributes[a.TOOL_DESCRIPTION] = self.description
+        self._span = pipeline.tracer().start_span(f"{a.OP_EXECUTE_TOOL} {self.name}", context=parent, attributes=attributes)
+
     def _finish(self, exc: BaseException | None) -> None:
+        adopted = self._adopted
+        if adopted is not None:
+            if self._token is not None:
+                otel_context.detach(self._token)
+            adopted.result = self.result
+            if self._outcome is not None:
+                adopted._outcome, adopted._error = self._outcome, self._error
+            adopted._finish(exc)
+            return
         try:
             span = self._span
             if span is None:
@@ -133,11 +159,25 @@ class ToolExecution:
             internal_error("tool end")
 
 
-def record_unserved(turn: Any, call: ToolCall) -> None:
-    """A call the model asked for that nothing ran before its turn ended."""
+def start_requested(turn: Any, call: ToolCall) -> ToolExecution:
+    """Start a call the model just asked for, as a sibling of the round that asked.
+
+    Adapters that see a response, not the tool run, use this: the call is pending from
+    the moment the response is complete until a later request carries its result, or a
+    decorated tool serves it.
+    """
     execution = ToolExecution(call.name, call.arguments, call.id)
+    execution._turn = turn
+    execution._open(turn, turn._context())
+    return execution
+
+
+def record_unserved(turn: Any, call: ToolCall | ToolExecution) -> None:
+    """End a call the model asked for that nothing ran before its turn ended."""
+    execution = call if isinstance(call, ToolExecution) else ToolExecution(call.name, call.arguments, call.id)
+    if execution._span is None:
+        execution._open(turn, turn._context())
     execution._outcome, execution._error = "unserved", "not executed before the turn ended"
-    execution._start()
     execution._turn = None  # it never ran: not counted among the turn's tool calls
     execution._finish(None)
 

@@ -23,8 +23,12 @@ from opentelemetry.trace import Span, Status, StatusCode
 from .. import _json, semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR, DeclaredTool, LoopEndReason, ToolCall
-from .context import current_turn
+from .context import current_round, current_session, current_turn
 from .declared import declared_tools, union_into
+from .tool import ToolExecution, record_unserved, start_requested
+
+call_owners: dict[str, Turn] = {}
+"""Every call id an adapter started and nobody has ended yet, with the turn that asked for it."""
 
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length"})
 
@@ -55,8 +59,17 @@ class Round:
     :meth:`response`; :meth:`Turn.generation` records a finished round in one call.
     """
 
-    def __init__(self, turn: Turn, model: str | None, provider: str | None, tools: Iterable[Any] | None, stream: bool | None) -> None:
+    def __init__(
+        self,
+        turn: Turn,
+        model: str | None,
+        provider: str | None,
+        tools: Iterable[Any] | None,
+        stream: bool | None,
+        request: Mapping[str, Any] | None = None,
+    ) -> None:
         self._turn = turn
+        self._request = request
         self.model = model or turn.model
         self.provider = provider or turn.provider
         self._tools = declared_tools(tools) if tools is not None else None
@@ -71,7 +84,11 @@ class Round:
         self.blocked = False
         self._span: Span | None = None
         self._token: object | None = None
+        self._round_token: object | None = None
         self._first_chunk_ns: int | None = None
+        self._start_ns = 0
+        self.eager = False  # start the requested tool calls when the round ends (adapters)
+        self.ended = False
 
     def response(
         self,
@@ -124,7 +141,7 @@ class Round:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._finish(exc)
 
-    def _start(self) -> None:
+    def _start(self, attach: bool = True) -> None:
         try:
             turn = self._turn
             tools = self._tools if self._tools is not None else turn._tools
@@ -146,18 +163,23 @@ class Round:
                 attributes[a.REQUEST_STREAM] = self._stream
             if tools:
                 attributes[a.TOOL_DEFINITIONS] = _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools])
+            if self._request:
+                attributes.update(a.request_attributes(self._request))
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
             self._start_ns = time.monotonic_ns()
-            self._span = turn._tracer.start_span(name, attributes=attributes)
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+            self._span = turn._tracer.start_span(name, context=turn._context(), attributes=attributes)
+            if attach:
+                self._token = otel_context.attach(trace.set_span_in_context(self._span))
+                self._round_token = current_round.set(self)
         except Exception:
             internal_error("round start")
 
     def _finish(self, exc: BaseException | None) -> None:
         try:
             span = self._span
-            if span is None:
+            if span is None or self.ended:
                 return
+            self.ended = True
             attributes: dict[str, Any] = {}
             if self.response_model:
                 attributes[a.RESPONSE_MODEL] = self.response_model
@@ -181,12 +203,20 @@ class Round:
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
             span.set_attributes(attributes)
+            if self._round_token is not None:
+                current_round.reset(self._round_token)  # type: ignore[arg-type]
             if self._token is not None:
                 otel_context.detach(self._token)
             span.end()
             self._turn._round_done(self, exc)
         except Exception:
             internal_error("round end")
+
+
+def _error_text(result: Any) -> str:
+    """A short error text from a tool result the application marked as an error."""
+    text = result if isinstance(result, str) else _json.dumps(result)
+    return text if len(text) <= 500 else text[:500] + "…"
 
 
 def _output_message(rnd: Round) -> dict[str, Any]:
@@ -245,7 +275,10 @@ class Turn:
         self._open_segment = ""
         self._usage: dict[str, int] = {}
         self._thinking: list[str] = []
-        self._pending: dict[str, tuple[ToolCall, int]] = {}  # requested, not yet executed: call id -> (call, round no.)
+        # calls the model asked for that have not ended: call id -> (call, round no.). A
+        # ToolExecution is a call an adapter started when the response came (its span is
+        # open); a ToolCall waits for a decorated tool to run it.
+        self._pending: dict[str, tuple[ToolCall | ToolExecution, int]] = {}
         self._rounds_with_tools: dict[int, bool] = {}  # round no. -> did one of its calls run
         self._round_no = 0
         self._tool_calls_count = 0
@@ -255,6 +288,8 @@ class Turn:
         self._token: object | None = None
         self._turn_token: object | None = None
         self._started = 0.0
+        self.ended = False
+        self.last_activity = time.monotonic()
 
     # -- recording API -------------------------------------------------------------------
 
@@ -314,13 +349,13 @@ class Turn:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._finish(exc)
 
-    def _start(self) -> None:
+    def _start(self, attach: bool = True) -> None:
         self._started = time.monotonic()
         try:
             parent = current_turn.get()
             self.parent = parent
             if not self._requested_session:
-                self.session_id = parent.session_id if parent is not None else uuid.uuid4().hex
+                self.session_id = current_session.get() or (parent.session_id if parent is not None else uuid.uuid4().hex)
             attributes: dict[str, Any] = {
                 a.OPERATION: a.OP_INVOKE_AGENT,
                 a.CONVERSATION_ID: self.session_id,
@@ -342,18 +377,25 @@ class Turn:
                     attributes[a.TURN_INPUT_BLOCKED] = True
             name = f"{a.OP_INVOKE_AGENT} {self.agent}" if self.agent else a.OP_INVOKE_AGENT
             self._span = self._tracer.start_span(name, attributes=attributes)
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
-            self._turn_token = current_turn.set(self)
+            self._span_context = trace.set_span_in_context(self._span)
+            if attach:
+                self._token = otel_context.attach(self._span_context)
+                self._turn_token = current_turn.set(self)
         except Exception:
             internal_error("turn start")
+
+    def _context(self) -> otel_context.Context | None:
+        """The context whose current span is this turn's: the parent of its rounds and calls."""
+        return getattr(self, "_span_context", None)
 
     def _finish(self, exc: BaseException | None) -> None:
         try:
             from ..semconv import turn_summary_attributes
 
             span = self._span
-            if span is None:
+            if span is None or self.ended:
                 return
+            self.ended = True
             reason = self._loop_end_reason(exc)
             self._close_unserved()
             summary = self._summary(reason, exc)
@@ -397,44 +439,71 @@ class Turn:
                 self.provider = rnd.provider
             if rnd._stream:
                 self.streaming = True
+            self.last_activity = time.monotonic()
             if rnd.tool_calls:
                 # a tool call is a segment boundary: the text so far is one stretch
                 self._close_segment()
                 self._rounds_with_tools[self._round_no] = False
                 for call in rnd.tool_calls:
-                    self._pending[call.id] = (call, self._round_no)
+                    if rnd.eager:
+                        self._pending[call.id] = (start_requested(self, call), self._round_no)
+                        call_owners[call.id] = self
+                    else:
+                        self._pending[call.id] = (call, self._round_no)
 
     def _close_segment(self) -> None:
         if self._open_segment.strip():
             self._segments.append(self._open_segment)
         self._open_segment = ""
 
-    def _claim_call(self, name: str, call_id: str | None) -> ToolCall | None:
+    def _claim_call(self, name: str, call_id: str | None) -> ToolCall | ToolExecution | None:
         """The requested call a tool execution serves: by id, else the oldest of that name."""
         with self._lock:
-            entry = self._pending.pop(call_id, None) if call_id else None
-            if entry is None and call_id is None:
-                for cid, (call, _) in self._pending.items():
-                    if call.name == name:
-                        entry = self._pending.pop(cid)
-                        break
+            if call_id is None:
+                call_id = next((cid for cid, (call, _) in self._pending.items() if call.name == name), None)
+            entry = self._pending.pop(call_id, None) if call_id is not None else None
             if entry is None:
                 return None
             call, round_no = entry
+            if call_owners.get(call_id) is self:  # type: ignore[arg-type]
+                del call_owners[call_id]  # type: ignore[arg-type]
             self._rounds_with_tools[round_no] = True
+            self.last_activity = time.monotonic()
             return call
+
+    def has_call(self, call_id: str) -> bool:
+        """Whether this turn asked for ``call_id`` and it has not ended yet."""
+        return call_id in self._pending
+
+    def end_call(self, call_id: str, result: Any, is_error: bool = False, outcome: str | None = None) -> bool:
+        """End a pending call with the result the application sent back to the model.
+
+        Returns False when the turn has no such pending call (already served, or not its).
+        """
+        call = self._claim_call("", call_id)
+        if call is None:
+            return False
+        if not isinstance(call, ToolExecution):
+            call = start_requested(self, call)
+        call.result = result
+        if outcome is not None or is_error:
+            call._outcome = outcome or "failed"
+            call._error = _error_text(result) if is_error else None
+        call._finish(None)
+        return True
 
     def _tool_done(self) -> None:
         with self._lock:
             self._tool_calls_count += 1
 
     def _close_unserved(self) -> None:
-        from .tool import record_unserved
-
         with self._lock:
-            pending = [call for call, _ in self._pending.values()]
+            pending = list(self._pending.items())
             self._pending.clear()
-        for call in pending:
+            for call_id, _ in pending:
+                if call_owners.get(call_id) is self:
+                    del call_owners[call_id]
+        for _, (call, _) in pending:
             record_unserved(self, call)
 
     def _loop_end_reason(self, exc: BaseException | None) -> LoopEndReason:

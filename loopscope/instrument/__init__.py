@@ -1,0 +1,87 @@
+"""Adapters: one module per instrumented library, each activating when its library is imported.
+
+``instrument()`` registers an import hook per adapter; importing loopscope imports no
+SDK. An adapter module has ``TARGET`` (the module whose import activates it) and
+``patch()`` (wraps what it needs, returning the patches so they can be undone).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from typing import Any
+
+import wrapt
+
+from .._guard import internal_error
+from ._patch import Patch, restore
+
+ADAPTERS: dict[str, tuple[str, str]] = {
+    "openai": ("openai", "loopscope.instrument.openai"),
+    "anthropic": ("anthropic", "loopscope.instrument.anthropic"),
+}
+"""Adapter name -> (the library module whose import activates it, the adapter module).
+The name is also the keyword that switches it off."""
+
+_lock = threading.RLock()
+_wanted: set[str] = set()
+_patches: dict[str, list[Patch]] = {}
+_hooked: set[str] = set()
+
+
+def _activate(name: str) -> None:
+    with _lock:
+        if name not in _wanted or name in _patches:
+            return
+        try:
+            adapter = importlib.import_module(ADAPTERS[name][1])
+            _patches[name] = adapter.patch()
+        except Exception:
+            internal_error(f"instrument {name}")
+
+
+def _hook(name: str) -> Any:
+    def on_import(module: Any) -> None:
+        _activate(name)
+
+    return on_import
+
+
+def instrument(**switches: bool) -> list[str]:
+    """Turn on every adapter whose library is importable, now or when it is imported.
+
+    Idempotent. Pass ``openai=False`` (and so on) to leave a library alone. Returns the
+    names of the adapters that are on (active or waiting for their import).
+    """
+    unknown = set(switches) - set(ADAPTERS)
+    if unknown:
+        raise TypeError(f"unknown adapters: {', '.join(sorted(unknown))} (known: {', '.join(ADAPTERS)})")
+    from .. import pipeline
+
+    pipeline.active()  # configure the defaults if the application did not
+    with _lock:
+        for name, (target, _) in ADAPTERS.items():
+            if not switches.get(name, True):
+                continue
+            _wanted.add(name)
+            if target in sys.modules:
+                _activate(name)
+            elif name not in _hooked:
+                wrapt.register_post_import_hook(_hook(name), target)
+                _hooked.add(name)
+        return sorted(_wanted)
+
+
+def uninstrument() -> None:
+    """Restore every original method; hooks that have not fired stay inert."""
+    with _lock:
+        _wanted.clear()
+        for patches in _patches.values():
+            restore(patches)
+        _patches.clear()
+
+
+def active() -> list[str]:
+    """The adapters whose patches are in place."""
+    return sorted(_patches)

@@ -1,0 +1,89 @@
+"""The wrapper factory every provider adapter uses for one model call.
+
+An adapter supplies two functions: ``describe(instance, args, kwargs)`` reads the request
+into keyword arguments for :func:`begin_generation` (or None to leave the call alone),
+and ``deliver(result, generation)`` reads the response, finishing the generation, and
+returns what the user gets (the same object, or a stream proxy). Both are guarded: if
+either fails, the user's call goes on as if loopscope were not there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from .._guard import internal_error
+from ..recorder.stitch import Generation, begin_generation
+
+Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "dict[str, Any] | None"]
+Deliver = Callable[[Any, Generation], Any]
+
+
+def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Generation | None, object | None]:
+    try:
+        request = describe(instance, args, kwargs)
+        if request is None:
+            return None, None
+        generation = begin_generation(**request)
+        if generation is None or generation.round._span is None:
+            return generation, None
+        return generation, otel_context.attach(trace.set_span_in_context(generation.round._span))
+    except Exception:
+        internal_error("model call start")
+        return None, None
+
+
+def _deliver(deliver: Deliver, result: Any, generation: Generation) -> Any:
+    try:
+        return deliver(result, generation)
+    except Exception:
+        internal_error("model call result")
+        generation.fail(RuntimeError("loopscope could not read this response"))
+        return result
+
+
+def sync_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
+    """A wrapt wrapper for a synchronous SDK method that makes one model call."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        generation, token = _begin(describe, instance, args, kwargs)
+        if generation is None:
+            return wrapped(*args, **kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            generation.fail(exc)
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        return _deliver(deliver, result, generation)
+
+    return wrapper
+
+
+def async_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
+    """A wrapt wrapper for an async SDK method: decided by the class, since some SDK
+    methods are not coroutine functions by ``inspect`` but still return awaitables."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        async def run() -> Any:
+            generation, token = _begin(describe, instance, args, kwargs)
+            if generation is None:
+                return await wrapped(*args, **kwargs)
+            try:
+                result = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                generation.fail(exc)
+                raise
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+            return _deliver(deliver, result, generation)
+
+        return run()
+
+    return wrapper

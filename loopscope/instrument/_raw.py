@@ -1,0 +1,44 @@
+"""Raw-response calls: the parsed body (or stream) is recorded when the user parses it."""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import wrapt
+
+from .._guard import internal_error
+from ..recorder.stitch import Generation
+
+
+class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
+    def __init__(self, wrapped: Any, generation: Generation, deliver: Callable[[Any], Any]) -> None:
+        super().__init__(wrapped)
+        self._self_generation = generation
+        self._self_deliver = deliver
+        self._self_delivered: Any = None
+        self._self_done = False
+        weakref.finalize(self, generation.abandon)
+
+    def _self_take(self, parsed: Any) -> Any:
+        if self._self_done:
+            return self._self_delivered
+        self._self_done = True
+        try:
+            self._self_delivered = self._self_deliver(parsed)
+        except Exception:
+            internal_error("raw response")
+            self._self_delivered = parsed
+        return self._self_delivered
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        parsed = self.__wrapped__.parse(*args, **kwargs)
+        if inspect.isawaitable(parsed):
+
+            async def later() -> Any:
+                return self._self_take(await parsed)
+
+            return later()
+        return self._self_take(parsed)

@@ -1,0 +1,49 @@
+"""Reading SDK objects and plain dicts alike: requests hold either, responses are models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def get(obj: Any, key: str, default: Any = None) -> Any:
+    """``obj[key]`` for a mapping, ``obj.key`` for anything else."""
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def arguments(raw: Any) -> Any:
+    """Tool call arguments: the JSON the model wrote, decoded when it decodes."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return raw
+    return raw
+
+
+def text_of(content: Any) -> str | None:
+    """The text of a message content: a string, or the text parts of a list."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [get(part, "text") for part in content if get(part, "type") in ("text", "input_text", "output_text")]
+        return "".join(t for t in texts if isinstance(t, str)) or None
+    return None
+
+
+def server(instance: Any) -> dict[str, Any]:
+    """server.address / server.port of the client a resource belongs to."""
+    client = getattr(instance, "_client", None)
+    url = getattr(client, "base_url", None)
+    host = getattr(url, "host", None)
+    if not host:
+        return {}
+    return {"server_address": host, "server_port": getattr(url, "port", None)}
+
+
+def number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

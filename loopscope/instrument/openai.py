@@ -1,0 +1,183 @@
+"""The openai SDK: Chat Completions and Responses calls as rounds of stitched turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models import ToolCall
+from ..recorder.stitch import Generation, ToolResult, result_value
+from . import _read as r
+from ._calls import async_call, sync_call
+from ._patch import Patch, wrap
+from ._streams import AsyncStream, SyncStream
+
+TARGET = "openai"
+PROVIDER = "openai"
+
+
+# -- Chat Completions -----------------------------------------------------------------
+
+
+def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    messages = kwargs.get("messages") or []
+    results = []
+    input_text = None
+    for message in messages:
+        role = r.get(message, "role")
+        if role == "tool":
+            call_id = r.get(message, "tool_call_id")
+            if call_id:
+                results.append(ToolResult(str(call_id), result_value(r.text_of(r.get(message, "content")) or r.get(message, "content"))))
+        elif role == "user":
+            input_text = r.text_of(r.get(message, "content"))
+    stop = kwargs.get("stop")
+    request = {
+        "temperature": kwargs.get("temperature"),
+        "top_p": kwargs.get("top_p"),
+        "max_tokens": kwargs.get("max_completion_tokens") or kwargs.get("max_tokens"),
+        "frequency_penalty": kwargs.get("frequency_penalty"),
+        "presence_penalty": kwargs.get("presence_penalty"),
+        "seed": kwargs.get("seed"),
+        "stop": [stop] if isinstance(stop, str) else stop,
+        "choice_count": kwargs.get("n"),
+        "reasoning_effort": kwargs.get("reasoning_effort"),
+        "service_tier": kwargs.get("service_tier"),
+        **r.server(instance),
+    }
+    return {
+        "provider": PROVIDER,
+        "model": kwargs.get("model"),
+        "tools": _function_tools(kwargs.get("tools")),
+        "tool_results": results,
+        "input_text": input_text,
+        "stream": bool(kwargs.get("stream")),
+        "request": request,
+    }
+
+
+def _function_tools(tools: Any) -> list[Any] | None:
+    if not tools or not isinstance(tools, (list, tuple)):
+        return None
+    return [t for t in tools if isinstance(t, dict) and t.get("type", "function") == "function"]
+
+
+def _chat_usage(usage: Any) -> dict[str, int]:
+    if usage is None:
+        return {}
+    out = {
+        "input_tokens": r.number(r.get(usage, "prompt_tokens")),
+        "output_tokens": r.number(r.get(usage, "completion_tokens")),
+        "cache_read_input_tokens": r.number(r.get(r.get(usage, "prompt_tokens_details"), "cached_tokens")),
+        "reasoning_tokens": r.number(r.get(r.get(usage, "completion_tokens_details"), "reasoning_tokens")),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _finish_completion(completion: Any, generation: Generation) -> None:
+    choices = r.get(completion, "choices") or []
+    choice = choices[0] if choices else None
+    message = r.get(choice, "message")
+    calls = []
+    for call in r.get(message, "tool_calls") or []:
+        function = r.get(call, "function")
+        if function is not None:
+            calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
+    generation.finish(
+        text=r.get(message, "content") or r.get(message, "refusal"),
+        tool_calls=calls,
+        usage=_chat_usage(r.get(completion, "usage")),
+        finish_reason=r.get(choice, "finish_reason"),
+        response_id=r.get(completion, "id"),
+        model=r.get(completion, "model"),
+    )
+
+
+class _ChatChunks:
+    """Accumulates ``chat.completion.chunk`` events into one response."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, int] = {}
+        self.response_id: str | None = None
+        self.model: str | None = None
+
+    def add(self, chunk: Any, generation: Generation) -> None:
+        self.response_id = self.response_id or r.get(chunk, "id")
+        self.model = self.model or r.get(chunk, "model")
+        usage = r.get(chunk, "usage")
+        if usage is not None:
+            self.usage = _chat_usage(usage)
+        for choice in r.get(chunk, "choices") or []:
+            if r.get(choice, "index", 0) != 0:
+                continue
+            delta = r.get(choice, "delta")
+            content = r.get(delta, "content")
+            if content:
+                generation.delta(content)
+            for part in r.get(delta, "tool_calls") or []:
+                generation.first_chunk()
+                slot = self.calls.setdefault(r.get(part, "index", 0), {"id": None, "name": "", "arguments": []})
+                slot["id"] = slot["id"] or r.get(part, "id")
+                function = r.get(part, "function")
+                if r.get(function, "name"):
+                    slot["name"] += r.get(function, "name")
+                if r.get(function, "arguments"):
+                    slot["arguments"].append(r.get(function, "arguments"))
+            if r.get(choice, "finish_reason"):
+                self.finish_reason = r.get(choice, "finish_reason")
+
+    def finish(self, generation: Generation) -> None:
+        calls = [
+            ToolCall(id=str(slot["id"]), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
+            for _, slot in sorted(self.calls.items())
+        ]
+        generation.finish(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model)
+
+
+def _deliver_chat(result: Any, generation: Generation) -> Any:
+    return _deliver(result, generation, _finish_completion, _ChatChunks)
+
+
+# -- shared delivery ------------------------------------------------------------------
+
+
+def _deliver(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+    import openai
+
+    if isinstance(result, openai.Stream):
+        return SyncStream(result, generation, chunks())
+    if isinstance(result, openai.AsyncStream):
+        return AsyncStream(result, generation, chunks())
+    if hasattr(result, "http_response") and hasattr(result, "parse"):
+        return _raw_response(result, generation, finish_one, chunks)
+    finish_one(result, generation)
+    return result
+
+
+def _raw_response(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+    """``with_raw_response`` calls: the body is read when the user parses it."""
+    from ._raw import RawResponse
+
+    return RawResponse(result, generation, lambda parsed: _deliver(parsed, generation, finish_one, chunks))
+
+
+# -- patching -------------------------------------------------------------------------
+
+
+def patch() -> list[Patch]:
+    from openai.resources.chat.completions import completions as chat
+
+    patches = [
+        wrap(chat.Completions, "create", sync_call(_chat_request, _deliver_chat)),
+        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat)),
+        wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat)),
+        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat)),
+    ]
+    try:
+        from . import _openai_responses
+    except ImportError:  # the Responses adapter is optional
+        pass
+    else:
+        patches += _openai_responses.patch(_deliver)
+    return [p for p in patches if p is not None]

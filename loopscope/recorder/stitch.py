@@ -1,0 +1,272 @@
+"""Stitching: model calls seen one at a time become whole turns.
+
+An adapter sees a hand-written loop only as a series of model calls. Each call is a
+round; a response that asks for tools starts those calls (pending); a later request
+that carries their results ends them and joins that turn, matched by call id so that
+interleaved conversations stay apart; a response without tool calls ends the turn.
+Inside ``with loopscope.turn(...)`` the calls join that turn instead, and inside
+``with turn.round()`` they fill that round.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import pipeline
+from .._guard import internal_error
+from ..models import LoopEndReason
+from .context import current_round, current_session, current_turn, last_stitched
+from .turn import Round, Turn, call_owners
+
+DEFAULT_IDLE_TIMEOUT = 300.0
+
+
+class StreamClosed(Exception):
+    """The application stopped reading a stream before it ended."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool result an application sends back to the model in a request."""
+
+    call_id: str
+    content: Any
+    is_error: bool = False
+
+
+@contextlib.contextmanager
+def session(session_id: str) -> Iterator[str]:
+    """Group the turns recorded inside the block under one conversation id."""
+    token = current_session.set(session_id)
+    try:
+        yield session_id
+    finally:
+        current_session.reset(token)
+
+
+class _Stitched:
+    """The turns adapters opened that no ``with`` block owns, and their idle reaper."""
+
+    def __init__(self) -> None:
+        self.turns: weakref.WeakSet[Turn] = weakref.WeakSet()
+        self.strong: set[Turn] = set()  # an open turn is kept alive until it ends
+        self.lock = threading.Lock()
+        self.idle_timeout = DEFAULT_IDLE_TIMEOUT
+        self._reaper: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def add(self, turn: Turn) -> None:
+        with self.lock:
+            self.strong.add(turn)
+            if self._reaper is None or not self._reaper.is_alive():
+                self._reaper = threading.Thread(target=self._reap_loop, name="loopscope-stitch-reaper", daemon=True)
+                self._reaper.start()
+
+    def discard(self, turn: Turn) -> None:
+        with self.lock:
+            self.strong.discard(turn)
+
+    def _reap_loop(self) -> None:
+        while True:
+            self._wake.wait(min(max(self.idle_timeout / 4, 0.05), 5.0))
+            self._wake.clear()
+            try:
+                self.reap(time.monotonic() - self.idle_timeout)
+            except Exception:
+                internal_error("stitch reaper")
+
+    def reap(self, older_than: float | None = None) -> int:
+        """End open turns idle since before ``older_than`` (all of them when None)."""
+        with self.lock:
+            stale = [t for t in self.strong if older_than is None or t.last_activity < older_than]
+        for turn in stale:
+            close_turn(turn, LoopEndReason.UNFINISHED)
+        return len(stale)
+
+
+stitched = _Stitched()
+
+
+def set_idle_timeout(seconds: float) -> None:
+    """How long a turn may wait for the results of its tool calls before it ends unfinished."""
+    stitched.idle_timeout = seconds
+    stitched._wake.set()
+
+
+def close_turn(turn: Turn, reason: LoopEndReason | None = None, exc: BaseException | None = None) -> None:
+    """End a stitched turn now: its unanswered calls as unserved."""
+    if turn.ended:
+        return
+    if reason is not None:
+        turn.end(reason)
+    turn._finish(exc)
+    stitched.discard(turn)
+
+
+def close_all() -> None:
+    """End every open stitched turn as unfinished (at flush and at exit)."""
+    stitched.reap(None)
+
+
+pipeline.on_shutdown(close_all)
+atexit.register(close_all)  # registered after the writer's: runs before it, so these turns are stored
+
+
+class Generation:
+    """One model call as an adapter reports it: delta text, then finish or fail."""
+
+    __slots__ = ("turn", "round", "_owns_round", "_stitched", "_done")
+
+    def __init__(self, turn: Turn, rnd: Round, owns_round: bool, stitched_turn: bool) -> None:
+        self.turn = turn
+        self.round = rnd
+        self._owns_round = owns_round
+        self._stitched = stitched_turn
+        self._done = False
+
+    def delta(self, text: str) -> None:
+        """A chunk of streamed text."""
+        if text:
+            self.round.text_delta(text)
+
+    def first_chunk(self) -> None:
+        """A streamed chunk with no text (a tool call fragment): it still counts as the first."""
+        rnd = self.round
+        if rnd._first_chunk_ns is None:
+            rnd._first_chunk_ns = time.monotonic_ns()
+
+    def finish(
+        self,
+        *,
+        text: str | None = None,
+        tool_calls: Iterable[Any] | None = None,
+        usage: Mapping[str, int] | None = None,
+        finish_reason: str | None = None,
+        response_id: str | None = None,
+        model: str | None = None,
+        thinking: str | None = None,
+    ) -> None:
+        """The response is complete: end the round, start the calls it asked for, or end the turn."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            rnd = self.round
+            rnd.response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, model=model)
+            if not self._owns_round:
+                return  # the user's ``with turn.round()`` ends it
+            rnd._finish(None)
+            if not self._stitched:
+                return
+            if rnd.tool_calls:
+                last_stitched.set(self.turn)
+            else:
+                close_turn(self.turn)
+        except Exception:
+            internal_error("generation finish")
+
+    def fail(self, exc: BaseException) -> None:
+        """The call raised (or the stream broke): the round fails, a stitched turn ends."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._owns_round:
+                self.round._finish(exc)
+            if self._stitched:
+                close_turn(self.turn, None, exc)
+        except Exception:
+            internal_error("generation fail")
+
+    def abandon(self) -> None:
+        """The stream was closed or dropped before its end: the turn was cut off."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._owns_round:
+                self.round._finish(StreamClosed("the stream was closed before it ended"))
+            if self._stitched:
+                close_turn(self.turn, LoopEndReason.CANCELLED)
+        except Exception:
+            internal_error("generation abandon")
+
+
+def begin_generation(
+    *,
+    provider: str,
+    model: str | None,
+    tools: Iterable[Any] | None = None,
+    tool_results: Iterable[ToolResult] = (),
+    input_text: str | None = None,
+    stream: bool = False,
+    request: Mapping[str, Any] | None = None,
+    framework: str | None = None,
+    agent: str | None = None,
+) -> Generation | None:
+    """Place one model call: end the tool calls whose results it carries, find its turn,
+    open its round. Returns None only if loopscope itself failed (the call goes on)."""
+    try:
+        owner: Turn | None = None
+        for result in tool_results:
+            turn = call_owners.get(result.call_id)
+            if turn is not None and turn.end_call(result.call_id, result.content, result.is_error):
+                owner = turn
+        hand = current_turn.get()
+        stitched_turn = False
+        if hand is not None:
+            turn = hand
+        elif owner is not None and not owner.ended:
+            turn = owner
+            stitched_turn = True
+        else:
+            turn = Turn(
+                pipeline.tracer(),
+                session_id=None,
+                agent=agent,
+                tools=tools,
+                input=input_text,
+                input_blocked=False,
+                model=model,
+                provider=provider,
+                framework=framework,
+                correlation_id=None,
+                streaming=stream,
+            )
+            turn._start(attach=False)
+            stitched.add(turn)
+            stitched_turn = True
+        mine = current_round.get()
+        if mine is not None and mine._turn is turn and not mine.ended:
+            mine.eager = True
+            if stream:
+                mine._stream = True
+            return Generation(turn, mine, False, stitched_turn)
+        rnd = Round(turn, model, provider, tools, stream, request)
+        rnd.eager = True
+        rnd._start(attach=False)
+        return Generation(turn, rnd, True, stitched_turn)
+    except Exception:
+        internal_error("begin generation")
+        return None
+
+
+def result_value(content: Any) -> Any:
+    """A tool result as the application sent it; JSON text becomes the value it encodes."""
+    if isinstance(content, str):
+        stripped = content.lstrip()
+        if stripped[:1] in ("{", "["):
+            try:
+                import json
+
+                return json.loads(content)
+            except ValueError:
+                pass
+    return content
