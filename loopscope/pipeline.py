@@ -124,6 +124,7 @@ def configure(
     queue_size: int = 200_000,
     tracer_provider: TracerProvider | None = None,
     service_name: str | None = None,
+    stitch_idle_timeout: float | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -131,6 +132,8 @@ def configure(
     ``False`` records spans without storing them. ``flush_interval`` bounds how long a
     recorded event waits before other processes can read it; ``queue_size`` bounds the
     memory held for events not yet written (past it, events are dropped and counted).
+    ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched from
+    SDK calls waits for the results of its tool calls before it ends as unfinished.
     A path that cannot be written raises :class:`StoreError` here, once.
     """
     global _active
@@ -153,6 +156,10 @@ def configure(
         from . import __version__
 
         _active = Pipeline(provider, provider.get_tracer("loopscope", __version__), path, writer)
+        if stitch_idle_timeout is not None:
+            from .recorder.stitch import set_idle_timeout
+
+            set_idle_timeout(stitch_idle_timeout)
         return _active
 
 

@@ -23,7 +23,7 @@ from .. import pipeline
 from .._guard import internal_error
 from ..models import LoopEndReason
 from .context import current_round, current_session, current_turn, last_stitched
-from .turn import Round, Turn, call_owners
+from .turn import Round, Turn, call_owners, served_owners
 
 DEFAULT_IDLE_TIMEOUT = 300.0
 
@@ -219,6 +219,8 @@ def begin_generation(
             turn = call_owners.get(result.call_id)
             if turn is not None and turn.end_call(result.call_id, result.content, result.is_error):
                 owner = turn
+            elif owner is None:
+                owner = served_owners.get(result.call_id)  # served by a decorated tool already
         hand = current_turn.get()
         stitched_turn = False
         if hand is not None:

@@ -30,6 +30,10 @@ from .tool import ToolExecution, record_unserved, start_requested
 call_owners: dict[str, Turn] = {}
 """Every call id an adapter started and nobody has ended yet, with the turn that asked for it."""
 
+served_owners: dict[str, Turn] = {}
+"""Calls an adapter started that a decorated tool already served, until their turn ends:
+the request that later carries their results still joins that turn."""
+
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length"})
 
 
@@ -290,6 +294,7 @@ class Turn:
         self._started = 0.0
         self.ended = False
         self.last_activity = time.monotonic()
+        self._served_ids: list[str] = []
 
     # -- recording API -------------------------------------------------------------------
 
@@ -398,6 +403,9 @@ class Turn:
             self.ended = True
             reason = self._loop_end_reason(exc)
             self._close_unserved()
+            for call_id in self._served_ids:
+                if served_owners.get(call_id) is self:
+                    del served_owners[call_id]
             summary = self._summary(reason, exc)
             span.set_attributes(turn_summary_attributes(summary))
             if exc is not None and reason is LoopEndReason.ERROR:
@@ -467,6 +475,8 @@ class Turn:
             call, round_no = entry
             if call_owners.get(call_id) is self:  # type: ignore[arg-type]
                 del call_owners[call_id]  # type: ignore[arg-type]
+                served_owners[call_id] = self  # type: ignore[index]
+                self._served_ids.append(call_id)  # type: ignore[arg-type]
             self._rounds_with_tools[round_no] = True
             self.last_activity = time.monotonic()
             return call
