@@ -10,6 +10,7 @@ either fails, the user's call goes on as if loopscope were not there.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -17,6 +18,10 @@ from opentelemetry import trace
 
 from .._guard import internal_error
 from ..recorder.stitch import Generation, begin_generation
+
+calling: ContextVar[Generation | None] = ContextVar("loopscope_sdk_call", default=None)
+"""The generation whose SDK method runs in this context right now (from the request until
+the method returns): an adapter whose SDK emits spans of its own finds the call it records."""
 
 Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "dict[str, Any] | None"]
 Deliver = Callable[[Any, Generation], Any]
@@ -52,12 +57,14 @@ def sync_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
         generation, token = _begin(describe, instance, args, kwargs)
         if generation is None:
             return wrapped(*args, **kwargs)
+        mark = calling.set(generation)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
             generation.fail(exc)
             raise
         finally:
+            calling.reset(mark)
             if token is not None:
                 otel_context.detach(token)
         return _deliver(deliver, result, generation)
@@ -74,12 +81,14 @@ def async_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
             generation, token = _begin(describe, instance, args, kwargs)
             if generation is None:
                 return await wrapped(*args, **kwargs)
+            mark = calling.set(generation)
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
                 generation.fail(exc)
                 raise
             finally:
+                calling.reset(mark)
                 if token is not None:
                     otel_context.detach(token)
             return _deliver(deliver, result, generation)

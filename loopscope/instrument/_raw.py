@@ -20,12 +20,13 @@ class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_deliver = deliver
         self._self_delivered: Any = None
         self._self_done = False
-        weakref.finalize(self, generation.abandon)
+        self._self_unread = weakref.finalize(self, generation.abandon)
 
     def _self_take(self, parsed: Any) -> Any:
         if self._self_done:
             return self._self_delivered
         self._self_done = True
+        self._self_unread.detach()  # the body (or the stream proxy it became) owns the round now
         try:
             self._self_delivered = self._self_deliver(parsed)
         except Exception:

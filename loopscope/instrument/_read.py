@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -47,3 +48,12 @@ def server(instance: Any) -> dict[str, Any]:
 
 def number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def items(kwargs: dict[str, Any], key: str) -> Any:
+    """The request's ``key`` (messages, input...) ready to read: a one-shot iterator, such as
+    a generator, is read into a list and put back, so that the SDK still sends all of it."""
+    value = kwargs.get(key)
+    if isinstance(value, Iterator):
+        value = kwargs[key] = list(value)
+    return value

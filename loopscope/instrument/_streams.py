@@ -146,3 +146,40 @@ class AsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
 
 
 StreamFactory = Callable[[Any, Generation], Any]
+
+
+def closes_inner_stream(attribute: str, *, is_async: bool = False) -> Callable[..., Any]:
+    """A wrapt wrapper for an SDK stream helper's ``close``.
+
+    Helpers such as openai's ``ResponseStream`` read one of our stream proxies (kept in
+    ``attribute``) but close the HTTP response directly, so the proxy never hears of it:
+    after the helper's ``close`` (or its ``with`` block) the proxy's round ends as well.
+    """
+
+    def abandon(helper: Any) -> None:
+        inner = getattr(helper, attribute, None)
+        if isinstance(inner, (SyncStream, AsyncStream)):
+            inner._self_recording.abandon()
+
+    if is_async:
+
+        def async_wrapper(
+            wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            async def run() -> Any:
+                try:
+                    return await wrapped(*args, **kwargs)
+                finally:
+                    abandon(instance)
+
+            return run()
+
+        return async_wrapper
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            abandon(instance)
+
+    return wrapper

@@ -9,7 +9,7 @@ from ..recorder.stitch import Generation, ToolResult, result_value
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
-from ._streams import AsyncStream, SyncStream
+from ._streams import AsyncStream, SyncStream, closes_inner_stream
 
 TARGET = "openai"
 PROVIDER = "openai"
@@ -19,7 +19,7 @@ PROVIDER = "openai"
 
 
 def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    messages = kwargs.get("messages") or []
+    messages = r.items(kwargs, "messages") or []
     results = []
     input_text = None
     for message in messages:
@@ -47,7 +47,7 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return {
         "provider": PROVIDER,
         "model": kwargs.get("model"),
-        "tools": _function_tools(kwargs.get("tools")),
+        "tools": _function_tools(r.items(kwargs, "tools")),
         "tool_results": results,
         "input_text": input_text,
         "stream": bool(kwargs.get("stream")),
@@ -68,6 +68,7 @@ def _chat_usage(usage: Any) -> dict[str, int]:
         "input_tokens": r.number(r.get(usage, "prompt_tokens")),
         "output_tokens": r.number(r.get(usage, "completion_tokens")),
         "cache_read_input_tokens": r.number(r.get(r.get(usage, "prompt_tokens_details"), "cached_tokens")),
+        "cache_creation_input_tokens": r.number(r.get(r.get(usage, "prompt_tokens_details"), "cache_write_tokens")),
         "reasoning_tokens": r.number(r.get(r.get(usage, "completion_tokens_details"), "reasoning_tokens")),
     }
     return {k: v for k, v in out.items() if v is not None}
@@ -174,6 +175,15 @@ def patch() -> list[Patch]:
         wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat)),
         wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat)),
     ]
+    try:  # the stream() helpers read our stream proxy but close the HTTP response directly
+        from openai.lib.streaming.chat import _completions as helpers
+    except ImportError:
+        pass
+    else:
+        patches += [
+            wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream")),
+            wrap(helpers.AsyncChatCompletionStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
+        ]
     try:
         from . import _openai_responses
     except ImportError:  # the Responses adapter is optional

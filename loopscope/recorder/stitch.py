@@ -272,3 +272,14 @@ def result_value(content: Any) -> Any:
             except ValueError:
                 pass
     return content
+
+
+def requested_call_span(call_id: str) -> Any:
+    """The open ``execute_tool`` span of a call an adapter started that nothing has ended
+    yet, or None: an SDK that runs the tool itself (a tool runner) runs it under this span."""
+    from .tool import ToolExecution
+
+    turn = call_owners.get(call_id)
+    entry = turn._pending.get(call_id) if turn is not None else None
+    call = entry[0] if entry is not None else None
+    return call._span if isinstance(call, ToolExecution) else None

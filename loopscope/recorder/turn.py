@@ -34,7 +34,7 @@ served_owners: dict[str, Turn] = {}
 """Calls an adapter started that a decorated tool already served, until their turn ends:
 the request that later carries their results still joins that turn."""
 
-_TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length"})
+_TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
 
 
 def _tool_call(call: Any) -> ToolCall:

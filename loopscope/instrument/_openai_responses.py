@@ -1,0 +1,268 @@
+"""The openai SDK, Responses API: ``responses.create`` and ``responses.parse`` as rounds.
+
+``responses.stream()`` calls ``create(stream=True)`` (sync and async), so it is recorded
+once, through ``create``; its helper's ``close`` only closes the HTTP response, so it is
+wrapped to end the round too. ``parse`` posts by itself and is wrapped on its own.
+Part of the openai adapter: :func:`patch` takes that adapter's shared delivery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..models import ToolCall
+from ..recorder.stitch import Generation, ToolResult, result_value
+from . import _read as r
+from ._calls import async_call, sync_call
+from ._patch import Patch, wrap
+from ._streams import closes_inner_stream
+
+PROVIDER = "openai"
+MESSAGE_SEPARATOR = "\n\n"
+"""Joins the text of two message items of one response (the same in a stream and out of it)."""
+
+_FUNCTION_TYPES = ("function", "custom")
+_CALL_TYPES = ("function_call", "custom_tool_call")
+_RESULT_TYPES = ("function_call_output", "custom_tool_call_output")
+
+
+class ResponseError(Exception):
+    """The response failed on the server: ``status: failed``, or an ``error`` event in its stream.
+
+    The SDK hands these to the application as data, not as an exception; loopscope ends
+    the round with this error so that the turn says why it stopped.
+    """
+
+
+def _given(value: Any) -> Any:
+    """None for the SDK's ``omit`` / ``NOT_GIVEN`` sentinels (the ``stream()`` helper passes them)."""
+    return None if type(value).__name__ in ("Omit", "NotGiven") else value
+
+
+# -- the request ----------------------------------------------------------------------
+
+
+def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    input_text, results = _read_input(_given(r.items(kwargs, "input")))
+    reasoning = _given(kwargs.get("reasoning"))
+    request = {
+        "temperature": _given(kwargs.get("temperature")),
+        "top_p": _given(kwargs.get("top_p")),
+        "max_tokens": _given(kwargs.get("max_output_tokens")),
+        "reasoning_effort": r.get(reasoning, "effort"),
+        "service_tier": _given(kwargs.get("service_tier")),
+        "system_instructions": _given(kwargs.get("instructions")),
+        **r.server(instance),
+    }
+    model = _given(kwargs.get("model"))
+    return {
+        "provider": PROVIDER,
+        "model": model if isinstance(model, str) else None,
+        "tools": _tools(_given(r.items(kwargs, "tools"))),
+        "tool_results": results,
+        "input_text": input_text,
+        "stream": _given(kwargs.get("stream")) is True,
+        "request": request,
+    }
+
+
+def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
+    """The last user text of ``input`` and the tool results it carries."""
+    if isinstance(items, str):
+        return items, []
+    if not isinstance(items, (list, tuple)):
+        return None, []
+    text = None
+    results = []
+    for item in items:
+        kind = r.get(item, "type")
+        if kind in _RESULT_TYPES:
+            call_id = r.get(item, "call_id")
+            if call_id:
+                output = r.get(item, "output")
+                content = r.text_of(output) if isinstance(output, list) else output
+                results.append(ToolResult(str(call_id), result_value(content)))
+        elif (kind in (None, "message")) and r.get(item, "role") == "user":
+            text = r.text_of(r.get(item, "content"))
+    return text, results
+
+
+def _tools(tools: Any) -> list[Any] | None:
+    """The tools the model is offered: functions as written (flat, or wrapped by
+    ``pydantic_function_tool``), built-in tools by their type."""
+    if not tools or not isinstance(tools, (list, tuple)):
+        return None
+    out: list[Any] = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        kind = tool.get("type")
+        if kind in _FUNCTION_TYPES:
+            out.append(tool)
+        elif kind == "namespace":
+            out.extend(t for t in _tools(tool.get("tools")) or ())
+        elif kind == "mcp":
+            out.append({"name": f"mcp:{tool.get('server_label') or tool.get('server_url') or 'server'}"})
+        elif isinstance(kind, str):
+            out.append({"name": kind})
+    return out
+
+
+# -- the response ---------------------------------------------------------------------
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    if usage is None:
+        return {}
+    input_details = r.get(usage, "input_tokens_details")
+    out = {
+        "input_tokens": r.number(r.get(usage, "input_tokens")),
+        "output_tokens": r.number(r.get(usage, "output_tokens")),
+        "cache_read_input_tokens": r.number(r.get(input_details, "cached_tokens")),
+        "cache_creation_input_tokens": r.number(r.get(input_details, "cache_write_tokens")),
+        "reasoning_tokens": r.number(r.get(r.get(usage, "output_tokens_details"), "reasoning_tokens")),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _error(source: Any, default: str) -> ResponseError:
+    code, message = r.get(source, "code"), r.get(source, "message")
+    text = ": ".join(str(x) for x in (code, message) if x) or default
+    return ResponseError(text)
+
+
+def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None]:
+    """Text (message items joined), the tool calls, and the reasoning summary of an output list."""
+    texts: list[str] = []
+    refusals: list[str] = []
+    calls: list[ToolCall] = []
+    thinking: list[str] = []
+    for item in items or ():
+        kind = r.get(item, "type")
+        if kind == "message":
+            parts = r.get(item, "content") or ()
+            text = "".join(r.get(p, "text") or "" for p in parts if r.get(p, "type") == "output_text")
+            if text:
+                texts.append(text)
+            refusal = "".join(r.get(p, "refusal") or "" for p in parts if r.get(p, "type") == "refusal")
+            if refusal:
+                refusals.append(refusal)
+        elif kind in _CALL_TYPES:
+            arguments = r.arguments(r.get(item, "arguments")) if kind == "function_call" else r.get(item, "input")
+            calls.append(ToolCall(id=str(r.get(item, "call_id")), name=str(r.get(item, "name")), arguments=arguments))
+        elif kind == "reasoning":
+            parts = r.get(item, "summary") or r.get(item, "content") or ()
+            text = "\n".join(t for t in (r.get(p, "text") for p in parts) if isinstance(t, str) and t)
+            if text:
+                thinking.append(text)
+    text = MESSAGE_SEPARATOR.join(texts) or MESSAGE_SEPARATOR.join(refusals) or None
+    return text, calls, "\n".join(thinking) or None
+
+
+def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
+    status = r.get(response, "status")
+    if status == "incomplete":
+        return r.get(r.get(response, "incomplete_details"), "reason") or "incomplete"
+    if status in (None, "completed"):
+        return "tool_calls" if calls else "stop"
+    return str(status)  # queued / in_progress (background): the answer comes later
+
+
+def _finish(response: Any, generation: Generation, *, text_streamed: bool = False, items: Any = None) -> None:
+    if r.get(response, "status") == "failed":
+        generation.fail(_error(r.get(response, "error"), "the response failed"))
+        return
+    output = r.get(response, "output")
+    text, calls, thinking = _read_output(output if output else items)
+    generation.finish(
+        text=None if text_streamed else text,
+        tool_calls=calls,
+        usage=_usage(r.get(response, "usage")),
+        finish_reason=_finish_reason(response, calls),
+        response_id=r.get(response, "id"),
+        model=r.get(response, "model"),
+        thinking=thinking,
+    )
+
+
+def _finish_one(response: Any, generation: Generation) -> None:
+    _finish(response, generation)
+
+
+class _ResponseEvents:
+    """Reads a Responses event stream: text deltas as they come; the rest from the final
+    ``response.completed`` / ``response.incomplete`` event's response."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, Any] = {}  # output_index -> finished item, should the final response omit them
+        self.text_item: Any = None
+        self.streamed = False
+        self.last: Any = None  # the newest response snapshot (created / in_progress)
+
+    def add(self, event: Any, generation: Generation) -> None:
+        kind = r.get(event, "type")
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
+            delta = r.get(event, "delta")
+            if delta:
+                item = r.get(event, "item_id")
+                if self.streamed and item != self.text_item:
+                    generation.delta(MESSAGE_SEPARATOR)
+                generation.delta(delta)
+                self.streamed, self.text_item = True, item
+        elif kind in ("response.completed", "response.incomplete"):
+            _finish(r.get(event, "response"), generation, text_streamed=self.streamed, items=self._items())
+        elif kind == "response.failed":
+            generation.fail(_error(r.get(r.get(event, "response"), "error"), "the response failed"))
+        elif kind == "error":
+            generation.fail(_error(event, "the stream reported an error"))
+        elif kind == "response.output_item.done":
+            index = r.get(event, "output_index")
+            self.items[index if isinstance(index, int) else len(self.items)] = r.get(event, "item")
+        elif kind in ("response.created", "response.in_progress", "response.queued"):
+            self.last = r.get(event, "response")
+        elif isinstance(kind, str) and (kind.endswith(".delta") or kind == "response.output_item.added"):
+            generation.first_chunk()  # tool call arguments, reasoning summaries
+
+    def _items(self) -> list[Any]:
+        return [item for _, item in sorted(self.items.items())]
+
+    def finish(self, generation: Generation) -> None:
+        """The stream ended without a final event: what it carried is the response."""
+        text, calls, thinking = _read_output(self._items())
+        generation.finish(
+            text=None if self.streamed else text,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else None,
+            response_id=r.get(self.last, "id"),
+            model=r.get(self.last, "model"),
+            thinking=thinking,
+        )
+
+
+# -- patching -------------------------------------------------------------------------
+
+
+def patch(deliver: Callable[[Any, Generation, Any, Any], Any]) -> list[Patch | None]:
+    """Wrap the Responses resource; ``deliver(result, generation, finish_one, chunks)`` is
+    the openai adapter's delivery (stream proxy, raw response, or a plain response)."""
+    from openai.resources.responses import responses
+
+    def deliver_response(result: Any, generation: Generation) -> Any:
+        return deliver(result, generation, _finish_one, _ResponseEvents)
+
+    patches: list[Patch | None] = [
+        wrap(responses.Responses, "create", sync_call(_request, deliver_response)),
+        wrap(responses.Responses, "parse", sync_call(_request, deliver_response)),
+        wrap(responses.AsyncResponses, "create", async_call(_request, deliver_response)),
+        wrap(responses.AsyncResponses, "parse", async_call(_request, deliver_response)),
+    ]
+    try:
+        from openai.lib.streaming.responses import _responses as helpers
+    except ImportError:  # an SDK without the stream() helper
+        return patches
+    patches += [
+        wrap(helpers.ResponseStream, "close", closes_inner_stream("_raw_stream")),
+        wrap(helpers.AsyncResponseStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
+    ]
+    return patches

@@ -1,0 +1,385 @@
+"""The anthropic SDK: Messages calls (and their beta twins) as rounds of stitched turns.
+
+Wrapped, on the stable and the beta ``Messages`` / ``AsyncMessages`` resources:
+``create`` (JSON and ``stream=True``), ``parse`` and the ``stream()`` helper. The helper
+does not go through ``create``: it hands its ``MessageStreamManager`` a deferred request,
+which we wrap so that the model call starts when the manager is entered and its raw
+event stream is read through our proxy; ``MessageStream`` (``text_stream``,
+``get_final_message()``, ``until_done()``) works on top of it unchanged.
+
+The SDK's own spans. The anthropic SDK starts one OpenTelemetry ``CLIENT`` span per API
+call by default (``gen_ai.operation.name=chat``, from the global tracer provider or its
+``open_telemetry={"tracer_provider": ...}`` option). Next to our round it would be a
+second model-call span for the same call, and our store would count a foreign GenAI span
+as another round. The SDK has no per-call switch (``open_telemetry=False`` is per client,
+and ``with_options`` would mean calling through another client), and it honours no
+context flag. So for the calls we record we adopt its call span as our round: while the
+SDK method we wrap runs, its ``start_api_call_span`` returns a non-recording span that
+carries our round's span context. The SDK then exports nothing of its own for that call,
+and what it does with its span still holds: the trace context it propagates in the request
+headers (unless its ``propagation`` is off) is our ``chat`` span's, and HTTP client spans
+nest under that round. A client whose SDK tracing is off is left alone; calls we do not
+record (``count_tokens``, batches, ...) keep the SDK's spans. The beta tool runner's own
+``invoke_agent`` / ``execute_tool`` spans give way the same way (see below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from ..models import ToolCall
+from ..recorder.stitch import Generation, ToolResult, result_value
+from . import _read as r
+from ._calls import async_call, calling, sync_call
+from ._patch import Patch, wrap
+from ._streams import AsyncStream, SyncStream
+
+TARGET = "anthropic"
+PROVIDER = "anthropic"
+
+
+# -- the request ------------------------------------------------------------------------
+
+
+def _sequence(value: Any) -> list[Any] | tuple[Any, ...] | None:
+    """A list the request holds; a one-shot iterable is left for the SDK to consume."""
+    return value if isinstance(value, (list, tuple)) else None
+
+
+def _blocks_text(blocks: Any) -> str | None:
+    texts = [r.get(block, "text") for block in blocks if r.get(block, "type") == "text"]
+    return "".join(t for t in texts if isinstance(t, str)) or None
+
+
+def _result_content(content: Any) -> Any:
+    """A ``tool_result`` block's content: its string, the text of its blocks, or what kinds of blocks it holds."""
+    if content is None or isinstance(content, str):
+        return content
+    blocks = _sequence(content)
+    if blocks is None:
+        return None
+    text = _blocks_text(blocks)
+    if text is not None:
+        return text
+    return [{"type": r.get(block, "type")} for block in blocks] or None
+
+
+def _tools(tools: Any) -> list[Any] | None:
+    """The client tools offered (custom tools; server tools run at Anthropic, never here)."""
+    tools = _sequence(tools)
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict) and callable(getattr(tool, "to_dict", None)):
+            tool = tool.to_dict()  # a beta ``@beta_tool`` function tool
+        if isinstance(tool, dict) and tool.get("type", "custom") in ("custom", None) and tool.get("name"):
+            out.append(
+                {"name": tool["name"], "description": tool.get("description"), "input_schema": tool.get("input_schema")}
+            )
+    return out
+
+
+def _request(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool | None = None
+) -> dict[str, Any]:
+    results = []
+    input_text = None
+    for message in _sequence(kwargs.get("messages")) or ():
+        if r.get(message, "role") != "user":
+            continue
+        content = r.get(message, "content")
+        if isinstance(content, str):
+            input_text = content
+            continue
+        blocks = _sequence(content) or ()
+        for block in blocks:
+            if r.get(block, "type") == "tool_result" and r.get(block, "tool_use_id"):
+                results.append(
+                    ToolResult(
+                        str(r.get(block, "tool_use_id")),
+                        result_value(_result_content(r.get(block, "content"))),
+                        bool(r.get(block, "is_error")),
+                    )
+                )
+        text = _blocks_text(blocks)
+        if text is not None:  # a message of tool results alone is not the user speaking
+            input_text = text
+    # newer SDKs take sampling parameters only through ``extra_body``, whose values win
+    extra = kwargs.get("extra_body")
+    params = {**kwargs, **extra} if isinstance(extra, dict) else kwargs
+    stop = params.get("stop_sequences")
+    request = {
+        "temperature": params.get("temperature"),
+        "top_p": params.get("top_p"),
+        "top_k": params.get("top_k"),
+        "max_tokens": params.get("max_tokens"),
+        "stop": list(stop) if isinstance(stop, (list, tuple)) else None,
+        "service_tier": params.get("service_tier"),
+        **r.server(instance),
+    }
+    return {
+        "provider": PROVIDER,
+        "model": kwargs.get("model"),
+        "tools": _tools(kwargs.get("tools")),
+        "tool_results": results,
+        "input_text": input_text,
+        "stream": kwargs.get("stream") is True if stream is None else stream,
+        "request": {k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
+    }
+
+
+# -- the response -----------------------------------------------------------------------
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    if usage is None:
+        return {}
+    out = {
+        "input_tokens": r.number(r.get(usage, "input_tokens")),
+        "output_tokens": r.number(r.get(usage, "output_tokens")),
+        "cache_read_input_tokens": r.number(r.get(usage, "cache_read_input_tokens")),
+        "cache_creation_input_tokens": r.number(r.get(usage, "cache_creation_input_tokens")),
+        "reasoning_tokens": r.number(r.get(r.get(usage, "output_tokens_details"), "thinking_tokens")),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _finish_message(message: Any, generation: Generation) -> None:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls = []
+    for block in r.get(message, "content") or []:
+        kind = r.get(block, "type")
+        if kind == "text":
+            texts.append(r.get(block, "text") or "")
+        elif kind == "tool_use":
+            arguments = r.arguments(r.get(block, "input"))
+            calls.append(ToolCall(id=str(r.get(block, "id")), name=str(r.get(block, "name")), arguments=arguments))
+        elif kind == "thinking":
+            thinking.append(r.get(block, "thinking") or "")
+    generation.finish(
+        text="".join(texts) or None,
+        tool_calls=calls,
+        usage=_usage(r.get(message, "usage")),
+        finish_reason=r.get(message, "stop_reason"),
+        response_id=r.get(message, "id"),
+        model=r.get(message, "model"),
+        thinking="\n".join(t for t in thinking if t) or None,
+    )
+
+
+class _Events:
+    """Accumulates raw ``message_*`` / ``content_block_*`` stream events into one response."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, int] = {}
+        self.stop_reason: str | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+
+    def add(self, event: Any, generation: Generation) -> None:
+        kind = r.get(event, "type")
+        if kind == "content_block_delta":
+            delta = r.get(event, "delta")
+            delta_kind = r.get(delta, "type")
+            if delta_kind == "text_delta":
+                generation.delta(r.get(delta, "text") or "")
+                return
+            generation.first_chunk()
+            slot = self.blocks.get(r.get(event, "index"))
+            if slot is None:
+                return
+            if delta_kind == "input_json_delta":
+                slot["json"].append(r.get(delta, "partial_json") or "")
+            elif delta_kind == "thinking_delta":
+                slot["thinking"].append(r.get(delta, "thinking") or "")
+        elif kind == "content_block_start":
+            block = r.get(event, "content_block")
+            block_kind = r.get(block, "type")
+            self.blocks[r.get(event, "index")] = {
+                "type": block_kind,
+                "id": r.get(block, "id"),
+                "name": r.get(block, "name"),
+                "input": r.get(block, "input"),
+                "json": [],
+                "thinking": [r.get(block, "thinking") or ""],
+            }
+            if block_kind == "text" and r.get(block, "text"):
+                generation.delta(r.get(block, "text"))
+            elif block_kind != "text":
+                generation.first_chunk()
+        elif kind == "message_start":
+            message = r.get(event, "message")
+            self.response_id = r.get(message, "id")
+            self.model = r.get(message, "model")
+            self.usage = _usage(r.get(message, "usage"))
+        elif kind == "message_delta":
+            self.stop_reason = r.get(r.get(event, "delta"), "stop_reason") or self.stop_reason
+            # the counts of message_delta are totals: they replace those of message_start
+            self.usage.update(_usage(r.get(event, "usage")))
+        elif kind == "message_stop":
+            self.finish(generation)  # complete now, even if the reader stops before the stream's end
+
+    def finish(self, generation: Generation) -> None:
+        calls = []
+        thinking = []
+        for _, slot in sorted(self.blocks.items(), key=lambda item: item[0] if isinstance(item[0], int) else 0):
+            if slot["type"] == "tool_use":
+                raw = "".join(slot["json"])
+                arguments = r.arguments(raw) if raw.strip() else (slot["input"] if slot["input"] is not None else {})
+                calls.append(ToolCall(id=str(slot["id"]), name=str(slot["name"]), arguments=arguments))
+            elif slot["type"] == "thinking":
+                thinking.append("".join(slot["thinking"]))
+        generation.finish(
+            tool_calls=calls,
+            usage=self.usage,
+            finish_reason=self.stop_reason,
+            response_id=self.response_id,
+            model=self.model,
+            thinking="\n".join(t for t in thinking if t) or None,
+        )
+
+
+def _deliver(result: Any, generation: Generation) -> Any:
+    import anthropic
+
+    if isinstance(result, anthropic.Stream):
+        return SyncStream(result, generation, _Events())
+    if isinstance(result, anthropic.AsyncStream):
+        return AsyncStream(result, generation, _Events())
+    if hasattr(result, "http_response") and hasattr(result, "parse"):
+        from ._raw import RawResponse
+
+        # ``with_raw_response`` / ``with_streaming_response``: read when the user parses it
+        return RawResponse(result, generation, lambda parsed: _deliver(parsed, generation))
+    _finish_message(result, generation)
+    return result
+
+
+# -- the stream() helper ----------------------------------------------------------------
+
+
+def _deferred_request(manager: Any) -> str | None:
+    """The attribute of a ``MessageStreamManager`` that holds its request (name-mangled)."""
+    for cls in type(manager).__mro__:
+        name = f"_{cls.__name__.lstrip('_')}__api_request"
+        if name in vars(manager):
+            return name
+    return None
+
+
+def _stream_helper(is_async: bool) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        manager = wrapped(*args, **kwargs)
+        name = _deferred_request(manager)
+        if name is None:  # an SDK whose manager we do not know: its calls go unrecorded
+            return manager
+        original = getattr(manager, name)
+        describe = functools.partial(_stream_request, instance, args, kwargs)
+        if is_async:
+            # an awaitable the manager awaits on ``__aenter__``: ours begins the call there
+            setattr(manager, name, _Awaited(lambda: async_call(describe, _deliver)(lambda: original, None, (), {})))
+        else:
+            setattr(manager, name, functools.partial(sync_call(describe, _deliver), original, None, (), {}))
+        return manager
+
+    return wrapper
+
+
+class _Awaited:
+    """An awaitable that makes its coroutine only when awaited (a manager never entered makes none)."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+
+    def __await__(self) -> Any:
+        return self._make().__await__()
+
+
+def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *_: Any) -> dict[str, Any]:
+    return _request(instance, args, kwargs, stream=True)
+
+
+# -- the SDK's own call span --------------------------------------------------------------
+
+
+def _adopt_call_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``anthropic._base_client.start_api_call_span``: our round stands in for the SDK's span."""
+    generation = calling.get()
+    span = generation.round._span if generation is not None else None
+    if span is None:
+        return wrapped(*args, **kwargs)
+    from opentelemetry.trace import NonRecordingSpan
+
+    return NonRecordingSpan(span.get_span_context())
+
+
+# -- the beta tool runner's own spans ----------------------------------------------------------
+#
+# ``client.beta.messages.tool_runner()`` loops over ``beta.messages.create``/``stream``, so
+# its model calls are recorded above and stitch into one turn by their tool call ids. With
+# its SDK tracing on it would also start an ``invoke_agent`` span per loop and an
+# ``execute_tool`` span per tool run: a second turn and second tool calls for our store.
+# Our stitched turn stands for its loop, and each tool runs under the ``execute_tool`` span
+# that our round started for that call when the response asked for it.
+
+
+def _no_runner_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``start_tool_runner_span``: the runner's loop is the turn loopscope stitches."""
+    return None
+
+
+def _tool_use_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``tool_use_span``: the tool runs under our pending call's span, not a second one."""
+    from ..recorder.stitch import requested_call_span
+
+    call_id = kwargs.get("tool_use_id")
+    span = requested_call_span(call_id) if isinstance(call_id, str) else None
+    if span is None:
+        return wrapped(*args, **kwargs)
+    return _run_under(span)
+
+
+@contextlib.contextmanager
+def _run_under(span: Any) -> Iterator[Any]:
+    from anthropic.lib._tracing import ToolRun
+    from opentelemetry import trace
+
+    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+        yield ToolRun()
+
+
+# -- patching ---------------------------------------------------------------------------
+
+
+def patch() -> list[Patch]:
+    from anthropic import _base_client
+    from anthropic.resources.beta.messages import messages as beta
+    from anthropic.resources.messages import messages as stable
+
+    patches: list[Patch | None] = []
+    for module in (stable, beta):
+        patches += [
+            wrap(module.Messages, "create", sync_call(_request, _deliver)),
+            wrap(module.Messages, "parse", sync_call(_request, _deliver)),
+            wrap(module.Messages, "stream", _stream_helper(False)),
+            wrap(module.AsyncMessages, "create", async_call(_request, _deliver)),
+            wrap(module.AsyncMessages, "parse", async_call(_request, _deliver)),
+            wrap(module.AsyncMessages, "stream", _stream_helper(True)),
+        ]
+    patches.append(wrap(_base_client, "start_api_call_span", _adopt_call_span))  # type: ignore[arg-type]
+    try:
+        from anthropic.lib.tools import _beta_runner
+    except ImportError:  # an SDK without the tool runner
+        pass
+    else:
+        patches.append(wrap(_beta_runner, "start_tool_runner_span", _no_runner_span))  # type: ignore[arg-type]
+        patches.append(wrap(_beta_runner, "tool_use_span", _tool_use_span))  # type: ignore[arg-type]
+    return [p for p in patches if p is not None]

@@ -1,0 +1,5 @@
+"""Test doubles for loopscope's tests: a fake model server speaking the OpenAI and Anthropic wire formats."""
+
+from .model_server import FakeModelServer, RecordedRequest, Reply, ToolCall, Usage
+
+__all__ = ["FakeModelServer", "RecordedRequest", "Reply", "ToolCall", "Usage"]

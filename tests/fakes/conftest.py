@@ -1,0 +1,1 @@
+from .fixtures import model_server  # noqa: F401
