@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from typing import Any
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 from ._guard import internal_error
+from .export.content import ContentPolicy
+from .export.metrics import MetricsProcessor
+from .export.otlp import CountingBatchProcessor, OTLPSettings, PolicyExporter, filtered_span, metric_exporter, span_exporter
 from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
@@ -36,29 +41,27 @@ def default_db_path() -> str:
 
 
 class _Dispatch(SpanProcessor):
-    """Installed once per provider; forwards to whichever store is configured now."""
+    """Installed once per provider; forwards to whatever ``configure()`` set up last
+    (the store, the OTLP exporter, the metrics), so reconfiguring never stacks processors."""
 
     def __init__(self) -> None:
-        self.target: SpanProcessor | None = None
+        self.targets: tuple[SpanProcessor, ...] = ()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        target = self.target
-        if target is not None:
+        for target in self.targets:
             target.on_start(span, parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
-        target = self.target
-        if target is not None:
+        for target in self.targets:
             target.on_end(span)
 
     def shutdown(self) -> None:
-        target, self.target = self.target, None
-        if target is not None:
+        targets, self.targets = self.targets, ()
+        for target in targets:
             target.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        target = self.target
-        return target.force_flush(timeout_millis) if target is not None else True
+        return all([target.force_flush(timeout_millis) for target in self.targets])
 
 
 @dataclass
@@ -69,12 +72,25 @@ class Pipeline:
     tracer: trace.Tracer
     db_path: str | None
     writer: StoreWriter | None
+    content: ContentPolicy = field(default_factory=ContentPolicy)
+    exporter: CountingBatchProcessor | None = None
+    policy_exporter: PolicyExporter | None = None
+    metrics: MetricsProcessor | None = None
+    processors: tuple[SpanProcessor, ...] = ()
 
     def stats(self) -> WriterStats | None:
         return self.writer.stats() if self.writer else None
 
+    def dropped(self) -> dict[str, int]:
+        """What had to be dropped so far, by destination (also the ``loopscope.dropped`` metric)."""
+        out = {"store": self.writer.stats().dropped if self.writer else 0}
+        if self.exporter is not None:
+            out["otlp"] = self.exporter.dropped + (self.policy_exporter.failed_spans if self.policy_exporter else 0)
+        return out
+
 
 _active: Pipeline | None = None
+_owned_meter_providers: list[MeterProvider] = []
 _shutdown_hooks: list[Callable[[], None]] = []
 
 
@@ -125,42 +141,147 @@ def configure(
     tracer_provider: TracerProvider | None = None,
     service_name: str | None = None,
     stitch_idle_timeout: float | None = None,
+    otlp: bool | None = None,
+    otlp_endpoint: str | None = None,
+    otlp_protocol: str | None = None,
+    otlp_headers: Mapping[str, str] | None = None,
+    capture_content: bool | None = None,
+    content_policy: ContentPolicy | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
-    ``db`` is the DuckDB file (default ``LOOPSCOPE_DB`` or ``./loopscope.duckdb``);
-    ``False`` records spans without storing them. ``flush_interval`` bounds how long a
-    recorded event waits before other processes can read it; ``queue_size`` bounds the
-    memory held for events not yet written (past it, events are dropped and counted).
-    ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched from
-    SDK calls waits for the results of its tool calls before it ends as unfinished.
-    A path that cannot be written raises :class:`StoreError` here, once.
+    Storage: ``db`` is the DuckDB file (default ``LOOPSCOPE_DB`` or
+    ``./loopscope.duckdb``); ``False`` records spans without storing them.
+    ``flush_interval`` bounds how long a recorded event waits before other processes can
+    read it; ``queue_size`` bounds the memory held for events not yet written (past it,
+    events are dropped and counted). A path that cannot be written raises
+    :class:`StoreError` here, once.
+
+    Export: spans and metrics go over OTLP when ``otlp`` is true, or when it is left
+    ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).
+    ``otlp_protocol`` / ``otlp_headers`` override ``OTEL_EXPORTER_OTLP_PROTOCOL`` /
+    ``OTEL_EXPORTER_OTLP_HEADERS``; ``service_name`` overrides ``OTEL_SERVICE_NAME``.
+    If the application already has an SDK ``TracerProvider`` (or ``MeterProvider``),
+    loopscope adds to it instead of replacing it.
+
+    Content: message text, tool arguments and results are stored locally, and exported
+    only with ``capture_content=True`` (default:
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``). ``content_policy`` sets
+    size caps, secret patterns and a redaction hook for both destinations.
+
+    Stitching: ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched
+    from SDK calls waits for the results of its tool calls before it ends as unfinished.
     """
     global _active
     with _lock:
         path = None if db is False else resolve(default_db_path() if db in (None, True) else db)  # type: ignore[arg-type]
         if path is not None:
             _check_db(path)
+        content = content_policy or ContentPolicy(capture=capture_content)
+        if content_policy is not None and capture_content is not None:
+            content.capture = capture_content
+        settings = OTLPSettings(otlp_endpoint, otlp_protocol, otlp_headers)
+        export = settings.enabled() if otlp is None else otlp
         _shutdown_locked()
         provider = _provider(tracer_provider, service_name)
         dispatch = _dispatchers.get(id(provider))
         if dispatch is None:
             dispatch = _dispatchers[id(provider)] = _Dispatch()
+            _guard_foreign_processors(provider, content)
             provider.add_span_processor(dispatch)
+        targets: list[SpanProcessor] = []
         writer = None
         if path is not None:
             writer = StoreWriter(path, policy=policy, flush_interval=flush_interval, max_queue=queue_size)
-            dispatch.target = StoreSpanProcessor(writer)
-        else:
-            dispatch.target = None
+            targets.append(StoreSpanProcessor(writer))
+        exporter = policy_exporter = None
+        if export:
+            policy_exporter = PolicyExporter(span_exporter(settings), content)
+            exporter = CountingBatchProcessor(policy_exporter)
+            targets.append(exporter)
         from . import __version__
 
-        _active = Pipeline(provider, provider.get_tracer("loopscope", __version__), path, writer)
+        pipeline = Pipeline(
+            provider, provider.get_tracer("loopscope", __version__), path, writer, content, exporter, policy_exporter
+        )
+        meter = _meter(meter_provider, settings if export else None, service_name)
+        if meter is not None:
+            pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped)
+            targets.append(pipeline.metrics)
+        pipeline.processors = tuple(targets)
+        dispatch.targets = pipeline.processors
+        _active = pipeline
         if stitch_idle_timeout is not None:
             from .recorder.stitch import set_idle_timeout
 
             set_idle_timeout(stitch_idle_timeout)
-        return _active
+        return pipeline
+
+
+def _meter(explicit: MeterProvider | None, settings: OTLPSettings | None, service_name: str | None) -> Any:
+    """A meter on the given provider, the application's SDK provider, or one loopscope makes
+    for OTLP; None when metrics would go nowhere."""
+    from . import __version__
+
+    provider: Any = explicit
+    if provider is None:
+        current = metrics.get_meter_provider()
+        if isinstance(current, MeterProvider):
+            provider = current
+        elif settings is not None:
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            resource = Resource.create({"service.name": service_name} if service_name else {})
+            provider = MeterProvider(resource=resource, metric_readers=[PeriodicExportingMetricReader(metric_exporter(settings))])
+            _owned_meter_providers.append(provider)
+        else:
+            return None
+    return provider.get_meter("loopscope", __version__)
+
+
+class _PolicyGuard(SpanProcessor):
+    """Wraps a processor the application installed before loopscope: it sees spans as the
+    content policy lets them leave the process (content only when capture is on)."""
+
+    def __init__(self, inner: SpanProcessor, content: ContentPolicy) -> None:
+        self.inner = inner
+        self.content = content
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.inner.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.inner.on_end(filtered_span(span, self.content))
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def _guard_foreign_processors(provider: TracerProvider, content: ContentPolicy) -> None:
+    """Put the application's existing exporting processors behind the content policy.
+
+    Spans carry content attributes so that the local store can keep them; the policy
+    decides what an exporter may see. Processors added after ``configure()`` are the
+    application's own business.
+    """
+    active = getattr(provider, "_active_span_processor", None)
+    processors = getattr(active, "_span_processors", None)
+    if not isinstance(processors, tuple) or not processors:
+        return
+    guarded = tuple(p if isinstance(p, (_PolicyGuard, _Dispatch)) or not _exports(p) else _PolicyGuard(p, content) for p in processors)
+    try:
+        active._span_processors = guarded  # type: ignore[union-attr]
+    except Exception:
+        internal_error("guard foreign processors")
+
+
+def _exports(processor: SpanProcessor) -> bool:
+    # only processors that hand spans to an exporter leave the process
+    return hasattr(processor, "span_exporter") or hasattr(processor, "_exporter") or hasattr(processor, "_batch_processor")
 
 
 def active() -> Pipeline:
@@ -178,11 +299,14 @@ def tracer() -> trace.Tracer:
 
 
 def flush(timeout: float = 30.0) -> bool:
-    """Write every recorded event to the store now; True when all of it landed."""
+    """Write every recorded event to the store (and measure every span) now; True when
+    all of it landed."""
     pipeline = _active
-    if pipeline is None or pipeline.writer is None:
+    if pipeline is None:
         return True
-    return pipeline.writer.flush(timeout)
+    if pipeline.metrics is not None:
+        pipeline.metrics.drain()
+    return pipeline.writer.flush(timeout) if pipeline.writer is not None else True
 
 
 def _shutdown_locked() -> None:
@@ -192,9 +316,20 @@ def _shutdown_locked() -> None:
         return
     dispatch = _dispatchers.get(id(pipeline.tracer_provider))
     if dispatch is not None:
-        dispatch.target = None
+        dispatch.targets = ()
+    for processor in pipeline.processors:
+        if processor is not None and not isinstance(processor, StoreSpanProcessor):
+            try:
+                processor.shutdown()
+            except Exception:
+                internal_error("processor shutdown")
     if pipeline.writer is not None:
         pipeline.writer.close()
+    while _owned_meter_providers:
+        try:
+            _owned_meter_providers.pop().shutdown()
+        except Exception:
+            internal_error("meter provider shutdown")
 
 
 def shutdown() -> None:

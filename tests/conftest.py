@@ -42,7 +42,8 @@ def recording(tmp_path: Path) -> Iterator[Recording]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     db = tmp_path / "store.duckdb"
-    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05)
+    # the exporter here checks the span tree against the rows: it may see content
+    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05, capture_content=True)
     try:
         yield Recording(db, exporter, pipeline)
     finally:

@@ -41,7 +41,7 @@ def with_policy(tmp_path) -> Iterator:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         db = tmp_path / "policy.duckdb"
-        pipeline = loopscope.configure(db, tracer_provider=provider, policy=policy, flush_interval=0.05)
+        pipeline = loopscope.configure(db, tracer_provider=provider, policy=policy, flush_interval=0.05, capture_content=True)
         return Configured(db, exporter, pipeline)
 
     try:

@@ -1,0 +1,1 @@
+"""What leaves the process: OTLP export of spans and metrics, under the content policy."""

@@ -1,0 +1,129 @@
+"""Metrics from the same spans: GenAI client metrics plus tool calls and turns by outcome.
+
+Recorded off the hot path: ``on_end`` only queues GenAI spans; a daemon thread turns them
+into measurements every half second (and on flush). Bucket boundaries are those the GenAI
+conventions advise, given as advisories so they hold on the application's own
+``MeterProvider`` too.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from .. import semconv as a
+from .._guard import internal_error
+
+TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
+DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
+
+TOKEN_USAGE = "gen_ai.client.token.usage"
+OPERATION_DURATION = "gen_ai.client.operation.duration"
+TOOL_DURATION = "gen_ai.execute_tool.duration"
+TOOL_CALLS = "loopscope.tool.calls"
+TURNS = "loopscope.turns"
+DROPPED = "loopscope.dropped"
+
+_OPS = frozenset({a.OP_CHAT, a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
+_MAX_QUEUE = 100_000
+
+
+class MetricsProcessor(SpanProcessor):
+    """Turns ended GenAI spans into metric measurements on a background thread."""
+
+    def __init__(self, meter: Meter, dropped: Any = None, interval: float = 0.5) -> None:
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._lock = threading.Lock()
+        self.skipped = 0
+        self._tokens = meter.create_histogram(
+            TOKEN_USAGE, unit="{token}", description="Tokens used by GenAI operations",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self._duration = meter.create_histogram(
+            OPERATION_DURATION, unit="s", description="Duration of GenAI operations",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._tool_duration = meter.create_histogram(
+            TOOL_DURATION, unit="s", description="Duration of tool executions",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._tool_calls = meter.create_counter(TOOL_CALLS, unit="{call}", description="Tool calls by tool and outcome")
+        self._turns = meter.create_counter(TURNS, unit="{turn}", description="Agent turns by loop end reason")
+        if dropped is not None:
+            meter.create_observable_counter(
+                DROPPED, callbacks=[lambda options: _observe_dropped(dropped, options)], unit="{event}",
+                description="Events loopscope had to drop, by destination",
+            )
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loopscope-metrics", daemon=True)
+        self._thread.start()
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        attrs: Any = span.attributes
+        if attrs and attrs.get(a.OPERATION) in _OPS:
+            if len(self._queue) >= _MAX_QUEUE:
+                self.skipped += 1
+                return
+            self._queue.append(span)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.drain()
+
+    def drain(self) -> None:
+        with self._lock:
+            queue = self._queue
+            while queue:
+                span = queue.popleft()
+                try:
+                    self._measure(span)
+                except Exception:
+                    internal_error("metrics")
+
+    def _measure(self, span: ReadableSpan) -> None:
+        attrs: Any = span.attributes
+        op = attrs.get(a.OPERATION)
+        seconds = ((span.end_time or 0) - (span.start_time or 0)) / 1e9
+        if op == a.OP_CHAT:
+            common = {a.OPERATION: op}
+            for key in (a.PROVIDER, a.REQUEST_MODEL, a.RESPONSE_MODEL, "server.address", a.ERROR_TYPE):
+                value = attrs.get(key)
+                if value is not None:
+                    common[key] = value
+            self._duration.record(seconds, common)
+            for token_type, key in (("input", a.USAGE_INPUT), ("output", a.USAGE_OUTPUT)):
+                value = attrs.get(key)
+                if isinstance(value, int):
+                    self._tokens.record(value, {**common, "gen_ai.token.type": token_type})
+        elif op == a.OP_EXECUTE_TOOL:
+            tool = {a.TOOL_NAME: attrs.get(a.TOOL_NAME, ""), a.TOOL_OUTCOME: attrs.get(a.TOOL_OUTCOME, "served")}
+            if attrs.get(a.ERROR_TYPE):
+                tool[a.ERROR_TYPE] = attrs[a.ERROR_TYPE]
+            self._tool_duration.record(seconds, tool)
+            self._tool_calls.add(1, {a.TOOL_NAME: tool[a.TOOL_NAME], a.TOOL_OUTCOME: tool[a.TOOL_OUTCOME]})
+        elif op == a.OP_INVOKE_AGENT:
+            turn = {a.LOOP_END_REASON: attrs.get(a.LOOP_END_REASON) or "unknown"}
+            if attrs.get(a.AGENT_NAME):
+                turn[a.AGENT_NAME] = attrs[a.AGENT_NAME]
+            self._turns.add(1, turn)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self.drain()
+        return True
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.drain()
+
+
+def _observe_dropped(dropped: Any, options: CallbackOptions) -> list[Observation]:
+    return [Observation(count, {"loopscope.destination": where}) for where, count in dropped().items()]

@@ -1,0 +1,163 @@
+"""OTLP export of spans and metrics, configured by the standard ``OTEL_*`` variables.
+
+Arguments given to ``configure()`` win over the environment; the environment wins over
+the exporters' defaults. Spans leave through a batch processor sized for bursts whose
+drops are counted, and through the content policy, which strips or scrubs content.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from .._guard import logger, warn_once
+from .content import ContentPolicy
+
+QUEUE_SIZE = 65_536
+"""Spans held for export. The SDK's default (2,048) drops about a third of spans when an
+agent produces them flat out on a two-core machine; this holds bursts of that size."""
+BATCH_SIZE = 2_048
+
+
+@dataclass
+class OTLPSettings:
+    """Where OTLP goes. ``None`` fields fall back to the ``OTEL_EXPORTER_OTLP_*`` variables."""
+
+    endpoint: str | None = None
+    protocol: str | None = None
+    headers: Mapping[str, str] | None = None
+
+    def enabled(self) -> bool:
+        """Export only when an endpoint is given here or in the environment."""
+        return bool(
+            self.endpoint
+            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        )
+
+    def resolved_protocol(self, signal: str) -> str:
+        return (
+            self.protocol
+            or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        ).strip().lower()
+
+
+def _signal_endpoint(base: str | None, signal: str, protocol: str) -> str | None:
+    """An explicit base endpoint becomes the signal's URL, as the variable would."""
+    if base is None:
+        return None
+    if protocol.startswith("http"):
+        return base.rstrip("/") + f"/v1/{signal}"
+    return base
+
+
+def span_exporter(settings: OTLPSettings) -> SpanExporter:
+    protocol = settings.resolved_protocol("traces")
+    endpoint = _signal_endpoint(settings.endpoint, "traces", protocol)
+    headers = dict(settings.headers) if settings.headers else None
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint, headers=headers)
+    if protocol not in ("http/protobuf", "http/json"):
+        raise ValueError(f"unknown OTLP protocol {protocol!r} (use http/protobuf or grpc)")
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=endpoint, headers=headers)
+
+
+def metric_exporter(settings: OTLPSettings) -> Any:
+    protocol = settings.resolved_protocol("metrics")
+    endpoint = _signal_endpoint(settings.endpoint, "metrics", protocol)
+    headers = dict(settings.headers) if settings.headers else None
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+
+        return GrpcMetrics(endpoint=endpoint, headers=headers)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+
+    return HttpMetrics(endpoint=endpoint, headers=headers)
+
+
+class PolicyExporter(SpanExporter):
+    """Sends spans through ``inner`` after the content policy has had its say."""
+
+    def __init__(self, inner: SpanExporter, policy: ContentPolicy) -> None:
+        self.inner = inner
+        self.policy = policy
+        self.failed_batches = 0
+        self.failed_spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        filtered = [filtered_span(span, self.policy) for span in spans]
+        try:
+            result = self.inner.export(filtered)
+        except Exception as exc:  # an exporter that raises must not kill the batch thread
+            result = SpanExportResult.FAILURE
+            warn_once("otlp-export", "loopscope: OTLP export failed (%s); spans are still stored locally", exc)
+        if result is not SpanExportResult.SUCCESS:
+            self.failed_batches += 1
+            self.failed_spans += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
+    """``span`` as it may leave the process: content dropped or scrubbed, a copy if changed."""
+    attributes = policy.export_attributes(span.attributes)
+    events = span.events
+    scrub_events = any(e.attributes and ("exception.message" in e.attributes) for e in events)
+    if attributes is None and not scrub_events:
+        return span
+    if scrub_events:
+        from opentelemetry.sdk.trace import Event
+
+        events = tuple(
+            Event(e.name, policy.export_attributes(e.attributes) or e.attributes, e.timestamp) for e in events
+        )
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes if attributes is not None else span.attributes,
+        events=events,
+        links=span.links,
+        kind=span.kind,
+        instrumentation_scope=span.instrumentation_scope,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+    )
+
+
+class CountingBatchProcessor(BatchSpanProcessor):
+    """A batch processor that counts the spans its full queue had to drop."""
+
+    def __init__(self, exporter: SpanExporter, *, max_queue_size: int = QUEUE_SIZE, max_export_batch_size: int = BATCH_SIZE) -> None:
+        super().__init__(exporter, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size)
+        self.max_queue_size = max_queue_size
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+        if queue is not None and len(queue) >= self.max_queue_size:
+            with self._lock:
+                self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                logger.warning("loopscope: the OTLP export queue is full; %d spans dropped so far", self.dropped)
+        super().on_end(span)
