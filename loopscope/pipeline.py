@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from dataclasses import dataclass, field
@@ -309,6 +310,11 @@ def flush(timeout: float = 30.0) -> bool:
     return pipeline.writer.flush(timeout) if pipeline.writer is not None else True
 
 
+EXPORT_SHUTDOWN_SECONDS = 3.0
+"""How long shutdown waits for OTLP exporters to send what they hold (all in parallel):
+a backend that is down must not hold the application's exit hostage."""
+
+
 def _shutdown_locked() -> None:
     global _active
     pipeline, _active = _active, None
@@ -317,19 +323,27 @@ def _shutdown_locked() -> None:
     dispatch = _dispatchers.get(id(pipeline.tracer_provider))
     if dispatch is not None:
         dispatch.targets = ()
-    for processor in pipeline.processors:
-        if processor is not None and not isinstance(processor, StoreSpanProcessor):
-            try:
-                processor.shutdown()
-            except Exception:
-                internal_error("processor shutdown")
+    closers: list[Callable[[], object]] = [
+        p.shutdown for p in pipeline.processors if p is not None and not isinstance(p, StoreSpanProcessor)
+    ]
+    while _owned_meter_providers:
+        provider = _owned_meter_providers.pop()
+        closers.append(lambda provider=provider: provider.shutdown(timeout_millis=int(EXPORT_SHUTDOWN_SECONDS * 1000)))
+    threads = [threading.Thread(target=_quietly, args=(closer,), daemon=True) for closer in closers]
+    for thread in threads:
+        thread.start()
     if pipeline.writer is not None:
         pipeline.writer.close()
-    while _owned_meter_providers:
-        try:
-            _owned_meter_providers.pop().shutdown()
-        except Exception:
-            internal_error("meter provider shutdown")
+    deadline = time.monotonic() + EXPORT_SHUTDOWN_SECONDS
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _quietly(closer: Callable[[], object]) -> None:
+    try:
+        closer()
+    except Exception:
+        internal_error("exporter shutdown")
 
 
 def shutdown() -> None:

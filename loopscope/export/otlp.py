@@ -23,6 +23,7 @@ QUEUE_SIZE = 65_536
 """Spans held for export. The SDK's default (2,048) drops about a third of spans when an
 agent produces them flat out on a two-core machine; this holds bursts of that size."""
 BATCH_SIZE = 2_048
+SHUTDOWN_MILLIS = 3_000
 
 
 @dataclass
@@ -108,7 +109,7 @@ class PolicyExporter(SpanExporter):
             self.failed_spans += len(spans)
         return result
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_millis: int = SHUTDOWN_MILLIS) -> None:
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -161,3 +162,12 @@ class CountingBatchProcessor(BatchSpanProcessor):
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 logger.warning("loopscope: the OTLP export queue is full; %d spans dropped so far", self.dropped)
         super().on_end(span)
+
+    def shutdown(self, timeout_millis: int = SHUTDOWN_MILLIS) -> None:
+        """Send what is queued, but give up after ``timeout_millis``: a backend that is down
+        must not hold the application's exit hostage."""
+        batch = getattr(self, "_batch_processor", None)
+        if batch is None:
+            super().shutdown()
+            return
+        batch.shutdown(timeout_millis=timeout_millis)
