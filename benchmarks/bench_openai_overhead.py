@@ -1,0 +1,668 @@
+"""Added wall time per openai chat-completions call: loopscope vs the OpenTelemetry peers.
+
+The same hand-written tool loop (a user question; the model asks for ``get_weather``; the
+app runs it and sends the result back; the model answers) runs under each variant:
+
+* ``uninstrumented``    -- the plain openai client: the baseline, timed in the same run;
+* ``loopscope``         -- ``loopscope.configure(<tmp duckdb>)`` + ``loopscope.instrument()``:
+  each call a round of a stitched turn, tool call starts/ends and a turn summary per turn,
+  with the store on (its background writer maps and writes the rows meanwhile);
+* ``otel-openai-v2``    -- ``opentelemetry-instrumentation-openai-v2`` (official OTel GenAI);
+* ``otel-genai-openai`` -- ``opentelemetry-instrumentation-genai-openai`` (its successor);
+* ``openllmetry``       -- Traceloop's ``opentelemetry-instrumentation-openai``;
+* ``openinference``     -- Arize's ``openinference-instrumentation-openai``;
+* ``loopscope-nostore`` -- (reference, on request with ``--variants``) loopscope with
+  ``configure(False)``: recording without the store.
+
+Each peer runs with its default settings under an SDK ``TracerProvider`` with a
+``BatchSpanProcessor`` into an exporter that counts and drops the spans, so every peer pays
+for span processing.
+
+Every variant patches openai, so each runs in its own process (the peers from their own
+venvs), all started once and driven by this script over a pipe: in each of ``--rounds``
+rounds every variant in turn (the order rotating) runs a block of calls per series, so
+drift in the machine's load hits all alike. After each block the variant's background
+work is flushed, untimed, before the next variant runs. One fake model server
+(``tests/fakes/model_server.py``) started here answers every call. Series:
+
+* ``server/nonstream``, ``server/stream``: over HTTP to the fake server, the goal metric;
+* ``inproc/nonstream``, ``inproc/stream``: the same SDK calls through an in-process
+  ``httpx2.MockTransport`` serving the fake server's bytes (captured once): no socket, no
+  server thread, no scheduling between processes, so far less noise; what is left is the
+  instrumentation's own CPU on the calling thread (and its background threads).
+
+Every ``chat.completions.create`` is one measured call, timed with ``perf_counter_ns`` from
+the call until the response is in hand (for ``stream=True``, until the last chunk was
+read). Reported per series: the median over all calls, the added microseconds over the
+uninstrumented median, the ratio, and the spread of the per-round differences.
+
+The peers pin OpenTelemetry packages that conflict with each other, so they live in venvs
+of their own, which this script creates or updates when missing or stale (``pip install``
+from PyPI, with ``-e .`` and the openai client stack pinned to this venv's versions, so the
+HTTP path under every variant is the same code):
+
+* ``benchmarks/.venv-peers``          -- ``benchmarks/requirements-peers.txt``
+* ``benchmarks/.venv-peers-otel-v2``  -- ``benchmarks/requirements-peers-otel-v2.txt``
+
+    .venv/bin/python benchmarks/bench_openai_overhead.py            # ~4 min (+ ~1 min the first time: venvs)
+    .venv/bin/python benchmarks/bench_openai_overhead.py --quick    # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import select
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+# the openai client stack, pinned in the peers' venvs to the versions of the project venv
+CLIENT_STACK = ("openai", "httpx2", "httpcore2", "h11", "anyio", "pydantic", "pydantic-core", "jiter", "sniffio", "certifi")
+
+
+class Venv:
+    def __init__(self, name: str, folder: Path, requirements: Path | None) -> None:
+        self.name = name
+        self.folder = folder
+        self.requirements = requirements
+
+    @property
+    def python(self) -> Path:
+        if self.requirements is None:
+            return Path(sys.executable)
+        return self.folder / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+PROJECT = Venv("project", Path(sys.prefix), None)
+PEERS = Venv("peers", BENCH / ".venv-peers", BENCH / "requirements-peers.txt")
+PEERS_V2 = Venv("peers-otel-v2", BENCH / ".venv-peers-otel-v2", BENCH / "requirements-peers-otel-v2.txt")
+
+
+class Variant:
+    def __init__(self, key: str, label: str, venv: Venv, module: str | None = None, dist: str | None = None) -> None:
+        self.key = key
+        self.label = label
+        self.venv = venv
+        self.module = module  # the peer's instrumentor module (``OpenAIInstrumentor``)
+        self.dist = dist
+
+
+VARIANTS = [
+    Variant("uninstrumented", "uninstrumented openai", PROJECT),
+    Variant("loopscope", "loopscope (store on)", PROJECT, dist="loopscope"),
+    Variant("loopscope-nostore", "(ref) loopscope, no store", PROJECT, dist="loopscope"),
+    Variant("otel-openai-v2", "OTel openai-v2", PEERS_V2, "opentelemetry.instrumentation.openai_v2",
+            "opentelemetry-instrumentation-openai-v2"),
+    Variant("otel-genai-openai", "OTel genai-openai", PEERS, "opentelemetry.instrumentation.genai.openai",
+            "opentelemetry-instrumentation-genai-openai"),
+    Variant("openllmetry", "OpenLLMetry", PEERS, "opentelemetry.instrumentation.openai",
+            "opentelemetry-instrumentation-openai"),
+    Variant("openinference", "OpenInference", PEERS, "openinference.instrumentation.openai",
+            "openinference-instrumentation-openai"),
+]
+BY_KEY = {v.key: v for v in VARIANTS}
+DEFAULT_VARIANTS = [v for v in VARIANTS if v.key != "loopscope-nostore"]  # the reference runs on request
+MODES = ("nonstream", "stream")
+TRANSPORTS = ("server", "inproc")
+SERIES = tuple(f"{t}/{m}" for t in TRANSPORTS for m in MODES)
+TITLES = {
+    "server/nonstream": "non-streaming, against the fake server",
+    "server/stream": "streaming (create + read every chunk), against the fake server",
+    "inproc/nonstream": "non-streaming, in-process transport (no socket: the instrumentation's CPU, less noise)",
+    "inproc/stream": "streaming, in-process transport",
+}
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The worker: one variant in its own process
+# ----------------------------------------------------------------------------------------------------------------------
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+SYSTEM = "You are a helpful assistant. Use the tools when they help; answer in one sentence."
+CITIES = ("Paris", "Lyon", "Oslo", "Lima", "Quito", "Porto", "Turin", "Graz")
+
+
+def get_weather(city: str, unit: str = "celsius") -> dict:
+    return {"city": city, "temperature": 21, "unit": unit, "conditions": "dry, light breeze"}
+
+
+def _streamed(stream: object) -> tuple[list[dict], str]:
+    """What an app does with a stream: join the text, assemble the tool calls."""
+    text: list[str] = []
+    calls: dict[int, dict] = {}
+    for chunk in stream:  # type: ignore[attr-defined]
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                text.append(delta.content)
+            for part in delta.tool_calls or ():
+                slot = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+                slot["id"] = slot["id"] or part.id
+                if part.function is not None:
+                    slot["name"] += part.function.name or ""
+                    slot["arguments"] += part.function.arguments or ""
+    return [calls[i] for i in sorted(calls)], "".join(text)
+
+
+def _tool_loop(client: object, calls: int, stream: bool, tag: str) -> list[int]:
+    """Run whole turns of the tool loop until at least ``calls`` model calls were made; the ns of each call."""
+    clock = time.perf_counter_ns
+    create = client.chat.completions.create  # type: ignore[attr-defined]
+    samples: list[int] = []
+    turn = 0
+    while len(samples) < calls:
+        turn += 1
+        city = CITIES[turn % len(CITIES)]
+        messages: list[dict] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"[{tag}-{turn}] What's the weather like in {city} right now?"},
+        ]
+        for _ in range(4):  # rounds; the fake model asks for one tool, then answers
+            if stream:
+                t0 = clock()
+                chunks = create(model="gpt-4.1-mini", messages=messages, tools=TOOLS, temperature=0.2,
+                                stream=True, stream_options={"include_usage": True})
+                tool_calls, _text = _streamed(chunks)
+                samples.append(clock() - t0)
+            else:
+                t0 = clock()
+                response = create(model="gpt-4.1-mini", messages=messages, tools=TOOLS, temperature=0.2)
+                samples.append(clock() - t0)
+                message = response.choices[0].message
+                tool_calls = [
+                    {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                    for c in message.tool_calls or ()
+                ]
+            if not tool_calls:
+                break
+            messages.append({
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for c in tool_calls
+                ],
+            })
+            for c in tool_calls:
+                result = get_weather(**json.loads(c["arguments"] or "{}"))
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": json.dumps(result)})
+    return samples
+
+
+def _inproc_client(base_url: str) -> object:
+    """An openai client whose HTTP transport answers in-process (``httpx2.MockTransport``) with the fake
+    server's own bytes, captured once: the whole SDK runs (request building, response parsing, SSE decoding),
+    but there is no socket, no server thread and no other process in the timing."""
+    import itertools
+    import re
+    import urllib.request
+
+    import httpx2
+    from openai import OpenAI
+
+    def fetch(body: dict) -> tuple[bytes, str]:
+        request = urllib.request.Request(base_url + "/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json", "authorization": "Bearer k"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.read(), response.headers["content-type"]
+
+    user = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "[template] weather in Paris?"}]
+    with_result = user + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "{}"},
+    ]
+    templates = {}
+    for stream in (False, True):
+        extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+        body, kind = fetch({"model": "gpt-4.1-mini", "messages": user, "tools": TOOLS, **extra})
+        ids = sorted(set(re.findall(rb'"id": ?"(call_[A-Za-z0-9_]+)"', body)))
+        templates[stream, False] = (body, kind, ids)
+        body, kind = fetch({"model": "gpt-4.1-mini", "messages": with_result, "tools": TOOLS, **extra})
+        templates[stream, True] = (body, kind, [])
+    counter = itertools.count()
+    streaming = re.compile(rb'"stream" ?: ?true')
+
+    def handler(request: object) -> object:
+        content = request.content  # type: ignore[attr-defined]
+        body, kind, ids = templates[bool(streaming.search(content)), b'"tool_call_id"' in content]
+        if ids:  # a fresh call id per turn, as a real model gives
+            n = next(counter)
+            for i, call_id in enumerate(ids):
+                body = body.replace(call_id, b"call_inproc_%d_%d" % (n, i))
+        return httpx2.Response(200, content=body, headers={"content-type": kind})
+
+    http = httpx2.Client(transport=httpx2.MockTransport(handler))
+    return OpenAI(base_url=base_url, api_key="bench-key", max_retries=0, http_client=http)
+
+
+def _setup_peer(variant: Variant) -> object:
+    import importlib
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class CountingNullExporter(SpanExporter):
+        """Counts the spans and drops them: the export itself costs nothing."""
+
+        def __init__(self) -> None:
+            self.spans = 0
+
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            self.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    exporter = CountingNullExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    module = importlib.import_module(variant.module)  # type: ignore[arg-type]
+    module.OpenAIInstrumentor().instrument(tracer_provider=provider)
+    return provider, exporter
+
+
+def _versions(variant: Variant) -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("openai", "httpx2", "pydantic", "opentelemetry-sdk", variant.dist):
+        if dist:
+            try:
+                out[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                out[dist] = "-"
+    return out
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Serve the orchestrator over stdin/stdout, one JSON line each way per command:
+    ``{"series", "calls", "tag"}`` -> ``{"samples": [ns, ...]}``; ``{"finish": true}`` -> ``{"check": ...}``."""
+    import gc
+
+    proto = os.fdopen(os.dup(1), "w")  # the protocol's stdout; anything a library prints goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def send(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    variant = BY_KEY[args.worker]
+    tmp = tempfile.mkdtemp(prefix="loopscope-bench-openai-")
+    db = os.path.join(tmp, "bench.duckdb")
+    settle = None
+    peer = None
+    if variant.key.startswith("loopscope"):
+        import loopscope
+
+        loopscope.configure(db if variant.key == "loopscope" else False)
+        loopscope.instrument()
+        settle = loopscope.flush
+    elif variant.module:
+        peer = _setup_peer(variant)
+        settle = peer[0].force_flush
+
+    from openai import OpenAI
+
+    clients = {
+        "server": OpenAI(base_url=args.base_url, api_key="bench-key", max_retries=0),
+        "inproc": _inproc_client(args.base_url),
+    }
+    total = 0
+    for series in SERIES:  # warm-up: imports, the first connection, caches
+        transport, mode = series.split("/")
+        total += len(_tool_loop(clients[transport], args.warmup, mode == "stream", f"warm-{mode}"))
+    if settle is not None:
+        settle()
+    gc.collect()
+    send({"ready": True, "versions": _versions(variant)})
+
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("finish"):
+            break
+        transport, mode = command["series"].split("/")
+        samples = _tool_loop(clients[transport], command["calls"], mode == "stream", command["tag"])
+        total += len(samples)
+        if settle is not None:
+            settle()  # untimed: the background work of this block is done before the next variant runs
+        send({"samples": samples})
+
+    check = ""
+    if variant.key == "loopscope":
+        import duckdb
+
+        import loopscope
+
+        loopscope.shutdown()  # ends open turns, flushes the store, stops the writer
+        con = duckdb.connect(db, read_only=True)
+        events = dict(con.execute("select type, count(*) from events group by type").fetchall())
+        turns, rounds, tool_calls = con.execute(
+            "select count(*), sum(round_count), sum(tool_calls_count) from turns").fetchone()
+        con.close()
+        check = (f"stored {turns} turns, {rounds} rounds, {tool_calls} tool calls; events: "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(events.items())) + f" (for {total} calls)")
+    elif peer is not None:
+        provider, exporter = peer
+        provider.force_flush()
+        check = f"{exporter.spans} spans exported for {total} calls"
+        provider.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+    send({"check": check})
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The orchestrator
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _client_pins() -> list[str]:
+    from importlib import metadata
+
+    pins = []
+    for dist in CLIENT_STACK:
+        try:
+            pins.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return pins
+
+
+def ensure_venv(venv: Venv, *, setup: bool) -> str | None:
+    """Create or update a peers venv when missing or stale; None when ready, else why not."""
+    assert venv.requirements is not None
+    pins = _client_pins()
+    stamp = hashlib.sha256((venv.requirements.read_text() + "\n".join(pins) + sys.version).encode()).hexdigest()
+    stamp_file = venv.folder / ".bench-stamp"
+    if venv.python.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        _say(f"  {venv.name}: {venv.folder.relative_to(ROOT)} is up to date")
+        return None
+    if not setup:
+        return f"{venv.folder.relative_to(ROOT)} is missing or stale (run without --no-setup to build it)"
+    t0 = time.monotonic()
+    if not venv.python.exists():
+        cmd = [sys.executable, "-m", "venv", "--clear", str(venv.folder)]
+        _say(f"  {venv.name}: creating the venv: {shlex.join(cmd)}")
+        subprocess.run(cmd, check=True)
+    log = venv.folder / "bench-pip.log"
+    cmd = [str(venv.python), "-m", "pip", "install", "--disable-pip-version-check", "-e", str(ROOT),
+           "-r", str(venv.requirements), *pins]
+    _say(f"  {venv.name}: installing from PyPI (log: {log.relative_to(ROOT)}):\n    {shlex.join(cmd)}")
+    with log.open("w") as out:
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        lines = [ln for ln in log.read_text().splitlines() if not ln.startswith("WARNING: Location")]
+        return f"pip failed ({done.returncode}):\n      " + "\n      ".join(lines[-12:])
+    stamp_file.write_text(stamp)
+    _say(f"  {venv.name}: ready in {time.monotonic() - t0:.0f}s")
+    return None
+
+
+def _fake_server():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+
+    tool_reply = Reply(tool_calls=[ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})],
+                       usage=Usage(182, 24, cached_tokens=64))
+    final_reply = Reply(text="It is 21 °C and dry in Paris right now, with a light breeze from the west.",
+                        usage=Usage(231, 19, cached_tokens=128))
+
+    def first_round(request) -> bool:  # type: ignore[no-untyped-def]
+        return not request.tool_results  # no tool result yet: the model asks for the tool
+
+    def rescript(server, calls: int) -> None:  # type: ignore[no-untyped-def]
+        server.reset()  # also forgets the recorded requests, so memory stays flat
+        server.default_reply = final_reply
+        server.queue(*[tool_reply] * calls, match=first_round)
+
+    return FakeModelServer().start(), rescript
+
+
+def _median_us(samples: list[int]) -> float:
+    return statistics.median(samples) / 1000
+
+
+class Worker:
+    """One variant's process, driven block by block over its stdin/stdout."""
+
+    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path) -> None:
+        self.variant = variant
+        self.log = folder / f"{variant.key}.stderr.log"
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OTEL_", "TRACELOOP_", "OPENINFERENCE_", "LOOPSCOPE_"))}
+        cmd = [str(variant.venv.python), str(Path(__file__).resolve()), "--worker", variant.key,
+               "--base-url", base_url, "--warmup", str(warmup)]
+        with self.log.open("w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, text=True, bufsize=1)
+
+    def ask(self, command: dict, timeout: float = 300.0) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if command:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)  # one line per command: nothing buffered
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"no answer within {timeout:.0f}s")
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            tail = [ln for ln in self.log.read_text().splitlines() if ln.strip()][-1:] or [f"exit {self.proc.returncode}"]
+            raise RuntimeError(tail[0])
+        return json.loads(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    chosen = [BY_KEY[k] for k in args.variants] if args.variants else DEFAULT_VARIANTS
+    if chosen[0].key != "uninstrumented":
+        chosen = [BY_KEY["uninstrumented"]] + [v for v in chosen if v.key != "uninstrumented"]
+    series_list = [s for s in SERIES if args.transport in ("both", s.split("/")[0])]
+    blocks = {s: args.block if s.startswith("server/") else args.inproc_block for s in series_list}
+    started = time.monotonic()
+    _say(f"openai overhead: {len(chosen)} variants x {args.rounds} interleaved rounds; per round and variant "
+         + ", ".join(f"{blocks[s]} calls {s}" for s in series_list) + f" (+{args.warmup} warm-up calls each)")
+
+    _say("peers' venvs:")
+    unavailable: dict[str, str] = {}
+    for venv in {v.venv.name: v.venv for v in chosen if v.venv.requirements is not None}.values():
+        why = ensure_venv(venv, setup=not args.no_setup)
+        if why:
+            _say(f"  {venv.name}: UNAVAILABLE: {why}")
+            for v in chosen:
+                if v.venv is venv:
+                    unavailable[v.key] = why
+
+    server, rescript = _fake_server()
+    _say(f"fake model server: {server.openai_base_url} (tests/fakes/model_server.py, in this process)")
+    samples: dict[str, dict[str, list[int]]] = {v.key: {s: [] for s in series_list} for v in chosen}
+    per_round: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
+    versions: dict[str, dict[str, str]] = {}
+    checks: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    workers: dict[str, Worker] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="loopscope-bench-openai-") as tmp:
+            _say("starting one process per variant (imports, instrumentation, warm-up):")
+            for v in chosen:
+                if v.key in unavailable:
+                    continue
+                t0 = time.monotonic()
+                rescript(server, 4 * args.warmup + 10)
+                w = Worker(v, server.openai_base_url, args.warmup, Path(tmp))
+                try:
+                    versions[v.key] = w.ask({})["versions"]
+                except RuntimeError as exc:
+                    failed[v.key] = str(exc)
+                    w.stop()
+                    _say(f"  {v.key:<18} FAILED: {exc}")
+                    continue
+                workers[v.key] = w
+                where = v.venv.python.relative_to(ROOT) if v.venv.requirements else sys.executable
+                _say(f"  {v.key:<18} ready in {time.monotonic() - t0:.1f}s ({where})")
+            if "uninstrumented" not in workers:
+                _say("the uninstrumented baseline did not start: no table")
+                return 1
+            live = list(workers.values())
+            t_run = time.monotonic()
+            for r in range(args.rounds):
+                order = live[r % len(live):] + live[: r % len(live)]  # rotate: drift in load hits all alike
+                for series in (series_list if r % 2 == 0 else series_list[::-1]):
+                    for w in order:
+                        key = w.variant.key
+                        if key in failed:
+                            continue
+                        rescript(server, blocks[series] + 10)
+                        try:
+                            got = w.ask({"series": series, "calls": blocks[series], "tag": f"{r}"})["samples"]
+                        except RuntimeError as exc:
+                            failed[key] = str(exc)
+                            _say(f"  {key} FAILED: {exc}")
+                            continue
+                        samples[key][series].extend(got)
+                        per_round[key][series].append(_median_us(got))
+                base = per_round["uninstrumented"]
+                shown = [s for s in series_list if s.startswith("server/")] or series_list
+                _say(f"  round {r + 1}/{args.rounds} ({time.monotonic() - t_run:.0f}s) added us ({' / '.join(shown)}): "
+                     + ", ".join(f"{w.variant.key} " + "/".join(f"{per_round[w.variant.key][s][-1] - base[s][-1]:+.0f}"
+                                                                for s in shown)
+                                 for w in live[1:] if w.variant.key not in failed))
+            for key, w in workers.items():
+                if key not in failed:
+                    try:
+                        checks[key] = w.ask({"finish": True})["check"]
+                    except RuntimeError as exc:
+                        checks[key] = f"finish failed: {exc}"
+                w.stop()
+    finally:
+        for w in workers.values():
+            w.stop()
+        server.stop()
+
+    if "uninstrumented" in failed:
+        _say(f"the uninstrumented baseline failed ({failed['uninstrumented']}): no table")
+        return 1
+    ok = [v for v in chosen if v.key in workers and v.key not in failed]
+
+    _say("")
+    _say("what each variant recorded, and its versions:")
+    for v in ok:
+        _say(f"  {v.key:<18} {checks.get(v.key) or '-'}")
+        _say(f"  {'':<18} [{', '.join(f'{k} {x}' for k, x in versions[v.key].items())}]")
+    base_versions = {k: versions["uninstrumented"].get(k) for k in ("openai", "httpx2", "pydantic")}
+    for v in ok:
+        mine = {k: versions[v.key].get(k) for k in base_versions}
+        if mine != base_versions:
+            _say(f"  WARNING: {v.key} runs a different client stack {mine} than the baseline {base_versions}")
+
+    _say("")
+    _say(f"per-call latency: the median over all calls of {args.rounds} interleaved rounds; added = that median minus "
+         f"the uninstrumented median;")
+    _say("per round = the median [min..max] over the rounds of (the variant's block median - the baseline's block "
+         "median in that round)")
+    added: dict[str, dict[str, float]] = {s: {} for s in series_list}
+    for series in series_list:
+        _say("")
+        _say(f"{TITLES[series]} ({args.rounds * blocks[series]}+ calls per variant):")
+        _say(f"{'variant':<22} {'median ms/call':>14} {'added us/call':>14} {'ratio':>7}   {'per round, us':<24}")
+        base = _median_us(samples["uninstrumented"][series])
+        base_rounds = per_round["uninstrumented"][series]
+        for v in ok:
+            med = _median_us(samples[v.key][series])
+            add = med - base
+            added[series][v.key] = add
+            if v.key == "uninstrumented":
+                _say(f"{v.label:<22} {med / 1000:>14.3f} {'-':>14} {1:>6.2f}x")
+                continue
+            diffs = [x - y for x, y in zip(per_round[v.key][series], base_rounds)]
+            spread = f"{statistics.median(diffs):.0f} [{min(diffs):.0f}..{max(diffs):.0f}]"
+            _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24}")
+
+    _say("")
+    peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", "loopscope-nostore")]
+    if "loopscope" in added[series_list[0]] and peers:
+        verdicts = {}
+        for series in series_list:
+            mine = added[series]["loopscope"]
+            best = min(peers, key=lambda k: added[series][k])
+            verdicts[series] = mine <= added[series][best]
+            _say(f"{series:<17} loopscope adds {mine:>5.0f} us/call; the lightest peer, {best}, adds "
+                 f"{added[series][best]:>5.0f} us -> loopscope {'IS' if verdicts[series] else 'is NOT'} the lowest of "
+                 f"{len(peers) + 1}")
+        missing = [v.key for v in chosen if v not in ok]
+        note = f" (not measured: {', '.join(missing)})" if missing else ""
+        headline = [s for s in series_list if s.startswith("server/")] or series_list
+        met = all(verdicts[s] for s in headline)
+        _say(f"goal (loopscope's added time the lowest of all, {' and '.join(headline)}): "
+             f"{'MET' if met else 'NOT MET'}{note}")
+    for key, why in {**unavailable, **failed}.items():
+        _say(f"not measured: {key}: {why.splitlines()[0]}")
+    _say(f"total {time.monotonic() - started:.0f}s")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a shorter run (~1 min): 3 rounds, smaller blocks")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (full 10, quick 3)")
+    parser.add_argument("--block", type=int, default=None,
+                        help="calls per variant per mode per round against the server (full 150, quick 100)")
+    parser.add_argument("--inproc-block", type=int, default=None,
+                        help="the same for the in-process transport (full 200, quick 150)")
+    parser.add_argument("--warmup", type=int, default=None, help="unmeasured calls per series at start (full 60, quick 30)")
+    parser.add_argument("--transport", choices=("both", "server", "inproc"), default="both",
+                        help="which transports to time (default both)")
+    parser.add_argument("--variants", nargs="+", choices=list(BY_KEY), help="run only these (the baseline always runs)")
+    parser.add_argument("--no-setup", action="store_true", help="do not create or update the peers' venvs")
+    parser.add_argument("--worker", choices=list(BY_KEY), help=argparse.SUPPRESS)  # internal: one variant's process
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    defaults = ({"rounds": 3, "block": 100, "inproc_block": 150, "warmup": 30} if args.quick
+                else {"rounds": 10, "block": 150, "inproc_block": 200, "warmup": 60})
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.worker:
+        return worker(args)
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
