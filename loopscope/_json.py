@@ -33,10 +33,36 @@ _encode = json.JSONEncoder(ensure_ascii=False).encode
 _encode_str = json.encoder.encode_basestring  # what that encoder does with a str
 
 
+def _c_encode() -> Any:
+    """``encode`` itself, minus what it redoes on every call: it builds its C encoder anew
+    (and a ``markers`` dict for cycles) each time, which costs more than encoding a small
+    value. The same C encoder, made once with the same options, gives the same text; without
+    ``markers`` a cycle raises ``RecursionError`` instead of ``ValueError``, and both fall
+    back to :func:`to_jsonable` below. It keeps no state between calls: threads share it."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _encode
+    options = json.JSONEncoder(ensure_ascii=False)
+    iterencode = make(
+        None, options.default, _encode_str, None, options.key_separator, options.item_separator,
+        options.sort_keys, options.skipkeys, options.allow_nan,
+    )
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(iterencode(value, 0))
+
+    probe = {"a": [1, 2.5, None, True, "é"], "b": {"c": float("nan")}}
+    return encode if encode(probe) == _encode(probe) else _encode
+
+
+_encode_value = _c_encode()
+
+
 def dumps(value: Any) -> str:
     """JSON text for ``value``; the fast path is plain ``json.dumps``."""
     try:
-        text = _encode_str(value) if type(value) is str else _encode(value)
+        text = _encode_str(value) if type(value) is str else _encode_value(value)
     except (TypeError, ValueError, RecursionError):
         return _encode(to_jsonable(value))
     return text if text.isascii() or _encodable(text) else _encode(to_jsonable(value))

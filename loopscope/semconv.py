@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import _json
+
 # operation names (gen_ai.operation.name values)
 OP_INVOKE_AGENT = "invoke_agent"
 OP_CHAT = "chat"
@@ -60,6 +62,15 @@ ROUND_BLOCKED = "loopscope.round.blocked"
 TOOL_STATUS = "loopscope.tool.status"
 TOOL_OUTCOME = "loopscope.tool.outcome"
 TOOL_ERROR = "loopscope.tool.error"
+PENDING_FOR = "loopscope.pending_for"
+"""On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span that the
+OTLP export sends at once (OTLP carries only ended spans): the real span's id, in hex. A
+collector writes the real span's start rows from it, in the order the process saw them."""
+PENDING_OPERATION = "loopscope.pending.operation"
+"""On a pending copy: the real span's ``gen_ai.operation.name``, which the copy does not
+carry itself (a tracing backend must not count it as a second agent run or tool call)."""
+PENDING_SENT = "loopscope.pending_sent"
+"""On a real span whose pending copy was queued for export."""
 
 USAGE_ATTRIBUTES = {
     "input_tokens": USAGE_INPUT,
@@ -73,35 +84,65 @@ USAGE_ATTRIBUTES = {
 
 def turn_summary_attributes(summary: Any) -> dict[str, Any]:
     """The ``invoke_agent`` span attributes that carry a turn's :class:`AIResponseEvent`."""
-    from . import _json
+    tools = summary.declared_tools
+    return turn_attributes(
+        summary.loop_end_reason.value if summary.loop_end_reason else "",
+        _json.dumps(summary.segments),
+        summary.round_count,
+        summary.tool_calls_count,
+        summary.streaming,
+        _json.dumps([t.model_dump(exclude_none=True) for t in tools]),
+        _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools]) if tools else None,
+        summary.response_content,
+        summary.thinking,
+        summary.model,
+        summary.provider,
+        summary.usage,
+    )
 
+
+def turn_attributes(
+    loop_end_reason: str,
+    segments_json: str,
+    round_count: int,
+    tool_calls_count: int,
+    streaming: bool,
+    declared_tools_json: str,
+    tool_definitions_json: str | None,
+    response_content: str,
+    thinking: str,
+    model: str | None,
+    provider: str | None,
+    usage: Mapping[str, int],
+) -> dict[str, Any]:
+    """:func:`turn_summary_attributes` from the summary's plain values (the JSON ones encoded)."""
     attributes: dict[str, Any] = {
-        LOOP_END_REASON: summary.loop_end_reason.value if summary.loop_end_reason else "",
-        SEGMENTS: _json.dumps(summary.segments),
-        ROUND_COUNT: summary.round_count,
-        TOOL_CALLS_COUNT: summary.tool_calls_count,
-        STREAMING: summary.streaming,
-        DECLARED_TOOLS: _json.dumps([t.model_dump(exclude_none=True) for t in summary.declared_tools]),
+        LOOP_END_REASON: loop_end_reason,
+        SEGMENTS: segments_json,
+        ROUND_COUNT: round_count,
+        TOOL_CALLS_COUNT: tool_calls_count,
+        STREAMING: streaming,
+        DECLARED_TOOLS: declared_tools_json,
     }
-    if summary.declared_tools:
-        attributes[TOOL_DEFINITIONS] = _json.dumps(
-            [t.model_dump(exclude={"origin"}, exclude_none=True) for t in summary.declared_tools]
-        )
-    if summary.response_content:
-        attributes[OUTPUT_MESSAGES] = _json.dumps(
-            [{"role": "assistant", "parts": [{"type": "text", "content": summary.response_content}]}]
-        )
-    if summary.thinking:
-        attributes[THINKING] = summary.thinking
-    if summary.model:
-        attributes[RESPONSE_MODEL] = summary.model
-    if summary.provider:
-        attributes[PROVIDER] = summary.provider
-    for key, value in summary.usage.items():
+    if tool_definitions_json is not None:
+        attributes[TOOL_DEFINITIONS] = tool_definitions_json
+    if response_content:
+        attributes[OUTPUT_MESSAGES] = _output_text_json(response_content)
+    if thinking:
+        attributes[THINKING] = thinking
+    if model:
+        attributes[RESPONSE_MODEL] = model
+    if provider:
+        attributes[PROVIDER] = provider
+    for key, value in usage.items():
         attr = USAGE_ATTRIBUTES.get(key)
         if attr:
             attributes[attr] = value
     return attributes
+
+
+def _output_text_json(text: str) -> str:
+    return _json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}])
 
 
 def usage_from_attributes(attributes: Mapping[str, Any]) -> dict[str, int]:
@@ -136,8 +177,10 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
     """Span attributes for the request parameters an adapter reports; others are ignored."""
     out: dict[str, Any] = {}
     for key, value in request.items():
+        if value is None:  # most parameters a request could set, it does not
+            continue
         attr = REQUEST_PARAMETERS.get(key)
-        if attr is None or value is None:
+        if attr is None:
             continue
         if isinstance(value, (str, bool, int, float)):
             out[attr] = value

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import __version__
-from ..pipeline import DEFAULT_DB
-from . import commands
+from . import _args, analytics, collect, commands, export, tail, ui
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -29,65 +28,32 @@ _EPILOG = """\
 examples:
   loopscope demo                         record an offline example agent and show it
   loopscope sessions                     sessions, most recently active first
+  loopscope sessions --search support    sessions whose id, agent or model contains "support"
   loopscope timeline                     the most recent session's timeline
   loopscope timeline SESSION --newest --limit 20
   loopscope timeline SESSION --after 40  the events after index 40 (next page)
   loopscope turns --json                 turn summaries as JSON
+  loopscope stats                        totals: sessions, turns, tool calls, failures, end reasons, tokens
+  loopscope tools                        per tool: calls, outcomes, p50/p95/p99 duration
+  loopscope tools --declared             per agent: tools offered in its turns vs tools called
+  loopscope tail --follow                new events as they land (Ctrl-C to stop)
+  loopscope export --parquet DIR         events, turns and tool calls as Parquet, partitioned by day
   loopscope sql "SELECT type, count(*) FROM events GROUP BY type"
+  loopscope sql "SELECT * FROM tool_stats"
+  loopscope ui                           the web dashboard on http://127.0.0.1:8765/
+  loopscope collect                      receive OTLP on :4318/:4317 from many processes into one store
 """
 
 
-def _common() -> argparse.ArgumentParser:
-    # default=SUPPRESS so a flag given before the command is not reset by the command's parser
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--db",
-        metavar="PATH",
-        default=argparse.SUPPRESS,
-        help=f"the store file (default: $LOOPSCOPE_DB, else ./{DEFAULT_DB})",
-    )
-    common.add_argument(
-        "--wait",
-        metavar="SECONDS",
-        type=_non_negative_float,
-        default=argparse.SUPPRESS,
-        help="how long to wait for a writer holding the store (default: 10)",
-    )
-    return common
+# helpers kept under their old names
+_common = _args.common
+_non_negative_int = _args.non_negative_int
+_non_negative_float = _args.non_negative_float
+
+Register = Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = _common()
-    parser = argparse.ArgumentParser(
-        prog="loopscope",
-        description=_DESCRIPTION,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
-    )
-    parser.add_argument("--version", action="version", version=f"loopscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _demo(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     demo = sub.add_parser(
         "demo",
         parents=[common],
@@ -100,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the session's events and turns as JSON")
     demo.set_defaults(handler=commands.demo)
 
+
+def _timeline(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     timeline = sub.add_parser(
         "timeline",
         parents=[common],
@@ -128,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("--json", action="store_true", help="print the events as a JSON array")
     timeline.set_defaults(handler=commands.timeline)
 
+
+def _turns(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     turns = sub.add_parser(
         "turns",
         parents=[common],
@@ -148,11 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_argument("--json", action="store_true", help="print the turns as a JSON array")
     turns.set_defaults(handler=commands.turns)
 
+
+def _sessions(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     sessions = sub.add_parser(
         "sessions",
         parents=[common],
-        help="sessions, most recently active first",
-        description="Every session in the store with its event and turn counts, most recently active first.",
+        help="sessions, most recently active first (--search to find some)",
+        description="Every session in the store with its event and turn counts, most recently active first. "
+        "--search keeps the sessions whose id, or one of whose agents or models, contains the text (any case).",
+    )
+    sessions.add_argument(
+        "--search", "-s", metavar="TEXT", help="only sessions whose id, agent or model contains TEXT (any case)"
     )
     sessions.add_argument(
         "--limit", type=_non_negative_int, default=0, metavar="N", help="at most N sessions (default: 0 = all)"
@@ -160,15 +136,52 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--json", action="store_true", help="print the sessions as a JSON array")
     sessions.set_defaults(handler=commands.sessions)
 
+
+def _sql(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     sql = sub.add_parser(
         "sql",
         parents=[common],
-        help="run read-only SQL on the store (tables: events, turns, sessions)",
-        description="Run one read-only SQL query on the store. Tables: events, turns, sessions.",
+        help="run read-only SQL on the store (tables, and views such as tool_calls and tool_stats)",
+        description="Run one read-only SQL query on the store. Tables: events, turns, sessions. Views: "
+        "tool_calls, turn_summaries, tool_stats, loop_end_reasons, declared_vs_used, token_usage, "
+        "slowest_turns (see the README for their columns).",
     )
     sql.add_argument("query", metavar="QUERY", help='e.g. "SELECT loop_end_reason, count(*) FROM turns GROUP BY 1"')
     sql.add_argument("--json", action="store_true", help="print the rows as a JSON array of objects")
     sql.set_defaults(handler=commands.sql)
+
+
+COMMANDS: list[Register] = [
+    _demo,
+    _sessions,
+    _timeline,
+    _turns,
+    analytics.register_stats,
+    analytics.register_tools,
+    tail.register,
+    export.register,
+    _sql,
+    ui.register,
+    collect.register,
+]
+"""Every command, in the order ``--help`` lists them: a function that adds its parser
+(``register(sub, common)``) and sets ``handler`` to the function that runs it. A new
+command is one more entry."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="loopscope",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"loopscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in COMMANDS:
+        register(sub, common)
     return parser
 
 

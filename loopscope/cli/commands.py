@@ -231,12 +231,13 @@ def turns(args: argparse.Namespace) -> int:
 
 def sessions(args: argparse.Namespace) -> int:
     store = open_store(args)
-    found = store.list_sessions(limit=args.limit or None)
+    search = getattr(args, "search", None)
+    found = store.list_sessions(limit=args.limit or None, search=search)
     if args.json:
         emit_json([s.model_dump(mode="json") for s in found])
         return 0
     if not found:
-        emit("no sessions yet")
+        emit(f"no sessions match {search!r}" if search else "no sessions yet")
         return 0
     emit(tables.sessions_table(found, ellipsis=ellipsis()))
     return 0

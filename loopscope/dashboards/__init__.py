@@ -1,4 +1,5 @@
-"""Ways to look at a store: terminal tables now; SQL views and a web dashboard to come."""
+"""Ways to look at a store: terminal tables, SQL views, the web dashboard (``web/``,
+served by ``loopscope ui``) and a Grafana dashboard over the OTLP export (``grafana/``)."""
 
 from __future__ import annotations
 

@@ -300,3 +300,40 @@ def sql_table(
         )
         columns.append(Column(name, "right" if numeric else "left", max_width=80, shrink=1, min_width=6))
     return render(columns, [[sql_cell(v) for v in r] for r in rows], width=width, ellipsis=ellipsis)
+
+
+# -- a stream of events, one line each (``loopscope tail``) ---------------------------------------
+
+_STREAM = (
+    ("TIME", 12, "left"),
+    ("SESSION", 14, "left"),
+    ("IDX", 6, "right"),
+    ("TYPE", 15, "left"),
+    ("ROLE/TOOL", 18, "left"),
+    ("OUTCOME", 9, "left"),
+    ("MS", 8, "right"),
+)
+
+
+def _stream_cells(cells: Sequence[str], show_session: bool, width: int | None, ellipsis: str) -> str:
+    layout = [c for c in _STREAM if show_session or c[0] != "SESSION"]
+    fixed = sum(w for _, w, _ in layout) + len(GAP) * len(layout)
+    room = max(20, (width if width is not None else terminal_width()) - fixed)
+    parts = [_pad(truncate(one_line(text), w, ellipsis), w, align) for text, (_, w, align) in zip(cells, layout)]
+    parts.append(truncate(one_line(cells[-1]), room, ellipsis))
+    return GAP.join(parts).rstrip()
+
+
+def stream_header(*, show_session: bool, width: int | None = None, ellipsis: str = ELLIPSIS) -> str:
+    """The header line of :func:`stream_line`'s columns."""
+    names = [name for name, _, _ in _STREAM if show_session or name != "SESSION"]
+    return _stream_cells([*names, "DETAIL"], show_session, width, ellipsis)
+
+
+def stream_line(event: ActivityEvent, *, show_session: bool, width: int | None = None, ellipsis: str = ELLIPSIS) -> str:
+    """One event on one line of fixed-width columns, so that lines printed as they come
+    stay aligned: time, session (when several are shown), index, type, role or tool,
+    outcome, duration and the text, arguments or result."""
+    index, time_, kind, name, outcome, ms, detail = event_row(event)
+    cells = [time_, *([event.session_id] if show_session else []), index, kind, name, outcome, ms, detail]
+    return _stream_cells(cells, show_session, width, ellipsis)

@@ -8,15 +8,19 @@ drops are counted, and through the content policy, which strips or scrubs conten
 from __future__ import annotations
 
 import os
+import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext
 
-from .._guard import logger, warn_once
+from .. import semconv as a
+from .._guard import internal_error, logger, warn_once
 from .content import ContentPolicy
 
 QUEUE_SIZE = 65_536
@@ -145,14 +149,69 @@ def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
     )
 
 
+_PENDING_OPS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
+_random = random.Random()
+
+
+def pending_span(span: Span, attributes: dict[str, Any] | None = None) -> ReadableSpan:
+    """A zero-duration copy of a span that just started, to export at once.
+
+    OTLP carries spans when they end; loopscope's store writes a tool call's start row
+    when the tool starts and a turn's input message when the turn starts. The copy lets
+    a collector (``loopscope collect``) write those rows in the same order the
+    in-process store does, as Logfire's pending spans do for its live view: same trace,
+    a new span id, the real span as parent, the start attributes as they are now, and
+    ``loopscope.pending_for`` = the real span's id in hex. The content policy applies to
+    it on export like to any span. So that a tracing backend does not count it as one
+    more agent run or tool call, its name ends in ``(pending)`` and its operation is in
+    ``loopscope.pending.operation`` instead of ``gen_ai.operation.name``.
+    ``LOOPSCOPE_OTLP_PENDING=0`` turns the copies off (then a collector writes start
+    rows when the spans end).
+    """
+    ctx = span.context
+    if attributes is None:
+        attributes = dict(span.attributes or {})
+    attributes[a.PENDING_OPERATION] = attributes.pop(a.OPERATION, None) or ""
+    attributes[a.PENDING_FOR] = "%016x" % ctx.span_id
+    span_id = _random.getrandbits(64) or 1
+    return ReadableSpan(
+        name=f"{span.name} (pending)",
+        context=SpanContext(ctx.trace_id, span_id, is_remote=False, trace_flags=ctx.trace_flags, trace_state=ctx.trace_state),
+        parent=ctx,
+        resource=span.resource,
+        attributes=attributes,
+        kind=span.kind,
+        instrumentation_scope=span.instrumentation_scope,
+        start_time=span.start_time,
+        end_time=span.start_time,
+    )
+
+
 class CountingBatchProcessor(BatchSpanProcessor):
-    """A batch processor that counts the spans its full queue had to drop."""
+    """A batch processor that counts the spans its full queue had to drop, and sends a
+    pending copy of each ``invoke_agent`` and ``execute_tool`` span when it starts
+    (:func:`pending_span`) so that the export stream carries the starts in order."""
 
     def __init__(self, exporter: SpanExporter, *, max_queue_size: int = QUEUE_SIZE, max_export_batch_size: int = BATCH_SIZE) -> None:
         super().__init__(exporter, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size)
         self.max_queue_size = max_queue_size
         self.dropped = 0
+        self.pending = os.environ.get("LOOPSCOPE_OTLP_PENDING", "1").strip().lower() not in ("0", "false", "no", "off")
         self._lock = threading.Lock()
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if not self.pending:
+            return
+        try:
+            # a live span's attributes: copy() is one dict copy, get() on them runs Python frames
+            attributes = span.attributes.copy()
+            if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.context.trace_flags.sampled:
+                return
+            pending = pending_span(span, attributes)
+            span.set_attribute(a.PENDING_SENT, True)
+            self.on_end(pending)
+        except Exception:
+            internal_error("export pending span")
 
     def on_end(self, span: ReadableSpan) -> None:
         queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value
+from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -79,7 +79,7 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
         kind = r.get(item, "type")
         if kind in _RESULT_TYPES:
             call_id = r.get(item, "call_id")
-            if call_id:
+            if call_id and wants_result(str(call_id)):  # results of calls still open only
                 output = r.get(item, "output")
                 content = r.text_of(output) if isinstance(output, list) else output
                 results.append(ToolResult(str(call_id), result_value(content)))

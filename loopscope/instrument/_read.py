@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import BaseModel
+
 
 def get(obj: Any, key: str, default: Any = None) -> Any:
     """``obj[key]`` for a mapping, ``obj.key`` for anything else."""
@@ -36,14 +38,23 @@ def text_of(content: Any) -> str | None:
     return None
 
 
+_servers: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(base URL) -> (that URL, its server fields)
+
+
 def server(instance: Any) -> dict[str, Any]:
-    """server.address / server.port of the client a resource belongs to."""
+    """server.address / server.port of the client a resource belongs to (do not change it)."""
     client = getattr(instance, "_client", None)
     url = getattr(client, "base_url", None)
+    known = _servers.get(id(url))
+    if known is not None and known[0] is url:
+        return known[1]
     host = getattr(url, "host", None)
-    if not host:
-        return {}
-    return {"server_address": host, "server_port": getattr(url, "port", None)}
+    out = {"server_address": host, "server_port": getattr(url, "port", None)} if host else {}
+    if type(url).__name__ == "URL":  # httpx's URL is immutable: remember it (it is held, so its id stays its own)
+        if len(_servers) >= 64:
+            _servers.clear()
+        _servers[id(url)] = (url, out)
+    return out
 
 
 def number(value: Any) -> int | None:
@@ -54,6 +65,8 @@ def items(kwargs: dict[str, Any], key: str) -> Any:
     """The request's ``key`` (messages, input...) ready to read: a one-shot iterator, such as
     a generator, is read into a list and put back, so that the SDK still sends all of it."""
     value = kwargs.get(key)
+    if type(value) is list or value is None:
+        return value
     if isinstance(value, Iterator):
         value = kwargs[key] = list(value)
     return value

@@ -8,7 +8,7 @@ chunk and every exception through unchanged; an accumulator reads the chunks.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import wrapt
@@ -64,8 +64,31 @@ class SyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_iterator: Any = None
         weakref.finalize(self, _abandon, recording)
 
-    def __iter__(self) -> SyncStream:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        return self._self_chunks()
+
+    def _self_chunks(self) -> Iterator[Any]:
+        """What a ``for`` loop reads: :meth:`__next__` as a generator, which resumes for less
+        than a method call costs per chunk. Both read the same SDK iterator."""
+        if self._self_iterator is None:
+            self._self_iterator = iter(self.__wrapped__)
+        iterator = self._self_iterator
+        recording = self._self_recording
+        add, generation = recording.accumulator.add, recording.generation
+        while True:
+            try:
+                item = next(iterator)
+            except StopIteration:
+                recording.done()
+                return
+            except BaseException as exc:
+                recording.fail(exc)
+                raise
+            try:
+                add(item, generation)
+            except Exception:
+                internal_error("stream chunk")
+            yield item
 
     def __next__(self) -> Any:
         if self._self_iterator is None:
@@ -78,7 +101,11 @@ class SyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
         except BaseException as exc:
             self._self_recording.fail(exc)
             raise
-        self._self_recording.add(item)
+        recording = self._self_recording
+        try:  # _Recording.add, inline: this runs for every chunk
+            recording.accumulator.add(item, recording.generation)
+        except Exception:
+            internal_error("stream chunk")
         return item
 
     def close(self) -> Any:
@@ -122,7 +149,11 @@ class AsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
         except BaseException as exc:
             self._self_recording.fail(exc)
             raise
-        self._self_recording.add(item)
+        recording = self._self_recording
+        try:  # _Recording.add, inline: this runs for every chunk
+            recording.accumulator.add(item, recording.generation)
+        except Exception:
+            internal_error("stream chunk")
         return item
 
     async def close(self) -> Any:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value
+from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, calling, sync_call
 from ._patch import Patch, wrap
@@ -97,7 +97,7 @@ def _request(
             continue
         blocks = _sequence(content) or ()
         for block in blocks:
-            if r.get(block, "type") == "tool_result" and r.get(block, "tool_use_id"):
+            if r.get(block, "type") == "tool_result" and r.get(block, "tool_use_id") and wants_result(str(r.get(block, "tool_use_id"))):
                 results.append(
                     ToolResult(
                         str(r.get(block, "tool_use_id")),
@@ -246,6 +246,9 @@ class _Events:
 
 
 def _deliver(result: Any, generation: Generation) -> Any:
+    if isinstance(result, r.BaseModel):  # a parsed message (``hasattr`` on a model is slow)
+        _finish_message(result, generation)
+        return result
     import anthropic
 
     if isinstance(result, anthropic.Stream):

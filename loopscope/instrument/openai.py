@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value
+from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -23,13 +23,15 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     results = []
     input_text = None
     for message in messages:
-        role = r.get(message, "role")
+        role = message.get("role") if type(message) is dict else r.get(message, "role")
         if role == "tool":
             call_id = r.get(message, "tool_call_id")
-            if call_id:
+            # only the results of calls still open are read (a long history holds many)
+            if call_id and wants_result(str(call_id)):
                 results.append(ToolResult(str(call_id), result_value(r.text_of(r.get(message, "content")) or r.get(message, "content"))))
         elif role == "user":
-            input_text = r.text_of(r.get(message, "content"))
+            content = r.get(message, "content")
+            input_text = content if type(content) is str else r.text_of(content)
     stop = kwargs.get("stop")
     request = {
         "temperature": kwargs.get("temperature"),
@@ -64,14 +66,20 @@ def _function_tools(tools: Any) -> list[Any] | None:
 def _chat_usage(usage: Any) -> dict[str, int]:
     if usage is None:
         return {}
-    out = {
-        "input_tokens": r.number(r.get(usage, "prompt_tokens")),
-        "output_tokens": r.number(r.get(usage, "completion_tokens")),
-        "cache_read_input_tokens": r.number(r.get(r.get(usage, "prompt_tokens_details"), "cached_tokens")),
-        "cache_creation_input_tokens": r.number(r.get(r.get(usage, "prompt_tokens_details"), "cache_write_tokens")),
-        "reasoning_tokens": r.number(r.get(r.get(usage, "completion_tokens_details"), "reasoning_tokens")),
-    }
-    return {k: v for k, v in out.items() if v is not None}
+    get = r.get
+    prompt = get(usage, "prompt_tokens_details")
+    completion = get(usage, "completion_tokens_details")
+    out = {}
+    for key, value in (
+        ("input_tokens", get(usage, "prompt_tokens")),
+        ("output_tokens", get(usage, "completion_tokens")),
+        ("cache_read_input_tokens", get(prompt, "cached_tokens")),
+        ("cache_creation_input_tokens", get(prompt, "cache_write_tokens")),
+        ("reasoning_tokens", get(completion, "reasoning_tokens")),
+    ):
+        if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
+            out[key] = value
+    return out
 
 
 def _finish_completion(completion: Any, generation: Generation) -> None:
@@ -104,29 +112,80 @@ class _ChatChunks:
         self.model: str | None = None
 
     def add(self, chunk: Any, generation: Generation) -> None:
+        if type(chunk) is _chunk_type:
+            return self._add_chunk(chunk, generation)
         self.response_id = self.response_id or r.get(chunk, "id")
         self.model = self.model or r.get(chunk, "model")
         usage = r.get(chunk, "usage")
         if usage is not None:
             self.usage = _chat_usage(usage)
         for choice in r.get(chunk, "choices") or []:
-            if r.get(choice, "index", 0) != 0:
+            self._add_choice(choice, generation)
+
+    def _add_choice(self, choice: Any, generation: Generation) -> None:
+        if r.get(choice, "index", 0) != 0:
+            return
+        delta = r.get(choice, "delta")
+        content = r.get(delta, "content")
+        if content:
+            generation.delta(content)
+        for part in r.get(delta, "tool_calls") or []:
+            generation.first_chunk()
+            slot = self.calls.setdefault(r.get(part, "index", 0), {"id": None, "name": "", "arguments": []})
+            slot["id"] = slot["id"] or r.get(part, "id")
+            function = r.get(part, "function")
+            if r.get(function, "name"):
+                slot["name"] += r.get(function, "name")
+            if r.get(function, "arguments"):
+                slot["arguments"].append(r.get(function, "arguments"))
+        if r.get(choice, "finish_reason"):
+            self.finish_reason = r.get(choice, "finish_reason")
+
+    def _add_chunk(self, chunk: Any, generation: Generation) -> None:
+        """:meth:`add` for the SDK's own chunk model, whose fields are attributes (``r.get``
+        is ``getattr`` for them): the same reads, without a Python call for each."""
+        if not self.response_id:
+            self.response_id = getattr(chunk, "id", None)
+        if not self.model:
+            self.model = getattr(chunk, "model", None)
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = _chat_usage(usage)
+        for choice in getattr(chunk, "choices", None) or ():
+            delta = getattr(choice, "delta", None)
+            if type(choice) is dict or type(delta) is dict:
+                self._add_choice(choice, generation)
                 continue
-            delta = r.get(choice, "delta")
-            content = r.get(delta, "content")
+            if getattr(choice, "index", 0) != 0:
+                continue
+            content = getattr(delta, "content", None)
             if content:
                 generation.delta(content)
-            for part in r.get(delta, "tool_calls") or []:
-                generation.first_chunk()
-                slot = self.calls.setdefault(r.get(part, "index", 0), {"id": None, "name": "", "arguments": []})
-                slot["id"] = slot["id"] or r.get(part, "id")
-                function = r.get(part, "function")
-                if r.get(function, "name"):
-                    slot["name"] += r.get(function, "name")
-                if r.get(function, "arguments"):
-                    slot["arguments"].append(r.get(function, "arguments"))
-            if r.get(choice, "finish_reason"):
-                self.finish_reason = r.get(choice, "finish_reason")
+            if getattr(delta, "tool_calls", None):
+                self._add_choice_calls(delta, generation)
+            reason = getattr(choice, "finish_reason", None)
+            if reason:
+                self.finish_reason = reason
+
+    def _add_choice_calls(self, delta: Any, generation: Generation) -> None:
+        for part in getattr(delta, "tool_calls", None) or ():
+            if type(part) is dict:
+                get = part.get
+                index, call_id, function = get("index", 0), get("id"), get("function")
+            else:
+                index, call_id, function = getattr(part, "index", 0), getattr(part, "id", None), getattr(part, "function", None)
+            if type(function) is dict:
+                name, arguments = function.get("name"), function.get("arguments")
+            else:
+                name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+            generation.first_chunk()
+            slot = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+            if not slot["id"]:
+                slot["id"] = call_id
+            if name:
+                slot["name"] += name
+            if arguments:
+                slot["arguments"].append(arguments)
 
     def finish(self, generation: Generation) -> None:
         calls = [
@@ -134,6 +193,12 @@ class _ChatChunks:
             for _, slot in sorted(self.calls.items())
         ]
         generation.finish(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model)
+
+
+try:
+    from openai.types.chat import ChatCompletionChunk as _chunk_type
+except ImportError:  # pragma: no cover - an SDK without it: every chunk the general way
+    _chunk_type = None
 
 
 def _deliver_chat(result: Any, generation: Generation) -> Any:
@@ -144,6 +209,9 @@ def _deliver_chat(result: Any, generation: Generation) -> Any:
 
 
 def _deliver(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+    if isinstance(result, r.BaseModel):  # a parsed response: by far the most common (and
+        finish_one(result, generation)  # ``hasattr`` on a model for what it lacks is slow)
+        return result
     import openai
 
     if isinstance(result, openai.Stream):

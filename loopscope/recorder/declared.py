@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
@@ -9,6 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from .. import _json
 from ..models import DeclaredTool
 
 
@@ -80,3 +82,132 @@ def union_into(union: dict[str, DeclaredTool], tools: Iterable[DeclaredTool]) ->
     """Add ``tools`` to ``union`` keeping the first declaration of each name, in order."""
     for tool in tools:
         union.setdefault(tool.name, tool)
+
+
+class ToolSet:
+    """A normalised tool list as a round or turn declares it, with its JSON made once.
+
+    The lists adapters see are usually the very same tool dicts call after call, so
+    :func:`tool_set` hands back one shared, read-only ``ToolSet`` for them: no model
+    validation and no JSON encoding on the hot path. Its :class:`DeclaredTool` records
+    are shared too; never mutate them (the turn summary gets copies).
+    """
+
+    __slots__ = ("tools", "unique", "_definitions", "_declared")
+
+    def __init__(self, tools: tuple[DeclaredTool, ...]) -> None:
+        self.tools = tools
+        self.unique = len({t.name for t in tools}) == len(tools)  # then a union of it alone is itself
+        self._definitions: str | None = None
+        self._declared: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.tools)
+
+    def definitions(self) -> str:
+        """``gen_ai.tool.definitions``: the tools as offered to the model (no origin)."""
+        text = self._definitions
+        if text is None:
+            text = self._definitions = definitions_json(self.tools)
+        return text
+
+    def declared(self) -> str:
+        """``loopscope.turn.declared_tools``: the tools with their origin."""
+        text = self._declared
+        if text is None:
+            text = self._declared = declared_json(self.tools)
+        return text
+
+
+def definitions_json(tools: Iterable[DeclaredTool]) -> str:
+    return _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools])
+
+
+def declared_json(tools: Iterable[DeclaredTool]) -> str:
+    return _json.dumps([t.model_dump(exclude_none=True) for t in tools])
+
+
+EMPTY = ToolSet(())
+
+_CACHE_SIZE = 512
+# (id(tool dict), origin) -> (the dict itself, a deep copy of it as it was, its record). The
+# entry holds the dict, so its id cannot be reused while cached; the copy tells whether it
+# was changed in place since.
+_by_dict: dict[tuple[int, str], tuple[Any, Any, DeclaredTool | None]] = {}
+_by_name: dict[tuple[str, str], DeclaredTool] = {}  # bare names and {"name": ...} dicts
+# the ids of a list's records -> its ToolSet (which holds the records: ids stay theirs)
+_sets: dict[tuple[int, ...], ToolSet] = {}
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CACHE_SIZE:
+        try:
+            del cache[next(iter(cache))]  # the oldest entry
+        except (KeyError, StopIteration, RuntimeError):  # another thread got there first
+            pass
+    cache[key] = value
+
+
+def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
+    key = (id(tool), origin)
+    entry = _by_dict.get(key)
+    if entry is not None and entry[0] is tool:
+        try:
+            if entry[1] == tool:
+                return entry[2]
+        except Exception:  # a value whose == does not answer: compute it afresh
+            return declared_tool(tool, origin)
+    if len(tool) == 1 and type(tool.get("name")) is str and tool["name"]:
+        return _cached_name(tool["name"], origin, tool)  # what a bare name gives
+    record = declared_tool(tool, origin)
+    try:
+        snapshot = copy.deepcopy(tool)
+        if not snapshot == tool:  # noqa: SIM201 - NaN and friends: never a hit
+            return record
+    except Exception:
+        return record
+    _remember(_by_dict, key, (tool, snapshot, record))
+    return record
+
+
+def _cached_name(name: str, origin: str, tool: Any) -> DeclaredTool | None:
+    key = (name, origin)
+    record = _by_name.get(key)
+    if record is None:
+        record = declared_tool(tool, origin)
+        if record is None:
+            return None
+        _remember(_by_name, key, record)
+    return record
+
+
+def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> ToolSet:
+    """The :class:`ToolSet` of ``tools`` (see :func:`declared_tools`), shared between calls
+    that offer the same, unchanged tool dicts or names."""
+    if type(tools) is ToolSet:
+        return tools
+    if not tools:
+        return EMPTY
+    records = []
+    cacheable = True
+    for tool in tools:
+        kind = type(tool)
+        if kind is dict:
+            record = _cached_dict(tool, origin)
+        elif kind is str:
+            record = _cached_name(tool, origin, tool)
+        else:
+            record = declared_tool(tool, origin)
+            cacheable = False
+        if record is not None:
+            records.append(record)
+    if not records:
+        return EMPTY
+    if not cacheable:
+        return ToolSet(tuple(records))
+    key = tuple(map(id, records))
+    found = _sets.get(key)
+    if found is None:
+        found = ToolSet(tuple(records))
+        _remember(_sets, key, found)
+    return found

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import threading
 import time
 import weakref
@@ -23,6 +24,7 @@ from .. import pipeline
 from .._guard import internal_error
 from ..models import LoopEndReason
 from .context import current_round, current_session, current_turn, last_stitched
+from .declared import tool_set
 from .turn import Round, Turn, call_owners, served_owners
 
 DEFAULT_IDLE_TIMEOUT = 300.0
@@ -221,6 +223,8 @@ def begin_generation(
                 owner = turn
             elif owner is None:
                 owner = served_owners.get(result.call_id)  # served by a decorated tool already
+        if tools is not None:
+            tools = tool_set(tools)  # normalised once for the turn and its round
         hand = current_turn.get()
         stitched_turn = False
         if hand is not None:
@@ -260,14 +264,19 @@ def begin_generation(
         return None
 
 
+def wants_result(call_id: str) -> bool:
+    """Whether a tool result for ``call_id`` in a request would end or join anything: the
+    call is open, or a decorated tool served it in a turn that is still open. Adapters read
+    (and parse) only those results; :func:`begin_generation` ignores all others anyway."""
+    return call_id in call_owners or call_id in served_owners
+
+
 def result_value(content: Any) -> Any:
     """A tool result as the application sent it; JSON text becomes the value it encodes."""
     if isinstance(content, str):
         stripped = content.lstrip()
         if stripped[:1] in ("{", "["):
             try:
-                import json
-
                 return json.loads(content)
             except ValueError:
                 pass

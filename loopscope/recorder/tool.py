@@ -17,6 +17,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from .. import _json, pipeline, semconv as a
 from .._guard import internal_error
 from ..models import ToolCall
+from ._spans import set_attributes
 from .context import current_turn, open_stitched_turn
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -149,7 +150,7 @@ class ToolExecution:
             if outcome != "served":
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__ if exc is not None else outcome
                 span.set_status(Status(StatusCode.ERROR, error))
-            span.set_attributes(attributes)
+            set_attributes(span, attributes)
             if self._token is not None:
                 otel_context.detach(self._token)
             span.end()

@@ -9,9 +9,10 @@ which requested calls ran) and writes it onto the ``invoke_agent`` span when it 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
-import uuid
+from datetime import datetime, timezone
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -22,9 +23,10 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from .. import _json, semconv as a
 from .._guard import internal_error
-from ..models import RESPONSE_SEGMENT_SEPARATOR, DeclaredTool, LoopEndReason, ToolCall
+from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
+from ._spans import set_attributes
 from .context import current_round, current_session, current_turn
-from .declared import declared_tools, union_into
+from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
 from .tool import ToolExecution, record_unserved, start_requested
 
 call_owners: dict[str, Turn] = {}
@@ -35,6 +37,11 @@ served_owners: dict[str, Turn] = {}
 the request that later carries their results still joins that turn."""
 
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
+
+
+def _new_id() -> str:
+    """32 random hex digits, as ``uuid4().hex`` gives, for a quarter of its cost."""
+    return os.urandom(16).hex()
 
 
 def _tool_call(call: Any) -> ToolCall:
@@ -48,9 +55,9 @@ def _tool_call(call: Any) -> ToolCall:
                 args = _json.loads(args)
             except ValueError:
                 pass  # keep the model's text as it was
-        return ToolCall(id=str(call.get("id") or call.get("call_id") or uuid.uuid4().hex), name=str(fn.get("name")), arguments=args)
+        return ToolCall(id=str(call.get("id") or call.get("call_id") or _new_id()), name=str(fn.get("name")), arguments=args)
     return ToolCall(
-        id=str(getattr(call, "id", None) or uuid.uuid4().hex),
+        id=str(getattr(call, "id", None) or _new_id()),
         name=str(getattr(call, "name", "")),
         arguments=getattr(call, "arguments", None),
     )
@@ -62,6 +69,22 @@ class Round:
     Use it as a context manager around the model call and report what came back with
     :meth:`response`; :meth:`Turn.generation` records a finished round in one call.
     """
+
+    # immutable defaults live on the class: a round per model call sets only what differs
+    text = ""
+    finish_reason: str | None = None
+    thinking = ""
+    response_id: str | None = None
+    response_model: str | None = None
+    blocked = False
+    _span: Span | None = None
+    _token: object | None = None
+    _round_token: object | None = None
+    _late: dict[str, Any] | None = None  # set at the start, with the span
+    _first_chunk_ns: int | None = None
+    _start_ns = 0
+    eager = False  # start the requested tool calls when the round ends (adapters)
+    ended = False
 
     def __init__(
         self,
@@ -76,23 +99,10 @@ class Round:
         self._request = request
         self.model = model or turn.model
         self.provider = provider or turn.provider
-        self._tools = declared_tools(tools) if tools is not None else None
+        self._tools = tool_set(tools) if tools is not None else None
         self._stream = stream
-        self.text = ""
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
-        self.finish_reason: str | None = None
-        self.thinking = ""
-        self.response_id: str | None = None
-        self.response_model: str | None = None
-        self.blocked = False
-        self._span: Span | None = None
-        self._token: object | None = None
-        self._round_token: object | None = None
-        self._first_chunk_ns: int | None = None
-        self._start_ns = 0
-        self.eager = False  # start the requested tool calls when the round ends (adapters)
-        self.ended = False
 
     def response(
         self,
@@ -159,16 +169,21 @@ class Round:
                 attributes[a.REQUEST_MODEL] = self.model
             if self.provider:
                 attributes[a.PROVIDER] = self.provider
+            # The rest is set with the round's results, in one go and in this order: a chat
+            # span's start attributes are the ones sampling looks at (the store reads chat
+            # spans when they end), and the SDK's cleaning of each is a good part of a call's cost.
+            late: dict[str, Any] = {}
             if turn.agent:
-                attributes[a.AGENT_NAME] = turn.agent
+                late[a.AGENT_NAME] = turn.agent
             if turn.framework:
-                attributes[a.FRAMEWORK] = turn.framework
+                late[a.FRAMEWORK] = turn.framework
             if self._stream is not None:
-                attributes[a.REQUEST_STREAM] = self._stream
+                late[a.REQUEST_STREAM] = self._stream
             if tools:
-                attributes[a.TOOL_DEFINITIONS] = _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools])
+                late[a.TOOL_DEFINITIONS] = tools.definitions()
             if self._request:
-                attributes.update(a.request_attributes(self._request))
+                late.update(a.request_attributes(self._request))
+            self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
             self._start_ns = time.monotonic_ns()
             self._span = turn._tracer.start_span(name, context=turn._context(), attributes=attributes)
@@ -184,7 +199,7 @@ class Round:
             if span is None or self.ended:
                 return
             self.ended = True
-            attributes: dict[str, Any] = {}
+            attributes = self._late or {}  # the start attributes sampling does not need, first
             if self.response_model:
                 attributes[a.RESPONSE_MODEL] = self.response_model
             if self.response_id:
@@ -206,7 +221,7 @@ class Round:
             if exc is not None:
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-            span.set_attributes(attributes)
+            set_attributes(span, attributes)
             if self._round_token is not None:
                 current_round.reset(self._round_token)  # type: ignore[arg-type]
             if self._token is not None:
@@ -244,6 +259,24 @@ class Turn:
     :class:`~loopscope.AIResponseEvent`.
     """
 
+    # immutable defaults live on the class: a turn per stitched call sets only what differs
+    parent: Turn | None = None
+    _response: AIResponseEvent | None = None
+    _result: tuple[Any, ...] | None = None  # what the response is made of, once the turn has ended
+    _last_declared: ToolSet | None = None
+    _union: ToolSet | None = None  # the one tool set the union is made of, while it is
+    _open_segment = ""
+    _round_no = 0
+    _tool_calls_count = 0
+    _last_round: Round | None = None
+    _explicit_reason: LoopEndReason | None = None
+    _span: Span | None = None
+    _span_context: otel_context.Context | None = None
+    _token: object | None = None
+    _turn_token: object | None = None
+    _started = 0.0
+    ended = False
+
     def __init__(
         self,
         tracer: trace.Tracer,
@@ -263,20 +296,17 @@ class Turn:
         self._requested_session = session_id
         self.session_id = session_id or ""
         self.agent = agent
-        self._tools = declared_tools(tools)
+        self._tools = tool_set(tools)
         self.input = input
         self._input_blocked = input_blocked
         self.model = model
         self.provider = provider
         self.framework = framework
-        self.correlation_id = correlation_id or uuid.uuid4().hex
-        self.parent: Turn | None = None
+        self.correlation_id = correlation_id or _new_id()
         self.streaming = streaming
-        self.response: Any = None  # the AIResponseEvent, once the turn has ended
         self._lock = threading.Lock()
         self._declared: dict[str, DeclaredTool] = {}
         self._segments: list[str] = []
-        self._open_segment = ""
         self._usage: dict[str, int] = {}
         self._thinking: list[str] = []
         # calls the model asked for that have not ended: call id -> (call, round no.). A
@@ -284,15 +314,6 @@ class Turn:
         # open); a ToolCall waits for a decorated tool to run it.
         self._pending: dict[str, tuple[ToolCall | ToolExecution, int]] = {}
         self._rounds_with_tools: dict[int, bool] = {}  # round no. -> did one of its calls run
-        self._round_no = 0
-        self._tool_calls_count = 0
-        self._last_round: Round | None = None
-        self._explicit_reason: LoopEndReason | None = None
-        self._span: Span | None = None
-        self._token: object | None = None
-        self._turn_token: object | None = None
-        self._started = 0.0
-        self.ended = False
         self.last_activity = time.monotonic()
         self._served_ids: list[str] = []
 
@@ -332,7 +353,9 @@ class Turn:
     def declare_tools(self, tools: Iterable[Any], origin: str = "revealed") -> None:
         """Offer more tools from now on (for example revealed by a tool search)."""
         with self._lock:
-            self._tools = self._tools + [t for t in declared_tools(tools, origin) if t.name not in {x.name for x in self._tools}]
+            current = self._tools.tools
+            names = {x.name for x in current}
+            self._tools = ToolSet(current + tuple(t for t in declared_tools(tools, origin) if t.name not in names))
 
     def end(self, reason: LoopEndReason | str) -> None:
         """Name why the loop stopped (``max_rounds``, ``timeout``, ``budget_exceeded``...)."""
@@ -360,7 +383,7 @@ class Turn:
             parent = current_turn.get()
             self.parent = parent
             if not self._requested_session:
-                self.session_id = current_session.get() or (parent.session_id if parent is not None else uuid.uuid4().hex)
+                self.session_id = current_session.get() or (parent.session_id if parent is not None else _new_id())
             attributes: dict[str, Any] = {
                 a.OPERATION: a.OP_INVOKE_AGENT,
                 a.CONVERSATION_ID: self.session_id,
@@ -377,7 +400,10 @@ class Turn:
             if parent is not None:
                 attributes[a.PARENT_TURN_ID] = parent.correlation_id
             if self.input is not None:
-                attributes[a.TURN_INPUT] = _json.to_jsonable(self.input) if isinstance(self.input, str) else _json.dumps(self.input)
+                text = self.input
+                if type(text) is not str or not text.isascii():  # plain ASCII text is its own JSON-able form
+                    text = _json.to_jsonable(text) if isinstance(text, str) else _json.dumps(text)
+                attributes[a.TURN_INPUT] = text
                 if self._input_blocked:
                     attributes[a.TURN_INPUT_BLOCKED] = True
             name = f"{a.OP_INVOKE_AGENT} {self.agent}" if self.agent else a.OP_INVOKE_AGENT
@@ -391,12 +417,10 @@ class Turn:
 
     def _context(self) -> otel_context.Context | None:
         """The context whose current span is this turn's: the parent of its rounds and calls."""
-        return getattr(self, "_span_context", None)
+        return self._span_context
 
     def _finish(self, exc: BaseException | None) -> None:
         try:
-            from ..semconv import turn_summary_attributes
-
             span = self._span
             if span is None or self.ended:
                 return
@@ -406,9 +430,36 @@ class Turn:
             for call_id in self._served_ids:
                 if served_owners.get(call_id) is self:
                     del served_owners[call_id]
-            summary = self._summary(reason, exc)
-            span.set_attributes(turn_summary_attributes(summary))
-            if exc is not None and reason is LoopEndReason.ERROR:
+            error = f"{type(exc).__qualname__}: {exc}" if exc is not None and reason is LoopEndReason.ERROR else None
+            with self._lock:
+                self._close_segment()
+                segments = list(self._segments)
+                response_content = RESPONSE_SEGMENT_SEPARATOR.join(segments)
+                round_count = sum(1 for ran in self._rounds_with_tools.values() if ran)
+                usage = dict(self._usage)
+                thinking = "\n".join(self._thinking)
+                declared = list(self._declared.values())
+                union = self._union
+                tool_calls_count, streaming, model, provider = self._tool_calls_count, self.streaming, self.model, self.provider
+            timestamp = time.time()
+            set_attributes(
+                span,
+                a.turn_attributes(
+                    reason.value,
+                    _json.dumps(segments),
+                    round_count,
+                    tool_calls_count,
+                    streaming,
+                    union.declared() if union is not None else declared_json(declared) if declared else "[]",
+                    union.definitions() if union is not None else definitions_json(declared) if declared else None,
+                    response_content,
+                    thinking,
+                    model,
+                    provider,
+                    usage,
+                )
+            )
+            if error is not None:
                 span.set_attribute(a.ERROR_TYPE, type(exc).__qualname__)
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
             if self._turn_token is not None:
@@ -416,18 +467,74 @@ class Turn:
             if self._token is not None:
                 otel_context.detach(self._token)
             span.end()
-            summary.trace_id = format(span.get_span_context().trace_id, "032x")
-            summary.span_id = format(span.get_span_context().span_id, "016x")
-            summary.latency_ms = (time.monotonic() - self._started) * 1000
-            self.response = summary
+            self._result = (
+                segments, response_content, round_count, tool_calls_count, usage, thinking, reason, streaming, declared,
+                model, provider, error, timestamp, (time.monotonic() - self._started) * 1000,
+            )
         except Exception:
             internal_error("turn end")
 
+    @property
+    def response(self) -> AIResponseEvent | None:
+        """The turn's :class:`~loopscope.AIResponseEvent`, once it has ended (else None)."""
+        response = self._response
+        if response is None and self._result is not None:
+            response = self._response = self._summary()
+        return response
+
+    @response.setter
+    def response(self, value: AIResponseEvent | None) -> None:
+        self._response = value
+
+    def _summary(self) -> AIResponseEvent:
+        """The response, made when first asked for: ending a turn builds no model."""
+        (
+            segments, response_content, round_count, tool_calls_count, usage, thinking, reason, streaming, declared,
+            model, provider, error, timestamp, latency_ms,
+        ) = self._result  # type: ignore[misc]
+        context = self._span.get_span_context()  # type: ignore[union-attr]
+        return AIResponseEvent(
+            channel_id=self.agent,
+            session_id=self.session_id,
+            correlation_id=self.correlation_id,
+            parent_correlation_id=self.parent.correlation_id if self.parent else None,
+            response_content=response_content,
+            segments=segments,
+            tool_calls_count=tool_calls_count,
+            round_count=round_count,
+            usage=usage,
+            thinking=thinking,
+            loop_end_reason=reason,
+            latency_ms=latency_ms,
+            streaming=streaming,
+            timestamp=datetime.fromtimestamp(timestamp, timezone.utc),
+            # copies: the records may be shared with other turns (see ToolSet)
+            declared_tools=[
+                t.model_copy(update={"parameters": dict(t.parameters)}) if t.parameters is not None else t.model_copy()
+                for t in declared
+            ],
+            model=model,
+            provider=provider,
+            error=error,
+            trace_id=format(context.trace_id, "032x"),
+            span_id=format(context.span_id, "016x"),
+        )
+
     # -- bookkeeping, called by rounds and tools -----------------------------------------
 
-    def _declare(self, tools: list[DeclaredTool]) -> None:
+    def _declare(self, tools: ToolSet) -> None:
+        if tools is self._last_declared or not tools:
+            return
         with self._lock:
-            union_into(self._declared, tools)
+            self._last_declared = tools
+            if not self._declared:
+                union_into(self._declared, tools.tools)
+                self._union = tools if tools.unique else None
+            else:
+                count = len(self._declared)
+                union_into(self._declared, tools.tools)
+                if len(self._declared) != count:
+                    self._union = None
 
     def _round_done(self, rnd: Round, exc: BaseException | None) -> None:
         with self._lock:
@@ -535,28 +642,3 @@ class Turn:
         if not last.text.strip():
             return LoopEndReason.EMPTY_RESPONSE
         return LoopEndReason.COMPLETED
-
-    def _summary(self, reason: LoopEndReason, exc: BaseException | None) -> Any:
-        from ..models import AIResponseEvent
-
-        with self._lock:
-            self._close_segment()
-            segments = list(self._segments)
-            return AIResponseEvent(
-                channel_id=self.agent,
-                session_id=self.session_id,
-                correlation_id=self.correlation_id,
-                parent_correlation_id=self.parent.correlation_id if self.parent else None,
-                response_content=RESPONSE_SEGMENT_SEPARATOR.join(segments),
-                segments=segments,
-                tool_calls_count=self._tool_calls_count,
-                round_count=sum(1 for ran in self._rounds_with_tools.values() if ran),
-                usage=dict(self._usage),
-                thinking="\n".join(self._thinking),
-                loop_end_reason=reason,
-                streaming=self.streaming,
-                declared_tools=list(self._declared.values()),
-                model=self.model,
-                provider=self.provider,
-                error=f"{type(exc).__qualname__}: {exc}" if exc is not None and reason is LoopEndReason.ERROR else None,
-            )

@@ -1,74 +1,375 @@
 """The span-to-row mapping: GenAI spans in, activity events and turn summaries out.
 
-It is a pure function of the span, so the same rows come out whether the span was
+It is a pure function of the spans, so the same rows come out whether a span was
 recorded in this process or received over OTLP. A tool call's start row comes from the
 ``execute_tool`` span's start; a text segment from a ``chat`` span's end; the turn
 summary from the ``invoke_agent`` span's end.
+
+The work is split in two, so that little of it runs in Python per row:
+
+* :func:`collect` reads each span once and keeps a flat tuple of plain values per row
+  (a *fact*): ids as bytes, times, and the attribute values as they are, normalized
+  only where a value is not the plain string the common case has.
+* :data:`EVENTS_SQL` and :data:`TURNS_SQL` turn a batch of facts, as Arrow tables, into
+  the stored rows in one vectorized statement each: hex ids, event ids and types, the
+  ``content`` JSON, the usage JSON, and the choice between keeping attribute text as
+  JSON and keeping it as a JSON string.
+
+Whatever the facts cannot express (a tool outcome that is not a string, a round's text
+that is not a string) gets its content from the plain Python mapping below
+(:func:`_tool_content`, :func:`_text_content`), carried in the fact as an override, so
+every value gives the row it always gave.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, NamedTuple
+import operator
+from collections.abc import Iterable
+from typing import Any
 
 from .. import _json, semconv as a
+from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 
+_START, _END = 0, 1
 
-class EventRow(NamedTuple):
-    id: str
-    session_id: str
-    type: str
-    created_us: int
-    correlation_id: str | None
-    source_channel_id: str | None
-    source_provider: str | None
-    source_framework: str | None
-    status: str
-    content: str
-    trace_id: str
-    span_id: str
+# -- event facts -------------------------------------------------------------------------
+#
+# One tuple per event row, in this field order (EVENT_FIELDS). ``code`` says which row:
+TOOL_START, TOOL_END, INPUT_MESSAGE, ROUND_MESSAGE = 0, 1, 2, 3
+EVENT_TYPES = {TOOL_START: "tool_call_start", TOOL_END: "tool_call_end", INPUT_MESSAGE: "message", ROUND_MESSAGE: "message"}
+
+EVENT_FIELDS = (
+    "code",  # TOOL_START .. ROUND_MESSAGE
+    "trace_id",  # 16 bytes, big-endian
+    "span_id",  # 8 bytes, big-endian
+    "created_us",  # microseconds since the epoch
+    "session_id",  # final
+    "correlation_id",  # the attribute value as it is
+    "source_channel_id",  # as it is
+    "source_provider",  # as it is
+    "source_framework",  # as it is
+    "blocked",  # bool
+    "tool_name",  # final text (tool rows)
+    "tool_id",  # final text (tool rows)
+    "arguments",  # attribute text, JSON or not; None for JSON null (tool rows)
+    "result",  # the same (tool end rows)
+    "tool_status",  # final text (tool end rows)
+    "outcome",  # final text (tool end rows)
+    "error",  # final text or None (tool end rows)
+    "duration_ms",  # float (tool end rows)
+    "body",  # final text (message rows)
+    "content",  # the content JSON made in Python, when the values called for it; else None
+)
+SESSION = EVENT_FIELDS.index("session_id")
+_session_of = operator.itemgetter(SESSION)
+
+# -- turn facts --------------------------------------------------------------------------
+
+TURN_FIELDS = (
+    "trace_id",
+    "span_id",
+    "correlation_id",  # final, or None for the span id
+    "session_id",  # final
+    "channel_id",
+    "parent_correlation_id",
+    "response_content",
+    "segments",  # JSON text
+    "tool_calls_count",
+    "round_count",
+    "input_tokens",  # the usage values, as ints or None
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+    "usage",  # the usage JSON made in Python, when the values called for it; else None
+    "thinking",
+    "loop_end_reason",
+    "latency_ms",
+    "streaming",
+    "timestamp_us",
+    "declared_tools",  # JSON text
+    "model",
+    "provider",
+    "error",
+)
+_USAGE_KEYS = tuple(a.USAGE_ATTRIBUTES)
+assert TURN_FIELDS[10:15] == _USAGE_KEYS
 
 
-class TurnRow(NamedTuple):
-    correlation_id: str
-    session_id: str
-    channel_id: str | None
-    parent_correlation_id: str | None
-    response_content: str
-    segments: str
-    tool_calls_count: int
-    round_count: int
-    usage: str
-    input_tokens: int | None
-    output_tokens: int | None
-    thinking: str
-    loop_end_reason: str | None
-    latency_ms: float
-    streaming: bool
-    timestamp_us: int
-    declared_tools: str
-    model: str | None
-    provider: str | None
-    error: str | None
-    trace_id: str
-    span_id: str
+@functools.lru_cache(maxsize=None)
+def arrow_schemas() -> tuple[Any, Any]:
+    """The Arrow types of event facts and turn facts, in field order."""
+    import pyarrow as pa  # imported here: a plain import of loopscope never needs it
+
+    text, us = pa.string(), pa.timestamp("us", tz="UTC")
+    events = pa.struct([
+        ("code", pa.int8()), ("trace_id", pa.binary(16)), ("span_id", pa.binary(8)), ("created_us", us),
+        *((name, text) for name in EVENT_FIELDS[4:9]), ("blocked", pa.bool_()),
+        *((name, text) for name in EVENT_FIELDS[10:17]), ("duration_ms", pa.float64()), ("body", text), ("content", text),
+    ])
+    turns = pa.struct([
+        ("trace_id", pa.binary(16)), ("span_id", pa.binary(8)), *((name, text) for name in TURN_FIELDS[2:8]),
+        ("tool_calls_count", pa.int32()), ("round_count", pa.int32()), *((name, pa.int64()) for name in _USAGE_KEYS),
+        ("usage", text), ("thinking", text), ("loop_end_reason", text), ("latency_ms", pa.float64()), ("streaming", pa.bool_()),
+        ("timestamp_us", us), *((name, text) for name in TURN_FIELDS[21:]),
+    ])
+    assert [f.name for f in events] == list(EVENT_FIELDS) and [f.name for f in turns] == list(TURN_FIELDS)
+    return events, turns
 
 
-def _ids(span: Any) -> tuple[str, str]:
-    ctx = span.context
-    return "%032x" % ctx.trace_id, "%016x" % ctx.span_id
+# -- from facts to rows, in SQL ------------------------------------------------------------
+
+# Attribute text that should hold JSON is kept as it is when it is JSON, and as a JSON
+# string otherwise, exactly as Python's json module decides. DuckDB's json_valid accepts
+# a little more (trailing commas; nan and inf in any spelling): text in which such a thing
+# may hide (SUSPECT) is checked once more with its strings blanked out, and refused if it
+# has a trailing comma, a literal other than the six Python accepts, or a stray sign.
+# DuckDB refuses escaped lone surrogates, which Python accepts: those texts are kept as
+# JSON strings (a JSON column could not hold them).
+_SUSPECT = r",\s*[\]}]|(^|[\[:,])\s*[-+]?([nN][aA][nN]|[iI][nN][fF])"
+_STRING = r'"(\\.|[^"\\])*"'
+_LITERAL = r"-?Infinity|NaN|true|false|null"
+_REFUSED = r",\s*[\]}]|[a-df-zA-DF-Z]|(^|[^eE])\+|-[^0-9]"
+
+
+def json_text_sql(column: str) -> str:
+    """SQL for the JSON a text column stands for: its text, a JSON string, or ``null``."""
+    return (
+        f"CASE WHEN {column} IS NULL THEN 'null' "
+        f"WHEN NOT json_valid({column}) THEN to_json({column})::VARCHAR "
+        f"WHEN NOT regexp_matches({column}, '{_SUSPECT}') THEN {column} "
+        f"WHEN regexp_matches(regexp_replace(regexp_replace({column}, '{_STRING}', '\"\"', 'g'), '{_LITERAL}', '@', 'g'), "
+        f"'{_REFUSED}') THEN to_json({column})::VARCHAR "
+        f"ELSE {column} END"
+    )
+
+
+EVENTS_TABLE, TURNS_TABLE = "_loopscope_event_facts", "_loopscope_turn_facts"
+
+_TOOL_CONTENT = (
+    """'{"type":"tool_call","tool_name":' || to_json(tool_name) || ',"tool_id":' || to_json(tool_id)"""
+    f""" || ',"arguments":' || {json_text_sql("arguments")} || CASE code WHEN {TOOL_START} THEN"""
+    """ ',"result":null,"status":"pending","outcome":null,"duration_ms":null,"error":null}'"""
+    f""" ELSE ',"result":' || {json_text_sql("result")}"""
+    """ || ',"status":' || to_json(tool_status) || ',"outcome":' || to_json(outcome)"""
+    """ || ',"duration_ms":' || to_json(duration_ms) || ',"error":' || coalesce(to_json(error)::VARCHAR, 'null') || '}' END"""
+)
+_TEXT_CONTENT = (
+    f"""'{{"type":"text","body":' || to_json(body) || CASE code WHEN {INPUT_MESSAGE} THEN ',"role":"user"}}'"""
+    """ ELSE ',"role":"assistant"}' END"""
+)
+
+EVENTS_SQL = f"""
+INSERT INTO events
+SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' ELSE 'm' END,
+  session_id, idx,
+  CASE code WHEN {TOOL_START} THEN 'tool_call_start' WHEN {TOOL_END} THEN 'tool_call_end' ELSE 'message' END,
+  created_us, correlation_id, source_channel_id, source_provider, source_framework,
+  CASE WHEN blocked THEN 'blocked' ELSE 'delivered' END,
+  CASE WHEN content IS NOT NULL THEN (CASE WHEN json_valid(content) THEN content ELSE to_json(content)::VARCHAR END)
+       WHEN code <= {TOOL_END} THEN {_TOOL_CONTENT}
+       ELSE {_TEXT_CONTENT} END,
+  th, sh
+FROM (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh FROM {EVENTS_TABLE})
+"""
+"""Inserts the rows of the registered table of event facts, which has an ``idx`` column too."""
+
+_USAGE_SQL = "'{' || concat_ws(',', " + ", ".join(f"""'"{key}":' || {key}""" for key in _USAGE_KEYS) + ") || '}'"
+
+
+TURNS_SQL = f"""
+INSERT INTO turns
+SELECT coalesce(correlation_id, sh), session_id, channel_id, parent_correlation_id, response_content,
+  segments, tool_calls_count, round_count,
+  coalesce(usage, {_USAGE_SQL}), input_tokens, output_tokens, thinking, loop_end_reason, latency_ms, streaming,
+  timestamp_us, declared_tools, model, provider, error, th, sh
+FROM (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh FROM {TURNS_TABLE})
+"""
+"""Inserts the rows of the registered table of turn facts (whose JSON texts are JSON
+DuckDB takes: see :func:`_segments` and :func:`_declared_text`)."""
+
+
+# -- facts as Arrow tables ------------------------------------------------------------------
+
+CHUNK = 4096
+"""Spans reduced to facts and converted to Arrow at a time: the values just read are still
+in the CPU's caches when Arrow copies them (a whole batch at once would not be)."""
+
+
+class Facts:
+    """The facts of a batch of spans as Arrow record batches, in span order: the input of
+    :data:`EVENTS_SQL` and :data:`TURNS_SQL`. This is the one entry point from spans to
+    what the store writes, whatever recorded or received the spans.
+
+    ``sessions`` holds each event row's session id (the writer numbers rows per session
+    with it). Values Arrow cannot take (text with lone surrogates, numbers out of range,
+    other types where a raw attribute goes) are first made storable as :func:`_clean`
+    says; a fact that still cannot be stored is dropped and reported.
+    """
+
+    __slots__ = ("events", "sessions", "turns", "turn_rows", "excluded")
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []  # pyarrow RecordBatches of event facts
+        self.sessions: list[str] = []
+        self.turns: list[Any] = []  # pyarrow RecordBatches of turn facts
+        self.turn_rows = 0
+        self.excluded = 0
+
+    @property
+    def event_rows(self) -> int:
+        return len(self.sessions)
+
+    @property
+    def rows(self) -> int:
+        return len(self.sessions) + self.turn_rows
+
+    def add(self, items: list[tuple[int, Any]], skip: frozenset[str] = frozenset()) -> None:
+        """Add the rows of ``(kind, span)`` pairs (see :func:`collect`)."""
+        for i in range(0, len(items), CHUNK):
+            events: list[tuple[Any, ...]] = []
+            turns: list[tuple[Any, ...]] = []
+            self.excluded += collect(items[i:i + CHUNK], events, turns, skip)
+            if events:
+                events, batch = _record_batch(events, arrow_schemas()[0], _EVENT_KINDS)
+                self.events.append(batch)
+                self.sessions.extend(map(_session_of, events))
+            if turns:
+                turns, batch = _record_batch(turns, arrow_schemas()[1], _TURN_KINDS)
+                self.turns.append(batch)
+                self.turn_rows += len(turns)
+
+    def extend(self, other: Facts) -> None:
+        """Append ``other``'s rows after these."""
+        self.events += other.events
+        self.sessions += other.sessions
+        self.turns += other.turns
+        self.turn_rows += other.turn_rows
+        self.excluded += other.excluded
+
+    def drop_oldest(self, count: int) -> None:
+        """Leave out the ``count`` oldest rows: events first, then turn summaries."""
+        cut = min(count, self.event_rows)
+        if cut:
+            self.events = self.event_table().slice(cut).to_batches()  # type: ignore[union-attr]
+            self.sessions = self.sessions[cut:]
+        if count > cut and self.turn_rows:
+            self.turns = self.turn_table().slice(count - cut).to_batches()  # type: ignore[union-attr]
+            self.turn_rows = max(0, self.turn_rows - (count - cut))
+
+    def event_table(self) -> Any:
+        """The event facts as one pyarrow Table (None without any)."""
+        import pyarrow as pa
+
+        return pa.Table.from_batches(self.events, pa.schema(arrow_schemas()[0])) if self.events else None
+
+    def turn_table(self) -> Any:
+        """The turn facts as one pyarrow Table (None without any)."""
+        import pyarrow as pa
+
+        return pa.Table.from_batches(self.turns, pa.schema(arrow_schemas()[1])) if self.turns else None
+
+
+def _record_batch(facts: list[tuple[Any, ...]], struct: Any, kinds: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], Any]:
+    import pyarrow as pa
+
+    try:
+        return facts, pa.RecordBatch.from_struct_array(pa.array(facts, struct))
+    except Exception:  # noqa: S110 - the slow way below, fact by fact
+        pass
+    kept = []
+    for fact in facts:
+        try:
+            fact = _clean(fact, kinds)
+            pa.array([fact], struct)
+            kept.append(fact)
+        except Exception:
+            internal_error("span mapping")
+    return kept, pa.RecordBatch.from_struct_array(pa.array(kept, struct))
+
+
+# What each field of a fact holds, for _clean.
+_EVENT_KINDS = (
+    "int", "bytes", "bytes", "int64", "raw", "raw", "raw", "raw", "raw", "bool",
+    "text", "text", "json", "json", "text", "text", "text", "float", "text", "json",
+)
+_TURN_KINDS = (
+    "bytes", "bytes", "raw", "raw", "raw", "raw", "text", "json", "int32", "int32",
+    "usage", "usage", "usage", "usage", "usage", "json", "text", "raw", "float", "bool", "int64", "json", "raw", "raw", "text",
+)
+assert len(_EVENT_KINDS) == len(EVENT_FIELDS) and len(_TURN_KINDS) == len(TURN_FIELDS)
+
+
+def _clean(fact: tuple[Any, ...], kinds: tuple[str, ...]) -> tuple[Any, ...]:
+    """A fact whose values Arrow takes.
+
+    Text with lone surrogates gets them escaped, as :func:`loopscope._json.to_jsonable`
+    does, which is what the Python mapping always stored for text inside JSON (and JSON
+    text holding them becomes a JSON string). A raw attribute value that is not text
+    (the row kept it as it was) becomes its ``str``. Numbers a column cannot hold: a
+    count becomes NULL, a token count too (the usage JSON keeps it), a time fails.
+    """
+    values = list(fact)
+    usage_json = None
+    for i, (kind, value) in enumerate(zip(kinds, fact)):
+        if value is None:
+            continue
+        if kind in ("raw", "text", "json"):
+            if type(value) is not str:
+                if isinstance(value, (bytes, bytearray, memoryview)):
+                    value = bytes(value).decode("utf-8", "backslashreplace")
+                else:
+                    value = str(value)
+            if not (value.isascii() or _json._encodable(value)):
+                value = _json.dumps(value) if kind == "json" else value.encode("utf-8", "backslashreplace").decode("utf-8")
+        elif kind == "int64":
+            value = int(value)
+            if not -(1 << 63) <= value < (1 << 63):
+                raise OverflowError(f"{value} is out of range")
+        elif kind == "int32":
+            value = value if -(1 << 31) <= value < (1 << 31) else None
+        elif kind == "usage":
+            value = _usage_value(value)
+            if value is not None and not -(1 << 63) <= value < (1 << 63):
+                if usage_json is None:
+                    usage = (_usage_value(v) for v in fact[10:15])
+                    usage_json = _json.dumps({k: v for k, v in zip(_USAGE_KEYS, usage) if v is not None})
+                value = None
+        values[i] = value
+    if usage_json is not None:
+        values[TURN_FIELDS.index("usage")] = usage_json
+    return tuple(values)
+
+
+# -- from spans to facts, in Python --------------------------------------------------------
+
+try:  # the SDK's spans, read through their fields: the public properties cost a frame each
+    from opentelemetry.attributes import BoundedAttributes
+    from opentelemetry.sdk.trace import ReadableSpan, Span, _Span
+
+    _probe = ReadableSpan("probe", attributes=BoundedAttributes(attributes={"k": "v"}), start_time=1, end_time=2)
+    _FAST_TYPES: frozenset[type] = (
+        frozenset({ReadableSpan, Span, _Span})
+        if _probe._attributes._dict == {"k": "v"} and (_probe._start_time, _probe._end_time, _probe._context) == (1, 2, None)
+        else frozenset()
+    )
+    _BOUNDED: type | None = BoundedAttributes
+    del _probe
+except Exception:  # another SDK version: the public properties, always right
+    _FAST_TYPES, _BOUNDED = frozenset(), None
 
 
 def _plain(attrs: Any) -> dict[str, Any]:
-    """The attributes as a plain dict, so that every lookup below is a C-level ``dict.get``.
-
-    An SDK span's ``attributes`` is a read-only view of ``BoundedAttributes``, whose
-    ``get`` runs two Python frames per lookup; its ``copy()`` (reached through the view)
-    is one plain ``dict.copy``. Any other mapping is copied the generic way.
-    """
+    """The attributes as a plain dict, so that every lookup is a C-level ``dict.get``."""
     if attrs is None:
         return {}
+    if type(attrs) is dict:
+        return attrs
+    if _BOUNDED is not None and type(attrs) is _BOUNDED:
+        return attrs._dict  # type: ignore[attr-defined, no-any-return]
     try:
         copied = attrs.copy()
     except Exception:
@@ -76,24 +377,225 @@ def _plain(attrs: Any) -> dict[str, Any]:
     return copied if type(copied) is dict else dict(attrs)
 
 
-# json.loads(text) runs three Python frames and two regex matches around the C scanner;
-# calling the scanner directly answers the common case (a whole JSON value, no
-# surrounding whitespace), and json.loads itself decides every other case.
+def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]],
+            skip: frozenset[str] = frozenset()) -> int:
+    """Append the facts of each ``(kind, span)`` pair (kind 0: started, 1: ended) to
+    ``events`` and ``turns``, in order; rows of the event types in ``skip`` are left out.
+
+    Returns how many rows were left out. A span whose facts cannot be read (a foreign
+    span without times or ids, say) yields no row, and the failure is reported.
+    """
+    keep_start = "tool_call_start" not in skip
+    keep_end = "tool_call_end" not in skip
+    keep_message = "message" not in skip
+    add = events.append
+    excluded = 0
+    fast, bounded = _FAST_TYPES, _BOUNDED
+    # this loop runs per span over spans long gone cold: names are bound to locals once
+    OPERATION, EXECUTE_TOOL, CHAT, INVOKE_AGENT = a.OPERATION, a.OP_EXECUTE_TOOL, a.OP_CHAT, a.OP_INVOKE_AGENT
+    CONVERSATION_ID, TURN_ID, AGENT_NAME, PROVIDER, FRAMEWORK = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME, a.PROVIDER, a.FRAMEWORK
+    TOOL_NAME, TOOL_CALL_ID, TOOL_CALL_ARGUMENTS, TOOL_CALL_RESULT = a.TOOL_NAME, a.TOOL_CALL_ID, a.TOOL_CALL_ARGUMENTS, a.TOOL_CALL_RESULT
+    TOOL_OUTCOME, TOOL_STATUS, TOOL_ERROR = a.TOOL_OUTCOME, a.TOOL_STATUS, a.TOOL_ERROR
+    ROUND_TEXT, ROUND_BLOCKED, TURN_INPUT, TURN_INPUT_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED, a.TURN_INPUT, a.TURN_INPUT_BLOCKED
+    last_tid: Any = None
+    trace = b""
+    for kind, span in items:
+        try:
+            if type(span) in fast:
+                attrs = span._attributes
+                d = attrs._dict if type(attrs) is bounded else _plain(attrs)
+                ctx = span._context
+                tid = ctx[0]
+                sid = ctx[1]
+                start = span._start_time
+                end = span._end_time
+            else:
+                d = _plain(span.attributes)
+                ctx = span.context
+                tid = ctx.trace_id
+                sid = ctx.span_id
+                start = getattr(span, "start_time", None)
+                end = getattr(span, "end_time", None)
+            if tid is not last_tid:  # the spans of a trace share its id: its bytes are made once
+                trace = tid.to_bytes(16, "big")
+                last_tid = tid
+            get = d.get
+            op = get(OPERATION)
+            if op == EXECUTE_TOOL:
+                if not (keep_start if kind == _START else keep_end):
+                    excluded += 1
+                    continue
+                name = get(TOOL_NAME, "")
+                if type(name) is not str:
+                    name = str(name)
+                call_id = get(TOOL_CALL_ID, "")
+                if type(call_id) is not str:
+                    call_id = str(call_id)
+                arguments = get(TOOL_CALL_ARGUMENTS)
+                if arguments is not None and type(arguments) is not str:
+                    arguments = _text_or_json(arguments)
+                session = get(CONVERSATION_ID) or "%032x" % tid
+                if kind == _START:
+                    add((
+                        TOOL_START, trace, sid.to_bytes(8, "big"), start // 1000,
+                        session if type(session) is str else str(session),
+                        get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
+                        name, call_id, arguments, None, None, None, None, None, None, None,
+                    ))
+                    continue
+                duration = round((end - start) / 1e6, 3)
+                result = get(TOOL_CALL_RESULT)
+                if result is not None and type(result) is not str:
+                    result = _text_or_json(result)
+                outcome = get(TOOL_OUTCOME) or "served"
+                status = get(TOOL_STATUS) or ("completed" if outcome == "served" else "failed")
+                error = get(TOOL_ERROR)
+                content = None
+                if type(outcome) is not str or type(status) is not str or (error is not None and type(error) is not str):
+                    content = _tool_content(d, True, duration)
+                add((
+                    TOOL_END, trace, sid.to_bytes(8, "big"), end // 1000,
+                    session if type(session) is str else str(session),
+                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
+                    name, call_id, arguments, result, status, outcome, error, duration, None, content,
+                ))
+            elif op == CHAT:
+                if kind != _END:
+                    continue
+                text = get(ROUND_TEXT)
+                if not text:
+                    continue
+                if not keep_message:
+                    excluded += 1
+                    continue
+                content = None
+                if type(text) is not str:
+                    content, text = _text_content(text, "assistant"), ""
+                session = get(CONVERSATION_ID) or "%032x" % tid
+                add((
+                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), end // 1000,
+                    session if type(session) is str else str(session),
+                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(ROUND_BLOCKED)),
+                    None, None, None, None, None, None, None, None, text, content,
+                ))
+            elif op == INVOKE_AGENT:
+                if kind == _END:
+                    turns.append(_turn_fact(span, d, tid, trace, sid, start, end))
+                    continue
+                if TURN_INPUT not in d:
+                    continue
+                if not keep_message:
+                    excluded += 1
+                    continue
+                body = d[TURN_INPUT]
+                if type(body) is not str:
+                    body = str(body) if isinstance(body, str) else _json.dumps(body)
+                session = get(CONVERSATION_ID) or "%032x" % tid
+                add((
+                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), start // 1000,
+                    session if type(session) is str else str(session),
+                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(TURN_INPUT_BLOCKED)),
+                    None, None, None, None, None, None, None, None, body, None,
+                ))
+        except Exception:
+            internal_error("span mapping")
+    return excluded
+
+
+def _text_or_json(value: Any) -> str:
+    """Text for a JSON-holding attribute that is not a plain str: a str subclass's text,
+    or any other value as JSON (which the SQL then keeps as it is)."""
+    return str(value) if isinstance(value, str) else _json.dumps(value)
+
+
 _scan_once = json.JSONDecoder().scan_once
 
-# The last attribute text found to be valid JSON. A tool call's arguments are checked for
-# its start row and again, as the very same str object, for its end row: remembering the
-# object (not its id, which could be reused) skips the second check. Strings are
-# immutable, so whatever object sits here stays valid, whichever thread put it there.
-_last_valid_json: str | None = None
 
+def _segments(value: Any) -> tuple[str, str]:
+    """The response text and the segments JSON of a turn's segments attribute."""
+    if not value:
+        return "", "[]"
+    if type(value) is str:
+        # json.loads runs Python frames around the C scanner: the scanner alone answers
+        # the common case (a whole JSON list, no surrounding whitespace)
+        try:
+            segments, end = _scan_once(value, 0)
+        except (StopIteration, ValueError):
+            segments, end = None, -1
+        if end == len(value) and type(segments) is list:
+            text = RESPONSE_SEGMENT_SEPARATOR.join(segments)  # a TypeError for anything but strings, as ever
+            if text.isascii() or _json._encodable(text):
+                # a list of plain strings: its text is the very JSON json.dumps would give it
+                return text, value
+    segments = _json.loads(value)
+    return RESPONSE_SEGMENT_SEPARATOR.join(segments), _json.dumps(segments)
+
+
+def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
+    get = d.get
+    correlation_id = get(a.TURN_ID)
+    if not correlation_id:
+        correlation_id = None  # the span id, in SQL
+    elif type(correlation_id) is not str:
+        correlation_id = str(correlation_id)
+    session = get(a.CONVERSATION_ID) or "%032x" % tid
+    response, segments = _segments(get(a.SEGMENTS))
+    thinking = get(a.THINKING) or ""
+    reason = get(a.LOOP_END_REASON) or None
+    return (
+        trace,
+        sid.to_bytes(8, "big"),
+        correlation_id,
+        session if type(session) is str else str(session),
+        get(a.AGENT_NAME),
+        get(a.PARENT_TURN_ID),
+        response,
+        segments,
+        int(get(a.TOOL_CALLS_COUNT) or 0),
+        int(get(a.ROUND_COUNT) or 0),
+        # the usage values as they are: Arrow takes ints (and floats, truncated as int()
+        # does); anything else fails the chunk's conversion and _clean reads it as
+        # semconv.usage_from_attributes does
+        get(a.USAGE_INPUT),
+        get(a.USAGE_OUTPUT),
+        get(a.USAGE_CACHE_READ),
+        get(a.USAGE_CACHE_CREATION),
+        get(a.USAGE_REASONING),
+        None,  # usage: made in SQL
+        thinking if type(thinking) is str else str(thinking),
+        reason,
+        round((end - start) / 1e6, 3),
+        bool(get(a.STREAMING)),
+        end // 1000,
+        _declared_text(get(a.DECLARED_TOOLS) or "[]"),
+        get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),
+        get(a.PROVIDER),
+        _error_text(span, reason, get(a.ERROR_TYPE)) if reason == "error" else None,
+    )
+
+
+assert tuple(a.USAGE_ATTRIBUTES.values()) == (
+    a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ, a.USAGE_CACHE_CREATION, a.USAGE_REASONING
+), "_turn_fact reads the usage attributes in this order"
+
+
+def _usage_value(value: Any) -> int | None:
+    """A usage attribute as :func:`semconv.usage_from_attributes` reads it."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _error_text(span: Any, reason: Any, kind: Any) -> str | None:
+    description = getattr(span.status, "description", None)
+    return f"{kind}: {description}" if kind and description else (kind or description)
+
+
+# -- the plain Python mapping, for what the SQL does not cover ----------------------------------
 
 def _json_text(value: Any) -> str:
     """Attribute text that should hold JSON; anything else is kept as a JSON string."""
-    global _last_valid_json
     if isinstance(value, str):
-        if value is _last_valid_json:
-            return value
         try:
             valid = _scan_once(value, 0)[1] == len(value)
         except (StopIteration, ValueError):
@@ -103,7 +605,6 @@ def _json_text(value: Any) -> str:
                 json.loads(value)
             except ValueError:
                 return _json.dumps(value)
-        _last_valid_json = value
         return value
     return _json.dumps(value)
 
@@ -114,11 +615,16 @@ _valid_declared: dict[str, None] = {}
 
 
 def _declared_text(value: Any) -> str:
-    """:func:`_json_text` for a turn's declared tools, remembering the texts found valid."""
+    """:func:`_json_text` for a turn's declared tools, remembering the texts found valid.
+
+    JSON whose strings hold escaped lone surrogates is valid to Python but not to DuckDB
+    (no JSON column could hold it): it is kept as a JSON string instead."""
     if type(value) is str and value in _valid_declared:
         return value
     text = _json_text(value)
     if text is value:  # valid JSON as it was
+        if "\\u" in text and not _json._encodable(json.dumps(json.loads(text), ensure_ascii=False)):
+            return _json.dumps(text)
         if len(_valid_declared) >= 64:
             _valid_declared.clear()
         _valid_declared[text] = None
@@ -130,25 +636,6 @@ def _number(value: Any) -> str:
     if type(value) is float and value - value == 0.0:  # finite: inf - inf and nan - nan are nan
         return repr(value)
     return _json.dumps(value)
-
-
-def _event(span: Any, attrs: dict[str, Any], kind: str, suffix: str, created_ns: int, content: str, blocked: bool = False) -> EventRow:
-    trace_id, span_id = _ids(span)
-    get = attrs.get
-    return EventRow(  # positional, in field order: a NamedTuple is built faster so, and this runs per row
-        f"{trace_id}{span_id}{suffix}",  # id
-        str(get(a.CONVERSATION_ID) or trace_id),  # session_id
-        kind,  # type
-        created_ns // 1000,  # created_us
-        get(a.TURN_ID),  # correlation_id
-        get(a.AGENT_NAME),  # source_channel_id
-        get(a.PROVIDER),  # source_provider
-        get(a.FRAMEWORK),  # source_framework
-        "blocked" if blocked else "delivered",  # status
-        content,
-        trace_id,
-        span_id,
-    )
 
 
 _MISSING: Any = object()
@@ -187,82 +674,5 @@ def _tool_content(attrs: dict[str, Any], ended: bool, duration_ms: float | None 
     ))
 
 
-def _text_content(body: str, role: str) -> str:
+def _text_content(body: Any, role: str) -> str:
     return '{"type":"text","body":' + _json.dumps(body) + ',"role":' + _json.dumps(role) + "}"
-
-
-def rows_on_start(span: Any) -> list[EventRow]:
-    """Rows a span yields as it starts: a tool call's start, a turn's input message."""
-    attrs = _plain(span.attributes)
-    op = attrs.get(a.OPERATION)
-    if op == a.OP_EXECUTE_TOOL:
-        return [_event(span, attrs, "tool_call_start", "s", span.start_time, _tool_content(attrs, False))]
-    if op == a.OP_INVOKE_AGENT and a.TURN_INPUT in attrs:
-        body = attrs[a.TURN_INPUT]
-        return [
-            _event(
-                span, attrs, "message", "i", span.start_time,
-                _text_content(body if isinstance(body, str) else _json.dumps(body), "user"),
-                bool(attrs.get(a.TURN_INPUT_BLOCKED)),
-            )
-        ]
-    return []
-
-
-def rows_on_end(span: Any) -> tuple[list[EventRow], TurnRow | None]:
-    """Rows a span yields as it ends: a tool call's end, a round's text, a turn summary."""
-    attrs = _plain(span.attributes)
-    op = attrs.get(a.OPERATION)
-    if op == a.OP_EXECUTE_TOOL:
-        end = span.end_time
-        duration = (end - span.start_time) / 1e6
-        return [_event(span, attrs, "tool_call_end", "e", end, _tool_content(attrs, True, round(duration, 3)))], None
-    if op == a.OP_CHAT:
-        text = attrs.get(a.ROUND_TEXT)
-        if text:
-            return [_event(span, attrs, "message", "m", span.end_time, _text_content(text, "assistant"), bool(attrs.get(a.ROUND_BLOCKED)))], None
-        return [], None
-    if op == a.OP_INVOKE_AGENT:
-        return [], _turn_row(span, attrs)
-    return [], None
-
-
-def _turn_row(span: Any, attrs: dict[str, Any]) -> TurnRow:
-    trace_id, span_id = _ids(span)
-    get = attrs.get
-    usage = a.usage_from_attributes(attrs)
-    segments = get(a.SEGMENTS)
-    segment_list = _json.loads(segments) if segments else []
-    end = span.end_time
-    return TurnRow(  # positional, in field order, as for events
-        str(get(a.TURN_ID) or span_id),  # correlation_id
-        str(get(a.CONVERSATION_ID) or trace_id),  # session_id
-        get(a.AGENT_NAME),  # channel_id
-        get(a.PARENT_TURN_ID),  # parent_correlation_id
-        RESPONSE_SEGMENT_SEPARATOR.join(segment_list),  # response_content
-        _json.dumps(segment_list),  # segments
-        int(get(a.TOOL_CALLS_COUNT) or 0),  # tool_calls_count
-        int(get(a.ROUND_COUNT) or 0),  # round_count
-        _json.dumps(usage),  # usage
-        usage.get("input_tokens"),  # input_tokens
-        usage.get("output_tokens"),  # output_tokens
-        str(get(a.THINKING) or ""),  # thinking
-        get(a.LOOP_END_REASON) or None,  # loop_end_reason
-        round((end - span.start_time) / 1e6, 3),  # latency_ms
-        bool(get(a.STREAMING)),  # streaming
-        end // 1000,  # timestamp_us
-        _declared_text(get(a.DECLARED_TOOLS) or "[]"),  # declared_tools
-        get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),  # model
-        get(a.PROVIDER),  # provider
-        _error_text(span, attrs),  # error
-        trace_id,
-        span_id,
-    )
-
-
-def _error_text(span: Any, attrs: Any) -> str | None:
-    if attrs.get(a.LOOP_END_REASON) != "error":
-        return None
-    description = getattr(span.status, "description", None)
-    kind = attrs.get(a.ERROR_TYPE)
-    return f"{kind}: {description}" if kind and description else (kind or description)

@@ -3,15 +3,33 @@
 Each migration is a list of statements applied in one transaction; the version reached
 is kept in ``loopscope_meta``. A file written by a newer loopscope is refused, not
 altered.
+
+Migration 2 creates the analytics views. Their SQL lives in
+:mod:`loopscope.dashboards.views` (one source for the views of every file); the
+migration reads it when it runs. A later change to a view is a new migration that
+creates the views again (``CREATE OR REPLACE``), so every file gets it.
+
+Migration 3 adds the ``spans`` table, where ``loopscope collect`` keeps every span it
+receives as it came.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import duckdb
 
 from .errors import StoreError
 
-MIGRATIONS: list[list[str]] = [
+
+def _views() -> list[str]:
+    # imported when a migration runs: the dashboards package never loads with the storage
+    from ..dashboards.views import create_statements
+
+    return create_statements()
+
+
+MIGRATIONS: list[list[str] | Callable[[], list[str]]] = [
     # 1: the activity log, the turn summaries, and per-session counters
     [
         """CREATE TABLE IF NOT EXISTS loopscope_meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
@@ -61,15 +79,47 @@ MIGRATIONS: list[list[str]] = [
             last_at TIMESTAMPTZ
         )""",
     ],
+    # 2: the analytics views: tool_calls, turn_summaries, tool_stats, loop_end_reasons,
+    # declared_vs_used, token_usage, slowest_turns
+    _views,
+    # 3: every span a collector received, raw (``loopscope collect``): what the events and
+    # turns do not say stays queryable. Ids are hex; attributes, resource, events and links
+    # are JSON; ``role`` / ``framework`` say how the span was understood.
+    [
+        """CREATE TABLE spans (
+            trace_id VARCHAR NOT NULL,
+            span_id VARCHAR NOT NULL,
+            parent_span_id VARCHAR,
+            name VARCHAR,
+            kind VARCHAR,
+            start_time TIMESTAMPTZ,
+            end_time TIMESTAMPTZ,
+            duration_ms DOUBLE,
+            status_code VARCHAR,
+            status_message VARCHAR,
+            attributes JSON,
+            resource JSON,
+            events JSON,
+            links JSON,
+            scope_name VARCHAR,
+            scope_version VARCHAR,
+            service_name VARCHAR,
+            role VARCHAR,
+            framework VARCHAR,
+            received_at TIMESTAMPTZ
+        )""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The version of the schema in an open file; 0 for a file loopscope never wrote."""
+    """The version of the schema in an open file (the connection's default database); 0 for
+    a file loopscope never wrote."""
     exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'loopscope_meta' AND table_schema = 'main'"
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND table_name = 'loopscope_meta'"
     ).fetchone()
     if not exists or not exists[0]:
         return 0
@@ -83,9 +133,11 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     if found > SCHEMA_VERSION:
         raise StoreError(f"this store was written by a newer loopscope (schema {found}, this one knows {SCHEMA_VERSION}); upgrade loopscope to use it")
     for version in range(found, SCHEMA_VERSION):
+        step = MIGRATIONS[version]
+        statements = step() if callable(step) else step
         con.execute("BEGIN TRANSACTION")
         try:
-            for statement in MIGRATIONS[version]:
+            for statement in statements:
                 con.execute(statement)
             con.execute("INSERT OR REPLACE INTO loopscope_meta VALUES ('schema_version', ?)", [str(version + 1)])
             con.execute("COMMIT")
@@ -97,8 +149,32 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 def check_readable(con: duckdb.DuckDBPyConnection) -> None:
     """Refuse to read a file that is not a loopscope store, or one from a newer loopscope."""
-    found = schema_version(con)
+    try:  # one query in the common case (every read runs this)
+        row = con.execute("SELECT value FROM main.loopscope_meta WHERE key = 'schema_version'").fetchone()
+        found = int(row[0]) if row else 0
+    except duckdb.CatalogException:
+        found = 0
     if found == 0:
         raise StoreError("this file holds no loopscope data yet (no events were written to it)")
     if found > SCHEMA_VERSION:
         raise StoreError(f"this store was written by a newer loopscope (schema {found}); upgrade loopscope to read it")
+
+
+def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """``CREATE TEMP VIEW`` statements for the views an older file lacks.
+
+    A file from an older loopscope (read-only, so not migrated) still answers queries on
+    the views when the reading connection runs these first: they live in the
+    connection's temporary catalog and read the file's tables.
+    """
+    if schema_version(con) >= SCHEMA_VERSION:
+        return []
+    from ..dashboards.views import VIEWS
+
+    present = {
+        r[0]
+        for r in con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE database_name = current_database() AND schema_name = 'main'"
+        ).fetchall()
+    }
+    return [f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}" for name, sql in VIEWS.items() if name not in present]

@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import duckdb
+
 from .. import pipeline
 from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, SessionInfo, TextContent, ToolCallContent
 from .connection import open_store, resolve
 from .policy import RECEIVED, EventFilter
-from .schema import check_readable
+from .schema import SCHEMA_VERSION, check_readable, missing_views
 
 _EVENT_COLUMNS = (
     "id, session_id, idx, type, created_at, correlation_id, source_channel_id, source_provider, "
@@ -29,6 +31,13 @@ _TURN_COLUMNS = (
     "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
     "provider, error, trace_id, span_id"
 )
+
+
+_SPAN_SQL = """
+    SELECT m.value, s.first_at, s.last_at
+    FROM (SELECT value FROM main.loopscope_meta WHERE key = 'schema_version') m
+    LEFT JOIN (SELECT first_at, last_at FROM main.sessions WHERE session_id = ?) s ON true
+"""
 
 
 def _content(text: str | None) -> Any:
@@ -77,10 +86,13 @@ class Store:
         self.path = resolve(path or _configured_path() or pipeline.default_db_path())
         self.lock_timeout = lock_timeout
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _flush_own(self) -> None:
         active = pipeline._active
         if active is not None and active.db_path == self.path and active.writer is not None:
             active.writer.flush()
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._flush_own()
         with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
             check_readable(con)
             return con.execute(sql, list(params)).fetchall()
@@ -124,15 +136,43 @@ class Store:
             offset, descending = 0, True
         elif newest_first:
             descending = True
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY idx {'DESC' if descending else 'ASC'}"
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}{{span}} ORDER BY idx {'DESC' if descending else 'ASC'}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         if offset:
             sql += f" OFFSET {int(offset)}"
-        rows = self._query(sql, params)
+        rows = self._session_query(session_id, sql, params)
         if descending:
             rows.reverse()
         return [_event(r) for r in rows]
+
+    def _session_query(self, session_id: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        """Run an events query of one session with the session's time span added where
+        ``sql`` says ``{span}`` (at the end of its WHERE clause, after every parameter), so
+        that DuckDB skips the row groups outside it.
+
+        The ``sessions`` row holds the first and last ``created_at`` of the session's events
+        (the writer keeps them in the same transaction as the rows), so the bound drops
+        nothing. Rows are appended in about the order of their times, so a session that
+        lasted an hour is read from the one or two row groups of that hour instead of
+        comparing every session id in the file.
+        """
+        self._flush_own()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+            # the schema check and the session's span in one statement (a page is a few ms)
+            try:
+                row = con.execute(_SPAN_SQL, [session_id]).fetchone()
+            except duckdb.CatalogException:
+                row = None
+            if row is None or not str(row[0]).isdigit() or int(row[0]) > SCHEMA_VERSION:
+                check_readable(con)  # raises what is wrong with the file
+            span = row[1:] if row is not None else None
+            if span is not None and span[0] is not None and span[1] is not None:
+                sql = sql.replace("{span}", " AND created_at BETWEEN ? AND ?")
+                params = [*params, span[0], span[1]]
+            else:
+                sql = sql.replace("{span}", "")
+            return con.execute(sql, params).fetchall()
 
     def get_timeline(
         self,
@@ -173,8 +213,27 @@ class Store:
             clauses, params = event_filter.where()
             clauses.insert(0, "session_id = ?")
             params.insert(0, session_id)
-        rows = self._query(f"SELECT count(*) FROM events WHERE {' AND '.join(clauses)}", params)
+        rows = self._session_query(session_id, f"SELECT count(*) FROM events WHERE {' AND '.join(clauses)}{{span}}", params)
         return int(rows[0][0])
+
+    def list_recent_events(self, limit: int = 10, *, event_filter: EventFilter | None = None) -> list[ActivityEvent]:
+        """The newest ``limit`` events of all sessions together, oldest first (by time,
+        then session and index)."""
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+        clauses, params = (event_filter or RECEIVED).where()
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._query(
+            f"SELECT {_EVENT_COLUMNS} FROM events {where} ORDER BY created_at DESC, session_id DESC, idx DESC LIMIT {int(limit)}",
+            params,
+        )
+        rows.reverse()
+        return [_event(r) for r in rows]
+
+    def last_indices(self) -> dict[str, int]:
+        """Each session's highest event index so far: where a reader that wants only newer
+        events (``after_index``) takes up."""
+        return dict(self._query("SELECT session_id, last_index FROM sessions"))
 
     # -- turns and sessions --------------------------------------------------------------
 
@@ -212,29 +271,40 @@ class Store:
             rows.reverse()
         return [_turn(r) for r in rows]
 
-    def list_sessions(self, limit: int | None = None) -> list[SessionInfo]:
-        """Sessions, most recently active first."""
-        sql = """
+    def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
+        """Sessions, most recently active first. ``search`` keeps the sessions whose id,
+        or the name of one of their agents or models, contains it (any case)."""
+        matched, where, params = "", "", []
+        if search:
+            matched = ", bool_or(contains(lower(channel_id), lower(?)) OR contains(lower(model), lower(?))) AS matched"
+            where = "WHERE contains(lower(s.session_id), lower(?)) OR coalesce(t.matched, false)"
+            params = [search, search, search]
+        sql = f"""
             SELECT s.session_id, s.last_index, coalesce(t.turns, 0), s.first_at, s.last_at, coalesce(t.agents, [])
             FROM sessions s
             LEFT JOIN (
-                SELECT session_id, count(*) AS turns, list_sort(list_distinct(list(channel_id))) AS agents
+                SELECT session_id, count(*) AS turns, list_sort(list_distinct(list(channel_id))) AS agents{matched}
                 FROM turns GROUP BY session_id
             ) t USING (session_id)
+            {where}
             ORDER BY s.last_at DESC, s.session_id"""
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [
             SessionInfo(session_id=r[0], event_count=r[1], turn_count=r[2], first_at=r[3], last_at=r[4], agents=[x for x in r[5] if x])
-            for r in self._query(sql)
+            for r in self._query(sql, params)
         ]
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run read-only SQL on the store: column names and rows."""
-        active = pipeline._active
-        if active is not None and active.db_path == self.path and active.writer is not None:
-            active.writer.flush()
-        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+        """Run read-only SQL on the store: column names and rows.
+
+        The views (``tool_calls``, ``tool_stats``, ...) work on files from older
+        loopscope versions too: the connection defines the ones such a file lacks.
+        """
+        self._flush_own()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, isolated=True) as con:
+            for statement in missing_views(con):
+                con.execute(statement)
             cursor = con.execute(query, list(params))
             names = [d[0] for d in cursor.description] if cursor.description else []
             return names, cursor.fetchall()
@@ -268,11 +338,17 @@ class AsyncStore:
     async def get_event_count(self, session_id: str, event_filter: EventFilter | None = None) -> int:
         return await asyncio.to_thread(self.sync.get_event_count, session_id, event_filter)
 
+    async def list_recent_events(self, limit: int = 10, **kwargs: Any) -> list[ActivityEvent]:
+        return await asyncio.to_thread(self.sync.list_recent_events, limit, **kwargs)
+
+    async def last_indices(self) -> dict[str, int]:
+        return await asyncio.to_thread(self.sync.last_indices)
+
     async def list_turns(self, session_id: str | None = None, limit: int | None = 50, **kwargs: Any) -> list[AIResponseEvent]:
         return await asyncio.to_thread(self.sync.list_turns, session_id, limit, **kwargs)
 
-    async def list_sessions(self, limit: int | None = None) -> list[SessionInfo]:
-        return await asyncio.to_thread(self.sync.list_sessions, limit)
+    async def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
+        return await asyncio.to_thread(self.sync.list_sessions, limit, search=search)
 
     async def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         return await asyncio.to_thread(self.sync.sql, query, params)

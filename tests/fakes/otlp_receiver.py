@@ -34,6 +34,8 @@ class ReceivedSpan:
 class OTLPReceiver:
     port: int = 0
     spans: list[ReceivedSpan] = field(default_factory=list)
+    # loopscope's pending copies of started spans (loopscope.pending_for), kept apart
+    pending: list[ReceivedSpan] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     status: int = 200
@@ -75,12 +77,11 @@ def start() -> tuple[OTLPReceiver, http.server.ThreadingHTTPServer]:
                     resource = {a.key: _value(a.value) for a in rs.resource.attributes}
                     for ss in rs.scope_spans:
                         for s in ss.spans:
-                            receiver.spans.append(
-                                ReceivedSpan(
-                                    s.name, {a.key: _value(a.value) for a in s.attributes}, resource,
-                                    s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
-                                )
+                            span = ReceivedSpan(
+                                s.name, {a.key: _value(a.value) for a in s.attributes}, resource,
+                                s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                             )
+                            (receiver.pending if "loopscope.pending_for" in span.attributes else receiver.spans).append(span)
             elif self.path.endswith("/v1/metrics"):
                 request = ExportMetricsServiceRequest()
                 request.ParseFromString(body)

@@ -1,0 +1,289 @@
+"""Reads of a big store: a timeline page, the tool_stats view and the dashboard's first page,
+each against a plain DuckDB scan of the same data.
+
+The store: 10 million events across 20 000 sessions (500 events each: 50 turns of a user
+message, three text segments and three tool calls), 1 million turn summaries, written in
+time order with the sessions interleaved, as a writer appends them (see
+``_gen_views_data.py``; generated with SQL in about two minutes, then cached under
+``benchmarks/.data/`` and reused).
+
+Timed, as medians, the variants of one measurement interleaved so that they share the
+machine's noise:
+
+* **timeline page** -- ``Store.list_events(session, limit=50, newest_first=True)`` for
+  random sessions: what a reader in another process pays, the file's attach and detach
+  included. Against: the plain query ``SELECT * FROM events WHERE session_id = ? ORDER BY
+  idx DESC LIMIT 50`` on a connection kept open (the baseline); and, timed apart, the same
+  query starting a DuckDB database of its own each time (how ``Store`` read before).
+* **tool_stats** -- ``SELECT * FROM tool_stats`` on an open connection (DuckDB's buffers
+  warm, as the baseline's), and through ``Store.sql`` (a database of its own per call, so
+  the file's blocks are read and decompressed again each time). Against: a GROUP BY over the raw ``events`` table computing the same
+  per-tool numbers from the tool end rows' JSON. For reference, the same statistics over
+  the tool fields stored as plain columns (a side table made once in the cached file):
+  what the view would cost if the writer stored them as columns.
+* **dashboard first page** -- ``loopscope.dashboards.web.api.overview(store)`` when that
+  module is importable. Against: the same totals, loop end reasons and recent sessions
+  scanned from the raw event log on an open connection.
+
+Goals: timeline page under 10 ms, tool_stats under 1 s, the dashboard's first page under 1 s.
+
+    .venv/bin/python benchmarks/bench_views.py [--sessions N] [--pages N] [--repeats R] [--regenerate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loopscope  # noqa: E402
+from _gen_views_data import EVENTS_PER_TURN, TURNS_PER_SESSION, generate  # noqa: E402
+from loopscope.dashboards.views import create_statements  # noqa: E402
+from loopscope.storage.schema import SCHEMA_VERSION, migrate, schema_version  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / ".data"
+TIMELINE_GOAL_MS = 10.0
+TOOL_STATS_GOAL_S = 1.0
+DASHBOARD_GOAL_S = 1.0
+
+PLAIN_PAGE = "SELECT * FROM events WHERE session_id = ? ORDER BY idx DESC LIMIT 50"
+PLAIN_TOOL_STATS = """
+SELECT tool, count(*) AS finished,
+    count(*) FILTER (WHERE outcome = 'served') AS served,
+    count(*) FILTER (WHERE outcome = 'failed') AS failed,
+    count(*) FILTER (WHERE outcome = 'refused') AS refused,
+    count(*) FILTER (WHERE outcome = 'blocked') AS blocked,
+    count(*) FILTER (WHERE outcome = 'unserved') AS unserved,
+    count(*) FILTER (WHERE outcome = 'cancelled') AS cancelled,
+    avg(duration_ms) AS avg_ms, quantile_cont(duration_ms, [0.5, 0.95, 0.99]) AS q, max(duration_ms) AS max_ms,
+    max(created_at) AS last_seen
+FROM (
+    SELECT content->>'$.tool_name' AS tool, content->>'$.outcome' AS outcome,
+        TRY_CAST(content->>'$.duration_ms' AS DOUBLE) AS duration_ms, created_at
+    FROM events WHERE type = 'tool_call_end'
+)
+GROUP BY tool
+"""
+COLUMNS_TOOL_STATS = """
+SELECT tool_name AS tool,
+    count(*) FILTER (WHERE type = 'tool_call_start') AS started,
+    count(*) FILTER (WHERE type = 'tool_call_end') AS finished,
+    count(*) FILTER (WHERE outcome = 'served') AS served,
+    count(*) FILTER (WHERE outcome = 'failed') AS failed,
+    count(*) FILTER (WHERE outcome = 'refused') AS refused,
+    count(*) FILTER (WHERE outcome = 'blocked') AS blocked,
+    count(*) FILTER (WHERE outcome = 'unserved') AS unserved,
+    count(*) FILTER (WHERE outcome = 'cancelled') AS cancelled,
+    avg(duration_ms) AS avg_ms, quantile_cont(duration_ms, [0.5, 0.95, 0.99]) AS q, max(duration_ms) AS max_ms,
+    count(DISTINCT agent) AS agents, min(created_at) AS first_seen, max(created_at) AS last_seen
+FROM bench_tool_columns
+GROUP BY tool_name
+"""
+PLAIN_OVERVIEW = [
+    "SELECT count(DISTINCT session_id) AS sessions, count(*) AS events, max(created_at) AS last_at FROM events",
+    """SELECT count(*) AS turns, sum(tool_calls_count), sum(input_tokens), sum(output_tokens),
+              quantile_cont(latency_ms, 0.5), quantile_cont(latency_ms, 0.95) FROM turns""",
+    "SELECT coalesce(loop_end_reason, 'unknown') AS reason, count(*) FROM turns GROUP BY 1 ORDER BY 2 DESC",
+    """SELECT session_id, count(*) AS events, min(created_at), max(created_at) AS last_at FROM events
+       GROUP BY session_id ORDER BY last_at DESC LIMIT 50""",
+]
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """Wall and CPU seconds of one call (CPU of every thread of the process)."""
+    c0, t0 = cpu(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, cpu() - c0
+
+
+def prepare(sessions: int, regenerate: bool) -> Path:
+    """The cached store, generated first if missing (or asked to), brought up to date."""
+    DATA.mkdir(exist_ok=True)
+    path = DATA / f"views-{sessions}.duckdb"
+    if regenerate and path.exists():
+        path.unlink()
+    if not path.exists():
+        print(f"Generating {sessions * TURNS_PER_SESSION * EVENTS_PER_TURN:,} events in {path} (once; reused later) ...")
+        partial = path.with_suffix(".partial")
+        for leftover in (partial, Path(f"{partial}.wal")):
+            if leftover.exists():
+                leftover.unlink()
+        generate(str(partial), sessions, log=lambda line: print(line, flush=True))
+        partial.rename(path)
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("SET enable_progress_bar = false")
+        if schema_version(con) < SCHEMA_VERSION:
+            migrate(con)
+        for statement in create_statements():  # the views as this checkout defines them
+            con.execute(statement)
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        if "bench_tool_columns" not in tables:
+            print("Making the side table of tool fields as columns (once) ...", flush=True)
+            con.execute(
+                """CREATE TABLE bench_tool_columns AS
+                SELECT session_id, type, created_at, source_channel_id AS agent,
+                    content->>'$.tool_name' AS tool_name, content->>'$.outcome' AS outcome,
+                    TRY_CAST(content->>'$.duration_ms' AS DOUBLE) AS duration_ms
+                FROM events WHERE type IN ('tool_call_start', 'tool_call_end')"""
+            )
+        events = con.execute("SELECT count(*) FROM events").fetchone()[0]
+        n_sessions = con.execute("SELECT count(*) FROM sessions").fetchone()[0]
+    finally:
+        con.close()
+    print(f"Store: {path} ({os.path.getsize(path) / 1e9:.2f} GB, {events:,} events, {n_sessions:,} sessions)")
+    return path
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.2f} ms"
+
+
+def report(title: str, rows: list[tuple[str, list[tuple[float, float]]]], base: str) -> dict[str, float]:
+    """Print medians (wall and CPU), ratio to the baseline; returns the wall medians."""
+    medians = {name: statistics.median(w for w, _ in samples) for name, samples in rows}
+    print(f"\n{title}")
+    print(f"  {'variant':<56} {'median wall':>14} {'median cpu':>14} {'vs baseline':>12}")
+    for name, samples in rows:
+        wall = medians[name]
+        cpu_time = statistics.median(c for _, c in samples)
+        ratio = f"{wall / medians[base]:.2f}x" if medians[base] else ""
+        print(f"  {name:<56} {fmt_ms(wall):>14} {fmt_ms(cpu_time):>14} {ratio:>12}")
+    return medians
+
+
+def bench_timeline(path: Path, pages: int) -> dict[str, float]:
+    con = duckdb.connect(str(path), read_only=True)
+    sessions = [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
+    con.execute("SET enable_progress_bar = false")
+    rng = random.Random(7)
+    picks = [rng.choice(sessions) for _ in range(pages)]
+    store = loopscope.Store(str(path))
+    variants: dict[str, Callable[[str], Any]] = {
+        "Store.list_events (attach, query, detach)": lambda s: store.list_events(s, limit=50, newest_first=True),
+        "baseline: plain query, connection kept open": lambda s: con.execute(PLAIN_PAGE, [s]).fetchall(),
+    }
+    for s in picks[:5]:  # warm the OS page cache and DuckDB
+        for fn in variants.values():
+            fn(s)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    order = list(variants)
+    for i, s in enumerate(picks):
+        for name in order[i % len(order):] + order[: i % len(order)]:
+            samples[name].append(timed(lambda fn=variants[name]: fn(s)))
+    events = store.list_events(picks[0], limit=50, newest_first=True)
+    assert len(events) == 50 and events[-1].index == TURNS_PER_SESSION * EVENTS_PER_TURN
+    con.close()
+    # how Store read before: a DuckDB database of its own per query. Timed apart, once no
+    # connection to the file is open (duckdb.connect would reuse an open one's database)
+    old = "(ref) plain query, own DuckDB per query (Store before)"
+    samples[old] = [timed(lambda s=s: _connect_and_query(path, s)) for s in picks[: max(20, pages // 3)]]
+    return report(f"Timeline page: the newest 50 events of a session ({pages} random sessions)",
+                  list(samples.items()), "baseline: plain query, connection kept open")
+
+
+def _connect_and_query(path: Path, session: str) -> Any:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(PLAIN_PAGE, [session]).fetchall()
+    finally:
+        con.close()
+
+
+def bench_tool_stats(path: Path, repeats: int) -> dict[str, float]:
+    con = duckdb.connect(str(path), read_only=True)
+    con.execute("SET enable_progress_bar = false")
+    store = loopscope.Store(str(path))
+    variants: dict[str, Callable[[], Any]] = {
+        "tool_stats view, open connection": lambda: con.execute("SELECT * FROM tool_stats").fetchall(),
+        "tool_stats view via Store.sql": lambda: store.sql("SELECT * FROM tool_stats"),
+        "baseline: GROUP BY over raw events (JSON)": lambda: con.execute(PLAIN_TOOL_STATS).fetchall(),
+        "(ref) the same stats over tool fields as columns": lambda: con.execute(COLUMNS_TOOL_STATS).fetchall(),
+    }
+    view = {r[0]: r for r in con.execute("SELECT tool, finished, served, p95_ms FROM tool_stats").fetchall()}
+    plain = {r[0]: r for r in con.execute(PLAIN_TOOL_STATS).fetchall()}
+    assert {t: (v[1], v[2]) for t, v in view.items()} == {t: (p[1], p[2]) for t, p in plain.items()}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    order = list(variants)
+    for i in range(repeats):
+        for name in order[i % len(order):] + order[: i % len(order)]:
+            samples[name].append(timed(variants[name]))
+    con.close()
+    return report(f"tool_stats: per tool calls, outcomes, p50/p95/p99 over {sum(v[1] for v in view.values()):,} finished calls"
+                  f" ({repeats} repeats)", list(samples.items()), "baseline: GROUP BY over raw events (JSON)")
+
+
+def bench_dashboard(path: Path, repeats: int) -> dict[str, float] | None:
+    try:
+        from loopscope.dashboards.web import api
+    except ImportError as exc:
+        print(f"\nDashboard first page: skipped (loopscope.dashboards.web.api is not importable: {exc})")
+        return None
+    overview = getattr(api, "overview", None)
+    if overview is None:
+        print("\nDashboard first page: skipped (loopscope.dashboards.web.api has no overview())")
+        return None
+    con = duckdb.connect(str(path), read_only=True)
+    con.execute("SET enable_progress_bar = false")
+    store = loopscope.Store(str(path))
+    variants: dict[str, Callable[[], Any]] = {
+        "api.overview(store) (attach, queries, detach)": lambda: overview(store),
+        "baseline: the same figures scanned from events": lambda: [con.execute(q).fetchall() for q in PLAIN_OVERVIEW],
+    }
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    order = list(variants)
+    for i in range(repeats):
+        for name in order[i % len(order):] + order[: i % len(order)]:
+            samples[name].append(timed(variants[name]))
+    con.close()
+    return report(f"Dashboard first page ({repeats} repeats)", list(samples.items()),
+                  "baseline: the same figures scanned from events")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=20_000, help="sessions in the generated store (500 events each)")
+    parser.add_argument("--pages", type=int, default=300, help="timeline pages timed per variant")
+    parser.add_argument("--repeats", type=int, default=7, help="repeats of tool_stats and the dashboard page")
+    parser.add_argument("--regenerate", action="store_true", help="generate the store again even if cached")
+    args = parser.parse_args()
+    path = prepare(args.sessions, args.regenerate)
+    print(f"Python {sys.version.split()[0]}, DuckDB {duckdb.__version__}, {os.cpu_count()} cores; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    t0 = time.perf_counter()
+    timeline = bench_timeline(path, args.pages)
+    tool_stats = bench_tool_stats(path, args.repeats)
+    dashboard = bench_dashboard(path, args.repeats)
+    print(f"\nGoals ({time.perf_counter() - t0:.0f} s of measuring; load average now {os.getloadavg()[0]:.1f}):")
+    page = timeline["Store.list_events (attach, query, detach)"]
+    print(f"  timeline page   {fmt_ms(page):>12}  goal < {TIMELINE_GOAL_MS:g} ms: {'met' if page * 1000 < TIMELINE_GOAL_MS else 'NOT met'}")
+    for name in ("tool_stats view, open connection", "tool_stats view via Store.sql"):
+        stats = tool_stats[name]
+        label = "tool_stats" if name.endswith("connection") else "  via Store.sql"
+        print(f"  {label:<15} {fmt_ms(stats):>12}  goal < {TOOL_STATS_GOAL_S:g} s: {'met' if stats < TOOL_STATS_GOAL_S else 'NOT met'}")
+    if dashboard is not None:
+        first = dashboard["api.overview(store) (attach, queries, detach)"]
+        print(f"  dashboard page  {fmt_ms(first):>12}  goal < {DASHBOARD_GOAL_S:g} s: {'met' if first < DASHBOARD_GOAL_S else 'NOT met'}")
+    else:
+        print("  dashboard page  skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

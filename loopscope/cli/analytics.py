@@ -1,0 +1,300 @@
+"""``loopscope stats`` and ``loopscope tools``: the store's analytics views as terminal tables."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from typing import Any
+
+from .._json import to_jsonable
+from ..dashboards import tables
+from ..dashboards.tables import Column
+from ..dashboards.views import OUTCOMES
+from ..storage.store import Store
+from . import _args
+from .commands import ellipsis, emit, emit_json, open_store
+
+# -- registration ------------------------------------------------------------------------------
+
+
+def register_stats(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    stats = sub.add_parser(
+        "stats",
+        parents=[common],
+        help="totals: sessions, turns, events, tool calls and their failure share, loop end reasons, tokens",
+        description="An overview of the store: how many sessions, turns, events and tool calls it holds, "
+        "how the finished tool calls went (served, failed, refused, ...), why turns ended, and the tokens "
+        "spent per model. Reads the views tool_stats, turn_summaries and loop_end_reasons.",
+    )
+    _args.add_json(stats, "the overview")
+    stats.set_defaults(handler=stats_command)
+
+
+def register_tools(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    tools = sub.add_parser(
+        "tools",
+        parents=[common],
+        help="per tool: calls, running, outcomes, failure share, p50/p95/p99 duration (--declared: offered vs used)",
+        description="One line per tool from the tool_stats view: calls, calls still running, the outcomes of "
+        "the finished ones, the share that did not succeed, duration percentiles and when it was last seen. "
+        "With --declared, the declared_vs_used view instead: per agent, each tool its turns offered the "
+        "model, in how many turns, and how often it was called (tools offered but never called make every "
+        "prompt longer).",
+    )
+    tools.add_argument(
+        "--sort",
+        choices=("calls", "failures", "p95", "name"),
+        default="calls",
+        help="order of the lines (default: calls, most first; failures: highest failure share first)",
+    )
+    tools.add_argument("--declared", action="store_true", help="per agent: tools declared in its turns vs tools called")
+    tools.add_argument("--agent", metavar="NAME", help="with --declared: only this agent")
+    tools.add_argument("--limit", type=_args.non_negative_int, default=0, metavar="N", help="at most N lines (default: 0 = all)")
+    _args.add_json(tools, "the rows")
+    tools.set_defaults(handler=tools_command)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _records(store: Store, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    names, rows = store.sql(sql, params or [])
+    return [dict(zip(names, row)) for row in rows]
+
+
+def _jsonable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: to_jsonable(v) for k, v in r.items()} for r in records]
+
+
+def count(value: Any) -> str:
+    return "" if value is None else f"{int(value):,}"
+
+
+def share(value: Any) -> str:
+    return "" if value is None else f"{float(value) * 100:.1f}%"
+
+
+def ms(value: Any) -> str:
+    if value is None:
+        return ""
+    value = float(value)
+    return f"{value:.2f}" if value < 1 else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def ago(when: datetime | None, now: datetime) -> str:
+    """How long ago, in the largest whole unit: ``40s ago``, ``5m ago``, ``3h ago``, ``2d ago``."""
+    if when is None:
+        return ""
+    seconds = max(0, int((now - when).total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+# -- stats --------------------------------------------------------------------------------------
+
+_OVERVIEW = """
+SELECT
+    (SELECT count(*) FROM sessions) AS sessions,
+    (SELECT count(*) FROM turns) AS turns,
+    (SELECT count(*) FROM events) AS events,
+    (SELECT count(DISTINCT channel_id) FROM turns) AS agents,
+    (SELECT min(first_at) FROM sessions) AS first_at,
+    (SELECT max(last_at) FROM sessions) AS last_at
+"""
+
+_TOOL_TOTALS = f"""
+SELECT
+    coalesce(sum(calls), 0) AS calls,
+    coalesce(sum(pending), 0) AS pending,
+    coalesce(sum(finished), 0) AS finished,
+    {", ".join(f"coalesce(sum({o}), 0) AS {o}" for o in OUTCOMES)},
+    (sum(finished) - sum(served)) / nullif(sum(finished), 0) AS failure_share,
+    count(*) AS tools
+FROM tool_stats
+"""
+
+_REASONS = """
+SELECT loop_end_reason, count(*) AS turns, count(*) / sum(count(*)) OVER () AS share, avg(latency_ms) AS avg_latency_ms
+FROM turns
+GROUP BY loop_end_reason
+ORDER BY turns DESC, loop_end_reason
+"""
+
+_TOKENS = """
+SELECT
+    sum(input_tokens) AS input_tokens,
+    sum(output_tokens) AS output_tokens,
+    sum(cache_read_input_tokens) AS cache_read_input_tokens,
+    sum(cache_creation_input_tokens) AS cache_creation_input_tokens,
+    sum(reasoning_tokens) AS reasoning_tokens,
+    sum(total_tokens) AS total_tokens
+FROM turn_summaries
+"""
+
+_MODELS = """
+SELECT model, provider, count(*) AS turns, sum(total_tokens) AS total_tokens, avg(latency_ms) AS avg_latency_ms
+FROM turn_summaries
+GROUP BY ALL
+ORDER BY turns DESC, model NULLS LAST
+"""
+
+
+def overview(store: Store) -> dict[str, Any]:
+    """Everything ``loopscope stats`` shows, as plain values."""
+    data = _records(store, _OVERVIEW)[0]
+    data["tool_calls"] = _records(store, _TOOL_TOTALS)[0]
+    data["loop_end_reasons"] = _records(store, _REASONS)
+    data["tokens"] = _records(store, _TOKENS)[0]
+    data["models"] = _records(store, _MODELS)
+    return data
+
+
+def stats_command(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    data = overview(store)
+    if args.json:
+        emit_json({"db": store.path, **to_jsonable(data)})
+        return 0
+    cut = ellipsis()
+    calls = data["tool_calls"]
+    tokens = data["tokens"]
+    span = ""
+    if data["first_at"] is not None:
+        span = f"{tables.stamp(data['first_at'])} .. {tables.stamp(data['last_at'])}"
+    tool_line = f"finished {count(calls['finished'])}, running {count(calls['pending'])}"
+    if calls["failure_share"] is not None:
+        tool_line += f"; not served {share(calls['failure_share'])}"
+    token_parts = [
+        (label, tokens[key])
+        for label, key in (
+            ("in", "input_tokens"), ("out", "output_tokens"), ("cache read", "cache_read_input_tokens"),
+            ("cache write", "cache_creation_input_tokens"), ("reasoning", "reasoning_tokens"),
+        )
+        if tokens[key]
+    ]
+    rows = [
+        ["sessions", count(data["sessions"]), span],
+        ["turns", count(data["turns"]), f"agents {count(data['agents'])}" if data["agents"] else ""],
+        ["events", count(data["events"]), ""],
+        ["tool calls", count(calls["calls"]), tool_line if calls["calls"] else ""],
+        ["tokens", count(tokens["total_tokens"] or 0), "  ".join(f"{label} {count(v)}" for label, v in token_parts)],
+    ]
+    emit(f"Store {store.path}")
+    emit(tables.render([Column(""), Column("", "right"), Column("", shrink=1, min_width=20)], rows, ellipsis=cut).split("\n", 2)[2])
+    if calls["finished"]:
+        emit()
+        emit("Tool call outcomes")
+        finished = calls["finished"]
+        emit(tables.render(
+            [Column("OUTCOME"), Column("CALLS", "right"), Column("SHARE", "right")],
+            [[o, count(calls[o]), share(calls[o] / finished)] for o in OUTCOMES if calls[o]],
+            ellipsis=cut,
+        ))
+    if data["loop_end_reasons"]:
+        emit()
+        emit("Loop end reasons")
+        emit(tables.render(
+            [Column("REASON"), Column("TURNS", "right"), Column("SHARE", "right"), Column("AVG MS", "right")],
+            [[r["loop_end_reason"] or "(none)", count(r["turns"]), share(r["share"]), ms(r["avg_latency_ms"])]
+             for r in data["loop_end_reasons"]],
+            ellipsis=cut,
+        ))
+    if data["models"]:
+        emit()
+        emit("Models")
+        emit(tables.render(
+            [Column("MODEL", max_width=40, shrink=1), Column("PROVIDER"), Column("TURNS", "right"),
+             Column("TOKENS", "right"), Column("AVG MS", "right")],
+            [[r["model"] or "(none)", r["provider"] or "", count(r["turns"]), count(r["total_tokens"] or 0),
+              ms(r["avg_latency_ms"])] for r in data["models"]],
+            ellipsis=cut,
+        ))
+    return 0
+
+
+# -- tools --------------------------------------------------------------------------------------
+
+_ORDER = {
+    "calls": "calls DESC, tool",
+    "failures": "failure_share DESC NULLS LAST, calls DESC, tool",
+    "p95": "p95_ms DESC NULLS LAST, tool",
+    "name": "tool",
+}
+
+
+def tools_command(args: argparse.Namespace) -> int:
+    if args.declared:
+        return _declared(args)
+    if args.agent:
+        from .commands import CommandError
+
+        raise CommandError("--agent goes with --declared (tool_stats counts every agent's calls together)")
+    store = open_store(args)
+    sql = f"SELECT * FROM tool_stats ORDER BY {_ORDER[args.sort]}"
+    if args.limit:
+        sql += f" LIMIT {int(args.limit)}"
+    records = _records(store, sql)
+    if args.json:
+        emit_json(_jsonable(records))
+        return 0
+    if not records:
+        emit("no tool calls yet")
+        return 0
+    # outcome columns (and RUNNING) only where some tool has one: the table stays narrow
+    shown = [o for o in OUTCOMES if any(r[o] for r in records)]
+    running = any(r["pending"] for r in records)
+    columns = [Column("TOOL", max_width=32, shrink=1, min_width=12), Column("CALLS", "right")]
+    columns += [Column("RUNNING", "right")] if running else []
+    columns += [Column(o.upper(), "right") for o in shown]
+    columns += [
+        Column("NOT SERVED", "right"), Column("P50", "right"), Column("P95", "right"), Column("P99", "right"),
+        Column("LAST SEEN", "right"),
+    ]
+    rows = []
+    now = datetime.now(timezone.utc)
+    for r in records:
+        row = [r["tool"] or "", count(r["calls"])]
+        row += [count(r["pending"]) if r["pending"] else ""] if running else []
+        row += [count(r[o]) for o in shown]
+        row += [share(r["failure_share"]), ms(r["p50_ms"]), ms(r["p95_ms"]), ms(r["p99_ms"]), ago(r["last_seen"], now)]
+        rows.append(row)
+    emit(tables.render(columns, rows, ellipsis=ellipsis()))
+    emit("(durations in ms; NOT SERVED: share of finished calls with another outcome than served)")
+    return 0
+
+
+def _declared(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    sql, params = "SELECT * FROM declared_vs_used", []
+    if args.agent:
+        sql += " WHERE agent = ?"
+        params.append(args.agent)
+    if args.limit:
+        sql += f" LIMIT {int(args.limit)}"
+    records = _records(store, sql, params)
+    if args.json:
+        emit_json(_jsonable(records))
+        return 0
+    if not records:
+        emit(f"no turns of agent {args.agent!r} yet" if args.agent else "no turns yet")
+        return 0
+    columns = [
+        Column("AGENT", max_width=24, shrink=1, min_width=8), Column("TOOL", max_width=32, shrink=1, min_width=10),
+        Column("OFFERED", "right"), Column("USED", "right"), Column("USE", "right"), Column("CALLS", "right"),
+        Column("UNDECLARED", "right"), Column("LAST CALLED", "right"),
+    ]
+    now = datetime.now(timezone.utc)
+    rows = [
+        [r["agent"] or "(none)", r["tool"] or "", count(r["turns_offered"]), count(r["turns_used"]), share(r["use_share"]),
+         count(r["calls"]), count(r["undeclared_calls"]) if r["undeclared_calls"] else "", ago(r["last_called"], now)]
+        for r in records
+    ]
+    emit(tables.render(columns, rows, ellipsis=ellipsis()))
+    unused = [r for r in records if r["turns_offered"] and not r["calls"]]
+    if unused:
+        names = ", ".join(f"{r['tool']} ({r['agent']})" if not args.agent else r["tool"] for r in unused)
+        emit()
+        emit(f"offered but never called ({len(unused)}): {names}")
+    return 0

@@ -1,0 +1,98 @@
+"""``loopscope collect``: receive OTLP from many processes and write one store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .commands import CommandError, db_path
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "": 1, "b": 1}
+    number = text.strip().lower()
+    unit = number.lstrip("0123456789.")
+    try:
+        value = int(float(number[: len(number) - len(unit)]) * units[unit.strip()])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a size such as 16MiB or 1048576, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from ..storage.collector import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT
+
+    collect = sub.add_parser(
+        "collect",
+        parents=[common],
+        help="receive OTLP spans (HTTP :4318, gRPC :4317) from many processes into one store",
+        description="Run an OTLP receiver that writes the spans it receives into the store, as the same "
+        "events and turns an instrumented process writes itself. Point every agent process at it "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318) to share one store: DuckDB admits one "
+        "writer at a time. It understands loopscope's spans and the GenAI spans of the official "
+        "OpenTelemetry instrumentations, OpenLLMetry, OpenInference and pydantic-ai, and keeps every "
+        "span as received in the `spans` table. Requests are answered once their rows are stored. "
+        "Metrics and logs are accepted and not stored.",
+    )
+    collect.add_argument("--host", default=DEFAULT_HOST, metavar="ADDR",
+                         help=f"address to listen on (default: {DEFAULT_HOST}; another address lets that network write to your store)")
+    collect.add_argument("--http-port", type=_port, default=DEFAULT_HTTP_PORT, metavar="N",
+                         help=f"OTLP/HTTP port (default: {DEFAULT_HTTP_PORT}; 0 = any free port)")
+    collect.add_argument("--grpc-port", type=_port, default=DEFAULT_GRPC_PORT, metavar="N",
+                         help=f"OTLP/gRPC port (default: {DEFAULT_GRPC_PORT}; 0 = any free port)")
+    collect.add_argument("--no-grpc", action="store_true", help="serve OTLP/HTTP only")
+    collect.add_argument("--max-bytes", type=_size, default="16MiB", metavar="SIZE",
+                         help="largest payload taken, also once decompressed (default: 16MiB); larger ones get 413")
+    collect.add_argument("--no-raw", action="store_true", help="do not keep the received spans in the `spans` table")
+    collect.add_argument("--idle", type=float, default=60.0, metavar="SECONDS",
+                         help="how long another instrumentation's model and tool calls wait for their agent run "
+                         "to end before they are stored on their own (default: 60)")
+    collect.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    collect.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from ..storage.collector import Collector, serve
+
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    collector = Collector(
+        db_path(args),
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=None if args.no_grpc else args.grpc_port,
+        max_bytes=args.max_bytes,
+        raw=not args.no_raw,
+        idle_seconds=args.idle,
+        verbose=args.verbose,
+    )
+
+    def ready(c: Collector) -> None:
+        where = [f"OTLP/HTTP on {c.http_endpoint}"] + ([f"OTLP/gRPC on {c.grpc_endpoint}"] if c.grpc_port else [])
+        print(f"loopscope collect: {', '.join(where)} -> {c.db}  (Ctrl-C to stop)", flush=True)
+        print(f"  point agents at it: OTEL_EXPORTER_OTLP_ENDPOINT={c.http_endpoint}", flush=True)
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"loopscope: warning: listening on {args.host}: anyone who can reach it can write to this store", file=sys.stderr)
+
+    try:
+        serve(collector, ready)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {args.host}: {exc.strerror or exc} (another collector running? try --http-port 0 --grpc-port 0)") from None
+    stats = collector.ingest.stats if collector.ingest is not None else None
+    if stats is not None:
+        print(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused", flush=True)
+    return 0

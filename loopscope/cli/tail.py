@@ -1,0 +1,173 @@
+"""``loopscope tail``: the newest events, and with ``--follow`` every new one as it lands.
+
+Following works from another process while an agent writes the store: every
+``--interval`` it reads each session's last index (the small ``sessions`` table) and,
+for the sessions that moved, the events after the index it printed last
+(``Store.list_events(after_index=...)``). Each read holds the file for a moment only, so
+the agent's writer is never kept waiting for long. Ctrl-C stops it (exit status 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ..dashboards import tables
+from ..models import ActivityEvent
+from ..storage.errors import StoreError, StoreLockedError
+from ..storage.policy import EventFilter
+from ..storage.store import Store
+from . import _args
+from .commands import CommandError, ellipsis, emit, open_store, resolve_session
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    tail = sub.add_parser(
+        "tail",
+        parents=[common],
+        help="the newest events of all sessions (or one); --follow prints new ones as they land",
+        description="Print the newest -n events, of every session or of SESSION, oldest first. With --follow, "
+        "keep printing events as the agent writes them, from any process (Ctrl-C stops it, exit status 0). "
+        "A store or session that does not exist yet is waited for when following.",
+    )
+    tail.add_argument(
+        "session", nargs="?", metavar="SESSION", help="only this session (an id or a unique prefix of one)"
+    )
+    tail.add_argument(
+        "-n", "--lines", type=_args.non_negative_int, default=10, metavar="N",
+        help="how many of the newest events to print first (default: 10)",
+    )
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing new events as they land")
+    tail.add_argument(
+        "--interval", type=_args.positive_float, default=0.5, metavar="SECONDS",
+        help="with --follow: how often to look for new events (default: 0.5)",
+    )
+    tail.add_argument("--include-blocked", action="store_true", help="also show events a guardrail blocked")
+    tail.add_argument("--json", action="store_true", help="print each event as one line of JSON (JSON Lines)")
+    tail.set_defaults(handler=run)
+
+
+class _Printer:
+    def __init__(self, as_json: bool, show_session: bool) -> None:
+        self.as_json = as_json
+        self.show_session = show_session
+        self.header_done = as_json
+        self.cut = ellipsis()
+
+    def __call__(self, events: list[ActivityEvent]) -> None:
+        if not events:
+            return
+        if not self.header_done:
+            emit(tables.stream_header(show_session=self.show_session, ellipsis=self.cut))
+            self.header_done = True
+        for event in events:
+            if self.as_json:
+                emit(json.dumps(event.model_dump(mode="json"), ensure_ascii=not _utf8()))
+            else:
+                emit(tables.stream_line(event, show_session=self.show_session, ellipsis=self.cut))
+        sys.stdout.flush()
+
+
+def _utf8() -> bool:
+    return (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
+
+
+def _session(store: Store, requested: str | None, follow: bool) -> str | None:
+    if requested is None:
+        return None
+    try:
+        return resolve_session(store, requested)
+    except CommandError as exc:
+        if follow and str(exc).startswith("no session"):
+            return requested  # not there yet: wait for exactly this id
+        raise
+
+
+def _ready(store: Store) -> bool:
+    """Whether the store exists and holds loopscope data (else a follower waits)."""
+    if not os.path.exists(store.path):
+        return False
+    try:
+        store.last_indices()
+    except StoreLockedError:
+        return False
+    except StoreError as exc:
+        if "holds no loopscope data yet" in str(exc):
+            return False
+        raise
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
+    printer = _Printer(args.json, show_session=args.session is None)
+    if not args.follow:
+        session = _session(store, args.session, follow=False)
+        printer(_newest(store, session, args.lines, event_filter))
+        return 0
+    try:
+        return _follow(store, args, event_filter, printer)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _newest(store: Store, session: str | None, lines: int, event_filter: EventFilter) -> list[ActivityEvent]:
+    if lines == 0:
+        return []
+    if session is None:
+        return store.list_recent_events(lines, event_filter=event_filter)
+    return store.list_events(session, limit=lines, newest_first=True, event_filter=event_filter)
+
+
+def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, printer: _Printer) -> int:
+    if not _ready(store):
+        print(f"loopscope: waiting for a store at {store.path}", file=sys.stderr, flush=True)
+        while not _ready(store):
+            time.sleep(args.interval)
+    session = _session(store, args.session, follow=True)
+    cursors = store.last_indices()
+    if session is not None:
+        cursors = {session: cursors.get(session, 0)}
+    printer(_newest(store, session, args.lines, event_filter))
+    where = f" (session {session})" if session else ""
+    print(f"loopscope: following {store.path}{where}; Ctrl-C to stop", file=sys.stderr, flush=True)
+    locked_warned = False
+    while True:
+        time.sleep(args.interval)
+        try:
+            printer(_new_events(store, session, cursors, event_filter))
+            locked_warned = False
+        except StoreLockedError as exc:
+            if not locked_warned:  # someone holds the file for long: keep trying
+                print(f"loopscope: {str(exc).splitlines()[0]}; still trying", file=sys.stderr, flush=True)
+                locked_warned = True
+
+
+def _new_events(
+    store: Store, session: str | None, cursors: dict[str, int], event_filter: EventFilter
+) -> list[ActivityEvent]:
+    """Events past each session's cursor, in time order; moves the cursors on."""
+    latest = store.last_indices()
+    moved: dict[str, int] = {}
+    for name, last in latest.items():
+        if session is not None and name != session:
+            continue
+        if last > cursors.get(name, 0):
+            moved[name] = last
+    found: list[ActivityEvent] = []
+    for name, last in moved.items():
+        events = store.list_events(name, limit=None, after_index=cursors.get(name, 0), event_filter=event_filter)
+        found.extend(events)
+        # blocked or filtered rows use up indices too: the cursor goes past them
+        cursors[name] = max([last, *(e.index for e in events)])
+    found.sort(key=_order)
+    return found
+
+
+def _order(event: ActivityEvent) -> Any:
+    return (event.created_at, event.session_id, event.index)

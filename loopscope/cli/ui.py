@@ -1,0 +1,79 @@
+"""``loopscope ui``: serve the web dashboard on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import webbrowser
+
+from ..dashboards.web.server import DEFAULT_HOST, DEFAULT_PORT, make_server
+from .commands import CommandError, open_store
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    ui = sub.add_parser(
+        "ui",
+        parents=[common],
+        help="serve the web dashboard (sessions, live timelines, tool and turn analytics) on 127.0.0.1",
+        description="Serve a local web dashboard over the store: sessions with search, each session's "
+        "timeline (text segments, tool cards, turn summaries) updated live while an agent runs, tool "
+        "analytics, turn analytics and declared-vs-used tools. It reads the store read-only, opening the "
+        "file only for each request, and listens on 127.0.0.1 unless --host names another address.",
+    )
+    ui.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        metavar="ADDR",
+        help=f"address to listen on (default: {DEFAULT_HOST}; another address opens your agents' data to its network)",
+    )
+    ui.add_argument(
+        "--port",
+        type=_port,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"port (default: {DEFAULT_PORT}; 0 = any free port)",
+    )
+    ui.add_argument("--open", action="store_true", help="open the dashboard in a web browser")
+    ui.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    ui.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        server = make_server(store, args.host, args.port, verbose=args.verbose)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (try --port 0, or another --port)"
+        ) from None
+    try:
+        print(f"loopscope dashboard: {server.url}  (store: {store.path}; Ctrl-C to stop)", flush=True)
+        if not os.path.exists(store.path):
+            print(
+                f"loopscope: note: no store at {store.path} yet; the dashboard shows it once an agent writes it",
+                file=sys.stderr,
+            )
+        if args.host not in (DEFAULT_HOST, "localhost", "::1"):
+            print(
+                f"loopscope: warning: listening on {args.host}: anyone who can reach it can read this store",
+                file=sys.stderr,
+            )
+        if args.open:
+            webbrowser.open(server.url)
+        server.serve_forever(poll_interval=0.25)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

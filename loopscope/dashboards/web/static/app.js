@@ -1,0 +1,827 @@
+// loopscope dashboard: sessions, a session's live timeline, tool and turn analytics.
+// Everything read from the store is put on the page as text (textContent / text nodes),
+// never parsed as HTML: a tool result holding "<script>" shows as those characters.
+"use strict";
+
+(() => {
+  const main = document.getElementById("main");
+  const statusEl = document.getElementById("status");
+  const errorEl = document.getElementById("error");
+  const SVG = "http://www.w3.org/2000/svg";
+  const RANGES = ["15m", "1h", "24h", "7d", "30d", "all"];
+  const OUTCOMES = ["served", "failed", "refused", "blocked", "cancelled", "unserved"];
+  const POLL_TIMELINE_MS = 1000;
+  const POLL_LIST_MS = 5000;
+
+  // -- DOM helpers (text only) ------------------------------------------------------------
+
+  function h(tag, props, ...children) {
+    const el = document.createElement(tag);
+    setProps(el, props);
+    return add(el, children);
+  }
+
+  function s(tag, props, ...children) {
+    const el = document.createElementNS(SVG, tag);
+    setProps(el, props);
+    return add(el, children);
+  }
+
+  function setProps(el, props) {
+    if (!props) return;
+    for (const [key, value] of Object.entries(props)) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") el.setAttribute("class", value);
+      else if (key === "text") el.textContent = String(value);
+      else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+
+  function add(el, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  function clear(el) {
+    while (el.firstChild) el.removeChild(el.firstChild);
+    return el;
+  }
+
+  const fill = (el, ...children) => add(clear(el), children);
+  const put = (el, ...children) => add(el, children);
+
+  // -- formatting ---------------------------------------------------------------------------
+
+  const nf = new Intl.NumberFormat("en-US");
+  const fmtInt = (n) => (n === null || n === undefined ? "–" : nf.format(Math.round(n)));
+  const fmtPct = (x) => (x === null || x === undefined ? "–" : `${(x * 100).toFixed(x > 0 && x < 0.1 ? 1 : 0)}%`);
+
+  function fmtMs(ms) {
+    if (ms === null || ms === undefined) return "–";
+    if (ms < 1) return `${ms.toFixed(2)} ms`;
+    if (ms < 1000) return `${Math.round(ms)} ms`;
+    if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+    const m = Math.floor(ms / 60000);
+    return `${m}m ${Math.round((ms % 60000) / 1000)}s`;
+  }
+
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+
+  function fmtTime(t, withDate) {
+    if (!t) return "–";
+    const d = new Date(t);
+    const time = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+    const today = new Date().toDateString() === d.toDateString();
+    return withDate || !today ? `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${time}` : time;
+  }
+
+  function fmtClock(t) {
+    const d = new Date(t);
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+  }
+
+  function fmtAgo(t) {
+    if (!t) return "–";
+    const sec = Math.max(0, (Date.now() - t) / 1000);
+    if (sec < 60) return `${Math.round(sec)} s ago`;
+    if (sec < 3600) return `${Math.round(sec / 60)} min ago`;
+    if (sec < 86400) return `${Math.round(sec / 3600)} h ago`;
+    return `${Math.round(sec / 86400)} d ago`;
+  }
+
+  function fmtBucket(seconds) {
+    if (seconds < 60) return `${seconds} s`;
+    if (seconds < 3600) return `${seconds / 60} min`;
+    if (seconds < 86400) return `${seconds / 3600} h`;
+    return `${seconds / 86400} d`;
+  }
+
+  // JSON on one line when it is short, indented when it is not; other text as it is
+  function pretty(value) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "string") {
+      const trimmed = value.trim();
+      if ((trimmed.startsWith("{") && trimmed.endsWith("}")) || (trimmed.startsWith("[") && trimmed.endsWith("]"))) {
+        try { return pretty(JSON.parse(trimmed)); } catch (e) { /* not JSON: as is */ }
+      }
+      return value;
+    }
+    const oneLine = JSON.stringify(value, null, 1).replace(/\n\s*/g, " ");
+    return oneLine.length <= 110 ? oneLine : JSON.stringify(value, null, 2);
+  }
+
+  const plural = (n, word) => `${fmtInt(n)} ${word}${n === 1 ? "" : "s"}`;
+
+  const REASON_TONE = {
+    completed: "ok", max_rounds: "warn", timeout: "warn", budget_exceeded: "warn", truncated: "warn",
+    empty_response: "warn", unfinished: "bad", force_stopped: "bad", cancelled: "muted", error: "bad",
+  };
+  const OUTCOME_TONE = { served: "ok", failed: "bad", refused: "warn", blocked: "warn", cancelled: "muted", unserved: "bad", running: "run" };
+
+  const badge = (text, tone, extra) => h("span", { class: `badge ${tone || "muted"}${extra ? " " + extra : ""}`, text });
+  const reasonBadge = (reason) => badge(reason || "unknown", REASON_TONE[reason] || "muted", "reason");
+
+  // -- fetching -----------------------------------------------------------------------------
+
+  async function getJSON(path, params) {
+    const query = new URLSearchParams();
+    for (const [k, v] of Object.entries(params || {})) {
+      if (v !== null && v !== undefined && v !== "" && v !== false) query.set(k, v === true ? "1" : String(v));
+    }
+    const url = query.toString() ? `${path}?${query}` : path;
+    let response;
+    try {
+      response = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    } catch (e) {
+      throw new Error("the loopscope server does not answer (was `loopscope ui` stopped?)");
+    }
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+    return body;
+  }
+
+  function showError(err) {
+    if (!err) {
+      errorEl.hidden = true;
+      return;
+    }
+    errorEl.textContent = String(err.message || err);
+    errorEl.hidden = false;
+  }
+
+  function setStatus(text, live) {
+    clear(statusEl);
+    if (live) put(statusEl, h("span", { class: "live-dot", title: "live" }));
+    put(statusEl, document.createTextNode(text));
+  }
+
+  // -- charts (SVG built from elements; values only ever become text) -----------------------
+
+  // buckets: [{t, values: {key: number}}]; keys: series in stacking order
+  function stackedBars(buckets, keys, opts = {}) {
+    const W = opts.width || 760, H = opts.height || 180, left = 48, bottom = 22, top = 8, right = 8;
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": opts.label || "chart" });
+    if (!buckets.length) {
+      put(svg, s("text", { x: W / 2, y: H / 2, class: "chart-empty", "text-anchor": "middle", text: "no data in this range" }));
+      return svg;
+    }
+    const totals = buckets.map((b) => keys.reduce((sum, k) => sum + (b.values[k] || 0), 0));
+    const max = Math.max(1, ...totals);
+    const plotW = W - left - right, plotH = H - top - bottom;
+    const step = plotW / buckets.length;
+    const barW = Math.max(2, Math.min(40, step * 0.75));
+    for (const frac of [0, 0.5, 1]) {
+      const y = top + plotH * (1 - frac);
+      put(svg, s("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid" }));
+      put(svg, s("text", { x: left - 6, y: y + 4, "text-anchor": "end", class: "axis", text: fmtInt(max * frac) }));
+    }
+    buckets.forEach((b, i) => {
+      let y = top + plotH;
+      const x = left + i * step + (step - barW) / 2;
+      for (const k of keys) {
+        const v = b.values[k] || 0;
+        if (!v) continue;
+        const hgt = (v / max) * plotH;
+        y -= hgt;
+        const rect = s("rect", { x, y, width: barW, height: Math.max(hgt, 0.5), class: `series s-${k}` });
+        put(rect, s("title", { text: `${fmtTime(b.t, true)} · ${k}: ${fmtInt(v)}` }));
+        put(svg, rect);
+      }
+    });
+    const first = buckets[0].t, last = buckets[buckets.length - 1].t;
+    put(svg, s("text", { x: left, y: H - 6, class: "axis", text: fmtTime(first, true) }));
+    if (buckets.length > 1) put(svg, s("text", { x: W - right, y: H - 6, "text-anchor": "end", class: "axis", text: fmtTime(last, true) }));
+    return svg;
+  }
+
+  function legend(keys) {
+    return h("div", { class: "legend" }, keys.map((k) => h("span", { class: "legend-item" }, h("span", { class: `swatch s-${k}` }), k)));
+  }
+
+  // rows: [{t, key, value}] -> buckets for stackedBars
+  function toBuckets(rows, keyField, valueField) {
+    const byT = new Map();
+    for (const row of rows) {
+      if (!byT.has(row.t)) byT.set(row.t, { t: row.t, values: {} });
+      const b = byT.get(row.t);
+      b.values[row[keyField]] = (b.values[row[keyField]] || 0) + (row[valueField] || 0);
+    }
+    return [...byT.values()].sort((a, b) => a.t - b.t);
+  }
+
+  // a horizontal bar made of segments, one per key
+  function shareBar(counts, keys) {
+    const total = keys.reduce((sum, k) => sum + (counts[k] || 0), 0);
+    const bar = h("div", { class: "sharebar", title: keys.filter((k) => counts[k]).map((k) => `${k}: ${fmtInt(counts[k])}`).join(" · ") });
+    if (!total) return bar;
+    for (const k of keys) {
+      if (!counts[k]) continue;
+      const seg = h("span", { class: `seg s-${k}` });
+      seg.style.width = `${(counts[k] / total) * 100}%`;
+      put(bar, seg);
+    }
+    return bar;
+  }
+
+  function meter(fraction, tone) {
+    const bar = h("div", { class: "meter" });
+    const fill = h("span", { class: `fill ${tone || ""}` });
+    fill.style.width = `${Math.max(0, Math.min(1, fraction || 0)) * 100}%`;
+    put(bar, fill);
+    return bar;
+  }
+
+  function table(columns, rows, opts = {}) {
+    const thead = h("thead", null, h("tr", null, columns.map((c) => h("th", { class: c.num ? "num" : null, title: c.title || null, text: c.label }))));
+    const tbody = h("tbody");
+    for (const row of rows) {
+      const tr = h("tr", opts.rowProps ? opts.rowProps(row) : null);
+      for (const c of columns) {
+        const value = c.render ? c.render(row) : row[c.key];
+        put(tr, h("td", { class: c.num ? "num" : null }, value));
+      }
+      put(tbody, tr);
+    }
+    if (!rows.length) put(tbody, h("tr", null, h("td", { colspan: columns.length, class: "muted empty", text: opts.empty || "nothing yet" })));
+    return h("table", { class: `grid-table ${opts.class || ""}` }, thead, tbody);
+  }
+
+  const statCard = (label, value, sub) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", text: value }), sub ? h("div", { class: "stat-sub", text: sub }) : null);
+
+  const sessionLink = (id) => h("a", { href: `#/session/${encodeURIComponent(id)}`, class: "session-link", text: id });
+
+  // -- pages ----------------------------------------------------------------------------------
+
+  let page = null; // {stop()} of the page on screen
+
+  function parseHash() {
+    const raw = location.hash.replace(/^#/, "") || "/";
+    const [path, query] = raw.split("?");
+    const decode = (part) => { try { return decodeURIComponent(part); } catch (e) { return part; } };
+    return { parts: path.split("/").filter(Boolean).map(decode), params: new URLSearchParams(query || "") };
+  }
+
+  function route() {
+    if (page && page.stop) page.stop();
+    showError(null);
+    const { parts, params } = parseHash();
+    const name = parts[0] || "sessions";
+    for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.route === (name === "session" ? "sessions" : name));
+    clear(main);
+    if (name === "session" && parts[1] !== undefined) page = timelinePage(parts[1], params);
+    else if (name === "tools") page = toolsPage();
+    else if (name === "turns") page = turnsPage();
+    else if (name === "declared") page = declaredPage();
+    else page = sessionsPage(params);
+  }
+
+  // A page that reloads itself every `ms` while visible; `load` returns a promise.
+  function poller(load, ms) {
+    let timer = null, stopped = false, busy = false;
+    const tick = async () => {
+      if (stopped) return;
+      if (!document.hidden && !busy) {
+        busy = true;
+        try {
+          await load();
+          showError(null);
+        } catch (err) {
+          showError(err);
+        } finally {
+          busy = false;
+        }
+      }
+      if (!stopped && ms) timer = setTimeout(tick, ms);
+    };
+    tick();
+    return { stop() { stopped = true; clearTimeout(timer); }, now: () => load().catch(showError) };
+  }
+
+  // -- sessions -------------------------------------------------------------------------------
+
+  function sessionsPage(params) {
+    let query = params.get("q") || "";
+    let limit = 50;
+    const stats = h("section", { class: "stats" });
+    const reasons = h("div", { class: "reason-chips" });
+    const search = h("input", { type: "search", id: "session-search", placeholder: "Search sessions by id, agent or model", value: query, "aria-label": "search sessions" });
+    const count = h("span", { class: "muted" });
+    const list = h("div", { class: "session-list" });
+    const more = h("button", { class: "btn", hidden: true, text: "Show more", onclick: () => { limit += 50; poll.now(); } });
+    put(main, 
+      h("h1", { text: "Sessions" }), stats, reasons,
+      h("div", { class: "toolbar" }, search, count), list, more,
+    );
+    let debounce = null;
+    search.addEventListener("input", () => {
+      clearTimeout(debounce);
+      debounce = setTimeout(() => {
+        query = search.value.trim();
+        limit = 50;
+        history.replaceState(null, "", query ? `#/?q=${encodeURIComponent(query)}` : "#/");
+        poll.now();
+      }, 250);
+    });
+
+    async function load() {
+      const overview = await getJSON("/api/overview");
+      renderStats(overview);
+      const data = query || limit > 50 ? await getJSON("/api/sessions", { q: query, limit }) : { sessions: overview.sessions, total: overview.sessions_total };
+      fill(list, sessionsTable(data.sessions));
+      count.textContent = `${fmtInt(data.sessions.length)} of ${fmtInt(data.total)} sessions${query ? ` matching “${query}”` : ""}`;
+      more.hidden = data.sessions.length >= data.total;
+      setStatus(`${overview.store} · updated ${fmtTime(overview.generated_at)}`, overview.sessions.some((x) => x.live));
+    }
+
+    function renderStats(o) {
+      const t = o.totals;
+      fill(stats, 
+        statCard("Sessions", fmtInt(t.sessions), t.last_at ? `last active ${fmtAgo(t.last_at)}` : "none yet"),
+        statCard("Events", fmtInt(t.events)),
+        statCard("Turns", fmtInt(t.turns)),
+        statCard("Tool calls", fmtInt(t.tool_calls), "in finished turns"),
+        statCard("Tokens", `${fmtInt(t.input_tokens)} / ${fmtInt(t.output_tokens)}`, "input / output"),
+        statCard("Turn latency", `${fmtMs(t.latency_p50_ms)} / ${fmtMs(t.latency_p95_ms)}`, "p50 / p95"),
+      );
+      fill(reasons, h("span", { class: "muted", text: "Loop end reasons:" }),
+        o.loop_end_reasons.length ? o.loop_end_reasons.map((r) => h("span", { class: "chip" }, reasonBadge(r.reason), ` ${fmtInt(r.turns)}`)) : h("span", { class: "muted", text: " none yet" }));
+    }
+
+    function sessionsTable(rows) {
+      return table([
+        { label: "Session", render: (r) => [r.live ? h("span", { class: "live-dot", title: "active in the last 30 s" }) : null, sessionLink(r.session_id)] },
+        { label: "Agents", render: (r) => r.agents.join(", ") || "–" },
+        { label: "Model", render: (r) => r.models.join(", ") || "–" },
+        { label: "Turns", num: true, render: (r) => fmtInt(r.turns) },
+        { label: "Events", num: true, render: (r) => fmtInt(r.event_count) },
+        { label: "Tool calls", num: true, render: (r) => fmtInt(r.tool_calls) },
+        { label: "Tokens in / out", num: true, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
+        { label: "Last loop end", render: (r) => (r.last_loop_end_reason ? reasonBadge(r.last_loop_end_reason) : h("span", { class: "muted", text: r.turns ? "–" : "running" })) },
+        { label: "Last active", render: (r) => h("span", { title: fmtTime(r.last_at, true), text: fmtAgo(r.last_at) }) },
+      ], rows, { class: "sessions", empty: query ? "no session matches" : "no sessions yet: run an instrumented agent, or `loopscope demo`" });
+    }
+
+    const poll = poller(load, POLL_LIST_MS);
+    return poll;
+  }
+
+  // -- a session's timeline ---------------------------------------------------------------------
+
+  function timelinePage(sessionId, params) {
+    const state = {
+      events: new Map(), // index -> event
+      turns: new Map(), // correlation id -> summary
+      minIndex: null, maxIndex: 0, moreBefore: false,
+      blocked: params.get("blocked") === "1",
+      live: true,
+      open: new Set(), // keys of <details> the user opened
+      info: null,
+    };
+    const header = h("div", { class: "session-head" });
+    const liveBox = h("input", { type: "checkbox", id: "live-toggle", checked: true });
+    const blockedBox = h("input", { type: "checkbox", id: "blocked-toggle", checked: state.blocked });
+    const earlier = h("button", { class: "btn", id: "load-earlier", hidden: true, text: "Load earlier events" });
+    const body = h("div", { class: "timeline", id: "timeline" });
+    put(main, 
+      h("p", { class: "crumbs" }, h("a", { href: "#/", text: "Sessions" }), " / ", h("span", { text: sessionId })),
+      header,
+      h("div", { class: "toolbar" },
+        h("label", { class: "toggle" }, liveBox, " Live updates"),
+        h("label", { class: "toggle" }, blockedBox, " Show blocked rows"),
+      ),
+      earlier, body,
+    );
+    liveBox.addEventListener("change", () => { state.live = liveBox.checked; if (state.live) poll.now(); render(); });
+    blockedBox.addEventListener("change", () => {
+      history.replaceState(null, "", `#/session/${encodeURIComponent(sessionId)}${blockedBox.checked ? "?blocked=1" : ""}`);
+      route();
+    });
+    earlier.addEventListener("click", async () => {
+      try {
+        const data = await getJSON("/api/timeline", { session: sessionId, before: state.minIndex, blocked: state.blocked });
+        merge(data, "before");
+        render();
+      } catch (err) {
+        showError(err);
+      }
+    });
+
+    let first = true;
+    let rendered = false;
+    let lastFingerprint = "";
+
+    function merge(data, direction) {
+      state.info = data;
+      for (const e of data.events) {
+        state.events.set(e.index, e);
+        state.maxIndex = Math.max(state.maxIndex, e.index);
+        state.minIndex = state.minIndex === null ? e.index : Math.min(state.minIndex, e.index);
+      }
+      for (const t of data.turns) state.turns.set(t.correlation_id, t);
+      if (direction !== "after") state.moreBefore = !!data.more_before;
+      return data;
+    }
+
+    function waitingTurns() {
+      const ids = new Set();
+      for (const e of state.events.values()) if (e.correlation_id && !state.turns.has(e.correlation_id)) ids.add(e.correlation_id);
+      return [...ids].slice(-100);
+    }
+
+    async function load() {
+      if (!first && !state.live) return;
+      let data;
+      if (first) {
+        data = merge(await getJSON("/api/timeline", { session: sessionId, blocked: state.blocked }), "newest");
+        first = false;
+      } else {
+        do {
+          data = merge(await getJSON("/api/timeline", {
+            session: sessionId, after: state.maxIndex, blocked: state.blocked, turns: waitingTurns().join(","),
+          }), "after");
+        } while (data.more_after);
+      }
+      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${state.live}`;
+      if (fingerprint !== lastFingerprint) {
+        lastFingerprint = fingerprint;
+        render();
+      }
+      setStatus(`session ${sessionId} · updated ${fmtTime(data.generated_at)}`, state.live && data.last_at && Date.now() - data.last_at < 30000);
+    }
+
+    function render() {
+      const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+      renderHeader();
+      earlier.hidden = !state.moreBefore;
+      clear(body);
+      const events = [...state.events.values()].sort((a, b) => a.index - b.index);
+      if (!events.length) {
+        put(body, h("p", { class: "muted empty", text: state.info && !state.info.found ? `No session “${sessionId}” in this store (yet).` : "No events yet." }));
+      }
+      // one block per turn, in order of first appearance; events without a turn get their own
+      const groups = [];
+      const byTurn = new Map();
+      for (const e of events) {
+        const key = e.correlation_id || `event:${e.index}`;
+        if (!byTurn.has(key)) {
+          const group = { key, correlationId: e.correlation_id, events: [] };
+          byTurn.set(key, group);
+          groups.push(group);
+        }
+        byTurn.get(key).events.push(e);
+      }
+      for (const group of groups) put(body, turnBlock(group));
+      if (atBottom && rendered) window.scrollTo(0, document.body.scrollHeight);
+      rendered = true;
+    }
+
+    function renderHeader() {
+      const summaries = [...state.turns.values()];
+      const shown = new Set([...state.events.values()].map((e) => e.correlation_id).filter(Boolean));
+      const runningTurns = [...shown].filter((id) => !state.turns.has(id)).length;
+      const agents = [...new Set(summaries.map((t) => t.agent).filter(Boolean))];
+      const info = state.info || {};
+      fill(header,
+        h("h1", { class: "session-title", text: sessionId }),
+        h("div", { class: "session-meta" },
+          h("span", { text: plural(info.last_index || 0, "event") }),
+          h("span", { text: `${plural(shown.size, "turn")} shown${runningTurns ? `, ${fmtInt(runningTurns)} running` : ""}` }),
+          agents.length ? h("span", { text: `agents: ${agents.join(", ")}` }) : null,
+          info.first_at ? h("span", { text: `${fmtTime(info.first_at, true)} → ${fmtTime(info.last_at, true)}` }) : null,
+        ),
+      );
+    }
+
+    function detailsBlock(key, label, value, opts = {}) {
+      const text = pretty(value);
+      const short = text.split("\n").length <= 12 && text.length <= 1200;
+      const d = h("details", { class: `payload ${opts.class || ""}`, open: state.open.has(key) || (opts.open && short && !state.open.has(`closed:${key}`)) });
+      put(d, h("summary", null, h("span", { class: "payload-label", text: label }), h("span", { class: "payload-peek", text: text.replace(/\s+/g, " ").slice(0, 140) })));
+      put(d, h("pre", { class: "payload-body", text }));
+      d.addEventListener("toggle", () => {
+        if (d.open) { state.open.add(key); state.open.delete(`closed:${key}`); } else { state.open.delete(key); state.open.add(`closed:${key}`); }
+      });
+      return d;
+    }
+
+    function fullButton(e) {
+      if (!e.truncated) return null;
+      return h("button", {
+        class: "btn small", text: "Load in full",
+        onclick: async () => {
+          try {
+            const full = await getJSON("/api/event", { id: e.id });
+            state.events.set(full.index, full);
+            render();
+          } catch (err) {
+            showError(err);
+          }
+        },
+      });
+    }
+
+    function turnBlock(group) {
+      const summary = group.correlationId ? state.turns.get(group.correlationId) : null;
+      const running = group.correlationId && !summary;
+      const firstEvent = group.events[0];
+      const block = h("section", {
+        class: `turn ${running ? "running" : "finished"}`,
+        "data-correlation-id": group.correlationId || "",
+        "data-state": running ? "running" : "finished",
+      });
+      const agent = (summary && summary.agent) || firstEvent.agent;
+      put(block, h("header", { class: "turn-head" },
+        h("span", { class: "turn-title", text: group.correlationId ? "Turn" : "Event" }),
+        agent ? h("span", { class: "turn-agent", text: agent }) : null,
+        summary && summary.model ? h("span", { class: "muted", text: summary.model }) : null,
+        h("span", { class: "muted", text: fmtTime(firstEvent.t) }),
+        h("span", { class: "spacer" }),
+        summary ? reasonBadge(summary.loop_end_reason) : running ? badge("running", "run", "reason") : null,
+      ));
+      // tool cards: one per call id, placed where the call started
+      const cards = new Map();
+      const items = [];
+      for (const e of group.events) {
+        const c = e.content || {};
+        if (c.type === "tool_call" && c.tool_id) {
+          let card = cards.get(c.tool_id);
+          if (!card) {
+            card = { start: null, end: null };
+            cards.set(c.tool_id, card);
+            items.push({ card, id: c.tool_id });
+          }
+          if (e.type === "tool_call_end") card.end = e;
+          else card.start = card.start || e;
+        } else {
+          items.push({ event: e });
+        }
+      }
+      const list = h("div", { class: "turn-body" });
+      for (const item of items) put(list, item.card ? toolCard(item.card) : messageRow(item.event));
+      put(block, list);
+      put(block, summary ? turnSummary(summary) : running ? h("footer", { class: "turn-summary pending" }, h("span", { class: "spinner" }), " Turn still running — its summary appears when the loop ends.") : null);
+      return block;
+    }
+
+    function messageRow(e) {
+      const c = e.content || {};
+      const role = c.role || e.type;
+      const blocked = e.status === "blocked";
+      const text = c.type === "text" ? c.body : pretty(c.value !== undefined ? c.value : c);
+      return h("div", { class: `msg role-${role === "user" ? "user" : "assistant"}${blocked ? " blocked" : ""}`, "data-index": e.index },
+        h("div", { class: "msg-meta" },
+          h("span", { class: "msg-role", text: role }),
+          blocked ? badge("blocked", "warn") : null,
+          h("span", { class: "muted", text: `#${e.index} · ${fmtClock(e.t)}` }),
+        ),
+        h("div", { class: "msg-text", text }),
+        fullButton(e),
+      );
+    }
+
+    function toolCard(card) {
+      const last = card.end || card.start;
+      const c = last.content;
+      const finished = !!card.end;
+      const outcome = finished ? c.outcome || c.status || "ended" : "running";
+      const blocked = last.status === "blocked";
+      const el = h("div", {
+        class: `tool-card ${finished ? "done" : "running"}${blocked ? " blocked" : ""}`,
+        "data-tool-id": c.tool_id, "data-state": outcome,
+      });
+      const duration = finished
+        ? h("span", { class: "duration", text: fmtMs(c.duration_ms) })
+        : h("span", { class: "duration elapsed", "data-since": card.start ? card.start.t : last.t, text: fmtMs(Date.now() - (card.start ? card.start.t : last.t)) });
+      put(el, h("div", { class: "tool-head" },
+        h("span", { class: "tool-icon", "aria-hidden": "true", text: "⚙" }),
+        h("span", { class: "tool-name", text: c.tool_name }),
+        finished ? badge(outcome, OUTCOME_TONE[outcome] || "muted", "outcome") : h("span", { class: "badge run outcome" }, h("span", { class: "spinner" }), " running"),
+        blocked ? badge("blocked row", "warn") : null,
+        duration,
+        h("span", { class: "spacer" }),
+        h("span", { class: "muted mono", text: c.tool_id }),
+        h("span", { class: "muted", text: fmtClock((card.start || last).t) }),
+      ));
+      const args = (card.start || last).content.arguments;
+      const key = c.tool_id;
+      const payloads = h("div", { class: "payloads" }, detailsBlock(`${key}:args`, "Arguments", args, { open: true }));
+      if (finished) {
+        if (c.result !== null && c.result !== undefined) put(payloads, detailsBlock(`${key}:result`, "Result", c.result, { open: true }));
+        if (c.error) put(payloads, detailsBlock(`${key}:error`, "Error", c.error, { open: true, class: "error" }));
+      }
+      put(el, payloads, fullButton(last));
+      return el;
+    }
+
+    function turnSummary(t) {
+      const usage = t.usage || {};
+      const extraUsage = Object.entries(usage).filter(([k]) => k !== "input_tokens" && k !== "output_tokens" && usage[k]);
+      return h("footer", { class: "turn-summary" },
+        h("span", { class: "sum-item" }, "Loop ended: ", reasonBadge(t.loop_end_reason)),
+        h("span", { class: "sum-item", text: plural(t.round_count, "round") }),
+        h("span", { class: "sum-item", text: plural(t.tool_calls_count, "tool call") }),
+        h("span", { class: "sum-item", title: extraUsage.map(([k, v]) => `${k}: ${fmtInt(v)}`).join(", ") || null, text: `${fmtInt(t.input_tokens || 0)} in / ${fmtInt(t.output_tokens || 0)} out tokens` }),
+        h("span", { class: "sum-item", text: `latency ${fmtMs(t.latency_ms)}` }),
+        t.declared_tools && t.declared_tools.length ? h("span", { class: "sum-item muted", text: `offered: ${t.declared_tools.join(", ")}` }) : null,
+        t.error ? h("span", { class: "sum-item error-text", text: t.error }) : null,
+      );
+    }
+
+    // running tools: tick their elapsed time without a reload
+    const ticker = setInterval(() => {
+      for (const el of body.querySelectorAll(".elapsed")) el.textContent = fmtMs(Date.now() - Number(el.dataset.since));
+    }, 250);
+    const poll = poller(load, POLL_TIMELINE_MS);
+    return { stop() { poll.stop(); clearInterval(ticker); } };
+  }
+
+  // -- analytics --------------------------------------------------------------------------------
+
+  function currentRange() {
+    const saved = localStorage.getItem("loopscope.range");
+    return RANGES.includes(saved) ? saved : "7d";
+  }
+
+  function rangePicker(onChange) {
+    const box = h("div", { class: "range-picker", role: "group", "aria-label": "time range" });
+    const draw = () => {
+      clear(box);
+      for (const r of RANGES) {
+        put(box, h("button", {
+          class: `btn small${r === currentRange() ? " active" : ""}`, text: r === "all" ? "all time" : `last ${r}`,
+          onclick: () => { localStorage.setItem("loopscope.range", r); draw(); onChange(); },
+        }));
+      }
+    };
+    draw();
+    return box;
+  }
+
+  function analyticsPage(title, intro, render) {
+    const content = h("div", { class: "analytics" });
+    const refresh = h("button", { class: "btn small", text: "Refresh", onclick: () => poll.now() });
+    put(main, h("div", { class: "page-head" }, h("h1", { text: title }), h("span", { class: "spacer" }), rangePicker(() => poll.now()), refresh), h("p", { class: "muted intro", text: intro }), content);
+    const poll = poller(async () => {
+      setStatus(`${title} · loading…`, false);
+      if (!content.firstChild) put(content, h("p", { class: "muted", text: "Loading…" }));
+      await render(content, currentRange());
+      setStatus(`${title} · updated ${fmtTime(Date.now())}`, false);
+    }, 0);
+    return poll;
+  }
+
+  function toolsPage() {
+    let selected = null;
+    let cache = null;
+    return analyticsPage("Tools", "Every tool call in the range: how often, how it ended, how long it took.", async (content, range) => {
+      const data = await getJSON("/api/tools", { range, tool: selected });
+      cache = data;
+      draw(content, data);
+    });
+
+    function draw(content, data) {
+      const rows = data.tools;
+      const chartBuckets = toBuckets(data.over_time, "outcome", "calls");
+      const failing = rows.filter((r) => r.failures).sort((a, b) => b.failure_share - a.failure_share);
+      fill(content, 
+        h("section", { class: "stats" },
+          statCard("Tool calls", fmtInt(rows.reduce((n, r) => n + r.calls, 0))),
+          statCard("Tools", fmtInt(rows.length)),
+          statCard("Failure share", fmtPct(rows.reduce((n, r) => n + r.failures, 0) / Math.max(1, rows.reduce((n, r) => n + r.ended, 0))), "ended other than served"),
+          statCard("Running", fmtInt(rows.reduce((n, r) => n + r.running, 0)), "started, not ended"),
+          failing.length ? statCard("Most failing", failing[0].tool, `${fmtPct(failing[0].failure_share)} of ${fmtInt(failing[0].ended)}`) : null,
+        ),
+        h("section", { class: "panel" },
+          h("h2", { text: "Calls per tool" }),
+          table([
+            { label: "Tool", render: (r) => h("a", { href: "#/tools", class: `tool-link${selected === r.tool ? " active" : ""}`, text: r.tool || "(unnamed)", onclick: (ev) => { ev.preventDefault(); selected = selected === r.tool ? null : r.tool; page.now(); } }) },
+            { label: "Calls", num: true, render: (r) => fmtInt(r.calls) },
+            { label: "Running", num: true, render: (r) => (r.running ? badge(fmtInt(r.running), "run") : "0") },
+            { label: "Outcomes", render: (r) => shareBar(r, [...OUTCOMES, "other"]) },
+            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", render: (r) => h("span", { class: r.failure_share > 0.1 ? "error-text" : null, text: fmtPct(r.failure_share) }) },
+            { label: "p50", num: true, render: (r) => fmtMs(r.p50_ms) },
+            { label: "p95", num: true, render: (r) => fmtMs(r.p95_ms) },
+            { label: "p99", num: true, render: (r) => fmtMs(r.p99_ms) },
+            { label: "max", num: true, render: (r) => fmtMs(r.max_ms) },
+            { label: "Last seen", render: (r) => h("span", { title: fmtTime(r.last_seen, true), text: fmtAgo(r.last_seen) }) },
+          ], rows, { class: "tools", empty: "no tool calls in this range", rowProps: (r) => ({ "data-tool": r.tool, class: selected === r.tool ? "selected" : null }) }),
+          legend(OUTCOMES),
+        ),
+        h("section", { class: "panel" },
+          h("h2", { text: `Calls over time${selected ? ` — ${selected}` : ""}` }),
+          h("p", { class: "muted", text: `by outcome, per ${fmtBucket(data.bucket_seconds)}${selected ? " (click the tool again for all tools)" : " (click a tool to see it alone)"}` }),
+          stackedBars(chartBuckets, OUTCOMES.concat(["unknown"]), { label: "tool calls over time" }),
+          legend(OUTCOMES),
+        ),
+      );
+    }
+  }
+
+  function turnsPage() {
+    return analyticsPage("Turns", "Why agent loops stopped, what they cost in tokens, how long they took.", async (content, range) => {
+      const data = await getJSON("/api/turns", { range });
+      const reasons = data.loop_end_reasons.map((r) => r.reason);
+      const reasonOrder = Object.keys(REASON_TONE).concat(["unknown"]);
+      const total = data.loop_end_reasons.reduce((n, r) => n + r.turns, 0);
+      const overall = data.latency[0];
+      const tokens = toBuckets(
+        data.over_time.flatMap((r) => [{ t: r.t, kind: "input", n: r.input_tokens }, { t: r.t, kind: "output", n: r.output_tokens }]), "kind", "n");
+      fill(content, 
+        h("section", { class: "stats" },
+          statCard("Turns", fmtInt(total)),
+          statCard("Completed", fmtPct(total ? (data.loop_end_reasons.find((r) => r.reason === "completed") || { turns: 0 }).turns / total : null)),
+          statCard("Latency p50 / p95", overall ? `${fmtMs(overall.p50_ms)} / ${fmtMs(overall.p95_ms)}` : "–"),
+          statCard("Tokens in / out", `${fmtInt(data.models.reduce((n, m) => n + m.input_tokens, 0))} / ${fmtInt(data.models.reduce((n, m) => n + m.output_tokens, 0))}`),
+        ),
+        h("div", { class: "two-col" },
+          h("section", { class: "panel" },
+            h("h2", { text: "Loop end reasons" }),
+            data.loop_end_reasons.length
+              ? h("div", { class: "bars" }, data.loop_end_reasons.map((r) => h("div", { class: "bar-row", "data-reason": r.reason },
+                reasonBadge(r.reason), meter(r.share, REASON_TONE[r.reason] || "muted"), h("span", { class: "num", text: `${fmtInt(r.turns)} · ${fmtPct(r.share)}` }))))
+              : h("p", { class: "muted", text: "no turns in this range" }),
+          ),
+          h("section", { class: "panel" },
+            h("h2", { text: "Turns over time" }),
+            h("p", { class: "muted", text: `by loop end reason, per ${fmtBucket(data.bucket_seconds)}` }),
+            stackedBars(toBuckets(data.over_time, "reason", "turns"), reasonOrder, { label: "turns over time", width: 460, height: 200 }),
+            legend(reasonOrder.filter((r) => reasons.includes(r))),
+          ),
+        ),
+        h("div", { class: "two-col" },
+          h("section", { class: "panel" },
+            h("h2", { text: "Tokens by model" }),
+            table([
+              { label: "Model", key: "model" },
+              { label: "Provider", key: "provider" },
+              { label: "Turns", num: true, render: (r) => fmtInt(r.turns) },
+              { label: "Input", num: true, render: (r) => fmtInt(r.input_tokens) },
+              { label: "Output", num: true, render: (r) => fmtInt(r.output_tokens) },
+              { label: "Per turn", num: true, render: (r) => fmtInt(r.avg_tokens) },
+            ], data.models, { empty: "no turns in this range" }),
+          ),
+          h("section", { class: "panel" },
+            h("h2", { text: "Tokens over time" }),
+            stackedBars(tokens, ["input", "output"], { label: "tokens over time", width: 460, height: 200 }),
+            legend(["input", "output"]),
+          ),
+        ),
+        h("section", { class: "panel" },
+          h("h2", { text: "Latency" }),
+          table([
+            { label: "Agent", key: "agent" },
+            { label: "Turns", num: true, render: (r) => fmtInt(r.turns) },
+            { label: "p50", num: true, render: (r) => fmtMs(r.p50_ms) },
+            { label: "p95", num: true, render: (r) => fmtMs(r.p95_ms) },
+            { label: "p99", num: true, render: (r) => fmtMs(r.p99_ms) },
+            { label: "max", num: true, render: (r) => fmtMs(r.max_ms) },
+            { label: "Rounds / turn", num: true, render: (r) => (r.avg_rounds === null ? "–" : r.avg_rounds.toFixed(1)) },
+            { label: "Tool calls / turn", num: true, render: (r) => (r.avg_tool_calls === null ? "–" : r.avg_tool_calls.toFixed(1)) },
+          ], data.latency, { empty: "no turns in this range" }),
+        ),
+        h("section", { class: "panel" },
+          h("h2", { text: "Slowest turns" }),
+          table([
+            { label: "Session", render: (r) => (r.session_id ? sessionLink(r.session_id) : "–") },
+            { label: "Agent", render: (r) => r.agent || "–" },
+            { label: "Model", render: (r) => r.model || "–" },
+            { label: "Ended", render: (r) => reasonBadge(r.loop_end_reason) },
+            { label: "Latency", num: true, render: (r) => fmtMs(r.latency_ms) },
+            { label: "Rounds", num: true, render: (r) => fmtInt(r.round_count) },
+            { label: "Tool calls", num: true, render: (r) => fmtInt(r.tool_calls_count) },
+            { label: "Tokens in / out", num: true, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
+            { label: "At", render: (r) => fmtTime(r.t, true) },
+          ], data.slowest, { empty: "no turns in this range" }),
+        ),
+      );
+    });
+  }
+
+  function declaredPage() {
+    return analyticsPage("Declared vs used tools", "Per agent, each tool the model was offered and how often it was called. A tool offered every turn but never called costs prompt tokens for nothing.", async (content, range) => {
+      const data = await getJSON("/api/declared", { range });
+      clear(content);
+      if (!data.agents.length) put(content, h("p", { class: "muted empty", text: "no turns in this range" }));
+      for (const agent of data.agents) {
+        put(content, h("section", { class: "panel agent", "data-agent": agent.agent },
+          h("h2", null, agent.agent, " ", h("span", { class: "muted", text: `${plural(agent.turns, "turn")} · ${plural(agent.declared, "tool")} offered · ${fmtInt(agent.never_called)} never called` })),
+          table([
+            { label: "Tool", render: (r) => h("span", { class: "mono", text: r.tool || "(unnamed)" }) },
+            { label: "Offered in", num: true, render: (r) => `${plural(r.turns_declared, "turn")} (${fmtPct(r.turns_declared / Math.max(1, agent.turns))})` },
+            { label: "Calls", num: true, render: (r) => fmtInt(r.calls) },
+            { label: "Called in", num: true, render: (r) => plural(r.turns_used, "turn") },
+            { label: "Use rate", title: "turns that called the tool / turns that offered it", render: (r) => (r.turns_declared ? [meter(r.turns_used / r.turns_declared, r.never_called ? "bad" : "ok"), ` ${fmtPct(r.turns_used / r.turns_declared)}`] : "–") },
+            { label: "", render: (r) => (r.never_called ? badge("never called", "warn") : r.undeclared ? badge("called, not offered", "bad") : null) },
+          ], agent.tools, { rowProps: (r) => ({ class: r.never_called ? "never" : null }) }),
+        ));
+      }
+    });
+  }
+
+  window.addEventListener("hashchange", route);
+  route();
+})();

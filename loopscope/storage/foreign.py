@@ -1,0 +1,1019 @@
+"""Foreign GenAI spans -> spans with loopscope's canonical attributes.
+
+Other instrumentations describe the same things with other attributes:
+
+* the official OpenTelemetry GenAI instrumentations (``gen_ai.*``; content in
+  ``gen_ai.input.messages`` / ``gen_ai.output.messages``, or in older releases in span
+  events such as ``gen_ai.user.message`` and ``gen_ai.choice``);
+* OpenLLMetry (Traceloop): the same ``gen_ai.*`` names in current releases, and
+  ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*`` with ``llm.request.type`` in older
+  ones; ``traceloop.span.kind`` (``agent``, ``workflow``, ``tool``) with
+  ``traceloop.entity.name`` / ``.input`` / ``.output`` for the decorated functions;
+* OpenInference (Arize): ``openinference.span.kind`` (``LLM``, ``TOOL``, ``AGENT``,
+  ``CHAIN``), ``llm.model_name``, ``llm.token_count.*``, ``llm.output_messages.N.message.*``,
+  ``tool.name``, ``input.value`` / ``output.value``, ``session.id``;
+* pydantic-ai: ``invoke_agent`` / ``agent run``, ``chat <model>``, ``execute_tool`` /
+  ``running tool`` spans with ``gen_ai.*`` and ``tool_arguments`` / ``tool_response``,
+  ``final_result``, ``gen_ai.aggregated_usage.*``.
+
+:func:`classify` tells what a span is (an agent run, a model call, a tool call, a
+container such as a chain or workflow, or nothing loopscope maps), :func:`normalize`
+rewrites one span alone, and :class:`Assembler` groups the spans of an agent run, so
+that its model calls and tool calls join its turn (session, turn id, agent name) and its
+turn summary counts them. Spans loopscope recorded itself (instrumentation scope
+``loopscope``) pass through unchanged.
+
+The result is a span-like :class:`SpanRecord` that :mod:`loopscope.storage.mapping`
+reads like any span.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _json, semconv as a
+from ..models import RESPONSE_SEGMENT_SEPARATOR
+
+OWN_SCOPE = "loopscope"
+
+AGENT, CONTAINER, CHAT, TOOL = "agent", "container", "chat", "tool"
+
+# frameworks (the events' source_framework)
+OTEL_GENAI, OPENLLMETRY, OPENINFERENCE, PYDANTIC_AI = "opentelemetry-genai", "openllmetry", "openinference", "pydantic-ai"
+
+_STATUS_ERROR = 2  # StatusCode.ERROR
+
+
+class Ctx:
+    """A span context: the two ids, as ints."""
+
+    __slots__ = ("trace_id", "span_id", "is_remote")
+
+    def __init__(self, trace_id: int, span_id: int, is_remote: bool = False) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.is_remote = is_remote
+
+    def __repr__(self) -> str:
+        return f"Ctx({self.trace_id:032x}, {self.span_id:016x})"
+
+
+class Status:
+    __slots__ = ("status_code", "description")
+
+    def __init__(self, status_code: int = 0, description: str | None = None) -> None:
+        self.status_code = status_code
+        self.description = description
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status_code != _STATUS_ERROR
+
+
+class Scope:
+    __slots__ = ("name", "version")
+
+    def __init__(self, name: str = "", version: str | None = None) -> None:
+        self.name = name
+        self.version = version
+
+
+class SpanEvent:
+    __slots__ = ("name", "timestamp", "attributes")
+
+    def __init__(self, name: str, timestamp: int, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.timestamp = timestamp
+        self.attributes = attributes
+
+
+class SpanRecord:
+    """A finished span as plain data: what OTLP carries, in the shape the mapping reads
+    (``.context.trace_id`` / ``.span_id`` as ints, times in ns, ``.attributes`` a dict)."""
+
+    __slots__ = (
+        "name", "context", "parent", "kind", "start_time", "end_time", "attributes", "events", "links",
+        "status", "resource", "instrumentation_scope",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        context: Ctx,
+        parent: Ctx | None,
+        start_time: int,
+        end_time: int,
+        attributes: dict[str, Any],
+        *,
+        kind: int = 0,
+        events: tuple[SpanEvent, ...] | list[SpanEvent] = (),
+        links: tuple[Any, ...] | list[Any] = (),
+        status: Status | None = None,
+        resource: dict[str, Any] | None = None,
+        instrumentation_scope: Scope | None = None,
+    ) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.start_time = start_time
+        self.end_time = end_time
+        self.attributes = attributes
+        self.events = events
+        self.links = links
+        self.status = status or Status()
+        self.resource = resource or {}
+        self.instrumentation_scope = instrumentation_scope or Scope()
+
+    def replace(self, **changes: Any) -> SpanRecord:
+        """A copy with some fields changed."""
+        copy = SpanRecord.__new__(SpanRecord)
+        for slot in SpanRecord.__slots__:
+            setattr(copy, slot, changes[slot] if slot in changes else getattr(self, slot))
+        return copy
+
+    def __repr__(self) -> str:
+        return f"SpanRecord({self.name!r}, {self.context!r})"
+
+
+def record_of(span: Any) -> SpanRecord:
+    """Any span-like object (an SDK ``ReadableSpan``, say) as a :class:`SpanRecord`."""
+    if isinstance(span, SpanRecord):
+        return span
+    ctx = span.context
+    parent = getattr(span, "parent", None)
+    status = getattr(span, "status", None)
+    scope = getattr(span, "instrumentation_scope", None)
+    resource = getattr(span, "resource", None)
+    return SpanRecord(
+        span.name,
+        Ctx(ctx.trace_id, ctx.span_id),
+        Ctx(parent.trace_id, parent.span_id, bool(getattr(parent, "is_remote", False))) if parent is not None else None,
+        span.start_time or 0,
+        span.end_time or span.start_time or 0,
+        dict(span.attributes or {}),
+        events=[SpanEvent(e.name, e.timestamp, dict(e.attributes or {})) for e in (getattr(span, "events", None) or ())],
+        status=Status(int(getattr(getattr(status, "status_code", None), "value", 0) or 0), getattr(status, "description", None)),
+        resource=dict(getattr(resource, "attributes", None) or {}),
+        instrumentation_scope=Scope(getattr(scope, "name", "") or "", getattr(scope, "version", None)),
+    )
+
+
+def is_own(span: Any) -> bool:
+    """A span loopscope's recorder made: its rows come from the mapping as they are."""
+    scope = getattr(span, "instrumentation_scope", None)
+    return getattr(scope, "name", None) == OWN_SCOPE
+
+
+# -- what a span is ----------------------------------------------------------------------------
+
+_OI_KINDS = {"LLM": CHAT, "TOOL": TOOL, "AGENT": AGENT, "CHAIN": CONTAINER}
+_TL_KINDS = {"tool": TOOL, "agent": AGENT, "workflow": CONTAINER}
+_GENAI_OPS = {
+    "chat": CHAT, "text_completion": CHAT, "generate_content": CHAT, "completion": CHAT,
+    "execute_tool": TOOL, "invoke_agent": AGENT, "invoke_workflow": CONTAINER,
+}
+_OPENLLMETRY_SCOPE = re.compile(r"^opentelemetry\.instrumentation\.[a-z_]+\.v\d+$|^traceloop\.")
+
+
+def classify(span: Any) -> tuple[str | None, str | None]:
+    """``(role, framework)``: role is ``agent``, ``container``, ``chat``, ``tool`` or None
+    (a span loopscope does not map); framework names the instrumentation."""
+    attrs = span.attributes or {}
+    scope = getattr(getattr(span, "instrumentation_scope", None), "name", "") or ""
+    oi = attrs.get("openinference.span.kind")
+    if isinstance(oi, str):
+        return _OI_KINDS.get(oi.upper()), OPENINFERENCE
+    tl = attrs.get("traceloop.span.kind")
+    if isinstance(tl, str):
+        return _TL_KINDS.get(tl.lower()), OPENLLMETRY
+    framework = PYDANTIC_AI if scope == "pydantic-ai" else OPENLLMETRY if _OPENLLMETRY_SCOPE.match(scope) else OTEL_GENAI
+    op = attrs.get(a.OPERATION)
+    if isinstance(op, str) and op in _GENAI_OPS:
+        return _GENAI_OPS[op], framework
+    request_type = attrs.get("llm.request.type")  # OpenLLMetry before the gen_ai.operation.name
+    if request_type in ("chat", "completion"):
+        return CHAT, OPENLLMETRY
+    if scope == "pydantic-ai" or "agent_name" in attrs or "tool_arguments" in attrs:
+        name = span.name or ""
+        if name == "agent run" or name.endswith(" run") and "agent_name" in attrs:
+            return AGENT, PYDANTIC_AI
+        if name == "running tool" or name.startswith("running tool:") or "tool_arguments" in attrs:
+            return TOOL, PYDANTIC_AI
+    if (attrs.get("gen_ai.system") or attrs.get(a.PROVIDER)) and (
+        "gen_ai.prompt.0.content" in attrs or "gen_ai.completion.0.content" in attrs
+        or any(getattr(e, "name", "").startswith(("gen_ai.choice", "gen_ai.content.")) for e in (getattr(span, "events", None) or ()))
+    ):
+        return CHAT, framework
+    return None, None
+
+
+# -- reading values --------------------------------------------------------------------------------
+
+
+def _loads(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _text(value: Any) -> str | None:
+    """A JSON-ish value as text: strings as they are, the rest as JSON."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return _json.dumps(value)
+
+
+def _first(attrs: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return value
+    return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(float(value))
+        except ValueError:
+            return None
+    return None
+
+
+def _indexed(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """Flattened lists (``prefix.0.role``, ``prefix.0.content``, ...) as a list of dicts of
+    the rest of each key (``{"role": ..., "content": ...}``), in index order."""
+    items: dict[int, dict[str, Any]] = {}
+    start = len(prefix) + 1
+    for key, value in attrs.items():
+        if not key.startswith(prefix) or len(key) <= start or key[start - 1] != ".":
+            continue
+        head, _, rest = key[start:].partition(".")
+        if not head.isdigit():
+            continue
+        items.setdefault(int(head), {})[rest] = value
+    return [items[i] for i in sorted(items)]
+
+
+# -- messages in the GenAI conventions' JSON (parts), and the older shapes ---------------------
+
+
+@dataclass
+class Messages:
+    """What a model call's messages say, in loopscope's terms."""
+
+    text: str = ""  # the assistant's text
+    tool_calls: list[tuple[str | None, str, str | None]] = field(default_factory=list)  # (id, name, arguments JSON)
+    user_text: str | None = None  # the last user text sent
+
+
+def _parts_text(parts: Any) -> str:
+    out = []
+    for part in parts if isinstance(parts, list) else ():
+        if isinstance(part, dict) and part.get("type") in ("text", None) and isinstance(part.get("content"), str):
+            out.append(part["content"])
+    return "".join(out)
+
+
+def _content_text(content: Any) -> str:
+    """OpenAI-style message content: a string, or a list of parts with text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text") or (p.get("content") if isinstance(p.get("content"), str) else "") or ""
+            for p in content if isinstance(p, dict)
+        )
+    return ""
+
+
+def _genai_output(value: Any, out: Messages) -> None:
+    for message in _loads(value) or ():
+        if not isinstance(message, dict) or message.get("role") not in ("assistant", None):
+            continue
+        out.text += _parts_text(message.get("parts"))
+        for part in message.get("parts") or ():
+            if isinstance(part, dict) and part.get("type") == "tool_call":
+                out.tool_calls.append((part.get("id"), str(part.get("name") or ""), _text(part.get("arguments"))))
+
+
+def _genai_last_user(value: Any) -> str | None:
+    text = None
+    for message in _loads(value) or ():
+        if isinstance(message, dict) and message.get("role") == "user":
+            found = _parts_text(message.get("parts"))
+            if found:
+                text = found
+    return text
+
+
+def _chat_messages(span: Any) -> Messages:
+    attrs = span.attributes or {}
+    out = Messages()
+    if a.OUTPUT_MESSAGES in attrs:
+        _genai_output(attrs[a.OUTPUT_MESSAGES], out)
+    elif "llm.output_messages.0.message.role" in attrs or "llm.output_messages.0.message.content" in attrs:
+        for message in _indexed(attrs, "llm.output_messages"):
+            if message.get("message.role", "assistant") != "assistant":
+                continue
+            out.text += message.get("message.content") or "".join(
+                str(v) for k, v in sorted(message.items()) if k.startswith("message.contents.") and k.endswith("message_content.text")
+            )
+            for call in _indexed(message, "message.tool_calls"):
+                out.tool_calls.append((
+                    call.get("tool_call.id"), str(call.get("tool_call.function.name") or ""), _text(call.get("tool_call.function.arguments")),
+                ))
+    elif "gen_ai.completion.0.content" in attrs or "gen_ai.completion.0.role" in attrs or "gen_ai.completion.0.tool_calls.0.name" in attrs:
+        for message in _indexed(attrs, "gen_ai.completion"):
+            if message.get("role", "assistant") != "assistant":
+                continue
+            out.text += _content_text(message.get("content"))
+            for call in _indexed(message, "tool_calls"):
+                out.tool_calls.append((call.get("id"), str(call.get("name") or ""), _text(call.get("arguments"))))
+    else:
+        _event_output(span, out)
+    # the user's last text
+    if a.INPUT_MESSAGES in attrs:
+        out.user_text = _genai_last_user(attrs[a.INPUT_MESSAGES])
+    elif "llm.input_messages.0.message.role" in attrs:
+        for message in _indexed(attrs, "llm.input_messages"):
+            if message.get("message.role") == "user" and message.get("message.content"):
+                out.user_text = str(message["message.content"])
+    elif "gen_ai.prompt.0.role" in attrs or "gen_ai.prompt.0.content" in attrs:
+        for message in _indexed(attrs, "gen_ai.prompt"):
+            if message.get("role", "user") == "user" and message.get("content"):
+                out.user_text = _content_text(_loads(message["content"]) if str(message["content"]).startswith("[") else message["content"])
+    else:
+        for event in getattr(span, "events", None) or ():
+            if event.name == "gen_ai.user.message":
+                text = _event_body_text(event.attributes)
+                if text:
+                    out.user_text = text
+            elif event.name == "gen_ai.content.prompt":
+                for message in _loads(event.attributes.get("gen_ai.prompt")) or ():
+                    if isinstance(message, dict) and message.get("role") == "user":
+                        out.user_text = _content_text(message.get("content")) or out.user_text
+    return out
+
+
+def _event_body(attributes: Mapping[str, Any]) -> Any:
+    """The body of an event carried as a span event: in one JSON attribute, or flattened."""
+    for key in ("gen_ai.event.content", "event.body", "body", "message"):
+        if key in attributes:
+            value = _loads(attributes[key])
+            if value is not None:
+                return value
+    return dict(attributes)
+
+
+def _event_body_text(attributes: Mapping[str, Any]) -> str:
+    body = _event_body(attributes)
+    if isinstance(body, dict):
+        if "content" in body:
+            return _content_text(body["content"])
+        message = body.get("message")
+        if isinstance(message, dict):
+            return _content_text(message.get("content"))
+    if isinstance(body, str):
+        return body
+    return ""
+
+
+def _event_output(span: Any, out: Messages) -> None:
+    for event in getattr(span, "events", None) or ():
+        attributes = event.attributes or {}
+        if event.name == "gen_ai.choice":
+            body = _event_body(attributes)
+            message = body.get("message") if isinstance(body, dict) else None
+            if not isinstance(message, dict):
+                message = {k[len("message."):]: v for k, v in attributes.items() if k.startswith("message.")} or body
+            if isinstance(message, dict):
+                out.text += _content_text(_loads(message.get("content")) if str(message.get("content", "")).startswith("[") else message.get("content"))
+                for call in _loads(message.get("tool_calls")) or ():
+                    if isinstance(call, dict):
+                        function = call.get("function") if isinstance(call.get("function"), dict) else call
+                        out.tool_calls.append((call.get("id"), str(function.get("name") or ""), _text(function.get("arguments"))))
+        elif event.name == "gen_ai.content.completion":
+            for message in _loads(attributes.get("gen_ai.completion")) or ():
+                if isinstance(message, dict) and message.get("role", "assistant") == "assistant":
+                    out.text += _content_text(message.get("content"))
+
+
+# -- model calls, tool calls, agent runs ------------------------------------------------------------
+
+
+@dataclass
+class Chat:
+    text: str
+    tool_calls: list[tuple[str | None, str, str | None]]
+    user_text: str | None
+    request_model: str | None
+    response_model: str | None
+    provider: str | None
+    usage: dict[str, int]
+    finish_reasons: tuple[str, ...]
+    declared: list[dict[str, Any]]
+    streaming: bool
+
+
+_USAGE_SOURCES = {
+    "input_tokens": ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt", "llm.usage.prompt_tokens"),
+    "output_tokens": ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion", "llm.usage.completion_tokens"),
+    "cache_read_input_tokens": (
+        "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens", "llm.token_count.prompt_details.cache_read",
+    ),
+    "cache_creation_input_tokens": (
+        "gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_creation_input_tokens", "llm.token_count.prompt_details.cache_write",
+    ),
+    "reasoning_tokens": (
+        "gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens", "gen_ai.usage.details.reasoning_tokens",
+        "llm.token_count.completion_details.reasoning",
+    ),
+}
+
+
+def _usage(attrs: Mapping[str, Any], prefix: str | None = None) -> dict[str, int]:
+    usage = {}
+    for key, sources in _USAGE_SOURCES.items():
+        if prefix is not None:
+            sources = tuple(s.replace("gen_ai.usage.", prefix) for s in sources if s.startswith("gen_ai.usage."))
+        value = _int(_first(attrs, *sources))
+        if value is not None and (value or key in ("input_tokens", "output_tokens")):
+            usage[key] = value
+    return usage
+
+
+def _declared(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The tools a model call was offered, as loopscope's declared-tool records."""
+    tools: list[Any] = []
+    definitions = _loads(attrs.get(a.TOOL_DEFINITIONS))
+    if isinstance(definitions, list):
+        tools = definitions
+    else:
+        for item in _indexed(attrs, "llm.tools"):
+            tools.append(_loads(item.get("tool.json_schema")))
+        for item in _indexed(attrs, "llm.request.functions"):  # OpenLLMetry before gen_ai.tool.definitions
+            tools.append({"name": item.get("name"), "description": item.get("description"), "parameters": _loads(item.get("parameters"))})
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        if isinstance(tool.get("function"), dict):
+            tool = tool["function"]
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        record: dict[str, Any] = {"name": name}
+        if isinstance(tool.get("description"), str):
+            record["description"] = tool["description"]
+        parameters = tool.get("parameters", tool.get("input_schema"))
+        if isinstance(parameters, dict):
+            record["parameters"] = parameters
+        record["origin"] = "always"
+        out.append(record)
+    return out
+
+
+def read_chat(span: Any) -> Chat:
+    attrs = span.attributes or {}
+    messages = _chat_messages(span)
+    reasons = attrs.get(a.RESPONSE_FINISH_REASONS) or attrs.get("llm.finish_reason") or ()
+    if isinstance(reasons, str):
+        reasons = (reasons,)
+    if not reasons:
+        reasons = tuple(m.get("finish_reason") for m in _indexed(attrs, "gen_ai.completion") if m.get("finish_reason"))
+    if not reasons:
+        for event in getattr(span, "events", None) or ():
+            if event.name == "gen_ai.choice":
+                body = _event_body(event.attributes or {})
+                reason = (event.attributes or {}).get("finish_reason") or (body.get("finish_reason") if isinstance(body, dict) else None)
+                if reason:
+                    reasons = (*reasons, reason)
+    stream = _first(attrs, a.REQUEST_STREAM, "gen_ai.is_streaming", "llm.is_streaming")
+    return Chat(
+        text=messages.text,
+        tool_calls=messages.tool_calls,
+        user_text=messages.user_text,
+        request_model=_first(attrs, a.REQUEST_MODEL, "llm.model_name", "llm.request.model", "model_name"),
+        response_model=_first(attrs, a.RESPONSE_MODEL, "llm.model_name", "llm.response.model"),
+        provider=_first(attrs, a.PROVIDER, "gen_ai.system", "llm.provider", "llm.system"),
+        usage=_usage(attrs),
+        finish_reasons=tuple(str(r) for r in reasons),
+        declared=_declared(attrs),
+        streaming=bool(stream) if isinstance(stream, (bool, int)) else str(stream).lower() == "true",
+    )
+
+
+@dataclass
+class ToolCall:
+    name: str
+    call_id: str | None
+    arguments: str | None
+    result: str | None
+    outcome: str
+    error: str | None
+
+
+def _error_text(span: Any) -> str | None:
+    attrs = span.attributes or {}
+    kind = attrs.get(a.ERROR_TYPE)
+    description = getattr(getattr(span, "status", None), "description", None)
+    for event in getattr(span, "events", None) or ():
+        if event.name == "exception":
+            kind = kind or event.attributes.get("exception.type")
+            description = description or event.attributes.get("exception.message")
+    if kind and description:
+        return f"{kind}: {description}"
+    return kind or description
+
+
+def _failed(span: Any) -> bool:
+    status = getattr(span, "status", None)
+    code = getattr(status, "status_code", 0)
+    return getattr(code, "value", code) == _STATUS_ERROR or bool((span.attributes or {}).get(a.ERROR_TYPE))
+
+
+def _entity_arguments(value: Any) -> str | None:
+    """traceloop.entity.input (``{"args": [...], "kwargs": {...}}``) as the call's arguments."""
+    data = _loads(value)
+    if isinstance(data, dict) and set(data) <= {"args", "kwargs"}:
+        args, kwargs = data.get("args") or [], data.get("kwargs") or {}
+        if not args:
+            return _json.dumps(kwargs)
+        if not kwargs and len(args) == 1:
+            return _text(args[0])
+        return _json.dumps({"args": args, "kwargs": kwargs})
+    return _text(value)
+
+
+def read_tool(span: Any) -> ToolCall:
+    attrs = span.attributes or {}
+    name = _first(attrs, a.TOOL_NAME, "tool.name", "traceloop.entity.name")
+    if not name:
+        span_name = span.name or ""
+        message = attrs.get("logfire.msg") or ""
+        if isinstance(message, str) and message.startswith("running tool: "):
+            name = message[len("running tool: "):]
+        elif span_name.startswith("execute_tool "):
+            name = span_name[len("execute_tool "):]
+        elif span_name.endswith(".tool"):
+            name = span_name[: -len(".tool")]
+        else:
+            name = span_name
+    if a.TOOL_CALL_ARGUMENTS in attrs or "tool_arguments" in attrs:
+        arguments = _text(_first(attrs, a.TOOL_CALL_ARGUMENTS, "tool_arguments"))
+    elif "traceloop.entity.input" in attrs:
+        arguments = _entity_arguments(attrs["traceloop.entity.input"])
+    else:
+        arguments = _text(attrs.get("input.value"))
+    result = _first(attrs, a.TOOL_CALL_RESULT, "tool_response", "traceloop.entity.output", "output.value")
+    failed = _failed(span)
+    return ToolCall(
+        name=str(name),
+        call_id=_text(_first(attrs, a.TOOL_CALL_ID, "tool_call.id", "tool.call_id", "tool.id")),
+        arguments=arguments,
+        result=_text(result),
+        outcome="failed" if failed else "served",
+        error=_error_text(span) if failed else None,
+    )
+
+
+@dataclass
+class AgentRun:
+    name: str | None
+    input: str | None
+    output: str | None
+    session: str | None
+    usage: dict[str, int]
+    model: str | None
+    provider: str | None
+
+
+def session_of(attrs: Mapping[str, Any]) -> str | None:
+    value = _first(
+        attrs, a.CONVERSATION_ID, "session.id", "traceloop.association.properties.session_id",
+        "traceloop.association.properties.conversation_id", "traceloop.association.properties.thread_id",
+    )
+    return str(value) if value is not None else None
+
+
+def read_agent(span: Any) -> AgentRun:
+    attrs = span.attributes or {}
+    name = _first(attrs, a.AGENT_NAME, "agent_name", "agent.name", "traceloop.entity.name")
+    if name is None and attrs.get("openinference.span.kind"):
+        name = span.name
+    text_in: str | None = None
+    if a.INPUT_MESSAGES in attrs:
+        text_in = _genai_last_user(attrs[a.INPUT_MESSAGES])
+    elif "traceloop.entity.input" in attrs:
+        data = _loads(attrs["traceloop.entity.input"])
+        if isinstance(data, dict) and set(data) <= {"args", "kwargs"}:
+            values = list(data.get("args") or []) + list((data.get("kwargs") or {}).values())
+            strings = [v for v in values if isinstance(v, str)]
+            text_in = strings[0] if len(strings) == 1 else _entity_arguments(attrs["traceloop.entity.input"])
+        else:
+            text_in = _text(attrs["traceloop.entity.input"])
+    elif "input.value" in attrs:
+        value = attrs["input.value"]
+        text_in = value if attrs.get("input.mime_type") != "application/json" else _text(value)
+    text_out: str | None = None
+    if a.OUTPUT_MESSAGES in attrs:
+        out = Messages()
+        _genai_output(attrs[a.OUTPUT_MESSAGES], out)
+        text_out = out.text or None
+    else:
+        value = _first(attrs, "final_result", "output.value", "traceloop.entity.output")
+        if isinstance(value, str) and "traceloop.entity.output" in attrs and value is attrs.get("traceloop.entity.output"):
+            decoded = _loads(value)
+            value = decoded if isinstance(decoded, str) else value
+        text_out = _text(value)
+    usage = _usage(attrs) or _usage(attrs, "gen_ai.aggregated_usage.")
+    return AgentRun(
+        name=str(name) if name is not None else None,
+        input=text_in,
+        output=text_out,
+        session=session_of(attrs),
+        usage=usage,
+        model=_first(attrs, a.RESPONSE_MODEL, a.REQUEST_MODEL, "model_name", "llm.model_name"),
+        provider=_first(attrs, a.PROVIDER, "gen_ai.system", "llm.provider", "llm.system"),
+    )
+
+
+# -- canonical attributes ------------------------------------------------------------------------------
+
+
+def _context_attributes(session: str | None, turn_id: str | None, agent: str | None, framework: str | None) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    if session:
+        attrs[a.CONVERSATION_ID] = session
+    if turn_id:
+        attrs[a.TURN_ID] = turn_id
+    if agent:
+        attrs[a.AGENT_NAME] = agent
+    if framework:
+        attrs[a.FRAMEWORK] = framework
+    return attrs
+
+
+def chat_attributes(span: Any, chat: Chat, session: str | None, turn_id: str | None, agent: str | None,
+                    framework: str | None) -> dict[str, Any]:
+    attrs = {a.OPERATION: a.OP_CHAT, **_context_attributes(session, turn_id, agent, framework)}
+    if chat.provider:
+        attrs[a.PROVIDER] = str(chat.provider)
+    if chat.request_model:
+        attrs[a.REQUEST_MODEL] = str(chat.request_model)
+    if chat.response_model:
+        attrs[a.RESPONSE_MODEL] = str(chat.response_model)
+    if chat.text:
+        attrs[a.ROUND_TEXT] = chat.text
+    if chat.finish_reasons:
+        attrs[a.RESPONSE_FINISH_REASONS] = chat.finish_reasons
+    for key, value in chat.usage.items():
+        attrs[a.USAGE_ATTRIBUTES[key]] = value
+    if _failed(span):
+        attrs[a.ERROR_TYPE] = (span.attributes or {}).get(a.ERROR_TYPE) or "error"
+    return attrs
+
+
+def tool_attributes(tool: ToolCall, call_id: str, session: str | None, turn_id: str | None, agent: str | None,
+                    framework: str | None) -> dict[str, Any]:
+    attrs = {
+        a.OPERATION: a.OP_EXECUTE_TOOL,
+        **_context_attributes(session, turn_id, agent, framework),
+        a.TOOL_NAME: tool.name,
+        a.TOOL_CALL_ID: call_id,
+        a.TOOL_TYPE: "function",
+        a.TOOL_OUTCOME: tool.outcome,
+        a.TOOL_STATUS: "completed" if tool.outcome == "served" else "failed",
+    }
+    if tool.arguments is not None:
+        attrs[a.TOOL_CALL_ARGUMENTS] = tool.arguments
+    if tool.result is not None:
+        attrs[a.TOOL_CALL_RESULT] = tool.result
+    if tool.error:
+        attrs[a.TOOL_ERROR] = tool.error
+    return attrs
+
+
+_TRUNCATED = {"length", "max_tokens", "max_output_tokens", "model_length"}
+
+
+def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str, framework: str | None,
+                     chats: list[Chat], tools: list[ToolCall], rounds_with_tools: int) -> dict[str, Any]:
+    """The ``invoke_agent`` attributes of an agent run, with its turn summary made from the
+    model calls and tool calls under it (in time order)."""
+    segments = [c.text for c in chats if c.text]
+    if not segments and run.output:
+        segments = [run.output]
+    usage: dict[str, int] = dict(run.usage)
+    if not usage:
+        for chat in chats:
+            for key, value in chat.usage.items():
+                usage[key] = usage.get(key, 0) + value
+    declared: dict[str, dict[str, Any]] = {}
+    for chat in chats:
+        for tool in chat.declared:
+            declared.setdefault(tool["name"], tool)
+    failed = _failed(span)
+    last = chats[-1] if chats else None
+    if failed:
+        reason = "error"
+    elif last is not None and set(last.finish_reasons) & _TRUNCATED:
+        reason = "truncated"
+    else:
+        reason = "completed"
+    model = run.model or next((c.response_model or c.request_model for c in reversed(chats) if c.response_model or c.request_model), None)
+    provider = run.provider or next((c.provider for c in chats if c.provider), None)
+    definitions = [{k: v for k, v in t.items() if k != "origin"} for t in declared.values()]
+    attrs = a.turn_attributes(
+        reason,
+        _json.dumps(segments),
+        rounds_with_tools,
+        len(tools),
+        any(c.streaming for c in chats),
+        _json.dumps(list(declared.values())),
+        _json.dumps(definitions) if definitions else None,
+        RESPONSE_SEGMENT_SEPARATOR.join(segments),
+        "",
+        str(model) if model else None,
+        str(provider) if provider else None,
+        usage,
+    )
+    attrs.update({a.OPERATION: a.OP_INVOKE_AGENT, **_context_attributes(session, turn_id, run.name, framework)})
+    user_input = run.input if run.input is not None else next((c.user_text for c in chats if c.user_text), None)
+    if user_input is not None:
+        attrs[a.TURN_INPUT] = user_input
+    if failed:
+        attrs[a.ERROR_TYPE] = (span.attributes or {}).get(a.ERROR_TYPE) or "error"
+    return attrs
+
+
+def normalize(span: Any) -> SpanRecord | None:
+    """One foreign span alone as a span with loopscope's attributes (None when it is no
+    GenAI span loopscope maps); a span of loopscope's own comes back as it is.
+
+    Alone, a model call or tool call belongs to no turn (its session is its conversation id,
+    else its trace); :class:`Assembler` joins the spans of an agent run instead.
+    """
+    if is_own(span):
+        return record_of(span)
+    role, framework = classify(span)
+    if role is None or role == CONTAINER:
+        return None
+    record = record_of(span)
+    session = session_of(record.attributes)
+    if role == CHAT:
+        attrs = chat_attributes(record, read_chat(record), session, None, None, framework)
+    elif role == TOOL:
+        tool = read_tool(record)
+        attrs = tool_attributes(tool, tool.call_id or "%016x" % record.context.span_id, session, None, None, framework)
+    else:
+        run = read_agent(record)
+        attrs = agent_attributes(record, run, run.session, "%016x" % record.context.span_id, framework, [], [], 0)
+    return record.replace(attributes=attrs)
+
+
+# -- agent runs: the spans under them, together ----------------------------------------------------------
+
+
+_START, _END = 0, 1
+
+
+@dataclass
+class _Buffered:
+    span: SpanRecord
+    role: str
+    framework: str | None
+
+
+@dataclass
+class _Trace:
+    parents: dict[int, int | None] = field(default_factory=dict)  # span id -> parent span id, every span seen
+    buffered: dict[int, _Buffered] = field(default_factory=dict)  # GenAI spans not yet mapped, in arrival order
+    touched: float = 0.0
+
+
+class Assembler:
+    """Groups foreign GenAI spans by agent run, then hands them on as rows to write.
+
+    OTLP carries spans when they end, children before their parents: model calls and tool
+    calls are held until the agent run above them ends (then they join its turn: its
+    session, its turn id, its agent name, and its summary counts them), until their
+    trace's root ends (no agent above them: they are mapped alone), or until nothing
+    happened in their trace for ``idle_seconds``. Memory is bounded: past ``max_spans``
+    held spans or ``max_traces`` traces followed, the oldest trace is mapped as it is.
+
+    :meth:`add` takes one span and returns ``(kind, span)`` pairs (kind 0: started,
+    1: ended) for :meth:`StoreWriter.submit`, in the order to write them.
+    """
+
+    def __init__(self, *, idle_seconds: float = 60.0, max_spans: int = 100_000, max_traces: int = 20_000,
+                 clock: Any = time.monotonic) -> None:
+        self.idle_seconds = idle_seconds
+        self.max_spans = max_spans
+        self.max_traces = max_traces
+        self._clock = clock
+        self._traces: collections.OrderedDict[int, _Trace] = collections.OrderedDict()
+        self._held = 0
+
+    def tracks(self, trace_id: int) -> bool:
+        """Whether spans of this trace are held (a span of loopscope's own there must be seen too)."""
+        return trace_id in self._traces
+
+    @property
+    def held(self) -> int:
+        """How many spans wait for their agent run (or their trace's end)."""
+        return self._held
+
+    def add(self, span: Any) -> list[tuple[int, Any]]:
+        record = record_of(span)
+        tid, sid = record.context.trace_id, record.context.span_id
+        parent = record.parent.span_id if record.parent is not None and not record.parent.is_remote else None
+        out: list[tuple[int, Any]] = []
+        if is_own(record):
+            # loopscope's own spans map as they are; an own turn also claims what another
+            # instrumentation recorded inside it (the same model calls, seen twice)
+            state = self._traces.get(tid)
+            if state is not None:
+                state.parents[sid] = parent
+                if (record.attributes or {}).get(a.OPERATION) == a.OP_INVOKE_AGENT:
+                    for buffered_id in self._descendants(state, sid):
+                        state.buffered.pop(buffered_id, None)
+                        self._held -= 1
+                if parent is None:
+                    out += self._release_trace(tid)
+            return out
+        role, framework = classify(record)
+        state = self._traces.get(tid)
+        if state is None:
+            if role is None or (parent is None and role != AGENT):
+                # nothing to group: a lone span, or a root with nothing held below it
+                return self._alone(record, role, framework) if role in (CHAT, TOOL) else []
+            state = self._traces[tid] = _Trace()
+        self._traces.move_to_end(tid)
+        state.touched = self._clock()
+        state.parents[sid] = parent
+        if role in (CHAT, TOOL):
+            state.buffered[sid] = _Buffered(record, role, framework)
+            self._held += 1
+        elif role == AGENT or (role == CONTAINER and parent is None):
+            out += self._release_run(state, record, framework, container=role == CONTAINER)
+        if parent is None:
+            out += self._release_trace(tid)
+        while (self._held > self.max_spans or len(self._traces) > self.max_traces) and self._traces:
+            out += self._release_trace(next(iter(self._traces)))
+        return out
+
+    def expire(self) -> list[tuple[int, Any]]:
+        """Map the spans of traces idle for ``idle_seconds``, alone."""
+        out: list[tuple[int, Any]] = []
+        now = self._clock()
+        for tid in [t for t, s in self._traces.items() if now - s.touched >= self.idle_seconds]:
+            out += self._release_trace(tid)
+        return out
+
+    def drain(self) -> list[tuple[int, Any]]:
+        """Map everything still held (at shutdown)."""
+        out: list[tuple[int, Any]] = []
+        for tid in list(self._traces):
+            out += self._release_trace(tid)
+        return out
+
+    # -- inside ------------------------------------------------------------------------------
+
+    def _descendants(self, state: _Trace, root: int) -> list[int]:
+        """The held spans under ``root`` (by the parent links seen so far)."""
+        found = []
+        for sid in state.buffered:
+            node: int | None = state.parents.get(sid)
+            seen = 0
+            while node is not None and seen < 256:
+                if node == root:
+                    found.append(sid)
+                    break
+                node = state.parents.get(node)
+                seen += 1
+        return found
+
+    def _release_trace(self, tid: int) -> list[tuple[int, Any]]:
+        state = self._traces.pop(tid, None)
+        if state is None:
+            return []
+        out: list[tuple[int, Any]] = []
+        held = sorted(state.buffered.values(), key=lambda b: b.span.end_time)
+        self._held -= len(held)
+        for item in held:
+            out += self._alone(item.span, item.role, item.framework)
+        return out
+
+    def _alone(self, record: SpanRecord, role: str | None, framework: str | None) -> list[tuple[int, Any]]:
+        session = session_of(record.attributes)
+        if role == CHAT:
+            return [(_END, record.replace(attributes=chat_attributes(record, read_chat(record), session, None, None, framework)))]
+        if role == TOOL:
+            tool = read_tool(record)
+            canon = record.replace(attributes=tool_attributes(tool, tool.call_id or "%016x" % record.context.span_id, session, None, None, framework))
+            return [(_START, canon), (_END, canon)]
+        return []
+
+    def _release_run(self, state: _Trace, agent: SpanRecord, framework: str | None, container: bool) -> list[tuple[int, Any]]:
+        ids = self._descendants(state, agent.context.span_id)
+        items = [state.buffered.pop(sid) for sid in ids]
+        self._held -= len(items)
+        if container and not items:
+            return []  # a chain or workflow with no model or tool call under it
+        run = read_agent(agent)
+        chats: list[tuple[_Buffered, Chat]] = []
+        tools: list[tuple[_Buffered, ToolCall]] = []
+        for item in items:
+            if item.role == CHAT:
+                chats.append((item, read_chat(item.span)))
+            else:
+                tools.append((item, read_tool(item.span)))
+        chats.sort(key=lambda c: c[0].span.end_time)
+        tools.sort(key=lambda t: t[0].span.start_time)
+        session = run.session or next(
+            (s for s in (session_of(i.span.attributes) for i in items) if s), None
+        ) or "%032x" % agent.context.trace_id
+        turn_id = "%016x" % agent.context.span_id
+        name = run.name
+        framework = framework or next((i.framework for i in items), None)
+        # tool spans without a call id get the id of the call the model asked for (same
+        # name, the same arguments if they tell), else their span id
+        requested = [(chat_item.span.end_time, call) for chat_item, chat in chats for call in chat.tool_calls]
+        claimed: set[int] = set()
+        rounds = set()
+        canon_tools = []
+        for item, tool in tools:
+            call_id = tool.call_id
+            match = None
+            for index, (at, (cid, cname, carguments)) in enumerate(requested):
+                if index in claimed or cname != tool.name or at > item.span.start_time:
+                    continue
+                if call_id is not None and cid != call_id:
+                    continue
+                if match is None or (_same_json(carguments, tool.arguments) and not _same_json(requested[match][1][2], tool.arguments)):
+                    match = index
+            if match is not None:
+                claimed.add(match)
+                rounds.add(requested[match][0])
+                call_id = call_id or requested[match][1][0]
+            canon_tools.append((item, tool_attributes(tool, call_id or "%016x" % item.span.context.span_id, session, turn_id, name, item.framework)))
+        if tools and not rounds:
+            # tool calls that name no model call: each model call that asked for tools, then ran some
+            rounds = {item.span.end_time for item, chat in chats if chat.tool_calls}
+        rows: list[tuple[int, int, int, Any]] = []  # (time, order, kind, span)
+        order = 0
+        agent_attrs = agent_attributes(agent, run, session, turn_id, framework, [c for _, c in chats], [t for _, t in tools], len(rounds))
+        canon_agent = agent.replace(attributes=agent_attrs)
+        rows.append((agent.start_time, -1, _START, canon_agent))
+        for item, attrs in canon_tools:
+            canon = item.span.replace(attributes=attrs)
+            order += 1
+            rows.append((item.span.start_time, order, _START, canon))
+            order += 1
+            rows.append((item.span.end_time, order, _END, canon))
+        for item, chat in chats:
+            order += 1
+            rows.append((item.span.end_time, order, _END, item.span.replace(
+                attributes=chat_attributes(item.span, chat, session, turn_id, name, item.framework))))
+        rows.sort(key=lambda r: (r[0], r[1]))
+        out = [(kind, span) for _, _, kind, span in rows]
+        out.append((_END, canon_agent))
+        return out
+
+
+def _same_json(left: str | None, right: str | None) -> bool:
+    if left == right:
+        return True
+    return _loads(left) == _loads(right) and _loads(left) is not None
+
+
+def parse_fixture(data: Mapping[str, Any]) -> list[SpanRecord]:
+    """OTLP/JSON (hex ids) as records, in document order; for tests and tools."""
+    from .collector import decode_json, records_of
+
+    return records_of(decode_json(json.dumps(data).encode()))
+
+
+__all__ = [
+    "AGENT", "CHAT", "CONTAINER", "TOOL", "Assembler", "Ctx", "SpanEvent", "SpanRecord", "Status", "classify", "is_own",
+    "normalize", "read_agent", "read_chat", "read_tool", "record_of",
+]
+
