@@ -33,36 +33,38 @@ _encode = json.JSONEncoder(ensure_ascii=False).encode
 _encode_str = json.encoder.encode_basestring  # what that encoder does with a str
 
 
-def _c_encode() -> Any:
-    """``encode`` itself, minus what it redoes on every call: it builds its C encoder anew
-    (and a ``markers`` dict for cycles) each time, which costs more than encoding a small
-    value. The same C encoder, made once with the same options, gives the same text; without
-    ``markers`` a cycle raises ``RecursionError`` instead of ``ValueError``, and both fall
-    back to :func:`to_jsonable` below. It keeps no state between calls: threads share it."""
+def _c_iterencode() -> Any:
+    """``encode``'s C encoder, made once: ``encode`` builds it anew (and a ``markers`` dict
+    for cycles) on every call, which costs more than encoding a small value. Made with the
+    same options it gives the same text; without ``markers`` a cycle raises
+    ``RecursionError`` instead of ``ValueError``, and both fall back to :func:`to_jsonable`
+    in :func:`dumps`. It keeps no state between calls: threads share it. None without the
+    C accelerator (or if it does not answer as ``encode`` does)."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
-        return _encode
+        return None
     options = json.JSONEncoder(ensure_ascii=False)
     iterencode = make(
         None, options.default, _encode_str, None, options.key_separator, options.item_separator,
         options.sort_keys, options.skipkeys, options.allow_nan,
     )
-    join = "".join
-
-    def encode(value: Any) -> str:
-        return join(iterencode(value, 0))
-
     probe = {"a": [1, 2.5, None, True, "é"], "b": {"c": float("nan")}}
-    return encode if encode(probe) == _encode(probe) else _encode
+    return iterencode if "".join(iterencode(probe, 0)) == _encode(probe) else None
 
 
-_encode_value = _c_encode()
+_iterencode = _c_iterencode()
+_join = "".join
 
 
 def dumps(value: Any) -> str:
     """JSON text for ``value``; the fast path is plain ``json.dumps``."""
     try:
-        text = _encode_str(value) if type(value) is str else _encode_value(value)
+        if type(value) is str:
+            text = _encode_str(value)
+        elif _iterencode is not None:
+            text = _join(_iterencode(value, 0))
+        else:
+            text = _encode(value)
     except (TypeError, ValueError, RecursionError):
         return _encode(to_jsonable(value))
     return text if text.isascii() or _encodable(text) else _encode(to_jsonable(value))

@@ -50,21 +50,23 @@ def _deliver(deliver: Deliver, result: Any, generation: Generation) -> Any:
         return result
 
 
-def sync_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
-    """A wrapt wrapper for a synchronous SDK method that makes one model call."""
+def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Callable[..., Any]:
+    """A wrapt wrapper for a synchronous SDK method that makes one model call; ``mark=False``
+    for an SDK that emits no spans of its own (nothing reads :data:`calling` then)."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         generation, token = _begin(describe, instance, args, kwargs)
         if generation is None:
             return wrapped(*args, **kwargs)
-        mark = calling.set(generation)
+        marked = calling.set(generation) if mark else None
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
             generation.fail(exc)
             raise
         finally:
-            calling.reset(mark)
+            if marked is not None:
+                calling.reset(marked)
             if token is not None:
                 otel_context.detach(token)
         return _deliver(deliver, result, generation)
@@ -72,23 +74,25 @@ def sync_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
     return wrapper
 
 
-def async_call(describe: Describe, deliver: Deliver) -> Callable[..., Any]:
+def async_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Callable[..., Any]:
     """A wrapt wrapper for an async SDK method: decided by the class, since some SDK
-    methods are not coroutine functions by ``inspect`` but still return awaitables."""
+    methods are not coroutine functions by ``inspect`` but still return awaitables.
+    ``mark`` as for :func:`sync_call`."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         async def run() -> Any:
             generation, token = _begin(describe, instance, args, kwargs)
             if generation is None:
                 return await wrapped(*args, **kwargs)
-            mark = calling.set(generation)
+            marked = calling.set(generation) if mark else None
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
                 generation.fail(exc)
                 raise
             finally:
-                calling.reset(mark)
+                if marked is not None:
+                    calling.reset(marked)
                 if token is not None:
                     otel_context.detach(token)
             return _deliver(deliver, result, generation)

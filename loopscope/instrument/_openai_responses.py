@@ -252,10 +252,10 @@ def patch(deliver: Callable[[Any, Generation, Any, Any], Any]) -> list[Patch | N
         return deliver(result, generation, _finish_one, _ResponseEvents)
 
     patches: list[Patch | None] = [
-        wrap(responses.Responses, "create", sync_call(_request, deliver_response)),
-        wrap(responses.Responses, "parse", sync_call(_request, deliver_response)),
-        wrap(responses.AsyncResponses, "create", async_call(_request, deliver_response)),
-        wrap(responses.AsyncResponses, "parse", async_call(_request, deliver_response)),
+        wrap(responses.Responses, "create", sync_call(_request, deliver_response, mark=False)),
+        wrap(responses.Responses, "parse", sync_call(_request, deliver_response, mark=False)),
+        wrap(responses.AsyncResponses, "create", async_call(_request, deliver_response, mark=False)),
+        wrap(responses.AsyncResponses, "parse", async_call(_request, deliver_response, mark=False)),
     ]
     try:
         from openai.lib.streaming.responses import _responses as helpers

@@ -83,6 +83,8 @@ def _chat_usage(usage: Any) -> dict[str, int]:
 
 
 def _finish_completion(completion: Any, generation: Generation) -> None:
+    if isinstance(completion, r.BaseModel):
+        return _finish_model(completion, generation)
     choices = r.get(completion, "choices") or []
     choice = choices[0] if choices else None
     message = r.get(choice, "message")
@@ -98,6 +100,31 @@ def _finish_completion(completion: Any, generation: Generation) -> None:
         finish_reason=r.get(choice, "finish_reason"),
         response_id=r.get(completion, "id"),
         model=r.get(completion, "model"),
+    )
+
+
+def _finish_model(completion: Any, generation: Generation) -> None:
+    """:func:`_finish_completion` for the SDK's response model: its fields are attributes
+    (``r.get`` is ``getattr`` for them), read without a Python call each."""
+    choices = getattr(completion, "choices", None) or []
+    choice = choices[0] if choices else None
+    if type(choice) is dict:
+        return _finish_completion(dict(completion), generation)  # not the SDK's own shape: the general way
+    message = getattr(choice, "message", None)
+    if type(message) is dict:
+        return _finish_completion(dict(completion), generation)
+    calls = []
+    for call in getattr(message, "tool_calls", None) or []:
+        function = r.get(call, "function")
+        if function is not None:
+            calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
+    generation.finish(
+        text=getattr(message, "content", None) or getattr(message, "refusal", None),
+        tool_calls=calls,
+        usage=_chat_usage(getattr(completion, "usage", None)),
+        finish_reason=getattr(choice, "finish_reason", None),
+        response_id=getattr(completion, "id", None),
+        model=getattr(completion, "model", None),
     )
 
 
@@ -238,10 +265,11 @@ def patch() -> list[Patch]:
     from openai.resources.chat.completions import completions as chat
 
     patches = [
-        wrap(chat.Completions, "create", sync_call(_chat_request, _deliver_chat)),
-        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat)),
-        wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat)),
-        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat)),
+        # the openai SDK emits no spans of its own: nothing needs the call marked
+        wrap(chat.Completions, "create", sync_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat, mark=False)),
     ]
     try:  # the stream() helpers read our stream proxy but close the HTTP response directly
         from openai.lib.streaming.chat import _completions as helpers

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import threading
 import time
 import weakref
@@ -67,9 +68,14 @@ class _Stitched:
     def add(self, turn: Turn) -> None:
         with self.lock:
             self.strong.add(turn)
-            if self._reaper is None or not self._reaper.is_alive():
+            if self._reaper is None:  # started once; a forked child starts its own (see below)
                 self._reaper = threading.Thread(target=self._reap_loop, name="loopscope-stitch-reaper", daemon=True)
                 self._reaper.start()
+
+    def _forked(self) -> None:
+        """In a forked child: no thread came along, and the lock may be held by one that did not."""
+        self.lock = threading.Lock()
+        self._reaper = None
 
     def discard(self, turn: Turn) -> None:
         with self.lock:
@@ -94,6 +100,8 @@ class _Stitched:
 
 
 stitched = _Stitched()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=stitched._forked)
 
 
 def set_idle_timeout(seconds: float) -> None:

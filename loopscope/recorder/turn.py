@@ -467,6 +467,7 @@ class Turn:
             if self._token is not None:
                 otel_context.detach(self._token)
             span.end()
+            self._last_round = None  # the round points at its turn: no cycle left for the GC to find
             self._result = (
                 segments, response_content, round_count, tool_calls_count, usage, thinking, reason, streaming, declared,
                 model, provider, error, timestamp, (time.monotonic() - self._started) * 1000,
@@ -479,7 +480,10 @@ class Turn:
         """The turn's :class:`~loopscope.AIResponseEvent`, once it has ended (else None)."""
         response = self._response
         if response is None and self._result is not None:
-            response = self._response = self._summary()
+            with self._lock:
+                response = self._response
+                if response is None:
+                    response = self._response = self._summary()
         return response
 
     @response.setter

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _json, semconv as a
@@ -198,6 +198,9 @@ CHUNK = 4096
 """Spans reduced to facts and converted to Arrow at a time: the values just read are still
 in the CPU's caches when Arrow copies them (a whole batch at once would not be)."""
 
+PAUSE_EVERY = 256
+"""Spans reduced to facts between two calls of :meth:`Facts.add`'s ``pause``."""
+
 
 class Facts:
     """The facts of a batch of spans as Arrow record batches, in span order: the input of
@@ -227,12 +230,22 @@ class Facts:
     def rows(self) -> int:
         return len(self.sessions) + self.turn_rows
 
-    def add(self, items: list[tuple[int, Any]], skip: frozenset[str] = frozenset()) -> None:
-        """Add the rows of ``(kind, span)`` pairs (see :func:`collect`)."""
+    def add(self, items: list[tuple[int, Any]], skip: frozenset[str] = frozenset(),
+            pause: Callable[[], Any] | None = None) -> None:
+        """Add the rows of ``(kind, span)`` pairs (see :func:`collect`).
+
+        ``pause``, when given, is called after every :data:`PAUSE_EVERY` spans (a
+        background thread passes a function that lets other threads take the GIL).
+        """
         for i in range(0, len(items), CHUNK):
             events: list[tuple[Any, ...]] = []
             turns: list[tuple[Any, ...]] = []
-            self.excluded += collect(items[i:i + CHUNK], events, turns, skip)
+            if pause is None:
+                self.excluded += collect(items[i:i + CHUNK], events, turns, skip)
+            else:
+                for j in range(i, min(i + CHUNK, len(items)), PAUSE_EVERY):
+                    self.excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip)
+                    pause()
             if events:
                 events, batch = _record_batch(events, arrow_schemas()[0], _EVENT_KINDS)
                 self.events.append(batch)
@@ -407,15 +420,14 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 ctx = span._context
                 tid = ctx[0]
                 sid = ctx[1]
-                start = span._start_time
-                end = span._end_time
+                sdk = True
             else:
                 d = _plain(span.attributes)
                 ctx = span.context
                 tid = ctx.trace_id
                 sid = ctx.span_id
-                start = getattr(span, "start_time", None)
-                end = getattr(span, "end_time", None)
+                sdk = False
+            # each time is read only where a row needs it: every value read is a cache miss
             if tid is not last_tid:  # the spans of a trace share its id: its bytes are made once
                 trace = tid.to_bytes(16, "big")
                 last_tid = tid
@@ -437,12 +449,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 if kind == _START:
                     add((
-                        TOOL_START, trace, sid.to_bytes(8, "big"), start // 1000,
+                        TOOL_START, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
                         session if type(session) is str else str(session),
                         get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
                         name, call_id, arguments, None, None, None, None, None, None, None,
                     ))
                     continue
+                start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
                 duration = round((end - start) / 1e6, 3)
                 result = get(TOOL_CALL_RESULT)
                 if result is not None and type(result) is not str:
@@ -473,13 +486,14 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     content, text = _text_content(text, "assistant"), ""
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 add((
-                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), end // 1000,
+                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), (span._end_time if sdk else span.end_time) // 1000,
                     session if type(session) is str else str(session),
                     get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(ROUND_BLOCKED)),
                     None, None, None, None, None, None, None, None, text, content,
                 ))
             elif op == INVOKE_AGENT:
                 if kind == _END:
+                    start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
                     turns.append(_turn_fact(span, d, tid, trace, sid, start, end))
                     continue
                 if TURN_INPUT not in d:
@@ -492,7 +506,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     body = str(body) if isinstance(body, str) else _json.dumps(body)
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 add((
-                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), start // 1000,
+                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
                     session if type(session) is str else str(session),
                     get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(TURN_INPUT_BLOCKED)),
                     None, None, None, None, None, None, None, None, body, None,

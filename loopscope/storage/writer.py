@@ -17,6 +17,7 @@ import atexit
 import collections
 import queue
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -243,7 +244,7 @@ class StoreWriter:
             self._skip = frozenset(t for t in set(mapping.EVENT_TYPES.values()) if not policy.allows(t))
             self._allowed_by = policy
         excluded = facts.excluded
-        facts.add(items, self._skip)
+        facts.add(items, self._skip, _yield_gil)
         self._excluded += facts.excluded - excluded
 
     # -- the writer thread ---------------------------------------------------------------
@@ -323,6 +324,14 @@ class StoreWriter:
             self._dropped += overflow
             facts.drop_oldest(overflow)
         self._backlog = facts
+
+
+def _yield_gil() -> None:
+    """Let other threads take the GIL now. A DuckDB statement running on the writer thread
+    takes the GIL back many times (when it hands results over, when it checks for signals);
+    each time it would otherwise wait for the mapper's switch interval (5 ms) to run out,
+    and the writer would crawl while the mapper works."""
+    time.sleep(0)
 
 
 _schema_ready: set[str] = set()
