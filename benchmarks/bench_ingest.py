@@ -5,9 +5,9 @@ message, three generation rounds, two tool calls), capturing every span the stor
 processor would see, in order. Then, timed, with several repeats:
 
 * ``store``       -- the spans fed through ``StoreSpanProcessor.on_start/on_end`` to a
-  fresh ``StoreWriter`` (its mapper thread reduces them to facts in Arrow record batches,
-  its writer thread numbers the rows per session and makes and writes them in SQL into a
-  fresh DuckDB file), from the first submit until ``flush()`` returns;
+  fresh ``StoreWriter`` (its background thread reduces them to facts in Arrow record
+  batches, numbers the rows per session, and makes and writes them in SQL into a fresh
+  DuckDB file), from the first submit until ``flush()`` returns;
 * ``writer-only`` -- the same, submitting straight to ``StoreWriter.submit_start/end``
   (the processor's filter skipped);
 * ``baseline``    -- the very same rows, already as Python column lists, inserted into a
@@ -16,9 +16,9 @@ processor would see, in order. Then, timed, with several repeats:
   read back, in the order written, from a store run made before the timed ones.
 
 Rates are rows/s (events + turn summaries). Also shown, each alone on one thread, where
-the store's time goes: the submit on the application's thread, the mapper's share
-(spans to facts), and the writer's share (``write_batch`` on the mapper's batches, with
-the file opened and closed per batch as the writer does).
+the store's time goes: the submit on the application's thread, spans to facts (the
+Python half of the mapping), and ``write_batch`` on the writer's batches (the SQL half
+and the write), with the file opened and closed per batch as the writer does.
 
 Goal: store rate >= 0.5x baseline. The machine is noisy: medians over repeats, and
 the ratio of medians measured in the same run.
@@ -34,7 +34,6 @@ import inspect
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -145,7 +144,8 @@ def run_store(items: list[tuple[int, Any]], path: str, via_processor: bool) -> t
 
 
 def map_all(items: list[tuple[int, Any]]) -> mapping.Facts:
-    """The mapper's share: every span reduced to the facts of its rows, in Arrow record batches."""
+    """The Python half of the mapping: every span reduced to the facts of its rows, in
+    Arrow record batches."""
     facts = mapping.Facts()
     facts.add(items)
     return facts
@@ -191,9 +191,9 @@ def run_baseline(ev_cols: dict[str, list[Any]], tu_cols: dict[str, list[Any]], p
 
 
 def run_write_only(batches: list[mapping.Facts], path: str) -> float:
-    """The writer thread's share alone: ``write_batch`` (facts to rows in SQL, and the
-    write) on the writer's own batches, opening the file per batch with the settings it
-    uses and closing it without a checkpoint while more batches wait, as it does."""
+    """``write_batch`` alone (facts to rows in SQL, and the write) on the writer's own
+    batches, opening the file per batch and checkpointing only the burst's last, as the
+    writer does."""
     t0 = time.perf_counter()
     for i, facts in enumerate(batches):
         con = duckdb.connect(path)
@@ -204,9 +204,7 @@ def run_write_only(batches: list[mapping.Facts], path: str) -> float:
 
 def run_submit_only(items: list[tuple[int, Any]], path: str) -> float:
     """The calling thread's share: the processor's filter and the deque append, nothing drained."""
-    writer = StoreWriter(path, flush_interval=3600, max_queue=1 << 60)
-    wake = writer._wake
-    writer._wake = threading.Event()  # the mapper waits on the first one: it sleeps through this
+    writer = StoreWriter(path, flush_interval=3600, batch_size=1 << 60, max_queue=1 << 60)
     try:
         processor = StoreSpanProcessor(writer)
         on_start, on_end = processor.on_start, processor.on_end
@@ -219,7 +217,6 @@ def run_submit_only(items: list[tuple[int, Any]], path: str) -> float:
         return time.perf_counter() - t0
     finally:
         writer._queue.clear()  # not the point here: drop what was queued
-        writer._wake = wake
         writer.close()
 
 
@@ -281,15 +278,14 @@ def main() -> int:
         "writer-only": "store (writer.submit only)",
         "baseline": "baseline (arrow bulk insert)",
         "submit": "  part: submit (app thread)",
-        "map": "  part: mapper (spans->facts)",
-        "write_batch": "  part: writer (SQL, write)",
+        "map": "  part: spans->facts (Python)",
+        "write_batch": "  part: write_batch+open/close",
     }
     print(f"{'path':<31} {'median rows/s':>13} {'us/row':>7}   runs (k rows/s)")
     for k, label in labels.items():
         print(f"{label:<31} {med[k]:>13,.0f} {1e6 / med[k]:>7.2f}   {' '.join(f'{x / 1000:.0f}' for x in rates[k])}")
     parts = 1 / (1 / med["submit"] + 1 / med["map"] + 1 / med["write_batch"])
-    print(f"{'  parts one after another':<31} {parts:>13,.0f} {1e6 / parts:>7.2f}   ({len(batches)} writer batches; "
-          "the store runs them side by side)")
+    print(f"{'  parts in series':<31} {parts:>13,.0f} {1e6 / parts:>7.2f}   ({len(batches)} writer batches)")
     ratio = med["store"] / med["baseline"]
     print()
     print(f"store / baseline       = {ratio:.2f}x")

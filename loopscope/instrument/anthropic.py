@@ -97,7 +97,9 @@ def _request(
             continue
         blocks = _sequence(content) or ()
         for block in blocks:
-            if r.get(block, "type") == "tool_result" and r.get(block, "tool_use_id") and wants_result(str(r.get(block, "tool_use_id"))):
+            # only the results of calls still open are read (a long history holds many)
+            call_id = r.get(block, "tool_use_id")
+            if r.get(block, "type") == "tool_result" and call_id and wants_result(str(call_id)):
                 results.append(
                     ToolResult(
                         str(r.get(block, "tool_use_id")),

@@ -440,7 +440,8 @@ class Turn:
                 thinking = "\n".join(self._thinking)
                 declared = list(self._declared.values())
                 union = self._union
-                tool_calls_count, streaming, model, provider = self._tool_calls_count, self.streaming, self.model, self.provider
+                tool_calls_count, streaming = self._tool_calls_count, self.streaming
+                model, provider = self.model, self.provider
             timestamp = time.time()
             set_attributes(
                 span,

@@ -9,16 +9,17 @@ The work is split in two, so that little of it runs in Python per row:
 
 * :func:`collect` reads each span once and keeps a flat tuple of plain values per row
   (a *fact*): ids as bytes, times, and the attribute values as they are, normalized
-  only where a value is not the plain string the common case has.
-* :data:`EVENTS_SQL` and :data:`TURNS_SQL` turn a batch of facts, as Arrow tables, into
-  the stored rows in one vectorized statement each: hex ids, event ids and types, the
-  ``content`` JSON, the usage JSON, and the choice between keeping attribute text as
-  JSON and keeping it as a JSON string.
+  only where a value is not the plain string the common case has. :class:`Facts` (the
+  entry point) collects spans a chunk at a time into Arrow record batches.
+* :data:`EVENTS_SQL` and :data:`TURNS_SQL` make the stored rows from a batch of facts
+  in one vectorized statement each: hex ids, event ids and types, the ``content`` JSON,
+  the usage JSON, and the choice between keeping attribute text as JSON and keeping it
+  as a JSON string (exactly as Python's json module would decide).
 
 Whatever the facts cannot express (a tool outcome that is not a string, a round's text
-that is not a string) gets its content from the plain Python mapping below
-(:func:`_tool_content`, :func:`_text_content`), carried in the fact as an override, so
-every value gives the row it always gave.
+that is not a string) gets its content from the plain Python mapping at the end of this
+module (:func:`_tool_content`, :func:`_text_content`), carried in the fact as an
+override, so every value gives the row it always gave.
 """
 
 from __future__ import annotations
@@ -406,10 +407,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     fast, bounded = _FAST_TYPES, _BOUNDED
     # this loop runs per span over spans long gone cold: names are bound to locals once
     OPERATION, EXECUTE_TOOL, CHAT, INVOKE_AGENT = a.OPERATION, a.OP_EXECUTE_TOOL, a.OP_CHAT, a.OP_INVOKE_AGENT
-    CONVERSATION_ID, TURN_ID, AGENT_NAME, PROVIDER, FRAMEWORK = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME, a.PROVIDER, a.FRAMEWORK
-    TOOL_NAME, TOOL_CALL_ID, TOOL_CALL_ARGUMENTS, TOOL_CALL_RESULT = a.TOOL_NAME, a.TOOL_CALL_ID, a.TOOL_CALL_ARGUMENTS, a.TOOL_CALL_RESULT
+    CONVERSATION_ID, TURN_ID, AGENT_NAME = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME
+    PROVIDER, FRAMEWORK = a.PROVIDER, a.FRAMEWORK
+    TOOL_NAME, TOOL_CALL_ID = a.TOOL_NAME, a.TOOL_CALL_ID
+    TOOL_CALL_ARGUMENTS, TOOL_CALL_RESULT = a.TOOL_CALL_ARGUMENTS, a.TOOL_CALL_RESULT
     TOOL_OUTCOME, TOOL_STATUS, TOOL_ERROR = a.TOOL_OUTCOME, a.TOOL_STATUS, a.TOOL_ERROR
-    ROUND_TEXT, ROUND_BLOCKED, TURN_INPUT, TURN_INPUT_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED, a.TURN_INPUT, a.TURN_INPUT_BLOCKED
+    ROUND_TEXT, ROUND_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED
+    TURN_INPUT, TURN_INPUT_BLOCKED = a.TURN_INPUT, a.TURN_INPUT_BLOCKED
     last_tid: Any = None
     trace = b""
     for kind, span in items:

@@ -1,21 +1,20 @@
 """The background writer: spans in from the hot path, columnar batches out to DuckDB.
 
-The calling thread only appends a reference to a bounded deque. Two daemon threads do
-the rest, as a pipeline: the *mapper* wakes every ``flush_interval`` (or when a batch is
-full), reduces the spans to facts in Arrow record batches (:class:`mapping.Facts`) and
-hands the batch on; the *writer* opens the file, gives each row its per-session index,
-makes the rows from the facts in SQL and writes them in one transaction, holding the
-file only for that moment so that other processes can read in between. While DuckDB
-writes one batch (without the GIL, on one thread) the mapper reads the spans of the next.
-Rows that cannot be written (a reader holding the file too long, a full disk) are kept
-and retried; past ``max_queue`` the oldest are dropped and counted, never silently.
+The calling thread only appends a reference to a bounded deque. A daemon thread wakes
+every ``flush_interval`` (or when a batch is full), reduces the spans to facts in Arrow
+record batches a chunk at a time (:class:`mapping.Facts`), and once it holds
+``batch_size`` rows, a waiting flush or all that was queued, writes them in one
+transaction: it opens the file, gives each row its per-session index, makes the rows
+from the facts in SQL, and lets the file go again, so that other processes can read in
+between. Rows that cannot be written (a reader holding
+the file too long, a full disk) are kept and retried; past ``max_queue`` the oldest are
+dropped and counted, never silently.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
-import queue
 import threading
 import time
 import weakref
@@ -33,9 +32,6 @@ from .policy import PersistencePolicy
 from .schema import migrate
 
 __all__ = ["_END", "_START", "StoreWriter", "WriterStats", "write_batch"]
-
-assert mapping.CHUNK & (mapping.CHUNK - 1) == 0, "CHUNK is a power of two"
-_WAKE_MASK = mapping.CHUNK - 1
 
 
 @dataclass
@@ -62,18 +58,8 @@ class _Marker:
         self.ok = True
 
 
-class _Batch:
-    """What the mapper hands the writer: a batch's facts and the flushes waiting for it."""
-
-    __slots__ = ("facts", "markers")
-
-    def __init__(self, facts: mapping.Facts, markers: list[_Marker]) -> None:
-        self.facts = facts
-        self.markers = markers
-
-
 class StoreWriter:
-    """Writes the rows of recorded spans to one DuckDB file from background threads."""
+    """Writes the rows of recorded spans to one DuckDB file from a background thread."""
 
     def __init__(
         self,
@@ -82,7 +68,7 @@ class StoreWriter:
         policy: PersistencePolicy | None = None,
         flush_interval: float = 0.5,
         max_queue: int = 200_000,
-        batch_size: int = 50_000,
+        batch_size: int = 100_000,
         lock_timeout: float = 2.0,
     ) -> None:
         self.path = path
@@ -94,13 +80,7 @@ class StoreWriter:
         self._queue: collections.deque[Any] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
-        # mapper -> writer; one batch in hand at most, so the mapper stays a batch ahead
-        self._handoff: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
-        self._mapping = False  # the mapper holds items taken from the queue
-        self._mapped = 0  # rows the mapper holds, not handed on yet
-        self._writing = False  # the writer thread holds a batch
-        self._handed = 0  # rows handed to the writer thread (counted by the mapper)
-        self._settled = 0  # rows of those written or kept (counted by the writer thread)
+        self._mapped = 0  # rows taken from the queue and mapped, not written yet
         self._backlog: mapping.Facts | None = None  # rows that could not be written yet
         self._wal_pending = False  # the last batch left its rows in the WAL (see _write)
         self._written_events = 0
@@ -112,9 +92,7 @@ class StoreWriter:
         self._last_error: str | None = None
         self._skip: frozenset[str] = frozenset()
         self._allowed_by: PersistencePolicy | None = None
-        self._writer = threading.Thread(target=self._run_writer, name=f"loopscope-writer {path}", daemon=True)
-        self._thread = threading.Thread(target=self._run, name=f"loopscope-mapper {path}", daemon=True)
-        self._writer.start()
+        self._thread = threading.Thread(target=self._run, name=f"loopscope-writer {path}", daemon=True)
         self._thread.start()
         _live_writers.add(self)
 
@@ -127,7 +105,7 @@ class StoreWriter:
             self._dropped += 1
             return
         queue.append((kind, span))
-        if not len(queue) & _WAKE_MASK:  # every CHUNK spans: the mapper maps a burst as it comes
+        if len(queue) >= self.batch_size:
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:
@@ -148,24 +126,21 @@ class StoreWriter:
         return marker.done.wait(timeout) and marker.ok
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, then stop the threads. Further spans are counted as dropped."""
+        """Flush, then stop the thread. Further spans are counted as dropped."""
         if self._closed:
             return
         self.flush(timeout)
         self._closed = True
         self._wake.set()
         self._thread.join(timeout)
-        self._writer.join(timeout)
         _live_writers.discard(self)
-        backlog = self._backlog
-        lost = self._dropped + (backlog.rows if backlog is not None else 0)
+        lost = self._dropped + self._backlog_rows()
         if lost:
             logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
 
     def stats(self) -> WriterStats:
-        backlog = self._backlog
         return WriterStats(
-            queued=len(self._queue) + self._mapped + self._handed - self._settled + (backlog.rows if backlog is not None else 0),
+            queued=len(self._queue) + self._mapped + self._backlog_rows(),
             written_events=self._written_events,
             written_turns=self._written_turns,
             dropped=self._dropped,
@@ -175,54 +150,56 @@ class StoreWriter:
             last_error=self._last_error,
         )
 
-    # -- the mapper thread ---------------------------------------------------------------
+    def _backlog_rows(self) -> int:
+        backlog = self._backlog
+        return backlog.rows if backlog is not None else 0
+
+    # -- the background thread -----------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            while True:
-                self._wake.wait(self.flush_interval)
-                self._wake.clear()
-                closing = self._closed
-                try:
-                    self._drain()
-                except Exception:
-                    internal_error("store writer")
-                if closing:
-                    return
-        finally:
-            self._handoff.put(None)  # the writer thread stops after what was handed before
+        while True:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            closing = self._closed
+            try:
+                self._drain()
+            except Exception:
+                internal_error("store writer")
+            if closing:
+                return
 
     def _drain(self) -> None:
-        """Map what is queued, a chunk at a time, and hand it on in batches.
+        """Map what is queued, a chunk at a time, and write it in batches.
 
-        A batch goes to the writer when it holds ``batch_size`` rows, when a flush waits
-        for it, or when the queue is empty; so the writer starts on a burst's first batch
-        while the rest is still being recorded, and later batches grow while it writes.
+        A batch is written once it holds ``batch_size`` rows, when a flush waits for it,
+        or when the queue is empty. A failed write ends the drain: the rows are kept,
+        and retried at the next wake.
         """
         facts = mapping.Facts()
         markers: list[_Marker] = []
+        chunk = min(mapping.CHUNK, self.batch_size)
         while True:
-            self._mapping = True  # before taking: the writer never sees the items nowhere
-            try:
-                items, taken = self._take(mapping.CHUNK)
-                if items:
-                    self._map(items, facts)
-                markers += taken
-                idle = not self._queue
-                if (
-                    markers
-                    or (facts.rows and (idle or facts.rows >= self.batch_size))
-                    or (idle and (self._backlog is not None or (self._wal_pending and not self._writing)))
-                ):
-                    self._handed += facts.rows
+            items, taken = self._take(chunk)
+            if items:
+                self._map(items, facts)
+                self._mapped = facts.rows
+            markers += taken
+            idle = not self._queue
+            if markers or (facts.rows and (idle or facts.rows >= self.batch_size)) or (idle and self._backlog is not None):
+                ok = False
+                try:
+                    ok = self._write(facts)
+                finally:
                     self._mapped = 0
-                    self._handoff.put(_Batch(facts, markers))  # waits while the writer has one in hand
-                    facts, markers = mapping.Facts(), []
-                else:
-                    self._mapped = facts.rows
-            finally:
-                self._mapping = False
+                    for marker in markers:
+                        marker.ok = ok
+                        marker.done.set()
+                facts, markers = mapping.Facts(), []
+                if not ok:
+                    return
             if idle:
+                if self._wal_pending:
+                    self._checkpoint()
                 return
 
     def _take(self, count: int) -> tuple[list[Any], list[_Marker]]:
@@ -247,31 +224,6 @@ class StoreWriter:
         facts.add(items, self._skip, _yield_gil)
         self._excluded += facts.excluded - excluded
 
-    # -- the writer thread ---------------------------------------------------------------
-
-    def _run_writer(self) -> None:
-        while True:
-            batch = self._handoff.get()
-            if batch is None:
-                return
-            self._writing = True
-            ok = False
-            try:
-                ok = self._write(batch.facts)
-            except Exception:
-                internal_error("store writer")
-            finally:
-                self._settled += batch.facts.rows
-                self._writing = False
-                for marker in batch.markers:
-                    marker.ok = ok
-                    marker.done.set()
-
-    def _more_waiting(self) -> bool:
-        """Whether another batch follows at once: one is handed over or being mapped, or a
-        chunk is queued (a burst). A trickle of spans between wakes is not."""
-        return not self._handoff.empty() or self._mapping or len(self._queue) >= mapping.CHUNK
-
     def _write(self, facts: mapping.Facts) -> bool:
         backlog = self._backlog
         if backlog is not None:  # what could not be written before goes first
@@ -279,18 +231,17 @@ class StoreWriter:
             backlog.extend(facts)
             facts = backlog
         if not facts.rows:
-            if self._wal_pending and not self._more_waiting():
-                self._checkpoint()
             return True
         try:
             with open_store(self.path, read_only=False, timeout=self.lock_timeout) as con:
                 _ensure_schema(self.path, con)
-                # The rows reach the file proper at a checkpoint, which also rewrites the
-                # table's last, partly filled row groups. When another batch follows at once
-                # (a burst), this batch's rows stay in the WAL (on disk too: a reader
-                # replays it), and the burst's last batch checkpoints them all at its commit
-                # (DuckDB still checkpoints by itself once the WAL passes its threshold).
-                final = not self._more_waiting()
+                # The rows reach the file proper at a checkpoint (DuckDB checkpoints when
+                # the file is closed), which also rewrites the table's last, partly filled
+                # row groups. When a burst goes on (another chunk is queued already), this
+                # batch's rows stay in the WAL (on disk too: a reader replays it), and the
+                # burst's last batch checkpoints them all at its commit. DuckDB still
+                # checkpoints by itself once the WAL passes its threshold.
+                final = len(self._queue) < mapping.CHUNK
                 written_events, written_turns = write_batch(con, facts, checkpoint=final)
                 self._wal_pending = not final
         except (duckdb.Error, StoreError, OSError) as exc:
@@ -312,7 +263,7 @@ class StoreWriter:
                 con.execute("CHECKPOINT")
             self._wal_pending = False
         except (duckdb.Error, StoreError, OSError):
-            pass  # the rows are safe in the WAL; the next batch's close checkpoints them
+            pass  # the rows are safe in the WAL; the next batch's commit checkpoints them
 
     def _keep(self, facts: mapping.Facts, exc: BaseException) -> None:
         """Hold rows that could not be written, up to max_queue; count the rest as dropped."""
@@ -327,10 +278,9 @@ class StoreWriter:
 
 
 def _yield_gil() -> None:
-    """Let other threads take the GIL now. A DuckDB statement running on the writer thread
-    takes the GIL back many times (when it hands results over, when it checks for signals);
-    each time it would otherwise wait for the mapper's switch interval (5 ms) to run out,
-    and the writer would crawl while the mapper works."""
+    """Let other threads take the GIL now, between two slices of mapping: the
+    application's threads (and DuckDB, which takes the GIL back now and then while it
+    runs a statement) would otherwise wait out the switch interval (5 ms) each time."""
     time.sleep(0)
 
 
@@ -350,9 +300,10 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, checkpo
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
     The rows are made from the facts in SQL (:data:`mapping.EVENTS_SQL`,
-    :data:`mapping.TURNS_SQL`), all in one script: every call into DuckDB from this
-    thread has to win the GIL back from the mapper when it returns. DuckDB runs it on
-    one thread, leaving the other cores to the application and the mapper.
+    :data:`mapping.TURNS_SQL`), all in one script: every call into DuckDB has to win the
+    GIL back from the application's threads when it returns. DuckDB runs it on one
+    thread: a background writer leaves the other cores to the application (beside a busy
+    Python thread a second DuckDB thread made the statements slower, not faster).
 
     With ``checkpoint`` the commit checkpoints (a large batch then skips the WAL);
     without, the rows stay in the WAL, and closing the connection does not checkpoint.
