@@ -17,6 +17,7 @@ import time
 
 import duckdb
 
+from loopscope.storage.mapping import EVENT_COLUMNS
 from loopscope.storage.schema import migrate
 
 TOOLS = [
@@ -69,7 +70,7 @@ def generate(path: str, sessions: int = 20_000, *, log=print) -> None:
         # no joins from here on: a join would give up the time order of the keys
         con.execute("BEGIN TRANSACTION")
         con.execute(
-            f"""INSERT INTO events
+            f"""INSERT INTO events ({", ".join(EVENT_COLUMNS)})
             WITH e AS (
                 SELECT s, t, k, ts, md5('session-' || s) AS session_id, (hash('agent', s) % {len(AGENTS)})::INTEGER AS a,
                   -- the call each tool row belongs to: A (k 2, 4), B (k 3, 5), C (k 7, 8)
@@ -109,7 +110,13 @@ def generate(path: str, sessions: int = 20_000, *, log=print) -> None:
                   || ',"error":' || CASE WHEN outcome = 'failed' THEN '"TimeoutError: upstream did not answer"' ELSE 'null' END || '}}'
               END,
               md5('trace-' || s || '-' || t),
-              substr(md5('span-' || s || '-' || t || '-' || coalesce(c, k)), 1, 16)
+              substr(md5('span-' || s || '-' || t || '-' || coalesce(c, k)), 1, 16),
+              -- the tool columns, as the writer fills them
+              CASE WHEN c IS NOT NULL THEN {tools}[tool_i + 1] END,
+              CASE WHEN c IS NOT NULL THEN 'call_' || s || '_' || t || '_' || c END,
+              CASE WHEN k IN (2, 3, 7) THEN 'pending' WHEN k IN (4, 5, 8) THEN CASE WHEN outcome = 'served' THEN 'completed' ELSE 'failed' END END,
+              CASE WHEN k IN (4, 5, 8) THEN outcome END,
+              CASE WHEN k IN (4, 5, 8) THEN ms END
             FROM g"""
         )
         log(f"  events written in {time.perf_counter() - t0:.1f}s")
@@ -145,7 +152,7 @@ def generate(path: str, sessions: int = 20_000, *, log=print) -> None:
             FROM x ORDER BY ended"""
         )
         con.execute(
-            f"""INSERT INTO sessions
+            """INSERT INTO sessions
             SELECT session_id, max(idx), min(created_at), max(created_at) FROM events GROUP BY session_id"""
         )
         con.execute("COMMIT")

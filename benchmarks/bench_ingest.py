@@ -167,7 +167,7 @@ def stored_columns(path: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]
         con.close()
 
 
-_EVENT_TYPES = {"idx": pa.int64(), "created_at": pa.timestamp("us", tz="UTC")}
+_EVENT_TYPES = {"idx": pa.int64(), "created_at": pa.timestamp("us", tz="UTC"), "tool_duration_ms": pa.float64()}
 _TURN_TYPES = {
     "tool_calls_count": pa.int32(), "round_count": pa.int32(), "input_tokens": pa.int64(), "output_tokens": pa.int64(),
     "latency_ms": pa.float64(), "streaming": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),

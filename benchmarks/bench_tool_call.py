@@ -169,7 +169,7 @@ def main() -> int:
     print()
     print(f"per-call latency ratio  hand/otel = {ratio_lat:.2f}x   <- goal metric (latency seen by the app)")
     print(f"throughput-mean ratio   hand/otel = {thr['hand'] / thr['otel']:.2f}x   (the loop's wall time / calls: includes the")
-    print(f"                                            writer thread's CPU and GIL time while the loop runs)")
+    print("                                            writer thread's CPU and GIL time while the loop runs)")
     print(f"overhead over a bare call: otel {lat['otel'] - lat['bare']:.2f}us, loopscope {lat['hand'] - lat['bare']:.2f}us")
     met = ratio_lat <= GOAL
     print(f"goal (hand <= {GOAL}x bare otel span, per-call median): {'MET' if met else 'NOT MET'}")

@@ -25,21 +25,25 @@ from .models import (
 )
 from .instrument import instrument, uninstrument
 from .pipeline import Pipeline, configure, flush, shutdown
-from .recorder import Round, ToolExecution, Turn, session, tool, turn
+from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import EventFilter, PersistencePolicy
 from .storage.store import AsyncStore, Store
+from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
 
 __all__ = [
     "RESPONSE_SEGMENT_SEPARATOR",
     "AIResponseEvent",
     "ActivityEvent",
     "AsyncStore",
+    "ConversationStore",
     "DeclaredTool",
+    "DuckDBConversationStore",
     "EventFilter",
     "EventSource",
     "EventStatus",
     "EventType",
+    "InMemoryConversationStore",
     "LoopEndReason",
     "PersistencePolicy",
     "Pipeline",
@@ -59,6 +63,8 @@ __all__ = [
     "instrument",
     "session",
     "shutdown",
+    "state_delta",
+    "state_snapshot",
     "tool",
     "turn",
     "uninstrument",

@@ -78,6 +78,28 @@ def _encodable(text: str) -> bool:
         return False
 
 
+_scan_once = json.JSONDecoder().scan_once  # what json.loads runs, after three Python frames
+_whitespace = json.decoder.WHITESPACE.match
+_WHITESPACE_CHARS = frozenset(" \t\n\r")  # what WHITESPACE matches
+
+
+def parse(text: str) -> Any:
+    """``json.loads(text)`` for a ``str``: the same value, or the same ``JSONDecodeError``
+    (a ``ValueError``), without the frames of ``loads``, ``decode`` and ``raw_decode``."""
+    if text.startswith("\ufeff"):
+        return json.loads(text)  # the error json.loads gives for it
+    end = _whitespace(text, 0).end() if text[:1] in _WHITESPACE_CHARS else 0
+    try:
+        value, end = _scan_once(text, end)
+    except StopIteration as err:
+        raise json.JSONDecodeError("Expecting value", text, err.value) from None
+    if end != len(text):  # what is left may only be whitespace
+        end = _whitespace(text, end).end()
+        if end != len(text):
+            raise json.JSONDecodeError("Extra data", text, end)
+    return value
+
+
 def loads(text: str | None) -> Any:
     """Parse stored JSON text; ``None`` stays ``None``."""
     if text is None:

@@ -56,11 +56,20 @@ class LoopEndReason(str, Enum):
 
 
 class EventType(str, Enum):
-    """The kinds of rows in the activity log. Stored as plain strings, so the set can grow."""
+    """The kinds of rows in the activity log. Stored as plain strings, so the set can grow.
+
+    ``state_snapshot`` rows hold the application's whole state at that point as content
+    ``{"snapshot": <the object>}`` (AG-UI's STATE_SNAPSHOT); ``state_delta`` rows hold a
+    JSON Patch (RFC 6902) against the state before them as ``{"delta": [<operations>]}``
+    (AG-UI's STATE_DELTA). The state is never stored apart from the log:
+    :meth:`~loopscope.Store.derive_state` rebuilds it from these rows.
+    """
 
     MESSAGE = "message"
     TOOL_CALL_START = "tool_call_start"
     TOOL_CALL_END = "tool_call_end"
+    STATE_SNAPSHOT = "state_snapshot"
+    STATE_DELTA = "state_delta"
 
 
 class EventStatus(str, Enum):

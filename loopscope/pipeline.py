@@ -46,14 +46,30 @@ class _Dispatch(SpanProcessor):
     (the store, the OTLP exporter, the metrics), so reconfiguring never stacks processors."""
 
     def __init__(self) -> None:
-        self.targets: tuple[SpanProcessor, ...] = ()
+        self._targets: tuple[SpanProcessor, ...] = ()
+
+    @property
+    def targets(self) -> tuple[SpanProcessor, ...]:
+        return self._targets
+
+    @targets.setter
+    def targets(self, targets: tuple[SpanProcessor, ...]) -> None:
+        self._targets = targets
+        # One target (the store alone, the usual case): the provider calls its methods
+        # directly, without this processor's frame, twice per span.
+        if len(targets) == 1:
+            self.on_start = targets[0].on_start  # type: ignore[method-assign]
+            self.on_end = targets[0].on_end  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("on_start", None)
+            self.__dict__.pop("on_end", None)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        for target in self.targets:
+        for target in self._targets:
             target.on_start(span, parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
-        for target in self.targets:
+        for target in self._targets:
             target.on_end(span)
 
     def shutdown(self) -> None:
@@ -114,9 +130,25 @@ def _check_db(path: str) -> None:
     try:
         with open_store(path, read_only=False, timeout=0.5) as con:
             migrate(con)
+            _recover(con)
     except StoreLockedError:
         # another process writes here too: our writer waits its turn between its batches
         return
+
+
+def _recover(con: Any) -> None:
+    """Close the turns a process that died left open (the writer tries again at its first
+    batch if this cannot be done now)."""
+    import duckdb
+
+    from .storage.recovery import recover
+
+    try:
+        recover(con)
+    except duckdb.Error:
+        pass
+    except Exception:
+        internal_error("store recovery")
 
 
 def _provider(explicit: TracerProvider | None, service_name: str | None) -> TracerProvider:
@@ -169,7 +201,9 @@ def configure(
     Content: message text, tool arguments and results are stored locally, and exported
     only with ``capture_content=True`` (default:
     ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``). ``content_policy`` sets
-    size caps, secret patterns and a redaction hook for both destinations.
+    size caps (``max_chars`` for export, ``store_max_chars`` for the store), secret
+    patterns and a redaction hook for both destinations; the store applies them in its
+    writer's thread, before anything reaches the file.
 
     Stitching: ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched
     from SDK calls waits for the results of its tool calls before it ends as unfinished.
@@ -194,13 +228,17 @@ def configure(
         targets: list[SpanProcessor] = []
         writer = None
         if path is not None:
-            writer = StoreWriter(path, policy=policy, flush_interval=flush_interval, max_queue=queue_size)
+            writer = StoreWriter(
+                path, policy=policy, flush_interval=flush_interval, max_queue=queue_size, track_turns=True, content=content
+            )
             targets.append(StoreSpanProcessor(writer))
         exporter = policy_exporter = None
         if export:
             policy_exporter = PolicyExporter(span_exporter(settings), content)
             exporter = CountingBatchProcessor(policy_exporter)
             targets.append(exporter)
+            if writer is not None:  # the store keeps the exporter's drops too (loopscope status)
+                writer.report.otlp = lambda e=exporter, p=policy_exporter: (e.dropped, p.failed_spans)
         from . import __version__
 
         pipeline = Pipeline(
@@ -332,6 +370,9 @@ def _shutdown_locked() -> None:
     threads = [threading.Thread(target=_quietly, args=(closer,), daemon=True) for closer in closers]
     for thread in threads:
         thread.start()
+    for processor in pipeline.processors:
+        if isinstance(processor, StoreSpanProcessor):
+            _quietly(processor.drain)  # foreign spans still waiting for their agent run
     if pipeline.writer is not None:
         pipeline.writer.close()
     deadline = time.monotonic() + EXPORT_SHUTDOWN_SECONDS

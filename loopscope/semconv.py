@@ -62,6 +62,14 @@ ROUND_BLOCKED = "loopscope.round.blocked"
 TOOL_STATUS = "loopscope.tool.status"
 TOOL_OUTCOME = "loopscope.tool.outcome"
 TOOL_ERROR = "loopscope.tool.error"
+STATE_KIND = "loopscope.state.kind"
+"""On a ``state_snapshot`` / ``state_delta`` span (no ``gen_ai.operation.name``: it is not
+a GenAI operation): ``snapshot`` or ``delta``."""
+STATE_VALUE = "loopscope.state.value"
+"""On a state span: the snapshot object, or the JSON Patch operations of a delta, as JSON
+text. Content: exported only when content capture is on."""
+STATE_KINDS = {"snapshot": "state_snapshot", "delta": "state_delta"}
+"""``loopscope.state.kind`` values and the event types (and span names) they make."""
 PENDING_FOR = "loopscope.pending_for"
 """On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span that the
 OTLP export sends at once (OTLP carries only ended spans): the real span's id, in hex. A

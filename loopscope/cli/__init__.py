@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
-from . import _args, analytics, collect, commands, export, tail, ui
+from . import _args, agui, analytics, collect, commands, export, run, tail, ui
+from . import status
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -38,10 +39,14 @@ examples:
   loopscope tools --declared             per agent: tools offered in its turns vs tools called
   loopscope tail --follow                new events as they land (Ctrl-C to stop)
   loopscope export --parquet DIR         events, turns and tool calls as Parquet, partitioned by day
+  loopscope import --agui run.sse        store an AG-UI event stream (messages, tools, state, turns)
+  loopscope export --agui SESSION        a session as an AG-UI event stream (SSE) to replay
   loopscope sql "SELECT type, count(*) FROM events GROUP BY type"
   loopscope sql "SELECT * FROM tool_stats"
   loopscope ui                           the web dashboard on http://127.0.0.1:8765/
   loopscope collect                      receive OTLP on :4318/:4317 from many processes into one store
+  loopscope run -- python app.py         run a program with every adapter on, no code change
+  loopscope status                       the store, its writers, and what was dropped or failed to write
 """
 
 
@@ -160,9 +165,12 @@ COMMANDS: list[Register] = [
     analytics.register_tools,
     tail.register,
     export.register,
+    agui.register,
     _sql,
     ui.register,
     collect.register,
+    run.register,
+    status.register,
 ]
 """Every command, in the order ``--help`` lists them: a function that adds its parser
 (``register(sub, common)``) and sets ``handler`` to the function that runs it. A new

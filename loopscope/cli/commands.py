@@ -158,7 +158,7 @@ def demo(args: argparse.Namespace) -> int:
     emit(tables.turns_table(turns, ellipsis=cut))
     db_flag = f" --db {shlex.quote(result.db_path)}" if getattr(args, "db", None) else ""
     query = (
-        "SELECT content->>'tool_name' AS tool, content->>'outcome' AS outcome, count(*) AS n "
+        "SELECT tool_name AS tool, tool_outcome AS outcome, count(*) AS n "
         "FROM events WHERE type = 'tool_call_end' GROUP BY ALL ORDER BY ALL"
     )
     emit()

@@ -23,7 +23,7 @@ import duckdb
 
 from ..storage.connection import open_store
 from ..storage.schema import check_readable, missing_views
-from . import _args
+from . import _args, agui
 from .commands import CommandError, db_path, emit, emit_json
 
 EXPORTS: dict[str, str] = {
@@ -42,14 +42,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     export = sub.add_parser(
         "export",
         parents=[common],
-        help="write events, turns and tool calls as Parquet files partitioned by day",
+        help="write events, turns and tool calls as Parquet files partitioned by day, or a session as AG-UI events",
         description="Write the store's events, turns and tool calls (the tool_calls view: one row per call) "
         "as Parquet under DIR, one folder per table and one per UTC day inside it "
         "(DIR/events/date=2025-01-31/data_0.parquet): hive-style partitions that DuckDB, Spark, Trino, "
         "ClickHouse, polars and pandas read as one table. The store is read read-only; an agent writing "
         "it waits while a table is written.",
     )
-    export.add_argument("--parquet", metavar="DIR", required=True, help="the folder to write into (created if missing)")
+    mode = export.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--parquet", metavar="DIR", help="the folder to write into (created if missing)")
+    agui.add_export_arguments(export, mode)
     export.add_argument(
         "--tables", default=",".join(EXPORTS), metavar="NAMES",
         help=f"which tables, comma-separated (default: {','.join(EXPORTS)})",
@@ -74,6 +76,9 @@ def _tables(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.agui is not None:
+        return agui.run_export(args)
+    agui.refuse_agui_flags(args)
     names = _tables(args.tables)
     out = Path(os.path.expanduser(args.parquet))
     if out.exists() and not out.is_dir():

@@ -2,9 +2,11 @@
 
 Following works from another process while an agent writes the store: every
 ``--interval`` it reads each session's last index (the small ``sessions`` table) and,
-for the sessions that moved, the events after the index it printed last
-(``Store.list_events(after_index=...)``). Each read holds the file for a moment only, so
-the agent's writer is never kept waiting for long. Ctrl-C stops it (exit status 0).
+for the sessions that moved, the events after the index it printed last, in the same
+read (:class:`loopscope.storage.replay.Follower`, the after-index query that
+``Store.replay`` and the web dashboard's live timeline use too). Each read holds the file
+for a moment only, so the agent's writer is never kept waiting for long. Ctrl-C stops it
+(exit status 0).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..dashboards import tables
 from ..models import ActivityEvent
 from ..storage.errors import StoreError, StoreLockedError
 from ..storage.policy import EventFilter
+from ..storage.replay import Follower
 from ..storage.store import Store
 from . import _args
 from .commands import CommandError, ellipsis, emit, open_store, resolve_session
@@ -130,43 +133,22 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
         while not _ready(store):
             time.sleep(args.interval)
     session = _session(store, args.session, follow=True)
-    cursors = store.last_indices()
-    if session is not None:
-        cursors = {session: cursors.get(session, 0)}
-    printer(_newest(store, session, args.lines, event_filter))
+    # the newest lines and the cursors come from one read of the file: the first poll
+    # goes on right after what was printed, with nothing repeated or skipped between
+    follower = Follower(store, session, event_filter=event_filter)
+    printer(follower.start(args.lines))
     where = f" (session {session})" if session else ""
     print(f"loopscope: following {store.path}{where}; Ctrl-C to stop", file=sys.stderr, flush=True)
     locked_warned = False
     while True:
         time.sleep(args.interval)
         try:
-            printer(_new_events(store, session, cursors, event_filter))
+            printer(sorted(follower.poll(), key=_order))
             locked_warned = False
         except StoreLockedError as exc:
             if not locked_warned:  # someone holds the file for long: keep trying
                 print(f"loopscope: {str(exc).splitlines()[0]}; still trying", file=sys.stderr, flush=True)
                 locked_warned = True
-
-
-def _new_events(
-    store: Store, session: str | None, cursors: dict[str, int], event_filter: EventFilter
-) -> list[ActivityEvent]:
-    """Events past each session's cursor, in time order; moves the cursors on."""
-    latest = store.last_indices()
-    moved: dict[str, int] = {}
-    for name, last in latest.items():
-        if session is not None and name != session:
-            continue
-        if last > cursors.get(name, 0):
-            moved[name] = last
-    found: list[ActivityEvent] = []
-    for name, last in moved.items():
-        events = store.list_events(name, limit=None, after_index=cursors.get(name, 0), event_filter=event_filter)
-        found.extend(events)
-        # blocked or filtered rows use up indices too: the cursor goes past them
-        cursors[name] = max([last, *(e.index for e in events)])
-    found.sort(key=_order)
-    return found
 
 
 def _order(event: ActivityEvent) -> Any:

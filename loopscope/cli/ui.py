@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
+    store.keep_open = True  # a dashboard reads often and never writes: see Store
     try:
         server = make_server(store, args.host, args.port, verbose=args.verbose)
     except OSError as exc:

@@ -1,7 +1,10 @@
 """The SQL views every loopscope store holds: tool calls, turns, tool statistics and more.
 
 The store's tables keep what the writer wrote (``events``: the activity log with a JSON
-``content`` per row; ``turns``: one summary per turn; ``sessions``). These views answer
+``content`` per row, and a tool row's name, call id, status, outcome and duration as
+columns too, :data:`TOOL_COLUMNS`; ``turns``: one summary per turn; ``sessions``). The
+tool views read those columns, and ``content`` for rows that lack them (written by a
+writer that does not fill them, or in a file from before they existed). These views answer
 the usual questions over them in plain SQL, so they work the same from the ``duckdb``
 command line, pandas, polars or any DuckDB client that opens the file: only core SQL and
 DuckDB's built-in JSON functions, nothing of loopscope's at query time.
@@ -64,12 +67,48 @@ from __future__ import annotations
 
 OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
 
-_TOOL_ROWS = """
-    SELECT session_id, correlation_id AS turn_id, type, idx, created_at, source_channel_id AS agent, content,
-        json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.error', '$.duration_ms']) AS f
+TOOL_COLUMNS = ("tool_name", "tool_call_id", "tool_status", "tool_outcome", "tool_duration_ms")
+"""The tool fields the writer stores as columns of ``events`` (besides the ``content``
+JSON): reading them is far cheaper than parsing every tool row's JSON. They are NULL on
+other rows, and on tool rows of writers that do not fill them (an older loopscope that
+only reads, an importer); the views then read the same fields from ``content``."""
+
+_TOOL_KEYS = "session_id, correlation_id AS turn_id, type, idx, created_at, source_channel_id AS agent"
+# DuckDB (2.0) pushes an IN list into the scan only as an optional filter (for zone maps)
+# and filters afterwards, so every row's other columns are fetched first, ``content``
+# included (0.3 s per 10 M rows even when no row is kept). A prefix is a range filter it
+# applies in the scan: rows of other types never have their columns fetched.
+_TOOL_TYPES = "starts_with(type, 'tool_call_') AND type IN ('tool_call_start', 'tool_call_end')"
+
+
+def tool_rows(tool_columns: bool, content: bool = False) -> str:
+    """The tool start and end rows with their fields: ``session_id, turn_id, type, idx,
+    created_at, agent, [content,] tool, call_id, status, outcome, duration_ms``.
+
+    With ``tool_columns`` (a file whose ``events`` has them) the fields come from the
+    columns, and from the ``content`` JSON only for rows whose ``tool_name`` is NULL: a
+    UNION ALL, so that a store whose rows all have the columns never reads ``content``
+    here (the second branch's filter skips every row before ``content`` is fetched).
+    """
+    extra = ", content" if content else ""
+    parsed = f"""
+    SELECT session_id, turn_id, type, idx, created_at, agent{extra},
+        f[1] AS tool, f[2] AS call_id, f[3] AS status, f[4] AS outcome, TRY_CAST(f[5] AS DOUBLE) AS duration_ms
+    FROM (
+        SELECT {_TOOL_KEYS}, content,
+            json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.duration_ms']) AS f
+        FROM events
+        WHERE {_TOOL_TYPES}{" AND tool_name IS NULL" if tool_columns else ""}
+    )"""
+    if not tool_columns:
+        return parsed
+    return f"""
+    SELECT {_TOOL_KEYS}{extra},
+        tool_name AS tool, tool_call_id AS call_id, tool_status AS status, tool_outcome AS outcome,
+        tool_duration_ms AS duration_ms
     FROM events
-    WHERE type IN ('tool_call_start', 'tool_call_end')
-"""
+    WHERE {_TOOL_TYPES} AND tool_name IS NOT NULL
+    UNION ALL{parsed}"""
 
 
 def _json_field(path: str) -> str:
@@ -79,9 +118,10 @@ def _json_field(path: str) -> str:
 
 # One group per call. Grouping (rather than joining starts to ends) lets a filter on
 # session_id or turn_id reach the events scan, so one session's calls are read alone.
-TOOL_CALLS = f"""
+def _tool_calls(tool_columns: bool) -> str:
+    return f"""
 SELECT
-    coalesce(any_value(f[1]) FILTER (WHERE type = 'tool_call_end'), any_value(f[1])) AS tool,
+    coalesce(any_value(tool) FILTER (WHERE type = 'tool_call_end'), any_value(tool)) AS tool,
     call_id,
     session_id,
     turn_id,
@@ -91,20 +131,21 @@ SELECT
         any_value({_json_field('$.arguments')})
     ) AS arguments,
     any_value({_json_field('$.result')}) FILTER (WHERE type = 'tool_call_end') AS result,
-    coalesce(any_value(f[3]) FILTER (WHERE type = 'tool_call_end'), 'pending') AS status,
-    any_value(f[4]) FILTER (WHERE type = 'tool_call_end') AS outcome,
+    coalesce(any_value(status) FILTER (WHERE type = 'tool_call_end'), 'pending') AS status,
+    any_value(outcome) FILTER (WHERE type = 'tool_call_end') AS outcome,
     coalesce(
         min(created_at) FILTER (WHERE type = 'tool_call_start'),
-        min(created_at - to_microseconds(CAST(round(coalesce(TRY_CAST(f[6] AS DOUBLE), 0) * 1000) AS BIGINT)))
+        min(created_at - to_microseconds(CAST(round(coalesce(duration_ms, 0) * 1000) AS BIGINT)))
     ) AS started_at,
     max(created_at) FILTER (WHERE type = 'tool_call_end') AS ended_at,
-    any_value(TRY_CAST(f[6] AS DOUBLE)) FILTER (WHERE type = 'tool_call_end') AS duration_ms,
-    any_value(f[5]) FILTER (WHERE type = 'tool_call_end') AS error,
+    any_value(duration_ms) FILTER (WHERE type = 'tool_call_end') AS duration_ms,
+    any_value(json_extract_string(content, '$.error')) FILTER (WHERE type = 'tool_call_end') AS error,
     min(idx) FILTER (WHERE type = 'tool_call_start') AS start_index,
     max(idx) FILTER (WHERE type = 'tool_call_end') AS end_index
-FROM (SELECT *, f[2] AS call_id FROM ({_TOOL_ROWS}))
+FROM ({tool_rows(tool_columns, content=True)})
 GROUP BY session_id, turn_id, call_id
 """
+
 
 TURN_SUMMARIES = """
 SELECT
@@ -141,13 +182,14 @@ FROM (
 )
 """
 
-_OUTCOME_COUNTS = ",\n        ".join(f"count(*) FILTER (WHERE type = 'tool_call_end' AND f[4] = '{o}') AS {o}" for o in OUTCOMES)
+_OUTCOME_COUNTS = ",\n        ".join(f"count(*) FILTER (WHERE type = 'tool_call_end' AND outcome = '{o}') AS {o}" for o in OUTCOMES)
 _OUTCOME_SHARES = ",\n    ".join(f"{o} / nullif(finished, 0) AS {o}_share" for o in OUTCOMES)
 
 # One pass over the tool rows, no per-call grouping: a call is counted by its start row,
 # or by its end row where no start rows were stored (a persistence policy can leave them
 # out). In a store that keeps both, calls - finished is exactly the pending calls.
-TOOL_STATS = f"""
+def _tool_stats(tool_columns: bool) -> str:
+    return f"""
 SELECT
     tool,
     greatest(started, finished) AS calls,
@@ -160,18 +202,18 @@ SELECT
     agents, first_seen, last_seen
 FROM (
     SELECT
-        f[1] AS tool,
+        tool,
         count(*) FILTER (WHERE type = 'tool_call_start') AS started,
         count(*) FILTER (WHERE type = 'tool_call_end') AS finished,
         {_OUTCOME_COUNTS},
-        avg(TRY_CAST(f[6] AS DOUBLE)) FILTER (WHERE type = 'tool_call_end') AS avg_ms,
-        quantile_cont(TRY_CAST(f[6] AS DOUBLE), [0.5, 0.95, 0.99]) FILTER (WHERE type = 'tool_call_end') AS q,
-        max(TRY_CAST(f[6] AS DOUBLE)) FILTER (WHERE type = 'tool_call_end') AS max_ms,
+        avg(duration_ms) FILTER (WHERE type = 'tool_call_end') AS avg_ms,
+        quantile_cont(duration_ms, [0.5, 0.95, 0.99]) FILTER (WHERE type = 'tool_call_end') AS q,
+        max(duration_ms) FILTER (WHERE type = 'tool_call_end') AS max_ms,
         count(DISTINCT agent) AS agents,
         min(created_at) AS first_seen,
         max(created_at) AS last_seen
-    FROM ({_TOOL_ROWS})
-    GROUP BY f[1]
+    FROM ({tool_rows(tool_columns)})
+    GROUP BY tool
 )
 ORDER BY calls DESC, tool
 """
@@ -197,16 +239,17 @@ ORDER BY day, turns DESC, loop_end_reason
 
 # Calls are counted per turn as tool_stats counts them (start rows, or end rows where no
 # start rows were stored), without grouping every call first.
-DECLARED_VS_USED = f"""
+def _declared_vs_used(tool_columns: bool) -> str:
+    return f"""
 WITH offered AS (
     SELECT DISTINCT agent, session_id, turn_id, unnest(declared_tools) AS tool, ended_at
     FROM turn_summaries
 ),
 called AS (
-    SELECT session_id, turn_id, f[1] AS tool,
+    SELECT session_id, turn_id, tool,
         greatest(count(*) FILTER (WHERE type = 'tool_call_start'), count(*) FILTER (WHERE type = 'tool_call_end')) AS calls,
         max(created_at) AS last_called
-    FROM ({_TOOL_ROWS})
+    FROM ({tool_rows(tool_columns)})
     GROUP BY ALL
 ),
 used AS (
@@ -260,18 +303,33 @@ FROM turn_summaries
 ORDER BY rank
 """
 
-VIEWS: dict[str, str] = {
-    "tool_calls": TOOL_CALLS,
-    "turn_summaries": TURN_SUMMARIES,
-    "tool_stats": TOOL_STATS,
-    "loop_end_reasons": LOOP_END_REASONS,
-    "declared_vs_used": DECLARED_VS_USED,
-    "token_usage": TOKEN_USAGE,
-    "slowest_turns": SLOWEST_TURNS,
-}
+def views(tool_columns: bool = True) -> dict[str, str]:
+    """Every view, by name, as the SELECT that defines it; in creation order.
+
+    ``tool_columns=False`` gives the definitions for a file whose ``events`` table lacks
+    the :data:`TOOL_COLUMNS` (schema before they were added): the tool fields are then
+    read from the ``content`` JSON alone. Both give the same rows.
+    """
+    return {
+        "tool_calls": _tool_calls(tool_columns),
+        "turn_summaries": TURN_SUMMARIES,
+        "tool_stats": _tool_stats(tool_columns),
+        "loop_end_reasons": LOOP_END_REASONS,
+        "declared_vs_used": _declared_vs_used(tool_columns),
+        "token_usage": TOKEN_USAGE,
+        "slowest_turns": SLOWEST_TURNS,
+    }
+
+
+VIEWS: dict[str, str] = views()
 """Every view, by name, as the SELECT that defines it; in creation order."""
 
+TOOL_STATS = VIEWS["tool_stats"]
+TOOL_CALLS = VIEWS["tool_calls"]
+DECLARED_VS_USED = VIEWS["declared_vs_used"]
 
-def create_statements() -> list[str]:
-    """``CREATE OR REPLACE VIEW`` statements for every view, in dependency order."""
-    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in VIEWS.items()]
+
+def create_statements(tool_columns: bool = True) -> list[str]:
+    """``CREATE OR REPLACE VIEW`` statements for every view, in dependency order (see
+    :func:`views` for ``tool_columns``)."""
+    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in views(tool_columns).items()]

@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import internal_error, logger, warn_once
@@ -125,7 +125,14 @@ def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
     attributes = policy.export_attributes(span.attributes)
     events = span.events
     scrub_events = any(e.attributes and ("exception.message" in e.attributes) for e in events)
-    if attributes is None and not scrub_events:
+    status = span.status
+    # an error's description quotes the exception message, which may quote inputs
+    description = status.description
+    if description and policy.masks:
+        cleaned = policy.scrub(description, "exception.message")
+        if cleaned != description:
+            status = Status(status.status_code, cleaned)
+    if attributes is None and not scrub_events and status is span.status:
         return span
     if scrub_events:
         from opentelemetry.sdk.trace import Event
@@ -143,7 +150,7 @@ def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
         links=span.links,
         kind=span.kind,
         instrumentation_scope=span.instrumentation_scope,
-        status=span.status,
+        status=status,
         start_time=span.start_time,
         end_time=span.end_time,
     )

@@ -20,6 +20,12 @@ from ._patch import Patch, restore
 ADAPTERS: dict[str, tuple[str, str]] = {
     "openai": ("openai", "loopscope.instrument.openai"),
     "anthropic": ("anthropic", "loopscope.instrument.anthropic"),
+    "roomkit": ("roomkit", "loopscope.instrument.roomkit"),
+    "openai_agents": ("agents", "loopscope.instrument.openai_agents"),
+    "toolnexus": ("toolnexus", "loopscope.instrument.toolnexus"),
+    "pydantic_ai": ("pydantic_ai", "loopscope.instrument.pydantic_ai"),
+    "langchain": ("langchain_core", "loopscope.instrument.langchain"),
+    "mcp": ("mcp", "loopscope.instrument.mcp"),
 }
 """Adapter name -> (the library module whose import activates it, the adapter module).
 The name is also the keyword that switches it off."""

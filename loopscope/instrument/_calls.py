@@ -13,10 +13,9 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-
 from .._guard import internal_error
+from ..recorder._spans import attach_span, detach
+from ..recorder.elsewhere import recorded_elsewhere
 from ..recorder.stitch import Generation, begin_generation
 
 calling: ContextVar[Generation | None] = ContextVar("loopscope_sdk_call", default=None)
@@ -29,13 +28,15 @@ Deliver = Callable[[Any, Generation], Any]
 
 def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Generation | None, object | None]:
     try:
+        if recorded_elsewhere():
+            return None, None  # a framework's own model-call span records this call
         request = describe(instance, args, kwargs)
         if request is None:
             return None, None
         generation = begin_generation(**request)
         if generation is None or generation.round._span is None:
             return generation, None
-        return generation, otel_context.attach(trace.set_span_in_context(generation.round._span))
+        return generation, attach_span(generation.round._span)
     except Exception:
         internal_error("model call start")
         return None, None
@@ -68,7 +69,7 @@ def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Cal
             if marked is not None:
                 calling.reset(marked)
             if token is not None:
-                otel_context.detach(token)
+                detach(token)
         return _deliver(deliver, result, generation)
 
     return wrapper
@@ -94,7 +95,7 @@ def async_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Ca
                 if marked is not None:
                     calling.reset(marked)
                 if token is not None:
-                    otel_context.detach(token)
+                    detach(token)
             return _deliver(deliver, result, generation)
 
         return run()

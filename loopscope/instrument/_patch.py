@@ -15,6 +15,18 @@ class Patch:
     name: str
     original: Any
 
+    def undo(self) -> None:
+        """Put the original back."""
+        setattr(self.owner, self.name, self.original)
+
+
+@dataclass
+class Registration:
+    """A registration with a library whose extension point is a registration (a tracing
+    processor, a global callback handler) rather than a method to wrap: ``undo`` takes it back."""
+
+    undo: Callable[[], None]
+
 
 def wrap(owner: type, name: str, wrapper: Callable[..., Any]) -> Patch | None:
     """Wrap ``owner.name`` (looked up in the class itself, not its bases); None if absent."""
@@ -25,7 +37,7 @@ def wrap(owner: type, name: str, wrapper: Callable[..., Any]) -> Patch | None:
     return Patch(owner, name, original)
 
 
-def restore(patches: list[Patch]) -> None:
+def restore(patches: list[Patch | Registration]) -> None:
     for patch in reversed(patches):
-        setattr(patch.owner, patch.name, patch.original)
+        patch.undo()
     patches.clear()

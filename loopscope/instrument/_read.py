@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel
+
+from .. import _json
 
 
 def get(obj: Any, key: str, default: Any = None) -> Any:
@@ -22,7 +22,7 @@ def arguments(raw: Any) -> Any:
     """Tool call arguments: the JSON the model wrote, decoded when it decodes."""
     if isinstance(raw, str):
         try:
-            return json.loads(raw) if raw.strip() else {}
+            return _json.parse(raw) if raw.strip() else {}
         except ValueError:
             return raw
     return raw
@@ -44,7 +44,11 @@ _servers: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(base URL) -> (that UR
 def server(instance: Any) -> dict[str, Any]:
     """server.address / server.port of the client a resource belongs to (do not change it)."""
     client = getattr(instance, "_client", None)
-    url = getattr(client, "base_url", None)
+    # what the openai and anthropic clients' ``base_url`` property returns; that property
+    # runs an import statement on every read in openai 3
+    url = getattr(client, "_base_url", None)
+    if type(url).__name__ != "URL":
+        url = getattr(client, "base_url", None)
     known = _servers.get(id(url))
     if known is not None and known[0] is url:
         return known[1]

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..models import ToolCall
+from ..recorder.elsewhere import recorded_elsewhere
 from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, calling, sync_call
@@ -320,6 +321,11 @@ def _adopt_call_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
     generation = calling.get()
     span = generation.round._span if generation is not None else None
     if span is None:
+        if recorded_elsewhere():
+            # a framework's model-call span (pydantic-ai's) records this call: it stands in
+            from opentelemetry.trace import NonRecordingSpan, get_current_span
+
+            return NonRecordingSpan(get_current_span().get_span_context())
         return wrapped(*args, **kwargs)
     from opentelemetry.trace import NonRecordingSpan
 

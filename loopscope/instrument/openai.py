@@ -23,29 +23,20 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     results = []
     input_text = None
     for message in messages:
-        role = message.get("role") if type(message) is dict else r.get(message, "role")
+        plain = type(message) is dict  # the common case: read without r.get's frame
+        role = message.get("role") if plain else r.get(message, "role")
         if role == "tool":
-            call_id = r.get(message, "tool_call_id")
+            call_id = message.get("tool_call_id") if plain else r.get(message, "tool_call_id")
             # only the results of calls still open are read (a long history holds many)
             if call_id and wants_result(str(call_id)):
-                results.append(ToolResult(str(call_id), result_value(r.text_of(r.get(message, "content")) or r.get(message, "content"))))
+                content = message.get("content") if plain else r.get(message, "content")
+                text = content if type(content) is str else r.text_of(content)
+                results.append(ToolResult(str(call_id), result_value(text or content)))
         elif role == "user":
-            content = r.get(message, "content")
+            content = message.get("content") if plain else r.get(message, "content")
             input_text = content if type(content) is str else r.text_of(content)
-    stop = kwargs.get("stop")
-    request = {
-        "temperature": kwargs.get("temperature"),
-        "top_p": kwargs.get("top_p"),
-        "max_tokens": kwargs.get("max_completion_tokens") or kwargs.get("max_tokens"),
-        "frequency_penalty": kwargs.get("frequency_penalty"),
-        "presence_penalty": kwargs.get("presence_penalty"),
-        "seed": kwargs.get("seed"),
-        "stop": [stop] if isinstance(stop, str) else stop,
-        "choice_count": kwargs.get("n"),
-        "reasoning_effort": kwargs.get("reasoning_effort"),
-        "service_tier": kwargs.get("service_tier"),
-        **r.server(instance),
-    }
+    request = _parameters(kwargs)
+    request.update(r.server(instance))
     return {
         "provider": PROVIDER,
         "model": kwargs.get("model"),
@@ -57,15 +48,67 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     }
 
 
+_PARAMETERS = (  # the request's parameters, in the order their span attributes take
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("max_tokens", "max_tokens"),  # max_completion_tokens first, see below
+    ("frequency_penalty", "frequency_penalty"),
+    ("presence_penalty", "presence_penalty"),
+    ("seed", "seed"),
+    ("stop", "stop"),
+    ("choice_count", "n"),
+    ("reasoning_effort", "reasoning_effort"),
+    ("service_tier", "service_tier"),
+)
+_PARAMETER_KEYS = frozenset({key for _, key in _PARAMETERS} | {"max_completion_tokens"})
+
+
+def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request parameters a call sets (a call sets few of them: only those are read)."""
+    present = _PARAMETER_KEYS.intersection(kwargs)
+    request: dict[str, Any] = {}
+    if not present:
+        return request
+    for name, key in _PARAMETERS:
+        if key in present or (name == "max_tokens" and "max_completion_tokens" in present):
+            if name == "max_tokens":
+                request[name] = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+            elif name == "stop":
+                stop = kwargs["stop"]
+                request[name] = [stop] if isinstance(stop, str) else stop
+            else:
+                request[name] = kwargs[key]
+    return request
+
+
 def _function_tools(tools: Any) -> list[Any] | None:
     if not tools or not isinstance(tools, (list, tuple)):
         return None
     return [t for t in tools if isinstance(t, dict) and t.get("type", "function") == "function"]
 
 
+_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "reasoning_tokens")
+
+
 def _chat_usage(usage: Any) -> dict[str, int]:
     if usage is None:
         return {}
+    if type(usage) is not dict:  # the SDK's model: its fields are attributes, read without r.get's frames
+        prompt = getattr(usage, "prompt_tokens_details", None)
+        completion = getattr(usage, "completion_tokens_details", None)
+        if type(prompt) is not dict and type(completion) is not dict:
+            values: tuple[Any, ...] = (
+                getattr(usage, "prompt_tokens", None),
+                getattr(usage, "completion_tokens", None),
+                getattr(prompt, "cached_tokens", None),
+                getattr(prompt, "cache_write_tokens", None),
+                getattr(completion, "reasoning_tokens", None),
+            )
+            return {
+                key: value
+                for key, value in zip(_USAGE_KEYS, values)
+                if type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+            }
     get = r.get
     prompt = get(usage, "prompt_tokens_details")
     completion = get(usage, "completion_tokens_details")
@@ -115,9 +158,16 @@ def _finish_model(completion: Any, generation: Generation) -> None:
         return _finish_completion(dict(completion), generation)
     calls = []
     for call in getattr(message, "tool_calls", None) or []:
-        function = r.get(call, "function")
+        if type(call) is dict:
+            function, call_id = call.get("function"), call.get("id")
+        else:
+            function, call_id = getattr(call, "function", None), getattr(call, "id", None)
         if function is not None:
-            calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
+            if type(function) is dict:
+                name, arguments = function.get("name"), function.get("arguments")
+            else:
+                name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+            calls.append(ToolCall(id=str(call_id), name=str(name), arguments=r.arguments(arguments)))
     generation.finish(
         text=getattr(message, "content", None) or getattr(message, "refusal", None),
         tool_calls=calls,
@@ -139,8 +189,34 @@ class _ChatChunks:
         self.model: str | None = None
 
     def add(self, chunk: Any, generation: Generation) -> None:
-        if type(chunk) is _chunk_type:
-            return self._add_chunk(chunk, generation)
+        """One chunk; the SDK's own chunk model read directly, without a further frame per
+        chunk (its fields are attributes: ``r.get`` is ``getattr`` for them)."""
+        if type(chunk) is not _chunk_type:
+            return self._add_general(chunk, generation)
+        if not self.response_id:
+            self.response_id = getattr(chunk, "id", None)
+        if not self.model:
+            self.model = getattr(chunk, "model", None)
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = _chat_usage(usage)
+        for choice in getattr(chunk, "choices", None) or ():
+            delta = getattr(choice, "delta", None)
+            if type(choice) is dict or type(delta) is dict:
+                self._add_choice(choice, generation)
+                continue
+            if getattr(choice, "index", 0) != 0:
+                continue
+            content = getattr(delta, "content", None)
+            if content:
+                generation.round.text_delta(content)  # Generation.delta without its frame
+            if getattr(delta, "tool_calls", None):
+                self._add_choice_calls(delta, generation)
+            reason = getattr(choice, "finish_reason", None)
+            if reason:
+                self.finish_reason = reason
+
+    def _add_general(self, chunk: Any, generation: Generation) -> None:
         self.response_id = self.response_id or r.get(chunk, "id")
         self.model = self.model or r.get(chunk, "model")
         usage = r.get(chunk, "usage")
@@ -167,32 +243,6 @@ class _ChatChunks:
                 slot["arguments"].append(r.get(function, "arguments"))
         if r.get(choice, "finish_reason"):
             self.finish_reason = r.get(choice, "finish_reason")
-
-    def _add_chunk(self, chunk: Any, generation: Generation) -> None:
-        """:meth:`add` for the SDK's own chunk model, whose fields are attributes (``r.get``
-        is ``getattr`` for them): the same reads, without a Python call for each."""
-        if not self.response_id:
-            self.response_id = getattr(chunk, "id", None)
-        if not self.model:
-            self.model = getattr(chunk, "model", None)
-        usage = getattr(chunk, "usage", None)
-        if usage is not None:
-            self.usage = _chat_usage(usage)
-        for choice in getattr(chunk, "choices", None) or ():
-            delta = getattr(choice, "delta", None)
-            if type(choice) is dict or type(delta) is dict:
-                self._add_choice(choice, generation)
-                continue
-            if getattr(choice, "index", 0) != 0:
-                continue
-            content = getattr(delta, "content", None)
-            if content:
-                generation.delta(content)
-            if getattr(delta, "tool_calls", None):
-                self._add_choice_calls(delta, generation)
-            reason = getattr(choice, "finish_reason", None)
-            if reason:
-                self.finish_reason = reason
 
     def _add_choice_calls(self, delta: Any, generation: Generation) -> None:
         for part in getattr(delta, "tool_calls", None) or ():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .state import state_delta, state_snapshot
 from .stitch import ToolResult, session
 from .tool import ToolExecution, tool
 from .turn import Round, Turn
@@ -50,4 +51,4 @@ def turn(
     )
 
 
-__all__ = ["Round", "ToolExecution", "ToolResult", "Turn", "session", "tool", "turn"]
+__all__ = ["Round", "ToolExecution", "ToolResult", "Turn", "session", "state_delta", "state_snapshot", "tool", "turn"]

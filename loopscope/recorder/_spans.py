@@ -8,11 +8,29 @@ as they are; for them :func:`set_attributes` stores the values the very same way
 locks, same order: a key set again moves to the end) at a fraction of the cost. Anything
 else, or an SDK whose internals are not the ones checked here at import, takes the
 SDK's own path.
+
+:func:`start_span` and :func:`end_span` do the same for starting and ending loopscope's
+own spans. ``Tracer.start_span`` asks the sampler (a few Python frames that build a
+``SamplingResult``), looks the parent up twice, cleans every start attribute and builds
+the span through four constructors; ``Span.end`` builds a ``ReadableSpan`` through its
+keyword constructor. For a provider whose sampler, id generator and span limits are the
+SDK's defaults (the decision is then known: sample, as the parent was), they build the
+very same ``_Span`` and ``ReadableSpan`` objects directly, field by field, and hand them
+to the provider's span processors exactly as the SDK does, so every processor and
+exporter sees an ordinary SDK span. A probe at import builds one span both ways and
+compares every field; an SDK whose spans differ from what is built here, or any other
+sampler, id generator, limits, tracer configuration or attribute value, takes the SDK's
+own path.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Mapping
+from contextvars import ContextVar
+from random import getrandbits
+from time import time_ns
 from typing import Any
 
 _SCALARS = frozenset({str, bool, int, float})
@@ -25,9 +43,11 @@ def _clean(attributes: Mapping[str, Any]) -> bool:
         kind = type(value)
         if kind in scalars:
             continue
-        if kind is tuple and all(type(v) is str for v in value):
-            continue
-        return False
+        if kind is not tuple:
+            return False
+        for item in value:  # a loop, not all(...): no generator frame
+            if type(item) is not str:
+                return False
     return True
 
 
@@ -87,3 +107,326 @@ try:
         _SPAN = _BOUNDED = None
 except Exception:  # another SDK: always its own path
     _SPAN = _BOUNDED = None
+
+
+# -- starting and ending loopscope's own spans -------------------------------------------
+
+_FAST_SPANS = False  # set by the probe below when this SDK's spans are the ones built here
+
+
+def start_span(
+    tracer: Any,
+    name: str,
+    context: Any = None,
+    attributes: Mapping[str, Any] | None = None,
+    start_time: int | None = None,
+) -> Any:
+    """``tracer.start_span(name, context=context, attributes=attributes, start_time=start_time)``,
+    with the same result (see the module's docstring). A plain dict of ``attributes`` becomes
+    the span's own (the SDK would copy it): the caller does not use it afterwards."""
+    if _FAST_SPANS and type(tracer) is _TRACER:
+        span = _fast_start(tracer, name, context, attributes, start_time)
+        if span is not None:
+            return span
+    return tracer.start_span(name, context=context, attributes=attributes, start_time=start_time)
+
+
+def end_span(span: Any, end_time: int | None = None, attributes: Mapping[str, Any] | None = None) -> None:
+    """``span.set_attributes(attributes)`` (when given) then ``span.end(end_time=end_time)``,
+    with the same result: for loopscope's spans, under one hold of the span's lock."""
+    if _FAST_SPANS and type(span) is _SPAN and _fast_end(span, end_time, attributes):
+        return
+    if attributes:
+        set_attributes(span, attributes)
+    span.end(end_time=end_time)
+
+
+def _fast_start(tracer: Any, name: str, context: Any, attributes: Mapping[str, Any] | None, start_time: int | None) -> Any:
+    """The span ``Tracer.start_span`` would make, or None to let it make it."""
+    sampler = tracer.sampler
+    limits = tracer._span_limits
+    if (
+        (sampler is not _PARENT_BASED and sampler is not _ALWAYS_ON)
+        or type(tracer.id_generator) is not _RANDOM_IDS
+        or type(tracer._tracer_metrics) is not _NO_METRICS
+        or not tracer._tracer_config.is_enabled
+        or type(limits) is not _LIMITS
+        or limits.max_span_attribute_length is not None
+    ):
+        return None
+    max_attributes = limits.max_span_attributes
+    if attributes:
+        if (max_attributes is not None and len(attributes) > max_attributes) or not _clean(attributes):
+            return None
+        values = attributes if type(attributes) is dict else dict(attributes)
+    else:
+        values = {}
+    # get_current_span(context).get_span_context(), for an SDK span without the frames (and
+    # the ABC isinstance check) of get_current_span, get_value and the typing.cast it returns
+    current = context.get(_SPAN_KEY) if context is not None else None
+    if type(current) is _SPAN:
+        parent = current._context
+    else:
+        parent = _get_span(context).get_span_context()
+    if parent is not None and type(parent) is not _SPAN_CONTEXT:
+        return None  # the SDK raises for that one
+    if parent is None or not parent[5]:  # no valid parent: a root span (the root sampler is ALWAYS_ON)
+        parent = None
+        trace_id = getrandbits(128) or getrandbits(128) or 1
+        trace_state = _DEFAULT_TRACE_STATE
+        flags = _SAMPLED_RANDOM
+    else:
+        parent_flags = parent[3]
+        if not parent_flags & 1 and sampler is _PARENT_BASED:
+            return None  # not sampled: the SDK makes a non-recording span
+        trace_id = parent[0]
+        trace_state = parent[4]
+        flags = _SAMPLED_RANDOM if parent_flags & 2 else _SAMPLED
+    span_id = getrandbits(64) or getrandbits(64) or 1
+    # field by field, as Span.__init__ sets them (the probe checks they are the same);
+    # attribute stores, not a __dict__ literal: CPython keeps those inline, far cheaper
+    span = _new(_SPAN)
+    span._name = name
+    span._context = _new_tuple(_SPAN_CONTEXT, (trace_id, span_id, False, flags, trace_state, True))
+    span._kind = _INTERNAL
+    span._instrumentation_info = tracer.instrumentation_info
+    span._instrumentation_scope = tracer._instrumentation_scope
+    span._parent = parent
+    span._start_time = start_time if start_time is not None else time_ns()
+    span._end_time = None
+    # The attributes, events and links share one lock (the SDK makes three): none of their
+    # methods takes another's lock while it holds its own, so one cannot deadlock, and the
+    # two locks fewer are two objects fewer per span for the garbage collector to look at
+    # while the store's queue holds the span.
+    shared = _Lock()
+    span._attributes = bounded = _new(_BOUNDED)  # BoundedAttributes(max_attributes, values, immutable=False)
+    bounded._dict = values
+    bounded.maxlen = max_attributes
+    bounded.dropped = 0
+    bounded.max_value_len = None
+    bounded._lock = shared
+    bounded._immutable = False
+    span._events = events = _new(_BOUNDED_LIST)  # BoundedList(limits.max_events)
+    events.dropped = 0
+    events._dq = deque((), limits.max_events)  # positional: keyword parsing costs more than the deque
+    events._lock = shared
+    span._links = links = _new(_BOUNDED_LIST)  # BoundedList(limits.max_links)
+    links.dropped = 0
+    links._dq = deque((), limits.max_links)
+    links._lock = shared
+    span._resource = tracer.resource
+    span._status = _UNSET_STATUS
+    span._sampler = sampler
+    span._trace_config = None
+    span._record_exception = True
+    span._set_status_on_exception = True
+    span._span_processor = tracer.span_processor
+    span._limits = limits
+    span._lock = _Lock()
+    span._record_end_metrics = _NOOP
+    tracer.span_processor.on_start(span, parent_context=context)
+    return span
+
+
+def _fast_end(span: Any, end_time: int | None, attributes: Mapping[str, Any] | None = None) -> bool:
+    """``Span.end`` with the ``ReadableSpan`` built directly, after ``attributes`` stored as
+    :func:`_fast_set` does; False to leave both to the SDK."""
+    if span._start_time is None or span._end_time is not None:
+        return False  # the SDK raises or warns about these
+    bounded = span._attributes
+    if attributes:
+        maxlen = bounded.maxlen
+        if (
+            type(bounded) is not _BOUNDED
+            or bounded.max_value_len is not None
+            or bounded._immutable
+            or (maxlen is not None and len(bounded._dict) + len(attributes) > maxlen)
+            or not _clean(attributes)
+        ):
+            span.set_attributes(attributes)  # the SDK's cleaning, then the end as below
+            attributes = None
+    with span._lock:
+        if span._end_time is not None:  # ended by another thread meanwhile
+            ended = True
+        else:
+            ended = False
+            if attributes:
+                items = bounded._dict
+                with bounded._lock:
+                    if not items.keys().isdisjoint(attributes):
+                        for key in attributes:
+                            if key in items:
+                                del items[key]  # as the SDK does: a key set again moves to the end
+                    items.update(attributes)
+            span._end_time = end = end_time if end_time is not None else time_ns()
+            bounded._immutable = True
+    if ended:
+        if attributes:
+            span.set_attributes(attributes)  # the SDK's warnings, as before
+        span.end(end_time=end_time)
+        return True
+    record_end_metrics = span._record_end_metrics
+    if record_end_metrics:
+        record_end_metrics()
+    processor = span._span_processor
+    processor._on_ending(span)
+    readable = _new(_READABLE)
+    readable._name = span._name
+    readable._context = span._context
+    readable._kind = span._kind
+    readable._instrumentation_info = span._instrumentation_info
+    readable._instrumentation_scope = span._instrumentation_scope
+    readable._parent = span._parent
+    readable._start_time = span._start_time
+    readable._end_time = end
+    readable._attributes = span._attributes
+    readable._events = span._events
+    readable._links = span._links
+    readable._resource = span._resource
+    readable._status = span._status
+    processor.on_end(readable)
+    return True
+
+
+def attach_span(span: Any) -> object:
+    """``context.attach(trace.set_span_in_context(span))``: ``span`` current until :func:`detach`."""
+    var = _CONTEXT_VAR
+    if var is None:
+        return _attach(_set_span_in_context(span))
+    # what set_value does, without its three Python frames and with one copy, not two
+    new = _Context(var.get())
+    _dict_set(new, _SPAN_KEY, span)  # Context refuses item assignment: the dict's own
+    return var.set(new)
+
+
+def detach(token: object) -> None:
+    """``context.detach(token)``."""
+    var = _CONTEXT_VAR
+    if var is None:
+        _detach(token)  # type: ignore[arg-type]
+        return
+    try:
+        var.reset(token)  # type: ignore[arg-type]
+    except Exception:  # another context's token: the API logs it, as it always did
+        _detach(token)  # type: ignore[arg-type]
+
+
+_new = object.__new__
+_dict_set = dict.__setitem__
+_new_tuple = tuple.__new__
+_Lock = threading.Lock
+_CONTEXT_VAR: Any = None  # the ContextVar behind the API's default runtime context
+try:
+    from opentelemetry import context as _context_api
+    from opentelemetry.context import Context as _Context
+    from opentelemetry.context import attach as _attach
+    from opentelemetry.context import detach as _detach
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.trace import set_span_in_context as _set_span_in_context
+    from opentelemetry.trace.propagation import _SPAN_KEY
+
+    _runtime = getattr(_context_api, "_RUNTIME_CONTEXT", None)
+    if type(_runtime) is ContextVarsRuntimeContext and type(getattr(_runtime, "_current_context", None)) is ContextVar:
+        _CONTEXT_VAR = _runtime._current_context
+except Exception:  # another API: its own functions
+    from opentelemetry.context import attach as _attach
+    from opentelemetry.context import detach as _detach
+    from opentelemetry.trace import set_span_in_context as _set_span_in_context
+try:
+    import inspect
+
+    from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, SynchronousMultiSpanProcessor, Tracer
+    from opentelemetry.sdk.trace import sampling as _sampling
+    from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics, noop
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.sdk.util import BoundedList
+    from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, get_current_span
+    from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
+    _TRACER, _SPAN_CONTEXT, _READABLE, _BOUNDED_LIST, _LIMITS = Tracer, SpanContext, ReadableSpan, BoundedList, SpanLimits
+    _PARENT_BASED, _ALWAYS_ON = _sampling.DEFAULT_ON, _sampling.ALWAYS_ON
+    _RANDOM_IDS, _NO_METRICS, _NOOP = RandomIdGenerator, NoOpTracerMetrics, noop
+    _INTERNAL, _DEFAULT_TRACE_STATE = SpanKind.INTERNAL, DEFAULT_TRACE_STATE
+    _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+    _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+    _UNSET_STATUS = inspect.signature(ReadableSpan.__init__).parameters["status"].default
+    _get_span = get_current_span
+
+    def _same(fast: Any, slow: Any, skip: frozenset[str]) -> bool:
+        """Every field of ``fast`` is the one the SDK set on ``slow`` (ids, times and locks aside)."""
+        mine, theirs = vars(fast), vars(slow)
+        if list(mine) != list(theirs) and set(mine) != set(theirs):
+            return False
+        for key, value in theirs.items():
+            other = mine[key]
+            if type(other) is not type(value):
+                return False
+            if key in skip:
+                continue
+            if isinstance(value, (BoundedAttributes, BoundedList)):
+                if vars(value).keys() != vars(other).keys():
+                    return False
+                if isinstance(value, BoundedList):
+                    if value._dq.maxlen != other._dq.maxlen or list(value) != list(other) or value.dropped != other.dropped:
+                        return False
+                elif list(value.items()) != list(other.items()) or any(
+                    getattr(value, k) != getattr(other, k) for k in ("maxlen", "dropped", "max_value_len", "_immutable")
+                ):
+                    return False
+            elif other is not value and other != value:
+                return False
+        return True
+
+    def _probe_spans() -> bool:
+        global _FAST_SPANS
+        seen: list[tuple[str, Any, Any]] = []
+
+        class _Seen(SpanProcessor):
+            def on_start(self, span: Any, parent_context: Any = None) -> None:
+                seen.append(("start", span, parent_context))
+
+            def _on_ending(self, span: Any) -> None:
+                seen.append(("ending", span, None))
+
+            def on_end(self, span: Any) -> None:
+                seen.append(("end", span, None))
+
+        provider = TracerProvider(shutdown_on_exit=False)
+        if type(provider._active_span_processor) is not SynchronousMultiSpanProcessor:
+            return False
+        provider.add_span_processor(_Seen())  # type: ignore[arg-type]
+        tracer = provider.get_tracer("loopscope-probe", "1")
+        if tracer.sampler is not _PARENT_BASED:
+            return False  # OTEL_TRACES_SAMPLER set: nothing to compare with here
+        from opentelemetry import trace
+
+        attributes = {"s": "x", "b": True, "i": 1, "f": 0.5, "t": ("a", "b")}
+        _FAST_SPANS = True
+        try:
+            ok = True
+            for parent_of in (None, "span"):
+                root = tracer.start_span("root") if parent_of else None
+                context = trace.set_span_in_context(root) if root is not None else None
+                seen.clear()
+                slow = tracer.start_span("probe", context=context, attributes=attributes, start_time=5)
+                fast = _fast_start(tracer, "probe", context, attributes, 5)
+                if fast is None or [(k, p) for k, _, p in seen] != [("start", context), ("start", context)]:
+                    return False
+                ok = ok and seen[1][1] is fast and _same(fast, slow, frozenset({"_context", "_lock"}))
+                sc, fc = slow.get_span_context(), fast.get_span_context()
+                ok = ok and tuple(sc)[2:] == tuple(fc)[2:] and (parent_of is None or sc.trace_id == fc.trace_id)
+                seen.clear()
+                slow.end(end_time=9)
+                if not _fast_end(fast, 9) or [k for k, _, _ in seen] != ["ending", "end", "ending", "end"]:
+                    return False
+                ok = ok and seen[2][1] is fast and type(seen[3][1]) is ReadableSpan
+                ok = ok and _same(seen[3][1], seen[1][1], frozenset({"_context"})) and _same(fast, slow, frozenset({"_context", "_lock"}))
+                if root is not None:
+                    root.end()
+            return ok
+        finally:
+            _FAST_SPANS = False
+
+    _FAST_SPANS = _SPAN is not None and _probe_spans()
+except Exception:  # another SDK: always its own path
+    _FAST_SPANS = False

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import threading
 import time
@@ -21,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import pipeline
+from .. import _json, pipeline
 from .._guard import internal_error
 from ..models import LoopEndReason
 from .context import current_round, current_session, current_turn, last_stitched
@@ -220,9 +219,15 @@ def begin_generation(
     request: Mapping[str, Any] | None = None,
     framework: str | None = None,
     agent: str | None = None,
+    caller_ends_turn: bool = False,
 ) -> Generation | None:
     """Place one model call: end the tool calls whose results it carries, find its turn,
-    open its round. Returns None only if loopscope itself failed (the call goes on)."""
+    open its round. Returns None only if loopscope itself failed (the call goes on).
+
+    Inside an open round (``with turn.round()``, or a framework's model call that an
+    adapter recorded as a round), the call fills that round. ``caller_ends_turn``: a
+    turn this call opens or joins is ended by the caller (a framework run that holds
+    several model calls), not by this call's response."""
     try:
         owner: Turn | None = None
         for result in tool_results:
@@ -234,6 +239,14 @@ def begin_generation(
         if tools is not None:
             tools = tool_set(tools)  # normalised once for the turn and its round
         hand = current_turn.get()
+        mine = current_round.get()
+        if mine is not None and not mine.ended and not mine._turn.ended and (hand is None or mine._turn is hand):
+            mine.eager = True
+            if stream:
+                mine._stream = True
+            if request:
+                mine.add_request(request)  # what the SDK sends, on the round it fills
+            return Generation(mine._turn, mine, False, False)
         stitched_turn = False
         if hand is not None:
             turn = hand
@@ -257,16 +270,10 @@ def begin_generation(
             turn._start(attach=False)
             stitched.add(turn)
             stitched_turn = True
-        mine = current_round.get()
-        if mine is not None and mine._turn is turn and not mine.ended:
-            mine.eager = True
-            if stream:
-                mine._stream = True
-            return Generation(turn, mine, False, stitched_turn)
         rnd = Round(turn, model, provider, tools, stream, request)
         rnd.eager = True
         rnd._start(attach=False)
-        return Generation(turn, rnd, True, stitched_turn)
+        return Generation(turn, rnd, True, stitched_turn and not caller_ends_turn)
     except Exception:
         internal_error("begin generation")
         return None
@@ -285,7 +292,7 @@ def result_value(content: Any) -> Any:
         stripped = content.lstrip()
         if stripped[:1] in ("{", "["):
             try:
-                return json.loads(content)
+                return _json.parse(content)  # json.loads, without its frames
             except ValueError:
                 pass
     return content

@@ -17,11 +17,12 @@ from opentelemetry.trace import Span, Status, StatusCode
 from .. import _json, pipeline, semconv as a
 from .._guard import internal_error
 from ..models import ToolCall
-from ._spans import set_attributes
+from ._spans import end_span, start_span
 from .context import current_turn, open_stitched_turn
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _SKIPPED_PARAMS = frozenset({"self", "cls"})
+_UNSET: Any = object()
 
 
 class ToolExecution:
@@ -35,6 +36,7 @@ class ToolExecution:
 
     __slots__ = (
         "name", "arguments", "call_id", "description", "result", "_outcome", "_error", "_span", "_token", "_turn", "_adopted",
+        "_status", "_duration_ms",
     )
 
     def __init__(self, name: str, arguments: Any = None, call_id: str | None = None, description: str | None = None) -> None:
@@ -49,6 +51,8 @@ class ToolExecution:
         self._token: object | None = None
         self._turn: Any = None
         self._adopted: ToolExecution | None = None
+        self._status: str | None = None  # a framework's own status, else folded from the outcome
+        self._duration_ms: float | None = None  # a framework's own duration: the span ends at start + it
 
     def set_result(self, value: Any) -> None:
         """The value the tool returned (the decorator sets it for you)."""
@@ -61,6 +65,11 @@ class ToolExecution:
     def block(self, reason: str = "") -> None:
         """The result was withheld from the model (for example by a guardrail)."""
         self._outcome, self._error = "blocked", reason or None
+
+    def fail(self, error: str = "") -> None:
+        """The tool reported a failure in its result rather than raising (an MCP result
+        with ``isError``, a LangChain ``ToolMessage`` with status ``error``)."""
+        self._outcome, self._error = "failed", error or None
 
     def __enter__(self) -> ToolExecution:
         self._start()
@@ -104,7 +113,31 @@ class ToolExecution:
         except Exception:
             internal_error("tool start")
 
-    def _open(self, turn: Any, parent: otel_context.Context | None) -> None:
+    def report(
+        self,
+        *,
+        outcome: str,
+        result: Any = None,
+        status: str | None = None,
+        error: str | None = None,
+        duration_ms: float | None = None,
+        arguments: Any = _UNSET,
+    ) -> None:
+        """End the call with what a framework recorded of it itself (RoomKit's tool rows).
+
+        ``outcome``, ``status`` and ``error`` are stored as given; with ``duration_ms`` the
+        span ends that long after it started, so the stored duration is the framework's;
+        ``arguments``, when given, are the ones the call ran with (a hook may rewrite them).
+        """
+        if arguments is not _UNSET and arguments != self.arguments:
+            self.arguments = arguments
+            if self._span is not None:
+                self._span.set_attribute(a.TOOL_CALL_ARGUMENTS, _json.dumps(arguments))
+        self.result = result
+        self._outcome, self._error, self._status, self._duration_ms = outcome, error, status, duration_ms
+        self._finish(None)
+
+    def _open(self, turn: Any, parent: otel_context.Context | None, start_time: int | None = None) -> None:
         """Start the ``execute_tool`` span (under ``parent``, else the current span)."""
         attributes: dict[str, Any] = {a.OPERATION: a.OP_EXECUTE_TOOL, a.TOOL_NAME: self.name, a.TOOL_TYPE: "function"}
         if turn is not None:
@@ -112,6 +145,8 @@ class ToolExecution:
             attributes[a.TURN_ID] = turn.correlation_id
             if turn.agent:
                 attributes[a.AGENT_NAME] = turn.agent
+            if getattr(turn, "framework", None):  # the tool rows name the framework, as the turn's do
+                attributes[a.FRAMEWORK] = turn.framework
         if self.call_id is None:
             # 32 random hex digits, as uuid4().hex gives, for a quarter of its cost
             self.call_id = os.urandom(16).hex()
@@ -120,13 +155,12 @@ class ToolExecution:
             attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
         if self.description:
             attributes[a.TOOL_DESCRIPTION] = self.description
-        self._span = pipeline.tracer().start_span(f"{a.OP_EXECUTE_TOOL} {self.name}", context=parent, attributes=attributes)
+        self._span = start_span(pipeline.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
 
     def _finish(self, exc: BaseException | None) -> None:
         adopted = self._adopted
         if adopted is not None:
-            if self._token is not None:
-                otel_context.detach(self._token)
+            self._detach()
             adopted.result = self.result
             if self._outcome is not None:
                 adopted._outcome, adopted._error = self._outcome, self._error
@@ -142,7 +176,8 @@ class ToolExecution:
                 error = f"{type(exc).__qualname__}: {exc}"
             elif outcome is None:
                 outcome = "served"
-            attributes: dict[str, Any] = {a.TOOL_OUTCOME: outcome, a.TOOL_STATUS: "completed" if outcome == "served" else "failed"}
+            status = self._status or ("completed" if outcome == "served" else "failed")
+            attributes: dict[str, Any] = {a.TOOL_OUTCOME: outcome, a.TOOL_STATUS: status}
             if self.result is not None:
                 attributes[a.TOOL_CALL_RESULT] = _json.dumps(self.result)
             if error:
@@ -150,26 +185,49 @@ class ToolExecution:
             if outcome != "served":
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__ if exc is not None else outcome
                 span.set_status(Status(StatusCode.ERROR, error))
-            set_attributes(span, attributes)
-            if self._token is not None:
-                otel_context.detach(self._token)
-            span.end()
+            self._detach()
+            end_time = None
+            if self._duration_ms is not None and getattr(span, "start_time", None) is not None:
+                end_time = span.start_time + round(self._duration_ms * 1e6)
+            end_span(span, end_time, attributes)  # set_attributes, then the end
             if self._turn is not None:
                 self._turn._tool_done()
         except Exception:
             internal_error("tool end")
+        finally:
+            self._detach()  # whatever failed above, the caller's context is put back
+
+    def _detach(self) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            otel_context.detach(token)
 
 
-def start_requested(turn: Any, call: ToolCall) -> ToolExecution:
+def running_tool() -> str | None:
+    """The name of the tool whose ``execute_tool`` span is the current span, or None. A
+    client library called inside a tool that is recorded already (an MCP call inside a
+    LangChain tool of the same name) is that call, not a second one."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return None
+    attributes = getattr(span, "attributes", None) or {}
+    if attributes.get(a.OPERATION) != a.OP_EXECUTE_TOOL:
+        return None
+    name = attributes.get(a.TOOL_NAME)
+    return name if isinstance(name, str) else None
+
+
+def start_requested(turn: Any, call: ToolCall, start_time: int | None = None) -> ToolExecution:
     """Start a call the model just asked for, as a sibling of the round that asked.
 
     Adapters that see a response, not the tool run, use this: the call is pending from
     the moment the response is complete until a later request carries its result, or a
-    decorated tool serves it.
+    decorated tool serves it. ``start_time`` (ns since the epoch) dates a call learned of
+    after it started.
     """
     execution = ToolExecution(call.name, call.arguments, call.id)
     execution._turn = turn
-    execution._open(turn, turn._context())
+    execution._open(turn, turn._context(), start_time)
     return execution
 
 

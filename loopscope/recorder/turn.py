@@ -9,10 +9,10 @@ which requested calls ran) and writes it onto the ``invoke_agent`` span when it 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from datetime import datetime, timezone
+from random import getrandbits
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -24,9 +24,10 @@ from opentelemetry.trace import Span, Status, StatusCode
 from .. import _json, semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
-from ._spans import set_attributes
+from ._spans import end_span, start_span
 from .context import current_round, current_session, current_turn
 from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
+from .declared import declared_tools as declared_tools_of
 from .tool import ToolExecution, record_unserved, start_requested
 
 call_owners: dict[str, Turn] = {}
@@ -39,9 +40,33 @@ the request that later carries their results still joins that turn."""
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
 
 
+def _release(var: Any, var_token: Any, context_token: Any, where: str) -> None:
+    """Reset a context variable and detach an OpenTelemetry context, never raising: a
+    token from another context (a generator closed elsewhere) is reported, not raised."""
+    try:
+        if var_token is not None:
+            var.reset(var_token)
+    except Exception:
+        internal_error(where)
+    finally:
+        if context_token is not None:
+            otel_context.detach(context_token)
+
+
+def _offered(tools: Iterable[Any] | None) -> ToolSet:
+    """The tools a turn offers; a tool list loopscope cannot read offers none (it is the
+    user's ``loopscope.turn(...)`` call: it must not fail because of it)."""
+    try:
+        return tool_set(tools)
+    except Exception:
+        internal_error("turn tools")
+        return ToolSet(())
+
+
 def _new_id() -> str:
-    """32 random hex digits, as ``uuid4().hex`` gives, for a quarter of its cost."""
-    return os.urandom(16).hex()
+    """32 random hex digits, as ``uuid4().hex`` gives, for a tenth of its cost (ids, not
+    secrets: the generator OpenTelemetry draws trace ids from, reseeded in a forked child)."""
+    return f"{getrandbits(128):032x}"
 
 
 def _tool_call(call: Any) -> ToolCall:
@@ -85,6 +110,9 @@ class Round:
     _start_ns = 0
     eager = False  # start the requested tool calls when the round ends (adapters)
     ended = False
+    # explicit span times (ns since the epoch) for a generation reported after it ran
+    _start_time: int | None = None
+    _end_time: int | None = None
 
     def __init__(
         self,
@@ -99,7 +127,7 @@ class Round:
         self._request = request
         self.model = model or turn.model
         self.provider = provider or turn.provider
-        self._tools = tool_set(tools) if tools is not None else None
+        self._tools = tools if tools is None or type(tools) is ToolSet else tool_set(tools)
         self._stream = stream
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
@@ -134,6 +162,19 @@ class Round:
         if model is not None:
             self.response_model = model
         self.blocked = self.blocked or blocked
+
+    def mark_streaming(self) -> None:
+        """The answer comes in chunks, as learned after the round started (a framework
+        that says so only with its first chunk)."""
+        self._stream = True
+        if self._late is not None:
+            self._late[a.REQUEST_STREAM] = True
+
+    def add_request(self, request: Mapping[str, Any]) -> None:
+        """Request parameters learned after the round started (the SDK call that fills a
+        framework's round knows the server and what it sent)."""
+        if self._late is not None:
+            self._late.update(a.request_attributes(request))
 
     def text_delta(self, delta: str) -> None:
         """Add a streamed chunk of text; the first one marks the time to first chunk."""
@@ -186,7 +227,7 @@ class Round:
             self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
             self._start_ns = time.monotonic_ns()
-            self._span = turn._tracer.start_span(name, context=turn._context(), attributes=attributes)
+            self._span = start_span(turn._tracer, name, turn._context(), attributes, self._start_time)
             if attach:
                 self._token = otel_context.attach(trace.set_span_in_context(self._span))
                 self._round_token = current_round.set(self)
@@ -221,15 +262,19 @@ class Round:
             if exc is not None:
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-            set_attributes(span, attributes)
-            if self._round_token is not None:
-                current_round.reset(self._round_token)  # type: ignore[arg-type]
-            if self._token is not None:
-                otel_context.detach(self._token)
-            span.end()
+            self._release_context()
+            end_span(span, self._end_time, attributes)  # set_attributes, then the end
             self._turn._round_done(self, exc)
         except Exception:
             internal_error("round end")
+        finally:
+            self._release_context()  # whatever failed above, the caller's context is put back
+
+    def _release_context(self) -> None:
+        """Undo what :meth:`_start` attached, once (a later call does nothing)."""
+        round_token, token = self._round_token, self._token
+        self._round_token = self._token = None
+        _release(current_round, round_token, token, "round context")
 
 
 def _error_text(result: Any) -> str:
@@ -270,6 +315,7 @@ class Turn:
     _tool_calls_count = 0
     _last_round: Round | None = None
     _explicit_reason: LoopEndReason | None = None
+    _facts: dict[str, Any] | None = None  # a framework's own summary values (set_summary)
     _span: Span | None = None
     _span_context: otel_context.Context | None = None
     _token: object | None = None
@@ -296,7 +342,7 @@ class Turn:
         self._requested_session = session_id
         self.session_id = session_id or ""
         self.agent = agent
-        self._tools = tool_set(tools)
+        self._tools = tools if type(tools) is ToolSet else _offered(tools)  # an adapter's is made already
         self.input = input
         self._input_blocked = input_blocked
         self.model = model
@@ -343,9 +389,16 @@ class Turn:
         thinking: str | None = None,
         response_id: str | None = None,
         blocked: bool = False,
+        start_time: int | None = None,
+        end_time: int | None = None,
     ) -> Round:
-        """Record a generation that has already returned, as one round."""
+        """Record a generation that has already returned, as one round.
+
+        ``start_time`` and ``end_time`` (nanoseconds since the epoch, as OpenTelemetry
+        counts) place the round when it really ran, for a generation learned of later.
+        """
         rnd = Round(self, model, provider, tools, None)
+        rnd._start_time, rnd._end_time = start_time, end_time
         with rnd:
             rnd.response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, blocked=blocked)
         return rnd
@@ -360,6 +413,67 @@ class Turn:
     def end(self, reason: LoopEndReason | str) -> None:
         """Name why the loop stopped (``max_rounds``, ``timeout``, ``budget_exceeded``...)."""
         self._explicit_reason = LoopEndReason(reason)
+
+    def set_correlation_id(self, correlation_id: str) -> None:
+        """Name the turn with the id a framework gives it, learned after the turn started.
+
+        Rounds and tool calls recorded from now on carry it (those before keep the old one).
+        """
+        self.correlation_id = correlation_id
+        if self._span is not None:
+            self._span.set_attribute(a.TURN_ID, correlation_id)
+
+    def set_summary(
+        self,
+        *,
+        segments: Iterable[str] | None = None,
+        tool_calls_count: int | None = None,
+        round_count: int | None = None,
+        usage: Mapping[str, int] | None = None,
+        loop_end_reason: LoopEndReason | str | None = None,
+        declared_tools: Iterable[Any] | None = None,
+        thinking: str | None = None,
+        streaming: bool | None = None,
+    ) -> None:
+        """Take a framework's own values for the turn's summary instead of computing them.
+
+        For a framework that reports its turns itself (RoomKit's ``AIResponseEvent``): each
+        value given replaces what the turn would work out from its rounds and tools, so the
+        stored summary says what the framework said. ``response_content`` is the segments
+        joined; ``declared_tools`` may carry each tool's ``origin``. Call before the turn ends.
+        """
+        facts: dict[str, Any] = dict(self._facts or {})
+        if segments is not None:
+            facts["segments"] = [str(s) for s in segments]
+        if tool_calls_count is not None:
+            facts["tool_calls_count"] = int(tool_calls_count)
+        if round_count is not None:
+            facts["round_count"] = int(round_count)
+        if usage is not None:
+            facts["usage"] = {str(k): int(v) for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+        if declared_tools is not None:
+            facts["declared"] = declared_tools_of(declared_tools)
+        if thinking is not None:
+            facts["thinking"] = thinking
+        if streaming is not None:
+            facts["streaming"] = bool(streaming)
+        self._facts = facts
+        if loop_end_reason is not None:
+            self.end(loop_end_reason)
+
+    def state(self, snapshot: Any) -> None:
+        """Record the session's whole state as it is now, as part of this turn (a
+        ``state_snapshot`` event; see :func:`loopscope.state_snapshot`)."""
+        from .state import record_state
+
+        record_state("snapshot", snapshot, turn=self)
+
+    def state_delta(self, operations: Iterable[Mapping[str, Any]]) -> None:
+        """Record a change of the session's state as a JSON Patch, as part of this turn
+        (a ``state_delta`` event; see :func:`loopscope.state_delta`)."""
+        from .state import record_state
+
+        record_state("delta", operations, turn=self)
 
     # -- context management --------------------------------------------------------------
 
@@ -407,7 +521,7 @@ class Turn:
                 if self._input_blocked:
                     attributes[a.TURN_INPUT_BLOCKED] = True
             name = f"{a.OP_INVOKE_AGENT} {self.agent}" if self.agent else a.OP_INVOKE_AGENT
-            self._span = self._tracer.start_span(name, attributes=attributes)
+            self._span = start_span(self._tracer, name, None, attributes)
             self._span_context = trace.set_span_in_context(self._span)
             if attach:
                 self._token = otel_context.attach(self._span_context)
@@ -442,32 +556,37 @@ class Turn:
                 union = self._union
                 tool_calls_count, streaming = self._tool_calls_count, self.streaming
                 model, provider = self.model, self.provider
+                facts = self._facts
+                if facts:
+                    segments = facts.get("segments", segments)
+                    response_content = RESPONSE_SEGMENT_SEPARATOR.join(segments)
+                    round_count = facts.get("round_count", round_count)
+                    tool_calls_count = facts.get("tool_calls_count", tool_calls_count)
+                    usage = dict(facts.get("usage", usage))
+                    thinking = facts.get("thinking", thinking)
+                    streaming = facts.get("streaming", streaming)
+                    if "declared" in facts:
+                        declared, union = facts["declared"], None
             timestamp = time.time()
-            set_attributes(
-                span,
-                a.turn_attributes(
-                    reason.value,
-                    _json.dumps(segments),
-                    round_count,
-                    tool_calls_count,
-                    streaming,
-                    union.declared() if union is not None else declared_json(declared) if declared else "[]",
-                    union.definitions() if union is not None else definitions_json(declared) if declared else None,
-                    response_content,
-                    thinking,
-                    model,
-                    provider,
-                    usage,
-                )
+            summary = a.turn_attributes(
+                reason.value,
+                _json.dumps(segments),
+                round_count,
+                tool_calls_count,
+                streaming,
+                union.declared() if union is not None else declared_json(declared) if declared else "[]",
+                union.definitions() if union is not None else definitions_json(declared) if declared else None,
+                response_content,
+                thinking,
+                model,
+                provider,
+                usage,
             )
             if error is not None:
-                span.set_attribute(a.ERROR_TYPE, type(exc).__qualname__)
+                summary[a.ERROR_TYPE] = type(exc).__qualname__  # set after the summary, as set_attribute would
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-            if self._turn_token is not None:
-                current_turn.reset(self._turn_token)  # type: ignore[arg-type]
-            if self._token is not None:
-                otel_context.detach(self._token)
-            span.end()
+            self._release_context()
+            end_span(span, None, summary)  # set_attributes, then the end
             self._last_round = None  # the round points at its turn: no cycle left for the GC to find
             self._result = (
                 segments, response_content, round_count, tool_calls_count, usage, thinking, reason, streaming, declared,
@@ -475,6 +594,14 @@ class Turn:
             )
         except Exception:
             internal_error("turn end")
+        finally:
+            self._release_context()  # whatever failed above, later calls must not land in this turn
+
+    def _release_context(self) -> None:
+        """Undo what :meth:`_start` attached, once (a later call does nothing)."""
+        turn_token, token = self._turn_token, self._token
+        self._turn_token = self._token = None
+        _release(current_turn, turn_token, token, "turn context")
 
     @property
     def response(self) -> AIResponseEvent | None:

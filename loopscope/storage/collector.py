@@ -47,7 +47,7 @@ from .._guard import internal_error, logger
 from .connection import open_store, resolve
 from .foreign import AGENT, Assembler, Ctx, Scope, SpanEvent, SpanRecord, Status, classify, is_own
 from .schema import migrate
-from .writer import _END, _START, StoreWriter
+from .writer import StoreWriter
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 4318
@@ -510,6 +510,9 @@ class Ingest:
             if pending_for is not None:
                 self._pending_start(span, pending_for)
                 return "pending", "loopscope"
+            if a.STATE_KIND in attrs and a.OPERATION not in attrs:  # a state snapshot or delta
+                writer.submit_end(span)
+                return "state", "loopscope"
             op = attrs.get(a.OPERATION)
             if op in _STARTS:
                 key = (tid, sid)

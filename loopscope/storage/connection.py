@@ -11,10 +11,19 @@ Readers do not start a DuckDB database of their own for each query: starting one
 ~15 ms (its catalog of built-in functions), more than a whole timeline page. They share
 one in-memory database per process and ``ATTACH`` the store file read-only to it for the
 query, ``DETACH`` after it (~1 ms): the file is still held only for the query.
+
+A reader that reads often (``Store(keep_open=True)``, the dashboard) keeps the
+attachment for the next read, for 50 ms idle at most, which saves the attach, the detach
+and reading the blocks again. A writer that meets a held file leaves a marker beside it
+(:func:`writer_marker`) while it retries; readers in every process see it before they
+attach or reuse an attachment and let the writer go first, so a reader that never
+pauses does not keep a writer out (before, a writer could wait out its whole lock
+timeout against readers that read back to back).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -89,48 +98,232 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-@contextlib.contextmanager
-def _attached(path: str, timeout: float) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A cursor of the shared reader database with ``path`` attached read-only and in use."""
+HOLD_IDLE = 0.05
+"""Seconds a read's attachment stays for the next read of the same file (detached by a
+background thread once idle this long)."""
+HOLD_MAX = 0.5
+"""Seconds an attachment is kept at most, however often it is read through."""
+WRITER_YIELD = 0.25
+"""Seconds a reader lets a waiting writer go first before attaching the file anyway."""
+_MARKER_FRESH = 2.0  # a writer refreshes its marker at every retry; an older one is stale
+
+
+def writer_marker(path: str) -> str:
+    """The file a writer keeps beside the store while the file's lock keeps it waiting:
+    readers (in any process) see it and let go of the file for the writer."""
+    return path + ".loopscope-writer-waiting"
+
+
+def writer_waiting(path: str) -> bool:
+    """Whether a writer is waiting for ``path`` (a fresh marker; one left by a writer that
+    died is ignored after a few seconds)."""
+    try:
+        touched = os.stat(writer_marker(path)).st_mtime
+    except OSError:
+        return False
+    return time.time() - touched < _MARKER_FRESH
+
+
+def _mark_waiting(path: str) -> bool:
+    """Create or refresh the writer's marker; False where it cannot be written."""
+    marker = writer_marker(path)
+    try:
+        with open(marker, "a"):
+            pass
+        os.utime(marker)
+    except OSError:
+        return False
+    return True
+
+
+class _Held:
+    """A store file attached to the shared reader database, with its cursor."""
+
+    __slots__ = ("alias", "attached_at", "cursor", "pid", "used_at")
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, alias: str) -> None:
+        self.cursor = cursor
+        self.alias = alias
+        self.attached_at = self.used_at = time.monotonic()
+        self.pid = os.getpid()
+
+
+# Attachments kept between reads, by path. Each is used and changed only under the path's
+# gate; a reaper thread detaches those idle for HOLD_IDLE.
+_held: dict[str, _Held] = {}
+_reaper_wake = threading.Condition()
+_reaper_pid = 0
+_closing = False
+
+
+@atexit.register
+def _release_all() -> None:
+    # before the interpreter stops its threads: a daemon thread stopped inside DuckDB
+    # aborts the process
+    global _closing
+    _closing = True
+    for path in list(_held):
+        with gate(path):
+            release(path)
+
+
+def _keep(path: str, held: _Held) -> None:
+    global _reaper_pid
+    held.used_at = time.monotonic()
+    _held[path] = held
+    with _reaper_wake:
+        if _reaper_pid != os.getpid():  # none yet, or it stayed behind in the parent of a fork
+            _reaper_pid = os.getpid()
+            threading.Thread(target=_reap, name="loopscope-reader-reaper", daemon=True).start()
+        _reaper_wake.notify()
+
+
+def _reap() -> None:
+    """Detach the attachments idle for HOLD_IDLE, forever (a daemon thread)."""
+    while not _closing:
+        with _reaper_wake:
+            while not _held and not _closing:
+                _reaper_wake.wait(1.0)
+            now = time.monotonic()
+            due = min((h.used_at + HOLD_IDLE for h in list(_held.values())), default=now)
+            if due > now:
+                _reaper_wake.wait(due - now)
+                continue
+        busy = False
+        for path in list(_held):
+            lock = gate(path)
+            if _closing or not lock.acquire(blocking=False):
+                busy = True  # a read of it is running: it keeps or drops the attachment itself
+                continue
+            try:
+                held = _held.get(path)
+                if held is not None and time.monotonic() - held.used_at >= HOLD_IDLE:
+                    release(path)
+            finally:
+                lock.release()
+        if busy:
+            time.sleep(HOLD_IDLE / 5)
+
+
+def release(path: str) -> None:
+    """Detach the attachment kept for ``path``, if any. The caller holds ``gate(path)``."""
+    held = _held.pop(path, None)
+    if held is None or held.pid != os.getpid():  # a fork's copy belongs to the parent's database
+        return
+    _detach(held.cursor, held.alias)
+    try:
+        held.cursor.close()
+    except duckdb.Error:
+        pass
+
+
+def _reusable(path: str) -> _Held | None:
+    """The attachment kept for ``path`` if it may serve this read, else None (and it is
+    let go: too old, or a writer is waiting for the file)."""
+    held = _held.get(path)
+    if held is None:
+        return None
+    if held.pid == os.getpid() and time.monotonic() - held.attached_at < HOLD_MAX and not writer_waiting(path):
+        del _held[path]
+        return held
+    release(path)
+    return None
+
+
+def _yield_to_writer(path: str) -> None:
+    """Let a writer that waits for the file go first: wait (briefly) for it to take the
+    lock, which it marks by removing its marker."""
+    deadline = time.monotonic() + WRITER_YIELD
+    while writer_waiting(path) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def _attach(path: str, timeout: float) -> _Held:
     deadline = time.monotonic() + timeout
     delay = 0.005
     alias = f"loopscope_store_{next(_aliases)}"
-    with gate(path):
-        try:
-            con = _reader_database().cursor()
-        except duckdb.ConnectionException:  # closed under us somehow: start a new one
-            global _reader
-            with _reader_lock:
-                _reader = None
-            con = _reader_database().cursor()
-        try:
-            while True:
-                try:
-                    con.execute(f"ATTACH {_sql_text(path)} AS {alias} (READ_ONLY)")
-                    break
-                except duckdb.Error as exc:
-                    if not is_lock_error(exc):
-                        raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
-                    if time.monotonic() >= deadline:
-                        raise _locked(path, exc, timeout) from None
-                    time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 0.1)
-            try:
-                con.execute(f"USE {alias}")
-                _quiet(con)
-                yield con
-            finally:
-                _detach(con, alias)
-        finally:
-            con.close()
-
-
-def _detach(con: duckdb.DuckDBPyConnection, alias: str) -> None:
-    """Let go of the file: detach it, whatever state the block left the cursor in."""
     try:
-        con.execute("ROLLBACK")  # a transaction the block left open (usually none)
-    except duckdb.Error:
-        pass
+        con = _reader_database().cursor()
+    except duckdb.ConnectionException:  # closed under us somehow: start a new one
+        global _reader
+        with _reader_lock:
+            _reader = None
+        con = _reader_database().cursor()
+    try:
+        while True:
+            try:
+                con.execute(f"ATTACH {_sql_text(path)} AS {alias} (READ_ONLY)")
+                break
+            except duckdb.Error as exc:
+                if not is_lock_error(exc):
+                    raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
+                if time.monotonic() >= deadline:
+                    raise _locked(path, exc, timeout) from None
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.1)
+        try:
+            con.execute(f"USE {alias}")
+            _quiet(con)
+        except BaseException:
+            _detach(con, alias)
+            raise
+    except BaseException:
+        con.close()
+        raise
+    return _Held(con, alias)
+
+
+@contextlib.contextmanager
+def _attached(path: str, timeout: float, keep: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor of the shared reader database with ``path`` attached read-only and in use.
+
+    With ``keep`` the attachment stays for the next read for up to :data:`HOLD_IDLE`
+    seconds idle (:data:`HOLD_MAX` at most): attaching and detaching cost ~2 ms, and a
+    fresh attachment reads and decompresses the blocks again. Nothing can change the file
+    while it is attached (a writer needs it alone), so a kept attachment is never stale.
+    A writer in another process that finds the file held says so with its marker
+    (:func:`writer_marker`): the next read lets go of the file and waits for the writer
+    first, as does the reaper once the attachment is idle. Our own writer detaches it
+    before opening the file (:func:`open_store`). A read without ``keep`` uses a kept
+    attachment too, and detaches it at its end.
+    """
+    with gate(path):
+        held = _reusable(path)
+        if held is None:
+            if writer_waiting(path):
+                _yield_to_writer(path)
+            held = _attach(path, timeout)
+        try:
+            yield held.cursor
+        except BaseException:
+            # whatever the block left behind (an open transaction, a changed default
+            # database) goes with the attachment
+            _detach(held.cursor, held.alias, rollback=True)
+            try:
+                held.cursor.close()
+            except duckdb.Error:
+                pass
+            raise
+        if keep and not _closing:
+            _keep(path, held)
+        else:
+            _detach(held.cursor, held.alias)
+            try:
+                held.cursor.close()
+            except duckdb.Error:
+                pass
+
+
+def _detach(con: duckdb.DuckDBPyConnection, alias: str, *, rollback: bool = False) -> None:
+    """Let go of the file: detach it, whatever state the block left the cursor in.
+
+    ``rollback`` first ends a transaction the block may have left open (a ROLLBACK with
+    none open fails, at ~1 ms: only after a block that failed)."""
+    if rollback:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
     try:
         con.execute("USE memory")
         con.execute(f"DETACH {alias}")
@@ -155,7 +348,7 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str) -> None:
 
 @contextlib.contextmanager
 def open_store(
-    path: str, *, read_only: bool, timeout: float = 10.0, isolated: bool = False
+    path: str, *, read_only: bool, timeout: float = 10.0, isolated: bool = False, keep: bool = False
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection to ``path`` held only for the ``with`` block.
 
@@ -164,29 +357,42 @@ def open_store(
     store file attached to the process's shared reader database (and made its default,
     so plain table names work); it is detached when the block ends. ``isolated=True``
     gives a read-only database of its own instead, for SQL that is not ours (it may
-    attach files or change settings, which must not outlive it).
+    attach files or change settings, which must not outlive it). ``keep=True`` leaves
+    a shared read-only attachment for the next read, briefly (see :func:`_attached`).
     """
     if read_only:
         if not os.path.exists(path):
             raise StoreError(f"no loopscope store at {path} (run an instrumented agent, or `loopscope demo`, first)")
         if not isolated:
-            with _attached(path, timeout) as con:
+            with _attached(path, timeout, keep) as con:
                 yield con
             return
     deadline = time.monotonic() + timeout
     delay = 0.005
     with gate(path):
-        while True:
-            try:
-                con = duckdb.connect(path, read_only=read_only)
-                break
-            except duckdb.Error as exc:
-                if not is_lock_error(exc):
-                    raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
-                if time.monotonic() >= deadline:
-                    raise _locked(path, exc, timeout) from None
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.1)
+        if not read_only:
+            release(path)  # our readers' kept attachment: DuckDB refuses to open the file beside it
+        elif writer_waiting(path):
+            _yield_to_writer(path)
+        marked = False
+        try:
+            while True:
+                try:
+                    con = duckdb.connect(path, read_only=read_only)
+                    break
+                except duckdb.Error as exc:
+                    if not is_lock_error(exc):
+                        raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
+                    if time.monotonic() >= deadline:
+                        raise _locked(path, exc, timeout) from None
+                    if not read_only:
+                        marked = _mark_waiting(path) or marked
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 0.1)
+        finally:
+            if marked:
+                with contextlib.suppress(OSError):
+                    os.unlink(writer_marker(path))
         try:
             _quiet(con)
             yield con

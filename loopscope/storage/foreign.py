@@ -506,6 +506,8 @@ def read_chat(span: Any) -> Chat:
                 if reason:
                     reasons = (*reasons, reason)
     stream = _first(attrs, a.REQUEST_STREAM, "gen_ai.is_streaming", "llm.is_streaming")
+    if stream is None and "gen_ai.client.operation.time_to_first_chunk" in attrs:
+        stream = True  # pydantic-ai says a call streamed only by its time to the first chunk
     return Chat(
         text=messages.text,
         tool_calls=messages.tool_calls,
@@ -733,7 +735,7 @@ def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str
     failed = _failed(span)
     last = chats[-1] if chats else None
     if failed:
-        reason = "error"
+        reason = _failure_reason(span)
     elif last is not None and set(last.finish_reasons) & _TRUNCATED:
         reason = "truncated"
     else:
@@ -762,6 +764,32 @@ def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str
     if failed:
         attrs[a.ERROR_TYPE] = (span.attributes or {}).get(a.ERROR_TYPE) or "error"
     return attrs
+
+
+_FAILURE_REASONS = {
+    # pydantic-ai's exceptions (pydantic_ai.exceptions), by class name
+    "RunTimedOut": "timeout",
+    "RunCancelled": "cancelled",
+    "CancelledError": "cancelled",
+    "OutputTokenLimitExceeded": "truncated",
+    "IncompleteToolCall": "truncated",
+}
+
+
+def _failure_reason(span: Any) -> str:
+    """Why a failed agent run stopped, from the exception it recorded: a usage limit is
+    ``max_rounds`` (pydantic-ai's ``request_limit``) or ``budget_exceeded`` (tokens, tool
+    calls, cost), a cancelled or timed-out run says so, anything else is ``error``."""
+    kind = (span.attributes or {}).get(a.ERROR_TYPE)
+    message = ""
+    for event in getattr(span, "events", None) or ():
+        if event.name == "exception":
+            kind = event.attributes.get("exception.type") or kind
+            message = str(event.attributes.get("exception.message") or "")
+    name = str(kind or "").rpartition(".")[2]
+    if name == "UsageLimitExceeded":
+        return "max_rounds" if "request_limit" in message else "budget_exceeded"
+    return _FAILURE_REASONS.get(name, "error")
 
 
 def normalize(span: Any) -> SpanRecord | None:

@@ -40,7 +40,11 @@ _START, _END = 0, 1
 #
 # One tuple per event row, in this field order (EVENT_FIELDS). ``code`` says which row:
 TOOL_START, TOOL_END, INPUT_MESSAGE, ROUND_MESSAGE = 0, 1, 2, 3
-EVENT_TYPES = {TOOL_START: "tool_call_start", TOOL_END: "tool_call_end", INPUT_MESSAGE: "message", ROUND_MESSAGE: "message"}
+STATE_SNAPSHOT, STATE_DELTA = 4, 5  # from a state span's end; their content is made in Python
+EVENT_TYPES = {
+    TOOL_START: "tool_call_start", TOOL_END: "tool_call_end", INPUT_MESSAGE: "message", ROUND_MESSAGE: "message",
+    STATE_SNAPSHOT: "state_snapshot", STATE_DELTA: "state_delta",
+}
 
 EVENT_FIELDS = (
     "code",  # TOOL_START .. ROUND_MESSAGE
@@ -163,18 +167,42 @@ _TEXT_CONTENT = (
     """ ELSE ',"role":"assistant"}' END"""
 )
 
+EVENT_COLUMNS = (
+    "id", "session_id", "idx", "type", "created_at", "correlation_id", "source_channel_id", "source_provider",
+    "source_framework", "status", "content", "trace_id", "span_id",
+    "tool_name", "tool_call_id", "tool_status", "tool_outcome", "tool_duration_ms",
+)
+"""The columns :data:`EVENTS_SQL` fills, in its order. A writer of ``events`` rows names
+the columns it inserts: one that leaves the tool columns out (NULL) still works, the
+views then read those rows' ``content``."""
+
+# The tool columns hold what the row's content JSON says (the views read either): taken
+# from the facts where the SQL makes the content, and from the content JSON where Python
+# made it (``tj``, rare: values the SQL cannot express).
+_TOOL_COLUMNS_SQL = f"""CASE WHEN code <= {TOOL_END} THEN (CASE WHEN content IS NULL THEN tool_name ELSE tj[1] END) END,
+  CASE WHEN code <= {TOOL_END} THEN (CASE WHEN content IS NULL THEN tool_id ELSE tj[2] END) END,
+  CASE WHEN code <= {TOOL_END} THEN (CASE WHEN content IS NOT NULL THEN tj[3] WHEN code = {TOOL_START} THEN 'pending' ELSE tool_status END) END,
+  CASE WHEN code <= {TOOL_END} THEN (CASE WHEN content IS NOT NULL THEN tj[4] ELSE outcome END) END,
+  CASE WHEN code <= {TOOL_END} THEN (CASE WHEN content IS NOT NULL THEN TRY_CAST(tj[5] AS DOUBLE) ELSE duration_ms END) END"""
+_TOOL_JSON_SQL = (
+    f"CASE WHEN content IS NOT NULL AND code <= {TOOL_END} AND json_valid(content) THEN "
+    "json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.duration_ms']) END"
+)
+
 EVENTS_SQL = f"""
-INSERT INTO events
-SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' ELSE 'm' END,
+INSERT INTO events ({", ".join(EVENT_COLUMNS)})
+SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' ELSE 'm' END,
   session_id, idx,
-  CASE code WHEN {TOOL_START} THEN 'tool_call_start' WHEN {TOOL_END} THEN 'tool_call_end' ELSE 'message' END,
+  CASE code WHEN {TOOL_START} THEN 'tool_call_start' WHEN {TOOL_END} THEN 'tool_call_end'
+    WHEN {STATE_SNAPSHOT} THEN 'state_snapshot' WHEN {STATE_DELTA} THEN 'state_delta' ELSE 'message' END,
   created_us, correlation_id, source_channel_id, source_provider, source_framework,
   CASE WHEN blocked THEN 'blocked' ELSE 'delivered' END,
   CASE WHEN content IS NOT NULL THEN (CASE WHEN json_valid(content) THEN content ELSE to_json(content)::VARCHAR END)
        WHEN code <= {TOOL_END} THEN {_TOOL_CONTENT}
        ELSE {_TEXT_CONTENT} END,
-  th, sh
-FROM (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh FROM {EVENTS_TABLE})
+  th, sh,
+  {_TOOL_COLUMNS_SQL}
+FROM (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh, {_TOOL_JSON_SQL} AS tj FROM {EVENTS_TABLE})
 """
 """Inserts the rows of the registered table of event facts, which has an ``idx`` column too."""
 
@@ -414,6 +442,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     TOOL_OUTCOME, TOOL_STATUS, TOOL_ERROR = a.TOOL_OUTCOME, a.TOOL_STATUS, a.TOOL_ERROR
     ROUND_TEXT, ROUND_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED
     TURN_INPUT, TURN_INPUT_BLOCKED = a.TURN_INPUT, a.TURN_INPUT_BLOCKED
+    STATE_KIND, STATE_VALUE, STATE_KINDS = a.STATE_KIND, a.STATE_VALUE, a.STATE_KINDS
     last_tid: Any = None
     trace = b""
     for kind, span in items:
@@ -515,9 +544,33 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(TURN_INPUT_BLOCKED)),
                     None, None, None, None, None, None, None, None, body, None,
                 ))
+            elif STATE_KIND in d:  # a state snapshot or delta: no GenAI operation, ended at once
+                if kind != _END:
+                    continue
+                state_type = STATE_KINDS.get(get(STATE_KIND))
+                value = get(STATE_VALUE)
+                if state_type is None or value is None:
+                    continue  # an unknown kind, or a value left out on export (content capture off)
+                if state_type in skip:
+                    excluded += 1
+                    continue
+                code = STATE_SNAPSHOT if state_type == "state_snapshot" else STATE_DELTA
+                session = get(CONVERSATION_ID) or "%032x" % tid
+                add((
+                    code, trace, sid.to_bytes(8, "big"), (span._end_time if sdk else span.end_time) // 1000,
+                    session if type(session) is str else str(session),
+                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
+                    None, None, None, None, None, None, None, None, None, _state_content(code, value),
+                ))
         except Exception:
             internal_error("span mapping")
     return excluded
+
+
+def _state_content(code: int, value: Any) -> str:
+    """A state row's content: ``{"snapshot": <object>}`` or ``{"delta": [<operations>]}``."""
+    text = value if type(value) is str else _text_or_json(value)
+    return ('{"snapshot":' if code == STATE_SNAPSHOT else '{"delta":') + _json_text(text) + "}"
 
 
 def _text_or_json(value: Any) -> str:

@@ -2,43 +2,135 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, _Span
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import semconv as a
 from .._guard import internal_error
+from .foreign import OWN_SCOPE, Assembler, classify
 from .writer import _END, _START, StoreWriter
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
 _ENDS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT, a.OP_CHAT})
+_EXPIRE_EVERY = 5.0  # seconds between looks for idle foreign traces
+PYDANTIC_AI_SCOPE = "pydantic-ai"
+_MARKERS = frozenset({
+    # a span without any of these (or pydantic-ai's scope) is nothing foreign.classify maps
+    a.OPERATION, a.PROVIDER, "gen_ai.system", "openinference.span.kind", "traceloop.span.kind", "llm.request.type",
+    "agent_name", "tool_arguments",
+})
 
 
 class StoreSpanProcessor(SpanProcessor):
-    """Hands GenAI spans to a :class:`StoreWriter`; costs one deque append per span."""
+    """Hands GenAI spans to a :class:`StoreWriter`; costs one deque append per span of
+    loopscope's own.
+
+    Other instrumentations' GenAI spans in this process (pydantic-ai's, say) go through
+    the same :class:`~loopscope.storage.foreign.Assembler` that ``loopscope collect``
+    uses, so a file written here and one written by a collector from the exported spans
+    hold the same rows.
+    """
 
     def __init__(self, writer: StoreWriter) -> None:
         self.writer = writer
         self._submit = writer.submit  # bound once: this runs twice per recorded span
+        self._assembler: Assembler | None = None  # made at the first foreign GenAI span
+        self._lock = threading.Lock()
+        self._next_expiry = 0.0
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            # An SDK span's attributes are a read-only view of BoundedAttributes: its copy()
-            # is one dict.copy, while its get() runs Python frames and, for the spans of
-            # other instrumentations that lack the key, raises and catches a KeyError.
-            if span.attributes.copy().get(a.OPERATION) in _STARTS:
+            bounded = getattr(span, "_attributes", None)  # _attributes(span), inline: twice per span
+            attributes = bounded._dict if type(bounded) is BoundedAttributes else span.attributes.copy()
+            if attributes.get(a.OPERATION) in _STARTS and _own(span):
                 self._submit(_START, span)
         except Exception:
             internal_error("store processor start")
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            if span.attributes.copy().get(a.OPERATION) in _ENDS:
-                self._submit(_END, span)
+            if _own(span):
+                attributes = _attributes(span)
+                # a state span (loopscope.state_snapshot) is no GenAI operation: asked only after
+                if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
+                    self._submit(_END, span)
+                assembler = self._assembler
+                if assembler is not None and assembler.tracks(span.context.trace_id):
+                    self._assemble(span)  # an own turn claims foreign spans inside it
+            else:
+                self._foreign(span)
         except Exception:
             internal_error("store processor end")
 
+    def _foreign(self, span: ReadableSpan) -> None:
+        assembler = self._assembler
+        if assembler is None or not assembler.tracks(span.context.trace_id):
+            # most spans of other instrumentations (HTTP, databases) carry no GenAI marker at all
+            scope = getattr(span.instrumentation_scope, "name", None)
+            if _MARKERS.isdisjoint(_attributes(span)) and scope != PYDANTIC_AI_SCOPE:
+                return
+            if classify(span)[0] is None:
+                return  # no GenAI span, and none of its trace is waiting for it
+        if assembler is None:
+            with self._lock:
+                if self._assembler is None:
+                    self._assembler = Assembler()
+        self._assemble(span)
+
+    def _assemble(self, span: ReadableSpan) -> None:
+        assembler = self._assembler
+        assert assembler is not None
+        now = time.monotonic()
+        with self._lock:
+            rows = assembler.add(span)
+            if now >= self._next_expiry:
+                self._next_expiry = now + _EXPIRE_EVERY
+                rows += assembler.expire()
+        for kind, row in rows:
+            self._submit(kind, row)
+
+    def drain(self) -> None:
+        """Hand on every foreign span still waiting for its agent run (at shutdown)."""
+        assembler = self._assembler
+        if assembler is None:
+            return
+        with self._lock:
+            rows = assembler.drain()
+        for kind, row in rows:
+            self._submit(kind, row)
+
     def shutdown(self) -> None:
+        self.drain()
         self.writer.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000)
+
+
+def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """A span's attributes, to read a few keys. An SDK span's attributes are a read-only view
+    of BoundedAttributes: ``get()`` on it runs Python frames (and, for the spans of other
+    instrumentations that lack the key, raises and catches a KeyError) and ``copy()`` copies
+    every value; its dict is read directly instead (reads of a dict are atomic)."""
+    bounded = getattr(span, "_attributes", None)
+    if type(bounded) is BoundedAttributes:
+        return bounded._dict
+    return span.attributes.copy()
+
+
+def _own(span: ReadableSpan) -> bool:
+    # the SDK's spans and scopes read without their properties' frames (three times a span)
+    scope = span._instrumentation_scope if type(span) in _SDK_SPANS else span.instrumentation_scope
+    if scope is None:
+        return False
+    return (scope._name if type(scope) is InstrumentationScope else scope.name) == OWN_SCOPE
+
+
+_SDK_SPANS = (ReadableSpan, _Span)

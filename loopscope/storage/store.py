@@ -20,6 +20,7 @@ from .. import pipeline
 from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, SessionInfo, TextContent, ToolCallContent
 from .connection import open_store, resolve
 from .policy import RECEIVED, EventFilter
+from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views
 
 _EVENT_COLUMNS = (
@@ -80,11 +81,20 @@ class Store:
     ``Store()`` reads the file the current configuration writes (``LOOPSCOPE_DB`` or
     ``./loopscope.duckdb`` by default). Events this process recorded are flushed before
     a read, so a read always sees them.
+
+    ``keep_open=True`` is for a process that reads often and never writes the file
+    itself (a dashboard): the file stays attached read-only between its reads, for 50 ms
+    idle and 0.5 s at most, which makes a timeline page about twice as cheap. A loopscope
+    writer that finds the file held (in any process) is let in at once; anything else
+    that wants to write the file waits out those 50 ms, and in this process
+    ``duckdb.connect(path)`` fails meanwhile. By default each read lets go of the file
+    when it ends.
     """
 
-    def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0) -> None:
+    def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0, keep_open: bool = False) -> None:
         self.path = resolve(path or _configured_path() or pipeline.default_db_path())
         self.lock_timeout = lock_timeout
+        self.keep_open = keep_open
 
     def _flush_own(self) -> None:
         active = pipeline._active
@@ -93,7 +103,7 @@ class Store:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._flush_own()
-        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
             check_readable(con)
             return con.execute(sql, list(params)).fetchall()
 
@@ -158,7 +168,7 @@ class Store:
         comparing every session id in the file.
         """
         self._flush_own()
-        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
             # the schema check and the session's span in one statement (a page is a few ms)
             try:
                 row = con.execute(_SPAN_SQL, [session_id]).fetchone()
@@ -234,6 +244,50 @@ class Store:
         """Each session's highest event index so far: where a reader that wants only newer
         events (``after_index``) takes up."""
         return dict(self._query("SELECT session_id, last_index FROM sessions"))
+
+    # -- replay and state ----------------------------------------------------------------
+
+    def replay(
+        self,
+        session_id: str,
+        after_index: int | None = None,
+        *,
+        until_turn_end: bool = False,
+        poll_interval: float = 0.25,
+        event_filter: EventFilter | None = None,
+        stop: StopFlag | None = None,
+        page: int = DEFAULT_PAGE,
+    ) -> Replay:
+        """The session's events in index order (those after ``after_index``, else all):
+        first the stored ones, then each new one as it lands, none missed and none twice.
+
+        The live part is read every ``poll_interval`` seconds, from any process, holding
+        the file only for each read; events another process records arrive within its
+        writer's ``flush_interval``. The iterator ends when it is stopped (``stop()``,
+        ``close()``, leaving its ``with`` block, or the ``stop`` flag, e.g. a
+        ``threading.Event``, being set) or, with ``until_turn_end``, once the summaries of
+        the turns in flight when it started have landed (at once, after the stored
+        events, when none is in flight). A turn whose process was killed never ends: stop
+        such a replay yourself. Blocked rows are left out unless ``event_filter`` asks
+        for them; :attr:`Replay.position` is where to take up again.
+        """
+        from .replay import Replay, _ReplayState
+
+        return Replay(_ReplayState(
+            self, session_id, after_index, until_turn_end=until_turn_end, poll_interval=poll_interval,
+            event_filter=event_filter, stop=stop, page=page,
+        ))
+
+    def derive_state(self, session_id: str, *, at_index: int | None = None) -> Any | None:
+        """The session's state as its log says: the last ``state_snapshot``'s object with
+        the ``state_delta`` patches after it applied (as of event ``at_index``, default
+        the end); None when the session has neither."""
+        from .state import derive_state
+
+        self._flush_own()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout) as con:
+            check_readable(con)
+            return derive_state(con, session_id, at_index)
 
     # -- turns and sessions --------------------------------------------------------------
 
@@ -319,8 +373,8 @@ class AsyncStore:
     """The same reads as :class:`Store`, for async code: each runs in a worker thread
     so the event loop never waits on the file."""
 
-    def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0) -> None:
-        self.sync = Store(path, lock_timeout=lock_timeout)
+    def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0, keep_open: bool = False) -> None:
+        self.sync = Store(path, lock_timeout=lock_timeout, keep_open=keep_open)
         self.path = self.sync.path
 
     async def list_events(self, session_id: str, offset: int = 0, limit: int | None = 50, **kwargs: Any) -> list[ActivityEvent]:
@@ -343,6 +397,29 @@ class AsyncStore:
 
     async def last_indices(self) -> dict[str, int]:
         return await asyncio.to_thread(self.sync.last_indices)
+
+    def replay(
+        self,
+        session_id: str,
+        after_index: int | None = None,
+        *,
+        until_turn_end: bool = False,
+        poll_interval: float = 0.25,
+        event_filter: EventFilter | None = None,
+        stop: StopFlag | None = None,
+        page: int = DEFAULT_PAGE,
+    ) -> AsyncReplay:
+        """:meth:`Store.replay` as an async iterator (``async for event in store.replay(...)``):
+        reads run in a worker thread, waits are asyncio sleeps."""
+        from .replay import _ReplayState
+
+        return AsyncReplay(_ReplayState(
+            self.sync, session_id, after_index, until_turn_end=until_turn_end, poll_interval=poll_interval,
+            event_filter=event_filter, stop=stop, page=page,
+        ))
+
+    async def derive_state(self, session_id: str, *, at_index: int | None = None) -> Any | None:
+        return await asyncio.to_thread(self.sync.derive_state, session_id, at_index=at_index)
 
     async def list_turns(self, session_id: str | None = None, limit: int | None = 50, **kwargs: Any) -> list[AIResponseEvent]:
         return await asyncio.to_thread(self.sync.list_turns, session_id, limit, **kwargs)

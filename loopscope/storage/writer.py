@@ -18,13 +18,16 @@ import collections
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 
 from .._guard import clear_warning, internal_error, logger, warn_once
-from . import mapping
+from . import mapping, recovery
+from . import health, scrub
+from ..export.content import ContentPolicy
 from .connection import open_store
 from .errors import StoreError
 from .mapping import _END, _START
@@ -70,8 +73,22 @@ class StoreWriter:
         max_queue: int = 200_000,
         batch_size: int = 100_000,
         lock_timeout: float = 2.0,
+        track_turns: bool = False,
+        content: ContentPolicy | None = None,
     ) -> None:
         self.path = path
+        # secrets masked, the redaction hook and a size cap, in the writer's thread (scrub.py)
+        self.content = content or ContentPolicy()
+        # the counters kept in the store, for `loopscope status` (health.py); the pipeline
+        # sets report.otlp to count the OTLP exporter's drops as well
+        self.report = health.Report()
+        self._dropped_unwritable = 0
+        self._last_failure: str | None = None  # kept after writes work again, unlike _last_error
+        self._last_failure_at: float | None = None
+        # an in-process writer notes the turns it opens, so that a crash leaves them
+        # closable; and it closes those that a dead process left (storage/recovery.py)
+        self._tracker = recovery.Tracker() if track_turns else None
+        self._recovered = not track_turns
         self.policy = policy or PersistencePolicy()
         self.flush_interval = flush_interval
         self.max_queue = max_queue
@@ -134,6 +151,7 @@ class StoreWriter:
         self._wake.set()
         self._thread.join(timeout)
         _live_writers.discard(self)
+        self._report_stop()
         lost = self._dropped + self._backlog_rows()
         if lost:
             logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
@@ -149,6 +167,44 @@ class StoreWriter:
             batches=self._batches,
             last_error=self._last_error,
         )
+
+    def counters(self, facts: mapping.Facts | None = None) -> health.Counters:
+        """The counters kept in the store; with ``facts``, as they are once those are written."""
+        otlp = self.report.otlp
+        otlp_dropped, otlp_failed = otlp() if otlp is not None else (0, 0)
+        return health.Counters(
+            events_written=self._written_events + (facts.event_rows if facts is not None else 0),
+            turns_written=self._written_turns + (facts.turn_rows if facts is not None else 0),
+            dropped_queue_full=self._dropped - self._dropped_unwritable,
+            dropped_unwritable=self._dropped_unwritable,
+            excluded=self._excluded,
+            failed_writes=self._failed_writes,
+            last_error=self._last_failure,
+            last_error_at=self._last_failure_at,
+            otlp_dropped=otlp_dropped,
+            otlp_failed=otlp_failed,
+            queue_size=self.max_queue,
+        )
+
+    def _report_statements(self, facts: mapping.Facts, *, stopped: bool = False) -> list[str]:
+        counters = self.counters(facts)
+        tracker = self._tracker
+        statements = self.report.statements(counters, tracker.writer_id if tracker is not None else None, stopped=stopped)
+        self.report.persisted = counters
+        return statements
+
+    def _report_stop(self) -> None:
+        """Say in the store that this writer stopped, with its last counters (drops after
+        its last batch, the OTLP exporter's). Best effort: a held file keeps its last batch's."""
+        counters = self.counters()
+        if self.report.persisted is None and counters == health.Counters(queue_size=self.max_queue):
+            return  # never wrote, nothing to report
+        try:
+            with open_store(self.path, read_only=False, timeout=min(self.lock_timeout, 2.0)) as con:
+                _ensure_schema(self.path, con)
+                con.execute(";\n".join(["BEGIN TRANSACTION", *self._report_statements(mapping.Facts(), stopped=True), "COMMIT"]))
+        except (duckdb.Error, StoreError, OSError):
+            pass
 
     def _backlog_rows(self) -> int:
         backlog = self._backlog
@@ -177,7 +233,11 @@ class StoreWriter:
         """
         facts = mapping.Facts()
         markers: list[_Marker] = []
-        chunk = min(mapping.CHUNK, self.batch_size)
+        # mapped rows count against the memory bound too: a batch holds at most what the
+        # queue may, so a writer that cannot write holds about twice ``max_queue``, not
+        # ``max_queue`` + ``batch_size``
+        limit = max(1, min(self.batch_size, self.max_queue))
+        chunk = min(mapping.CHUNK, limit)
         while True:
             items, taken = self._take(chunk)
             if items:
@@ -185,7 +245,7 @@ class StoreWriter:
                 self._mapped = facts.rows
             markers += taken
             idle = not self._queue
-            if markers or (facts.rows and (idle or facts.rows >= self.batch_size)) or (idle and self._backlog is not None):
+            if markers or (facts.rows and (idle or facts.rows >= limit)) or (idle and self._backlog is not None):
                 ok = False
                 try:
                     ok = self._write(facts)
@@ -225,6 +285,9 @@ class StoreWriter:
         self._excluded += facts.excluded - excluded
 
     def _write(self, facts: mapping.Facts) -> bool:
+        # the content policy, once per batch (per chunk, its fixed cost would slow the
+        # mapping of small chunks); the backlog's rows went through it before
+        scrub.scrubber(self.content).apply(facts)
         backlog = self._backlog
         if backlog is not None:  # what could not be written before goes first
             self._backlog = None
@@ -235,6 +298,8 @@ class StoreWriter:
         try:
             with open_store(self.path, read_only=False, timeout=self.lock_timeout) as con:
                 _ensure_schema(self.path, con)
+                if not self._recovered:
+                    self._recover(con)
                 # The rows reach the file proper at a checkpoint (DuckDB checkpoints when
                 # the file is closed), which also rewrites the table's last, partly filled
                 # row groups. When a burst goes on (another chunk is queued already), this
@@ -242,7 +307,9 @@ class StoreWriter:
                 # burst's last batch checkpoints them all at its commit. DuckDB still
                 # checkpoints by itself once the WAL passes its threshold.
                 final = len(self._queue) < mapping.CHUNK
-                written_events, written_turns = write_batch(con, facts, checkpoint=final)
+                extra = self._tracker.statements(facts) if self._tracker is not None else []
+                extra = [*extra, *self._report_statements(facts)]
+                written_events, written_turns = write_batch(con, facts, checkpoint=final, extra=extra)
                 self._wal_pending = not final
         except (duckdb.Error, StoreError, OSError) as exc:
             self._keep(facts, exc)
@@ -255,6 +322,17 @@ class StoreWriter:
             clear_warning(f"write:{self.path}")
             self._last_error = None
         return True
+
+    def _recover(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Close the turns that dead writers left open, once (again at the next batch if the
+        file could not be written now)."""
+        try:
+            recovery.recover(con)
+        except duckdb.Error:
+            raise
+        except Exception:
+            internal_error("store recovery")
+        self._recovered = True
 
     def _checkpoint(self) -> None:
         """Move what the last batches left in the WAL into the file (see :meth:`_write`)."""
@@ -269,10 +347,12 @@ class StoreWriter:
         """Hold rows that could not be written, up to max_queue; count the rest as dropped."""
         self._failed_writes += 1
         self._last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._last_failure, self._last_failure_at = self._last_error, time.time()
         warn_once(f"write:{self.path}", "loopscope: cannot write to %s (%s); keeping events in memory and retrying", self.path, self._last_error)
         overflow = facts.rows - self.max_queue
         if overflow > 0:
             self._dropped += overflow
+            self._dropped_unwritable += overflow
             facts.drop_oldest(overflow)
         self._backlog = facts
 
@@ -296,7 +376,9 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
         _schema_ready.add(path)
 
 
-def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, checkpoint: bool = True) -> tuple[int, int]:
+def write_batch(
+    con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, checkpoint: bool = True, extra: Sequence[str] = ()
+) -> tuple[int, int]:
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
     The rows are made from the facts in SQL (:data:`mapping.EVENTS_SQL`,
@@ -307,6 +389,8 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, checkpo
 
     With ``checkpoint`` the commit checkpoints (a large batch then skips the WAL);
     without, the rows stay in the WAL, and closing the connection does not checkpoint.
+    ``extra`` statements run in the same transaction, after the rows (an importer writes
+    its own table with them, so that all of it or none of it is stored).
     Returns how many events and turn summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
@@ -339,6 +423,7 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, checkpo
     if turns is not None:
         con.register(mapping.TURNS_TABLE, turns)
         script.append(mapping.TURNS_SQL)
+    script += extra
     script.append("COMMIT")
     try:
         con.execute(";\n".join(script))

@@ -249,7 +249,11 @@ def make_v1(source: Path, target: Path) -> None:
             con.execute(statement)
         con.execute(f"ATTACH '{source}' AS src (READ_ONLY)")
         for table in ("events", "turns", "sessions"):
-            con.execute(f"INSERT INTO main.{table} SELECT * FROM src.{table}")
+            # the columns schema 1 has (later migrations added some to events)
+            columns = [r[0] for r in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() AND table_name = ? ORDER BY column_index",
+                [table]).fetchall()]
+            con.execute(f"INSERT INTO main.{table} SELECT {', '.join(columns)} FROM src.{table}")
         con.execute("DETACH src")
         con.execute("INSERT INTO loopscope_meta VALUES ('schema_version', '1')")
     finally:

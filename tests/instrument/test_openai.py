@@ -24,6 +24,7 @@ from loopscope.recorder import stitch
 
 from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
+from recorded import only_turn, rows, spans_of
 
 API_KEY = "sk-test-NEVER-RECORD-THIS-0123456789"
 MODEL = "gpt-test-1"
@@ -227,17 +228,6 @@ def _weather(city: str) -> dict[str, Any]:
 # -- reading what was recorded ------------------------------------------------------------------
 
 
-def rows(store: Any, session_id: str) -> list[tuple[Any, ...]]:
-    out = []
-    for e in store.get_timeline(session_id):
-        c = e.content
-        if e.type == "message":
-            out.append((e.type, c.role, c.body))
-        else:
-            out.append((e.type, c.tool_name, c.tool_id, c.arguments, c.result, c.status, c.outcome, c.error))
-    return out
-
-
 SUMMARY_FIELDS = {
     "response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking", "loop_end_reason",
     "streaming", "declared_tools", "model", "provider", "error", "channel_id", "parent_correlation_id",
@@ -246,16 +236,6 @@ SUMMARY_FIELDS = {
 
 def summary(turn: Any) -> dict[str, Any]:
     return turn.model_dump(include=SUMMARY_FIELDS)
-
-
-def only_turn(store: Any) -> Any:
-    turns = store.list_turns()
-    assert len(turns) == 1, turns
-    return turns[0]
-
-
-def spans_of(recording: Any, operation: str) -> list[Any]:
-    return [s for s in recording.spans() if s.attributes.get(a.OPERATION) == operation]
 
 
 def hand_recording(api: str, session_id: str, *, streaming: bool, call_id: str = "call_w1") -> loopscope.Turn:

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator

@@ -20,7 +20,7 @@ from loopscope import semconv as a
 from loopscope.storage.collector import Collector
 from loopscope.storage.connection import open_store
 from loopscope.storage.foreign import (
-    AGENT, CHAT, CONTAINER, TOOL, Assembler, Ctx, Scope, SpanEvent, SpanRecord, Status, classify, normalize,
+    AGENT, CHAT, CONTAINER, TOOL, Assembler, Ctx, Scope, SpanEvent, SpanRecord, Status, classify, normalize, parse_fixture,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,3 +245,34 @@ def test_normalize_one_span_and_pass_our_own_through():
     assert out[a.OPERATION] == a.OP_EXECUTE_TOOL and out[a.TOOL_CALL_ARGUMENTS] == '{"city":"Paris"}'
     assert out[a.TOOL_CALL_RESULT] == "sunny" and out[a.CONVERSATION_ID] == "c1" and out[a.TOOL_OUTCOME] == "served"
     assert normalize(span("SELECT", {"db.system": "postgresql"})) is None
+
+
+@pytest.mark.parametrize("lib", sorted(FRAMEWORKS))
+def test_the_in_process_store_maps_foreign_spans_as_the_collector_does(tmp_path, lib):
+    """Foreign spans that end in this process (pydantic-ai's, with loopscope.instrument()) go
+    through the store's span processor: the same rows as the collector's."""
+    from loopscope.storage.processor import StoreSpanProcessor
+    from loopscope.storage.writer import StoreWriter
+
+    db = str(tmp_path / f"{lib}.duckdb")
+    processor = StoreSpanProcessor(StoreWriter(db, flush_interval=0.05))
+    for record in parse_fixture(json.loads((FIXTURES / f"{lib}.json").read_text())):
+        processor.on_end(record)
+    processor.shutdown()
+    check_weather_loop(db, FRAMEWORKS[lib])
+
+
+@pytest.mark.parametrize(("exception", "message", "reason"), [
+    ("pydantic_ai.exceptions.UsageLimitExceeded", "The next request would exceed the request_limit of 3", "max_rounds"),
+    ("pydantic_ai.exceptions.UsageLimitExceeded", "Exceeded the output_tokens_limit of 10 (output_tokens=12)", "budget_exceeded"),
+    ("pydantic_ai.exceptions.UsageLimitExceeded", "The next tool call(s) would exceed the tool_calls_limit of 2", "budget_exceeded"),
+    ("pydantic_ai.exceptions.RunTimedOut", "the run took longer than 5 s", "timeout"),
+    ("asyncio.exceptions.CancelledError", "", "cancelled"),
+    ("ValueError", "bad", "error"),
+])
+def test_why_a_failed_agent_run_stopped(exception, message, reason):
+    event = SpanEvent("exception", 2_000_000, {"exception.type": exception, "exception.message": message})
+    agent = span("invoke_agent a", {a.OPERATION: a.OP_INVOKE_AGENT, "agent_name": "a"}, start=0, end=2,
+                 scope="pydantic-ai", events=[event], error=f"{exception}: {message}")
+    *_, end = collect_rows([agent])
+    assert end[1].attributes[a.LOOP_END_REASON] == reason

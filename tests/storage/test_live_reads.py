@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,68 +20,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from children import Child, spawn  # noqa: F401 - spawn is a fixture
 from loopscope import EventFilter, EventStatus
 
 EVERY = EventFilter(include_blocked=True)
 STARTUP = 20.0  # seconds a child may take to import loopscope and get going (slow CI)
-
-
-class Child:
-    def __init__(self, proc: subprocess.Popen, out: Path, err: Path) -> None:
-        self.proc = proc
-        self.out = out
-        self.err = err
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def output(self) -> str:
-        return f"--- stdout ---\n{self.out.read_text()}\n--- stderr ---\n{self.err.read_text()}"
-
-    def wait(self, timeout: float = 20.0) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            pytest.fail(f"child {self.pid} did not finish within {timeout}s\n{self.output()}")
-
-    def finish_ok(self, timeout: float = 20.0) -> str:
-        code = self.wait(timeout)
-        assert code == 0, f"child exited with {code}\n{self.output()}"
-        return self.out.read_text()
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
-    """Run ``code`` as a script in a fresh interpreter with LOOPSCOPE_STRICT=1."""
-    children: list[Child] = []
-
-    def start(name: str, code: str, *args: Any) -> Child:
-        script = tmp_path / f"{name}.py"
-        script.write_text(textwrap.dedent(code))
-        env = {**os.environ, "LOOPSCOPE_STRICT": "1"}
-        env.pop("LOOPSCOPE_DB", None)
-        out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
-        with out.open("w") as stdout, err.open("w") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, str(script), *map(str, args)], cwd=tmp_path, env=env, stdout=stdout, stderr=stderr,
-            )
-        child = Child(proc, out, err)
-        children.append(child)
-        return child
-
-    try:
-        yield start
-    finally:
-        for child in children:
-            if child.running():
-                child.proc.kill()
-            child.proc.wait(10)
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str, child: Child | None = None) -> Any:
@@ -270,12 +210,19 @@ def test_sigkill_leaves_a_readable_gap_free_prefix(tmp_path, spawn):
     con.close()
     loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
     try:
+        # opening it closed the turn the kill interrupted (if any): every turn has its
+        # summary, no tool call is left pending (tests/hardening/test_recovery.py)
+        (unended,) = store.sql("SELECT count(DISTINCT correlation_id) FROM events WHERE correlation_id NOT IN "
+                               "(SELECT correlation_id FROM turns)")[1][0]
+        assert unended == 0
+        assert store.sql("SELECT count(*) FROM tool_calls WHERE status = 'pending'")[1] == [(0,)]
+        before = store.get_event_count("k1")  # the interrupted turn's pending call may have ended here
         with loopscope.turn(session_id="k1", agent="after", input="after the crash") as t:
             t.generation("still here")
         after = store.list_events("k1", limit=2, newest_first=True)
     finally:
         loopscope.shutdown()
-    assert [e.index for e in after] == [sessions["k1"].event_count + 1, sessions["k1"].event_count + 2]
+    assert [e.index for e in after] == [before + 1, before + 2]
     assert [e.content.body for e in after] == ["after the crash", "still here"]
 
 

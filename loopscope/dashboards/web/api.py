@@ -26,8 +26,10 @@ import duckdb
 
 from ...storage.connection import open_store
 from ...storage.policy import EventFilter
-from ...storage.schema import check_readable
+from ...storage.replay import SessionMark, read_after
+from ...storage.schema import check_readable, has_tool_columns
 from ...storage.store import Store
+from ..views import tool_rows
 
 __all__ = [
     "MAX_CONTENT_CHARS",
@@ -69,7 +71,7 @@ class ApiError(ValueError):
 def _reading(store: Store) -> Iterator[duckdb.DuckDBPyConnection]:
     """One read-only connection for the ``with`` block, as :class:`Store` reads do."""
     store._flush_own()  # a dashboard inside the recording process sees everything
-    with open_store(store.path, read_only=True, timeout=store.lock_timeout) as con:
+    with open_store(store.path, read_only=True, timeout=store.lock_timeout, keep=store.keep_open) as con:
         check_readable(con)
         yield con
 
@@ -218,12 +220,10 @@ def overview(store: Store, limit: int = 50) -> dict[str, Any]:
 
 # -- a session's timeline ---------------------------------------------------------------------
 
-_EVENT_SQL = """
-SELECT id, idx AS "index", type, epoch_ms(created_at) AS t, correlation_id, status,
+_EVENT_COLUMNS = """id, idx AS "index", type, epoch_ms(created_at) AS t, correlation_id, status,
        source_channel_id AS agent, source_provider AS provider, source_framework AS framework,
-       content
-FROM events WHERE {where} ORDER BY idx {order} LIMIT ?
-"""
+       content"""
+_EVENT_SQL = "SELECT " + _EVENT_COLUMNS + " FROM events WHERE {where} ORDER BY idx {order} LIMIT ?"
 
 _TURN_SQL = """
 SELECT correlation_id, session_id, channel_id AS agent, parent_correlation_id, tool_calls_count, round_count,
@@ -292,6 +292,12 @@ def timeline(
     history). Events are always ascending by index. ``turns`` holds the summaries of the
     finished turns among the page's events and ``turn_ids`` (turns the page still shows
     as running); a running turn has no summary yet.
+
+    ``cursor`` is the ``after_index`` of the next live page (None for a ``before_index``
+    page): pages after an index are read with :func:`loopscope.storage.replay.read_after`,
+    the query ``Store.replay`` and ``loopscope tail --follow`` follow a log with, so the
+    cursor also passes rows the page leaves out (blocked ones) and nothing lands twice
+    or in neither page.
     """
     if after_index is not None and before_index is not None:
         raise ApiError("after and before cannot be used together")
@@ -300,10 +306,7 @@ def timeline(
     clauses.insert(0, "session_id = ?")
     params.insert(0, session_id)
     descending = after_index is None
-    if after_index is not None:
-        clauses.append("idx > ?")
-        params.append(after_index)
-    elif before_index is not None:
+    if before_index is not None:
         clauses.append("idx < ?")
         params.append(before_index)
     with _reading(store) as con:
@@ -317,12 +320,22 @@ def timeline(
             # the session's time span lets DuckDB skip the row groups of other times
             clauses.append("created_at BETWEEN ? AND ?")
             params.extend([info[0]["first_at"], info[0]["last_at"]])
-        sql = _EVENT_SQL.format(where=" AND ".join(clauses), order="DESC" if descending else "ASC")
-        events = [_event_row(r) for r in _rows(con, sql, [*params, limit + 1])]
-        more = len(events) > limit
-        events = events[:limit]
-        if descending:
+        if after_index is not None:
+            mark = SessionMark(info[0]["last_index"], info[0]["first_at"], info[0]["last_at"]) if info else None
+            after = read_after(
+                con, session_id, after_index, columns=_EVENT_COLUMNS,
+                event_filter=EventFilter(include_blocked=include_blocked), limit=limit, mark=mark,
+            )
+            events = [_event_row(dict(zip(after.names, _finite(r), strict=True))) for r in after.rows]
+            more, cursor = after.more, after.cursor
+        else:
+            sql = _EVENT_SQL.format(where=" AND ".join(clauses), order="DESC" if descending else "ASC")
+            events = [_event_row(r) for r in _rows(con, sql, [*params, limit + 1])]
+            more = len(events) > limit
+            events = events[:limit]
             events.reverse()
+            # the newest page reaches the end of the log as this read saw it
+            cursor = (info[0]["last_index"] if info else 0) if before_index is None else None
         wanted = sorted({e["correlation_id"] for e in events if e["correlation_id"]} | set(turn_ids))
         turns = [_turn_row(r) for r in _rows(con, _TURN_SQL, [session_id, wanted])] if wanted else []
     session = info[0] if info else None
@@ -337,6 +350,7 @@ def timeline(
         # more history before the page (newest/before pages) or more events after it (after pages)
         "more_before": more if descending else None,
         "more_after": more if not descending else None,
+        "cursor": cursor,
         "generated_at": _now_ms(),
     }
 
@@ -350,10 +364,10 @@ def event(store: Store, event_id: str) -> dict[str, Any] | None:
 
 # -- analytics --------------------------------------------------------------------------------
 
-_TOOL_ROWS = """
-SELECT type, created_at, json_extract_string(content, ['$.tool_name', '$.outcome', '$.duration_ms']) AS f
-FROM events WHERE type IN ('tool_call_start', 'tool_call_end'){time}
-"""
+def _tool_rows(con: duckdb.DuckDBPyConnection) -> str:
+    """The tool rows with their fields (``tool``, ``outcome``, ``duration_ms``, ...): from
+    the tool columns where the file has them, else from the ``content`` JSON."""
+    return tool_rows(has_tool_columns(con))
 
 
 def tool_analytics(store: Store, range_: str | None = "all", tool: str | None = None) -> dict[str, Any]:
@@ -373,9 +387,9 @@ def tool_analytics(store: Store, range_: str | None = "all", tool: str | None = 
         rows = _rows(
             con,
             f"""WITH r AS (
-                    SELECT type, created_at, f[1] AS tool, f[2] AS outcome, TRY_CAST(f[3] AS DOUBLE) AS ms,
+                    SELECT type, created_at, tool, outcome, duration_ms AS ms,
                            epoch_ms(time_bucket(to_seconds(?), created_at, to_timestamp(?))) AS t
-                    FROM ({_TOOL_ROWS.format(time=time_sql)})
+                    FROM ({_tool_rows(con)}) WHERE true{time_sql}
                 )
                 SELECT grouping(tool) AS per_bucket, tool, t, outcome,
                        count(*) FILTER (WHERE type = 'tool_call_start') AS started,
@@ -516,9 +530,9 @@ def declared_vs_used(store: Store, range_: str | None = "all") -> dict[str, Any]
                     GROUP BY ALL
                 ),
                 used AS (
-                    SELECT coalesce(source_channel_id, '') AS agent, content ->> 'tool_name' AS tool, count(*) AS calls,
-                           count(DISTINCT correlation_id) AS turns_used
-                    FROM events WHERE type = 'tool_call_start'{event_time}
+                    SELECT coalesce(agent, '') AS agent, tool, count(*) AS calls,
+                           count(DISTINCT turn_id) AS turns_used
+                    FROM ({_tool_rows(con)}) WHERE type = 'tool_call_start'{event_time}
                     GROUP BY ALL
                 )
                 SELECT coalesce(d.agent, u.agent) AS agent, coalesce(d.tool, u.tool) AS tool,

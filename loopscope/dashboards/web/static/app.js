@@ -375,7 +375,7 @@
     const state = {
       events: new Map(), // index -> event
       turns: new Map(), // correlation id -> summary
-      minIndex: null, maxIndex: 0, moreBefore: false,
+      minIndex: null, maxIndex: 0, cursor: 0, moreBefore: false,
       blocked: params.get("blocked") === "1",
       live: true,
       open: new Set(), // keys of <details> the user opened
@@ -422,6 +422,8 @@
         state.minIndex = state.minIndex === null ? e.index : Math.min(state.minIndex, e.index);
       }
       for (const t of data.turns) state.turns.set(t.correlation_id, t);
+      // the server's cursor also passes rows the page leaves out (blocked ones), as Store.replay's does
+      state.cursor = Math.max(state.cursor, state.maxIndex, data.cursor ?? 0);
       if (direction !== "after") state.moreBefore = !!data.more_before;
       return data;
     }
@@ -441,7 +443,7 @@
       } else {
         do {
           data = merge(await getJSON("/api/timeline", {
-            session: sessionId, after: state.maxIndex, blocked: state.blocked, turns: waitingTurns().join(","),
+            session: sessionId, after: state.cursor, blocked: state.blocked, turns: waitingTurns().join(","),
           }), "after");
         } while (data.more_after);
       }

@@ -1,0 +1,163 @@
+"""``loopscope status``: the store at a glance, and what had to be dropped or failed.
+
+What a store holds says little about what it misses. Each writer keeps its counters in
+the store (:mod:`loopscope.storage.health`): rows written, events dropped because its
+queue was full or because the file stayed unwritable too long, failed write attempts
+with the last error, and what the OTLP exporter of the same process dropped. This
+command reads them from any process, while agents keep writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+from .._json import to_jsonable
+from ..dashboards import tables
+from ..dashboards.tables import Column
+from ..storage import health
+from ..storage.connection import open_store
+from ..storage.schema import check_readable, schema_version
+from . import _args
+from .commands import db_path, emit, emit_json
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="the store (size, schema, counts, last event) and what writers dropped or failed to write",
+        description="The store file (path, size, schema version), what it holds (sessions, events, turns, "
+        "tool calls, the last event's time), and every process that wrote to it: when it started and was "
+        "last seen, whether it still runs, how many events it wrote, dropped (its queue was full, or the "
+        "file stayed unwritable too long) and failed to write, its last error, and what its OTLP exporter "
+        "dropped. A store nothing went missing from says so.",
+    )
+    _args.add_json(status, "the status")
+    status.set_defaults(handler=status_command)
+
+
+def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
+    """The status of the store at ``path`` as plain values (what ``--json`` prints)."""
+    with open_store(path, read_only=True, timeout=wait) as con:
+        check_readable(con)
+        version = schema_version(con)
+        sessions, events, turns, tool_calls, last_event = con.execute(
+            "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM events), (SELECT count(*) FROM turns), "
+            "(SELECT count(*) FROM events WHERE type = 'tool_call_start'), (SELECT max(created_at) FROM events)"
+        ).fetchone()
+        writers = health.writers(con)
+    size = sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p))
+    for writer in writers:
+        for key in ("boot_id", "pid_namespace", "process_start"):
+            writer.pop(key, None)
+    totals = {
+        name: sum(int(w[name]) for w in writers)
+        for name in ("dropped_queue_full", "dropped_unwritable", "failed_writes", "otlp_dropped", "otlp_failed")
+    }
+    return {
+        "path": path,
+        "size_bytes": size,
+        "schema_version": version,
+        "sessions": sessions,
+        "events": events,
+        "turns": turns,
+        "tool_calls": tool_calls,
+        "last_event_at": last_event,
+        "writers": writers,
+        "totals": totals,
+        "problems": problems(writers),
+    }
+
+
+def problems(writers: list[dict[str, Any]]) -> list[str]:
+    """One line per kind of loss, saying what to do about it; empty when nothing was lost."""
+    lines = []
+    for w in writers:
+        who = f"pid {w['pid']} on {w['host']}"
+        if w["dropped_queue_full"]:
+            lines.append(
+                f"{w['dropped_queue_full']:,} events dropped: queue full ({who}, queue_size {w['queue_size']:,}); "
+                "raise queue_size (loopscope.configure(queue_size=...)) or record less per second"
+            )
+        if w["dropped_unwritable"]:
+            lines.append(
+                f"{w['dropped_unwritable']:,} events dropped: the store could not be written for too long ({who}); "
+                "keep readers that hold the file short, or check the disk"
+            )
+        if w["failed_writes"]:
+            when = f" at {tables.stamp(w['last_error_at'])}" if w["last_error_at"] else ""
+            lines.append(
+                f"{w['failed_writes']:,} write attempts failed ({who}); last{when}: {w['last_error'] or 'unknown error'}"
+                + ("" if w["dropped_unwritable"] else " (the events were kept and written later)")
+            )
+        if w["otlp_dropped"]:
+            lines.append(f"{w['otlp_dropped']:,} spans dropped by the OTLP exporter: its queue was full ({who})")
+        if w["otlp_failed"]:
+            lines.append(f"{w['otlp_failed']:,} spans the OTLP exporter failed to send ({who}); check the endpoint")
+    return lines
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+_WRITER_COLUMNS = [
+    Column("host", max_width=24, shrink=1), Column("pid", "right"), Column("started"), Column("last seen"),
+    Column("alive"), Column("written", "right"), Column("dropped", "right"), Column("failed writes", "right"),
+    Column("otlp dropped", "right"), Column("last error", shrink=2),
+]
+
+
+def status_command(args: argparse.Namespace) -> int:
+    path = db_path(args)
+    status = read_status(path, getattr(args, "wait", 10.0))
+    if args.json:
+        emit_json(to_jsonable(status))
+        return 0
+    emit(f"store       {status['path']}")
+    emit(f"size        {_size(status['size_bytes'])} (schema {status['schema_version']})")
+    emit(
+        f"holds       {status['sessions']:,} sessions, {status['events']:,} events, {status['turns']:,} turns, "
+        f"{status['tool_calls']:,} tool calls"
+    )
+    last = status["last_event_at"]
+    if last is not None:
+        now = datetime.now(timezone.utc)
+        seconds = max(0, int((now - last).total_seconds()))
+        emit(f"last event  {tables.stamp(last)} ({_ago(seconds)})")
+    else:
+        emit("last event  none yet")
+    writers = status["writers"]
+    if writers:
+        emit()
+        emit(f"writers ({len(writers)})")
+        rows = [
+            [
+                w["host"], w["pid"], tables.stamp(w["started_at"]), tables.stamp(w["last_seen"]), w["alive"],
+                f"{w['events_written']:,}", f"{w['dropped_queue_full'] + w['dropped_unwritable']:,}",
+                f"{w['failed_writes']:,}", f"{w['otlp_dropped'] + w['otlp_failed']:,}", w["last_error"] or "",
+            ]
+            for w in writers
+        ]
+        emit(tables.render(_WRITER_COLUMNS, rows))
+    emit()
+    for line in status["problems"]:
+        emit(line)
+    if not status["problems"]:
+        emit("nothing was dropped and no write failed" if writers else "no writer left counters here (written before loopscope kept them)")
+    return 0
+
+
+def _ago(seconds: int) -> str:
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"

@@ -1,0 +1,171 @@
+"""What a writer had to drop or failed to write, kept in the store for ``loopscope status``.
+
+Drops and failed writes happen in a process's memory; counted there only, they would be
+gone with the process, and another process (``loopscope status``, a dashboard) could not
+tell that the store misses rows. So each writer keeps its counters in its row of
+``loopscope_writers`` (the table of storage/recovery.py; migration 7 adds the columns),
+updated in the same transaction as every batch it writes, and once more when it stops:
+events and turns written, events dropped because the queue was full or because the file
+stayed unwritable longer than the queue could hold, failed write attempts with the last
+error and when, and what the OTLP exporter of the same process dropped or failed to send.
+
+A failed write cannot be recorded in the file it failed to reach: it shows with the next
+batch that gets through (or the writer's last word when it stops).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+WRITERS = "loopscope_writers"
+
+COUNTER_COLUMNS = {
+    "events_written": "BIGINT",
+    "turns_written": "BIGINT",
+    "dropped_queue_full": "BIGINT",
+    "dropped_unwritable": "BIGINT",
+    "excluded": "BIGINT",
+    "failed_writes": "BIGINT",
+    "last_error": "VARCHAR",
+    "last_error_at": "TIMESTAMPTZ",
+    "otlp_dropped": "BIGINT",
+    "otlp_failed": "BIGINT",
+    "queue_size": "BIGINT",
+    "stopped_at": "TIMESTAMPTZ",
+}
+"""The columns migration 7 adds to ``loopscope_writers``."""
+
+
+def migration() -> list[str]:
+    """Migration 7: the counters of each writer (see the module's docstring)."""
+    return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in COUNTER_COLUMNS.items()]
+
+
+def _text(value: str | None) -> str:
+    return "NULL" if value is None else "'" + value.replace("'", "''") + "'"
+
+
+def _time(seconds: float | None) -> str:
+    return "NULL" if seconds is None else f"make_timestamptz({int(seconds * 1e6)})"
+
+
+@dataclass
+class Counters:
+    """A writer's counters at one moment."""
+
+    events_written: int = 0
+    turns_written: int = 0
+    dropped_queue_full: int = 0
+    dropped_unwritable: int = 0
+    excluded: int = 0
+    failed_writes: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None  # seconds since the epoch
+    otlp_dropped: int = 0
+    otlp_failed: int = 0
+    queue_size: int = 0
+
+
+OtlpCounts = Callable[[], tuple[int, int]]
+"""What the process's OTLP exporter dropped (its queue was full) and failed to send."""
+
+
+class Report:
+    """One writer's row in ``loopscope_writers``: made at its first batch, updated with each."""
+
+    def __init__(self) -> None:
+        self.writer_id = os.urandom(16).hex()
+        self.started = time.time()
+        self.otlp: OtlpCounts | None = None
+        self.persisted: Counters | None = None
+
+    def statements(self, counters: Counters, writer_id: str | None = None, *, stopped: bool = False) -> list[str]:
+        """SQL for the batch's transaction: upsert the row ``writer_id`` (this report's own,
+        unless the writer's recovery tracker gave its row another id)."""
+        wid = _text(writer_id or self.writer_id)
+        values = {
+            **{name: str(int(getattr(counters, name))) for name in (
+                "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
+                "failed_writes", "otlp_dropped", "otlp_failed", "queue_size")},
+            "last_error": _text(counters.last_error),
+            "last_error_at": _time(counters.last_error_at),
+            "stopped_at": "now()" if stopped else "NULL",
+            "last_seen": "now()",
+        }
+        started = _time(self.started)
+        # the recovery tracker's row says when the first batch was written: the writer started earlier
+        assignments = ", ".join([f"{k} = {v}" for k, v in values.items()] + [f"started_at = least(coalesce(started_at, {started}), {started})"])
+        from .recovery import this_process  # what tells this process from a later one with its pid
+
+        me = this_process()
+        columns = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", *values]
+        row = [wid, _text(me.host), _text(me.boot_id), _text(me.pid_namespace), str(me.pid), _text(me.start), started,
+               *values.values()]
+        return [
+            f"UPDATE {WRITERS} SET {assignments} WHERE writer_id = {wid}",
+            (
+                f"INSERT INTO {WRITERS} ({', '.join(columns)}) SELECT {', '.join(row)} "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {WRITERS} WHERE writer_id = {wid})"
+            ),
+        ]
+
+
+# -- reading it back -----------------------------------------------------------------------------
+
+
+def has_counters(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the open file's ``loopscope_writers`` has the counters (migration 7)."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
+        f"AND table_name = '{WRITERS}' AND column_name = 'dropped_queue_full'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def writers(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Every writer row with its counters and whether its process still runs
+    (``alive``: ``"yes"``, ``"stopped"`` (it closed the store), ``"gone"`` (it ended
+    without closing: killed), or ``"unknown"`` (another machine or pid namespace))."""
+    if not has_counters(con):
+        return []
+    from .recovery import is_gone
+
+    names = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", "last_seen", *COUNTER_COLUMNS]
+    rows = con.execute(f"SELECT {', '.join(names)} FROM {WRITERS} ORDER BY started_at, writer_id").fetchall()
+    out = []
+    for row in rows:
+        record = dict(zip(names, row))
+        for name, kind in COUNTER_COLUMNS.items():
+            if kind == "BIGINT" and record[name] is None:
+                record[name] = 0
+        if record["stopped_at"] is not None:
+            alive = "stopped"
+        elif is_gone(record["host"], record["boot_id"], record["pid_namespace"], record["pid"], record["process_start"]):
+            alive = "gone"
+        elif record["host"] == socket.gethostname() and record["pid"] is not None and _exists(int(record["pid"])):
+            alive = "yes"
+        else:
+            alive = "unknown"
+        record["alive"] = alive
+        out.append(record)
+    return out
+
+
+def _exists(pid: int) -> bool:
+    if sys.platform == "win32":  # os.kill(pid, 0) would end the process there
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True

@@ -1,0 +1,356 @@
+"""Turns left open by a process that died, closed the next time the store is opened for writing.
+
+A process killed in the middle of a turn (SIGKILL, the OOM killer, a power cut) leaves
+the turn's rows up to its last batch, and no summary. DuckDB lets processes take turns
+writing one file, so a turn without a summary may just as well belong to a process that
+is still in the middle of it. The in-process writer therefore keeps two small tables in
+the same transaction as the rows (schema migration 6):
+
+* ``loopscope_writers``: each writer with what tells its process apart from any later one
+  (host, boot id, pid namespace, pid, and the process's start time in clock ticks from
+  ``/proc/<pid>/stat``, so a reused pid is not taken for the writer);
+* ``loopscope_open_turns``: each turn whose first row it wrote and whose summary it has
+  not (inserted with the first row, deleted with the summary).
+
+:func:`recover` closes the open turns of writers whose process is provably gone: on the
+same machine (boot and pid namespace), and either no such pid, or one started at another
+time, or a zombie. Anything it cannot prove (another host, another pid namespace, a
+platform without ``/proc`` where the pid exists) is left open. The closing rows go
+through the same span-to-row mapping as everything else (:class:`mapping.Facts`, fed
+plain span records as the collector feeds it): a ``tool_call_end`` row with outcome
+``unserved`` for each call whose start row has no end, then the turn summary, with
+loop end reason ``unfinished`` and :data:`RECOVERED_NOTE` as its error. All of it, and the
+removal of the dead writers' open turns, is one transaction while the file is held, so
+two processes opening the store at once do not both close a turn. A dead writer's row
+goes with them, unless it has drops or failures to report (storage/health.py keeps each
+writer's counters in its row).
+
+Turns written by ``loopscope collect`` are never tracked: their writer is remote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from .. import _json
+from .. import semconv as a
+from .._guard import logger
+from ..models import RESPONSE_SEGMENT_SEPARATOR
+from . import mapping
+from .foreign import Ctx, SpanRecord, Status
+
+RECOVERED_NOTE = "the process ended before the turn did (recovered at next open)"
+"""The ``error`` of a turn summary (and of its ``unserved`` tool calls) written by :func:`recover`."""
+
+WRITERS, OPEN_TURNS = "loopscope_writers", "loopscope_open_turns"
+
+
+# -- which process is this ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Process:
+    """What identifies a process beyond its pid."""
+
+    host: str
+    boot_id: str | None
+    pid_namespace: str | None
+    pid: int
+    start: str | None  # the start time in clock ticks since boot (Linux), else None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """The state letter and the start time (clock ticks since boot) of ``pid``, from
+    ``/proc/<pid>/stat``; None where it cannot be read."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+_this: Process | None = None
+
+
+def this_process() -> Process:
+    """This process's identity (made again after a fork)."""
+    global _this
+    current = _this
+    pid = os.getpid()
+    if current is None or current.pid != pid:
+        stat = _stat(pid)
+        current = _this = Process(
+            socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), _pid_namespace(), pid, stat[1] if stat else None
+        )
+    return current
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def is_gone(host: str | None, boot_id: str | None, pid_namespace: str | None, pid: int | None, start: str | None) -> bool:
+    """Whether the process a writer row names has provably ended."""
+    me = this_process()
+    if pid is None or host != me.host or sys.platform == "win32":  # os.kill(pid, 0) would end it there
+        return False
+    if boot_id and me.boot_id and boot_id != me.boot_id:
+        return True  # the machine started again since
+    if pid_namespace != me.pid_namespace:
+        return False  # another container's pids: not ours to look up
+    if pid == me.pid:
+        return start is not None and me.start is not None and start != me.start
+    if not _exists(pid):
+        return True
+    if start is None:
+        return False  # the pid is taken, and nothing tells whether by the writer
+    stat = _stat(pid)
+    if stat is None:
+        return False
+    state, started = stat
+    return started != start or state in ("Z", "X")  # another process with the pid, or a zombie
+
+
+# -- the bookkeeping, in the writer's transaction -----------------------------------------------
+
+
+def _text(value: str | None) -> str:
+    return "NULL" if value is None else "'" + value.replace("'", "''") + "'"
+
+
+_OPEN_SQL = f"""
+INSERT INTO {OPEN_TURNS}
+SELECT g.correlation_id, g.session_id, {{writer}}, g.trace_id, g.started_at, g.agent
+FROM (
+  SELECT correlation_id, session_id, any_value(lower(hex(trace_id))) AS trace_id, min(created_us) AS started_at,
+    any_value(source_channel_id) AS agent
+  FROM {mapping.EVENTS_TABLE} WHERE correlation_id IS NOT NULL GROUP BY correlation_id, session_id
+) g
+WHERE NOT EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.correlation_id = g.correlation_id AND o.session_id = g.session_id)
+"""
+
+_CLOSE_SQL = f"""
+DELETE FROM {OPEN_TURNS} o USING {mapping.TURNS_TABLE} t
+WHERE o.correlation_id = coalesce(t.correlation_id, lower(hex(t.span_id))) AND o.session_id = t.session_id
+"""
+
+
+class Tracker:
+    """The open-turn bookkeeping of one in-process writer."""
+
+    def __init__(self) -> None:
+        self._process: Process | None = None
+        self.writer_id: str | None = None  # its row in loopscope_writers (health.py keeps counters there too)
+        self._register = ""
+        self._open = ""
+
+    def statements(self, facts: mapping.Facts) -> list[str]:
+        """SQL for :func:`writer.write_batch`'s ``extra``: note the turns these facts open
+        and end (the facts' tables are registered on the connection by then)."""
+        process = this_process()
+        if process is not self._process:  # first use, or a fork: the child is another writer
+            self._process = process
+            self.writer_id = os.urandom(16).hex()
+            writer = _text(self.writer_id)
+            self._register = (
+                f"UPDATE {WRITERS} SET last_seen = now() WHERE writer_id = {writer};\n"
+                f"INSERT INTO {WRITERS} (writer_id, host, boot_id, pid_namespace, pid, process_start, started_at, last_seen) "
+                f"SELECT {writer}, {_text(process.host)}, {_text(process.boot_id)}, "
+                f"{_text(process.pid_namespace)}, {process.pid}, {_text(process.start)}, now(), now() "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {WRITERS} WHERE writer_id = {writer})"
+            )
+            self._open = _OPEN_SQL.format(writer=writer)
+        out = [self._register]  # every batch: health.py's counters update this row
+        if facts.events:
+            out.append(self._open)
+        if facts.turns:
+            out.append(_CLOSE_SQL)
+        return out
+
+
+# -- closing the turns of dead writers ----------------------------------------------------------
+
+
+_NOTHING_TO_REPORT = (
+    "coalesce(dropped_queue_full, 0) + coalesce(dropped_unwritable, 0) + coalesce(failed_writes, 0) "
+    "+ coalesce(otlp_dropped, 0) + coalesce(otlp_failed, 0) = 0"
+)
+
+
+def recover(con: duckdb.DuckDBPyConnection) -> int:
+    """Close the open turns of every writer whose process has provably ended; returns how
+    many turns were closed. ``con`` holds the file for writing (migrated)."""
+    from .writer import write_batch  # the writer imports this module
+
+    # only the writers with open turns: the others' rows stay as they are (health.py reads
+    # their counters), and are not looked up at every open
+    writers = con.execute(
+        f"SELECT writer_id, host, boot_id, pid_namespace, pid, process_start FROM {WRITERS} w "
+        f"WHERE EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.writer_id = w.writer_id)"
+    ).fetchall()
+    dead = [row[0] for row in writers if is_gone(*row[1:])]
+    if not dead:
+        return 0
+    opened = con.execute(
+        f"SELECT o.correlation_id, o.session_id, o.trace_id, epoch_us(o.started_at) FROM {OPEN_TURNS} o "
+        "WHERE list_contains(?, o.writer_id) AND NOT EXISTS "
+        "(SELECT 1 FROM turns t WHERE t.correlation_id = o.correlation_id AND t.session_id = o.session_id) "
+        "ORDER BY o.started_at, o.correlation_id",
+        [dead],
+    ).fetchall()
+    spans: list[tuple[int, Any]] = []
+    closed: list[str] = []
+    if opened:
+        # the time bound (a second before the first open turn's first row) lets DuckDB
+        # skip the row groups written before, by their created_at ranges
+        rows = con.execute(
+            "SELECT session_id, correlation_id, type, epoch_us(created_at), source_channel_id, source_provider, "
+            "source_framework, content::VARCHAR, trace_id, span_id, id FROM events "
+            "WHERE list_contains(?, session_id) AND list_contains(?, correlation_id) AND created_at >= to_timestamp(?) "
+            "ORDER BY session_id, idx",
+            [sorted({o[1] for o in opened}), sorted({o[0] for o in opened}), min(o[3] for o in opened) / 1e6 - 1.0],
+        ).fetchall()
+        by_turn: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_turn.setdefault((row[1], row[0]), []).append(row)
+        for correlation_id, session_id, trace_id, started_us in opened:
+            turn_rows = by_turn.get((correlation_id, session_id))
+            if turn_rows:
+                ended, span_id = _closing_spans(correlation_id, session_id, trace_id, started_us, turn_rows)
+                spans += ended
+                closed.append(span_id)
+    facts = mapping.Facts()
+    facts.add(spans)
+    extra = [
+        f"DELETE FROM {OPEN_TURNS} WHERE writer_id IN ({', '.join(map(_text, dead))})",
+        # a dead writer's row stays while it has drops or failures to report (loopscope status)
+        f"DELETE FROM {WRITERS} WHERE writer_id IN ({', '.join(map(_text, dead))}) AND {_NOTHING_TO_REPORT}",
+    ]
+    if closed:
+        extra.append(
+            f"UPDATE turns SET error = {_text(RECOVERED_NOTE)} WHERE loop_end_reason = 'unfinished' AND error IS NULL "
+            f"AND span_id IN ({', '.join(map(_text, closed))})"
+        )
+    write_batch(con, facts, extra=extra)
+    if closed:
+        logger.warning("loopscope: closed %d turn(s) left open by a process that ended (loop end reason unfinished)", len(closed))
+    return len(closed)
+
+
+def _ns(us: int) -> int:
+    return int(us) * 1000
+
+
+def _closing_spans(
+    correlation_id: str, session_id: str, trace_id: str | None, started_us: int, rows: Sequence[tuple[Any, ...]]
+) -> tuple[list[tuple[int, Any]], str]:
+    """The ended spans a live shutdown would have written for this turn, from its stored
+    rows (in index order): its pending tool calls ended unserved, then its summary."""
+    last_us = max(r[3] for r in rows)
+    end = _ns(last_us)
+    common: dict[str, Any] = {a.CONVERSATION_ID: session_id, a.TURN_ID: correlation_id}
+    for key, column in ((a.AGENT_NAME, 4), (a.PROVIDER, 5), (a.FRAMEWORK, 6)):
+        value = next((r[column] for r in rows if r[column]), None)
+        if value:
+            common[key] = value
+    segments: list[str] = []
+    current = ""
+    rounds = tool_calls = 0
+    in_tools = False
+    starts: dict[str, tuple[Any, ...]] = {}
+    ended: set[str] = set()
+    turn_span: str | None = None
+    for row in rows:
+        kind, content = row[2], _content(row[7])
+        if kind == "message":
+            if content.get("role") == "assistant":
+                current += str(content.get("body") or "")
+                in_tools = False
+            elif row[10].endswith("i"):  # the turn's input: written under the turn's own span
+                turn_span = row[9]
+        elif kind == "tool_call_start":
+            # a tool call is a segment boundary (as Turn._close_segment); a run of tool rows is a round
+            if current.strip():
+                segments.append(current)
+            current = ""
+            if not in_tools:
+                rounds += 1
+                in_tools = True
+            starts[row[9]] = row
+        elif kind == "tool_call_end":
+            ended.add(row[9])
+            if content.get("outcome") != "unserved":
+                tool_calls += 1
+    if current.strip():
+        segments.append(current)
+    spans: list[tuple[int, Any]] = []
+    for span_id, row in starts.items():
+        if span_id in ended:
+            continue
+        content = _content(row[7])
+        attributes = {
+            a.OPERATION: a.OP_EXECUTE_TOOL, a.CONVERSATION_ID: session_id, a.TURN_ID: correlation_id,
+            # the call's own agent, provider and framework, as its start row says
+            **{key: row[column] for key, column in ((a.AGENT_NAME, 4), (a.PROVIDER, 5), (a.FRAMEWORK, 6)) if row[column]},
+            a.TOOL_NAME: str(content.get("tool_name") or ""), a.TOOL_CALL_ID: str(content.get("tool_id") or ""),
+            a.TOOL_OUTCOME: "unserved", a.TOOL_STATUS: "failed", a.TOOL_ERROR: RECOVERED_NOTE, a.ERROR_TYPE: "unserved",
+        }
+        if content.get("arguments") is not None:
+            attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(content["arguments"])
+        context = Ctx(int(row[8], 16), int(span_id, 16))
+        spans.append((mapping._END, SpanRecord(f"{a.OP_EXECUTE_TOOL} {attributes[a.TOOL_NAME]}", context, None,
+                                               _ns(row[3]), max(end, _ns(row[3])), attributes, status=Status(2, RECOVERED_NOTE))))
+    trace = trace_id or rows[0][8]
+    if turn_span is None:  # no input row: an id of its own, the same every time
+        turn_span = hashlib.sha256(f"{session_id}\x00{correlation_id}".encode()).hexdigest()[:16]
+    response = RESPONSE_SEGMENT_SEPARATOR.join(segments)
+    attributes = {
+        a.OPERATION: a.OP_INVOKE_AGENT, **common,
+        **a.turn_attributes("unfinished", _json.dumps(segments), rounds, tool_calls, False, "[]", None, response, "", None,
+                            common.get(a.PROVIDER), {}),
+    }
+    agent = common.get(a.AGENT_NAME)
+    name = f"{a.OP_INVOKE_AGENT} {agent}" if agent else a.OP_INVOKE_AGENT
+    spans.append((mapping._END, SpanRecord(name, Ctx(int(trace, 16), int(turn_span, 16)), None,
+                                           _ns(min(started_us, last_us)), end, attributes)))
+    return spans, turn_span
+
+
+def _content(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

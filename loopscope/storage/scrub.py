@@ -1,0 +1,243 @@
+"""The content policy on the way into the local store, in the writer's mapping stage.
+
+The writer reduces spans to facts in Arrow record batches (:class:`mapping.Facts`);
+before they are written, the columns that carry content (tool arguments, results and
+errors, message text, state rows' content, a turn's response, segments, thinking and
+error) go through the same :class:`~loopscope.export.content.ContentPolicy` as OTLP
+export: secrets masked, the redaction hook, ``store_max_chars`` per value.
+
+It runs in the writer's thread, once per batch written (never on the calling thread).
+Almost no value holds a secret, so the regular expressions (Python's, as on export) run
+only on the few values a prefilter picks: an RE2 expression that matches every value a
+pattern could match (for the default patterns, their literal prefixes in any case), run
+by Arrow off the GIL over all content values of the batch end to end as one string, and
+a byte-length check for the cap. Values it does not pick are not even converted to
+Python: they are stored byte for byte as without the policy. A redaction hook, or a
+pattern the prefilter cannot stand in for (:data:`_RE2_UNSAFE`), has every value looked
+at in Python. A policy with no pattern, no key-value masking, no hook and no cap costs
+nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+from typing import Any
+
+from .. import semconv as a
+from .._guard import warn_once
+from ..export.content import DEFAULT_PATTERNS, REDACTED, ContentPolicy
+from . import mapping
+
+# A literal each default pattern's matches start with (any case: a superset).
+_DEFAULT_PREFIXES = dict(zip(DEFAULT_PATTERNS, (
+    "sk-", "akia", "gh[pousr]_", "xox[abprs]-", "aiza", "bearer", "eyj",
+)))
+assert len(_DEFAULT_PREFIXES) == len(DEFAULT_PATTERNS)
+_KEY_PREFIXES = r"password|passwd|pwd|secret|api.?key|access.?token|auth.?token|authorization"
+
+# Python's and RE2's meaning of these differ (Unicode classes and boundaries, ``$``
+# before a final newline): a pattern with one could match a value its RE2 form misses.
+_RE2_UNSAFE = re.compile(r"\\[wWdDsSbBZAx]|\$|(?<!\[)\^|\(\?[^:Pi]")
+
+# (column, where: the attribute the hook is told, or None for by-row, how: text / json / shape)
+_EVENT_COLUMNS = (
+    ("arguments", a.TOOL_CALL_ARGUMENTS, "json"),
+    ("result", a.TOOL_CALL_RESULT, "json"),
+    ("error", a.TOOL_ERROR, "text"),
+    ("body", None, "text"),
+    ("content", None, "shape"),
+)
+_TURN_COLUMNS = (
+    ("response_content", a.SEGMENTS, "text"),
+    ("segments", a.SEGMENTS, "shape"),
+    ("thinking", a.THINKING, "text"),
+    ("error", "exception.message", "text"),
+)
+
+
+def _event_where(column: str, code: int) -> str:
+    if column == "body":
+        return a.TURN_INPUT if code == mapping.INPUT_MESSAGE else a.ROUND_TEXT
+    if code in (mapping.STATE_SNAPSHOT, mapping.STATE_DELTA):
+        return a.STATE_VALUE
+    return a.TOOL_CALL_RESULT if code <= mapping.TOOL_END else a.ROUND_TEXT
+
+
+def prefilter(policy: ContentPolicy) -> str | None:
+    """An RE2 expression matching every text :meth:`ContentPolicy.mask` could change;
+    ``""`` when it changes nothing; None when no such expression is known (a hook, or a
+    pattern RE2 cannot stand in for)."""
+    if policy.redact is not None:
+        return None
+    parts: list[str] = []
+    for pattern in policy.patterns or ():
+        prefix = _DEFAULT_PREFIXES.get(pattern)
+        if prefix is not None:
+            parts.append(prefix)
+        elif _RE2_UNSAFE.search(pattern) or not _re2_compiles(pattern):
+            return None
+        else:
+            parts.append(f"(?-i:{pattern})")
+    if policy.key_values:
+        parts.append(_KEY_PREFIXES)
+    return "(?i)" + "|".join(parts) if parts else ""
+
+
+def _re2_compiles(pattern: str) -> bool:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        pc.match_substring_regex(pa.array(["probe"]), pattern=pattern)
+    except Exception:  # noqa: BLE001 - any refusal means: not an RE2 expression
+        return False
+    return True
+
+
+class Scrubber:
+    """Applies a content policy to the content columns of fact batches."""
+
+    def __init__(self, policy: ContentPolicy) -> None:
+        self.policy = policy
+        self.limit = max(0, int(policy.store_max_chars or 0))
+        self.masking = policy.masks
+        self.pattern = prefilter(policy) if self.masking else ""
+
+    @property
+    def idle(self) -> bool:
+        """True when the policy can change no stored value (nothing to do at all)."""
+        return not self.masking and not self.limit
+
+    def apply(self, facts: mapping.Facts) -> None:
+        """Scrub the batches of ``facts`` in place."""
+        if self.idle:
+            return
+        if facts.events:
+            facts.events = self._batches(facts.events, _EVENT_COLUMNS)
+        if facts.turns:
+            facts.turns = self._batches(facts.turns, _TURN_COLUMNS)
+
+    def _batches(self, batches: list[Any], columns: tuple[tuple[str, str | None, str], ...]) -> list[Any]:
+        import pyarrow as pa
+
+        names = batches[0].schema.names
+        indices = [names.index(name) for name, _, _ in columns]
+        # every content column of every batch end to end: the prefilter's cost is mostly
+        # per call, so it runs once per write (only the content columns are copied)
+        pieces = [batch.column(i) for i in indices for batch in batches]
+        picked = self._pick(pa.concat_arrays(pieces))
+        if not picked:
+            return batches
+        starts = [0]
+        for piece in pieces:
+            starts.append(starts[-1] + len(piece))
+        hits: dict[int, dict[int, list[int]]] = {}  # batch -> column (k) -> rows
+        for position in picked:
+            piece = bisect.bisect_right(starts, position) - 1
+            k, j = divmod(piece, len(batches))
+            hits.setdefault(j, {}).setdefault(k, []).append(position - starts[piece])
+        out = list(batches)
+        for j, by_column in hits.items():
+            out[j] = self._batch(batches[j], columns, indices, by_column)
+        return out
+
+    def _batch(self, batch: Any, columns: tuple[tuple[str, str | None, str], ...], indices: list[int],
+               hits: dict[int, list[int]]) -> Any:
+        import pyarrow as pa
+
+        codes: list[int] | None = None
+        for k, rows in hits.items():
+            name, where, how = columns[k]
+            index = indices[k]
+            column = batch.column(index)
+            values = column.to_pylist()
+            changed = False
+            for row in rows:
+                value = values[row]
+                if value is None:
+                    continue
+                place = where
+                if place is None:
+                    if codes is None:
+                        codes = batch.column(0).to_pylist()
+                    place = _event_where(name, codes[row])
+                cleaned = self._scrub(value, place, how)
+                if cleaned != value:
+                    values[row] = cleaned
+                    changed = True
+            if changed:
+                batch = batch.set_column(index, batch.schema.field(index), pa.array(values, column.type))
+        return batch
+
+    def _pick(self, column: Any) -> list[int]:
+        """The rows of ``column`` whose value the policy may change, in order."""
+        import pyarrow.compute as pc
+
+        if column.null_count == len(column):
+            return []
+        if self.pattern is None:  # every value is looked at
+            return pc.indices_nonzero(pc.is_valid(column)).to_pylist()  # type: ignore[no-any-return]
+        rows = _matching_rows(column, self.pattern) if self.pattern else []
+        if self.limit:
+            # bytes, not characters: a superset, without a pass over the text
+            long = pc.indices_nonzero(pc.greater(pc.binary_length(column), self.limit)).to_pylist()
+            if long:
+                rows = sorted(set(rows).union(long))
+        return rows
+
+    def _scrub(self, value: str, where: str, how: str) -> str:
+        policy, limit = self.policy, self.limit
+        try:
+            if how == "text":
+                return policy.scrub(value, where, limit)
+            return policy.scrub_json(value, where, limit, cap="shape" if how == "shape" else "strings")
+        except Exception as exc:  # noqa: BLE001 - the user's hook or pattern failed: keep nothing of the value
+            warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
+            return '"[REDACTED]"' if how != "text" else REDACTED
+
+
+def _matching_rows(column: Any, pattern: str) -> list[int]:
+    """The rows of a string array in which ``pattern`` (RE2) matches.
+
+    The values lie end to end in the array's data buffer: the expression runs over that
+    buffer as one string (zero copy) and each match is traced back to its row through the
+    offsets, searching on after that row. Matches are rare, so this is about one pass,
+    several times faster than a match per value. A match across two values only picks one
+    more value to look at; the expression has no anchors (:data:`_RE2_UNSAFE`).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.type != pa.string() or column.offset:
+        return pc.indices_nonzero(pc.match_substring_regex(column, pattern=pattern)).to_pylist()  # type: ignore[no-any-return]
+    count = len(column)
+    _, offsets_buffer, data = column.buffers()
+    if data is None or offsets_buffer is None:
+        return []
+    offsets = memoryview(offsets_buffer)[: (count + 1) * 4].cast("i")
+    start, end = offsets[0], offsets[count]
+    rows: list[int] = []
+    while start < end:
+        span = pa.StringArray.from_buffers(1, pa.py_buffer(struct.pack("=ii", start, end)), data)
+        found = pc.find_substring_regex(span, pattern=pattern)[0].as_py()
+        if found is None or found < 0:
+            break
+        row = bisect.bisect_right(offsets, start + found, 0, count + 1) - 1
+        rows.append(row)
+        start = offsets[row + 1]
+    return rows
+
+
+_scrubbers: dict[int, tuple[ContentPolicy, Scrubber]] = {}
+
+
+def scrubber(policy: ContentPolicy) -> Scrubber:
+    """The scrubber of ``policy``, made once per policy object."""
+    entry = _scrubbers.get(id(policy))
+    if entry is None or entry[0] is not policy:
+        if len(_scrubbers) > 32:
+            _scrubbers.clear()
+        entry = _scrubbers[id(policy)] = (policy, Scrubber(policy))
+    return entry[1]

@@ -1,0 +1,79 @@
+"""Child processes for tests that need a second interpreter (a writer, a reader, a crash):
+each runs a small script with its own loopscope, is bounded in time, and is killed at
+teardown if it is still running. Use the ``spawn`` fixture: ``from children import spawn``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Child:
+    def __init__(self, proc: subprocess.Popen, out: Path, err: Path) -> None:
+        self.proc, self.out, self.err = proc, out, err
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        return f"--- stdout ---\n{self.out.read_text()}\n--- stderr ---\n{self.err.read_text()}"
+
+    def kill(self) -> None:
+        """SIGKILL, and check that is how it ended."""
+        os.kill(self.pid, signal.SIGKILL)
+        assert self.proc.wait(10) == -signal.SIGKILL
+
+    def wait(self, timeout: float = 20.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            pytest.fail(f"child {self.pid} did not finish within {timeout}s\n{self.output()}")
+
+    def finish_ok(self, timeout: float = 30.0) -> str:
+        code = self.wait(timeout)
+        assert code == 0, f"child exited with {code}\n{self.output()}"
+        return self.out.read_text()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
+    """``spawn(name, code, *args)`` runs ``code`` as a script in a fresh interpreter
+    (LOOPSCOPE_STRICT=1, no OTEL_* or LOOPSCOPE_DB from the test's environment)."""
+    children: list[Child] = []
+
+    def start(name: str, code: str, *args: Any) -> Child:
+        script = tmp_path / f"{name}.py"
+        script.write_text(textwrap.dedent(code))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update({"LOOPSCOPE_STRICT": "1", "PYTHONPATH": str(ROOT)})
+        env.pop("LOOPSCOPE_DB", None)
+        out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=tmp_path, env=env, stdout=stdout, stderr=stderr)
+        child = Child(proc, out, err)
+        children.append(child)
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in children:
+            if child.running():
+                child.proc.kill()
+            child.proc.wait(10)

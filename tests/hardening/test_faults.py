@@ -1,0 +1,210 @@
+"""Faults around the store and the exporter: a full disk, a store path that stops being
+writable, an OTLP endpoint that refuses or hangs. The application's calls succeed
+unchanged, loopscope says once and clearly what is wrong, and it recovers when the fault
+clears. (A store file held by another process: tests/storage/test_live_reads.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+import loopscope
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DISK_FULL = textwrap.dedent(
+    """
+    import json, logging, os, resource, signal, sys
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
+    logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+    import loopscope
+    db = sys.argv[1]
+    pipeline = loopscope.configure(db, flush_interval=0.05)
+    loopscope.flush()
+    limit = os.path.getsize(db) + 64 * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the disk is full from here on
+    answers = []
+    for i in range(40):
+        @loopscope.tool
+        def big(i: int) -> str:
+            return "x" * 100_000 + str(i)
+        with loopscope.turn(session_id=f"full-{i}", input=f"question {i}") as t:
+            with t.round() as rnd:
+                rnd.response("calling", tool_calls=[{"id": f"c{i}", "name": "big", "arguments": {"i": i}}])
+            answers.append(len(big(i)))
+            t.generation(f"answer {i}", finish_reason="stop")
+    flushed_while_full = loopscope.flush(timeout=1.0)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space again
+    flushed_after = loopscope.flush(timeout=30.0)
+    stats = pipeline.stats()
+    print(json.dumps({"answers": answers, "flushed_while_full": flushed_while_full, "flushed_after": flushed_after,
+                      "dropped": stats.dropped, "queued": stats.queued}))
+    loopscope.shutdown()
+    """
+)
+
+
+def _child(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPSCOPE_")}
+    return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_a_full_disk_keeps_events_in_memory_says_so_once_and_writes_them_later(tmp_path: Path) -> None:
+    db = tmp_path / "full.duckdb"
+    proc = _child(DISK_FULL, str(db))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["answers"] == [100_000 + len(str(i)) for i in range(40)]  # every call returned as usual
+    assert report["flushed_while_full"] is False
+    assert report["flushed_after"] is True and report["dropped"] == 0 and report["queued"] == 0
+    problems = [line for line in proc.stderr.splitlines() if line.startswith("LOG") and "cannot write" in line]
+    assert len(problems) == 1, proc.stderr  # said once, not once per batch
+    assert str(db) in problems[0]
+    assert any("works again" in line for line in proc.stderr.splitlines())
+    store = loopscope.Store(str(db))
+    for i in range(40):
+        events = store.get_timeline(f"full-{i}")
+        assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+        assert [e.index for e in events] == [1, 2, 3, 4, 5]
+        assert events[3].content.result == "x" * 100_000 + str(i)
+
+
+def test_a_store_path_that_stops_being_a_file_recovers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The file is moved away and a folder takes its place: loopscope keeps the events,
+    warns once, and writes them when the path is usable again."""
+    db = tmp_path / "moving.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
+    try:
+        with loopscope.turn(session_id="before", input="one") as t:
+            t.generation("ok", finish_reason="stop")
+        assert loopscope.flush()
+        db.rename(tmp_path / "elsewhere.duckdb")
+        db.mkdir()
+        caplog.clear()
+        for i in range(3):
+            with loopscope.turn(session_id="during", input=f"q{i}") as t:
+                t.generation(f"a{i}", finish_reason="stop")
+        assert loopscope.flush(timeout=1.0) is False
+        problems = [r for r in caplog.records if "cannot write" in r.getMessage()]
+        assert len(problems) == 1 and str(db) in problems[0].getMessage()
+        db.rmdir()
+        (tmp_path / "elsewhere.duckdb").rename(db)
+        assert loopscope.flush(timeout=30.0)
+    finally:
+        loopscope.shutdown()
+    store = loopscope.Store(str(db))
+    assert [e.content.body for e in store.get_timeline("before")] == ["one", "ok"]
+    assert [e.content.body for e in store.get_timeline("during")] == ["q0", "a0", "q1", "a1", "q2", "a2"]
+
+
+class _Hanging:
+    """A TCP endpoint that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.conns: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def _refusing_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens here any more: connections are refused
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("fault", ["refusing", "hanging"])
+def test_an_otlp_endpoint_that_refuses_or_hangs_changes_nothing_for_the_app(tmp_path: Path, fault: str) -> None:
+    hanging = _Hanging() if fault == "hanging" else None
+    url = hanging.url if hanging else _refusing_url()
+    db = tmp_path / "otlp.duckdb"
+    try:
+        loopscope.configure(db, tracer_provider=TracerProvider(), otlp_endpoint=url, flush_interval=0.05)
+        responses = []
+        for i in range(50):
+            with loopscope.turn(session_id=f"s{i}", input="hi") as t:
+                t.generation(f"answer {i}", finish_reason="stop")
+            responses.append(t.response.response_content)
+        assert responses == [f"answer {i}" for i in range(50)]
+        started = time.monotonic()
+        loopscope.shutdown()
+        assert time.monotonic() - started < 20  # bounded, whatever the endpoint does
+    finally:
+        if hanging:
+            hanging.close()
+    store = loopscope.Store(str(db))
+    assert len(store.list_sessions()) == 50  # the local store has everything
+
+
+def test_a_stuck_writer_keeps_memory_bounded_and_counts_what_it_drops(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The writer cannot write for a while: the queue holds at most ``queue_size`` spans,
+    the rest are dropped and counted (and said once), the app's calls run as usual, and
+    what was kept is written when the writer gets going again."""
+    from loopscope.storage import writer as writer_module
+
+    gate = threading.Event()
+    original = writer_module.write_batch
+
+    def stuck(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        gate.wait(30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "write_batch", stuck)
+    pipeline = loopscope.configure(tmp_path / "stuck.duckdb", tracer_provider=TracerProvider(), flush_interval=0.05, queue_size=200)
+    try:
+        peak = 0
+        for i in range(5_000):  # 15,000 spans while nothing can be written
+            with loopscope.turn(session_id=f"s{i}", input="q") as t:
+                t.generation("a", finish_reason="stop")
+            assert t.response.response_content == "a"
+            peak = max(peak, pipeline.stats().queued)
+        stats = pipeline.stats()
+        # bounded: queue_size spans waiting, plus the rows of the one batch being written
+        # (never more than what the queue held when it was taken); without the bound it
+        # would hold all 15,000
+        assert peak <= 1_000
+        assert stats.dropped >= 13_000
+        gate.set()
+        assert loopscope.flush(timeout=30)
+        stats = pipeline.stats()
+        kept = stats.written_events + stats.written_turns
+    finally:
+        gate.set()
+        loopscope.shutdown()
+    store = loopscope.Store(str(tmp_path / "stuck.duckdb"))
+    _, rows = store.sql("SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM turns)")
+    assert rows[0][0] == kept > 0
+    assert pipeline.dropped()["store"] == stats.dropped

@@ -1,0 +1,470 @@
+"""The pydantic-ai adapter end to end: real ``Agent`` runs on ``OpenAIChatModel`` against the
+fake model server on 127.0.0.1, recorded through pydantic-ai's own spans into a real DuckDB
+file, with the openai adapter on underneath."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.models.instrumented import InstrumentationSettings
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import UsageLimits
+
+import loopscope
+from loopscope import LoopEndReason, semconv as a
+from loopscope.instrument import active
+from loopscope.storage.collector import Collector
+from loopscope.storage.connection import open_store
+
+from fakes.fixtures import model_server  # noqa: F401 - the fixture
+from fakes.model_server import Reply, ToolCall, Usage
+from recorded import only_turn, rows, spans_of
+
+MODEL = "gpt-test-1"
+AGENT = "concierge"
+PROMPT = "Weather and time in Paris?"
+FIRST_TEXT = "Let me check the weather."
+FINAL_TEXT = "21 °C and dry; it is 14:05 in Paris."
+CITY_PARAMS = {"additionalProperties": False, "properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}
+FRAMEWORK = "pydantic-ai"
+
+
+@pytest.fixture
+def instrumented(recording):
+    loopscope.instrument()
+    try:
+        yield recording
+    finally:
+        loopscope.uninstrument()
+
+
+@pytest.fixture
+def server(model_server):  # noqa: F811 - the fixture imported above
+    return model_server
+
+
+def make_agent(server: Any, model_class: type = OpenAIChatModel, **kwargs: Any) -> Agent:
+    model = model_class(MODEL, provider=OpenAIProvider(base_url=server.openai_base_url, api_key="test-key"))
+    agent = Agent(model, name=AGENT, instructions="Answer briefly.", **kwargs)
+
+    @agent.tool_plain
+    def weather(city: str) -> dict[str, Any]:
+        """Current weather for a city."""
+        return {"city": city, "temp_c": 21}
+
+    @agent.tool_plain
+    def local_time(city: str) -> str:
+        """Local time in a city."""
+        return "14:05"
+
+    @agent.tool_plain
+    def book(city: str) -> str:
+        """Book a table in a city."""
+        if city == "Atlantis":
+            raise ValueError("no such city")
+        raise ModelRetry("fully booked, try another city")
+
+    return agent
+
+
+def two_tools(server: Any) -> None:
+    server.queue(
+        Reply(text=FIRST_TEXT, tool_calls=[ToolCall("weather", {"city": "Paris"}, id="call_w1")], usage=Usage(100, 20, cached_tokens=30)),
+        Reply(tool_calls=[ToolCall("local_time", {"city": "Paris"}, id="call_t1")], usage=Usage(150, 10)),
+        Reply(text=FINAL_TEXT, usage=Usage(170, 15)),
+    )
+
+
+# -- reading what was recorded ------------------------------------------------------------------
+
+
+def query(db: Any, sql: str) -> list[tuple[Any, ...]]:
+    with open_store(str(Path(db).resolve()), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+WEATHER_ROWS = [
+    ("message", "user", PROMPT),
+    ("message", "assistant", FIRST_TEXT),
+    ("tool_call_start", "weather", "call_w1", {"city": "Paris"}, None, "pending", None, None),
+    ("tool_call_end", "weather", "call_w1", {"city": "Paris"}, {"city": "Paris", "temp_c": 21}, "completed", "served", None),
+    ("tool_call_start", "local_time", "call_t1", {"city": "Paris"}, None, "pending", None, None),
+    ("tool_call_end", "local_time", "call_t1", {"city": "Paris"}, "14:05", "completed", "served", None),
+    ("message", "assistant", FINAL_TEXT),
+]
+
+
+def check_two_tool_turn(recording: Any, server: Any, *, requests: int = 3) -> Any:
+    store = recording.store
+    turn = only_turn(store)
+    assert rows(store, turn.session_id) == WEATHER_ROWS
+    events = store.get_timeline(turn.session_id)
+    assert [e.index for e in events] == list(range(1, 8))
+    assert {e.correlation_id for e in events} == {turn.correlation_id}
+    assert {(e.source.channel_id, e.source.framework) for e in events} == {(AGENT, FRAMEWORK)}
+    assert all(e.content.duration_ms >= 0 for e in events if e.type == "tool_call_end")
+
+    assert turn.channel_id == AGENT
+    assert turn.loop_end_reason == LoopEndReason.COMPLETED
+    assert turn.segments == [FIRST_TEXT, FINAL_TEXT]
+    assert turn.response_content == FIRST_TEXT + "\n\n" + FINAL_TEXT
+    assert (turn.round_count, turn.tool_calls_count) == (2, 2)
+    assert turn.usage == {"input_tokens": 420, "output_tokens": 45, "cache_read_input_tokens": 30}
+    assert [t.name for t in turn.declared_tools] == ["weather", "local_time", "book"]
+    assert [t.description for t in turn.declared_tools] == ["Current weather for a city.", "Local time in a city.", "Book a table in a city."]
+    assert all(t.parameters == CITY_PARAMS and t.origin == "always" for t in turn.declared_tools)
+    assert (turn.model, turn.provider, turn.streaming, turn.error) == (MODEL, "openai", False, None)
+    assert turn.latency_ms > 0
+
+    # one tree: pydantic-ai's spans only, one model-call span per request the server saw
+    chats = spans_of(recording, a.OP_CHAT)
+    assert len(chats) == 3 and len(server.requests) == requests
+    assert {s.instrumentation_scope.name for s in recording.spans()} == {"pydantic-ai"}
+    [run] = spans_of(recording, a.OP_INVOKE_AGENT)
+    assert all(s.context.trace_id == run.context.trace_id for s in recording.spans())
+    assert turn.correlation_id == "%016x" % run.context.span_id
+    return turn
+
+
+# -- turns ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_class", [OpenAIChatModel, OpenAIResponsesModel])
+def test_run_sync_two_tools_is_one_turn(instrumented, server, model_class):
+    two_tools(server)
+    result = make_agent(server, model_class).run_sync(PROMPT)
+    assert result.output == FINAL_TEXT
+    check_two_tool_turn(instrumented, server)
+    assert {r.api for r in server.requests} == {"chat" if model_class is OpenAIChatModel else "responses"}
+    assert [[t["id"] for t in r.tool_results] for r in server.requests] == [[], ["call_w1"], ["call_w1", "call_t1"]]
+
+
+def test_async_run_and_iter(instrumented, server):
+    agent = make_agent(server)
+
+    async def main() -> None:
+        two_tools(server)
+        assert (await agent.run(PROMPT)).output == FINAL_TEXT
+        two_tools(server)
+        async with agent.iter(PROMPT) as run:
+            async for _ in run:
+                pass
+        assert run.result is not None and run.result.output == FINAL_TEXT
+
+    asyncio.run(main())
+    store = instrumented.store
+    turns = store.list_turns()
+    assert len(turns) == 2
+    for turn in turns:
+        assert rows(store, turn.session_id) == WEATHER_ROWS
+        assert (turn.loop_end_reason, turn.round_count, turn.tool_calls_count) == (LoopEndReason.COMPLETED, 2, 2)
+    assert len(spans_of(instrumented, a.OP_CHAT)) == len(server.requests) == 6
+
+
+def test_streamed_run(instrumented, server):
+    server.queue(
+        Reply(tool_calls=[ToolCall("weather", {"city": "Paris"}, id="call_w1")], usage=Usage(100, 20)),
+        Reply(text=FINAL_TEXT, usage=Usage(150, 10)),
+    )
+    agent = make_agent(server)
+
+    async def main() -> str:
+        async with agent.run_stream(PROMPT) as stream:
+            return "".join([delta async for delta in stream.stream_text(delta=True)])
+
+    assert asyncio.run(main()) == FINAL_TEXT
+    store = instrumented.store
+    turn = only_turn(store)
+    assert rows(store, turn.session_id) == [
+        ("message", "user", PROMPT),
+        ("tool_call_start", "weather", "call_w1", {"city": "Paris"}, None, "pending", None, None),
+        ("tool_call_end", "weather", "call_w1", {"city": "Paris"}, {"city": "Paris", "temp_c": 21}, "completed", "served", None),
+        ("message", "assistant", FINAL_TEXT),
+    ]
+    assert (turn.loop_end_reason, turn.streaming, turn.round_count, turn.tool_calls_count) == (LoopEndReason.COMPLETED, True, 1, 1)
+    assert turn.segments == [FINAL_TEXT]
+    assert turn.usage == {"input_tokens": 250, "output_tokens": 30}
+    assert all(r.body.get("stream") for r in server.requests)
+    assert len(spans_of(instrumented, a.OP_CHAT)) == len(server.requests) == 2  # the openai adapter stood aside
+
+
+# -- failures and limits ----------------------------------------------------------------------------------
+
+
+def test_a_tool_that_raises_fails_the_call_and_the_turn(instrumented, server):
+    server.queue(Reply(text="Booking.", tool_calls=[ToolCall("book", {"city": "Atlantis"}, id="call_b1")], usage=Usage(50, 5)))
+    with pytest.raises(ValueError, match="no such city"):
+        make_agent(server).run_sync("Book Atlantis")
+    store = instrumented.store
+    turn = only_turn(store)
+    assert rows(store, turn.session_id) == [
+        ("message", "user", "Book Atlantis"),
+        ("message", "assistant", "Booking."),
+        ("tool_call_start", "book", "call_b1", {"city": "Atlantis"}, None, "pending", None, None),
+        ("tool_call_end", "book", "call_b1", {"city": "Atlantis"}, None, "failed", "failed", "ValueError: no such city"),
+    ]
+    assert turn.loop_end_reason == LoopEndReason.ERROR
+    assert turn.error == "error: ValueError: no such city"
+    assert (turn.round_count, turn.tool_calls_count, turn.usage) == (1, 1, {"input_tokens": 50, "output_tokens": 5})
+
+
+def test_model_retry_fails_the_call_and_the_turn_goes_on(instrumented, server):
+    server.queue(
+        Reply(tool_calls=[ToolCall("book", {"city": "Paris"}, id="call_b1")], usage=Usage(50, 5)),
+        Reply(text="Paris is fully booked.", usage=Usage(80, 6)),
+    )
+    assert make_agent(server).run_sync("Book Paris").output == "Paris is fully booked."
+    store = instrumented.store
+    turn = only_turn(store)
+    retry = "fully booked, try another city"
+    assert rows(store, turn.session_id)[1:3] == [
+        ("tool_call_start", "book", "call_b1", {"city": "Paris"}, None, "pending", None, None),
+        ("tool_call_end", "book", "call_b1", {"city": "Paris"}, retry, "failed", "failed", f"pydantic_ai.exceptions.ToolRetryError: {retry}"),
+    ]
+    assert (turn.loop_end_reason, turn.round_count, turn.tool_calls_count) == (LoopEndReason.COMPLETED, 1, 1)
+    assert "fully booked" in json.dumps(server.requests[1].tool_results)
+
+
+def test_request_limit_is_max_rounds(instrumented, server):
+    two_tools(server)
+    with pytest.raises(UsageLimitExceeded, match="request_limit of 1"):
+        make_agent(server).run_sync(PROMPT, usage_limits=UsageLimits(request_limit=1))
+    store = instrumented.store
+    turn = only_turn(store)
+    assert turn.loop_end_reason == LoopEndReason.MAX_ROUNDS
+    assert rows(store, turn.session_id) == WEATHER_ROWS[:4]  # the tool ran; the next request was refused
+    assert (turn.round_count, turn.tool_calls_count, turn.usage) == (1, 1, {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 30})
+    assert len(server.requests) == 1
+
+
+def test_token_limit_is_budget_exceeded(instrumented, server):
+    two_tools(server)
+    with pytest.raises(UsageLimitExceeded, match="total_tokens_limit"):
+        make_agent(server).run_sync(PROMPT, usage_limits=UsageLimits(total_tokens_limit=50))
+    turn = only_turn(instrumented.store)
+    assert turn.loop_end_reason == LoopEndReason.BUDGET_EXCEEDED
+    assert (turn.round_count, turn.tool_calls_count, turn.segments) == (0, 0, [FIRST_TEXT])
+
+
+# -- the openai adapter underneath ----------------------------------------------------------------
+
+
+def test_without_pydantic_ai_spans_the_openai_adapter_records_the_calls(recording, server):
+    loopscope.instrument(pydantic_ai=False)
+    try:
+        two_tools(server)
+        assert make_agent(server).run_sync(PROMPT).output == FINAL_TEXT
+    finally:
+        loopscope.uninstrument()
+    store = recording.store
+    turn = only_turn(store)  # stitched from the SDK calls by their tool call ids
+    assert rows(store, turn.session_id) == WEATHER_ROWS
+    assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (2, 2, LoopEndReason.COMPLETED)
+    assert {s.instrumentation_scope.name for s in recording.spans()} == {"loopscope"}
+
+
+def test_an_agent_with_instrumentation_off_is_recorded_by_the_openai_adapter(instrumented, server):
+    two_tools(server)
+    agent = make_agent(server)
+    agent.instrument = False  # this agent's choice wins over Agent.instrument_all()
+    assert agent.run_sync(PROMPT).output == FINAL_TEXT
+    turn = only_turn(instrumented.store)
+    assert rows(instrumented.store, turn.session_id) == WEATHER_ROWS
+    assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"loopscope"}
+
+
+def test_an_anthropic_model_has_one_span_per_call(instrumented, server):
+    """The anthropic SDK traces its calls itself; under pydantic-ai's ``chat`` span it does not."""
+    import anthropic
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    client = anthropic.AsyncAnthropic(base_url=server.anthropic_base_url, api_key="test-key", max_retries=0,
+                                      open_telemetry={"tracer_provider": instrumented.pipeline.tracer_provider})
+    agent = Agent(AnthropicModel("claude-test-1", provider=AnthropicProvider(anthropic_client=client)), name=AGENT)
+
+    @agent.tool_plain
+    def weather(city: str) -> dict[str, Any]:
+        """Current weather for a city."""
+        return {"city": city, "temp_c": 21}
+
+    server.queue(
+        Reply(text=FIRST_TEXT, tool_calls=[ToolCall("weather", {"city": "Paris"}, id="toolu_w1")], usage=Usage(100, 20)),
+        Reply(text=FINAL_TEXT, usage=Usage(150, 10)),
+    )
+    assert agent.run_sync(PROMPT).output == FINAL_TEXT
+    turn = only_turn(instrumented.store)
+    assert rows(instrumented.store, turn.session_id) == [
+        ("message", "user", PROMPT),
+        ("message", "assistant", FIRST_TEXT),
+        ("tool_call_start", "weather", "toolu_w1", {"city": "Paris"}, None, "pending", None, None),
+        ("tool_call_end", "weather", "toolu_w1", {"city": "Paris"}, {"city": "Paris", "temp_c": 21}, "completed", "served", None),
+        ("message", "assistant", FINAL_TEXT),
+    ]
+    assert (turn.provider, turn.model, turn.usage) == ("anthropic", "claude-test-1", {"input_tokens": 250, "output_tokens": 30})
+    chats = spans_of(instrumented, a.OP_CHAT)
+    assert len(chats) == len(server.requests) == 2
+    assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"pydantic-ai"}
+    # the trace context the SDK sent is that of pydantic-ai's span for the call
+    assert [r.headers["traceparent"].split("-")[2] for r in server.requests] == ["%016x" % s.context.span_id for s in chats]
+
+
+# -- on and off ---------------------------------------------------------------------------------------------
+
+
+def test_instrument_uninstrument_reinstrument(recording, server):
+    assert Agent._instrument_default is False
+    loopscope.instrument()
+    assert "pydantic_ai" in active()
+    ours = Agent._instrument_default
+    assert isinstance(ours, InstrumentationSettings) and ours.include_content
+    loopscope.instrument()  # idempotent
+    assert Agent._instrument_default is ours
+
+    loopscope.uninstrument()
+    assert Agent._instrument_default is False and "pydantic_ai" not in active()
+    two_tools(server)
+    make_agent(server).run_sync(PROMPT)
+    assert recording.store.list_turns() == [] and recording.spans() == ()
+
+    loopscope.instrument()
+    try:
+        two_tools(server)
+        make_agent(server).run_sync(PROMPT)
+    finally:
+        loopscope.uninstrument()
+    check_two_tool_turn(recording, server, requests=6)
+
+
+def test_the_applications_own_settings_stand(recording, server):
+    theirs = InstrumentationSettings(tracer_provider=TracerProvider(), include_content=False)
+    Agent.instrument_all(theirs)
+    try:
+        loopscope.instrument()
+        assert Agent._instrument_default is theirs
+        loopscope.uninstrument()
+        assert Agent._instrument_default is theirs
+        # settings the application makes after loopscope's are not undone either
+        Agent.instrument_all(False)
+        loopscope.instrument()
+        Agent.instrument_all(theirs)
+        loopscope.uninstrument()
+        assert Agent._instrument_default is theirs
+    finally:
+        Agent.instrument_all(False)
+
+
+def test_spans_follow_a_reconfigured_pipeline(instrumented, server, tmp_path):
+    loopscope.configure(tmp_path / "second.duckdb", tracer_provider=TracerProvider(), flush_interval=0.05, capture_content=True)
+    two_tools(server)
+    make_agent(server).run_sync(PROMPT)
+    second = loopscope.Store(str(tmp_path / "second.duckdb"))
+    assert rows(second, only_turn(second).session_id) == WEATHER_ROWS
+    assert instrumented.store.list_turns() == []
+
+
+def test_without_pydantic_ai_imported_nothing_happens():
+    code = (
+        "import sys, loopscope\n"
+        "from loopscope.instrument import active\n"
+        "loopscope.configure(False)\n"
+        "names = loopscope.instrument()\n"
+        "assert 'pydantic_ai' in names and 'pydantic_ai' not in active(), active()\n"
+        "assert 'pydantic_ai' not in sys.modules and 'loopscope.instrument.pydantic_ai' not in sys.modules\n"
+        "import pydantic_ai\n"
+        "assert 'pydantic_ai' in active() and pydantic_ai.Agent._instrument_default is not False\n"
+        "loopscope.uninstrument()\n"
+        "assert pydantic_ai.Agent._instrument_default is False\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+# -- the collector sees the same -----------------------------------------------------------------------
+
+
+def test_the_collector_stores_the_same_rows(tmp_path, server):
+    local = tmp_path / "local.duckdb"
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
+        loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
+                            capture_content=True, flush_interval=0.05)
+        loopscope.instrument()
+        try:
+            two_tools(server)
+            make_agent(server).run_sync(PROMPT)
+            server.queue(Reply(text="Booking.", tool_calls=[ToolCall("book", {"city": "Atlantis"}, id="call_b1")]))
+            with pytest.raises(ValueError):
+                make_agent(server).run_sync("Book Atlantis")
+        finally:
+            loopscope.uninstrument()
+            loopscope.shutdown()
+    events = "SELECT id, session_id, idx, type, correlation_id, source_channel_id, source_framework, content::VARCHAR FROM events ORDER BY session_id, idx"
+    turns = ("SELECT correlation_id, session_id, channel_id, loop_end_reason, segments::VARCHAR, round_count, tool_calls_count, "
+             "input_tokens, output_tokens, declared_tools::VARCHAR, model, provider, error FROM turns ORDER BY correlation_id")
+    assert len(query(local, events)) == 7 + 4
+    assert query(tmp_path / "collected.duckdb", events) == query(local, events)
+    assert query(tmp_path / "collected.duckdb", turns) == query(local, turns)
+    assert sorted(t[3] for t in query(local, turns)) == ["completed", "error"]
+
+
+def test_a_run_inside_a_hand_turn_is_a_turn_of_its_own(instrumented, server):
+    two_tools(server)
+    with loopscope.turn(session_id="outer", agent="router", input=PROMPT) as outer:
+        make_agent(server).run_sync(PROMPT)
+        outer.generation("Delegated.", finish_reason="stop")
+    store = instrumented.store
+    inner = [t for t in store.list_turns() if t.channel_id == AGENT]
+    assert len(inner) == 1 and rows(store, inner[0].session_id) == WEATHER_ROWS
+    [hand] = store.list_turns("outer")
+    assert (hand.segments, hand.round_count, hand.tool_calls_count) == (["Delegated."], 0, 0)
+    assert len(spans_of(instrumented, a.OP_CHAT)) == 3 + 1  # pydantic-ai's three, the hand turn's one
+
+
+def test_content_stays_in_the_store_unless_capture_is_on(tmp_path, server):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))  # the application's exporter
+    loopscope.configure(tmp_path / "store.duckdb", tracer_provider=provider, flush_interval=0.05, capture_content=False)
+    loopscope.instrument()
+    try:
+        two_tools(server)
+        make_agent(server).run_sync(PROMPT)
+    finally:
+        loopscope.uninstrument()
+    store = loopscope.Store(str(tmp_path / "store.duckdb"))
+    assert rows(store, only_turn(store).session_id) == WEATHER_ROWS
+    loopscope.shutdown()
+    exported = exporter.get_finished_spans()
+    assert len(exported) == 6
+    said = {PROMPT, FIRST_TEXT, FINAL_TEXT, "Paris", "14:05"}
+    for s in exported:
+        for key, value in s.attributes.items():
+            assert not any(text in str(value) for text in said), (s.name, key)
+
+
+def test_a_conversation_continued_with_its_history_is_one_session(instrumented, server):
+    agent = make_agent(server)
+    two_tools(server)
+    first = agent.run_sync(PROMPT)
+    server.queue(Reply(text="You are welcome.", usage=Usage(300, 4)))
+    second = agent.run_sync("Thanks!", message_history=first.all_messages())
+    assert second.output == "You are welcome."
+    store = instrumented.store
+    turns = store.list_turns()
+    assert len(turns) == 2 and len({t.session_id for t in turns}) == 1
+    assert rows(store, turns[0].session_id) == WEATHER_ROWS + [("message", "user", "Thanks!"), ("message", "assistant", "You are welcome.")]
+    later = max(turns, key=lambda t: t.timestamp)
+    assert (later.segments, later.round_count, later.usage) == (["You are welcome."], 0, {"input_tokens": 300, "output_tokens": 4})

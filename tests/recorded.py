@@ -1,0 +1,32 @@
+"""Reading back what a test recorded, in the shapes the adapter tests compare."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopscope import semconv as a
+
+
+def rows(store: Any, session_id: str) -> list[tuple[Any, ...]]:
+    """A session's timeline as plain tuples: messages ``(type, role, body)``, tool rows
+    ``(type, name, id, arguments, result, status, outcome, error)``."""
+    out = []
+    for e in store.get_timeline(session_id):
+        c = e.content
+        if e.type == "message":
+            out.append((e.type, c.role, c.body))
+        else:
+            out.append((e.type, c.tool_name, c.tool_id, c.arguments, c.result, c.status, c.outcome, c.error))
+    return out
+
+
+def only_turn(store: Any) -> Any:
+    """The one turn summary of a store that should hold exactly one."""
+    turns = store.list_turns()
+    assert len(turns) == 1, turns
+    return turns[0]
+
+
+def spans_of(recording: Any, operation: str) -> list[Any]:
+    """The finished spans of one GenAI operation (``chat``, ``execute_tool``, ...)."""
+    return [s for s in recording.spans() if s.attributes.get(a.OPERATION) == operation]
