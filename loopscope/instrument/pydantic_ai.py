@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry import trace
 
 from ..recorder.elsewhere import defer_to
+from .._guard import internal_error
 from ._patch import Registration
 
 TARGET = "pydantic_ai"
@@ -44,11 +45,23 @@ class _LiveTracer(trace.Tracer):
             self._provider, self._tracer = provider, tracer
         return tracer
 
+    def _tracer_or_noop(self) -> trace.Tracer:
+        # pydantic-ai starts its spans inside the user's run: if loopscope cannot give it a
+        # tracer, the run goes on with spans that record nothing
+        try:
+            return self._current()
+        except Exception:
+            internal_error("pydantic-ai tracer")
+            return _NOOP
+
     def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
-        return self._current().start_span(*args, **kwargs)
+        return self._tracer_or_noop().start_span(*args, **kwargs)
 
     def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
-        return self._current().start_as_current_span(*args, **kwargs)
+        return self._tracer_or_noop().start_as_current_span(*args, **kwargs)
+
+
+_NOOP = trace.NoOpTracer()
 
 
 class _LiveTracerProvider(trace.TracerProvider):
