@@ -18,6 +18,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+HOLDER = """
+    import pathlib, sys, time
+    import duckdb
+
+    con = duckdb.connect(sys.argv[1])  # read-write: nobody else can open the file now
+    pathlib.Path(sys.argv[2]).write_text("holding")
+    release = pathlib.Path(sys.argv[3])
+    deadline = time.monotonic() + (float(sys.argv[4]) if len(sys.argv) > 4 else 30)
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    con.close()
+"""
+"""A script that holds a store file open for writing (as a ``duckdb`` shell or a notebook
+would) until the file named by its third argument exists: ``HOLDER db holding release
+[give-up seconds]``; it writes the file named by its second argument once it holds."""
+
+
 class Child:
     def __init__(self, proc: subprocess.Popen, out: Path, err: Path) -> None:
         self.proc, self.out, self.err = proc, out, err

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from children import HOLDER
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
 
@@ -108,19 +110,6 @@ def test_drops_from_a_tiny_queue_show_up_from_another_process(tmp_path):
     assert "raise queue_size" in out
     assert "nothing was dropped" not in out
 
-
-HOLDER = """
-    import pathlib, sys, time
-    import duckdb
-
-    con = duckdb.connect(sys.argv[1])  # read-write: nobody else can open the file now
-    pathlib.Path(sys.argv[2]).write_text("holding")
-    release = pathlib.Path(sys.argv[3])
-    deadline = time.monotonic() + 30
-    while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    con.close()
-"""
 
 WRITER = """
     import pathlib, sys, time

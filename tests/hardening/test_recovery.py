@@ -21,7 +21,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import Child, spawn  # noqa: F401 - spawn is a fixture
+from children import HOLDER, Child, spawn  # noqa: F401 - spawn is a fixture
 from loopscope import EventFilter
 from loopscope.cli import main as cli_main
 from loopscope.models import RESPONSE_SEGMENT_SEPARATOR
@@ -228,19 +228,6 @@ def test_closing_happens_once(tmp_path, spawn, capsys):
     ]
     assert {t["error"] for t in listed if t["loop_end_reason"] == "unfinished"} == {RECOVERED_NOTE}
 
-
-HOLDER = """
-    import pathlib, sys, time
-    import duckdb
-
-    con = duckdb.connect(sys.argv[1])  # read-write: nobody else can open the file now
-    pathlib.Path(sys.argv[2]).write_text("holding")
-    release = pathlib.Path(sys.argv[3])
-    deadline = time.monotonic() + 30
-    while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    con.close()
-"""
 
 
 def test_the_writer_closes_them_when_configure_could_not(tmp_path, spawn):

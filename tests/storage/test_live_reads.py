@@ -20,7 +20,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import Child, spawn  # noqa: F401 - spawn is a fixture
+from children import HOLDER, Child, spawn  # noqa: F401 - spawn is a fixture
 from loopscope import EventFilter, EventStatus
 
 EVERY = EventFilter(include_blocked=True)
@@ -228,23 +228,10 @@ def test_sigkill_leaves_a_readable_gap_free_prefix(tmp_path, spawn):
 
 # -- a foreign process holding the file -----------------------------------------------------
 
-HOLDER = """
-    import pathlib, sys, time
-    import duckdb
-
-    con = duckdb.connect(sys.argv[1])  # read-write: nobody else can open the file now
-    pathlib.Path(sys.argv[2]).write_text("holding")
-    release = pathlib.Path(sys.argv[3])
-    deadline = time.monotonic() + 20
-    while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    con.close()
-"""
-
 
 def hold(tmp_path: Path, spawn, db: Path) -> tuple[Child, Path]:
     holding, release = tmp_path / "holding", tmp_path / "release"
-    holder = spawn("holder", HOLDER, db, holding, release)
+    holder = spawn("holder", HOLDER, db, holding, release, 20)
     wait_until(holding.exists, STARTUP, "the holder to open the file", holder)
     return holder, release
 
