@@ -48,3 +48,13 @@ def recording(tmp_path: Path) -> Iterator[Recording]:
         yield Recording(db, exporter, pipeline)
     finally:
         loopscope.shutdown()
+
+
+@pytest.fixture
+def quiet() -> Iterator[None]:
+    """Internal errors logged and swallowed, as in production (the fault-injection tests)."""
+    _guard.set_strict(False)
+    try:
+        yield
+    finally:
+        _guard.set_strict(True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -42,15 +41,6 @@ class Injected(RuntimeError):
 
 def _boom(*args: Any, **kwargs: Any) -> Any:
     raise Injected("injected internal error")
-
-
-@pytest.fixture
-def quiet() -> Iterator[None]:
-    _guard.set_strict(False)
-    try:
-        yield
-    finally:
-        _guard.set_strict(True)
 
 
 def _replies(server: Any) -> None:

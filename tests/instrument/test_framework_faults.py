@@ -170,15 +170,6 @@ SCENARIOS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 
 
 @pytest.fixture
-def quiet() -> Iterator[None]:
-    _guard.set_strict(False)
-    try:
-        yield
-    finally:
-        _guard.set_strict(True)
-
-
-@pytest.fixture
 def no_agents_export(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The Agents SDK's default trace exporter is set aside (it would call OpenAI's backend)."""
     try:
