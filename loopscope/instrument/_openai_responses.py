@@ -194,6 +194,9 @@ class _ResponseEvents:
     """Reads a Responses event stream: text deltas as they come; the rest from the final
     ``response.completed`` / ``response.incomplete`` event's response."""
 
+    # the events that end the round (see _streams.BATCH): handed over the moment they are read
+    final_events = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
     def __init__(self) -> None:
         self.items: dict[int, Any] = {}  # output_index -> finished item, should the final response omit them
         self.text_item: Any = None

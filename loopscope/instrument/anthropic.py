@@ -178,6 +178,8 @@ def _finish_message(message: Any, generation: Generation) -> None:
 class _Events:
     """Accumulates raw ``message_*`` / ``content_block_*`` stream events into one response."""
 
+    final_events = frozenset({"message_stop"})  # see _streams.BATCH: handed over at once
+
     def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, int] = {}

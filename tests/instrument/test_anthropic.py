@@ -386,6 +386,20 @@ def test_stream_read_up_to_message_stop_is_complete(instrumented, server):
     assert chat.status.status_code is not StatusCode.ERROR
 
 
+
+def test_round_ends_at_message_stop_while_the_stream_is_still_open(instrumented, server):
+    """The proxy hands chunks to the accumulator in batches, but the event that ends the
+    round goes over at once: the turn is complete before the stream is closed."""
+    server.queue(Reply(text="All of it."))
+    stream = client(server).messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "Hi"}], stream=True)
+    for event in stream:
+        if event.type == "message_stop":
+            break
+    turn = only_turn(instrumented)  # the stream is neither read to its end nor closed yet
+    assert (turn.loop_end_reason, turn.segments) == (LoopEndReason.COMPLETED, ["All of it."])
+    stream.close()
+    assert only_turn(instrumented).loop_end_reason == LoopEndReason.COMPLETED
+
 # -- errors -------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ import gc
 import json
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -22,6 +23,7 @@ from loopscope import LoopEndReason, semconv as a
 from loopscope.models import ToolCall as ModelToolCall
 from loopscope.recorder import stitch
 
+from children import spawn  # noqa: F401 - the fixture
 from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
 from recorded import only_turn, rows, spans_of
@@ -984,3 +986,50 @@ def test_pydantic_function_tools_are_declared(instrumented, server):
     for turn in instrumented.store.list_turns():
         [tool] = turn.declared_tools
         assert tool.name == "Forecast" and tool.parameters["properties"]["city"]["type"] == "string"
+
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_time_to_first_chunk_is_the_first_texts_arrival(api, instrumented, server):
+    """The proxy reads chunks in batches; the time to first chunk is still when the first
+    text reached the user, not when its batch was read (here at the stream's end)."""
+    server.queue(Reply(text=LONG, chunk_delay=0.03))
+    for _ in _stream(api, server.openai_client(api_key=API_KEY)):
+        pass
+    (chat,) = [s for s in instrumented.spans() if s.attributes[a.OPERATION] == a.OP_CHAT]
+    duration = (chat.end_time - chat.start_time) / 1e9
+    first = chat.attributes["gen_ai.response.time_to_first_chunk"]
+    assert duration > 0.3  # ten words, one frame each, 30 ms apart
+    assert 0 < first < duration / 2
+
+HELD_AT_EXIT = """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import loopscope
+    from fakes.model_server import FakeModelServer, Reply
+
+    loopscope.configure(sys.argv[1])
+    loopscope.instrument()
+    server = FakeModelServer().start()
+    server.queue(Reply(text="one two three four " * 40))
+    client = server.openai_client()
+    HELD = client.chat.completions.create(
+        model="gpt-4.1-mini", messages=[{"role": "user", "content": "hi"}], stream=True)
+    for chunk in HELD:  # read to the first text, then leave the stream in a global until exit
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    print("exiting")
+"""
+
+
+def test_stream_held_until_exit_is_stored_cancelled(spawn, tmp_path):
+    """A stream nobody closes or collects before exit still ends its round, and the turn
+    with it, before the store's last flush: a cancelled turn with its round, not an
+    unfinished turn without one."""
+    db = tmp_path / "held.duckdb"
+    child = spawn("held", HELD_AT_EXIT, db, Path(__file__).resolve().parents[1])
+    assert child.finish_ok().strip() == "exiting"
+    store = loopscope.Store(str(db))
+    turn = only_turn(store)
+    assert turn.loop_end_reason == LoopEndReason.CANCELLED
+    assert turn.segments == ["one "]  # the round's text so far: the round ended, then the turn
