@@ -88,6 +88,34 @@ def _reader_database() -> duckdb.DuckDBPyConnection:
         return _reader[1]
 
 
+_writers: dict[str, tuple[int, duckdb.DuckDBPyConnection]] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer_database(path: str) -> duckdb.DuckDBPyConnection:
+    """The in-memory database this process attaches ``path`` to for writing; one per file
+    (so that a schema query sees that file's tables alone), a new one after a fork.
+
+    Opening a DuckDB database costs 15-25 ms (its buffer manager, thread pool and catalog
+    of functions), attaching a file to one that is open about 2 ms; a writer that lets go
+    of the file after every batch (so that other processes can read) pays the latter."""
+    with _writers_lock:
+        entry = _writers.get(path)
+        if entry is None or entry[0] != os.getpid():
+            entry = _writers[path] = (os.getpid(), duckdb.connect(":memory:"))
+        return entry[1]
+
+
+def _forget_writer_database(path: str) -> None:
+    with _writers_lock:
+        _writers.pop(path, None)
+
+
+# what a fresh connection has: the settings a batch changes (writer.write_batch) are the
+# database's, and must not carry over to the next block on the same file
+_FRESH = ("RESET threads", "RESET checkpoint_threshold", "PRAGMA enable_checkpoint_on_shutdown")
+
+
 def _quiet(con: duckdb.DuckDBPyConnection) -> None:
     # DuckDB draws a progress bar on stdout for a query that runs over two seconds, into
     # the application's output (or a command's JSON): never for our connections
@@ -374,11 +402,21 @@ def open_store(
             release(path)  # our readers' kept attachment: DuckDB refuses to open the file beside it
         elif writer_waiting(path):
             _yield_to_writer(path)
+        attached = not read_only  # a write: the file attached to the writer database (see _writer_database)
+        alias = f"loopscope_write_{next(_aliases)}"
         marked = False
         try:
             while True:
                 try:
-                    con = duckdb.connect(path, read_only=read_only)
+                    if attached:
+                        con = _writer_cursor(path)
+                        try:
+                            con.execute(f"ATTACH {_sql_text(path)} AS {alias}")
+                        except BaseException:
+                            con.close()
+                            raise
+                    else:
+                        con = duckdb.connect(path, read_only=read_only)
                     break
                 except duckdb.Error as exc:
                     if not is_lock_error(exc):
@@ -394,7 +432,56 @@ def open_store(
                 with contextlib.suppress(OSError):
                     os.unlink(writer_marker(path))
         try:
+            if attached:
+                con.execute(f"USE {alias}")
+                for statement in _FRESH:
+                    con.execute(statement)
             _quiet(con)
             yield con
-        finally:
+        except BaseException:
+            if attached:
+                _let_go(path, con, alias, rollback=True)
+                attached = False
+            else:
+                con.close()
+            raise
+        if attached:
+            _let_go(path, con, alias)
+        else:
             con.close()
+
+
+def _writer_cursor(path: str) -> duckdb.DuckDBPyConnection:
+    try:
+        return _writer_database(path).cursor()
+    except duckdb.ConnectionException:  # closed under us somehow: start a new one
+        _forget_writer_database(path)
+        return _writer_database(path).cursor()
+
+
+def _let_go(path: str, con: duckdb.DuckDBPyConnection, alias: str, *, rollback: bool = False) -> None:
+    """Detach a written file (checkpointing it as closing a connection would, unless the
+    block turned that off), whatever the block left the cursor in; never keep holding it.
+    ``rollback`` first ends a transaction a failed block may have left open."""
+    try:
+        if rollback:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+        con.execute("USE memory")
+        con.execute(f"DETACH {alias}")
+    except duckdb.Error:
+        try:
+            other = _writer_database(path).cursor()
+            try:
+                other.execute(f"DETACH DATABASE IF EXISTS {alias}")
+            finally:
+                other.close()
+        except duckdb.Error:
+            _forget_writer_database(path)  # its last cursor closing closes it, and the file
+    finally:
+        try:
+            con.close()
+        except duckdb.Error:
+            pass

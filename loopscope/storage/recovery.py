@@ -170,27 +170,20 @@ class Tracker:
 
     def __init__(self) -> None:
         self._process: Process | None = None
-        self.writer_id: str | None = None  # its row in loopscope_writers (health.py keeps counters there too)
-        self._register = ""
+        self.writer_id: str | None = None  # its row in loopscope_writers, which health.Report keeps
         self._open = ""
 
     def statements(self, facts: mapping.Facts) -> list[str]:
         """SQL for :func:`writer.write_batch`'s ``extra``: note the turns these facts open
-        and end (the facts' tables are registered on the connection by then)."""
+        and end (the facts' tables are registered on the connection by then). The writer's
+        own row (host, pid, start, last seen) comes from :meth:`health.Report.statements`
+        in the same transaction, under :attr:`writer_id`, which is made here."""
         process = this_process()
         if process is not self._process:  # first use, or a fork: the child is another writer
             self._process = process
             self.writer_id = os.urandom(16).hex()
-            writer = _text(self.writer_id)
-            self._register = (
-                f"UPDATE {WRITERS} SET last_seen = now() WHERE writer_id = {writer};\n"
-                f"INSERT INTO {WRITERS} (writer_id, host, boot_id, pid_namespace, pid, process_start, started_at, last_seen) "
-                f"SELECT {writer}, {_text(process.host)}, {_text(process.boot_id)}, "
-                f"{_text(process.pid_namespace)}, {process.pid}, {_text(process.start)}, now(), now() "
-                f"WHERE NOT EXISTS (SELECT 1 FROM {WRITERS} WHERE writer_id = {writer})"
-            )
-            self._open = _OPEN_SQL.format(writer=writer)
-        out = [self._register]  # every batch: health.py's counters update this row
+            self._open = _OPEN_SQL.format(writer=_text(self.writer_id))
+        out: list[str] = []
         if facts.events:
             out.append(self._open)
         if facts.turns:

@@ -1022,7 +1022,7 @@ HELD_AT_EXIT = """
 """
 
 
-def test_stream_held_until_exit_is_stored_cancelled(spawn, tmp_path):
+def test_stream_held_until_exit_is_stored_cancelled(spawn, tmp_path):  # noqa: F811 - the fixture
     """A stream nobody closes or collects before exit still ends its round, and the turn
     with it, before the store's last flush: a cancelled turn with its round, not an
     unfinished turn without one."""
