@@ -1,15 +1,17 @@
 """Stream proxies: the user sees the SDK's chunks untouched; the round ends exactly once.
 
 A stream ends its round when it is read to the end, raises, is closed (or left by a
-``with`` block) before its end, or is garbage-collected unread. The proxy passes every
-chunk and every exception through unchanged; an accumulator reads the chunks.
+``with`` block) before its end, is garbage-collected unread, or is still open at exit.
+The proxy passes every chunk and every exception through unchanged; the adapter's
+accumulator reads the chunks, a batch at a time (see :data:`BATCH`), and an event that
+ends the round at once.
 """
 
 from __future__ import annotations
 
 import atexit
-from time import monotonic_ns
 from collections.abc import Callable, Iterator
+from time import monotonic_ns
 from typing import Any, Protocol
 
 import wrapt
@@ -45,7 +47,7 @@ class _Recording:
     """What a stream proxy reports to, and the chunks it has not read yet. Kept apart from
     the proxy (which holds it), so the registry of open streams keeps no proxy alive."""
 
-    __slots__ = ("generation", "accumulator", "finals", "pending", "stamps")
+    __slots__ = ("accumulator", "finals", "generation", "pending", "stamps")
 
     def __init__(self, generation: Generation, accumulator: Accumulator) -> None:
         self.generation = generation
