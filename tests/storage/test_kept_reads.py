@@ -79,7 +79,9 @@ def test_a_writer_in_another_process_is_let_in_while_a_kept_reader_reads_on(tmp_
     report = json.loads(finish(child))
     # never kept out for its 0.3 s lock timeout, though the reads hardly paused
     assert report == {"flushed": 60, "failed_writes": 0, "dropped": 0, "written_events": 122}
-    assert reads > 10
+    # reads all along (here 30-40 on a quiet machine; a read lets a waiting writer go first
+    # for up to 0.25 s, so a slow machine gets fewer: 8 once under load)
+    assert reads >= 5
     events = store.list_events("busy", limit=None)
     assert [e.index for e in events] == list(range(1, 123))
     assert events[-1].content.body == "answer 59"
