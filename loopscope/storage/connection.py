@@ -31,8 +31,9 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -74,41 +75,54 @@ def _locked(path: str, exc: BaseException, timeout: float) -> StoreLockedError:
     )
 
 
-_reader: tuple[int, duckdb.DuckDBPyConnection] | None = None
-_reader_lock = threading.Lock()
 _aliases = itertools.count(1)
+_T = TypeVar("_T")
 
 
-def _reader_database() -> duckdb.DuckDBPyConnection:
-    """The in-memory database readers attach store files to; a new one after a fork."""
-    global _reader
-    with _reader_lock:
-        if _reader is None or _reader[0] != os.getpid():
-            _reader = (os.getpid(), duckdb.connect(":memory:"))
-        return _reader[1]
+class _Home:
+    """An in-memory DuckDB that store files are attached to (a new one after a fork).
+
+    Opening a DuckDB database costs 15-25 ms (its buffer manager, thread pool and catalog
+    of functions), attaching a file to one that is open about 2 ms: readers and writers
+    attach the file for a block and detach it after, so the file is held only meanwhile."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._database: tuple[int, duckdb.DuckDBPyConnection] | None = None
+
+    def database(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            if self._database is None or self._database[0] != os.getpid():
+                self._database = (os.getpid(), duckdb.connect(":memory:"))
+            return self._database[1]
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        try:
+            return self.database().cursor()
+        except duckdb.ConnectionException:  # closed under us somehow: start a new one
+            self.forget()
+            return self.database().cursor()
+
+    def forget(self) -> None:
+        """Start a new database next time (this one closes with its last cursor)."""
+        with self._lock:
+            self._database = None
 
 
-_writers: dict[str, tuple[int, duckdb.DuckDBPyConnection]] = {}
+_readers = _Home()
+"""Where reads attach store files (one for the process: reads attach read-only)."""
+_writers: dict[str, _Home] = {}
 _writers_lock = threading.Lock()
 
 
-def _writer_database(path: str) -> duckdb.DuckDBPyConnection:
-    """The in-memory database this process attaches ``path`` to for writing; one per file
-    (so that a schema query sees that file's tables alone), a new one after a fork.
-
-    Opening a DuckDB database costs 15-25 ms (its buffer manager, thread pool and catalog
-    of functions), attaching a file to one that is open about 2 ms; a writer that lets go
-    of the file after every batch (so that other processes can read) pays the latter."""
+def _writer_home(path: str) -> _Home:
+    """Where writes attach ``path``: one per file, so that a schema query sees that file's
+    tables alone, and a block's settings touch no other file's writes."""
     with _writers_lock:
-        entry = _writers.get(path)
-        if entry is None or entry[0] != os.getpid():
-            entry = _writers[path] = (os.getpid(), duckdb.connect(":memory:"))
-        return entry[1]
-
-
-def _forget_writer_database(path: str) -> None:
-    with _writers_lock:
-        _writers.pop(path, None)
+        home = _writers.get(path)
+        if home is None:
+            home = _writers[path] = _Home()
+        return home
 
 
 # what a fresh connection has: the settings a batch changes (writer.write_batch) are the
@@ -266,39 +280,57 @@ def _yield_to_writer(path: str) -> None:
         time.sleep(0.002)
 
 
-def _attach(path: str, timeout: float) -> _Held:
+def _retrying(path: str, timeout: float, open_once: Callable[[], _T], *, writer: bool = False) -> _T:
+    """``open_once()``, again while another process holds the file, for up to ``timeout``
+    seconds; then :class:`StoreLockedError` naming who holds it. A ``writer`` keeps its
+    marker (:func:`writer_marker`) beside the file meanwhile, so that readers let go."""
     deadline = time.monotonic() + timeout
     delay = 0.005
-    alias = f"loopscope_store_{next(_aliases)}"
-    try:
-        con = _reader_database().cursor()
-    except duckdb.ConnectionException:  # closed under us somehow: start a new one
-        global _reader
-        with _reader_lock:
-            _reader = None
-        con = _reader_database().cursor()
+    marked = False
     try:
         while True:
             try:
-                con.execute(f"ATTACH {_sql_text(path)} AS {alias} (READ_ONLY)")
-                break
+                return open_once()
             except duckdb.Error as exc:
                 if not is_lock_error(exc):
                     raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise _locked(path, exc, timeout) from None
+                if writer:
+                    marked = _mark_waiting(path) or marked
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.1)
+    finally:
+        if marked:
+            with contextlib.suppress(OSError):
+                os.unlink(writer_marker(path))
+
+
+def _attach_to(home: _Home, path: str, alias: str, timeout: float, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``home`` with ``path`` attached as ``alias`` and in use (detach it with
+    :func:`_detach`, then close it); waits for the file as :func:`_retrying` does."""
+    con = home.cursor()
+    try:
+        mode = " (READ_ONLY)" if read_only else ""
+        _retrying(path, timeout, lambda: con.execute(f"ATTACH {_sql_text(path)} AS {alias}{mode}"), writer=not read_only)
         try:
             con.execute(f"USE {alias}")
+            if not read_only:
+                for statement in _FRESH:
+                    con.execute(statement)
             _quiet(con)
         except BaseException:
-            _detach(con, alias)
+            _detach(con, alias, home)
             raise
     except BaseException:
         con.close()
         raise
-    return _Held(con, alias)
+    return con
+
+
+def _attach(path: str, timeout: float) -> _Held:
+    alias = f"loopscope_store_{next(_aliases)}"
+    return _Held(_attach_to(_readers, path, alias, timeout, read_only=True), alias)
 
 
 @contextlib.contextmanager
@@ -342,8 +374,10 @@ def _attached(path: str, timeout: float, keep: bool = False) -> Iterator[duckdb.
                 pass
 
 
-def _detach(con: duckdb.DuckDBPyConnection, alias: str, *, rollback: bool = False) -> None:
-    """Let go of the file: detach it, whatever state the block left the cursor in.
+def _detach(con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, *, rollback: bool = False) -> None:
+    """Let go of the file: detach it from ``home``, whatever state the block left the
+    cursor in (a written file is checkpointed, as closing a connection would, unless the
+    block turned that off).
 
     ``rollback`` first ends a transaction the block may have left open (a ROLLBACK with
     none open fails, at ~1 ms: only after a block that failed)."""
@@ -361,17 +395,15 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str, *, rollback: bool = Fals
     # the block closed or broke its cursor: the attachment belongs to the database, so a
     # fresh cursor can still detach it
     try:
-        other = _reader_database().cursor()
+        other = home.database().cursor()
         try:
             other.execute(f"DETACH DATABASE IF EXISTS {alias}")
         finally:
             other.close()
     except duckdb.Error:
-        # never keep holding the file: forget the shared database (it closes with its
-        # last cursor) and start a fresh one for the next read
-        global _reader
-        with _reader_lock:
-            _reader = None
+        # never keep holding the file: forget the database (it closes with its last
+        # cursor) and start a fresh one for the next block
+        home.forget()
 
 
 @contextlib.contextmanager
@@ -386,7 +418,9 @@ def open_store(
     so plain table names work); it is detached when the block ends. ``isolated=True``
     gives a read-only database of its own instead, for SQL that is not ours (it may
     attach files or change settings, which must not outlive it). ``keep=True`` leaves
-    a shared read-only attachment for the next read, briefly (see :func:`_attached`).
+    a shared read-only attachment for the next read, briefly (see :func:`_attached`). A
+    read-write block attaches the file to a database kept for that file
+    (:func:`_writer_home`), starting from a fresh connection's settings.
     """
     if read_only:
         if not os.path.exists(path):
@@ -395,93 +429,26 @@ def open_store(
             with _attached(path, timeout, keep) as con:
                 yield con
             return
-    deadline = time.monotonic() + timeout
-    delay = 0.005
     with gate(path):
-        if not read_only:
-            release(path)  # our readers' kept attachment: DuckDB refuses to open the file beside it
-        elif writer_waiting(path):
-            _yield_to_writer(path)
-        attached = not read_only  # a write: the file attached to the writer database (see _writer_database)
-        alias = f"loopscope_write_{next(_aliases)}"
-        marked = False
+        if read_only:  # isolated: a database of its own
+            if writer_waiting(path):
+                _yield_to_writer(path)
+            con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True))
+            try:
+                _quiet(con)
+                yield con
+            finally:
+                con.close()
+            return
+        release(path)  # our readers' kept attachment: DuckDB refuses to open the file beside it
+        home, alias = _writer_home(path), f"loopscope_write_{next(_aliases)}"
+        con = _attach_to(home, path, alias, timeout, read_only=False)
         try:
-            while True:
-                try:
-                    if attached:
-                        con = _writer_cursor(path)
-                        try:
-                            con.execute(f"ATTACH {_sql_text(path)} AS {alias}")
-                        except BaseException:
-                            con.close()
-                            raise
-                    else:
-                        con = duckdb.connect(path, read_only=read_only)
-                    break
-                except duckdb.Error as exc:
-                    if not is_lock_error(exc):
-                        raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
-                    if time.monotonic() >= deadline:
-                        raise _locked(path, exc, timeout) from None
-                    if not read_only:
-                        marked = _mark_waiting(path) or marked
-                    time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 0.1)
-        finally:
-            if marked:
-                with contextlib.suppress(OSError):
-                    os.unlink(writer_marker(path))
-        try:
-            if attached:
-                con.execute(f"USE {alias}")
-                for statement in _FRESH:
-                    con.execute(statement)
-            _quiet(con)
             yield con
         except BaseException:
-            if attached:
-                _let_go(path, con, alias, rollback=True)
-                attached = False
-            else:
-                con.close()
+            _detach(con, alias, home, rollback=True)
             raise
-        if attached:
-            _let_go(path, con, alias)
         else:
+            _detach(con, alias, home)
+        finally:
             con.close()
-
-
-def _writer_cursor(path: str) -> duckdb.DuckDBPyConnection:
-    try:
-        return _writer_database(path).cursor()
-    except duckdb.ConnectionException:  # closed under us somehow: start a new one
-        _forget_writer_database(path)
-        return _writer_database(path).cursor()
-
-
-def _let_go(path: str, con: duckdb.DuckDBPyConnection, alias: str, *, rollback: bool = False) -> None:
-    """Detach a written file (checkpointing it as closing a connection would, unless the
-    block turned that off), whatever the block left the cursor in; never keep holding it.
-    ``rollback`` first ends a transaction a failed block may have left open."""
-    try:
-        if rollback:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-        con.execute("USE memory")
-        con.execute(f"DETACH {alias}")
-    except duckdb.Error:
-        try:
-            other = _writer_database(path).cursor()
-            try:
-                other.execute(f"DETACH DATABASE IF EXISTS {alias}")
-            finally:
-                other.close()
-        except duckdb.Error:
-            _forget_writer_database(path)  # its last cursor closing closes it, and the file
-    finally:
-        try:
-            con.close()
-        except duckdb.Error:
-            pass

@@ -70,4 +70,4 @@ def test_each_file_has_its_own_database(tmp_path):
     with open_store(one, read_only=False) as con:
         tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     assert tables == {"a"}
-    assert connection._writer_database(one) is not connection._writer_database(two)
+    assert connection._writer_home(one).database() is not connection._writer_home(two).database()
