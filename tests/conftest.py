@@ -14,6 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 os.environ["LOOPSCOPE_STRICT"] = "1"  # internal errors fail tests instead of being logged
 
+from fakes.fixtures import model_server  # noqa: F401 - the fixture, for ``server``
+from fakes.model_server import FakeModelServer
+
 import loopscope  # noqa: E402
 from loopscope import _guard  # noqa: E402
 
@@ -48,6 +51,22 @@ def recording(tmp_path: Path) -> Iterator[Recording]:
         yield Recording(db, exporter, pipeline)
     finally:
         loopscope.shutdown()
+
+
+@pytest.fixture
+def instrumented(recording: Recording) -> Iterator[Recording]:
+    """:func:`recording` with every adapter on (a module that needs fewer defines its own)."""
+    loopscope.instrument()
+    try:
+        yield recording
+    finally:
+        loopscope.uninstrument()
+
+
+@pytest.fixture
+def server(model_server: FakeModelServer) -> FakeModelServer:  # noqa: F811 - the fixture imported above
+    """The fake model server (:func:`fakes.fixtures.model_server`), as the adapter tests name it."""
+    return model_server
 
 
 @pytest.fixture

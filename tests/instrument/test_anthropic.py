@@ -34,18 +34,6 @@ MODES = ["json", "stream", "helper"]
 # -- fixtures ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def instrumented(recording):
-    loopscope.instrument()
-    try:
-        yield recording
-    finally:
-        loopscope.uninstrument()
-
-
-@pytest.fixture
-def server(model_server: FakeModelServer) -> FakeModelServer:  # noqa: F811
-    return model_server
 
 
 def client(server: FakeModelServer, **kwargs: Any) -> anthropic.Anthropic:

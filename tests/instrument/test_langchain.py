@@ -125,10 +125,6 @@ def lc_only(recording):
         loopscope.uninstrument()
 
 
-@pytest.fixture
-def server(model_server):  # noqa: F811 - the fixture imported above
-    return model_server
-
 
 def chat_model(server: Any, **kwargs: Any) -> ChatOpenAI:
     return ChatOpenAI(model=MODEL, base_url=server.openai_base_url, api_key="test-key", max_retries=0, **kwargs)

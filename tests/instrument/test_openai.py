@@ -71,10 +71,6 @@ def instrumented(recording):
         loopscope.uninstrument()
 
 
-@pytest.fixture
-def server(model_server):  # noqa: F811 - the fixture imported above
-    return model_server
-
 
 def two_rounds(server: Any, match: str | None = None, call_id: str = "call_w1", city: str = "Paris", **reply: Any) -> None:
     server.queue(

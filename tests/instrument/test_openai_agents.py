@@ -133,10 +133,6 @@ def instrumented(request, recording, sdk_tracing):
     assert _guard.error_count == errors
 
 
-@pytest.fixture
-def server(model_server):  # noqa: F811 - the fixture imported above
-    return model_server
-
 
 def make_model(server: Any, api: str = "responses") -> Any:
     client = AsyncOpenAI(base_url=server.openai_base_url, api_key=API_KEY, max_retries=0)

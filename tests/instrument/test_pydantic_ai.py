@@ -39,18 +39,6 @@ CITY_PARAMS = {"additionalProperties": False, "properties": {"city": {"type": "s
 FRAMEWORK = "pydantic-ai"
 
 
-@pytest.fixture
-def instrumented(recording):
-    loopscope.instrument()
-    try:
-        yield recording
-    finally:
-        loopscope.uninstrument()
-
-
-@pytest.fixture
-def server(model_server):  # noqa: F811 - the fixture imported above
-    return model_server
 
 
 def make_agent(server: Any, model_class: type = OpenAIChatModel, **kwargs: Any) -> Agent:

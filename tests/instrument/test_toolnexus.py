@@ -45,18 +45,6 @@ WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, 
 BOOK_SCHEMA = {"type": "object", "properties": {"place": {"type": "string"}}, "additionalProperties": False, "required": ["place"]}
 
 
-@pytest.fixture
-def instrumented(recording):
-    loopscope.instrument()
-    try:
-        yield recording
-    finally:
-        loopscope.uninstrument()
-
-
-@pytest.fixture
-def server(model_server):  # noqa: F811 - the fixture imported above
-    return model_server
 
 
 def toolkit() -> toolnexus.Toolkit:
