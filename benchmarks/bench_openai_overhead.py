@@ -34,7 +34,10 @@ work is flushed, untimed, before the next variant runs. One fake model server
 Every ``chat.completions.create`` is one measured call, timed with ``perf_counter_ns`` from
 the call until the response is in hand (for ``stream=True``, until the last chunk was
 read). Reported per series: the median over all calls, the added microseconds over the
-uninstrumented median, the ratio, and the spread of the per-round differences.
+uninstrumented median, the ratio, the spread of the per-round differences, and the CPU
+each variant's process spent per call (all threads, the flush after each block included)
+over the baseline's: what background work costs shows there even when it waits for the
+untimed flush (loopscope's store writer, most of all).
 
 The peers pin OpenTelemetry packages that conflict with each other, so they live in venvs
 of their own, which this script creates or updates when missing or stale (``pip install``
@@ -349,11 +352,13 @@ def worker(args: argparse.Namespace) -> int:
         if command.get("finish"):
             break
         transport, mode = command["series"].split("/")
+        cpu = time.process_time_ns()
         samples = _tool_loop(clients[transport], command["calls"], mode == "stream", command["tag"])
         total += len(samples)
         if settle is not None:
             settle()  # untimed: the background work of this block is done before the next variant runs
-        send({"samples": samples})
+        # the CPU of every thread of the process, the background work the settle waited for included
+        send({"samples": samples, "cpu_ns_per_call": (time.process_time_ns() - cpu) / len(samples)})
 
     check = ""
     if variant.key == "loopscope":
@@ -514,6 +519,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     _say(f"fake model server: {server.openai_base_url} (tests/fakes/model_server.py, in this process)")
     samples: dict[str, dict[str, list[int]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     per_round: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
+    cpu: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     versions: dict[str, dict[str, str]] = {}
     checks: dict[str, str] = {}
     failed: dict[str, str] = {}
@@ -551,11 +557,13 @@ def orchestrate(args: argparse.Namespace) -> int:
                             continue
                         rescript(server, blocks[series] + 10)
                         try:
-                            got = w.ask({"series": series, "calls": blocks[series], "tag": f"{r}"})["samples"]
+                            answer = w.ask({"series": series, "calls": blocks[series], "tag": f"{r}"})
                         except RuntimeError as exc:
                             failed[key] = str(exc)
                             _say(f"  {key} FAILED: {exc}")
                             continue
+                        got = answer["samples"]
+                        cpu[key][series].append(answer["cpu_ns_per_call"] / 1000)
                         samples[key][series].extend(got)
                         per_round[key][series].append(_median_us(got))
                 base = per_round["uninstrumented"]
@@ -597,13 +605,17 @@ def orchestrate(args: argparse.Namespace) -> int:
          f"the uninstrumented median;")
     _say("per round = the median [min..max] over the rounds of (the variant's block median - the baseline's block "
          "median in that round)")
+    _say("cpu = the CPU of all the variant's threads per call, its untimed flush after each block included (median "
+         "over the rounds), minus the baseline's: background work shows here even when it waits for the flush")
     added: dict[str, dict[str, float]] = {s: {} for s in series_list}
     for series in series_list:
         _say("")
         _say(f"{TITLES[series]} ({args.rounds * blocks[series]}+ calls per variant):")
-        _say(f"{'variant':<22} {'median ms/call':>14} {'added us/call':>14} {'ratio':>7}   {'per round, us':<24}")
+        _say(f"{'variant':<22} {'median ms/call':>14} {'added us/call':>14} {'ratio':>7}   {'per round, us':<24} "
+             f"{'cpu us/call':>11}")
         base = _median_us(samples["uninstrumented"][series])
         base_rounds = per_round["uninstrumented"][series]
+        base_cpu = statistics.median(cpu["uninstrumented"][series])
         for v in ok:
             med = _median_us(samples[v.key][series])
             add = med - base
@@ -613,7 +625,8 @@ def orchestrate(args: argparse.Namespace) -> int:
                 continue
             diffs = [x - y for x, y in zip(per_round[v.key][series], base_rounds)]
             spread = f"{statistics.median(diffs):.0f} [{min(diffs):.0f}..{max(diffs):.0f}]"
-            _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24}")
+            extra_cpu = statistics.median(cpu[v.key][series]) - base_cpu
+            _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24} {extra_cpu:>+11.0f}")
 
     _say("")
     peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", "loopscope-nostore")]

@@ -350,7 +350,6 @@ class RawSpanWriter:
             names=list(_RAW_COLUMNS),
         )
         with open_store(self.path, read_only=False, timeout=self.lock_timeout) as con:
-            con.execute("SET threads = 1").fetchall()
             con.register("_loopscope_raw_spans", table)
             con.execute(f"INSERT INTO spans ({', '.join(_RAW_COLUMNS)}) SELECT * FROM _loopscope_raw_spans").fetchall()
             con.unregister("_loopscope_raw_spans")

@@ -84,16 +84,40 @@ class _Home:
 
     Opening a DuckDB database costs 15-25 ms (its buffer manager, thread pool and catalog
     of functions), attaching a file to one that is open about 2 ms: readers and writers
-    attach the file for a block and detach it after, so the file is held only meanwhile."""
+    attach the file for a block and detach it after, so the file is held only meanwhile.
 
-    def __init__(self) -> None:
+    ``settings`` are the database's own (run once, when it is made). Every statement run
+    for a block costs the block twice: DuckDB's Python client takes the GIL back at each
+    step of a statement, and while the application's threads run Python each of those
+    waits out the switch interval (5 ms). So what is the same for every block is set once
+    here, and a block's attach and detach are one call each (:func:`_attach_to`,
+    :func:`_detach`)."""
+
+    def __init__(self, settings: tuple[str, ...] = ()) -> None:
         self._lock = threading.Lock()
+        self._settings = settings
         self._database: tuple[int, duckdb.DuckDBPyConnection] | None = None
+        self.quiet: tuple[str, ...] = ()  # what a block's cursor needs to draw no progress bar
+        # whether writes leave their rows in the WAL now (open_store's checkpoint); None
+        # after a block whose attach failed midway: unknown, set again by the next
+        self.keeps_wal: bool | None = False
 
     def database(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             if self._database is None or self._database[0] != os.getpid():
-                self._database = (os.getpid(), duckdb.connect(":memory:"))
+                database = duckdb.connect(":memory:")
+                for statement in self._settings:
+                    database.execute(statement)
+                # DuckDB draws a progress bar on stdout for a query that runs over two
+                # seconds, into the application's output (or a command's JSON). The
+                # cursors of a Python database draw none; should a version differ, every
+                # block turns it off.
+                probe = database.cursor()
+                drawn = probe.execute("SELECT current_setting('enable_progress_bar')").fetchone()
+                probe.close()
+                self.quiet = ("SET enable_progress_bar = false",) if drawn and drawn[0] else ()
+                self.keeps_wal = False
+                self._database = (os.getpid(), database)
             return self._database[1]
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -115,25 +139,28 @@ _writers: dict[str, _Home] = {}
 _writers_lock = threading.Lock()
 
 
+_WRITE_SETTINGS = (
+    # DuckDB runs a write on one thread: a background writer leaves the other cores to the
+    # application (beside a busy Python thread a second DuckDB thread made the statements
+    # slower, not faster)
+    "SET threads = 1",
+    # a commit checkpoints: its rows reach the file proper at once (a large batch skips
+    # the WAL), and a reader that attaches the file has no WAL to replay
+    "SET checkpoint_threshold = '0b'",
+)
+# what open_store(checkpoint=False) switches to, and back
+_KEEP_WAL = ("RESET checkpoint_threshold", "PRAGMA disable_checkpoint_on_shutdown")
+_CHECKPOINT = ("SET checkpoint_threshold = '0b'", "PRAGMA enable_checkpoint_on_shutdown")
+
+
 def _writer_home(path: str) -> _Home:
     """Where writes attach ``path``: one per file, so that a schema query sees that file's
-    tables alone, and a block's settings touch no other file's writes."""
+    tables alone, and the write settings touch no other file's writes."""
     with _writers_lock:
         home = _writers.get(path)
         if home is None:
-            home = _writers[path] = _Home()
+            home = _writers[path] = _Home(_WRITE_SETTINGS)
         return home
-
-
-# what a fresh connection has: the settings a batch changes (writer.write_batch) are the
-# database's, and must not carry over to the next block on the same file
-_FRESH = ("RESET threads", "RESET checkpoint_threshold", "PRAGMA enable_checkpoint_on_shutdown")
-
-
-def _quiet(con: duckdb.DuckDBPyConnection) -> None:
-    # DuckDB draws a progress bar on stdout for a query that runs over two seconds, into
-    # the application's output (or a command's JSON): never for our connections
-    con.execute("SET enable_progress_bar = false")
 
 
 def _sql_text(value: str) -> str:
@@ -306,25 +333,31 @@ def _retrying(path: str, timeout: float, open_once: Callable[[], _T], *, writer:
                 os.unlink(writer_marker(path))
 
 
-def _attach_to(home: _Home, path: str, alias: str, timeout: float, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+def _attach_to(
+    home: _Home, path: str, alias: str, timeout: float, *, read_only: bool, checkpoint: bool = True
+) -> duckdb.DuckDBPyConnection:
     """A cursor of ``home`` with ``path`` attached as ``alias`` and in use (detach it with
-    :func:`_detach`, then close it); waits for the file as :func:`_retrying` does."""
+    :func:`_detach`, then close it); waits for the file as :func:`_retrying` does. For a
+    write, ``checkpoint=False`` leaves the block's rows in the WAL (see :func:`open_store`)."""
     con = home.cursor()
+    statements = [f"ATTACH {_sql_text(path)} AS {alias}{' (READ_ONLY)' if read_only else ''}", f"USE {alias}", *home.quiet]
+    keep_wal = not checkpoint
+    if not read_only and home.keeps_wal is not keep_wal:  # the mode changes with this block
+        statements += _KEEP_WAL if keep_wal else _CHECKPOINT
+    script = ";\n".join(statements)  # one call: see _Home
     try:
-        mode = " (READ_ONLY)" if read_only else ""
-        _retrying(path, timeout, lambda: con.execute(f"ATTACH {_sql_text(path)} AS {alias}{mode}"), writer=not read_only)
         try:
-            con.execute(f"USE {alias}")
-            if not read_only:
-                for statement in _FRESH:
-                    con.execute(statement)
-            _quiet(con)
+            _retrying(path, timeout, lambda: con.execute(script), writer=not read_only)
         except BaseException:
-            _detach(con, alias, home)
+            _detach(con, alias, home)  # when a statement after the ATTACH failed
+            if not read_only:
+                home.keeps_wal = None
             raise
     except BaseException:
         con.close()
         raise
+    if not read_only:
+        home.keeps_wal = keep_wal
     return con
 
 
@@ -387,8 +420,7 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, 
         except duckdb.Error:
             pass
     try:
-        con.execute("USE memory")
-        con.execute(f"DETACH {alias}")
+        con.execute(f"USE memory;\nDETACH {alias}")  # one call: see _Home
         return
     except duckdb.Error:
         pass
@@ -408,7 +440,13 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, 
 
 @contextlib.contextmanager
 def open_store(
-    path: str, *, read_only: bool, timeout: float = 10.0, isolated: bool = False, keep: bool = False
+    path: str,
+    *,
+    read_only: bool,
+    timeout: float = 10.0,
+    isolated: bool = False,
+    keep: bool = False,
+    checkpoint: bool = True,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection to ``path`` held only for the ``with`` block.
 
@@ -418,9 +456,15 @@ def open_store(
     so plain table names work); it is detached when the block ends. ``isolated=True``
     gives a read-only database of its own instead, for SQL that is not ours (it may
     attach files or change settings, which must not outlive it). ``keep=True`` leaves
-    a shared read-only attachment for the next read, briefly (see :func:`_attached`). A
-    read-write block attaches the file to a database kept for that file
-    (:func:`_writer_home`), starting from a fresh connection's settings.
+    a shared read-only attachment for the next read, briefly (see :func:`_attached`).
+
+    A read-write block attaches the file to a database kept for that file
+    (:func:`_writer_home`): its statements run on one DuckDB thread, and each commit
+    checkpoints (the rows reach the file proper, and no WAL is left beside it).
+    ``checkpoint=False`` leaves the block's rows in the WAL instead (on disk too, and a
+    reader replays it): a writer in the middle of a burst of batches lets the last one
+    checkpoint them all. A block must not change the database's settings: they are the
+    next block's too.
     """
     if read_only:
         if not os.path.exists(path):
@@ -435,14 +479,16 @@ def open_store(
                 _yield_to_writer(path)
             con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True))
             try:
-                _quiet(con)
+                # DuckDB draws a progress bar on stdout for a query that runs over two
+                # seconds, into the application's output (or a command's JSON)
+                con.execute("SET enable_progress_bar = false")
                 yield con
             finally:
                 con.close()
             return
         release(path)  # our readers' kept attachment: DuckDB refuses to open the file beside it
         home, alias = _writer_home(path), f"loopscope_write_{next(_aliases)}"
-        con = _attach_to(home, path, alias, timeout, read_only=False)
+        con = _attach_to(home, path, alias, timeout, read_only=False, checkpoint=checkpoint)
         try:
             yield con
         except BaseException:

@@ -86,11 +86,18 @@ class Report:
         self.started = time.time()
         self.otlp: OtlpCounts | None = None
         self.persisted: Counters | None = None
+        self._stored: set[str] = set()  # the ids whose row a committed batch made
+
+    def stored(self, writer_id: str | None = None) -> None:
+        """Note that a batch with :meth:`statements` for ``writer_id`` committed: the row is
+        in the file, and later batches only update it (a statement fewer for each)."""
+        self._stored.add(writer_id or self.writer_id)
 
     def statements(self, counters: Counters, writer_id: str | None = None, *, stopped: bool = False) -> list[str]:
         """SQL for the batch's transaction: upsert the row ``writer_id`` (this report's own,
         unless the writer's recovery tracker gave its row another id)."""
         wid = _text(writer_id or self.writer_id)
+        update_only = (writer_id or self.writer_id) in self._stored
         values = {
             **{name: str(int(getattr(counters, name))) for name in (
                 "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
@@ -103,6 +110,9 @@ class Report:
         started = _time(self.started)
         # the recovery tracker's row says when the first batch was written: the writer started earlier
         assignments = ", ".join([f"{k} = {v}" for k, v in values.items()] + [f"started_at = least(coalesce(started_at, {started}), {started})"])
+        update = f"UPDATE {WRITERS} SET {assignments} WHERE writer_id = {wid}"
+        if update_only:
+            return [update]
         from .recovery import this_process  # what tells this process from a later one with its pid
 
         me = this_process()
@@ -110,7 +120,7 @@ class Report:
         row = [wid, _text(me.host), _text(me.boot_id), _text(me.pid_namespace), str(me.pid), _text(me.start), started,
                *values.values()]
         return [
-            f"UPDATE {WRITERS} SET {assignments} WHERE writer_id = {wid}",
+            update,
             (
                 f"INSERT INTO {WRITERS} ({', '.join(columns)}) SELECT {', '.join(row)} "
                 f"WHERE NOT EXISTS (SELECT 1 FROM {WRITERS} WHERE writer_id = {wid})"

@@ -223,14 +223,16 @@ SCHEMA_VERSION = len(MIGRATIONS)
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     """The version of the schema in an open file (the connection's default database); 0 for
     a file loopscope never wrote."""
+    # fetchall: a result read to its end leaves the connection free for other calls
+    # (DuckDB 2 refuses a register() while a result is open)
     exists = con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND table_name = 'loopscope_meta'"
-    ).fetchone()
-    if not exists or not exists[0]:
+    ).fetchall()
+    if not exists or not exists[0][0]:
         return 0
-    row = con.execute("SELECT value FROM loopscope_meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else 0
+    rows = con.execute("SELECT value FROM loopscope_meta WHERE key = 'schema_version'").fetchall()
+    return int(rows[0][0]) if rows else 0
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:

@@ -1,7 +1,8 @@
 """The background writer: spans in from the hot path, columnar batches out to DuckDB.
 
 The calling thread only appends a reference to a bounded deque. A daemon thread wakes
-every ``flush_interval`` (or when a batch is full), reduces the spans to facts in Arrow
+every ``flush_interval`` (or when a batch is full; by default the interval follows the
+writer's own cost, see :data:`AUTO_SHARE`), reduces the spans to facts in Arrow
 record batches a chunk at a time (:class:`mapping.Facts`), and once it holds
 ``batch_size`` rows, a waiting flush or all that was queued, writes them in one
 transaction: it opens the file, gives each row its per-session index, makes the rows
@@ -36,6 +37,17 @@ from .schema import migrate
 
 __all__ = ["_END", "_START", "StoreWriter", "WriterStats", "write_batch"]
 
+AUTO_INTERVAL = (0.5, 5.0)
+"""The shortest and the longest wait between two batches with ``flush_interval=None``."""
+AUTO_SHARE = 0.05
+"""With ``flush_interval=None``, the share of one core the writer's batches may take: after
+a batch that took ``c`` seconds of the writer thread's CPU it waits ``c / AUTO_SHARE``
+(within :data:`AUTO_INTERVAL`). Most of a batch's cost is the same whatever its size
+(opening the file, a dozen statements, the checkpoint: 25-40 ms), so while the
+application records little, rows are written within half a second, and under a steady
+load the batches grow instead of coming more often, and the writer keeps off the
+application's cores (and its GIL)."""
+
 
 @dataclass
 class WriterStats:
@@ -69,7 +81,7 @@ class StoreWriter:
         path: str,
         *,
         policy: PersistencePolicy | None = None,
-        flush_interval: float = 0.5,
+        flush_interval: float | None = None,
         max_queue: int = 200_000,
         batch_size: int = 100_000,
         lock_timeout: float = 2.0,
@@ -95,6 +107,9 @@ class StoreWriter:
         self.batch_size = batch_size
         self.lock_timeout = lock_timeout
         self._queue: collections.deque[Any] = collections.deque()
+        # _arrived: the queue got its first row (the writer sleeps until then); _wake: write
+        # now (a flush, close, a full batch) rather than when the first row has waited
+        self._arrived = threading.Event()
         self._wake = threading.Event()
         self._closed = False
         self._mapped = 0  # rows taken from the queue and mapped, not written yet
@@ -118,11 +133,14 @@ class StoreWriter:
     def submit(self, kind: int, span: Any) -> None:
         """Queue a span (``_START`` or ``_END``) for mapping and writing. Never blocks."""
         queue = self._queue
-        if len(queue) >= self.max_queue or self._closed:
+        size = len(queue)
+        if size >= self.max_queue or self._closed:
             self._dropped += 1
             return
         queue.append((kind, span))
-        if len(queue) >= self.batch_size:
+        if not size:
+            self._arrived.set()  # the first row since the queue was last empty: its wait starts
+        elif size + 1 >= self.batch_size:
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:
@@ -140,6 +158,7 @@ class StoreWriter:
         marker = _Marker()
         self._queue.append(marker)
         self._wake.set()
+        self._arrived.set()
         return marker.done.wait(timeout) and marker.ok
 
     def close(self, timeout: float | None = 30.0) -> None:
@@ -149,6 +168,7 @@ class StoreWriter:
         self.flush(timeout)
         self._closed = True
         self._wake.set()
+        self._arrived.set()
         self._thread.join(timeout)
         _live_writers.discard(self)
         self._report_stop()
@@ -213,16 +233,33 @@ class StoreWriter:
     # -- the background thread -----------------------------------------------------------
 
     def _run(self) -> None:
+        """Sleep until rows arrive; write them once the first has waited the interval
+        (sooner for a flush, close or a full batch); again. Rows that could not be written
+        are retried every interval, whether more arrive or not."""
+        wait = self._wait_after(0.0)
+        clock = time.thread_time  # this thread's CPU: a batch stretched by others' GIL is no dearer
         while True:
-            self._wake.wait(self.flush_interval)
+            if self._backlog is None:
+                self._arrived.wait()
+                self._arrived.clear()  # before the queue is read: a row queued after it sets it again
+            self._wake.wait(wait)
             self._wake.clear()
             closing = self._closed
+            spent = clock()
             try:
                 self._drain()
             except Exception:
                 internal_error("store writer")
             if closing:
                 return
+            wait = self._wait_after(clock() - spent)
+
+    def _wait_after(self, cost: float) -> float:
+        """How long to wait for the next batch, after one that took ``cost`` seconds of CPU."""
+        if self.flush_interval is not None:
+            return self.flush_interval
+        shortest, longest = AUTO_INTERVAL
+        return min(longest, max(shortest, cost / AUTO_SHARE))
 
     def _drain(self) -> None:
         """Map what is queued, a chunk at a time, and write it in batches.
@@ -295,22 +332,22 @@ class StoreWriter:
             facts = backlog
         if not facts.rows:
             return True
+        # The rows reach the file proper at a checkpoint, which also rewrites the table's
+        # last, partly filled row groups. When a burst goes on (another chunk is queued
+        # already), this batch's rows stay in the WAL (on disk too: a reader replays it),
+        # and the burst's last batch checkpoints them all at its commit. DuckDB still
+        # checkpoints by itself once the WAL passes its threshold.
+        final = len(self._queue) < mapping.CHUNK
         try:
-            with open_store(self.path, read_only=False, timeout=self.lock_timeout) as con:
+            with open_store(self.path, read_only=False, timeout=self.lock_timeout, checkpoint=final) as con:
                 _ensure_schema(self.path, con)
                 if not self._recovered:
                     self._recover(con)
-                # The rows reach the file proper at a checkpoint (DuckDB checkpoints when
-                # the file is closed), which also rewrites the table's last, partly filled
-                # row groups. When a burst goes on (another chunk is queued already), this
-                # batch's rows stay in the WAL (on disk too: a reader replays it), and the
-                # burst's last batch checkpoints them all at its commit. DuckDB still
-                # checkpoints by itself once the WAL passes its threshold.
-                final = len(self._queue) < mapping.CHUNK
                 extra = self._tracker.statements(facts) if self._tracker is not None else []
                 extra = [*extra, *self._report_statements(facts)]
-                written_events, written_turns = write_batch(con, facts, checkpoint=final, extra=extra)
+                written_events, written_turns = write_batch(con, facts, extra=extra)
                 self._wal_pending = not final
+            self.report.stored(self._tracker.writer_id if self._tracker is not None else None)
         except (duckdb.Error, StoreError, OSError) as exc:
             self._keep(facts, exc)
             return False
@@ -376,34 +413,28 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
         _schema_ready.add(path)
 
 
-def write_batch(
-    con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, checkpoint: bool = True, extra: Sequence[str] = ()
-) -> tuple[int, int]:
+def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: Sequence[str] = ()) -> tuple[int, int]:
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
     The rows are made from the facts in SQL (:data:`mapping.EVENTS_SQL`,
-    :data:`mapping.TURNS_SQL`), all in one script: every call into DuckDB has to win the
-    GIL back from the application's threads when it returns. DuckDB runs it on one
-    thread: a background writer leaves the other cores to the application (beside a busy
-    Python thread a second DuckDB thread made the statements slower, not faster).
-
-    With ``checkpoint`` the commit checkpoints (a large batch then skips the WAL);
-    without, the rows stay in the WAL, and closing the connection does not checkpoint.
+    :data:`mapping.TURNS_SQL`), the session counters too, all in one script of as few
+    statements as it takes: every statement has DuckDB's Python client take the GIL back
+    from the application's threads at each of its steps (see ``connection._Home``).
     ``extra`` statements run in the same transaction, after the rows (an importer writes
-    its own table with them, so that all of it or none of it is stored).
-    Returns how many events and turn summaries were written.
+    its own table with them, so that all of it or none of it is stored). ``con`` is a
+    write block of :func:`~loopscope.storage.connection.open_store`, whose settings say
+    whether the commit checkpoints. Returns how many events and turn summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
 
     events, turns = facts.event_table(), facts.turn_table()
-    script = [
-        "SET threads = 1",
-        "SET checkpoint_threshold = '0b'" if checkpoint else "PRAGMA disable_checkpoint_on_shutdown",
-        "BEGIN TRANSACTION",
-    ]
+    script = ["BEGIN TRANSACTION"]
     if events is not None:
         sessions = facts.sessions
         distinct = dict.fromkeys(sessions)  # in order of first appearance
+        # each session's events are numbered on from its last index (read to the end:
+        # DuckDB 2 refuses a register() while a result is open); a lookup and numbering
+        # here cost less than doing it in EVENTS_SQL (a join and a window)
         known = dict(
             con.execute(
                 "SELECT session_id, last_index FROM sessions WHERE list_contains(?, session_id)", [list(distinct)]
@@ -416,12 +447,16 @@ def write_batch(
             value = next_index[session] + 1
             next_index[session] = value
             add(value)
-        con.register(mapping.EVENTS_TABLE, events.append_column("idx", pa.array(indices, pa.int64())))
-        # the session counters from the same facts, in one statement: a row per session
-        # is far cheaper than executemany's statement per session
-        script += [mapping.EVENTS_SQL, _SESSIONS_SQL]
+        _register(con, mapping.EVENTS_TABLE, events.append_column("idx", pa.array(indices, pa.int64())))
+        script.append(mapping.EVENTS_SQL)
+        # the session counters from the same rows: an update for the sessions known, an
+        # insert for the new (each only when there are any; an upsert costs more than both)
+        if known:
+            script.append(_SESSIONS_UPDATE_SQL)
+        if len(known) < len(distinct):
+            script.append(_SESSIONS_INSERT_SQL)
     if turns is not None:
-        con.register(mapping.TURNS_TABLE, turns)
+        _register(con, mapping.TURNS_TABLE, turns)
         script.append(mapping.TURNS_SQL)
     script += extra
     script.append("COMMIT")
@@ -436,13 +471,23 @@ def write_batch(
     return facts.event_rows, facts.turn_rows
 
 
-_SESSIONS_SQL = f"""
-INSERT INTO sessions
-SELECT session_id, max(idx), min(created_us), max(created_us) FROM {mapping.EVENTS_TABLE} GROUP BY session_id
-ON CONFLICT (session_id) DO UPDATE SET last_index = excluded.last_index,
-  first_at = least(sessions.first_at, excluded.first_at),
-  last_at = greatest(sessions.last_at, excluded.last_at)
-"""
+def _register(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> None:
+    try:
+        con.register(name, table)
+    except duckdb.Error:
+        # DuckDB 2 refuses it while the result of the block's last query is still open
+        # (read with fetchone): close that one and try again
+        con.fetchall()
+        con.register(name, table)
+
+
+_BATCH_SESSIONS = f"""(SELECT session_id, max(idx) AS last_index, min(created_us) AS first_us, max(created_us) AS last_us
+  FROM {mapping.EVENTS_TABLE} GROUP BY session_id) b"""
+_SESSIONS_UPDATE_SQL = f"""UPDATE sessions SET last_index = b.last_index,
+  first_at = least(sessions.first_at, b.first_us), last_at = greatest(sessions.last_at, b.last_us)
+FROM {_BATCH_SESSIONS} WHERE sessions.session_id = b.session_id"""
+_SESSIONS_INSERT_SQL = f"""INSERT INTO sessions SELECT b.session_id, b.last_index, b.first_us, b.last_us FROM {_BATCH_SESSIONS}
+WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = b.session_id)"""
 
 
 _live_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()

@@ -1,6 +1,7 @@
 """Writes attach the store file to a database kept for it in this process (opening a
 DuckDB database costs 15-25 ms, attaching a file 2 ms): each block still holds the file
-only while it runs, and starts from the settings a fresh connection has."""
+only while it runs, runs on one DuckDB thread, and leaves the file complete (no WAL)
+unless it asked to keep its rows in the WAL."""
 
 from __future__ import annotations
 
@@ -19,22 +20,36 @@ def _setting(con: duckdb.DuckDBPyConnection, name: str) -> str:
     return str(con.execute(f"SELECT current_setting('{name}')").fetchone()[0])
 
 
-def test_a_block_does_not_inherit_the_last_blocks_settings(tmp_path):
+def _sum(db: str) -> int:
+    con = duckdb.connect(db, read_only=True)
+    try:
+        return con.execute("SELECT sum(a) FROM t").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_a_block_writes_on_one_thread_and_leaves_no_wal(tmp_path):
     db = str(tmp_path / "s.duckdb")
     with open_store(db, read_only=False) as con:
-        threads = _setting(con, "threads")
-        con.execute("SET threads = 1")
-        con.execute("PRAGMA disable_checkpoint_on_shutdown")
+        assert _setting(con, "threads") == "1"
         con.execute("CREATE TABLE t (a INTEGER)")
-        con.execute("INSERT INTO t VALUES (1)")
+        con.execute("BEGIN TRANSACTION; INSERT INTO t VALUES (1); COMMIT")
+        assert not os.path.exists(db + ".wal")  # the commit checkpointed
+    assert _sum(db) == 1
+
+
+def test_a_block_may_leave_its_rows_in_the_wal_and_the_next_one_checkpoints_them(tmp_path):
+    db = str(tmp_path / "s.duckdb")
     with open_store(db, read_only=False) as con:
-        assert _setting(con, "threads") == threads
-        con.execute("INSERT INTO t VALUES (2)")
-    # the second block checkpointed at its end, as closing a connection does
+        con.execute("CREATE TABLE t (a INTEGER)")
+    with open_store(db, read_only=False, checkpoint=False) as con:
+        con.execute("BEGIN TRANSACTION; INSERT INTO t VALUES (1); COMMIT")
+    assert os.path.getsize(db + ".wal") > 0  # on disk, not in the file proper yet
+    assert _sum(db) == 1  # a reader replays it
+    with open_store(db, read_only=False) as con:  # the default again: commits checkpoint
+        con.execute("BEGIN TRANSACTION; INSERT INTO t VALUES (2); COMMIT")
     assert not os.path.exists(db + ".wal")
-    con = duckdb.connect(db, read_only=True)
-    assert con.execute("SELECT sum(a) FROM t").fetchone() == (3,)
-    con.close()
+    assert _sum(db) == 3
 
 
 def test_the_file_is_free_for_another_process_between_blocks(tmp_path):

@@ -1,0 +1,120 @@
+"""The store writer's batches: what each one writes besides the events (session counters,
+its own row), and when it writes them (after the first queued row has waited the interval,
+which by default follows the writer's own cost)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+import loopscope
+from loopscope.storage import writer
+from loopscope.storage.writer import StoreWriter
+
+
+def _turn(session: str, text: str) -> None:
+    @loopscope.tool
+    def lookup(q: str) -> str:
+        return q.upper()
+
+    with loopscope.turn(session_id=session, agent="a", input=text, tools=[lookup]) as t:
+        t.generation("looking up", tool_calls=[{"id": f"c-{session}-{text}", "name": "lookup", "arguments": {"q": text}}])
+        lookup(text)
+        t.generation(f"answer to {text}")
+
+
+def _read(db, sql: str):  # noqa: ANN202 - rows
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_batch_of_known_and_new_sessions_numbers_each_on_from_its_own_last_index(recording):
+    _turn("known", "q1")
+    assert loopscope.flush()
+    _turn("known", "q2")  # this batch: a session the file has, and one it has not
+    _turn("new", "q1")
+    assert loopscope.flush()
+    loopscope.shutdown()
+    indices = _read(recording.db, "SELECT session_id, list(idx ORDER BY idx) FROM events GROUP BY session_id ORDER BY 1")
+    assert indices == [("known", list(range(1, 11))), ("new", [1, 2, 3, 4, 5])]
+    sessions = _read(recording.db, "SELECT session_id, last_index, first_at <= last_at FROM sessions ORDER BY 1")
+    assert sessions == [("known", 10, True), ("new", 5, True)]
+    first, last = _read(recording.db, "SELECT min(created_at), max(created_at) FROM events WHERE session_id = 'known'")[0]
+    assert _read(recording.db, "SELECT first_at, last_at FROM sessions WHERE session_id = 'known'") == [(first, last)]
+
+
+def test_the_writer_keeps_one_row_of_its_own_up_to_date_across_batches(recording):
+    for n in range(3):
+        _turn("s", f"q{n}")
+        assert loopscope.flush()
+    rows = _read(recording.db, "SELECT events_written, turns_written, stopped_at IS NULL FROM loopscope_writers")
+    assert rows == [(15, 3, True)]
+    loopscope.shutdown()
+    assert _read(recording.db, "SELECT events_written, stopped_at IS NOT NULL FROM loopscope_writers") == [(15, True)]
+
+
+def test_by_default_rows_reach_the_file_within_about_half_a_second_without_a_flush(tmp_path):
+    db = tmp_path / "auto.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider())
+    try:
+        _turn("s", "q")
+        started = time.monotonic()
+        count = 0
+        while time.monotonic() - started < 10 and count < 5:
+            time.sleep(0.05)
+            # another process reads the file, as a dashboard would
+            probe = subprocess.run(
+                [sys.executable, "-c", "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True)"
+                 ".execute('SELECT count(*) FROM events').fetchone()[0])", str(db)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )
+            count = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+        assert count == 5
+        # one batch, written half a second after the first row at the soonest: not a
+        # write per interval before the rows came, nor one per span
+        assert loopscope.pipeline._active.writer.stats().batches == 1
+    finally:
+        loopscope.shutdown()
+
+
+def test_a_flush_with_nothing_queued_answers_at_once_and_writes_nothing(tmp_path):
+    w = StoreWriter(str(tmp_path / "idle.duckdb"))
+    try:
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert w.flush()
+        assert time.monotonic() - started < 0.4  # not after the interval the writer sleeps
+        assert w.stats().batches == 0
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize(
+    ("cost", "wait"),
+    [(0.0, 0.5), (0.02, 0.5), (0.05, 1.0), (0.1, 2.0), (1.0, 5.0)],
+)
+def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost, wait):
+    w = StoreWriter(str(tmp_path / "w.duckdb"))
+    try:
+        # a batch that took `cost` s of the writer's CPU is followed by a wait 20x as long
+        # (5% of a core), within half a second and five seconds
+        assert w._wait_after(cost) == pytest.approx(wait)
+        assert writer.AUTO_SHARE == 0.05
+    finally:
+        w.close()
+
+
+def test_a_given_interval_is_kept_whatever_a_batch_costs(tmp_path):
+    w = StoreWriter(str(tmp_path / "w.duckdb"), flush_interval=0.2)
+    try:
+        assert w._wait_after(0.0) == w._wait_after(3.0) == 0.2
+    finally:
+        w.close()
