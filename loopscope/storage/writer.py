@@ -262,11 +262,13 @@ class StoreWriter:
         return min(longest, max(shortest, cost / AUTO_SHARE))
 
     def _drain(self) -> None:
-        """Map what is queued, a chunk at a time, and write it in batches.
+        """Map what was queued when the drain began, a chunk at a time, and write it in batches.
 
         A batch is written once it holds ``batch_size`` rows, when a flush waits for it,
-        or when the queue is empty. A failed write ends the drain: the rows are kept,
-        and retried at the next wake.
+        or when all of that is mapped. What is queued meanwhile waits for a batch of its
+        own: an application that records without a pause would otherwise keep the
+        drain mapping, and nothing written, until a batch filled up. A failed write ends
+        the drain: the rows are kept, and retried at the next wake.
         """
         facts = mapping.Facts()
         markers: list[_Marker] = []
@@ -275,13 +277,15 @@ class StoreWriter:
         # ``max_queue`` + ``batch_size``
         limit = max(1, min(self.batch_size, self.max_queue))
         chunk = min(mapping.CHUNK, limit)
+        left = len(self._queue)
         while True:
-            items, taken = self._take(chunk)
+            items, taken = self._take(min(chunk, left))
+            left -= len(items) + len(taken)
             if items:
                 self._map(items, facts)
                 self._mapped = facts.rows
             markers += taken
-            idle = not self._queue
+            idle = left <= 0
             if markers or (facts.rows and (idle or facts.rows >= limit)) or (idle and self._backlog is not None):
                 ok = False
                 try:
@@ -297,6 +301,8 @@ class StoreWriter:
             if idle:
                 if self._wal_pending:
                     self._checkpoint()
+                if self._queue:  # queued while the drain ran, past the queue's first row: their wait starts now
+                    self._arrived.set()
                 return
 
     def _take(self, count: int) -> tuple[list[Any], list[_Marker]]:

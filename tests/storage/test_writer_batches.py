@@ -118,3 +118,20 @@ def test_a_given_interval_is_kept_whatever_a_batch_costs(tmp_path):
         assert w._wait_after(0.0) == w._wait_after(3.0) == 0.2
     finally:
         w.close()
+
+
+def test_rows_reach_the_file_while_the_application_records_without_a_pause(recording):
+    # a steady stream of turns: the queue is seldom empty when the writer looks, and each
+    # batch ends with what was queued when it began, not with a pause in the stream
+    writer = recording.pipeline.writer
+    started = time.monotonic()
+    n = 0
+    while time.monotonic() - started < 1.5:
+        _turn(f"s{n % 7}", f"q{n}")
+        n += 1
+        time.sleep(0.0002)
+    during = writer.stats()
+    assert during.batches >= 2
+    assert 0 < during.written_events < 5 * n
+    assert loopscope.flush()
+    assert writer.stats().written_events == 5 * n
