@@ -148,6 +148,11 @@ SYSTEM = "You are a helpful assistant. Use the tools when they help; answer in o
 CITIES = ("Paris", "Lyon", "Oslo", "Lima", "Quito", "Porto", "Turin", "Graz")
 
 
+ISSUE_PEERS = ("otel-genai-openai", "openllmetry", "openinference")
+"""The three peers issue 3 names (openai-v2, the official package before genai-openai, is
+measured too, and the goal counts it)."""
+
+
 def get_weather(city: str, unit: str = "celsius") -> dict:
     return {"city": city, "temperature": 21, "unit": unit, "conditions": "dry, light breeze"}
 
@@ -643,6 +648,11 @@ def orchestrate(args: argparse.Namespace) -> int:
         note = f" (not measured: {', '.join(missing)})" if missing else ""
         headline = [s for s in series_list if s.startswith("server/")] or series_list
         met = all(verdicts[s] for s in headline)
+        named = [k for k in ISSUE_PEERS if k in peers]
+        if named and len(named) < len(peers):  # the issue's own comparison, besides the stricter one
+            lowest = all(added[s]["loopscope"] <= min(added[s][k] for k in named) for s in headline)
+            _say(f"against the peers issue 3 names ({', '.join(named)}), {' and '.join(headline)}: loopscope "
+                 f"{'IS' if lowest else 'is NOT'} the lowest")
         _say(f"goal (loopscope's added time the lowest of all, {' and '.join(headline)}): "
              f"{'MET' if met else 'NOT MET'}{note}")
     for key, why in {**unavailable, **failed}.items():
