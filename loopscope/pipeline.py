@@ -189,7 +189,7 @@ def configure(
     ``flush_interval`` (seconds) bounds how long a recorded event waits before other
     processes can read it; by default (``None``) that is half a second while the
     application records little, and up to five seconds under a steady load, so that the
-    store's writer takes about 5% of one core at most (``loopscope.flush()`` writes at
+    store writer's batches take about 5% of one core (``loopscope.flush()`` writes at
     once, whatever the interval). ``queue_size`` bounds the memory held for events not
     yet written (past it, events are dropped and counted). A path that cannot be written raises
     :class:`StoreError` here, once.
