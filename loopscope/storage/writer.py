@@ -140,7 +140,7 @@ class StoreWriter:
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
-        elif size + 1 >= self.batch_size:
+        if size >= self.batch_size - 1:
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:

@@ -135,3 +135,18 @@ def test_rows_reach_the_file_while_the_application_records_without_a_pause(recor
     assert 0 < during.written_events < 5 * n
     assert loopscope.flush()
     assert writer.stats().written_events == 5 * n
+
+
+def test_a_full_batch_is_written_without_waiting_for_the_interval(tmp_path):
+    db = tmp_path / "full.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=3600)
+    writer = loopscope.pipeline._active.writer
+    writer.batch_size = 5  # a turn queues more than that
+    try:
+        _turn("s", "q")
+        started = time.monotonic()
+        while not writer.stats().batches and time.monotonic() - started < 10:
+            time.sleep(0.02)
+        assert writer.stats().batches >= 1 and writer.stats().written_events > 0  # not an hour later
+    finally:
+        loopscope.shutdown()
