@@ -79,6 +79,11 @@ _aliases = itertools.count(1)
 _T = TypeVar("_T")
 
 
+# DuckDB draws a progress bar on stdout for a query that runs over two seconds, into the
+# application's output (or a command's JSON): never for our connections
+_NO_PROGRESS_BAR = "SET enable_progress_bar = false"
+
+
 class _Home:
     """An in-memory DuckDB that store files are attached to (a new one after a fork).
 
@@ -108,14 +113,12 @@ class _Home:
                 database = duckdb.connect(":memory:")
                 for statement in self._settings:
                     database.execute(statement)
-                # DuckDB draws a progress bar on stdout for a query that runs over two
-                # seconds, into the application's output (or a command's JSON). The
-                # cursors of a Python database draw none; should a version differ, every
-                # block turns it off.
+                # the cursors of a Python database draw no progress bar (see _NO_PROGRESS_BAR);
+                # should a version differ, every block turns it off
                 probe = database.cursor()
                 drawn = probe.execute("SELECT current_setting('enable_progress_bar')").fetchone()
                 probe.close()
-                self.quiet = ("SET enable_progress_bar = false",) if drawn and drawn[0] else ()
+                self.quiet = (_NO_PROGRESS_BAR,) if drawn and drawn[0] else ()
                 self.keeps_wal = False
                 self._database = (os.getpid(), database)
             return self._database[1]
@@ -139,18 +142,19 @@ _writers: dict[str, _Home] = {}
 _writers_lock = threading.Lock()
 
 
+# a commit checkpoints: its rows reach the file proper at once (a large batch skips the
+# WAL), and a reader that attaches the file has no WAL to replay
+_CHECKPOINT_AT_COMMIT = "SET checkpoint_threshold = '0b'"
 _WRITE_SETTINGS = (
     # DuckDB runs a write on one thread: a background writer leaves the other cores to the
     # application (beside a busy Python thread a second DuckDB thread made the statements
     # slower, not faster)
     "SET threads = 1",
-    # a commit checkpoints: its rows reach the file proper at once (a large batch skips
-    # the WAL), and a reader that attaches the file has no WAL to replay
-    "SET checkpoint_threshold = '0b'",
+    _CHECKPOINT_AT_COMMIT,
 )
 # what open_store(checkpoint=False) switches to, and back
 _KEEP_WAL = ("RESET checkpoint_threshold", "PRAGMA disable_checkpoint_on_shutdown")
-_CHECKPOINT = ("SET checkpoint_threshold = '0b'", "PRAGMA enable_checkpoint_on_shutdown")
+_CHECKPOINT = (_CHECKPOINT_AT_COMMIT, "PRAGMA enable_checkpoint_on_shutdown")
 
 
 def _writer_home(path: str) -> _Home:
@@ -479,9 +483,7 @@ def open_store(
                 _yield_to_writer(path)
             con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True))
             try:
-                # DuckDB draws a progress bar on stdout for a query that runs over two
-                # seconds, into the application's output (or a command's JSON)
-                con.execute("SET enable_progress_bar = false")
+                con.execute(_NO_PROGRESS_BAR)
                 yield con
             finally:
                 con.close()

@@ -206,10 +206,14 @@ class StoreWriter:
             queue_size=self.max_queue,
         )
 
+    def _row_id(self) -> str | None:
+        """The id of this writer's row in ``loopscope_writers``: the recovery tracker's, when
+        there is one (None: the report's own)."""
+        return self._tracker.writer_id if self._tracker is not None else None
+
     def _report_statements(self, facts: mapping.Facts, *, stopped: bool = False) -> list[str]:
         counters = self.counters(facts)
-        tracker = self._tracker
-        statements = self.report.statements(counters, tracker.writer_id if tracker is not None else None, stopped=stopped)
+        statements = self.report.statements(counters, self._row_id(), stopped=stopped)
         self.report.persisted = counters
         return statements
 
@@ -353,7 +357,7 @@ class StoreWriter:
                 extra = [*extra, *self._report_statements(facts)]
                 written_events, written_turns = write_batch(con, facts, extra=extra)
                 self._wal_pending = not final
-            self.report.stored(self._tracker.writer_id if self._tracker is not None else None)
+            self.report.stored(self._row_id())
         except (duckdb.Error, StoreError, OSError) as exc:
             self._keep(facts, exc)
             return False
@@ -453,7 +457,7 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
             value = next_index[session] + 1
             next_index[session] = value
             add(value)
-        _register(con, mapping.EVENTS_TABLE, events.append_column("idx", pa.array(indices, pa.int64())))
+        con.register(mapping.EVENTS_TABLE, events.append_column("idx", pa.array(indices, pa.int64())))
         script.append(mapping.EVENTS_SQL)
         # the session counters from the same rows: an update for the sessions known, an
         # insert for the new (each only when there are any; an upsert costs more than both)
@@ -462,7 +466,7 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
         if len(known) < len(distinct):
             script.append(_SESSIONS_INSERT_SQL)
     if turns is not None:
-        _register(con, mapping.TURNS_TABLE, turns)
+        con.register(mapping.TURNS_TABLE, turns)
         script.append(mapping.TURNS_SQL)
     script += extra
     script.append("COMMIT")
@@ -475,16 +479,6 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
             pass  # no transaction left to roll back
         raise
     return facts.event_rows, facts.turn_rows
-
-
-def _register(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> None:
-    try:
-        con.register(name, table)
-    except duckdb.Error:
-        # DuckDB 2 refuses it while the result of the block's last query is still open
-        # (read with fetchone): close that one and try again
-        con.fetchall()
-        con.register(name, table)
 
 
 _BATCH_SESSIONS = f"""(SELECT session_id, max(idx) AS last_index, min(created_us) AS first_us, max(created_us) AS last_us
