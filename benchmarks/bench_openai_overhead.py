@@ -19,11 +19,14 @@ Each peer runs with its default settings under an SDK ``TracerProvider`` with a
 for span processing.
 
 Every variant patches openai, so each runs in its own process (the peers from their own
-venvs), all started once and driven by this script over a pipe: in each of ``--rounds``
-rounds every variant in turn (the order rotating) runs a block of calls per series, so
-drift in the machine's load hits all alike. After each block the variant's background
-work is flushed, untimed, before the next variant runs. One fake model server
-(``tests/fakes/model_server.py``) started here answers every call. Series:
+venvs), all started once and driven by this script over a pipe. In each of ``--rounds``
+rounds and each series, the variants take turns ``--slice`` calls at a time (two turns of
+the loop; the order rotating from sweep to sweep) until each has made a block of calls,
+so that load on the machine that comes and goes, even within a block, hits all alike.
+Each variant's background work (span exports, the store's writer) runs meanwhile as it
+would in an app, wherever it falls; at the end of the block it is flushed, untimed, and
+its CPU counted. One fake model server (``tests/fakes/model_server.py``) started here
+answers every call. Series:
 
 * ``server/nonstream``, ``server/stream``: over HTTP to the fake server, the goal metric;
 * ``inproc/nonstream``, ``inproc/stream``: the same SDK calls through an in-process
@@ -36,8 +39,7 @@ the call until the response is in hand (for ``stream=True``, until the last chun
 read). Reported per series: the median over all calls, the added microseconds over the
 uninstrumented median, the ratio, the spread of the per-round differences, and the CPU
 each variant's process spent per call (all threads, the flush after each block included)
-over the baseline's: what background work costs shows there even when it waits for the
-untimed flush (loopscope's store writer, most of all).
+over the baseline's: what background work costs (loopscope's store writer, most of all).
 
 The peers pin OpenTelemetry packages that conflict with each other, so they live in venvs
 of their own, which this script creates or updates when missing or stale (``pip install``
@@ -311,7 +313,9 @@ def _versions(variant: Variant) -> dict[str, str]:
 
 def worker(args: argparse.Namespace) -> int:
     """Serve the orchestrator over stdin/stdout, one JSON line each way per command:
-    ``{"series", "calls", "tag"}`` -> ``{"samples": [ns, ...]}``; ``{"finish": true}`` -> ``{"check": ...}``."""
+    ``{"series", "calls", "tag"}`` -> ``{"samples": [ns, ...]}``; ``{"settle": true}`` -> the
+    background work flushed, then ``{"cpu_ns_per_call", "calls"}`` since the last settle;
+    ``{"finish": true}`` -> ``{"check": ...}``."""
     import gc
 
     proto = os.fdopen(os.dup(1), "w")  # the protocol's stdout; anything a library prints goes to stderr
@@ -352,18 +356,25 @@ def worker(args: argparse.Namespace) -> int:
     gc.collect()
     send({"ready": True, "versions": _versions(variant)})
 
+    # the CPU of every thread of the process from one settle to the next (the background
+    # work the settle waited for included), per call made meanwhile
+    period_cpu, period_calls = time.process_time_ns(), 0
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("finish"):
             break
+        if command.get("settle"):
+            if settle is not None:
+                settle()  # untimed: this variant's background work is done before the next period
+            now = time.process_time_ns()
+            send({"cpu_ns_per_call": (now - period_cpu) / max(period_calls, 1), "calls": period_calls})
+            period_cpu, period_calls = now, 0
+            continue
         transport, mode = command["series"].split("/")
-        cpu = time.process_time_ns()
         samples = _tool_loop(clients[transport], command["calls"], mode == "stream", command["tag"])
         total += len(samples)
-        if settle is not None:
-            settle()  # untimed: the background work of this block is done before the next variant runs
-        # the CPU of every thread of the process, the background work the settle waited for included
-        send({"samples": samples, "cpu_ns_per_call": (time.process_time_ns() - cpu) / len(samples)})
+        period_calls += len(samples)
+        send({"samples": samples})
 
     check = ""
     if variant.key == "loopscope":
@@ -500,6 +511,22 @@ class Worker:
             self.proc.wait()
 
 
+def _settle(live: list[Worker], failed: dict[str, str], series: str, cpu: dict[str, dict[str, list[float]]]) -> None:
+    """Have every variant flush its background work (untimed); note its CPU per call since its last settle."""
+    for w in live:
+        key = w.variant.key
+        if key in failed:
+            continue
+        try:
+            answer = w.ask({"settle": True})
+        except RuntimeError as exc:
+            failed[key] = str(exc)
+            _say(f"  {key} FAILED: {exc}")
+            continue
+        if answer["calls"]:
+            cpu[key][series].append(answer["cpu_ns_per_call"] / 1000)
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     chosen = [BY_KEY[k] for k in args.variants] if args.variants else DEFAULT_VARIANTS
     if chosen[0].key != "uninstrumented":
@@ -508,7 +535,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     blocks = {s: args.block if s.startswith("server/") else args.inproc_block for s in series_list}
     started = time.monotonic()
     _say(f"openai overhead: {len(chosen)} variants x {args.rounds} interleaved rounds; per round and variant "
-         + ", ".join(f"{blocks[s]} calls {s}" for s in series_list) + f" (+{args.warmup} warm-up calls each)")
+         + ", ".join(f"{blocks[s]} calls {s}" for s in series_list)
+         + f", {args.slice} at a time, the variants taking turns (+{args.warmup} warm-up calls each)")
 
     _say("peers' venvs:")
     unavailable: dict[str, str] = {}
@@ -553,24 +581,38 @@ def orchestrate(args: argparse.Namespace) -> int:
                 return 1
             live = list(workers.values())
             t_run = time.monotonic()
+            sweeps = 0
             for r in range(args.rounds):
-                order = live[r % len(live):] + live[: r % len(live)]  # rotate: drift in load hits all alike
                 for series in (series_list if r % 2 == 0 else series_list[::-1]):
-                    for w in order:
+                    got_round: dict[str, list[int]] = {w.variant.key: [] for w in live}
+                    while True:
+                        pending = [w for w in live if w.variant.key not in failed
+                                   and len(got_round[w.variant.key]) < blocks[series]]
+                        if not pending:
+                            break
+                        # one sweep: every variant a slice of calls, the order rotating, so that
+                        # load that comes and goes within a block hits all variants alike
+                        sweeps += 1
+                        order = pending[sweeps % len(pending):] + pending[: sweeps % len(pending)]
+                        for w in order:
+                            rescript(server, args.slice + 10)
+                            try:
+                                answer = w.ask({"series": series, "calls": args.slice, "tag": f"{r}-{sweeps}"})
+                            except RuntimeError as exc:
+                                failed[w.variant.key] = str(exc)
+                                _say(f"  {w.variant.key} FAILED: {exc}")
+                                continue
+                            got_round[w.variant.key].extend(answer["samples"])
+                    # each variant's background work runs as it would in an app meanwhile (the
+                    # store writer's batches, the span processors' exports), wherever it falls:
+                    # with the variants taking turns, its effect on the others' timing hits
+                    # all alike; what is left of it is flushed now, untimed, and its CPU counted
+                    _settle(live, failed, series, cpu)
+                    for w in live:
                         key = w.variant.key
-                        if key in failed:
-                            continue
-                        rescript(server, blocks[series] + 10)
-                        try:
-                            answer = w.ask({"series": series, "calls": blocks[series], "tag": f"{r}"})
-                        except RuntimeError as exc:
-                            failed[key] = str(exc)
-                            _say(f"  {key} FAILED: {exc}")
-                            continue
-                        got = answer["samples"]
-                        cpu[key][series].append(answer["cpu_ns_per_call"] / 1000)
-                        samples[key][series].extend(got)
-                        per_round[key][series].append(_median_us(got))
+                        if key not in failed and got_round[key]:
+                            samples[key][series].extend(got_round[key])
+                            per_round[key][series].append(_median_us(got_round[key]))
                 base = per_round["uninstrumented"]
                 shown = [s for s in series_list if s.startswith("server/")] or series_list
                 _say(f"  round {r + 1}/{args.rounds} ({time.monotonic() - t_run:.0f}s) added us ({' / '.join(shown)}): "
@@ -611,7 +653,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     _say("per round = the median [min..max] over the rounds of (the variant's block median - the baseline's block "
          "median in that round)")
     _say("cpu = the CPU of all the variant's threads per call, its untimed flush after each block included (median "
-         "over the rounds), minus the baseline's: background work shows here even when it waits for the flush")
+         "over the rounds), minus the baseline's: what its background work costs shows here")
     added: dict[str, dict[str, float]] = {s: {} for s in series_list}
     for series in series_list:
         _say("")
@@ -669,6 +711,8 @@ def main() -> int:
                         help="calls per variant per mode per round against the server (full 150, quick 100)")
     parser.add_argument("--inproc-block", type=int, default=None,
                         help="the same for the in-process transport (full 200, quick 150)")
+    parser.add_argument("--slice", type=int, default=4,
+                        help="calls per variant per sweep (default 4: two turns); variants take turns slice by slice")
     parser.add_argument("--warmup", type=int, default=None, help="unmeasured calls per series at start (full 60, quick 30)")
     parser.add_argument("--transport", choices=("both", "server", "inproc"), default="both",
                         help="which transports to time (default both)")

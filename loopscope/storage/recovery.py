@@ -166,29 +166,72 @@ WHERE o.correlation_id = coalesce(t.correlation_id, lower(hex(t.span_id))) AND o
 
 
 class Tracker:
-    """The open-turn bookkeeping of one in-process writer."""
+    """The open-turn bookkeeping of one in-process writer.
+
+    It knows which turns its rows in ``loopscope_open_turns`` are (it alone writes them), so
+    a batch runs the insert only when it opens a turn that it does not also end, and the
+    delete only when it ends a turn left open there: most turns start and end within one
+    batch, and each statement costs a batch 2-3 ms (DuckDB plans it afresh every time)."""
 
     def __init__(self) -> None:
         self._process: Process | None = None
         self.writer_id: str | None = None  # its row in loopscope_writers, which health.Report keeps
         self._open = ""
+        self._opened: set[tuple[Any, Any]] = set()  # (correlation id, session id) of its open rows, committed
+        self._after: set[tuple[Any, Any]] | None = None  # what they are once the pending batch commits
 
     def statements(self, facts: mapping.Facts) -> list[str]:
         """SQL for :func:`writer.write_batch`'s ``extra``: note the turns these facts open
         and end (the facts' tables are registered on the connection by then). The writer's
         own row (host, pid, start, last seen) comes from :meth:`health.Report.statements`
-        in the same transaction, under :attr:`writer_id`, which is made here."""
+        in the same transaction, under :attr:`writer_id`, which is made here. Call
+        :meth:`committed` once the batch is written."""
         process = this_process()
         if process is not self._process:  # first use, or a fork: the child is another writer
             self._process = process
             self.writer_id = os.urandom(16).hex()
             self._open = _OPEN_SQL.format(writer=_text(self.writer_id))
+            self._opened = set()
+        opened = self._opened
+        started = _started(facts)
+        ended = _ended(facts)
         out: list[str] = []
-        if facts.events:
-            out.append(self._open)
-        if facts.turns:
+        if not started <= opened | ended:
+            out.append(self._open)  # it inserts every started turn not there yet: the ended ones too
+            if not ended.isdisjoint(opened | started):
+                out.append(_CLOSE_SQL)
+        elif not ended.isdisjoint(opened):
             out.append(_CLOSE_SQL)
+        self._after = (opened | started) - ended
         return out
+
+    def committed(self) -> None:
+        """The batch of the last :meth:`statements` was written."""
+        if self._after is not None:
+            self._opened, self._after = self._after, None
+
+
+def _started(facts: mapping.Facts) -> set[tuple[Any, Any]]:
+    """The (correlation id, session id) of the turns with event rows in ``facts``."""
+    out: set[tuple[Any, Any]] = set()
+    for batch in facts.events:
+        out.update(zip(batch.column("correlation_id").to_pylist(), batch.column("session_id").to_pylist()))
+    return {key for key in out if key[0] is not None}
+
+
+def _ended(facts: mapping.Facts) -> set[tuple[Any, Any]]:
+    """The (correlation id, session id) of the turns whose summaries are in ``facts``, as
+    :data:`_CLOSE_SQL` matches them (a turn without a correlation id goes by its span id)."""
+    out: set[tuple[Any, Any]] = set()
+    for batch in facts.turns:
+        spans = batch.column("span_id").to_pylist()
+        correlations = batch.column("correlation_id").to_pylist()
+        sessions = batch.column("session_id").to_pylist()
+        out.update(
+            (correlation if correlation is not None else span.hex(), session)
+            for correlation, span, session in zip(correlations, spans, sessions)
+        )
+    return out
 
 
 # -- closing the turns of dead writers ----------------------------------------------------------

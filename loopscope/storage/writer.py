@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import os
 import threading
 import time
 import weakref
@@ -43,10 +44,21 @@ AUTO_SHARE = 0.05
 """With ``flush_interval=None``, the share of one core the writer's batches may take: after
 a batch that took ``c`` seconds of the writer thread's CPU it waits ``c / AUTO_SHARE``
 (within :data:`AUTO_INTERVAL`). Most of a batch's cost is the same whatever its size
-(opening the file, a dozen statements, the checkpoint: 25-40 ms), so while the
+(opening the file, a few statements: 17-25 ms), so while the
 application records little, rows are written within half a second, and under a steady
 load the batches grow instead of coming more often, and the writer keeps off the
 application's cores (and its GIL)."""
+
+
+WAL_LIMIT = 4 << 20
+"""Bytes of WAL after which a batch's commit checkpoints. A batch's rows stay in the WAL
+(on disk: durable, and every reader replays it) until then, or until the writer has been
+idle for :data:`CHECKPOINT_IDLE`, or it closes: a checkpoint rewrites the tables' last row
+groups, about a quarter of a small batch's cost. A reader in another process replays at
+most this much (~15 ms for 4 MB)."""
+CHECKPOINT_IDLE = 5.0
+"""Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
+so that the file alone holds every row again while the application records nothing."""
 
 
 @dataclass
@@ -244,6 +256,9 @@ class StoreWriter:
         clock = time.thread_time  # this thread's CPU: a batch stretched by others' GIL is no dearer
         while True:
             if self._backlog is None:
+                if self._wal_pending and not self._arrived.wait(CHECKPOINT_IDLE):
+                    self._checkpoint()  # quiet for a while: the file alone holds every row again
+                    continue
                 self._arrived.wait()
                 self._arrived.clear()  # before the queue is read: a row queued after it sets it again
             self._wake.wait(wait)
@@ -255,6 +270,8 @@ class StoreWriter:
             except Exception:
                 internal_error("store writer")
             if closing:
+                if self._wal_pending:
+                    self._checkpoint()  # a closed store's file holds every row by itself
                 return
             wait = self._wait_after(clock() - spent)
 
@@ -303,8 +320,6 @@ class StoreWriter:
                 if not ok:
                     return
             if idle:
-                if self._wal_pending:
-                    self._checkpoint()
                 if self._queue:  # queued while the drain ran, past the queue's first row: their wait starts now
                     self._arrived.set()
                 return
@@ -342,12 +357,11 @@ class StoreWriter:
             facts = backlog
         if not facts.rows:
             return True
-        # The rows reach the file proper at a checkpoint, which also rewrites the table's
-        # last, partly filled row groups. When a burst goes on (another chunk is queued
-        # already), this batch's rows stay in the WAL (on disk too: a reader replays it),
-        # and the burst's last batch checkpoints them all at its commit. DuckDB still
-        # checkpoints by itself once the WAL passes its threshold.
-        final = len(self._queue) < mapping.CHUNK
+        # The rows reach the file proper at a checkpoint, which also rewrites the tables'
+        # last, partly filled row groups: about a quarter of a small batch's cost. So they
+        # stay in the WAL (on disk too: a reader replays it) until it passes WAL_LIMIT,
+        # the writer closes, or it has been idle for CHECKPOINT_IDLE (see _run).
+        final = self._closed or _wal_size(self.path) >= WAL_LIMIT
         try:
             with open_store(self.path, read_only=False, timeout=self.lock_timeout, checkpoint=final) as con:
                 _ensure_schema(self.path, con)
@@ -356,6 +370,8 @@ class StoreWriter:
                 extra = self._tracker.statements(facts) if self._tracker is not None else []
                 extra = [*extra, *self._report_statements(facts)]
                 written_events, written_turns = write_batch(con, facts, extra=extra)
+                if self._tracker is not None:
+                    self._tracker.committed()
                 self._wal_pending = not final
             self.report.stored(self._row_id())
         except (duckdb.Error, StoreError, OSError) as exc:
@@ -388,7 +404,7 @@ class StoreWriter:
                 con.execute("CHECKPOINT")
             self._wal_pending = False
         except (duckdb.Error, StoreError, OSError):
-            pass  # the rows are safe in the WAL; the next batch's commit checkpoints them
+            pass  # the rows are safe in the WAL; the next idle wait or the close tries again
 
     def _keep(self, facts: mapping.Facts, exc: BaseException) -> None:
         """Hold rows that could not be written, up to max_queue; count the rest as dropped."""
@@ -402,6 +418,13 @@ class StoreWriter:
             self._dropped_unwritable += overflow
             facts.drop_oldest(overflow)
         self._backlog = facts
+
+
+def _wal_size(path: str) -> int:
+    try:
+        return os.path.getsize(path + ".wal")
+    except OSError:
+        return 0
 
 
 def _yield_gil() -> None:
@@ -436,20 +459,18 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
     whether the commit checkpoints. Returns how many events and turn summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
+    import pyarrow.compute as pc
 
     events, turns = facts.event_table(), facts.turn_table()
     script = ["BEGIN TRANSACTION"]
     if events is not None:
         sessions = facts.sessions
-        distinct = dict.fromkeys(sessions)  # in order of first appearance
+        distinct = list(dict.fromkeys(sessions))  # in order of first appearance
         # each session's events are numbered on from its last index (read to the end:
         # DuckDB 2 refuses a register() while a result is open); a lookup and numbering
         # here cost less than doing it in EVENTS_SQL (a join and a window)
-        known = dict(
-            con.execute(
-                "SELECT session_id, last_index FROM sessions WHERE list_contains(?, session_id)", [list(distinct)]
-            ).fetchall()
-        )
+        con.register(_SESSION_IDS, pa.table({"session_id": pa.array(distinct, pa.string())}))
+        known = dict(con.execute(_SESSIONS_LOOKUP_SQL).fetchall())
         next_index = {s: known.get(s, 0) for s in distinct}
         indices = []
         add = indices.append
@@ -457,13 +478,25 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
             value = next_index[session] + 1
             next_index[session] = value
             add(value)
-        con.register(mapping.EVENTS_TABLE, events.append_column("idx", pa.array(indices, pa.int64())))
+        events = events.append_column("idx", pa.array(indices, pa.int64()))
+        con.register(mapping.EVENTS_TABLE, events)
         script.append(mapping.EVENTS_SQL)
-        # the session counters from the same rows: an update for the sessions known, an
-        # insert for the new (each only when there are any; an upsert costs more than both)
+        # the session counters, made here with Arrow (a statement that aggregates the
+        # batch's events costs DuckDB ~2 ms more to plan): an update for the sessions the
+        # file has, a plain insert for the new ones (the file is ours meanwhile)
+        counters = (
+            events.select(["session_id", "idx", "created_us"])
+            .group_by("session_id")
+            .aggregate([("idx", "max"), ("created_us", "min"), ("created_us", "max")])
+            .rename_columns(["session_id", "last_index", "first_at", "last_at"])
+        )
         if known:
+            is_known = pc.is_in(counters.column("session_id"), value_set=pa.array(list(known), pa.string()))
+            con.register(_KNOWN_SESSIONS, counters.filter(is_known))
             script.append(_SESSIONS_UPDATE_SQL)
-        if len(known) < len(distinct):
+            counters = counters.filter(pc.invert(is_known))
+        if counters.num_rows:
+            con.register(_NEW_SESSIONS, counters)
             script.append(_SESSIONS_INSERT_SQL)
     if turns is not None:
         con.register(mapping.TURNS_TABLE, turns)
@@ -481,13 +514,12 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
     return facts.event_rows, facts.turn_rows
 
 
-_BATCH_SESSIONS = f"""(SELECT session_id, max(idx) AS last_index, min(created_us) AS first_us, max(created_us) AS last_us
-  FROM {mapping.EVENTS_TABLE} GROUP BY session_id) b"""
+_SESSION_IDS, _KNOWN_SESSIONS, _NEW_SESSIONS = "_loopscope_session_ids", "_loopscope_known_sessions", "_loopscope_new_sessions"
+_SESSIONS_LOOKUP_SQL = f"SELECT s.session_id, s.last_index FROM sessions s SEMI JOIN {_SESSION_IDS} b USING (session_id)"
 _SESSIONS_UPDATE_SQL = f"""UPDATE sessions SET last_index = b.last_index,
-  first_at = least(sessions.first_at, b.first_us), last_at = greatest(sessions.last_at, b.last_us)
-FROM {_BATCH_SESSIONS} WHERE sessions.session_id = b.session_id"""
-_SESSIONS_INSERT_SQL = f"""INSERT INTO sessions SELECT b.session_id, b.last_index, b.first_us, b.last_us FROM {_BATCH_SESSIONS}
-WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = b.session_id)"""
+  first_at = least(sessions.first_at, b.first_at), last_at = greatest(sessions.last_at, b.last_at)
+FROM {_KNOWN_SESSIONS} b WHERE sessions.session_id = b.session_id"""
+_SESSIONS_INSERT_SQL = f"INSERT INTO sessions (session_id, last_index, first_at, last_at) SELECT * FROM {_NEW_SESSIONS}"
 
 
 _live_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()

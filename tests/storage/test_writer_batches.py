@@ -150,3 +150,61 @@ def test_a_full_batch_is_written_without_waiting_for_the_interval(tmp_path):
         assert writer.stats().batches >= 1 and writer.stats().written_events > 0  # not an hour later
     finally:
         loopscope.shutdown()
+
+
+def _wal(db) -> int:
+    wal = db.parent / (db.name + ".wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def _count_elsewhere(db) -> int:
+    """The events another process sees in the file (as a dashboard or the CLI would)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True)"
+         ".execute('SELECT count(*) FROM events').fetchone()[0])", str(db)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return int(probe.stdout)
+
+
+def test_batches_leave_their_rows_in_the_wal_where_every_reader_sees_them(recording):
+    _turn("s", "q1")
+    assert loopscope.flush()
+    _turn("s", "q2")
+    assert loopscope.flush()
+    # the second batch did not rewrite the tables: its rows (and the first's) are in the
+    # WAL, on disk, and a reader in another process replays it
+    assert _wal(recording.db) > 0
+    assert _count_elsewhere(recording.db) == 10
+    assert recording.pipeline.writer.stats().batches == 2
+    loopscope.shutdown()
+    assert _wal(recording.db) == 0  # a closed store's file holds every row by itself
+    assert _count_elsewhere(recording.db) == 10
+
+
+def test_an_idle_writer_checkpoints_what_it_left_in_the_wal(recording, monkeypatch):
+    monkeypatch.setattr(writer, "CHECKPOINT_IDLE", 0.3)
+    _turn("s", "q1")
+    assert loopscope.flush()
+    _turn("s", "q2")  # waits in the queue: the idle wait starts again after this batch
+    assert loopscope.flush()
+    assert _wal(recording.db) > 0
+    started = time.monotonic()
+    while _wal(recording.db) and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    assert _wal(recording.db) == 0
+    assert time.monotonic() - started >= 0.2  # after the quiet, not at once
+    assert _count_elsewhere(recording.db) == 10
+
+
+def test_a_commit_checkpoints_once_the_wal_has_grown_past_its_limit(recording, monkeypatch):
+    monkeypatch.setattr(writer, "WAL_LIMIT", 1)
+    after = []
+    for n in range(3):
+        _turn("s", f"q{n}")
+        assert loopscope.flush()
+        after.append(_wal(recording.db) > 0)
+    # the first batch found no WAL and left one; the second found it over the limit and its
+    # commit checkpointed both; the third started a WAL again
+    assert after == [True, False, True]
+    assert _count_elsewhere(recording.db) == 15
