@@ -44,10 +44,10 @@ AUTO_SHARE = 0.05
 """With ``flush_interval=None``, the share of one core the writer's batches may take: after
 a batch that took ``c`` seconds of the writer thread's CPU it waits ``c / AUTO_SHARE``
 (within :data:`AUTO_INTERVAL`). Most of a batch's cost is the same whatever its size
-(opening the file, a few statements: 17-25 ms), so while the
-application records little, rows are written within half a second, and under a steady
-load the batches grow instead of coming more often, and the writer keeps off the
-application's cores (and its GIL)."""
+(opening the file, a few statements: 17-25 ms), so while the application records
+little, rows are written within half a second, and under a steady load the batches grow
+instead of coming more often, and the writer keeps off the application's cores (and its
+GIL)."""
 
 
 WAL_LIMIT = 512 << 10

@@ -13,7 +13,7 @@ import loopscope
 from loopscope.storage import recovery
 
 
-def _open_turns(db) -> list[tuple[str, str]]:  # noqa: ANN001 - a path
+def _open_turns(db) -> list[tuple[str, str]]:
     con = duckdb.connect(str(db), read_only=True)
     try:
         return con.execute("SELECT correlation_id, session_id FROM loopscope_open_turns ORDER BY 1").fetchall()
@@ -21,12 +21,12 @@ def _open_turns(db) -> list[tuple[str, str]]:  # noqa: ANN001 - a path
         con.close()
 
 
-def _spy(monkeypatch) -> list[list[str]]:  # noqa: ANN001 - pytest's
+def _spy(monkeypatch) -> list[list[str]]:
     """The bookkeeping statements of every batch, as the writer runs them."""
     seen: list[list[str]] = []
     statements = recovery.Tracker.statements
 
-    def spy(self, facts):  # noqa: ANN001, ANN202
+    def spy(self, facts):
         out = statements(self, facts)
         seen.append(["open" if s == self._open else "close" if s == recovery._CLOSE_SQL else s for s in out])
         return out

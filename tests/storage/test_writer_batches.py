@@ -159,11 +159,8 @@ def _wal(db) -> int:
 
 def _count_elsewhere(db) -> int:
     """The events another process sees in the file (as a dashboard or the CLI would)."""
-    probe = subprocess.run(
-        [sys.executable, "-c", "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True)"
-         ".execute('SELECT count(*) FROM events').fetchone()[0])", str(db)],
-        capture_output=True, text=True, timeout=60, check=True,
-    )
+    code = "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True).execute('SELECT count(*) FROM events').fetchone()[0])"
+    probe = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60, check=True)
     return int(probe.stdout)
 
 
