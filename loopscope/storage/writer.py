@@ -50,14 +50,14 @@ instead of coming more often, and the writer keeps off the application's cores (
 GIL)."""
 
 
-WAL_LIMIT = 512 << 10
+WAL_LIMIT = 128 << 10
 """Bytes of WAL after which a batch's commit checkpoints. A batch's rows stay in the WAL
 (on disk: durable, and every reader replays it) until then, or until the writer has been
-idle for :data:`CHECKPOINT_IDLE`, or it closes. A checkpoint rewrites the tables' last
-row groups (~7.5 ms of a small batch's ~25); but every attach, the writer's own next one
-included, replays the WAL (~3.5 ms a MB), so the WAL is kept small: measured on the
-openai loop, 128-512 KB cost the writer 10-20% less CPU a call than a checkpoint per
-batch, 3 MB more."""
+idle for :data:`CHECKPOINT_IDLE`, or it closes. A checkpoint costs a small batch ~7.5
+ms (it rewrites the tables' last row groups); but every attach, the writer's own next
+one included, replays the WAL: ~2 ms more at 128 KB, ~6 ms at 512 KB. Measured on the
+openai loop (60-call batches), 128 KB cost the writer 10-25% less CPU a batch than a
+checkpoint per batch; 64 KB and 512 KB less than that."""
 CHECKPOINT_IDLE = 5.0
 """Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
 so that the file alone holds every row again while the application records nothing."""
