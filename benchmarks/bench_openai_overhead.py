@@ -151,8 +151,9 @@ CITIES = ("Paris", "Lyon", "Oslo", "Lima", "Quito", "Porto", "Turin", "Graz")
 
 
 ISSUE_PEERS = ("otel-genai-openai", "openllmetry", "openinference")
-"""The three peers issue 3 names (openai-v2, the official package before genai-openai, is
-measured too, and the goal counts it)."""
+"""The three peers issue 3 names, whose goal is that loopscope adds the least of the four
+(openai-v2, the official package before genai-openai, is measured too, and a stricter
+line counts it)."""
 
 
 def get_weather(city: str, unit: str = "celsius") -> dict:
@@ -691,12 +692,15 @@ def orchestrate(args: argparse.Namespace) -> int:
         headline = [s for s in series_list if s.startswith("server/")] or series_list
         met = all(verdicts[s] for s in headline)
         named = [k for k in ISSUE_PEERS if k in peers]
-        if named and len(named) < len(peers):  # the issue's own comparison, besides the stricter one
+        if named:  # issue 3's goal: the lowest of the four it names
             lowest = all(added[s]["loopscope"] <= min(added[s][k] for k in named) for s in headline)
-            _say(f"against the peers issue 3 names ({', '.join(named)}), {' and '.join(headline)}: loopscope "
-                 f"{'IS' if lowest else 'is NOT'} the lowest")
-        _say(f"goal (loopscope's added time the lowest of all, {' and '.join(headline)}): "
-             f"{'MET' if met else 'NOT MET'}{note}")
+            _say(f"goal (issue 3: loopscope's added time the lowest of loopscope, {', '.join(named)}; "
+                 f"{' and '.join(headline)}): {'MET' if lowest else 'NOT MET'}{note}")
+        else:
+            _say(f"goal (issue 3): not measured: none of {', '.join(ISSUE_PEERS)} ran")
+        if len(named) < len(peers):  # the stricter comparison, with every peer measured
+            _say(f"stricter (the lowest of all {len(peers) + 1}, {' and '.join(headline)}): "
+                 f"{'MET' if met else 'NOT MET'}")
     for key, why in {**unavailable, **failed}.items():
         _say(f"not measured: {key}: {why.splitlines()[0]}")
     _say(f"total {time.monotonic() - started:.0f}s")
