@@ -466,9 +466,9 @@ def open_store(
     (:func:`_writer_home`): its statements run on one DuckDB thread, and each commit
     checkpoints (the rows reach the file proper, and no WAL is left beside it).
     ``checkpoint=False`` leaves the block's rows in the WAL instead (on disk too, and a
-    reader replays it): a writer in the middle of a burst of batches lets the last one
-    checkpoint them all. A block must not change the database's settings: they are the
-    next block's too.
+    reader replays it): the store's writer does so until the WAL passes
+    :data:`~loopscope.storage.writer.WAL_LIMIT`. A block must not change the database's
+    settings: they are the next block's too.
     """
     if read_only:
         if not os.path.exists(path):
