@@ -28,12 +28,20 @@ def _turn(session: str, text: str) -> None:
         t.generation(f"answer to {text}")
 
 
-def _read(db, sql: str):  # noqa: ANN202 - rows
+def _read(db, sql: str):
     con = duckdb.connect(str(db), read_only=True)
     try:
         return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+def _count_elsewhere(db) -> int | None:
+    """The events another process sees in the file (as a dashboard or the CLI would);
+    None when it could not read them."""
+    code = "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True).execute('SELECT count(*) FROM events').fetchone()[0])"
+    probe = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60, check=False)
+    return int(probe.stdout) if probe.returncode == 0 else None
 
 
 def test_a_batch_of_known_and_new_sessions_numbers_each_on_from_its_own_last_index(recording):
@@ -71,12 +79,7 @@ def test_by_default_rows_reach_the_file_within_about_half_a_second_without_a_flu
         while time.monotonic() - started < 10 and count < 5:
             time.sleep(0.05)
             # another process reads the file, as a dashboard would
-            probe = subprocess.run(
-                [sys.executable, "-c", "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True)"
-                 ".execute('SELECT count(*) FROM events').fetchone()[0])", str(db)],
-                capture_output=True, text=True, timeout=60, check=False,
-            )
-            count = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+            count = _count_elsewhere(db) or 0  # None while the file is not there yet
         assert count == 5
         # one batch, written half a second after the first row at the soonest: not a
         # write per interval before the rows came, nor one per span
@@ -155,13 +158,6 @@ def test_a_full_batch_is_written_without_waiting_for_the_interval(tmp_path):
 def _wal(db) -> int:
     wal = db.parent / (db.name + ".wal")
     return wal.stat().st_size if wal.exists() else 0
-
-
-def _count_elsewhere(db) -> int:
-    """The events another process sees in the file (as a dashboard or the CLI would)."""
-    code = "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True).execute('SELECT count(*) FROM events').fetchone()[0])"
-    probe = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60, check=True)
-    return int(probe.stdout)
 
 
 def test_batches_leave_their_rows_in_the_wal_where_every_reader_sees_them(recording):
