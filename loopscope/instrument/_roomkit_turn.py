@@ -69,6 +69,7 @@ class RoomKitTurn:
         self._phase = "gen"  # "gen": one may be running; "done": one just ended; "tools"
         self._tool_spans: dict[str, str] = {}  # telemetry span id -> call id
         self._tool_started: dict[str, int] = {}  # call id -> when it began to run
+        self._tool_names: dict[str, str] = {}  # call id -> the tool's name
         self._claimed: dict[str, ToolExecution] = {}  # calls an SDK adapter started
         # rows
         self._calls: dict[str, ToolExecution] = {}
@@ -123,7 +124,12 @@ class RoomKitTurn:
         self._phase = "tools"
         self._tool_spans[span_id] = call_id
         self._tool_started[call_id] = now  # a provider may use an id again in a later round
+        self._tool_names[call_id] = name
         self._claim(name, call_id)
+
+    def tool_name(self, call_id: str) -> str | None:
+        """The name of the tool RoomKit runs (or ran) for ``call_id`` in this turn, if any."""
+        return self._tool_names.get(call_id)
 
     def _claim(self, name: str, call_id: str) -> None:
         """Serve here a call an SDK adapter under the provider started with the model's

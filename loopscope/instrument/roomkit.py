@@ -43,8 +43,14 @@ from roomkit.telemetry.noop import NoopTelemetryProvider
 
 from .. import pipeline
 from .._guard import internal_error
+from ..recorder.tool import ToolExecution, reported_elsewhere
 from ._patch import Patch, Registration, wrap
 from ._roomkit_turn import RoomKitTurn
+
+try:  # the tool call a handler runs for (RoomKit sets it around the handler's call)
+    from roomkit.tools import current_tool_call as _current_tool_call
+except ImportError:  # an older RoomKit: decorated tools are recorded besides its rows
+    _current_tool_call = None
 
 TARGET = "roomkit"
 
@@ -457,6 +463,26 @@ def attach(kit: Any) -> None:
     _kits[kit] = [rows.name, response.name, round_.name, input_.name]
 
 
+def _reports_itself(execution: ToolExecution) -> bool:
+    """Whether a decorated tool starting here is the call RoomKit is running, which this
+    adapter records from RoomKit's own rows: the tool of that name, or the channel's
+    ``tool_handler`` itself (called with the tool's name first). A tool a handler calls
+    under another name is a call of its own, and recorded."""
+    if _current_tool_call is None:
+        return False
+    rk = _current.get()
+    call = _current_tool_call()
+    if rk is None or rk.finished or call is None:
+        return False
+    name = rk.tool_name(str(call.tool_call_id))
+    if name is None:
+        return False
+    if execution.name == name:
+        return True
+    arguments = execution.arguments
+    return type(arguments) is dict and next(iter(arguments.values()), None) == name
+
+
 def _detach_all() -> None:
     global _on
     _on = False
@@ -525,6 +551,7 @@ def patch() -> list[Patch | Registration]:
         if done is not None:
             patches.append(done)
     patches.append(Registration(_detach_all))
+    patches.append(Registration(reported_elsewhere(_reports_itself)))
     _on = True
     for kit in list(_teed_kits):  # built while an earlier instrument() was on: recorded again
         try:

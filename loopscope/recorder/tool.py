@@ -24,6 +24,23 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _SKIPPED_PARAMS = frozenset({"self", "cls"})
 _UNSET: Any = object()
 
+_reported_elsewhere: list[Callable[[ToolExecution], bool]] = []
+"""One check per framework adapter that records the tool calls its framework runs (RoomKit's,
+from its own rows): whether an execution starting in this context is such a call."""
+
+
+def reported_elsewhere(check: Callable[[ToolExecution], bool]) -> Callable[[], None]:
+    """Have decorated tools (and ``with loopscope.tool(...)`` blocks) for which ``check``
+    says True run unrecorded: a framework adapter records that call already, so it is
+    reported once. Returns what takes the check back."""
+    _reported_elsewhere.append(check)
+
+    def undo() -> None:
+        if check in _reported_elsewhere:
+            _reported_elsewhere.remove(check)
+
+    return undo
+
 
 class ToolExecution:
     """One execution of a tool: an ``execute_tool`` span and its start and end rows.
@@ -36,7 +53,7 @@ class ToolExecution:
 
     __slots__ = (
         "name", "arguments", "call_id", "description", "result", "_outcome", "_error", "_span", "_token", "_turn", "_adopted",
-        "_status", "_duration_ms",
+        "_status", "_duration_ms", "_elsewhere",
     )
 
     def __init__(self, name: str, arguments: Any = None, call_id: str | None = None, description: str | None = None) -> None:
@@ -53,6 +70,7 @@ class ToolExecution:
         self._adopted: ToolExecution | None = None
         self._status: str | None = None  # a framework's own status, else folded from the outcome
         self._duration_ms: float | None = None  # a framework's own duration: the span ends at start + it
+        self._elsewhere = False  # a framework adapter records this call (see reported_elsewhere)
 
     def set_result(self, value: Any) -> None:
         """The value the tool returned (the decorator sets it for you)."""
@@ -91,6 +109,11 @@ class ToolExecution:
 
     def _start(self) -> None:
         try:
+            if self.call_id is None and _reported_elsewhere:
+                for check in _reported_elsewhere:
+                    if check(self):
+                        self._elsewhere = True  # the framework's record of the call is the one
+                        return
             turn = current_turn.get() or open_stitched_turn()
             self._turn = turn
             call = None
@@ -158,6 +181,8 @@ class ToolExecution:
         self._span = start_span(pipeline.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
 
     def _finish(self, exc: BaseException | None) -> None:
+        if self._elsewhere:
+            return
         adopted = self._adopted
         if adopted is not None:
             self._detach()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -537,3 +538,58 @@ def test_a_loop_that_raises_ends_its_turn_as_error(instrumented, model_server, m
     assert stored.error is not None and "overloaded" in stored.error
     assert (stored.session_id, stored.channel_id) == (ROOM, AGENT)
     assert [(e.type, e.content.body) for e in instrumented.store.get_timeline(ROOM)] == [("message", "Anyone there?")]
+
+
+# -- decorated tools under RoomKit: each call recorded once ------------------------------------
+
+
+@loopscope.tool
+async def weather(city: str) -> str:
+    await asyncio.sleep(0.01)
+    return json.dumps({"city": city, "temp_c": await geocode(city)})
+
+
+@loopscope.tool
+async def geocode(city: str) -> int:
+    """A tool the weather tool calls itself: a call of its own, which RoomKit never sees."""
+    return 21
+
+
+async def dispatching(name: str, arguments: dict[str, Any]) -> str:
+    return await weather(**arguments)
+
+
+@pytest.mark.parametrize("handler", [dispatching, loopscope.tool(dispatching)], ids=["decorated-tools", "decorated-handler"])
+def test_a_decorated_tool_is_the_call_roomkit_runs_and_recorded_once(instrumented, handler):
+    provider = MockAIProvider(ai_responses=[
+        AIResponse(content="Checking both.", tool_calls=[
+            AIToolCall(id="call_p", name="weather", arguments={"city": "Paris"}),
+            AIToolCall(id="call_l", name="weather", arguments={"city": "Lyon"}),
+        ], usage={"input_tokens": 50, "output_tokens": 12}, finish_reason="tool_calls"),
+        AIResponse(content="Paris and Lyon: 21 °C.", usage={"input_tokens": 90, "output_tokens": 8}, finish_reason="stop"),
+    ])
+    _, rows = run(provider, tool_handler=handler)
+    timeline = instrumented.store.get_timeline(ROOM)
+    ours = [e for e in timeline if e.type in ("tool_call_start", "tool_call_end") and e.content.tool_name == "weather"]
+    theirs = [row for row in rows if row.type in TOOL_ROWS]
+    assert [tool_fields(e.content) for e in ours] == [tool_fields(row.content) for row in theirs]  # once each
+    nested = [e for e in timeline if e.type in ("tool_call_start", "tool_call_end") and e.content.tool_name == "geocode"]
+    assert len(nested) == 4 and {e.content.outcome for e in nested if e.type == "tool_call_end"} == {"served"}
+    spans = [s for s in instrumented.spans() if s.attributes.get(a.OPERATION) == a.OP_EXECUTE_TOOL]
+    by_name: dict[str, list[str]] = {}
+    for s in spans:
+        by_name.setdefault(s.attributes[a.TOOL_NAME], []).append(s.attributes[a.TOOL_CALL_ID])
+    assert sorted(by_name["weather"]) == ["call_l", "call_p"]  # RoomKit's calls, once each
+    # the tool the weather tool called is its own execution, in the same turn
+    assert len(by_name["geocode"]) == 2 and not {"call_l", "call_p"} & set(by_name["geocode"])
+    assert set(by_name) == {"weather", "geocode"}
+    assert {s.attributes[a.TURN_ID] for s in spans} == {rows[0].correlation_id}
+
+
+def test_decorated_tools_are_recorded_again_once_roomkit_is_uninstrumented(recording):
+    loopscope.instrument(**only_roomkit())
+    loopscope.uninstrument()
+    with loopscope.turn(session_id="s", agent="a", input="q"):
+        asyncio.run(weather("Oslo"))
+    names = sorted(s.attributes[a.TOOL_NAME] for s in recording.spans() if s.attributes.get(a.OPERATION) == a.OP_EXECUTE_TOOL)
+    assert names == ["geocode", "weather"]
