@@ -251,15 +251,20 @@ def test_failing_tool(instrumented):
     assert chats[0].end_time <= book.start_time <= chats[1].start_time
 
 
-@pytest.mark.parametrize("slow_transport", [False, True], ids=["prompt", "slow-transport"])
-def test_two_parallel_calls(instrumented, slow_transport):
-    provider = MockAIProvider(ai_responses=[
+def two_weather_calls() -> MockAIProvider:
+    """A model that asks for the weather in Paris and in Lyon at once, then answers."""
+    return MockAIProvider(ai_responses=[
         AIResponse(content="Checking both.", tool_calls=[
             AIToolCall(id="call_p", name="weather", arguments={"city": "Paris"}),
             AIToolCall(id="call_l", name="weather", arguments={"city": "Lyon"}),
         ], usage={"input_tokens": 50, "output_tokens": 12}, finish_reason="tool_calls"),
         AIResponse(content="Paris and Lyon: 21 °C.", usage={"input_tokens": 90, "output_tokens": 8}, finish_reason="stop"),
     ])
+
+
+@pytest.mark.parametrize("slow_transport", [False, True], ids=["prompt", "slow-transport"])
+def test_two_parallel_calls(instrumented, slow_transport):
+    provider = two_weather_calls()
     r, rows = run(provider, slow_transport=slow_transport)
     assert [row.type for row in rows] == [EventType.MESSAGE, *[TOOL_ROWS[0]] * 2, *[TOOL_ROWS[1]] * 2, EventType.MESSAGE]
 
@@ -561,13 +566,7 @@ async def dispatching(name: str, arguments: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("handler", [dispatching, loopscope.tool(dispatching)], ids=["decorated-tools", "decorated-handler"])
 def test_a_decorated_tool_is_the_call_roomkit_runs_and_recorded_once(instrumented, handler):
-    provider = MockAIProvider(ai_responses=[
-        AIResponse(content="Checking both.", tool_calls=[
-            AIToolCall(id="call_p", name="weather", arguments={"city": "Paris"}),
-            AIToolCall(id="call_l", name="weather", arguments={"city": "Lyon"}),
-        ], usage={"input_tokens": 50, "output_tokens": 12}, finish_reason="tool_calls"),
-        AIResponse(content="Paris and Lyon: 21 °C.", usage={"input_tokens": 90, "output_tokens": 8}, finish_reason="stop"),
-    ])
+    provider = two_weather_calls()
     _, rows = run(provider, tool_handler=handler)
     timeline = instrumented.store.get_timeline(ROOM)
     ours = [e for e in timeline if e.type in ("tool_call_start", "tool_call_end") and e.content.tool_name == "weather"]
