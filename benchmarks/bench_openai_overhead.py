@@ -512,20 +512,24 @@ class Worker:
             self.proc.wait()
 
 
+def _ask(w: Worker, command: dict, failed: dict[str, str]) -> dict | None:
+    """``w.ask(command)``; None, with the variant noted as failed, when its process fails."""
+    try:
+        return w.ask(command)
+    except RuntimeError as exc:
+        failed[w.variant.key] = str(exc)
+        _say(f"  {w.variant.key} FAILED: {exc}")
+        return None
+
+
 def _settle(live: list[Worker], failed: dict[str, str], series: str, cpu: dict[str, dict[str, list[float]]]) -> None:
     """Have every variant flush its background work (untimed); note its CPU per call since its last settle."""
     for w in live:
-        key = w.variant.key
-        if key in failed:
+        if w.variant.key in failed:
             continue
-        try:
-            answer = w.ask({"settle": True})
-        except RuntimeError as exc:
-            failed[key] = str(exc)
-            _say(f"  {key} FAILED: {exc}")
-            continue
-        if answer["calls"]:
-            cpu[key][series].append(answer["cpu_ns_per_call"] / 1000)
+        answer = _ask(w, {"settle": True}, failed)
+        if answer is not None and answer["calls"]:
+            cpu[w.variant.key][series].append(answer["cpu_ns_per_call"] / 1000)
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -597,13 +601,9 @@ def orchestrate(args: argparse.Namespace) -> int:
                         order = pending[sweeps % len(pending):] + pending[: sweeps % len(pending)]
                         for w in order:
                             rescript(server, args.slice + 10)
-                            try:
-                                answer = w.ask({"series": series, "calls": args.slice, "tag": f"{r}-{sweeps}"})
-                            except RuntimeError as exc:
-                                failed[w.variant.key] = str(exc)
-                                _say(f"  {w.variant.key} FAILED: {exc}")
-                                continue
-                            got_round[w.variant.key].extend(answer["samples"])
+                            answer = _ask(w, {"series": series, "calls": args.slice, "tag": f"{r}-{sweeps}"}, failed)
+                            if answer is not None:
+                                got_round[w.variant.key].extend(answer["samples"])
                     # each variant's background work runs as it would in an app meanwhile (the
                     # store writer's batches, the span processors' exports), wherever it falls:
                     # with the variants taking turns, its effect on the others' timing hits

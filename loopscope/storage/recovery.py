@@ -195,12 +195,12 @@ class Tracker:
         opened = self._opened
         started = _started(facts)
         ended = _ended(facts)
-        out: list[str] = []
-        if not started <= opened | ended:
-            out.append(self._open)  # it inserts every started turn not there yet: the ended ones too
-            if not ended.isdisjoint(opened | started):
-                out.append(_CLOSE_SQL)
-        elif not ended.isdisjoint(opened):
+        inserting = not started <= opened | ended
+        # the insert lists every started turn not listed yet, the ended ones too: the
+        # delete then has those to remove as well
+        listed = opened | started if inserting else opened
+        out = [self._open] if inserting else []
+        if not ended.isdisjoint(listed):
             out.append(_CLOSE_SQL)
         self._after = (opened | started) - ended
         return out
@@ -213,10 +213,11 @@ class Tracker:
 
 def _started(facts: mapping.Facts) -> set[tuple[Any, Any]]:
     """The (correlation id, session id) of the turns with event rows in ``facts``."""
-    out: set[tuple[Any, Any]] = set()
+    correlations: list[Any] = []
     for batch in facts.events:
-        out.update(zip(batch.column("correlation_id").to_pylist(), batch.column("session_id").to_pylist()))
-    return {key for key in out if key[0] is not None}
+        correlations += batch.column("correlation_id").to_pylist()
+    # facts.sessions holds each event row's session id, in the same order
+    return {key for key in zip(correlations, facts.sessions) if key[0] is not None}
 
 
 def _ended(facts: mapping.Facts) -> set[tuple[Any, Any]]:
