@@ -26,7 +26,7 @@ from .models import (
 from .instrument import instrument, uninstrument
 from .pipeline import Pipeline, configure, flush, shutdown
 from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
-from .storage.errors import StoreError, StoreLockedError
+from .storage.errors import SQLRefusedError, StoreError, StoreLockedError
 from .storage.policy import EventFilter, PersistencePolicy
 from .storage.store import AsyncStore, Store
 from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
@@ -48,6 +48,7 @@ __all__ = [
     "PersistencePolicy",
     "Pipeline",
     "Round",
+    "SQLRefusedError",
     "SessionInfo",
     "Store",
     "StoreError",

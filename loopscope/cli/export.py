@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     path = os.path.abspath(db_path(args))
     written: dict[str, dict[str, Any]] = {}
-    with open_store(path, read_only=True, timeout=getattr(args, "wait", 10.0), isolated=True) as con:
+    # a database of its own that may write files (the Parquet): only these statements run on it
+    with open_store(path, read_only=True, timeout=getattr(args, "wait", 10.0), isolated=True, sealed=False) as con:
         check_readable(con)
         for statement in missing_views(con):
             con.execute(statement)

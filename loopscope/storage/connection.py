@@ -29,6 +29,7 @@ import itertools
 import os
 import random
 import re
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,9 +59,34 @@ def is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.Error) and bool(_LOCK_MESSAGE.search(str(exc)))
 
 
-def lock_holder(exc: BaseException) -> str:
+def _holder(exc: BaseException) -> tuple[str, str | None]:
+    """Who holds the file, as DuckDB's lock error says (``process PID (its command
+    line)`` where the command line can be read, else ``process PID`` or ``another
+    process``), and the command line alone (None if unknown)."""
     match = _PID.search(str(exc))
-    return f"process {match.group(1)}" if match else "another process"
+    if match is None:
+        return "another process", None
+    command = command_line(int(match.group(1)))
+    return f"process {match.group(1)}" + (f" ({command})" if command else ""), command
+
+
+_COMMAND_CHARS = 200
+
+
+def command_line(pid: int) -> str | None:
+    """The command line process ``pid`` was started with (shell-quoted, cut to 200
+    characters), or None where it cannot be read (not Linux, the process is gone, or
+    not ours to read). DuckDB's lock error names only the holder's executable
+    (``python3.12``), which does not tell a notebook from ``loopscope tail``."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    if not args:  # a kernel thread, or a zombie
+        return None
+    text = shlex.join(args)
+    return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 3] + "..."
 
 
 def resolve(path: str | os.PathLike[str]) -> str:
@@ -68,10 +94,15 @@ def resolve(path: str | os.PathLike[str]) -> str:
 
 
 def _locked(path: str, exc: BaseException, timeout: float) -> StoreLockedError:
+    holder, command = _holder(exc)
+    # a holder named by its command line speaks for itself (it may be loopscope's own
+    # tail or ui, mid-read); one we cannot name is most likely a program that keeps the
+    # file open
+    keeper = "a program that keeps the file open" if command else "a program that keeps the file open (a duckdb shell, a notebook)"
     return StoreLockedError(
-        f"the loopscope store {path} is held by {lock_holder(exc)} and was not released within "
-        f"{timeout:g}s. A loopscope writer lets go between batches; a program that keeps the file "
-        "open (a duckdb shell, a notebook) blocks everyone else until it closes it."
+        f"the loopscope store {path} is held by {holder} and was not released within "
+        f"{timeout:g}s. loopscope's own writers and readers let go between batches; {keeper} "
+        "blocks everyone else until it closes it."
     )
 
 
@@ -82,6 +113,28 @@ _T = TypeVar("_T")
 # DuckDB draws a progress bar on stdout for a query that runs over two seconds, into the
 # application's output (or a command's JSON): never for our connections
 _NO_PROGRESS_BAR = "SET enable_progress_bar = false"
+
+
+# What SQL that is not ours runs under (``open_store(isolated=True)``): DuckDB's own
+# settings, locked, so that the SQL reads the store and nothing else. With external access
+# off DuckDB opens no file but the database's own (the store, its WAL) and a temporary
+# folder: COPY TO, EXPORT, read_text / read_csv / glob, ATTACH of another file, INSTALL and
+# LOAD all fail with a PermissionException. The database itself is read-only, so nothing
+# in it can be written and no in-memory database can be attached. There is no temporary
+# folder: it would be a folder the SQL may write, where it could make a read-write
+# database, USE it, DETACH the store and ATTACH the store again read-write (a query must
+# fit in memory instead). The settings are locked once set (lock_configuration, after the
+# session's own progress bar setting), so SET and RESET cannot undo them.
+_SEALED_CONFIG: dict[str, str | bool] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "allow_persistent_secrets": False,
+    "python_enable_replacements": False,  # a table name is never the caller's Python variable
+    "temp_directory": "",
+}
+_SEAL = (_NO_PROGRESS_BAR, "SET lock_configuration = true")
 
 
 class _Home:
@@ -449,6 +502,7 @@ def open_store(
     read_only: bool,
     timeout: float = 10.0,
     isolated: bool = False,
+    sealed: bool = True,
     keep: bool = False,
     checkpoint: bool = True,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -458,9 +512,12 @@ def open_store(
     raises :class:`StoreLockedError` naming who holds it. A read-only connection is the
     store file attached to the process's shared reader database (and made its default,
     so plain table names work); it is detached when the block ends. ``isolated=True``
-    gives a read-only database of its own instead, for SQL that is not ours (it may
-    attach files or change settings, which must not outlive it). ``keep=True`` leaves
-    a shared read-only attachment for the next read, briefly (see :func:`_attached`).
+    gives a read-only database of its own instead, for SQL that is not ours: sealed
+    (:data:`_SEALED_CONFIG`), it can read the store and nothing else, and cannot write,
+    attach, install or load anything, spill to disk, or change its settings.
+    ``sealed=False`` leaves DuckDB's defaults, for our own statements that write files
+    (``loopscope export --parquet``). ``keep=True`` leaves a shared read-only attachment
+    for the next read, briefly (see :func:`_attached`).
 
     A read-write block attaches the file to a database kept for that file
     (:func:`_writer_home`): its statements run on one DuckDB thread, and each commit
@@ -481,9 +538,10 @@ def open_store(
         if read_only:  # isolated: a database of its own
             if writer_waiting(path):
                 _yield_to_writer(path)
-            con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True))
+            config = _SEALED_CONFIG if sealed else {}
+            con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True, config=config))
             try:
-                con.execute(_NO_PROGRESS_BAR)
+                con.execute(";\n".join(_SEAL) if sealed else _NO_PROGRESS_BAR)
                 yield con
             finally:
                 con.close()

@@ -9,3 +9,9 @@ class StoreError(Exception):
 
 class StoreLockedError(StoreError):
     """Another process holds the store's file and did not let go in time."""
+
+
+class SQLRefusedError(StoreError):
+    """SQL given to :meth:`~loopscope.Store.sql` asked for more than reading the store:
+    another file (COPY TO, EXPORT, read_csv, glob, ATTACH), or an extension (INSTALL,
+    LOAD). Nothing was done."""

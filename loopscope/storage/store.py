@@ -19,6 +19,7 @@ import duckdb
 from .. import pipeline
 from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, SessionInfo, TextContent, ToolCallContent
 from .connection import open_store, resolve
+from .errors import SQLRefusedError
 from .policy import RECEIVED, EventFilter
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views
@@ -352,6 +353,13 @@ class Store:
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run read-only SQL on the store: column names and rows.
 
+        The SQL reads the store and nothing else. It runs on a read-only DuckDB of its
+        own whose settings DuckDB locks: reading or writing any other file (``COPY ...
+        TO``, ``EXPORT DATABASE``, ``read_csv``, ``read_text``, ``glob``, ``ATTACH``) or
+        installing or loading an extension raises :class:`SQLRefusedError`; writing the
+        store, or ``SET`` / ``RESET``, raises DuckDB's own error. Nothing is changed
+        either way. The query must fit in memory (it writes no temporary files).
+
         The views (``tool_calls``, ``tool_stats``, ...) work on files from older
         loopscope versions too: the connection defines the ones such a file lacks.
         """
@@ -359,7 +367,14 @@ class Store:
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, isolated=True) as con:
             for statement in missing_views(con):
                 con.execute(statement)
-            cursor = con.execute(query, list(params))
+            try:
+                cursor = con.execute(query, list(params))
+            except duckdb.PermissionException as exc:
+                said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+                raise SQLRefusedError(
+                    f"refused: SQL on the loopscope store reads {self.path} and nothing else (no other "
+                    f"file, no COPY TO, EXPORT, ATTACH, INSTALL or LOAD); DuckDB said: {said}"
+                ) from exc
             names = [d[0] for d in cursor.description] if cursor.description else []
             return names, cursor.fetchall()
 
