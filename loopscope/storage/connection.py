@@ -117,9 +117,9 @@ _NO_PROGRESS_BAR = "SET enable_progress_bar = false"
 
 # What SQL that is not ours runs under (``open_store(isolated=True)``): DuckDB's own
 # settings, locked, so that the SQL reads the store and nothing else. With external access
-# off DuckDB opens no file but the database's own (the store, its WAL) and a temporary
-# folder: COPY TO, EXPORT, read_text / read_csv / glob, ATTACH of another file, INSTALL and
-# LOAD all fail with a PermissionException. The database itself is read-only, so nothing
+# off DuckDB opens no file but the database's own (the store, its WAL; DuckDB allows these
+# paths itself) and its temporary folder, here none: COPY TO, EXPORT, read_text / read_csv /
+# glob, ATTACH of another file, INSTALL and LOAD all fail with a PermissionException. The database itself is read-only, so nothing
 # in it can be written and no in-memory database can be attached. There is no temporary
 # folder: it would be a folder the SQL may write, where it could make a read-write
 # database, USE it, DETACH the store and ATTACH the store again read-write (a query must
