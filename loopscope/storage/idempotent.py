@@ -5,7 +5,7 @@ holds already are left out of it before it is written.
 between the commit and the answer gets the request again from the sender (OTLP senders
 retry what was not acknowledged), after a restart that forgot which spans it had seen.
 Every row's identity comes from its span: an event's id is the span's trace and span ids
-and the row's kind (:data:`mapping.EVENT_ID_SQL`), a turn summary is the ``invoke_agent``
+and a letter for the row's kind (as :data:`mapping.EVENTS_SQL` makes it), a turn summary is the ``invoke_agent``
 span's, a raw span is its trace and span ids. So a row is left out when the store has
 one with the same identity, and so is the second of two in the same batch.
 
@@ -22,11 +22,14 @@ from typing import Any
 
 import duckdb
 
-from .mapping import EVENT_ID_SQL, Facts
+from .mapping import EVENT_TYPES, INPUT_MESSAGE, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
 
 __all__ = ["drop_stored", "fresh_spans_sql"]
 
-_BATCH = "_loopscope_idempotent_batch"
+# an event id's last letter, by the fact's code, as mapping.EVENTS_SQL makes it
+_SUFFIX = {code: "m" for code in EVENT_TYPES} | {
+    TOOL_START: "s", TOOL_END: "e", INPUT_MESSAGE: "i", STATE_SNAPSHOT: "x", STATE_DELTA: "x",
+}
 
 
 def drop_stored(con: duckdb.DuckDBPyConnection, facts: Facts) -> int:
@@ -36,53 +39,49 @@ def drop_stored(con: duckdb.DuckDBPyConnection, facts: Facts) -> int:
     dropped = 0
     events = facts.event_table()
     if events is not None:
-        stale = _stale(con, events, "created_us", "created_at", f"SELECT _pos, {EVENT_ID_SQL} AS key FROM b",
-                       "SELECT id AS key FROM events")
-        if stale:
-            keep = [i not in stale for i in range(events.num_rows)]
-            facts.events = _keep(events, keep)
+        suffix = _SUFFIX
+        traces, spans, codes = (events.column(name).to_pylist() for name in ("trace_id", "span_id", "code"))
+        keys = [t.hex() + s.hex() + suffix[c] for t, s, c in zip(traces, spans, codes)]
+        keep = _fresh(con, keys, events.column("created_us"), "events", "id", "created_at")
+        if keep is not None:
+            facts.events = _kept(events, keep)
             facts.sessions = [s for s, k in zip(facts.sessions, keep) if k]
-            dropped += len(stale)
+            dropped += len(keep) - sum(keep)
     turns = facts.turn_table()
     if turns is not None:
-        stale = _stale(con, turns, "timestamp_us", "timestamp", "SELECT _pos, th || sh AS key FROM b",
-                       "SELECT trace_id || span_id AS key FROM turns")
-        if stale:
-            keep = [i not in stale for i in range(turns.num_rows)]
-            facts.turns = _keep(turns, keep)
-            facts.turn_rows -= len(stale)
-            dropped += len(stale)
+        traces, spans = (turns.column(name).to_pylist() for name in ("trace_id", "span_id"))
+        keys = [t.hex() + s.hex() for t, s in zip(traces, spans)]
+        keep = _fresh(con, keys, turns.column("timestamp_us"), "turns", "trace_id || span_id", "timestamp")
+        if keep is not None:
+            facts.turns = _kept(turns, keep)
+            facts.turn_rows = sum(keep)
+            dropped += len(keep) - sum(keep)
     return dropped
 
 
-def _stale(con: duckdb.DuckDBPyConnection, table: Any, time_field: str, time_column: str, keys_sql: str, stored_sql: str) -> set[int]:
-    """Positions in ``table`` whose key the store has (its rows in the batch's time range)
-    or an earlier row of the batch has."""
-    import pyarrow as pa
+def _fresh(con: duckdb.DuckDBPyConnection, keys: list[str], times: Any, table: str, key_sql: str, time_column: str) -> list[bool] | None:
+    """Which of ``keys`` to keep: those the store does not hold (among its rows in the
+    range of ``times``) and an earlier one of the batch is not; None: all of them."""
     import pyarrow.compute as pc
 
-    times = pc.min_max(table.column(time_field))
-    lo, hi = times["min"].value, times["max"].value
-    table = table.append_column("_pos", pa.array(range(table.num_rows), pa.int64()))
-    if lo is None:  # no times: look through the whole table
-        where = "TRUE"
-    else:  # literals, not parameters: the range must be known when the scan is planned
-        where = f"{time_column} BETWEEN make_timestamptz({int(lo)}) AND make_timestamptz({int(hi)})"
-    con.register(_BATCH, table)
-    try:
-        rows = con.execute(f"""
-            WITH b AS (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh FROM {_BATCH}),
-                 k AS ({keys_sql})
-            SELECT _pos FROM k SEMI JOIN ({stored_sql} WHERE {where}) s USING (key)
-            UNION ALL
-            SELECT _pos FROM (SELECT _pos, row_number() OVER (PARTITION BY key ORDER BY _pos) AS n FROM k) WHERE n > 1
-        """).fetchall()
-    finally:
-        con.unregister(_BATCH)
-    return {r[0] for r in rows}
+    bounds = pc.min_max(times)
+    lo, hi = bounds["min"].value, bounds["max"].value
+    # literals, not parameters: the range must be known when the scan is planned (zone maps)
+    where = "TRUE" if lo is None else f"{time_column} BETWEEN make_timestamptz({int(lo)}) AND make_timestamptz({int(hi)})"
+    found = con.execute(
+        f"SELECT k FROM (SELECT {key_sql} AS k FROM {table} WHERE {where}) WHERE k IN (SELECT unnest(?::VARCHAR[]))", [keys]
+    ).fetchall()
+    seen = {row[0] for row in found}
+    if not seen and len(set(keys)) == len(keys):
+        return None
+    keep = []
+    for key in keys:
+        keep.append(key not in seen)
+        seen.add(key)
+    return keep
 
 
-def _keep(table: Any, keep: list[bool]) -> list[Any]:
+def _kept(table: Any, keep: list[bool]) -> list[Any]:
     import pyarrow as pa
 
     return table.filter(pa.array(keep, pa.bool_())).to_batches()  # type: ignore[no-any-return]

@@ -189,17 +189,9 @@ _TOOL_JSON_SQL = (
     "json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.duration_ms']) END"
 )
 
-EVENT_ID_SQL = (
-    f"th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' "
-    f"WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' ELSE 'm' END"
-)
-"""An event's id, from the columns of a table of event facts and ``th`` / ``sh``, its trace
-and span ids in hex: the span's ids and the row's kind, so the same span gives the same ids
-however often it is received (:mod:`loopscope.storage.idempotent` relies on it)."""
-
 EVENTS_SQL = f"""
 INSERT INTO events ({", ".join(EVENT_COLUMNS)})
-SELECT {EVENT_ID_SQL},
+SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' ELSE 'm' END,
   session_id, idx,
   CASE code WHEN {TOOL_START} THEN 'tool_call_start' WHEN {TOOL_END} THEN 'tool_call_end'
     WHEN {STATE_SNAPSHOT} THEN 'state_snapshot' WHEN {STATE_DELTA} THEN 'state_delta' ELSE 'message' END,
