@@ -276,11 +276,12 @@ def received_of(request: Any) -> list[Received]:
 
 
 class _Marker:
-    __slots__ = ("done", "ok")
+    __slots__ = ("done", "ok", "then")
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[bool], None] | None = None) -> None:
         self.done = threading.Event()
         self.ok = False
+        self.then = then  # called with ``ok`` by the writer's thread, once done
 
 
 class RawSpanWriter:
@@ -302,6 +303,7 @@ class RawSpanWriter:
         self.written = 0
         self.failed_writes = 0
         self.last_error: str | None = None
+        self._backlog: list[tuple[Any, ...]] = []
         self._thread = threading.Thread(target=self._run, name=f"loopscope-raw-spans {path}", daemon=True)
         self._thread.start()
 
@@ -318,6 +320,16 @@ class RawSpanWriter:
         self._wake.set()
         return marker
 
+    def then(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(ok)`` once what is queued now is written (ok) or failed to be, at
+        the next batch (this does not hasten it)."""
+        self._queue.append(_Marker(callback))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or kept for a retry."""
+        return not self._queue and not self._backlog
+
     @staticmethod
     def wait(marker: _Marker, timeout: float | None = 30.0) -> bool:
         return marker.done.wait(timeout) and marker.ok
@@ -331,7 +343,7 @@ class RawSpanWriter:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backlog: list[tuple[Any, ...]] = []
+        backlog = self._backlog
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
@@ -348,7 +360,7 @@ class RawSpanWriter:
                 try:
                     self._write(backlog)
                     self.written += len(backlog)
-                    backlog = []
+                    backlog.clear()
                     self.last_error = None
                 except Exception as exc:
                     ok = False
@@ -361,6 +373,11 @@ class RawSpanWriter:
             for marker in markers:
                 marker.ok = ok
                 marker.done.set()
+                if marker.then is not None:
+                    try:
+                        marker.then(ok)
+                    except Exception:
+                        internal_error("collector raw spans callback")
             if closing:
                 return
 
@@ -444,6 +461,27 @@ class CollectorStats:
     logs_requests: int = 0
 
 
+_TRIM_AFTER = 16 * 1024 * 1024
+
+
+_libc: list[Any] = []
+
+
+def _malloc_trim() -> None:
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    if not _libc:
+        try:
+            _libc.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):  # another C library (musl has no malloc_trim)
+            _libc.append(None)
+    if _libc[0] is not None:
+        _libc[0](0)
+
+
 class ByteBudget:
     """The payload bytes a collector holds at once. A request takes its share before it is
     read (and more as it turns out larger, decompressed) and gives it back once its rows
@@ -459,6 +497,7 @@ class ByteBudget:
         self.used = 0
         self.parked = 0
         self.peak = 0
+        self._freed = 0
         self._lock = threading.Lock()
 
     def take(self, size: int) -> bool:
@@ -472,6 +511,16 @@ class ByteBudget:
     def give(self, size: int) -> None:
         with self._lock:
             self.used -= size
+            self._freed += size
+
+    def trim(self) -> None:
+        """Once nothing is held and much was freed, hand the free heap back to the system:
+        glibc keeps what large requests' threads freed in their arenas otherwise."""
+        with self._lock:
+            if self.used or self._freed < _TRIM_AFTER:
+                return
+            self._freed = 0
+        _malloc_trim()
 
     def park(self, size: int) -> None:
         with self._lock:
@@ -481,6 +530,28 @@ class ByteBudget:
         with self._lock:
             self.used -= self.parked
             self.parked = 0
+
+
+class _Share:
+    """One request's bytes of the budget, given back once each of its ``parts`` (its
+    events and turns; its raw spans) is written, or parked if one could not be."""
+
+    __slots__ = ("budget", "size", "left", "failed", "_lock")
+
+    def __init__(self, budget: ByteBudget, size: int, parts: int) -> None:
+        self.budget, self.size, self.left, self.failed = budget, size, parts, False
+        self._lock = threading.Lock()
+
+    def done(self, ok: bool) -> None:
+        with self._lock:
+            self.left -= 1
+            self.failed = self.failed or not ok
+            if self.left:
+                return
+        if self.failed:
+            self.budget.park(self.size)
+        else:
+            self.budget.give(self.size)
 
 
 class Ingest:
@@ -532,14 +603,38 @@ class Ingest:
         self._stop = threading.Event()
         self._ticker.start()
 
-    def ingest(self, received: Sequence[Received]) -> None:
+    def ingest(self, received: Sequence[Received], size: int = 0) -> None:
         """Route the spans of one request to the writers, then wait until they are stored.
 
+        ``size``: the bytes the request took from :attr:`budget`; they are given back
+        once its rows are written, raw spans included (which may be after this returns).
         Raises :class:`StoreUnavailable` when they could not be written in
         ``flush_timeout`` (they stay queued and are written when the file is free).
         """
         if self._closed:
+            self.budget.give(size)
             raise StoreUnavailable("the collector is shutting down")
+        try:
+            share, raw_marker = self._route_all(received, size)
+        except BaseException:
+            self.budget.give(size)
+            raise
+        deadline = time.monotonic() + self.flush_timeout
+        ok = self.writer.flush(self.flush_timeout)
+        share.done(ok)
+        if raw_marker is not None:
+            ok = RawSpanWriter.wait(raw_marker, max(0.0, deadline - time.monotonic())) and ok
+        if not ok:
+            self.stats.unavailable += 1
+            stats = self.writer.stats()
+            raise StoreUnavailable(
+                f"could not write to {self.path} within {self.flush_timeout:g}s "
+                f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
+            )
+
+    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, _Marker | None]:
+        """Route a request's spans (one request at a time) and queue its raw rows; its share
+        of the budget, and the marker to wait for with ``raw_wait``."""
         now_us = int(time.time() * 1e6)
         raw_rows: list[tuple[Any, ...]] = []
         with self._lock:
@@ -564,23 +659,13 @@ class Ingest:
                 if role != "pending" and self.raw is not None:
                     raw_rows.append(_raw_row(item, role, framework, now_us))
             raw_marker = None
+            share = _Share(self.budget, size, 2 if raw_rows and self.raw is not None else 1)
             if raw_rows and self.raw is not None:
                 self.raw.submit(raw_rows)
+                self.raw.then(share.done)
                 if self.raw_wait:
                     raw_marker = self.raw.request_flush()
-        deadline = time.monotonic() + self.flush_timeout
-        ok = self.writer.flush(self.flush_timeout)
-        if ok:
-            self.budget.unpark()  # what earlier requests left queued is written too
-        if raw_marker is not None:
-            ok = RawSpanWriter.wait(raw_marker, max(0.0, deadline - time.monotonic())) and ok
-        if not ok:
-            self.stats.unavailable += 1
-            stats = self.writer.stats()
-            raise StoreUnavailable(
-                f"could not write to {self.path} within {self.flush_timeout:g}s "
-                f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
-            )
+        return share, raw_marker
 
     def _route(self, span: SpanRecord) -> tuple[str | None, str | None]:
         """Submit the rows of one span; returns how it was understood (role, framework)."""
@@ -654,13 +739,18 @@ class Ingest:
         return (span.attributes.get(a.OPERATION) == a.OP_INVOKE_AGENT) and a.TURN_INPUT not in span.attributes
 
     def _tick(self) -> None:
-        while not self._stop.wait(min(5.0, max(0.05, self.assembler.idle_seconds / 4))):
+        every = min(5.0, max(0.05, self.assembler.idle_seconds / 4))
+        last = time.monotonic()
+        while not self._stop.wait(min(every, 1.0)):
             try:
-                with self._lock:
-                    for kind, row in self.assembler.expire():
-                        self.writer.submit(kind, row)
-                if self.budget.parked and not self.writer.stats().queued:
-                    self.budget.unpark()
+                if time.monotonic() - last >= every:
+                    last = time.monotonic()
+                    with self._lock:
+                        for kind, row in self.assembler.expire():
+                            self.writer.submit(kind, row)
+                if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
+                    self.budget.unpark()  # what could not be written in time is now
+                self.budget.trim()
             except Exception:
                 internal_error("collector idle traces")
 
@@ -759,37 +849,33 @@ class _Handler(BoundedHandler):
         if not self._admitted(JSON if content_type == JSON else PROTOBUF, token=True):
             return
         budget = collector.ingest.budget
-        held = [0]  # the bytes this request took from the budget
-        parked = False
+        held = [0]  # the bytes this request took from the budget (until ingest takes them over)
         try:
-            parked = self._post(collector, content_type, budget, held)
+            self._post(collector, content_type, budget, held)
         except _Busy as exc:
             collector.ingest.stats.busy += 1
             collector.ingest.stats.busy_bytes += held[0] + exc.size
             self._fail(503, f"the collector holds {budget.limit} bytes of requests already (--max-queued-bytes); retry later",
                        JSON if content_type == JSON else PROTOBUF, close=self.close_connection, retry_after=1)
         finally:
-            if parked:
-                budget.park(held[0])
-            else:
-                budget.give(held[0])
+            budget.give(held[0])
 
-    def _post(self, collector: Collector, content_type: str, budget: ByteBudget, held: list[int]) -> bool:
-        """Answer a POST; True when its rows stay queued (503: not written in time)."""
+    def _post(self, collector: Collector, content_type: str, budget: ByteBudget, held: list[int]) -> None:
+        """Answer a POST (the budget's bytes: see :class:`ByteBudget`)."""
         path = urlsplit(self.path).path.rstrip("/")
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         answer_type = JSON if content_type == JSON else PROTOBUF
         signal = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}.get(path)
         if signal is None:
             self._refuse(404, f"no such path {path or '/'}; OTLP goes to /v1/traces, /v1/metrics or /v1/logs", answer_type)
-            return False
+            return
         if content_type not in (PROTOBUF, JSON):
             self._refuse(415, f"unsupported content type {content_type or '(none)'!r}; send {PROTOBUF} or {JSON}", JSON)
-            return False
+            return
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "", "gzip", "x-gzip", "deflate"):
             self._refuse(415, f"unsupported content encoding {encoding!r}; send gzip, deflate or none", answer_type)
-            return False
+            return
 
         def take(size: int) -> None:
             if not budget.take(size):
@@ -808,7 +894,7 @@ class _Handler(BoundedHandler):
                 else:
                     collector.ingest.stats.logs_requests += 1
                 self._send_empty(signal, answer_type)
-                return False
+                return
             request = decode_json(body) if content_type == JSON else decode_protobuf(body)
             del body  # the decoded request replaces it
             received = received_of(request)
@@ -816,14 +902,14 @@ class _Handler(BoundedHandler):
         except PayloadError as exc:
             collector.ingest.stats.refused += 1
             self._fail(exc.status, exc.reason, answer_type, close=exc.status in (411, 413))
-            return False
+            return
+        size, held[0] = held[0], 0  # given back by ingest, once the rows are written
         try:
-            collector.ingest.ingest(received)
+            collector.ingest.ingest(received, size)
         except StoreUnavailable as exc:
             self._fail(503, str(exc), answer_type, retry_after=1)
-            return True
+            return
         self._send_empty("traces", answer_type)
-        return False
 
     # -- the body --------------------------------------------------------------------------
 
@@ -996,24 +1082,20 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
                 ingest.stats.busy_bytes += size
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"the collector holds {ingest.budget.limit} bytes of requests already (--max-queued-bytes); retry later")
-            parked = False
             try:
-                try:
-                    received = received_of(request)
-                except PayloadError as exc:
-                    ingest.stats.refused += 1
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
-                del request  # the spans replace it
-                try:
-                    ingest.ingest(received)
-                except StoreUnavailable as exc:
-                    parked = True
-                    context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            finally:
-                if parked:
-                    ingest.budget.park(size)
-                else:
-                    ingest.budget.give(size)
+                received = received_of(request)
+            except PayloadError as exc:
+                ingest.budget.give(size)
+                ingest.stats.refused += 1
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+            except BaseException:
+                ingest.budget.give(size)
+                raise
+            del request  # the spans replace it
+            try:
+                ingest.ingest(received, size)  # gives the bytes back once the rows are written
+            except StoreUnavailable as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return trace_service_pb2.ExportTraceServiceResponse()
 
     class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):

@@ -208,6 +208,7 @@ def test_requests_past_the_byte_bound_get_503_until_the_bytes_are_given_back(tmp
         sender.join(60)
         assert answers == [200]
         assert (c.ingest.stats.busy, c.ingest.stats.busy_bytes) == (2, 2 * len(second))
+        assert c.ingest.raw.flush()  # the raw copies follow the answer; their bytes are given back then
         assert c.ingest.budget.used == 0  # every byte given back
         assert send(c.http_port, second)[0] == 200  # the sender's retry
     assert rows(db, "SELECT count(*) FROM turns") == [(2,)]
