@@ -820,8 +820,8 @@ class _Handler(BoundedHandler):
         one), else a Host addressed to it; and no Origin of another site. Refuses it if not."""
         collector = self.server.collector
         stats = collector.ingest.stats
-        if token and collector.token is not None:
-            if not token_ok(self.headers.get("Authorization"), collector.token):
+        if collector.token is not None:  # with a token, any Host: a page cannot know the token
+            if token and not token_ok(self.headers.get("Authorization"), collector.token):
                 stats.unauthorized += 1
                 self._refuse(401, "a bearer token is required (Authorization: Bearer <token>)", answer_type,
                              headers={"WWW-Authenticate": 'Bearer realm="loopscope collect"'}, counted=True)
