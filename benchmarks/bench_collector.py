@@ -25,6 +25,14 @@ collector keeps up with (1.0: the collector costs nothing). Medians over interle
 repeats; the machine is noisy, compare ratios.
 
     .venv/bin/python benchmarks/bench_collector.py [--turns N] [--repeats R] [--senders 1,4] [--grpc]
+
+``--memory`` measures instead the collector's resident memory (RSS, from /proc) while
+``--requests`` senders each POST one request of ``--request-mb`` MB at once (spans of
+100 KB attributes; a 503 is retried a second later, as OTLP senders do): before, at its
+peak, and 5 s after the last answer; with how many requests were answered 503 first
+(``--max-queued-bytes``) and the rows stored. Smoke: ``--memory --requests 4 --request-mb 2``.
+
+    .venv/bin/python benchmarks/bench_collector.py --memory [--requests 20] [--request-mb 11]
 """
 
 from __future__ import annotations
@@ -190,6 +198,78 @@ def sender(turns: int, grpc: bool) -> int:
     return 0
 
 
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _big_request(mb: float) -> bytes:
+    """An OTLP/protobuf export request of about ``mb`` MB: spans with a 100 KB attribute each."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    trace = os.urandom(16)
+    for _ in range(max(1, int(mb * 10))):
+        span = spans.add(trace_id=trace, span_id=os.urandom(8), name="big", start_time_unix_nano=time.time_ns(),
+                         end_time_unix_nano=time.time_ns())
+        attribute = span.attributes.add(key="payload")
+        attribute.value.string_value = os.urandom(51_200).hex()
+    return request.SerializeToString()
+
+
+def memory(requests: int, mb: float, env: dict[str, str], extra: tuple[str, ...] = ()) -> int:
+    import http.client
+    import threading
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-collector-memory-"))
+    proc, endpoint = _start([sys.executable, "-m", "loopscope", "--db", str(folder / "m.duckdb"), "collect",
+                             "--http-port", "0", "--no-grpc", *extra], env, False)
+    host, port = endpoint.split("//")[1].rsplit(":", 1)
+    bodies = [_big_request(mb) for _ in range(requests)]
+    answers: list[int] = []
+    lock = threading.Lock()
+
+    def post(body: bytes) -> None:
+        while True:
+            con = http.client.HTTPConnection(host, int(port), timeout=300)
+            try:
+                con.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+                status = con.getresponse().status
+            finally:
+                con.close()
+            with lock:
+                answers.append(status)
+            if status != 503:
+                return
+            time.sleep(1.0)
+
+    try:
+        before = _rss_mb(proc.pid)
+        started = time.perf_counter()
+        threads = [threading.Thread(target=post, args=(b,)) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - started
+        time.sleep(5)
+        after = _rss_mb(proc.pid)
+        peak = _rss_mb(proc.pid, "VmHWM")
+    finally:
+        _stop(proc)
+    stored = loopscope.Store(str(folder / "m.duckdb")).sql("SELECT count(*) FROM spans")[1][0][0]
+    print(f"collector memory: {requests} requests x {sum(map(len, bodies)) / requests / 1e6:.1f} MB at once, "
+          f"OTLP/HTTP protobuf, {seconds:.1f} s")
+    print(f"  RSS before {before:,.0f} MB, peak {peak:,.0f} MB, 5 s after {after:,.0f} MB")
+    print(f"  answers: {answers.count(200)} x 200, {answers.count(503)} x 503 (retried); "
+          f"spans stored {stored:,} of {requests * max(1, int(mb * 10)):,}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=4000, help="turns recorded per sender (each: 9 spans incl. 3 pending copies)")
@@ -197,12 +277,17 @@ def main() -> int:
     parser.add_argument("--senders", default="1,4", help="comma-separated numbers of concurrent sender processes (default: 1,4)")
     parser.add_argument("--grpc", action="store_true", help="OTLP/gRPC instead of OTLP/HTTP")
     parser.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help="measure the collector's RSS under large concurrent requests")
+    parser.add_argument("--requests", type=int, default=20, help="--memory: concurrent requests (default: 20)")
+    parser.add_argument("--request-mb", type=float, default=11.0, help="--memory: MB per request (default: 11)")
     args = parser.parse_args()
     if args.sender:
         return sender(args.turns, args.grpc)
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LOOPSCOPE_STRICT", None)
+    if args.memory:
+        return memory(args.requests, args.request_mb, env)
     counts = [int(n) for n in args.senders.split(",")]
     protocol = "OTLP/gRPC" if args.grpc else "OTLP/HTTP protobuf"
     folder = Path(tempfile.mkdtemp(prefix="bench-collector-"))

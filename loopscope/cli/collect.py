@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .commands import CommandError, db_path
@@ -32,7 +33,9 @@ def _size(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from ..storage.collector import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT
+    from ..storage.collector import (
+        DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_MAX_CONNECTIONS, DEFAULT_SOCKET_TIMEOUT, TOKEN_ENV,
+    )
 
     collect = sub.add_parser(
         "collect",
@@ -55,6 +58,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     collect.add_argument("--no-grpc", action="store_true", help="serve OTLP/HTTP only")
     collect.add_argument("--max-bytes", type=_size, default="16MiB", metavar="SIZE",
                          help="largest payload taken, also once decompressed (default: 16MiB); larger ones get 413")
+    collect.add_argument("--max-queued-bytes", type=_size, default="64MiB", metavar="SIZE",
+                         help="payload bytes (decompressed) held at once while they are decoded and written (default: "
+                         "64MiB); past it requests get 503 (gRPC RESOURCE_EXHAUSTED), which OTLP senders retry")
+    collect.add_argument("--token", metavar="TOKEN",
+                         help=f"require 'Authorization: Bearer TOKEN' on every request (default: ${TOKEN_ENV}); "
+                         "needed when listening beyond loopback. Senders: OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%%20TOKEN")
+    collect.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                         help="another host name requests may be addressed to (Host header), when listening beyond "
+                         "loopback without a token; repeatable")
+    collect.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                         help=f"HTTP connections served at once; more wait (default: {DEFAULT_MAX_CONNECTIONS})")
+    collect.add_argument("--socket-timeout", type=float, default=DEFAULT_SOCKET_TIMEOUT, metavar="SECONDS",
+                         help=f"close an HTTP connection that sends nothing this long (default: {DEFAULT_SOCKET_TIMEOUT:g})")
     collect.add_argument("--no-raw", action="store_true", help="do not keep the received spans in the `spans` table")
     collect.add_argument("--idle", type=float, default=60.0, metavar="SECONDS",
                          help="how long another instrumentation's model and tool calls wait for their agent run "
@@ -66,10 +82,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from ..storage.collector import Collector, serve
+    from ..storage.collector import TOKEN_ENV, Collector, serve
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.max_connections < 1 or not args.socket_timeout > 0:
+        raise CommandError("--max-connections must be at least 1 and --socket-timeout positive")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     collector = Collector(
         db_path(args),
         host=args.host,
@@ -79,14 +98,20 @@ def run(args: argparse.Namespace) -> int:
         raw=not args.no_raw,
         idle_seconds=args.idle,
         verbose=args.verbose,
+        token=token,
+        allow_hosts=args.allow_host,
+        max_queued_bytes=args.max_queued_bytes,
+        max_connections=args.max_connections,
+        socket_timeout=args.socket_timeout,
     )
 
     def ready(c: Collector) -> None:
         where = [f"OTLP/HTTP on {c.http_endpoint}"] + ([f"OTLP/gRPC on {c.grpc_endpoint}"] if c.grpc_port else [])
         print(f"loopscope collect: {', '.join(where)} -> {c.db}  (Ctrl-C to stop)", flush=True)
         print(f"  point agents at it: OTEL_EXPORTER_OTLP_ENDPOINT={c.http_endpoint}", flush=True)
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"loopscope: warning: listening on {args.host}: anyone who can reach it can write to this store", file=sys.stderr)
+        if args.host not in ("127.0.0.1", "localhost", "::1") and not c.token:
+            print(f"loopscope: warning: listening on {args.host} without a token: anyone who can reach it can write to "
+                  f"this store (set --token or ${TOKEN_ENV})", file=sys.stderr)
 
     try:
         serve(collector, ready)
@@ -94,5 +119,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot listen on {args.host}: {exc.strerror or exc} (another collector running? try --http-port 0 --grpc-port 0)") from None
     stats = collector.ingest.stats if collector.ingest is not None else None
     if stats is not None:
-        print(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused", flush=True)
+        busy = f", {stats.busy} over --max-queued-bytes (retried by their senders)" if stats.busy else ""
+        turned = stats.unauthorized + stats.misdirected
+        denied = f", {turned} not allowed (token, Host or Origin)" if turned else ""
+        print(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{busy}{denied}", flush=True)
     return 0

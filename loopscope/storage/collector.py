@@ -22,18 +22,34 @@ and every span received is also kept as it came in the ``spans`` table.
 
 Bad payloads get a 4xx with a reason and change nothing: a payload is decoded and checked
 whole before any of it is written; one that is too large (``max_bytes``, also after
-decompression) is refused with 413, a wrong content type with 415, garbage with 400.
-Metrics and logs (``/v1/metrics``, ``/v1/logs`` and their gRPC services) are accepted
-when well-formed and not stored.
+decompression) is refused with 413, a wrong content type with 415, garbage (JSON nested
+too deeply too) with 400. Metrics and logs (``/v1/metrics``, ``/v1/logs`` and their gRPC
+services) are accepted when well-formed and not stored.
+
+Who may write. A request whose ``Host`` names another machine gets 421 and one whose
+``Origin`` names another site 403, so that a web page the user visits cannot write here
+by DNS rebinding (the rule is the dashboard's: :class:`loopscope._http.HostRule`). With a
+``token``, every request must carry ``Authorization: Bearer <token>`` (gRPC: the
+``authorization`` metadata), or gets 401 / ``UNAUTHENTICATED``; a token is what a
+collector bound beyond loopback needs, and then any ``Host`` is answered.
+
+Idempotent. A request resent after a crash (the sender never saw the answer) adds no
+rows: rows the store holds already are left out by span id (:mod:`.idempotent`), and
+within a run the spans of the latest requests are remembered.
+
+Memory. The payloads being decoded, routed and written take at most
+``max_queued_bytes`` (counted decompressed) at once: a request that would pass it gets
+503 (gRPC ``RESOURCE_EXHAUSTED``), which OTLP senders retry, and is counted
+(``stats.busy``). HTTP connections are served by at most ``max_connections`` threads,
+and one that sends nothing for ``socket_timeout`` seconds is closed.
 """
 
 from __future__ import annotations
 
 import base64
 import collections
-import http.server
 import json
-import socket
+import os
 import threading
 import time
 import zlib
@@ -44,7 +60,9 @@ from urllib.parse import urlsplit
 
 from .. import _json, semconv as a
 from .._guard import internal_error, logger
+from .._http import BoundedHandler, BoundedHTTPServer, HostRule, token_ok
 from .connection import open_store, resolve
+from .idempotent import fresh_spans_sql
 from .foreign import AGENT, Assembler, Ctx, Scope, SpanEvent, SpanRecord, Status, classify, is_own
 from .schema import migrate
 from .writer import StoreWriter
@@ -53,6 +71,12 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 4318
 DEFAULT_GRPC_PORT = 4317
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
+"""Payload bytes (decompressed) held at once, from reading a request to its rows' write."""
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_SOCKET_TIMEOUT = 15.0
+TOKEN_ENV = "LOOPSCOPE_COLLECT_TOKEN"
+"""The environment variable ``loopscope collect`` reads its bearer token from."""
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -121,16 +145,23 @@ def decode_json(body: bytes, message: Any = None) -> Any:
 
     try:
         data = json.loads(body)
+    except RecursionError:
+        raise PayloadError(400, "the body is JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadError(400, f"the body is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise PayloadError(400, "the body is not a JSON object (an OTLP export request)")
-    _ids_to_base64(data)
     request = message if message is not None else _trace_request()
     try:
+        _ids_to_base64(data)
         json_format.ParseDict(data, request, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError) as exc:
-        raise PayloadError(400, f"the body is not an OTLP export request ({str(exc).splitlines()[0][:300]})") from None
+    except PayloadError:
+        raise
+    except RecursionError:
+        raise PayloadError(400, "the body is JSON nested too deeply for an OTLP export request") from None
+    except Exception as exc:  # json_format.ParseError, ValueError, TypeError, whatever else hostile input finds
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        raise PayloadError(400, f"the body is not an OTLP export request ({reason})") from None
     return request
 
 
@@ -245,17 +276,18 @@ def received_of(request: Any) -> list[Received]:
 
 
 class _Marker:
-    __slots__ = ("done", "ok")
+    __slots__ = ("done", "ok", "then")
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[bool], None] | None = None) -> None:
         self.done = threading.Event()
         self.ok = False
+        self.then = then  # called with ``ok`` by the writer's thread, once done
 
 
 class RawSpanWriter:
     """Writes received spans as they came to the ``spans`` table, in batches of whatever
     arrived in ``interval``, off the request threads; :meth:`flush` waits until what was
-    queued before it is written. Rows that cannot be written are kept and retried (past
+    queued before it is written. A span the table holds already is left out. Rows that cannot be written are kept and retried (past
     ``max_backlog``, the oldest are dropped and counted). The file must have the schema
     already (:class:`Ingest` sees to it)."""
 
@@ -271,6 +303,7 @@ class RawSpanWriter:
         self.written = 0
         self.failed_writes = 0
         self.last_error: str | None = None
+        self._backlog: list[tuple[Any, ...]] = []
         self._thread = threading.Thread(target=self._run, name=f"loopscope-raw-spans {path}", daemon=True)
         self._thread.start()
 
@@ -287,6 +320,16 @@ class RawSpanWriter:
         self._wake.set()
         return marker
 
+    def then(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(ok)`` once what is queued now is written (ok) or failed to be, at
+        the next batch (this does not hasten it)."""
+        self._queue.append(_Marker(callback))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or kept for a retry."""
+        return not self._queue and not self._backlog
+
     @staticmethod
     def wait(marker: _Marker, timeout: float | None = 30.0) -> bool:
         return marker.done.wait(timeout) and marker.ok
@@ -300,7 +343,7 @@ class RawSpanWriter:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backlog: list[tuple[Any, ...]] = []
+        backlog = self._backlog
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
@@ -317,7 +360,7 @@ class RawSpanWriter:
                 try:
                     self._write(backlog)
                     self.written += len(backlog)
-                    backlog = []
+                    backlog.clear()
                     self.last_error = None
                 except Exception as exc:
                     ok = False
@@ -330,6 +373,11 @@ class RawSpanWriter:
             for marker in markers:
                 marker.ok = ok
                 marker.done.set()
+                if marker.then is not None:
+                    try:
+                        marker.then(ok)
+                    except Exception:
+                        internal_error("collector raw spans callback")
             if closing:
                 return
 
@@ -349,9 +397,12 @@ class RawSpanWriter:
             ],
             names=list(_RAW_COLUMNS),
         )
+        starts = [t for t in columns[5] if t is not None]
+        # a span resent after a crash is not kept twice (idempotent.py)
+        insert = fresh_spans_sql("_loopscope_raw_spans", ", ".join(_RAW_COLUMNS), min(starts, default=None), max(starts, default=None))
         with open_store(self.path, read_only=False, timeout=self.lock_timeout) as con:
             con.register("_loopscope_raw_spans", table)
-            con.execute(f"INSERT INTO spans ({', '.join(_RAW_COLUMNS)}) SELECT * FROM _loopscope_raw_spans").fetchall()
+            con.execute(insert).fetchall()
             con.unregister("_loopscope_raw_spans")
 
 
@@ -394,14 +445,113 @@ def _raw_row(received: Received, role: str | None, framework: str | None, now_us
 
 @dataclass
 class CollectorStats:
+    """What a collector received and refused since it started (printed when it stops)."""
+
     requests: int = 0
     spans: int = 0
     pending: int = 0
-    refused: int = 0
-    duplicates: int = 0
-    unavailable: int = 0
+    refused: int = 0  # bad requests (4xx)
+    duplicates: int = 0  # spans of a request received again in this run, left out
+    unavailable: int = 0  # 503: the store could not be written in time
+    busy: int = 0  # 503 / RESOURCE_EXHAUSTED: over max_queued_bytes (the sender retries)
+    busy_bytes: int = 0  # the payload bytes of those
+    unauthorized: int = 0  # 401: no or a wrong bearer token
+    misdirected: int = 0  # 421 / 403: another Host or Origin (DNS rebinding)
     metrics_requests: int = 0
     logs_requests: int = 0
+
+
+_TRIM_AFTER = 16 * 1024 * 1024
+
+
+_libc: list[Any] = []
+
+
+def _malloc_trim() -> None:
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    if not _libc:
+        try:
+            _libc.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):  # another C library (musl has no malloc_trim)
+            _libc.append(None)
+    if _libc[0] is not None:
+        _libc[0](0)
+
+
+class ByteBudget:
+    """The payload bytes a collector holds at once. A request takes its share before it is
+    read (and more as it turns out larger, decompressed) and gives it back once its rows
+    are written; one that finds the budget spent is refused (the sender retries). A
+    request whose rows could not be written in time leaves its share *parked*: its spans
+    are still queued, so the share comes back only once the writer's queue is empty.
+    When nothing is held, any one request is let in (``max_bytes`` bounds it)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_queued_bytes must be positive, got {limit}")
+        self.limit = limit
+        self.used = 0
+        self.parked = 0
+        self.peak = 0
+        self._freed = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            if self.used and self.used + size > self.limit:
+                return False
+            self.used += size
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.used -= size
+            self._freed += size
+
+    def trim(self) -> None:
+        """Once nothing is held and much was freed, hand the free heap back to the system:
+        glibc keeps what large requests' threads freed in their arenas otherwise."""
+        with self._lock:
+            if self.used or self._freed < _TRIM_AFTER:
+                return
+            self._freed = 0
+        _malloc_trim()
+
+    def park(self, size: int) -> None:
+        with self._lock:
+            self.parked += size
+
+    def unpark(self) -> None:
+        with self._lock:
+            self.used -= self.parked
+            self.parked = 0
+
+
+class _Share:
+    """One request's bytes of the budget, given back once each of its ``parts`` (its
+    events and turns; its raw spans) is written, or parked if one could not be."""
+
+    __slots__ = ("budget", "size", "left", "failed", "_lock")
+
+    def __init__(self, budget: ByteBudget, size: int, parts: int) -> None:
+        self.budget, self.size, self.left, self.failed = budget, size, parts, False
+        self._lock = threading.Lock()
+
+    def done(self, ok: bool) -> None:
+        with self._lock:
+            self.left -= 1
+            self.failed = self.failed or not ok
+            if self.left:
+                return
+        if self.failed:
+            self.budget.park(self.size)
+        else:
+            self.budget.give(self.size)
 
 
 class Ingest:
@@ -428,13 +578,15 @@ class Ingest:
         flush_timeout: float = 30.0,
         flush_interval: float = 0.5,
         lock_timeout: float = 2.0,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     ) -> None:
         self.path = resolve(path)
         self.flush_timeout = flush_timeout
         self.max_pending_ids = max_pending_ids
+        self.budget = ByteBudget(max_queued_bytes)
         with open_store(self.path, read_only=False, timeout=max(10.0, lock_timeout)) as con:
             migrate(con)
-        self.writer = StoreWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout)
+        self.writer = StoreWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout, skip_stored=True)
         self.raw = RawSpanWriter(self.path, interval=flush_interval, lock_timeout=lock_timeout) if raw else None
         self.raw_wait = raw_wait
         self.assembler = Assembler(idle_seconds=idle_seconds)
@@ -451,14 +603,38 @@ class Ingest:
         self._stop = threading.Event()
         self._ticker.start()
 
-    def ingest(self, received: Sequence[Received]) -> None:
+    def ingest(self, received: Sequence[Received], size: int = 0) -> None:
         """Route the spans of one request to the writers, then wait until they are stored.
 
+        ``size``: the bytes the request took from :attr:`budget`; they are given back
+        once its rows are written, raw spans included (which may be after this returns).
         Raises :class:`StoreUnavailable` when they could not be written in
         ``flush_timeout`` (they stay queued and are written when the file is free).
         """
         if self._closed:
+            self.budget.give(size)
             raise StoreUnavailable("the collector is shutting down")
+        try:
+            share, raw_marker = self._route_all(received, size)
+        except BaseException:
+            self.budget.give(size)
+            raise
+        deadline = time.monotonic() + self.flush_timeout
+        ok = self.writer.flush(self.flush_timeout)
+        share.done(ok)
+        if raw_marker is not None:
+            ok = RawSpanWriter.wait(raw_marker, max(0.0, deadline - time.monotonic())) and ok
+        if not ok:
+            self.stats.unavailable += 1
+            stats = self.writer.stats()
+            raise StoreUnavailable(
+                f"could not write to {self.path} within {self.flush_timeout:g}s "
+                f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
+            )
+
+    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, _Marker | None]:
+        """Route a request's spans (one request at a time) and queue its raw rows; its share
+        of the budget, and the marker to wait for with ``raw_wait``."""
         now_us = int(time.time() * 1e6)
         raw_rows: list[tuple[Any, ...]] = []
         with self._lock:
@@ -483,21 +659,13 @@ class Ingest:
                 if role != "pending" and self.raw is not None:
                     raw_rows.append(_raw_row(item, role, framework, now_us))
             raw_marker = None
+            share = _Share(self.budget, size, 2 if raw_rows and self.raw is not None else 1)
             if raw_rows and self.raw is not None:
                 self.raw.submit(raw_rows)
+                self.raw.then(share.done)
                 if self.raw_wait:
                     raw_marker = self.raw.request_flush()
-        deadline = time.monotonic() + self.flush_timeout
-        ok = self.writer.flush(self.flush_timeout)
-        if raw_marker is not None:
-            ok = RawSpanWriter.wait(raw_marker, max(0.0, deadline - time.monotonic())) and ok
-        if not ok:
-            self.stats.unavailable += 1
-            stats = self.writer.stats()
-            raise StoreUnavailable(
-                f"could not write to {self.path} within {self.flush_timeout:g}s "
-                f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
-            )
+        return share, raw_marker
 
     def _route(self, span: SpanRecord) -> tuple[str | None, str | None]:
         """Submit the rows of one span; returns how it was understood (role, framework)."""
@@ -571,11 +739,18 @@ class Ingest:
         return (span.attributes.get(a.OPERATION) == a.OP_INVOKE_AGENT) and a.TURN_INPUT not in span.attributes
 
     def _tick(self) -> None:
-        while not self._stop.wait(min(5.0, max(0.05, self.assembler.idle_seconds / 4))):
+        every = min(5.0, max(0.05, self.assembler.idle_seconds / 4))
+        last = time.monotonic()
+        while not self._stop.wait(min(every, 1.0)):
             try:
-                with self._lock:
-                    for kind, row in self.assembler.expire():
-                        self.writer.submit(kind, row)
+                if time.monotonic() - last >= every:
+                    last = time.monotonic()
+                    with self._lock:
+                        for kind, row in self.assembler.expire():
+                            self.writer.submit(kind, row)
+                if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
+                    self.budget.unpark()  # what could not be written in time is now
+                self.budget.trim()
             except Exception:
                 internal_error("collector idle traces")
 
@@ -609,25 +784,29 @@ def _status_body(code: int, message: str, content_type: str) -> tuple[bytes, str
     return json.dumps({"code": code, "message": message}).encode(), JSON
 
 
-_GRPC_CODES = {400: 3, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 503: 14}  # INVALID_ARGUMENT, NOT_FOUND, ... UNAVAILABLE
+_GRPC_CODES = {  # INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, ... UNAVAILABLE
+    400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 421: 7, 503: 14,
+}
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+class _Busy(Exception):
+    """The request would take the collector past ``max_queued_bytes`` by taking ``size`` more."""
 
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class _Server(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], collector: Collector) -> None:
         self.collector = collector
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, max_connections=collector.max_connections, socket_timeout=collector.socket_timeout)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("loopscope collect: request from %s failed", client_address, exc_info=True)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     server_version = "loopscope-collect"
@@ -636,7 +815,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.server.collector.verbose:
             logger.info("loopscope collect: %s %s", self.address_string(), format % args)
 
+    def _admitted(self, answer_type: str, *, token: bool) -> bool:
+        """Whether this request may be answered: the bearer token (when the collector has
+        one), else a Host addressed to it; and no Origin of another site. Refuses it if not."""
+        collector = self.server.collector
+        stats = collector.ingest.stats
+        if collector.token is not None:  # with a token, any Host: a page cannot know the token
+            if token and not token_ok(self.headers.get("Authorization"), collector.token):
+                stats.unauthorized += 1
+                self._refuse(401, "a bearer token is required (Authorization: Bearer <token>)", answer_type,
+                             headers={"WWW-Authenticate": 'Bearer realm="loopscope collect"'}, counted=True)
+                return False
+            refused = None if collector.host_rule.allows_origin(self.headers.get("Origin")) else (403, "requests from web pages are refused (Origin)")
+        else:
+            refused = collector.host_rule.refusal(self.headers)
+        if refused is not None:
+            stats.misdirected += 1
+            self._refuse(*refused, answer_type, counted=True)
+            return False
+        return True
+
     def do_GET(self) -> None:  # noqa: N802
+        if not self._admitted(JSON, token=False):
+            return
         if urlsplit(self.path).path in ("/", "/health", "/healthz"):
             self._send(200, b'{"status":"ok"}', JSON)
         else:
@@ -644,6 +845,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         collector = self.server.collector
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if not self._admitted(JSON if content_type == JSON else PROTOBUF, token=True):
+            return
+        budget = collector.ingest.budget
+        held = [0]  # the bytes this request took from the budget (until ingest takes them over)
+        try:
+            self._post(collector, content_type, budget, held)
+        except _Busy as exc:
+            collector.ingest.stats.busy += 1
+            collector.ingest.stats.busy_bytes += held[0] + exc.size
+            self._fail(503, f"the collector holds {budget.limit} bytes of requests already (--max-queued-bytes); retry later",
+                       JSON if content_type == JSON else PROTOBUF, close=self.close_connection, retry_after=1)
+        finally:
+            budget.give(held[0])
+
+    def _post(self, collector: Collector, content_type: str, budget: ByteBudget, held: list[int]) -> None:
+        """Answer a POST (the budget's bytes: see :class:`ByteBudget`)."""
         path = urlsplit(self.path).path.rstrip("/")
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         answer_type = JSON if content_type == JSON else PROTOBUF
@@ -658,10 +876,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if encoding not in ("identity", "", "gzip", "x-gzip", "deflate"):
             self._refuse(415, f"unsupported content encoding {encoding!r}; send gzip, deflate or none", answer_type)
             return
+
+        def take(size: int) -> None:
+            if not budget.take(size):
+                raise _Busy(size)
+            held[0] += size
+
         try:
-            body = self._read_body(collector.max_bytes)
+            body = self._read_body(collector.max_bytes, take)
             if encoding in ("gzip", "x-gzip", "deflate"):
                 body = _decompress(body, encoding, collector.max_bytes)
+                take(max(0, len(body) - held[0]))  # decoded, it is this large
             if signal != "traces":
                 _check_other_signal(signal, body, content_type)
                 if signal == "metrics":
@@ -671,13 +896,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send_empty(signal, answer_type)
                 return
             request = decode_json(body) if content_type == JSON else decode_protobuf(body)
+            del body  # the decoded request replaces it
             received = received_of(request)
+            del request  # the spans replace it
         except PayloadError as exc:
             collector.ingest.stats.refused += 1
             self._fail(exc.status, exc.reason, answer_type, close=exc.status in (411, 413))
             return
+        size, held[0] = held[0], 0  # given back by ingest, once the rows are written
         try:
-            collector.ingest.ingest(received)
+            collector.ingest.ingest(received, size)
         except StoreUnavailable as exc:
             self._fail(503, str(exc), answer_type, retry_after=1)
             return
@@ -685,9 +913,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # -- the body --------------------------------------------------------------------------
 
-    def _read_body(self, limit: int) -> bytes:
+    def _read_body(self, limit: int, take: Callable[[int], None]) -> bytes:
+        """The body, at most ``limit`` bytes; ``take`` gets each size before it is read (and
+        raises :class:`_Busy` when the collector holds too much already)."""
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            return self._read_chunked(limit)
+            return self._read_chunked(limit, take)
         length_text = self.headers.get("Content-Length")
         if length_text is None:
             raise PayloadError(411, "a Content-Length (or chunked transfer encoding) is required")
@@ -700,12 +930,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if length > limit:
             self._discard(length)
             raise PayloadError(413, f"the payload is {length} bytes; this collector takes at most {limit} (--max-bytes)")
+        try:
+            take(length)  # before reading: a refused body is never held
+        except _Busy:
+            if length <= 64 * 1024 * 1024:
+                self._discard(length)  # read away, so that the sender reads the 503 and retries
+            else:
+                self.close_connection = True
+            raise
         body = self.rfile.read(length)
         if len(body) != length:
             raise PayloadError(400, f"the body ended after {len(body)} of {length} bytes")
         return body
 
-    def _read_chunked(self, limit: int) -> bytes:
+    def _read_chunked(self, limit: int, take: Callable[[int], None]) -> bytes:
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -721,6 +959,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             total += size
             if total > limit:
                 raise PayloadError(413, f"the payload is over {limit} bytes, the most this collector takes (--max-bytes)")
+            try:
+                take(size)
+            except _Busy:
+                self.close_connection = True  # the rest of the body is not read
+                raise
             chunk = self.rfile.read(size)
             if len(chunk) != size:
                 raise PayloadError(400, "the body ended inside a chunk")
@@ -745,9 +988,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             self._send(200, b"", PROTOBUF)  # an empty Export*ServiceResponse serializes to no bytes
 
-    def _refuse(self, status: int, reason: str, answer_type: str) -> None:
+    def _refuse(self, status: int, reason: str, answer_type: str, *, headers: dict[str, str] | None = None,
+                counted: bool = False) -> None:
         """Refuse before reading the body: read it away (bounded) or close the connection."""
-        self.server.collector.ingest.stats.refused += 1
+        if not counted:
+            self.server.collector.ingest.stats.refused += 1
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -755,11 +1000,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         close = length < 0 or length > 64 * 1024 * 1024 or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
         if not close and length:
             self._discard(length)
-        self._fail(status, reason, answer_type, close=close)
+        self._fail(status, reason, answer_type, close=close, headers=headers)
 
-    def _fail(self, status: int, reason: str, answer_type: str, *, close: bool = False, retry_after: int | None = None) -> None:
+    def _fail(self, status: int, reason: str, answer_type: str, *, close: bool = False, retry_after: int | None = None,
+              headers: dict[str, str] | None = None) -> None:
         body, kind = _status_body(_GRPC_CODES.get(status, 3), reason, answer_type)
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        headers = dict(headers or {})
+        if retry_after is not None:
+            headers["Retry-After"] = str(retry_after)
         if close:
             headers["Connection"] = "close"
             self.close_connection = True
@@ -827,13 +1075,25 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
 
     class Traces(trace_service_pb2_grpc.TraceServiceServicer):
         def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+            ingest = collector.ingest
+            size = request.ByteSize()
+            if not ingest.budget.take(size):
+                ingest.stats.busy += 1
+                ingest.stats.busy_bytes += size
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the collector holds {ingest.budget.limit} bytes of requests already (--max-queued-bytes); retry later")
             try:
                 received = received_of(request)
             except PayloadError as exc:
-                collector.ingest.stats.refused += 1
+                ingest.budget.give(size)
+                ingest.stats.refused += 1
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+            except BaseException:
+                ingest.budget.give(size)
+                raise
+            del request  # the spans replace it
             try:
-                collector.ingest.ingest(received)
+                ingest.ingest(received, size)  # gives the bytes back once the rows are written
             except StoreUnavailable as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return trace_service_pb2.ExportTraceServiceResponse()
@@ -848,8 +1108,12 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
             collector.ingest.stats.logs_requests += 1
             return logs_service_pb2.ExportLogsServiceResponse()
 
+    interceptors = [_token_interceptor(collector.token, collector.ingest.stats)] if collector.token is not None else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="loopscope-collect-grpc"),
+        interceptors=interceptors,
+        # calls past the workers wait in gRPC's queue up to this many, then get RESOURCE_EXHAUSTED
+        maximum_concurrent_rpcs=collector.max_connections,
         options=[
             ("grpc.max_receive_message_length", collector.max_bytes),
             ("grpc.so_reuseport", 0),
@@ -869,13 +1133,39 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
     return server, bound
 
 
+def _token_interceptor(token: str, stats: CollectorStats) -> Any:
+    """A gRPC interceptor refusing calls without ``authorization: Bearer <token>`` (UNAUTHENTICATED)."""
+    import grpc
+
+    def deny(request: Any, context: Any) -> Any:
+        stats.unauthorized += 1
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token is required (authorization: Bearer <token>)")
+
+    denied = grpc.unary_unary_rpc_method_handler(deny)
+
+    class TokenCheck(grpc.ServerInterceptor):
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            values = [v for k, v in (details.invocation_metadata or ()) if k == "authorization"]
+            if values and token_ok(values[0] if isinstance(values[0], str) else values[0].decode("latin-1"), token):
+                return continuation(details)
+            return denied
+
+    return TokenCheck()
+
+
 # -- the collector --------------------------------------------------------------------------------
 
 
 class Collector:
     """An OTLP receiver writing to one store. ``http_port`` / ``grpc_port`` 0 take any free
     port; ``grpc_port=None`` serves HTTP only. Use as a context manager, or ``start()`` /
-    ``stop()``."""
+    ``stop()``.
+
+    ``token``: requests must carry ``Authorization: Bearer <token>``; ``allow_hosts``: more
+    host names requests may be addressed to (see :class:`loopscope._http.HostRule`);
+    ``max_queued_bytes``: the payload bytes held at once (past them: 503);
+    ``max_connections`` / ``socket_timeout``: HTTP connections served at once, and the
+    seconds one may send nothing before it is closed."""
 
     def __init__(
         self,
@@ -891,15 +1181,26 @@ class Collector:
         flush_timeout: float = 30.0,
         flush_interval: float = 0.5,
         verbose: bool = False,
+        token: str | None = None,
+        allow_hosts: Sequence[str] = (),
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
         self.db = resolve(db)
         self.host = host
         self.max_bytes = max_bytes
         self.verbose = verbose
+        # an empty token is no token (an unset variable in a shell script)
+        self.token = token or None
+        self.host_rule = HostRule(host, allow_hosts)
+        self.max_connections = max_connections
+        self.socket_timeout = socket_timeout
         self._http_port = http_port
         self._grpc_port = grpc_port
         self._ingest_args = {
             "raw": raw, "raw_wait": raw_wait, "idle_seconds": idle_seconds, "flush_timeout": flush_timeout, "flush_interval": flush_interval,
+            "max_queued_bytes": max_queued_bytes,
         }
         self.ingest: Ingest = None  # type: ignore[assignment]
         self.http_port: int | None = None
@@ -981,6 +1282,7 @@ def serve(collector: Collector, ready: Callable[[Collector], None] | None = None
 
 
 __all__ = [
-    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "Collector", "Ingest", "PayloadError", "StoreUnavailable",
+    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_QUEUED_BYTES", "TOKEN_ENV", "ByteBudget", "Collector",
+    "CollectorStats", "Ingest", "PayloadError", "StoreUnavailable",
     "decode_json", "decode_protobuf", "received_of", "records_of", "serve",
 ]

@@ -28,7 +28,7 @@ import duckdb
 
 from .._guard import clear_warning, internal_error, logger, warn_once
 from . import mapping, recovery
-from . import health, scrub
+from . import health, idempotent, scrub
 from ..export.content import ContentPolicy
 from .connection import open_store
 from .errors import StoreError
@@ -101,8 +101,13 @@ class StoreWriter:
         lock_timeout: float = 2.0,
         track_turns: bool = False,
         content: ContentPolicy | None = None,
+        skip_stored: bool = False,
     ) -> None:
         self.path = path
+        # leave out of each batch the rows the store holds already (idempotent.py): a
+        # collector's senders resend what it did not acknowledge before a crash
+        self.skip_stored = skip_stored
+        self.already_stored = 0
         # secrets masked, the redaction hook and a size cap, in the writer's thread (scrub.py)
         self.content = content or ContentPolicy()
         # the counters kept in the store, for `loopscope status` (health.py); the pipeline
@@ -369,6 +374,8 @@ class StoreWriter:
                 _ensure_schema(self.path, con)
                 if not self._recovered:
                     self._recover(con)
+                if self.skip_stored:
+                    self.already_stored += idempotent.drop_stored(con, facts)
                 extra = self._tracker.statements(facts) if self._tracker is not None else []
                 extra = [*extra, *self._report_statements(facts)]
                 written_events, written_turns = write_batch(con, facts, extra=extra)

@@ -267,6 +267,36 @@ def test_requests_for_another_host_name_are_refused(dashboard):
         assert request(dashboard, "GET", "/api/overview", {"Host": host})[0] == 200
 
 
+def test_requests_from_another_sites_page_are_refused(dashboard):
+    port = dashboard.server_address[1]
+    for origin in ("http://attacker.example", f"http://attacker.example:{port}", "null"):
+        status, _, body = request(dashboard, "GET", "/api/overview", {"Origin": origin})
+        assert status == 403 and "Origin" in json.loads(body)["error"], origin
+    assert request(dashboard, "GET", "/api/overview", {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
+
+
+def test_idle_connections_are_closed_and_bounded_and_requests_still_answered(sample_db):
+    import socket
+    import threading
+
+    def handler_threads() -> int:
+        return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+    before = handler_threads()
+    for server in webdata.running(make_server(str(sample_db), port=0, max_connections=2, socket_timeout=0.5)):
+        port = server.server_address[1]
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
+        try:
+            threads = max(handler_threads() - before for _ in range(20) if time.sleep(0.01) is None)
+            assert request(server, "GET", "/api/overview")[0] == 200  # waits its turn, then is served
+            for s in idle:
+                assert s.recv(1) == b""  # closed by the server: it sent nothing
+        finally:
+            for s in idle:
+                s.close()
+        assert threads <= 2
+
+
 @pytest.mark.parametrize(
     ("path", "status"),
     [

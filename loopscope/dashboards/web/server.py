@@ -8,9 +8,12 @@ Standard library only (``http.server``). What it serves:
   connection per request;
 - GET and HEAD only: every other method gets 405.
 
-Requests whose ``Host`` header names another machine are refused (421) while the
-server listens on a loopback address, so a web page elsewhere cannot reach the store
-through DNS rebinding. Every response forbids inline scripts (Content-Security-Policy).
+Requests whose ``Host`` header names another machine are refused (421), and those whose
+``Origin`` names another site (403), so a web page elsewhere cannot reach the store
+through DNS rebinding (the rule, shared with ``loopscope collect``: :class:`loopscope._http.HostRule`).
+Every response forbids inline scripts (Content-Security-Policy). At most
+``max_connections`` connections are served at once, and one that sends nothing for
+``socket_timeout`` seconds is closed (:class:`loopscope._http.BoundedHTTPServer`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ..._http import BoundedHandler, BoundedHTTPServer, HostRule
 from ...storage.errors import StoreError
 from ...storage.store import Store
 from . import api
@@ -34,6 +37,10 @@ __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DashboardServer", "make_server", "se
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+MAX_CONNECTIONS = 32
+"""Connections served at once; more wait in the listen queue (a browser opens about six)."""
+SOCKET_TIMEOUT = 15.0
+"""Seconds a connection may send nothing (between requests too) before it is closed."""
 
 log = logging.getLogger("loopscope.ui")
 
@@ -54,7 +61,6 @@ _SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
-_LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _MAX_QUERY = 4096
 
 
@@ -150,7 +156,7 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: DashboardServer
     server_version = "loopscope-ui"
     protocol_version = "HTTP/1.1"
@@ -179,8 +185,9 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routing -----------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        if not self._host_allowed():
-            self._error(HTTPStatus.MISDIRECTED_REQUEST, "this dashboard only answers requests addressed to it")
+        refused = self.server.host_rule.refusal(self.headers)
+        if refused is not None:
+            self._error(HTTPStatus(refused[0]), refused[1])
             return
         parts = urlsplit(self.path)
         path = parts.path
@@ -196,20 +203,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._api(_ROUTES[path], parts.query)
         else:
             self._error(HTTPStatus.NOT_FOUND, "not found")
-
-    def _host_allowed(self) -> bool:
-        allowed = self.server.allowed_hosts
-        if allowed is None:
-            return True
-        host = self.headers.get("Host")
-        if host is None:
-            return True
-        name = host.strip().lower()
-        if name.startswith("["):
-            name = name[: name.find("]") + 1]
-        elif name.count(":") == 1:
-            name = name.split(":", 1)[0]
-        return name in allowed
 
     def _asset(self, name: str) -> None:
         found = self.server.static.get(name)
@@ -265,28 +258,19 @@ class _Handler(BaseHTTPRequestHandler):
             sys.stderr.write(f"loopscope ui: {self.address_string()} {format % args}\n")
 
 
-class DashboardServer(ThreadingHTTPServer):
+class DashboardServer(BoundedHTTPServer):
     """The dashboard's server; ``url`` is where it listens. Close it with ``shutdown()`` then ``server_close()``."""
 
-    daemon_threads = True
-    allow_reuse_address = True
-
     def __init__(
-        self, store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False
+        self, store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
+        max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
-        if ":" in host:
-            import socket
-
-            self.address_family = socket.AF_INET6
-        super().__init__((host, port), _Handler)
+        super().__init__((host, port), _Handler, max_connections=max_connections, socket_timeout=socket_timeout)
         self.store = store
         self.verbose = verbose
         self.static = _static_files()
-        # on a loopback address only requests for a loopback name are answered (no DNS rebinding);
-        # on another address, requests addressed to it too; on a wildcard address, any
-        self.allowed_hosts: set[str] | None = None
-        if host not in ("0.0.0.0", "::", ""):
-            self.allowed_hosts = _LOOPBACK_NAMES | {host.lower(), f"[{host.lower()}]"}
+        # requests for another host name (DNS rebinding) or from another site's page are refused
+        self.host_rule = HostRule(host)
 
     @property
     def url(self) -> str:
@@ -296,12 +280,15 @@ class DashboardServer(ThreadingHTTPServer):
 
 
 def make_server(
-    store: Store | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False
+    store: Store | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
+    max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT,
 ) -> DashboardServer:
-    """A dashboard server bound to ``host:port`` (port 0: any free port), not yet serving."""
+    """A dashboard server bound to ``host:port`` (port 0: any free port), not yet serving:
+    at most ``max_connections`` served at once, each closed after ``socket_timeout``
+    seconds without a byte."""
     if not isinstance(store, Store):
         store = Store(store)
-    return DashboardServer(store, host, port, verbose=verbose)
+    return DashboardServer(store, host, port, verbose=verbose, max_connections=max_connections, socket_timeout=socket_timeout)
 
 
 def serve(
