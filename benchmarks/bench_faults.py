@@ -160,6 +160,14 @@ BIG_CHILD = textwrap.dedent(
     def stuck(*args, **kwargs):
         time.sleep(100)  # the writer is inside a write that takes 100 s
 
+    def peak_rss_kb():
+        # VmHWM: this process's own peak (ru_maxrss starts from the parent's at fork, and execve keeps it)
+        try:
+            with open("/proc/self/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
     writer.write_batch = stuck
     db, calls, queue_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     pipeline = loopscope.configure(db, queue_bytes=queue_bytes)
@@ -170,7 +178,7 @@ BIG_CHILD = textwrap.dedent(
         return value[:-1] + chr(97 + i % 26)  # a new 1 MiB string per call, as a real result is
 
     fetch(0)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_before = peak_rss_kb()
     samples = []
     clock = time.perf_counter_ns
     cpu0 = time.process_time()
@@ -184,7 +192,7 @@ BIG_CHILD = textwrap.dedent(
     stats = pipeline.stats()
     print(json.dumps({
         "median_us": statistics.median(samples) / 1000, "cpu_us_per_call": cpu / calls * 1e6,
-        "rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024,
+        "rss_growth_mb": (peak_rss_kb() - rss_before) / 1024,
         "dropped": stats.dropped, "queued_bytes_mb": stats.queued_bytes / (1 << 20), "last_call": last_call,
     }), flush=True)
     """
@@ -278,7 +286,7 @@ def main() -> int:
     print(f"byte bound vs none: median/call {after['median_us'] / before['median_us']:.2f}x, "
           f"cpu/call {after['cpu_us_per_call'] / before['cpu_us_per_call']:.2f}x, "
           f"peak RSS growth {after['rss_growth_mb']:.0f} MB vs {before['rss_growth_mb']:.0f} MB "
-          f"(bound {QUEUE_BYTES >> 20} MiB); exit within {CLOSE_TIMEOUT:g} s: "
+          f"(bound {QUEUE_BYTES >> 20} MiB); exit within the close bound ({CLOSE_TIMEOUT:g} s, +2 s for the interpreter to end): "
           f"{'MET' if max(after['exit_s'], before['exit_s']) <= CLOSE_TIMEOUT + 2 else 'NOT MET'}")
     return 0
 
