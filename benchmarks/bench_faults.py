@@ -20,7 +20,21 @@ writer`` against ``normal``, the OTLP faults against ``otlp ok``). Also printed:
 the slow writer had to drop (counted, never silent), and the peak queue length, which the
 queue bound caps.
 
-    .venv/bin/python benchmarks/bench_faults.py [--calls N] [--repeats R]
+Then (issue 15), each in a child process of its own, whose writer is stuck inside a write
+that takes 100 s (``write_batch`` wrapped with a sleep), ``--big-calls`` tool calls that
+each return 1 MiB:
+
+* ``1 MiB, no byte bound`` -- ``queue_bytes`` so large it never binds: the baseline, what
+  the queue held before it was bounded in bytes;
+* ``1 MiB, byte bound``    -- the default ``queue_bytes`` (64 MiB).
+
+For each: the per-call median and the whole process's CPU per call during the loop, the
+growth of peak RSS over the process's RSS before the loop, what was dropped (counted),
+and the exit time: from the child's last call to the end of its process, with the writer
+still stuck (the close bound, ``CLOSE_TIMEOUT``, is 5 s; before issue 15 it was the
+stuck write's 100 s).
+
+    .venv/bin/python benchmarks/bench_faults.py [--calls N] [--repeats R] [--big-calls M] [--quick]
 """
 
 from __future__ import annotations
@@ -28,11 +42,15 @@ from __future__ import annotations
 import argparse
 import gc
 import http.server
+import json
 import logging
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -133,11 +151,82 @@ def run(n: int, db: Path, *, otlp: str | None = None, slow: bool = False) -> tup
     return samples, info
 
 
+BIG_CHILD = textwrap.dedent(
+    """
+    import json, resource, statistics, sys, time
+    import loopscope
+    from loopscope.storage import writer
+
+    def stuck(*args, **kwargs):
+        time.sleep(100)  # the writer is inside a write that takes 100 s
+
+    def peak_rss_kb():
+        # VmHWM: this process's own peak (ru_maxrss starts from the parent's at fork, and execve keeps it)
+        try:
+            with open("/proc/self/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    writer.write_batch = stuck
+    db, calls, queue_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    pipeline = loopscope.configure(db, queue_bytes=queue_bytes)
+    value = "v" * (1 << 20)
+
+    @loopscope.tool
+    def fetch(i: int) -> str:
+        return value[:-1] + chr(97 + i % 26)  # a new 1 MiB string per call, as a real result is
+
+    fetch(0)
+    rss_before = peak_rss_kb()
+    samples = []
+    clock = time.perf_counter_ns
+    cpu0 = time.process_time()
+    with loopscope.turn(session_id="big", agent="bench"):
+        for i in range(calls):
+            t0 = clock()
+            fetch(i)
+            samples.append(clock() - t0)
+    cpu = time.process_time() - cpu0
+    last_call = time.monotonic()
+    stats = pipeline.stats()
+    print(json.dumps({
+        "median_us": statistics.median(samples) / 1000, "cpu_us_per_call": cpu / calls * 1e6,
+        "rss_growth_mb": (peak_rss_kb() - rss_before) / 1024,
+        "dropped": stats.dropped, "queued_bytes_mb": stats.queued_bytes / (1 << 20), "last_call": last_call,
+    }), flush=True)
+    """
+)
+"""A child process that makes 1 MiB tool results with its writer stuck, then exits (at
+exit: the close bound); prints its measures as JSON, and when its last call ended."""
+
+
+def big_values(calls: int, tmp: Path, name: str, queue_bytes: int) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPSCOPE_", "OTEL_"))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-c", BIG_CHILD, str(tmp / f"{name}.duckdb"), str(calls), str(queue_bytes)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    proc.wait(300)
+    ended = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the child
+    out = json.loads(line)
+    out["exit_s"] = ended - out.pop("last_call")
+    return out
+
+
+NO_BYTE_BOUND = 1 << 62
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--big-calls", type=int, default=500, help="1 MiB tool results per child (issue 15)")
+    parser.add_argument("--quick", action="store_true", help="a short run: 2,000 calls, 2 repeats, 200 big calls")
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.repeats, args.big_calls = 2_000, 2, 200
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # the faults' export errors are expected
     hanging = Hanging()
     healthy = healthy_url()
@@ -181,6 +270,24 @@ def main() -> int:
         print(f"{name:<14} {med:>9.2f}us {ratio:>12.2f}x {p90:>7.2f}us  {runs:<34} {notes}")
     print()
     print(f"goal (every fault <= {GOAL}x normal, per-call median): {'MET' if met else 'NOT MET'}")
+    print()
+    from loopscope.storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES
+
+    print(f"writer stuck in a 100 s write, {args.big_calls} tool calls returning 1 MiB each, one child process per variant")
+    print(f"{'variant':<22} {'median/call':>11} {'cpu/call':>9} {'peak RSS growth':>15} {'dropped':>8} "
+          f"{'held at end':>11} {'exit after last call':>20}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="loopscope-big-") as tmp:
+        for name, bound in (("1 MiB, no byte bound", NO_BYTE_BOUND), ("1 MiB, byte bound", QUEUE_BYTES)):
+            r = results[name] = big_values(args.big_calls, Path(tmp), name.replace(" ", "-").replace(",", ""), bound)
+            print(f"{name:<22} {r['median_us']:>9.1f}us {r['cpu_us_per_call']:>7.1f}us {r['rss_growth_mb']:>12.0f} MB "
+                  f"{r['dropped']:>8} {r['queued_bytes_mb']:>8.0f} MB {r['exit_s']:>18.2f} s")
+    before, after = results["1 MiB, no byte bound"], results["1 MiB, byte bound"]
+    print(f"byte bound vs none: median/call {after['median_us'] / before['median_us']:.2f}x, "
+          f"cpu/call {after['cpu_us_per_call'] / before['cpu_us_per_call']:.2f}x, "
+          f"peak RSS growth {after['rss_growth_mb']:.0f} MB vs {before['rss_growth_mb']:.0f} MB "
+          f"(bound {QUEUE_BYTES >> 20} MiB); exit within the close bound ({CLOSE_TIMEOUT:g} s, +2 s for the interpreter to end): "
+          f"{'MET' if max(after['exit_s'], before['exit_s']) <= CLOSE_TIMEOUT + 2 else 'NOT MET'}")
     return 0
 
 

@@ -9,6 +9,7 @@ stacking processors.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,13 +17,14 @@ from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from ._guard import internal_error
+from ._guard import internal_error, warn_once
 from .export.content import ContentPolicy
 from .export.metrics import MetricsProcessor
 from .export.otlp import CountingBatchProcessor, OTLPSettings, PolicyExporter, filtered_span, metric_exporter, span_exporter
@@ -30,8 +32,9 @@ from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
 from .storage.processor import StoreSpanProcessor
+from .storage import health
 from .storage.schema import migrate
-from .storage.writer import StoreWriter, WriterStats
+from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
 
 DEFAULT_DB = "loopscope.duckdb"
 
@@ -134,13 +137,28 @@ def _check_db(path: str) -> None:
     except StoreLockedError:
         # another process writes here too: our writer waits its turn between its batches
         return
+    except (duckdb.Error, OSError) as exc:  # a read-only disk met while migrating, say
+        raise StoreError(f"cannot write the loopscope store {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def _store_off(path: str, exc: BaseException) -> None:
+    """The default store cannot be written: recording to it is off, said once (a logging
+    warning, which Python prints on stderr unless the application set up logging) and,
+    where the folder takes it, in the note beside the store that ``status`` reads."""
+    warn_once(
+        f"store-off:{path}",
+        "loopscope: %s; recording to the store is off (OTLP export, if configured, still works). "
+        "Set LOOPSCOPE_DB to a writable file, or call loopscope.configure(db=...)",
+        exc,
+    )
+    # one entry per host, the last process's: a store that stays unwritable does not grow the file
+    off = health.Counters(last_error=str(exc), last_error_at=time.time())
+    health.record_beside(path, f"store-off {socket.gethostname()}", off, note="recording to the store was off")
 
 
 def _recover(con: Any) -> None:
     """Close the turns a process that died left open (the writer tries again at its first
     batch if this cannot be done now)."""
-    import duckdb
-
     from .storage.recovery import recover
 
     try:
@@ -171,6 +189,7 @@ def configure(
     policy: PersistencePolicy | None = None,
     flush_interval: float | None = None,
     queue_size: int = 200_000,
+    queue_bytes: int = QUEUE_BYTES,
     tracer_provider: TracerProvider | None = None,
     service_name: str | None = None,
     stitch_idle_timeout: float | None = None,
@@ -190,9 +209,13 @@ def configure(
     processes can read it; by default (``None``) that is half a second while the
     application records little, and up to five seconds under a steady load, so that the
     store writer's batches take about 5% of one core (``loopscope.flush()`` writes at
-    once, whatever the interval). ``queue_size`` bounds the memory held for events not
-    yet written (past it, events are dropped and counted). A path that cannot be written raises
-    :class:`StoreError` here, once.
+    once, whatever the interval). ``queue_size`` (spans) and ``queue_bytes`` (their text
+    content, estimated; default 64 MiB) bound the memory held for events not yet written
+    (past either, events are dropped and counted, in ``loopscope status``). A ``db`` path
+    given here that cannot be written raises :class:`StoreError`, once; the default path
+    (``LOOPSCOPE_DB`` or ``./loopscope.duckdb``, what ``instrument()`` and the first
+    ``turn()`` configure) never raises: recording to the store is then off, said once in
+    a warning, and the rest (OTLP export) works. A missing folder is never created.
 
     Export: spans and metrics go over OTLP when ``otlp`` is true, or when it is left
     ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).
@@ -213,9 +236,16 @@ def configure(
     """
     global _active
     with _lock:
-        path = None if db is False else resolve(default_db_path() if db in (None, True) else db)  # type: ignore[arg-type]
+        explicit = db not in (None, True, False)
+        path = None if db is False else resolve(default_db_path() if not explicit else db)  # type: ignore[arg-type]
         if path is not None:
-            _check_db(path)
+            try:
+                _check_db(path)
+            except StoreError as exc:
+                if explicit:
+                    raise
+                _store_off(path, exc)  # the default store: the application must not see it
+                path = None
         content = content_policy or ContentPolicy(capture=capture_content)
         if content_policy is not None and capture_content is not None:
             content.capture = capture_content
@@ -232,7 +262,8 @@ def configure(
         writer = None
         if path is not None:
             writer = StoreWriter(
-                path, policy=policy, flush_interval=flush_interval, max_queue=queue_size, track_turns=True, content=content
+                path, policy=policy, flush_interval=flush_interval, max_queue=queue_size, max_bytes=queue_bytes,
+                track_turns=True, content=content,
             )
             targets.append(StoreSpanProcessor(writer))
         exporter = policy_exporter = None
@@ -356,7 +387,7 @@ EXPORT_SHUTDOWN_SECONDS = 3.0
 a backend that is down must not hold the application's exit hostage."""
 
 
-def _shutdown_locked() -> None:
+def _shutdown_locked(timeout: float = CLOSE_TIMEOUT) -> None:
     global _active
     pipeline, _active = _active, None
     if pipeline is None:
@@ -376,9 +407,10 @@ def _shutdown_locked() -> None:
     for processor in pipeline.processors:
         if isinstance(processor, StoreSpanProcessor):
             _quietly(processor.drain)  # foreign spans still waiting for their agent run
+    # one deadline for all of it: the exporters send meanwhile, in their threads
+    deadline = time.monotonic() + max(timeout, EXPORT_SHUTDOWN_SECONDS)
     if pipeline.writer is not None:
-        pipeline.writer.close()
-    deadline = time.monotonic() + EXPORT_SHUTDOWN_SECONDS
+        pipeline.writer.close(timeout)
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
 
@@ -390,15 +422,20 @@ def _quietly(closer: Callable[[], object]) -> None:
         internal_error("exporter shutdown")
 
 
-def shutdown() -> None:
-    """End open stitched turns, flush every recorded event to the store and stop the writer."""
+def shutdown(timeout: float = CLOSE_TIMEOUT) -> None:
+    """End open stitched turns, flush every recorded event to the store and stop the writer.
+
+    Returns within ``timeout`` seconds (default 5; OTLP exporters get at least
+    :data:`EXPORT_SHUTDOWN_SECONDS`), whatever the store's writer is doing: events not
+    written by then are counted as lost, in the store's health record or in the file
+    beside it (``loopscope status`` shows both). The close at exit has the same bound."""
     for hook in _shutdown_hooks:
         try:
             hook()
         except Exception:
             internal_error("shutdown hook")
     with _lock:
-        _shutdown_locked()
+        _shutdown_locked(timeout)
 
 
 __all__ = ["Pipeline", "active", "configure", "default_db_path", "flush", "on_shutdown", "shutdown", "tracer"]

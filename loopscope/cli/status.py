@@ -3,8 +3,11 @@
 What a store holds says little about what it misses. Each writer keeps its counters in
 the store (:mod:`loopscope.storage.health`): rows written, events dropped because its
 queue was full or because the file stayed unwritable too long, failed write attempts
-with the last error, and what the OTLP exporter of the same process dropped. This
-command reads them from any process, while agents keep writing.
+with the last error, and what the OTLP exporter of the same process dropped. What a
+writer could not say in the store (it was held by another process or full when the
+writer stopped, or a write never ended) is counted in the file beside it
+(:func:`health.beside_path`); this command adds both. It reads them from any process,
+while agents keep writing, and writes nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
             "(SELECT count(*) FROM events WHERE type = 'tool_call_start'), (SELECT max(created_at) FROM events)"
         ).fetchone()
         writers = health.writers(con)
+    writers = _with_beside(writers, health.read_beside(path))
     size = sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p))
     for writer in writers:
         for key in ("boot_id", "pid_namespace", "process_start"):
@@ -72,32 +76,82 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     }
 
 
+def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The store's writer rows with what the file beside the store adds: to the row of
+    the same writer, or as a row of its own for a writer the store has no row of."""
+    by_id = {w["writer_id"]: w for w in writers}
+    for writer_id, entry in beside.items():
+        row = by_id.get(writer_id)
+        if row is None:
+            row = {
+                "writer_id": writer_id, "host": entry.get("host"), "pid": entry.get("pid"), "started_at": None,
+                "last_seen": _when(entry.get("at")), "alive": "stopped", "events_written": 0, "turns_written": 0,
+                "excluded": 0, "queue_size": entry.get("queue_size") or 0, "last_error": None, "last_error_at": None,
+                "stopped_at": _when(entry.get("at")), **{name: 0 for name in health.LOSS_COUNTERS},
+            }
+            writers.append(row)
+        for name in health.LOSS_COUNTERS:
+            value = entry.get(name)
+            row[name] = int(row[name]) + (int(value) if isinstance(value, int) else 0)
+        if entry.get("last_error"):
+            row["last_error"], row["last_error_at"] = entry["last_error"], _when(entry.get("last_error_at"))
+        row["beside"] = entry.get("note") or "counted beside the store"
+        if row["alive"] == "gone":
+            row["alive"] = "stopped"  # it counted this as it closed the store
+    return writers
+
+
+def _when(seconds: Any) -> datetime | None:
+    return datetime.fromtimestamp(seconds, timezone.utc) if isinstance(seconds, (int, float)) else None
+
+
 def problems(writers: list[dict[str, Any]]) -> list[str]:
     """One line per kind of loss, saying what to do about it; empty when nothing was lost."""
     lines = []
     for w in writers:
         who = f"pid {w['pid']} on {w['host']}"
+        if w.get("beside") == _STORE_OFF:
+            when = f" at {tables.stamp(w['last_error_at'])}" if w["last_error_at"] else ""
+            lines.append(f"{_STORE_OFF} ({who}){when}: {w['last_error'] or 'unknown error'}")
         if w["dropped_queue_full"]:
             lines.append(
                 f"{w['dropped_queue_full']:,} events dropped: queue full ({who}, queue_size {w['queue_size']:,}); "
-                "raise queue_size (loopscope.configure(queue_size=...)) or record less per second"
+                "raise queue_size or queue_bytes (loopscope.configure(queue_size=..., queue_bytes=...)) "
+                "or record less per second"
             )
         if w["dropped_unwritable"]:
             lines.append(
-                f"{w['dropped_unwritable']:,} events dropped: the store could not be written for too long ({who}); "
-                "keep readers that hold the file short, or check the disk"
+                f"{w['dropped_unwritable']:,} events lost: not written to the store ({who}; last error: "
+                f"{w['last_error'] or 'unknown'}); keep readers that hold the file short, check the disk, "
+                "and let the process end normally"
             )
         if w["failed_writes"]:
             when = f" at {tables.stamp(w['last_error_at'])}" if w["last_error_at"] else ""
             lines.append(
                 f"{w['failed_writes']:,} write attempts failed ({who}); last{when}: {w['last_error'] or 'unknown error'}"
-                + ("" if w["dropped_unwritable"] else " (the events were kept and written later)")
+                + _fate(w)
             )
+        if w.get("beside") and w.get("beside") != _STORE_OFF:
+            lines.append(f"  (pid {w['pid']}: counted in the file beside the store, the store could not take it)")
         if w["otlp_dropped"]:
             lines.append(f"{w['otlp_dropped']:,} spans dropped by the OTLP exporter: its queue was full ({who})")
         if w["otlp_failed"]:
             lines.append(f"{w['otlp_failed']:,} spans the OTLP exporter failed to send ({who}); check the endpoint")
     return lines
+
+
+_STORE_OFF = "recording to the store was off"
+
+
+def _fate(w: dict[str, Any]) -> str:
+    """What became of the events of a writer whose writes failed, as far as is known."""
+    if w["dropped_unwritable"]:
+        return ""  # the line above counts them
+    if w["alive"] == "stopped":
+        return " (the events were kept and written later)"
+    if w["alive"] == "yes":
+        return " (the events are kept in its memory and retried)"
+    return " (its process ended without closing the store: what it held then is not known)"
 
 
 def _size(n: int) -> str:

@@ -10,16 +10,23 @@ stayed unwritable longer than the queue could hold, failed write attempts with t
 error and when, and what the OTLP exporter of the same process dropped or failed to send.
 
 A failed write cannot be recorded in the file it failed to reach: it shows with the next
-batch that gets through (or the writer's last word when it stops).
+batch that gets through, or with the writer's last word when it stops. When even that
+cannot be written (another process holds the file as the process exits, the disk is
+full, a write that never ends at exit), the writer counts what the store's row lacks in a
+small JSON file beside the store, :func:`beside_path` (``<store>.loopscope-lost.json``),
+one entry per writer; ``loopscope status`` reads it and adds it to the store's counts
+(:func:`read_beside`). Nothing ever folds it back or deletes it: delete it to forget.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +80,21 @@ class Counters:
     otlp_failed: int = 0
     queue_size: int = 0
 
+    def since(self, before: Counters | None) -> Counters:
+        """What these counters add to ``before`` (the losses and failures; the written
+        counts are left at 0): what a store row that holds ``before`` lacks."""
+        base = before or Counters()
+        return Counters(
+            dropped_queue_full=self.dropped_queue_full - base.dropped_queue_full,
+            dropped_unwritable=self.dropped_unwritable - base.dropped_unwritable,
+            failed_writes=self.failed_writes - base.failed_writes,
+            last_error=self.last_error,
+            last_error_at=self.last_error_at,
+            otlp_dropped=self.otlp_dropped - base.otlp_dropped,
+            otlp_failed=self.otlp_failed - base.otlp_failed,
+            queue_size=self.queue_size,
+        )
+
 
 OtlpCounts = Callable[[], tuple[int, int]]
 """What the process's OTLP exporter dropped (its queue was full) and failed to send."""
@@ -92,6 +114,11 @@ class Report:
         """Note that a batch with :meth:`statements` for ``writer_id`` committed: the row is
         in the file, and later batches only update it (a statement fewer for each)."""
         self._stored.add(writer_id or self.writer_id)
+
+    def forget(self, writer_id: str | None = None) -> None:
+        """The row ``writer_id`` may be gone from the file (its WAL was removed): the next
+        :meth:`statements` make it again if so."""
+        self._stored.discard(writer_id or self.writer_id)
 
     def statements(self, counters: Counters, writer_id: str | None = None, *, stopped: bool = False) -> list[str]:
         """SQL for the batch's transaction: upsert the row ``writer_id`` (this report's own,
@@ -179,3 +206,78 @@ def _exists(pid: int) -> bool:
     except (PermissionError, OSError):
         return True
     return True
+
+
+# -- beside the store: what its own row could not take --------------------------------------------
+
+LOSS_COUNTERS = ("dropped_queue_full", "dropped_unwritable", "failed_writes", "otlp_dropped", "otlp_failed")
+"""The counters a note beside the store may hold (what ``status`` adds up)."""
+
+
+def beside_path(store: str) -> str:
+    """The JSON file beside ``store`` that counts what its writers lost and could not say in it."""
+    return store + ".loopscope-lost.json"
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """The beside file's lock, between the processes that write it (POSIX; elsewhere none)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: writers of one store rarely end at the same moment
+        yield
+        return
+    with open(path + ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def record_beside(store: str, writer_id: str, counters: Counters, *, note: str | None = None) -> bool:
+    """Set ``writer_id``'s entry in the file beside ``store`` to ``counters`` (what the
+    writer's row in the store lacks; an entry with nothing in it is removed). ``note``
+    says why (e.g. that recording to the store was off). False when it cannot be written
+    either (a missing folder, a read-only disk): the loss is then only logged."""
+    path = beside_path(store)
+    try:
+        with _locked(path):
+            entries = _read(path)
+            entry = {name: int(getattr(counters, name)) for name in LOSS_COUNTERS}
+            if any(entry.values()) or note:
+                me = _me()
+                entry.update(host=me[0], pid=me[1], at=time.time(), queue_size=counters.queue_size,
+                             last_error=counters.last_error, last_error_at=counters.last_error_at, note=note)
+                entries[writer_id] = entry
+            elif entries.pop(writer_id, None) is None:
+                return True
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as handle:
+                json.dump({"version": 1, "writers": entries}, handle)
+            os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    except OSError:
+        return False
+    return True
+
+
+def read_beside(store: str) -> dict[str, dict[str, Any]]:
+    """The entries of the file beside ``store``, by writer id (none when there is no file)."""
+    return _read(beside_path(store))
+
+
+def _read(path: str) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}  # unreadable or torn: os.replace never leaves it so; another tool may have
+    writers = data.get("writers") if isinstance(data, dict) else None
+    return {str(k): v for k, v in writers.items() if isinstance(v, dict)} if isinstance(writers, dict) else {}
+
+
+def _me() -> tuple[str, int]:
+    return socket.gethostname(), os.getpid()
+

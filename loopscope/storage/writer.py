@@ -8,8 +8,15 @@ record batches a chunk at a time (:class:`mapping.Facts`), and once it holds
 transaction: it opens the file, gives each row its per-session index, makes the rows
 from the facts in SQL, and lets the file go again, so that other processes can read in
 between. Rows that cannot be written (a reader holding
-the file too long, a full disk) are kept and retried; past ``max_queue`` the oldest are
-dropped and counted, never silently.
+the file too long, a full disk) are kept and retried, in smaller pieces when a whole
+batch fails (what fits is written, in order); past ``max_queue`` rows or ``max_bytes`` the
+oldest are dropped and counted, never silently. The queue is bounded the same way: in
+spans and in bytes (estimated from the lengths of an ended span's text attributes).
+
+``close()`` returns within its timeout (:data:`CLOSE_TIMEOUT` by default, at exit too)
+whatever the thread is doing: what was not written by then is counted as lost, in the
+store's health record when it can still be written, else beside it
+(:func:`health.record_beside`).
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from . import mapping, recovery
 from . import health, idempotent, scrub
 from ..export.content import ContentPolicy
 from .connection import open_store
-from .errors import StoreError
-from .mapping import _END, _START
+from .errors import StoreError, StoreLockedError
+from .mapping import _BOUNDED, _END, _START
 from .policy import PersistencePolicy
 from .schema import migrate
 
@@ -62,6 +69,18 @@ CHECKPOINT_IDLE = 5.0
 """Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
 so that the file alone holds every row again while the application records nothing."""
 
+CLOSE_TIMEOUT = 5.0
+"""Seconds :meth:`StoreWriter.close` (``loopscope.shutdown()``, and the close at exit) waits
+at most for the last rows to be written; what is not written by then is counted as lost.
+Under the 10 s a container gets between SIGTERM and SIGKILL, with room for the OTLP
+exporters' own bound."""
+QUEUE_BYTES = 64 << 20
+"""Bytes of recorded content the queue holds at most by default (``max_bytes``,
+``configure(queue_bytes=...)``); past it spans are dropped and counted, as past
+``max_queue``. The rows kept after failed writes are bounded by it too."""
+_SPAN_BYTES = 256
+"""What a span counts against ``max_bytes`` besides the lengths of its text attributes."""
+
 
 @dataclass
 class WriterStats:
@@ -75,6 +94,10 @@ class WriterStats:
     failed_writes: int
     batches: int
     last_error: str | None
+    queued_bytes: int = 0
+    """The estimated bytes of the spans queued and the rows held (mapped, being written, kept)."""
+    lost_from_file: int = 0
+    """Events this writer had written that the file no longer holds (its WAL was removed)."""
 
 
 class _Marker:
@@ -97,6 +120,7 @@ class StoreWriter:
         policy: PersistencePolicy | None = None,
         flush_interval: float | None = None,
         max_queue: int = 200_000,
+        max_bytes: int = QUEUE_BYTES,
         batch_size: int = 100_000,
         lock_timeout: float = 2.0,
         track_turns: bool = False,
@@ -123,6 +147,7 @@ class StoreWriter:
         self.policy = policy or PersistencePolicy()
         self.flush_interval = flush_interval
         self.max_queue = max_queue
+        self.max_bytes = max_bytes
         self.batch_size = batch_size
         self.lock_timeout = lock_timeout
         self._queue: collections.deque[Any] = collections.deque()
@@ -132,7 +157,17 @@ class StoreWriter:
         self._wake = threading.Event()
         self._closed = False
         self._mapped = 0  # rows taken from the queue and mapped, not written yet
+        self._inflight = 0  # rows in the write under way (the backlog's among them)
+        self._held_bytes = 0  # Arrow bytes of the rows mapped, being written or kept
         self._backlog: mapping.Facts | None = None  # rows that could not be written yet
+        # bytes queued = _in_bytes - _out_bytes: the first only the application's threads
+        # add to, the second only the writer's thread (no lock on the hot path)
+        self._in_bytes = 0
+        self._out_bytes = 0
+        self._abandoned = False  # close() gave up waiting for the thread (see _abandon)
+        self._beside_lock = threading.Lock()
+        self._beside = False  # an entry of this writer's is in the file beside the store
+        self._indices = _SessionIndex()
         self._wal_pending = False  # the last batch left its rows in the WAL (see _write)
         self._written_events = 0
         self._written_turns = 0
@@ -153,9 +188,11 @@ class StoreWriter:
         """Queue a span (``_START`` or ``_END``) for mapping and writing. Never blocks."""
         queue = self._queue
         size = len(queue)
-        if size >= self.max_queue or self._closed:
+        if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
             self._dropped += 1
             return
+        if kind:  # an ended span: its content is final (a started one's is counted at its end)
+            self._in_bytes += _span_bytes(span)
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
@@ -180,24 +217,39 @@ class StoreWriter:
         self._arrived.set()
         return marker.done.wait(timeout) and marker.ok
 
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, then stop the thread. Further spans are counted as dropped."""
+    def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
+        """Flush, then stop the thread; returns within ``timeout`` seconds (``None``: once
+        everything is written or given up), whatever the thread is doing. What is not
+        written by then is counted as lost (``dropped_unwritable``), in the store's
+        health record or beside the store. Further spans are counted as dropped."""
         if self._closed:
             return
-        self.flush(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        self.flush(left())
         self._closed = True
         self._wake.set()
         self._arrived.set()
-        self._thread.join(timeout)
+        self._thread.join(left())
         _live_writers.discard(self)
-        self._report_stop()
-        lost = self._dropped + self._backlog_rows()
+        if self._thread.is_alive():
+            # inside a write that does not end (a stuck disk, a hook): the file and its
+            # in-process lock are the thread's, so the count goes beside the store
+            self._abandon()
+            lost = self._dropped + self._unwritten()
+        else:
+            self._give_up_backlog()
+            lost = self._dropped
+            self._report_stop(left())
         if lost:
             logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
 
     def stats(self) -> WriterStats:
         return WriterStats(
-            queued=len(self._queue) + self._mapped + self._backlog_rows(),
+            queued=len(self._queue) + self._mapped + self._inflight + self._backlog_rows(),
             written_events=self._written_events,
             written_turns=self._written_turns,
             dropped=self._dropped,
@@ -205,6 +257,8 @@ class StoreWriter:
             failed_writes=self._failed_writes,
             batches=self._batches,
             last_error=self._last_error,
+            queued_bytes=max(0, self._in_bytes - self._out_bytes) + self._held_bytes,
+            lost_from_file=self._indices.lost,
         )
 
     def counters(self, facts: mapping.Facts | None = None) -> health.Counters:
@@ -230,24 +284,68 @@ class StoreWriter:
         there is one (None: the report's own)."""
         return self._tracker.writer_id if self._tracker is not None else None
 
-    def _report_statements(self, facts: mapping.Facts, *, stopped: bool = False) -> list[str]:
+    def _report_statements(self, facts: mapping.Facts, *, stopped: bool = False) -> tuple[list[str], health.Counters]:
+        """The statements that keep this writer's counters in the store, and the counters
+        they hold (``report.persisted`` once their transaction commits)."""
         counters = self.counters(facts)
-        statements = self.report.statements(counters, self._row_id(), stopped=stopped)
-        self.report.persisted = counters
-        return statements
+        return self.report.statements(counters, self._row_id(), stopped=stopped), counters
 
-    def _report_stop(self) -> None:
+    def _report_stop(self, timeout: float | None = None) -> None:
         """Say in the store that this writer stopped, with its last counters (drops after
-        its last batch, the OTLP exporter's). Best effort: a held file keeps its last batch's."""
+        its last batch, the OTLP exporter's). When the file cannot be written now (another
+        process holds it past ``timeout``, a full disk), what its row lacks is counted
+        beside it instead."""
         counters = self.counters()
         if self.report.persisted is None and counters == health.Counters(queue_size=self.max_queue):
             return  # never wrote, nothing to report
+        wait = min(self.lock_timeout, 2.0, timeout if timeout is not None else 2.0)
         try:
-            with open_store(self.path, read_only=False, timeout=min(self.lock_timeout, 2.0)) as con:
+            with open_store(self.path, read_only=False, timeout=wait) as con:
                 _ensure_schema(self.path, con)
-                con.execute(";\n".join(["BEGIN TRANSACTION", *self._report_statements(mapping.Facts(), stopped=True), "COMMIT"]))
+                statements, counters = self._report_statements(mapping.Facts(), stopped=True)
+                con.execute(";\n".join(["BEGIN TRANSACTION", *statements, "COMMIT"]))
+            self.report.persisted = counters
         except (duckdb.Error, StoreError, OSError):
-            pass
+            self._record_beside()
+            return
+        self._record_beside()  # an entry an earlier close left (see _abandon) is now in the row
+
+    def _give_up_backlog(self) -> None:
+        """The thread stopped with rows it could not write (and, after a write that failed,
+        spans it did not take from the queue): they are lost, and counted."""
+        rows = self._backlog_rows() + sum(1 for item in self._queue if type(item) is not _Marker)
+        self._queue.clear()
+        self._backlog = None
+        self._held_bytes = 0
+        self._dropped += rows
+        self._dropped_unwritable += rows
+
+    def _unwritten(self) -> int:
+        """Rows and spans held and not written: queued, mapped, being written, kept."""
+        queued = sum(1 for item in list(self._queue) if type(item) is not _Marker)
+        return queued + self._mapped + self._inflight + self._backlog_rows()
+
+    def _abandon(self) -> None:
+        """``close()`` stops waiting for a thread stuck in a write: count what it holds as
+        lost, beside the store. Should the write end after all (the process goes on), the
+        thread writes no more and puts the count right (:meth:`_run`)."""
+        self._abandoned = True
+        self._record_beside()
+
+    def _record_beside(self) -> None:
+        """Count beside the store what this writer's row in it lacks: its losses since the
+        row was last written, and what it holds unwritten now if it was abandoned."""
+        with self._beside_lock:
+            delta = self.counters().since(self.report.persisted)
+            if self._abandoned:
+                delta.dropped_unwritable += self._unwritten()
+                delta.last_error, delta.last_error_at = "still writing when the store was closed", time.time()
+            if not self._beside and not any(getattr(delta, name) for name in health.LOSS_COUNTERS):
+                return  # the store's row says it all, and nothing was noted beside it before
+            if health.record_beside(self.path, self._row_id() or self.report.writer_id, delta):
+                self._beside = True
+            elif delta.dropped_unwritable or delta.dropped_queue_full:
+                warn_once(f"beside:{self.path}", "loopscope: cannot count the lost events beside %s either", self.path)
 
     def _backlog_rows(self) -> int:
         backlog = self._backlog
@@ -276,6 +374,11 @@ class StoreWriter:
                 self._drain()
             except Exception:
                 internal_error("store writer")
+            if self._abandoned:
+                # close() stopped waiting while a write ran, and counted what was held as
+                # lost; the write ended after all: count again what is still unwritten
+                self._record_beside()
+                return
             if closing:
                 if self._wal_pending:
                     self._checkpoint()  # a closed store's file holds every row by itself
@@ -292,17 +395,17 @@ class StoreWriter:
     def _drain(self) -> None:
         """Map what was queued when the drain began, a chunk at a time, and write it in batches.
 
-        A batch is written once it holds ``batch_size`` rows, when a flush waits for it,
-        or when all of that is mapped. What is queued meanwhile waits for a batch of its
-        own: an application that records without a pause would otherwise keep the
-        drain mapping, and nothing written, until a batch filled up. A failed write ends
-        the drain: the rows are kept, and retried at the next wake.
+        A batch is written once it holds ``batch_size`` rows (or ``max_bytes``), when a
+        flush waits for it, or when all of that is mapped. What is queued meanwhile waits
+        for a batch of its own: an application that records without a pause would
+        otherwise keep the drain mapping, and nothing written, until a batch filled up. A
+        failed write ends the drain: the rows are kept, and retried at the next wake.
         """
         facts = mapping.Facts()
         markers: list[_Marker] = []
         # mapped rows count against the memory bound too: a batch holds at most what the
-        # queue may, so a writer that cannot write holds about twice ``max_queue``, not
-        # ``max_queue`` + ``batch_size``
+        # queue may, so a writer that cannot write holds about twice ``max_queue`` (and
+        # ``max_bytes``), not ``max_queue`` + ``batch_size``
         limit = max(1, min(self.batch_size, self.max_queue))
         chunk = min(mapping.CHUNK, limit)
         left = len(self._queue)
@@ -312,9 +415,11 @@ class StoreWriter:
             if items:
                 self._map(items, facts)
                 self._mapped = facts.rows
+                self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
             markers += taken
             idle = left <= 0
-            if markers or (facts.rows and (idle or facts.rows >= limit)) or (idle and self._backlog is not None):
+            full = facts.rows >= limit or self._held_bytes >= self.max_bytes
+            if markers or (facts.rows and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
                 try:
                     ok = self._write(facts)
@@ -324,7 +429,7 @@ class StoreWriter:
                         marker.ok = ok
                         marker.done.set()
                 facts, markers = mapping.Facts(), []
-                if not ok:
+                if not ok or self._abandoned:
                     return
             if idle:
                 if self._queue:  # queued while the drain ran, past the queue's first row: their wait starts now
@@ -336,12 +441,16 @@ class StoreWriter:
         markers: list[_Marker] = []
         queue = self._queue
         popleft = queue.popleft
+        taken = 0
         for _ in range(min(len(queue), count)):
             item = popleft()
             if type(item) is _Marker:
                 markers.append(item)
             else:
                 items.append(item)
+                if item[0]:  # as submit() counted it
+                    taken += _span_bytes(item[1])
+        self._out_bytes += taken
         return items, markers
 
     def _map(self, items: list[Any], facts: mapping.Facts) -> None:
@@ -354,6 +463,14 @@ class StoreWriter:
         self._excluded += facts.excluded - excluded
 
     def _write(self, facts: mapping.Facts) -> bool:
+        """Write the backlog, then ``facts``; True when all of it reached the file.
+
+        When a batch fails for another reason than a held file, it is written in halves
+        (each half in halves again, in order) so that what fits is written, a full disk
+        that has room for some of it again, say. A single row that still fails where the
+        file takes others (a value the file refuses) is dropped and counted, so that it
+        cannot hold the rest back; rows the file itself refuses are kept and retried.
+        """
         # the content policy, once per batch (per chunk, its fixed cost would slow the
         # mapping of small chunks); the backlog's rows went through it before
         scrub.scrubber(self.content).apply(facts)
@@ -364,6 +481,39 @@ class StoreWriter:
             facts = backlog
         if not facts.rows:
             return True
+        self._inflight, self._mapped = facts.rows, 0
+        pieces = [facts]
+        try:
+            while pieces:
+                piece = pieces.pop()
+                failure = self._write_piece(piece)
+                if failure is None:
+                    self._inflight -= piece.rows
+                    continue
+                if not isinstance(failure, StoreLockedError) and piece.rows > 1:
+                    first, second = _halves(piece)
+                    pieces += [second, first]  # the first half is written first
+                    continue
+                if piece.rows == 1 and not _file_error(failure):
+                    self._drop_bad_row(failure)
+                    self._inflight -= 1
+                    continue
+                rest = piece
+                for later in reversed(pieces):
+                    rest.extend(later)
+                self._keep(rest, failure)
+                return False
+        finally:
+            self._inflight = 0
+            self._held_bytes = self._backlog_bytes()
+        if self._last_error is not None:
+            logger.warning("loopscope: writing to %s works again", self.path)
+            clear_warning(f"write:{self.path}")
+            self._last_error = None
+        return True
+
+    def _write_piece(self, facts: mapping.Facts) -> BaseException | None:
+        """Write ``facts`` in one transaction; the error when it failed."""
         # The rows reach the file proper at a checkpoint, which also rewrites the tables'
         # last, partly filled row groups: about a quarter of a small batch's cost. So they
         # stay in the WAL (on disk too: a reader replays it) until it passes WAL_LIMIT,
@@ -377,23 +527,38 @@ class StoreWriter:
                 if self.skip_stored:
                     self.already_stored += idempotent.drop_stored(con, facts)
                 extra = self._tracker.statements(facts) if self._tracker is not None else []
-                extra = [*extra, *self._report_statements(facts)]
-                written_events, written_turns = write_batch(con, facts, extra=extra)
+                report, counters = self._report_statements(facts)
+                written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
                 if self._tracker is not None:
                     self._tracker.committed()
                 self._wal_pending = not final
+            self.report.persisted = counters
             self.report.stored(self._row_id())
         except (duckdb.Error, StoreError, OSError) as exc:
-            self._keep(facts, exc)
-            return False
+            self._indices.pending = None
+            return exc
         self._written_events += written_events
         self._written_turns += written_turns
         self._batches += 1
-        if self._last_error is not None:
-            logger.warning("loopscope: writing to %s works again", self.path)
-            clear_warning(f"write:{self.path}")
-            self._last_error = None
-        return True
+        if self._indices.commit():
+            # rows this writer had written are gone from the file (its WAL was removed):
+            # counted, and its row in loopscope_writers, gone with them, is made again
+            self._dropped_unwritable += self._indices.last_gap
+            self._dropped += self._indices.last_gap
+            self._last_failure = self._last_error = (
+                f"{self._indices.lost} events written earlier are missing from the file (was its .wal removed?)"
+            )
+            self._last_failure_at = time.time()
+            self.report.forget(self._row_id())
+            warn_once(f"lost-from-file:{self.path}", "loopscope: %s in %s", self._last_failure, self.path)
+        return None
+
+    def _drop_bad_row(self, exc: BaseException) -> None:
+        self._dropped += 1
+        self._dropped_unwritable += 1
+        self._failed_writes += 1
+        self._last_failure, self._last_failure_at = _first_line(exc), time.time()
+        warn_once(f"bad-row:{self.path}", "loopscope: %s refused an event (%s); it is dropped and counted", self.path, self._last_failure)
 
     def _recover(self, con: duckdb.DuckDBPyConnection) -> None:
         """Close the turns that dead writers left open, once (again at the next batch if the
@@ -416,17 +581,118 @@ class StoreWriter:
             pass  # the rows are safe in the WAL; the next idle wait or the close tries again
 
     def _keep(self, facts: mapping.Facts, exc: BaseException) -> None:
-        """Hold rows that could not be written, up to max_queue; count the rest as dropped."""
+        """Hold rows that could not be written, up to max_queue rows and max_bytes; count
+        the rest (the oldest) as dropped."""
         self._failed_writes += 1
-        self._last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._last_error = _first_line(exc)
         self._last_failure, self._last_failure_at = self._last_error, time.time()
         warn_once(f"write:{self.path}", "loopscope: cannot write to %s (%s); keeping events in memory and retrying", self.path, self._last_error)
         overflow = facts.rows - self.max_queue
+        size = _facts_bytes(facts)
+        if size > self.max_bytes and facts.rows:  # about the share of the rows over the bound
+            overflow = max(overflow, -(-facts.rows * (size - self.max_bytes) // size))
         if overflow > 0:
             self._dropped += overflow
             self._dropped_unwritable += overflow
             facts.drop_oldest(overflow)
         self._backlog = facts
+
+    def _backlog_bytes(self) -> int:
+        backlog = self._backlog
+        return _facts_bytes(backlog) if backlog is not None else 0
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _file_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is about the file (it cannot be opened, written, grown) rather than
+    about the rows: such rows are kept and retried, never dropped as bad."""
+    if isinstance(exc, (StoreError, OSError, duckdb.IOException)):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in ("invalidated", "space", "disk", "file", "i/o", "fatal", "lock"))
+
+
+def _halves(facts: mapping.Facts) -> tuple[mapping.Facts, mapping.Facts]:
+    """``facts`` in two, in order: the first half of the events, then the rest of them with
+    every turn summary (a turn's summary is written with or after its events, so the open
+    turns noted by the recovery tracker close in order); turns alone are halved likewise."""
+    first, second = mapping.Facts(), mapping.Facts()
+    events = facts.event_rows
+    if events > 1 or (events == 1 and facts.turn_rows):
+        cut = events // 2 if events > 1 else 1
+        table = facts.event_table()
+        first.events, first.sessions = table.slice(0, cut).to_batches(), facts.sessions[:cut]
+        second.events, second.sessions = table.slice(cut).to_batches(), facts.sessions[cut:]
+        second.turns, second.turn_rows = list(facts.turns), facts.turn_rows
+    else:
+        second.events, second.sessions = list(facts.events), list(facts.sessions)
+        cut = facts.turn_rows // 2
+        table = facts.turn_table()
+        first.turns, first.turn_rows = table.slice(0, cut).to_batches(), cut
+        second.turns, second.turn_rows = table.slice(cut).to_batches(), facts.turn_rows - cut
+    return first, second
+
+
+def _facts_bytes(facts: mapping.Facts) -> int:
+    """The Arrow bytes of the rows of ``facts`` (what they hold in memory, about)."""
+    return sum(batch.nbytes for batch in facts.events) + sum(batch.nbytes for batch in facts.turns)
+
+
+def _span_bytes(span: Any) -> int:
+    """What a queued span counts against ``max_bytes``: the lengths of its text attributes
+    (the content: messages, tool arguments and results) and :data:`_SPAN_BYTES`. Cheap:
+    a span's own attribute dict, read once."""
+    try:
+        attributes = span._attributes
+        values = attributes._dict.values() if type(attributes) is _BOUNDED else attributes.values()
+    except AttributeError:
+        return _SPAN_BYTES  # not an SDK span: its size is unknown, the count bound holds it
+    size = _SPAN_BYTES
+    for value in values:
+        if type(value) is str:
+            size += len(value)
+    return size
+
+
+class _SessionIndex:
+    """The last index this writer gave each session's events, to tell when the file lost
+    rows it had written (its WAL removed while the writer ran): the file's last index of
+    a session is then below this writer's. :func:`write_batch` checks (``pending``),
+    :meth:`commit` counts once the batch is written. Bounded: the most recent sessions."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.lost = 0
+        self.last_gap = 0
+        self.pending: tuple[int, dict[str, int]] | None = None
+
+    def check(self, known: dict[str, int], next_index: dict[str, int]) -> None:
+        """Called by :func:`write_batch`: ``known`` is the file's last index of the batch's
+        sessions, ``next_index`` what they are once the batch is written."""
+        last = self.last
+        gap = sum(last[s] - known.get(s, 0) for s in next_index if s in last and last[s] > known.get(s, 0))
+        self.pending = (gap, next_index)
+
+    def commit(self) -> bool:
+        """The batch checked last was written; True when it found rows missing."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return False
+        gap, next_index = pending
+        last = self.last
+        for session, index in next_index.items():
+            last.pop(session, None)
+            last[session] = index  # the most recent last
+        while len(last) > self.LIMIT:
+            del last[next(iter(last))]
+        self.last_gap = gap
+        self.lost += gap
+        return gap > 0
 
 
 def _wal_size(path: str) -> int:
@@ -455,7 +721,9 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
         _schema_ready.add(path)
 
 
-def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: Sequence[str] = ()) -> tuple[int, int]:
+def write_batch(
+    con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: Sequence[str] = (), seen: _SessionIndex | None = None
+) -> tuple[int, int]:
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
     The rows are made from the facts in SQL (:data:`mapping.EVENTS_SQL`,
@@ -465,7 +733,9 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
     ``extra`` statements run in the same transaction, after the rows (an importer writes
     its own table with them, so that all of it or none of it is stored). ``con`` is a
     write block of :func:`~loopscope.storage.connection.open_store`, whose settings say
-    whether the commit checkpoints. Returns how many events and turn summaries were written.
+    whether the commit checkpoints. ``seen``, a writer's memory of the indices it gave,
+    is shown the file's (:meth:`_SessionIndex.check`). Returns how many events and turn
+    summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
     import pyarrow.compute as pc
@@ -481,6 +751,8 @@ def write_batch(con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: 
         con.register(_SESSION_IDS, pa.table({"session_id": pa.array(distinct, pa.string())}))
         known = dict(con.execute(_SESSIONS_LOOKUP_SQL).fetchall())
         next_index = {s: known.get(s, 0) for s in distinct}
+        if seen is not None:
+            seen.check(known, next_index)  # the dict is numbered on below: its last indices then
         indices = []
         add = indices.append
         for session in sessions:
@@ -538,6 +810,6 @@ _live_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
 def _close_all() -> None:
     for writer in list(_live_writers):
         try:
-            writer.close(timeout=10.0)
+            writer.close()
         except Exception:
             logger.warning("loopscope: could not flush %s at exit", writer.path, exc_info=True)

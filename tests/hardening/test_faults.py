@@ -19,6 +19,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from children import spawn  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,4 +208,192 @@ def test_a_stuck_writer_keeps_memory_bounded_and_counts_what_it_drops(tmp_path: 
     store = loopscope.Store(str(tmp_path / "stuck.duckdb"))
     _, rows = store.sql("SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM turns)")
     assert rows[0][0] == kept > 0
+    assert pipeline.dropped()["store"] == stats.dropped
+
+
+# -- issue 15: a stuck writer does not hold the exit; what is not written is counted ----------------
+
+STUCK_AT_EXIT = """
+    import sys, time
+    import loopscope
+    from loopscope.storage import writer
+
+    def stuck(*args, **kwargs):
+        time.sleep(100)  # a write that does not end (a disk that stalls, say)
+
+    writer.write_batch = stuck
+    loopscope.configure(sys.argv[1], flush_interval=0.05)
+    for i in range(20):
+        with loopscope.turn(session_id=f"s{i}", input="q") as t:
+            t.generation("a", finish_reason="stop")
+    if sys.argv[2] == "shutdown":
+        loopscope.shutdown()
+        print("shut down")
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "shutdown"])
+def test_a_writer_stuck_in_a_write_does_not_hold_the_exit_and_its_events_are_counted(tmp_path: Path, spawn, how: str) -> None:
+    """The writer is inside a write that takes 100 s: the process still ends within the
+    close bound (5 s, CLOSE_TIMEOUT; the wait below allows 30), at exit as after an
+    explicit shutdown(), and `status` from another process counts what it held."""
+    from loopscope.cli.status import read_status
+
+    db = tmp_path / "stuck.duckdb"
+    child = spawn("stuck", STUCK_AT_EXIT, db, how)
+    assert child.wait(30) == 0, child.output()
+    if how == "shutdown":
+        assert "shut down" in child.out.read_text()
+    assert "could not be stored" in child.err.read_text()
+    status = read_status(str(db))
+    # 20 turns of 2 events and a summary, none written: counted, as rows or spans, never 0
+    assert status["totals"]["dropped_unwritable"] >= 20, status
+    assert any("events lost" in line for line in status["problems"]), status["problems"]
+
+
+def _default_store_child(cwd: Path | str, endpoint: str, **env: str) -> subprocess.CompletedProcess[str]:
+    script = textwrap.dedent(
+        """
+        import loopscope
+        loopscope.instrument()
+        for i in range(3):
+            with loopscope.turn(session_id=f"s{i}", input="q") as t:
+                t.generation("a", finish_reason="stop")
+        loopscope.shutdown()
+        print("ok")
+        """
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPSCOPE_", "OTEL_"))}
+    base.update(LOOPSCOPE_STRICT="1", PYTHONPATH=str(ROOT), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env)
+    return subprocess.run([sys.executable, "-c", script], env=base, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("where", ["read-only working directory", "LOOPSCOPE_DB in a missing folder", "LOOPSCOPE_DB under a file"])
+def test_a_default_store_that_cannot_be_written_turns_recording_off_once_and_export_still_works(tmp_path: Path, where: str) -> None:
+    """instrument() and turn() with a default store that cannot be written: no exception
+    reaches the app, one warning on stderr says recording to the store is off, and the
+    spans still reach the OTLP receiver. (Tests run as root, whom permission bits do not
+    stop: /proc takes no new files from anyone, a missing folder is not made, a file is
+    no folder.)"""
+    from fakes import otlp_receiver
+
+    receiver, server = otlp_receiver.start()
+    try:
+        if where == "read-only working directory":
+            proc = _default_store_child("/proc", receiver.endpoint)
+        elif where == "LOOPSCOPE_DB in a missing folder":
+            proc = _default_store_child(tmp_path, receiver.endpoint, LOOPSCOPE_DB=str(tmp_path / "missing" / "x.duckdb"))
+        else:
+            (tmp_path / "afile").write_text("x")
+            proc = _default_store_child(tmp_path, receiver.endpoint, LOOPSCOPE_DB=str(tmp_path / "afile" / "x.duckdb"))
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        warnings = [line for line in proc.stderr.splitlines() if "recording to the store is off" in line]
+        assert len(warnings) == 1, proc.stderr
+        assert receiver.wait_for(lambda r: sum(s.name.startswith("invoke_agent") for s in r.spans) >= 3), [s.name for s in receiver.spans]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not (tmp_path / "missing").exists()  # a missing folder is never made
+
+
+DISK_FULL_THEN_SOME_ROOM = textwrap.dedent(
+    """
+    import base64, json, os, resource, signal, sys
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
+    import loopscope
+    db = sys.argv[1]
+    pipeline = loopscope.configure(db, flush_interval=0.05)
+    loopscope.flush()
+    base = os.path.getsize(db)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (base + 64 * 1024, hard))  # the disk is full from here on
+
+    @loopscope.tool
+    def big(i: int) -> str:
+        return base64.b64encode(os.urandom(75_000)).decode()  # 100 KB that no compression shrinks
+
+    for i in range(40):
+        with loopscope.turn(session_id=f"full-{i}", input=f"question {i}") as t:
+            with t.round() as rnd:
+                rnd.response("calling", tool_calls=[{"id": f"c{i}", "name": "big", "arguments": {"i": i}}])
+            big(i)
+            t.generation(f"answer {i}", finish_reason="stop")
+    loopscope.flush(timeout=2.0)
+    written_while_full = pipeline.stats().written_events
+    resource.setrlimit(resource.RLIMIT_FSIZE, (base + 3_000_000, hard))  # room again, for about 3 MB of the 4
+    loopscope.flush(timeout=20.0)
+    loopscope.shutdown()
+    stats = pipeline.stats()
+    print(json.dumps({"written_while_full": written_while_full, "events": stats.written_events,
+                      "turns": stats.written_turns, "dropped": stats.dropped}))
+    """
+)
+
+
+def test_a_full_disk_with_some_room_again_writes_what_fits_and_counts_the_rest(tmp_path: Path) -> None:
+    """After a full disk, room for part of what waits: the writer writes it in pieces,
+    in order, instead of retrying one transaction that cannot fit, and at shutdown what
+    still did not fit is counted, so that `status` (another process) reports it as lost,
+    never as "kept and written later"."""
+    from loopscope.cli.status import read_status
+
+    db = tmp_path / "full.duckdb"
+    proc = _child(DISK_FULL_THEN_SOME_ROOM, str(db))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    store = loopscope.Store(str(db))
+    _, rows = store.sql("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM turns)")
+    events, turns = rows[0]
+    assert events > report["written_while_full"]  # pieces were written once there was room
+    assert (events, turns) == (report["events"], report["turns"])
+    status = read_status(str(db))
+    lost = status["totals"]["dropped_unwritable"]
+    assert lost > 0 and events + turns + lost == 40 * 6  # 5 events and a summary per turn: each written or counted
+    assert not any("written later" in line for line in status["problems"]), status["problems"]
+    assert any(f"{lost} events lost" in line for line in status["problems"]), status["problems"]
+    for i in range(40):  # whatever was written of a session is whole from its first event on: no gap
+        indices = [e.index for e in store.get_timeline(f"full-{i}")]
+        assert indices == list(range(1, len(indices) + 1))
+
+
+def test_one_mib_values_with_a_stuck_writer_stay_within_the_byte_bound_and_drops_are_counted(tmp_path: Path, monkeypatch) -> None:
+    """Tool results of 1 MiB while the writer cannot write: the queue and the batch held
+    stay within about twice ``queue_bytes`` (not 40 MiB), the rest is dropped and counted,
+    and what was kept is written once the writer gets going."""
+    from loopscope.storage import writer as writer_module
+
+    gate = threading.Event()
+    original = writer_module.write_batch
+
+    def stuck(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        gate.wait(30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "write_batch", stuck)
+    bound = 8 << 20
+    pipeline = loopscope.configure(tmp_path / "big.duckdb", tracer_provider=TracerProvider(), flush_interval=0.05, queue_bytes=bound)
+
+    @loopscope.tool
+    def fetch(i: int) -> str:
+        return chr(ord("a") + i % 26) * (1 << 20)
+
+    try:
+        peak = 0
+        for i in range(40):
+            with loopscope.turn(session_id=f"big-{i}", input="q"):
+                assert len(fetch(i)) == 1 << 20
+            peak = max(peak, pipeline.stats().queued_bytes)
+        stats = pipeline.stats()
+        assert peak <= 2 * bound + (2 << 20), peak
+        assert stats.dropped > 0
+        gate.set()
+        assert loopscope.flush(timeout=30)
+        stats = pipeline.stats()
+    finally:
+        gate.set()
+        loopscope.shutdown()
+    store = loopscope.Store(str(tmp_path / "big.duckdb"))
+    _, rows = store.sql("SELECT count(*) FROM events WHERE type = 'tool_call_end'")
+    assert 0 < rows[0][0] < 40
     assert pipeline.dropped()["store"] == stats.dropped

@@ -1,0 +1,96 @@
+"""What a writer loses is counted where another process can see it (issue 15): events of
+processes that end while another holds the store, and rows that vanish from the file
+after they were written (its WAL removed while the writer ran)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.trace import TracerProvider
+
+import loopscope
+from children import HOLDER, ROOT, spawn  # noqa: F401 - spawn is a fixture
+from loopscope.cli.status import read_status
+
+WRITER = """
+    import sys
+    import loopscope
+
+    loopscope.configure(sys.argv[1], flush_interval=0.05)
+    for i in range(int(sys.argv[2])):
+        with loopscope.turn(session_id=f"{sys.argv[3]}-{i}", input="q") as t:
+            t.generation("a", finish_reason="stop")
+    print("flushed", loopscope.flush(timeout=3.0))  # all of it mapped, none of it written: the file is held
+"""
+
+
+def _status_text(db: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "LOOPSCOPE_DB"}
+    done = subprocess.run([sys.executable, "-m", "loopscope", "--db", str(db), "status"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_processes_that_end_while_another_holds_the_store_count_their_lost_events(tmp_path: Path, spawn) -> None:  # noqa: F811
+    """Two processes record while a third holds the file and end before it lets go: each
+    counts what it could not write (beside the store, which it could not write either),
+    and `status`, run later from another process, reports those events as lost."""
+    db = tmp_path / "held.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider())  # the store exists, with its schema
+    loopscope.shutdown()
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    holder = spawn("holder", HOLDER, db, holding, release, 120)
+    deadline = time.monotonic() + 30
+    while not holding.exists():
+        assert holder.running() and time.monotonic() < deadline, holder.output()
+        time.sleep(0.02)
+    writers = [spawn(f"writer{n}", WRITER, db, 25, f"w{n}") for n in range(2)]
+    for writer in writers:
+        assert writer.finish_ok(60).strip() == "flushed False"
+    release.write_text("go")
+    holder.wait(30)
+    status = read_status(str(db))
+    # 25 turns of 2 events and a summary each, per process: every row counted, none written
+    assert status["events"] == 0
+    assert status["totals"]["dropped_unwritable"] == 2 * 25 * 3, status["writers"]
+    text = _status_text(db)
+    assert "nothing was dropped" not in text and "written later" not in text
+    assert text.count("75 events lost") == 2, text
+
+
+def test_rows_lost_with_a_removed_wal_are_counted_and_leave_no_index_gap(tmp_path: Path) -> None:
+    """The WAL, which holds the last batches until a checkpoint, is deleted while the
+    writer runs: the rows in it are gone. The writer sees that the file's last index of a
+    session is below the one it wrote, counts the difference as lost (and says so in
+    `status`), and numbers the session's next events on from what the file holds."""
+    db = tmp_path / "wal.duckdb"
+    pipeline = loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
+    try:
+        for i in range(3):
+            with loopscope.turn(session_id="s", input=f"q{i}") as t:
+                t.generation(f"a{i}", finish_reason="stop")
+        assert loopscope.flush()
+        wal = Path(str(db) + ".wal")
+        assert wal.exists()  # the batch is in the WAL (a small one is not checkpointed at once)
+        wal.unlink()
+        for i in range(3, 5):
+            with loopscope.turn(session_id="s", input=f"q{i}") as t:
+                t.generation(f"a{i}", finish_reason="stop")
+        assert loopscope.flush()
+    finally:
+        loopscope.shutdown()
+    status = read_status(str(db))
+    assert status["totals"]["dropped_unwritable"] == 6, status["writers"]  # q0..a2: six events written, then gone
+    assert any(".wal removed" in line for line in status["problems"]), status["problems"]
+    assert pipeline.stats().lost_from_file == 6
+    store = loopscope.Store(str(db))
+    timeline = store.get_timeline("s")
+    assert [e.content.body for e in timeline] == ["q3", "a3", "q4", "a4"]
+    assert [e.index for e in timeline] == [1, 2, 3, 4]
+    assert json.dumps(status, default=str)  # --json still prints it
