@@ -44,6 +44,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         metavar="N",
         help=f"port (default: {DEFAULT_PORT}; 0 = any free port)",
     )
+    ui.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to NAME (a proxy's or DNS name for a --host beyond loopback; "
+        "requests for any other name are refused, against DNS rebinding); repeatable",
+    )
     ui.add_argument("--open", action="store_true", help="open the dashboard in a web browser")
     ui.add_argument("--verbose", action="store_true", help="log every request to stderr")
     ui.set_defaults(handler=run)
@@ -53,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args)
     store.keep_open = True  # a dashboard reads often and never writes: see Store
     try:
-        server = make_server(store, args.host, args.port, verbose=args.verbose)
+        server = make_server(store, args.host, args.port, verbose=args.verbose, allow_hosts=args.allow_host)
     except OSError as exc:
         raise CommandError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (try --port 0, or another --port)"

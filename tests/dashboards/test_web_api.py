@@ -267,6 +267,16 @@ def test_requests_for_another_host_name_are_refused(dashboard):
         assert request(dashboard, "GET", "/api/overview", {"Host": host})[0] == 200
 
 
+def test_a_name_given_with_allow_host_is_answered_and_others_still_refused(sample_db):
+    args = build_parser().parse_args(["ui", "--allow-host", "agents.internal", "--allow-host", "ui.example"])
+    assert args.allow_host == ["agents.internal", "ui.example"]
+    for server in webdata.running(make_server(str(sample_db), port=0, allow_hosts=args.allow_host)):
+        port = server.server_address[1]
+        assert request(server, "GET", "/api/overview", {"Host": f"agents.internal:{port}"})[0] == 200
+        assert request(server, "GET", "/api/overview", {"Host": "ui.example"})[0] == 200
+        assert request(server, "GET", "/api/overview", {"Host": "attacker.example"})[0] == 421
+
+
 def test_requests_from_another_sites_page_are_refused(dashboard):
     port = dashboard.server_address[1]
     for origin in ("http://attacker.example", f"http://attacker.example:{port}", "null"):

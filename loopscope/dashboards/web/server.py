@@ -22,7 +22,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
@@ -264,13 +264,15 @@ class DashboardServer(BoundedHTTPServer):
     def __init__(
         self, store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
         max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT,
+        allow_hosts: Sequence[str] = (),
     ) -> None:
         super().__init__((host, port), _Handler, max_connections=max_connections, socket_timeout=socket_timeout)
         self.store = store
         self.verbose = verbose
         self.static = _static_files()
         # requests for another host name (DNS rebinding) or from another site's page are refused
-        self.host_rule = HostRule(host)
+        # (``allow_hosts``: names it is reached by beyond those HostRule knows, e.g. behind a proxy)
+        self.host_rule = HostRule(host, allow_hosts)
 
     @property
     def url(self) -> str:
@@ -281,14 +283,18 @@ class DashboardServer(BoundedHTTPServer):
 
 def make_server(
     store: Store | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
-    max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT, allow_hosts: Sequence[str] = (),
 ) -> DashboardServer:
     """A dashboard server bound to ``host:port`` (port 0: any free port), not yet serving:
     at most ``max_connections`` served at once, each closed after ``socket_timeout``
-    seconds without a byte."""
+    seconds without a byte; it answers requests addressed to the names
+    :class:`loopscope._http.HostRule` knows for ``host``, and to ``allow_hosts``."""
     if not isinstance(store, Store):
         store = Store(store)
-    return DashboardServer(store, host, port, verbose=verbose, max_connections=max_connections, socket_timeout=socket_timeout)
+    return DashboardServer(
+        store, host, port, verbose=verbose, max_connections=max_connections, socket_timeout=socket_timeout,
+        allow_hosts=allow_hosts,
+    )
 
 
 def serve(
