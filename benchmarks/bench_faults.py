@@ -34,7 +34,7 @@ and the exit time: from the child's last call to the end of its process, with th
 still stuck (the close bound, ``CLOSE_TIMEOUT``, is 5 s; before issue 15 it was the
 stuck write's 100 s).
 
-    .venv/bin/python benchmarks/bench_faults.py [--calls N] [--repeats R] [--big-calls M] [--quick]
+    .venv/bin/python benchmarks/bench_faults.py [--calls N] [--repeats R] [--big-calls M] [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -224,9 +224,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--big-calls", type=int, default=500, help="1 MiB tool results per child (issue 15)")
     parser.add_argument("--quick", action="store_true", help="a short run: 2,000 calls, 2 repeats, 200 big calls")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), for CI: proves it runs, measures nothing")
     args = parser.parse_args()
     if args.quick:
         args.calls, args.repeats, args.big_calls = 2_000, 2, 200
+    if args.smoke:
+        args.calls, args.repeats, args.big_calls = 200, 1, 12
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # the faults' export errors are expected
     hanging = Hanging()
     healthy = healthy_url()
@@ -241,7 +244,7 @@ def main() -> int:
     medians: dict[str, list[float]] = {name: [] for name, _ in variants}
     infos: dict[str, list[dict[str, int]]] = {name: [] for name, _ in variants}
     with tempfile.TemporaryDirectory(prefix="loopscope-faults-") as tmp:
-        run(2_000, Path(tmp) / "warm.duckdb")
+        run(min(2_000, args.calls), Path(tmp) / "warm.duckdb")
         for r in range(args.repeats):
             order = variants[r % len(variants):] + variants[: r % len(variants)]
             for name, fn in order:
