@@ -9,7 +9,8 @@ export: secrets masked, the redaction hook, ``store_max_chars`` per value.
 It runs in the writer's thread, once per batch written (never on the calling thread).
 Almost no value holds a secret, so the regular expressions (Python's, as on export) run
 only on the few values a prefilter picks: an RE2 expression that matches every value a
-pattern could match (for the default patterns, their literal prefixes in any case), run
+pattern could match (for the default patterns, the prefilters of
+:data:`~loopscope.export.secrets.SECRET_SHAPES`, mostly literal prefixes), run
 by Arrow off the GIL over all content values of the batch end to end as one string, and
 a byte-length check for the cap. Values it does not pick are not even converted to
 Python: they are stored byte for byte as without the policy. A redaction hook, or a
@@ -27,15 +28,9 @@ from typing import Any
 
 from .. import semconv as a
 from .._guard import warn_once
-from ..export.content import DEFAULT_PATTERNS, REDACTED, ContentPolicy
+from ..export.content import REDACTED, ContentPolicy
+from ..export.secrets import DEFAULT_PREFILTERS, KEY_VALUE_PREFILTER
 from . import mapping
-
-# A literal each default pattern's matches start with (any case: a superset).
-_DEFAULT_PREFIXES = dict(zip(DEFAULT_PATTERNS, (
-    "sk-", "akia", "gh[pousr]_", "xox[abprs]-", "aiza", "bearer", "eyj",
-)))
-assert len(_DEFAULT_PREFIXES) == len(DEFAULT_PATTERNS)
-_KEY_PREFIXES = r"password|passwd|pwd|secret|api.?key|access.?token|auth.?token|authorization"
 
 # Python's and RE2's meaning of these differ (Unicode classes and boundaries, ``$``
 # before a final newline): a pattern with one could match a value its RE2 form misses.
@@ -73,15 +68,16 @@ def prefilter(policy: ContentPolicy) -> str | None:
         return None
     parts: list[str] = []
     for pattern in policy.patterns or ():
-        prefix = _DEFAULT_PREFIXES.get(pattern)
+        prefix = DEFAULT_PREFILTERS.get(pattern)  # each default shape's own (secrets.py)
         if prefix is not None:
             parts.append(prefix)
-        elif _RE2_UNSAFE.search(pattern) or not _re2_compiles(pattern):
+            continue
+        pattern = pattern.replace("(?P<secret>", "(?:")  # RE2 refuses a name used twice
+        if _RE2_UNSAFE.search(pattern) or not _re2_compiles(pattern):
             return None
-        else:
-            parts.append(f"(?-i:{pattern})")
+        parts.append(f"(?-i:{pattern})")
     if policy.key_values:
-        parts.append(_KEY_PREFIXES)
+        parts.append(KEY_VALUE_PREFILTER)
     return "(?i)" + "|".join(parts) if parts else ""
 
 
