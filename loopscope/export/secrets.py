@@ -59,12 +59,13 @@ _AUTH_SCHEMES = (
 KEY_VALUE = re.compile(
     rf"""
     (?P<key>
-        (?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})["']?\s*[:=]\s*
+        (?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})(?:\\?["'])?\s*[:=]\s*
       | [?&](?:key|sig)=                                  # signed URLs: ?key=..., &sig=...
     )
-    (?!\[REDACTED\])
+    (?!\s|\[REDACTED\])                                  # (not the key's spaces given back)
     (?P<value>
         "(?:[^"\\]|\\.)*"                                  # a quoted value, whole
+      | \\"(?:[^"\\]|\\[^"])*\\"                      # quoted inside a JSON string (\"...\")
       | '[^'\n]*'
       | (?(cookie)(?:[^\r\n\\]|\\(?![rn]))+               # a Cookie header: to the end of its line
       | (?(auth)(?:(?:{_AUTH_SCHEMES})[ \t]+)?[^\s,;"'\\]+  # Authorization: the scheme and its credential
@@ -75,7 +76,7 @@ KEY_VALUE = re.compile(
 )
 """The key-value rule (``ContentPolicy(key_values=True)``, the default)."""
 
-KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})[\"']?{_WS}*[:=]|[?&](?:key|sig)="
+KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})\\?[\"']?{_WS}*[:=]|[?&](?:key|sig)="
 """RE2, case-insensitive: matches wherever :data:`KEY_VALUE` does (its key part)."""
 
 SECRET_KEY = re.compile(rf"[A-Za-z0-9_.\-]*(?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})",
@@ -115,8 +116,11 @@ def kind_of(match: re.Match[str]) -> str | None:
 def mask_key_value(match: re.Match[str]) -> str:
     """The replacement of one :data:`KEY_VALUE` match: the key, and the value masked."""
     value = match.group("value")
-    quote = value[0] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else ""
-    inner = value[1:-1] if quote else value
+    if len(value) >= 4 and value.startswith('\\"') and value.endswith('\\"'):
+        quote = '\\"'
+    else:
+        quote = value[0] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else ""
+    inner = value[len(quote):len(value) - len(quote)]
     masked = mask_secret_value(kind_of(match), inner)
     if masked is None:
         return match.group(0)
