@@ -146,11 +146,7 @@ class ContentPolicy:
         """
         if not isinstance(text, str):
             return text
-        cleaned = self.mask(text, where)
-        if cleaned != text and _is_json(text) and not _is_json(cleaned):
-            value = json.loads(text)
-            masked = self._mask_json(value, where)
-            cleaned = text if masked == value else _json.dumps(masked)
+        cleaned = self._mask_keeping_json(text, where)
         limit = self.max_chars if limit is None else limit
         if limit <= 0 or len(cleaned) <= limit:
             return cleaned
@@ -159,9 +155,18 @@ class ContentPolicy:
         capped = _cap_json(cleaned, limit)
         return capped if cap == "shape" or len(capped) <= 2 * limit else truncate(cleaned, limit)
 
+    def _mask_keeping_json(self, text: str, where: str) -> str:
+        """:meth:`mask`, by value where masking the whole text broke its JSON."""
+        cleaned = self.mask(text, where)
+        if cleaned != text and _is_json(text) and not _is_json(cleaned):
+            value = json.loads(text)
+            masked = self._mask_json(value, where)
+            cleaned = text if masked == value else _json.dumps(masked)
+        return cleaned
+
     def _mask_json(self, value: Any, where: str) -> Any:
         if isinstance(value, str):
-            return self.mask(value, where)
+            return self._mask_keeping_json(value, where)  # a string may hold JSON itself
         if isinstance(value, list):
             return [self._mask_json(v, where) for v in value]
         if isinstance(value, dict):

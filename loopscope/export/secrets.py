@@ -59,24 +59,26 @@ _AUTH_SCHEMES = (
 KEY_VALUE = re.compile(
     rf"""
     (?P<key>
-        (?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})(?:\\?["'])?\s*[:=]\s*
+        (?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})(?:\\*["'])?\s*[:=]\s*
       | [?&](?:key|sig)=                                  # signed URLs: ?key=..., &sig=...
     )
     (?!\s|\[REDACTED\])                                  # (not the key's spaces given back)
     (?P<value>
         "(?:[^"\\]|\\.)*"                                  # a quoted value, whole
-      | \\"(?:[^"\\]|\\[^"])*\\"                      # quoted inside a JSON string (\"...\")
+      | \\+"(?:[^"\\]|\\+[^"\\])*\\+"                # quoted inside a JSON string (\"...\", \\\"...\\\")
       | '[^'\n]*'
-      | (?(cookie)(?:[^\r\n\\]|\\(?![rn]))+               # a Cookie header: to the end of its line
+      | (?(cookie)(?:=[ \t]*"[^"\\\r\n]*"|=[ \t]*\\+"[^"\\\r\n]*\\+"|[^\r\n\\"]|\\+[^rn"\\])+
+                                                           # a Cookie header: to the end of its line (or of
+                                                           # its string: "..." only as a cookie's value)
       | (?(auth)(?:(?:{_AUTH_SCHEMES})[ \t]+)?[^\s,;"'\\]+  # Authorization: the scheme and its credential
-      | [^\s,;&}}\]]+))                                    # anything else: up to a separator
+      | (?:[^\s,;&}}\]\\]|\\+[^"\\])+))                   # anything else: up to a separator or a \"
     )
     """,
     re.ASCII | re.IGNORECASE | re.VERBOSE,
 )
 """The key-value rule (``ContentPolicy(key_values=True)``, the default)."""
 
-KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})\\?[\"']?{_WS}*[:=]|[?&](?:key|sig)="
+KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})\\*[\"']?{_WS}*[:=]|[?&](?:key|sig)="
 """RE2, case-insensitive: matches wherever :data:`KEY_VALUE` does (its key part)."""
 
 SECRET_KEY = re.compile(rf"[A-Za-z0-9_.\-]*(?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})",
@@ -84,6 +86,9 @@ SECRET_KEY = re.compile(rf"[A-Za-z0-9_.\-]*(?:(?P<auth>authorization)|(?P<cookie
 """A JSON key whose value is masked (fullmatch): the keys of :data:`KEY_VALUE`."""
 
 _SCHEME = re.compile(rf"(?P<scheme>(?:{_AUTH_SCHEMES})[ \t]+)(?P<rest>.*)", re.ASCII | re.IGNORECASE | re.DOTALL)
+
+
+_ESCAPED_QUOTE = re.compile(r'\\+"')
 
 
 def _credible_token(value: str) -> bool:
@@ -116,8 +121,9 @@ def kind_of(match: re.Match[str]) -> str | None:
 def mask_key_value(match: re.Match[str]) -> str:
     """The replacement of one :data:`KEY_VALUE` match: the key, and the value masked."""
     value = match.group("value")
-    if len(value) >= 4 and value.startswith('\\"') and value.endswith('\\"'):
-        quote = '\\"'
+    escaped = _ESCAPED_QUOTE.match(value)  # a quote inside JSON (inside JSON...): \", \\\"
+    if escaped is not None and len(value) >= 2 * escaped.end() and value.endswith(escaped.group()):
+        quote = escaped.group()
     else:
         quote = value[0] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else ""
     inner = value[len(quote):len(value) - len(quote)]

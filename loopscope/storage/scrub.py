@@ -115,6 +115,35 @@ class Scrubber:
         if facts.turns:
             facts.turns = self._batches(facts.turns, _TURN_COLUMNS)
 
+    def masked(self, column: Any, how: str = "json") -> Any:
+        """A string array with secrets masked in the values the prefilter picks (no cap,
+        no ``where`` for the hook): the collector's raw copies of received spans, whose
+        attributes may come unmasked from any sender. ``how``: ``"json"`` (JSON stays
+        JSON) or ``"text"``."""
+        import pyarrow as pa
+
+        if not self.masking or column.null_count == len(column):
+            return column
+        if self.pattern is None:
+            rows = [i for i, valid in enumerate(column.is_valid().to_pylist()) if valid]
+        else:
+            rows = _matching_rows(column, self.pattern) if self.pattern else []
+        if not rows:
+            return column
+        values = column.to_pylist()
+        for row in rows:
+            value = values[row]
+            if value is not None:
+                values[row] = self._scrub_unlimited(value, how)
+        return pa.array(values, column.type)
+
+    def _scrub_unlimited(self, value: str, how: str) -> str:
+        try:
+            return self.policy.scrub_json(value, "", 0) if how == "json" else self.policy.scrub(value, "", 0)
+        except Exception as exc:  # noqa: BLE001 - the user's hook or pattern failed: keep nothing of the value
+            warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
+            return '"[REDACTED]"' if how != "text" else REDACTED
+
     def _batches(self, batches: list[Any], columns: tuple[tuple[str, str | None, str], ...]) -> list[Any]:
         import pyarrow as pa
 

@@ -269,3 +269,36 @@ def test_masked_json_stays_json_with_the_headers_of_a_request(tmp_path):
     assert end["result"] == {"url": "https://[REDACTED]@api.test/x", "headers": {
         "Authorization": "Basic [REDACTED]", "Cookie": "[REDACTED]", "X-Api-Key": ["[REDACTED]", "[REDACTED]"],
         "Accept": "*/*", "x-request-token-count": 3}}
+
+
+def test_a_foreign_senders_secrets_vanish_from_the_collectors_raw_spans(tmp_path):
+    """A sender other than loopscope (here the OpenTelemetry SDK's own OTLP exporter, with
+    no content policy) sends its attributes unmasked: the collector masks them in the raw
+    ``spans`` table as in its events (any attribute, a span event's, the status)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Status, StatusCode
+
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as collector:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.http_endpoint + "/v1/traces")))
+        tracer = provider.get_tracer("foreign")
+        for i, case in enumerate(CASES):
+            with tracer.start_as_current_span(f"execute_tool echo{i}") as span:
+                span.set_attributes({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "echo", "gen_ai.tool.call.id": f"f{i}",
+                                     "gen_ai.tool.call.arguments": json.dumps({"text": case.text}), "gen_ai.tool.call.result": case.text,
+                                     "http.request.header.note": case.text})
+                span.add_event("exception", {"exception.type": "RuntimeError", "exception.message": case.text})
+                span.set_status(Status(StatusCode.ERROR, case.text))
+        provider.shutdown()
+    collected = Path(collector.db)
+    with open_store(str(collected), read_only=True) as con:
+        rows = con.execute("SELECT name, attributes::VARCHAR, events::VARCHAR, status_message FROM spans").fetchall()
+    texts: dict[int, list[str]] = {}
+    for name, attributes, events, status in rows:
+        attributes, events = json.loads(attributes), json.loads(events)
+        texts[int(name.removeprefix("execute_tool echo"))] = [
+            json.loads(attributes["gen_ai.tool.call.arguments"])["text"], attributes["gen_ai.tool.call.result"],
+            attributes["http.request.header.note"], events[0]["attributes"]["exception.message"], status,
+        ]
+    check(texts, {"the collector's file": raw_bytes(collected)}, places=5)
