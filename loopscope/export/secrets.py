@@ -42,13 +42,13 @@ _WS = r"[\t\n\v\f\r ]"  # ASCII whitespace, the same in Python (re.ASCII) and RE
 
 # Words a key ends with when its value is a secret (``aws_secret_access_key``,
 # ``X-Amz-Signature``, ``AccountKey``, ``client_secret``...). Written so that Python and
-# RE2 read it alike. Not ``key`` or ``sig`` alone (prose, ``sort_key``): those only as
-# URL query parameters. ``token`` but not ``tokens`` (``max_tokens=5``), and a token's
+# RE2 read it alike. Not ``key``, ``sig`` or ``signature`` alone (prose, ``sort_key``, the
+# signature of a model's thinking block): those only as URL query parameters. ``token`` but not ``tokens`` (``max_tokens=5``), and a token's
 # value must look like a credential (see :func:`_credible_token`).
 SECRET_KEY_WORDS = (
     r"passw(?:or)?d|passphrase|pwd|secret"
     r"|(?:api|access|account|private|secret|signing|subscription|master|client|encryption|shared)[_-]?key"
-    r"|token|signature|credentials?|authorization|cookie"
+    r"|(?:amz|goog|access|url|request)[_-]?signature|token|credentials?|authorization|cookie"
 )
 
 _AUTH_SCHEMES = (
@@ -60,7 +60,7 @@ KEY_VALUE = re.compile(
     rf"""
     (?P<key>
         (?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})(?:\\*["'])?\s*[:=]\s*
-      | [?&](?:key|sig)=                                  # signed URLs: ?key=..., &sig=...
+      | [?&](?:key|sig|signature)=                        # signed URLs: ?key=..., &sig=...
     )
     (?!\s|\[REDACTED\])                                  # (not the key's spaces given back)
     (?P<value>
@@ -78,7 +78,7 @@ KEY_VALUE = re.compile(
 )
 """The key-value rule (``ContentPolicy(key_values=True)``, the default)."""
 
-KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})\\*[\"']?{_WS}*[:=]|[?&](?:key|sig)="
+KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})\\*[\"']?{_WS}*[:=]|[?&](?:key|sig|signature)="
 """RE2, case-insensitive: matches wherever :data:`KEY_VALUE` does (its key part)."""
 
 SECRET_KEY = re.compile(rf"[A-Za-z0-9_.\-]*(?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})",
