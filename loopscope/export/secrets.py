@@ -43,8 +43,9 @@ _WS = r"[\t\n\v\f\r ]"  # ASCII whitespace, the same in Python (re.ASCII) and RE
 # Words a key ends with when its value is a secret (``aws_secret_access_key``,
 # ``X-Amz-Signature``, ``AccountKey``, ``client_secret``...). Written so that Python and
 # RE2 read it alike. Not ``key``, ``sig`` or ``signature`` alone (prose, ``sort_key``, the
-# signature of a model's thinking block): those only as URL query parameters. ``token`` but not ``tokens`` (``max_tokens=5``), and a token's
-# value must look like a credential (see :func:`_credible_token`).
+# signature of a model's thinking block): those only as URL query parameters. ``token``
+# but not ``tokens`` (``max_tokens=5``), and a token's value must look like a credential
+# (see :func:`_credible_token`).
 SECRET_KEY_WORDS = (
     r"passw(?:or)?d|passphrase|pwd|secret"
     r"|(?:api|access|account|private|secret|signing|subscription|master|client|encryption|shared)[_-]?key"
