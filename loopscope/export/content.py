@@ -83,6 +83,7 @@ class ContentPolicy:
     key_values: bool = True
     _compiled: re.Pattern[str] = field(init=False, repr=False)
     _secret_groups: tuple[str, ...] = field(init=False, repr=False)
+    _literals: tuple[str, ...] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.capture is None:
@@ -99,6 +100,9 @@ class ContentPolicy:
             parts.append(f"(?:{pattern})")
         self._compiled = re.compile("|".join(parts)) if parts else re.compile(r"(?!x)x")
         self._secret_groups = tuple(groups)
+        # the default patterns say which literals their matches hold: text without any is
+        # not searched (most text; a substring test is ~20x cheaper than the expression)
+        self._literals = secrets.DEFAULT_LITERALS if self.patterns == DEFAULT_PATTERNS else None
 
     def scrub(self, text: str, where: str = "", limit: int | None = None) -> str:
         """Mask secrets, apply the hook, then cut to ``limit`` characters with a marker."""
@@ -113,11 +117,11 @@ class ContentPolicy:
 
     def mask(self, text: str, where: str = "") -> str:
         """``text`` with secrets masked and the hook applied; never cut."""
-        if self.patterns:
+        lower = text.lower()
+        cleaned = text
+        if self.patterns and (self._literals is None or any(lit in lower for lit in self._literals)):
             cleaned = self._compiled.sub(self._mask_match if self._secret_groups else REDACTED, text)
-        else:
-            cleaned = text
-        if self.key_values:
+        if self.key_values and any(lit in lower for lit in secrets.KEY_VALUE_LITERALS):
             cleaned = secrets.KEY_VALUE.sub(secrets.mask_key_value, cleaned)
         if self.redact is not None:
             cleaned = self.redact(where, cleaned)

@@ -36,9 +36,11 @@ class SecretShape:
     prefilter: str | None = None
     """An RE2 expression (case-insensitive unless it says ``(?-i:``) matching wherever
     ``pattern`` does: the store's writer looks at no other value."""
+    literals: tuple[str, ...] = ()
+    """Lowercase strings one of which is in the lowercased text wherever ``pattern``
+    matches: Python runs no expression on text with none of them (export's fast path)."""
 
 
-_WS = r"[\t\n\v\f\r ]"  # ASCII whitespace, the same in Python (re.ASCII) and RE2
 
 # Words a key ends with when its value is a secret (``aws_secret_access_key``,
 # ``X-Amz-Signature``, ``AccountKey``, ``client_secret``...). Written so that Python and
@@ -79,8 +81,12 @@ KEY_VALUE = re.compile(
 )
 """The key-value rule (``ContentPolicy(key_values=True)``, the default)."""
 
-KEY_VALUE_PREFILTER = rf"(?:{SECRET_KEY_WORDS})\\*[\"']?{_WS}*[:=]|[?&](?:key|sig|signature)="
-"""RE2, case-insensitive: matches wherever :data:`KEY_VALUE` does (its key part)."""
+KEY_VALUE_PREFILTER = r"(?:pass[a-z]*|pwd|secret|key|signature|token|credentials?|authorization|cookie)\\*[\"']?[\s\v]*[:=]|[?&]sig="
+"""RE2, case-insensitive: matches wherever :data:`KEY_VALUE` does (its key part, or a
+shorter superset of it: an RE2 expression's cost in Arrow is mostly its compilation)."""
+
+KEY_VALUE_LITERALS = ("pass", "pwd", "secret", "key", "token", "signature", "credential", "authorization", "cookie", "sig=")
+"""Lowercase: one of them is in the lowercased text wherever :data:`KEY_VALUE` matches."""
 
 SECRET_KEY = re.compile(rf"[A-Za-z0-9_.\-]*(?:(?P<auth>authorization)|(?P<cookie>cookie)|(?P<token>token)|{SECRET_KEY_WORDS})",
                         re.ASCII | re.IGNORECASE)
@@ -137,28 +143,29 @@ def mask_key_value(match: re.Match[str]) -> str:
 SECRET_SHAPES: tuple[SecretShape, ...] = (
     # -- found by pattern (DEFAULT_PATTERNS) --
     SecretShape("OpenAI / Anthropic style API keys", "sk-proj-4f9XbQ2LmN8vR1tY6wZ0", REDACTED,
-                r"sk-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{16,}", "sk-"),
+                r"sk-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{16,}", "sk-", ("sk-",)),
     SecretShape("Stripe secret keys", "sk_live_4eC39HqLyjWDarjtT1zdp7dc", REDACTED,
-                r"[sr]k_(?:live|test)_[A-Za-z0-9]{16,}", r"(?-i:[sr]k_(?:live|test)_)"),
+                r"[sr]k_(?:live|test)_[A-Za-z0-9]{16,}", r"(?-i:[sr]k_(?:live|test)_)", ("k_live_", "k_test_")),
     SecretShape("AWS access key ids", "AKIAIOSFODNN7EXAMPLE", REDACTED,
-                r"(?:AKIA|ASIA)[0-9A-Z]{16}", "(?-i:AKIA|ASIA)"),
+                r"(?:AKIA|ASIA)[0-9A-Z]{16}", "(?-i:AKIA|ASIA)", ("akia", "asia")),
     SecretShape("GitHub tokens", "ghp_16C7e42F292c6912E7710c838347Ae178B4a", REDACTED,
-                r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}", "(?-i:gh[pousr]_|github_pat_)"),
+                r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}", "(?-i:gh[pousr]_|github_pat_)",
+                ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
     SecretShape("Slack tokens", "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy", REDACTED,
-                r"xox[abprs]-[A-Za-z0-9-]{10,}", "(?-i:xox[abprs]-)"),
+                r"xox[abprs]-[A-Za-z0-9-]{10,}", "(?-i:xox[abprs]-)", ("xox",)),
     SecretShape("Google API keys", "AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe", REDACTED,
-                r"AIza[0-9A-Za-z_\-]{35}", "(?-i:AIza)"),
+                r"AIza[0-9A-Za-z_\-]{35}", "(?-i:AIza)", ("aiza",)),
     SecretShape("Bearer tokens", "Bearer 8f2b1c9e4d7a6b3c", f"Bearer {REDACTED}",
-                r"(?i:\bbearer\s+)(?P<secret>[A-Za-z0-9._~+/\-]+=*)", "bearer"),
+                r"(?i:\bbearer\s+)(?P<secret>[A-Za-z0-9._~+/\-]+=*)", "bearer", ("bearer",)),
     SecretShape("JWTs", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", REDACTED,
-                r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", "(?-i:eyJ)"),
+                r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", "(?-i:eyJ)", ("eyj",)),
     SecretShape("URL credentials", "postgres://app:S3cr3t@db.internal:5432/orders", f"postgres://{REDACTED}@db.internal:5432/orders",
-                r"://(?P<secret>[^\s/?#@:\"'<>]*:[^\s/?#@\"'<>]+)@", r"://[^/?#@:\t\n\v\f\r \"'<>]*:[^/?#@\t\n\v\f\r \"'<>]+@"),
+                r"://(?P<secret>[^\s/?#@:\"'<>]*:[^\s/?#@\"'<>]+)@", r"://[^/?#@ ]*:[^/?#@ ]*@", ("://",)),
     SecretShape("PEM private key blocks", "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7bq\n-----END RSA PRIVATE KEY-----",
                 f"-----BEGIN RSA PRIVATE KEY-----{REDACTED}-----END RSA PRIVATE KEY-----",
                 r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?P<secret>[^\"]*?)"
                 r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|(?=\")|\Z)",
-                "(?-i:-----BEGIN [A-Z0-9 ]*PRIVATE KEY)"),
+                "(?-i:-----BEGIN [A-Z0-9 ]*PRIVATE KEY)", ("-----begin",)),
     # -- found by the key-value rule (KEY_VALUE) --
     SecretShape("Cloud secret keys", "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", f"aws_secret_access_key={REDACTED}"),
     SecretShape("Azure connection strings", "AccountName=acme;AccountKey=Zm9vYmFyYmF6cXV4MTIz==;EndpointSuffix=core.windows.net",
@@ -178,3 +185,6 @@ DEFAULT_PATTERNS: tuple[str, ...] = tuple(s.pattern for s in SECRET_SHAPES if s.
 
 DEFAULT_PREFILTERS: dict[str, str] = {s.pattern: s.prefilter for s in SECRET_SHAPES if s.pattern and s.prefilter}
 """Each default pattern's RE2 prefilter (:mod:`loopscope.storage.scrub`)."""
+
+DEFAULT_LITERALS: tuple[str, ...] = tuple(dict.fromkeys(lit for s in SECRET_SHAPES if s.pattern for lit in s.literals))
+"""Every default pattern's literals (:attr:`SecretShape.literals`), together."""
