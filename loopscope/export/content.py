@@ -117,12 +117,13 @@ class ContentPolicy:
 
     def mask(self, text: str, where: str = "") -> str:
         """``text`` with secrets masked and the hook applied; never cut."""
-        lower = text.lower()
         cleaned = text
-        if self.patterns and (self._literals is None or any(lit in lower for lit in self._literals)):
-            cleaned = self._compiled.sub(self._mask_match if self._secret_groups else REDACTED, text)
-        if self.key_values and any(lit in lower for lit in secrets.KEY_VALUE_LITERALS):
-            cleaned = secrets.KEY_VALUE.sub(secrets.mask_key_value, cleaned)
+        if self.patterns or self.key_values:
+            lower = text.lower()
+            if self.patterns and (self._literals is None or any(lit in lower for lit in self._literals)):
+                cleaned = self._compiled.sub(self._mask_match if self._secret_groups else REDACTED, text)
+            if self.key_values and any(lit in lower for lit in secrets.KEY_VALUE_LITERALS):
+                cleaned = secrets.KEY_VALUE.sub(secrets.mask_key_value, cleaned)
         if self.redact is not None:
             cleaned = self.redact(where, cleaned)
         return cleaned
