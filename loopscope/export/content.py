@@ -19,6 +19,8 @@ from typing import Any
 
 from .. import _json
 from .. import semconv as a
+from . import secrets
+from .secrets import REDACTED
 
 CONTENT_ATTRIBUTES = frozenset(
     {
@@ -44,26 +46,10 @@ CONTENT_ATTRIBUTES = frozenset(
 SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | {a.TOOL_ERROR, "exception.message", "exception.stacktrace"}
 """Attributes whose text is scrubbed of secrets wherever it goes (errors quote inputs too)."""
 
-REDACTED = "[REDACTED]"
-
-DEFAULT_PATTERNS: tuple[str, ...] = (
-    r"sk-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{16,}",  # OpenAI / Anthropic / Stripe style keys
-    r"AKIA[0-9A-Z]{16}",  # AWS access key ids
-    r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
-    r"xox[abprs]-[A-Za-z0-9-]{10,}",  # Slack tokens
-    r"AIza[0-9A-Za-z_\-]{35}",  # Google API keys
-    r"(?i:\bbearer\s+[A-Za-z0-9._~+/\-]+=*)",  # bearer tokens
-    r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
-)
-"""Secrets masked by default. Key-value secrets (passwords, api keys) are handled apart."""
-
-_KEY_VALUE = re.compile(
-    r"""(?ix)
-    (?P<key>["']?(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|authorization)["']?
-       \s*[:=]\s*)
-    (?!\[REDACTED\])(?P<value>"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&}\]]+)
-    """
-)
+# The shapes of secrets masked by default live in one table (secrets.SECRET_SHAPES).
+DEFAULT_PATTERNS = secrets.DEFAULT_PATTERNS
+"""Secrets masked by default (see :data:`loopscope.export.secrets.SECRET_SHAPES`).
+Secret-named values (``password=...``, ``Authorization: ...``) are the key-value rule's."""
 
 Redactor = Callable[[str, str], str]
 """A user hook: ``(attribute_or_field, text) -> text`` applied after the patterns."""
@@ -96,13 +82,27 @@ class ContentPolicy:
     redact: Redactor | None = None
     key_values: bool = True
     _compiled: re.Pattern[str] = field(init=False, repr=False)
+    _secret_groups: tuple[str, ...] = field(init=False, repr=False)
+    _literals: tuple[str, ...] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.capture is None:
             self.capture = bool(_env_flag("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"))
         patterns = list(DEFAULT_PATTERNS if self.patterns is None else self.patterns)
         self.patterns = tuple(patterns)
-        self._compiled = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else re.compile(r"(?!x)x")
+        # one expression for all: a pattern's ``secret`` group (the part it masks) gets a
+        # name of its own, as two groups of one expression cannot share a name
+        parts, groups = [], []
+        for i, pattern in enumerate(patterns):
+            if _SECRET_GROUP in pattern:
+                pattern = pattern.replace(_SECRET_GROUP, f"(?P<_secret{i}>")
+                groups.append(f"_secret{i}")
+            parts.append(f"(?:{pattern})")
+        self._compiled = re.compile("|".join(parts)) if parts else re.compile(r"(?!x)x")
+        self._secret_groups = tuple(groups)
+        # the default patterns say which literals their matches hold: text without any is
+        # not searched (most text; a substring test is ~20x cheaper than the expression)
+        self._literals = secrets.DEFAULT_LITERALS if self.patterns == DEFAULT_PATTERNS else None
 
     def scrub(self, text: str, where: str = "", limit: int | None = None) -> str:
         """Mask secrets, apply the hook, then cut to ``limit`` characters with a marker."""
@@ -117,12 +117,25 @@ class ContentPolicy:
 
     def mask(self, text: str, where: str = "") -> str:
         """``text`` with secrets masked and the hook applied; never cut."""
-        cleaned = self._compiled.sub(REDACTED, text) if self.patterns else text
-        if self.key_values:
-            cleaned = _KEY_VALUE.sub(_mask_value, cleaned)
+        cleaned = text
+        if self.patterns or self.key_values:
+            lower = text.lower()
+            if self.patterns and (self._literals is None or any(lit in lower for lit in self._literals)):
+                cleaned = self._compiled.sub(self._mask_match if self._secret_groups else REDACTED, text)
+            if self.key_values and any(lit in lower for lit in secrets.KEY_VALUE_LITERALS):
+                cleaned = secrets.KEY_VALUE.sub(secrets.mask_key_value, cleaned)
         if self.redact is not None:
             cleaned = self.redact(where, cleaned)
         return cleaned
+
+    def _mask_match(self, match: re.Match[str]) -> str:
+        """One pattern's match masked: its ``secret`` group, or all of it without one."""
+        for name in self._secret_groups:
+            start, end = match.span(name)
+            if start >= 0:
+                text = match.string
+                return f"{text[match.start():start]}{REDACTED}{text[end:match.end()]}"
+        return REDACTED
 
     def scrub_json(self, text: str, where: str = "", limit: int | None = None, *, cap: str = "text") -> str:
         """:meth:`scrub` for text that may hold JSON: JSON stays valid JSON.
@@ -138,11 +151,7 @@ class ContentPolicy:
         """
         if not isinstance(text, str):
             return text
-        cleaned = self.mask(text, where)
-        if cleaned != text and _is_json(text) and not _is_json(cleaned):
-            value = json.loads(text)
-            masked = self._mask_json(value, where)
-            cleaned = text if masked == value else _json.dumps(masked)
+        cleaned = self._mask_keeping_json(text, where)
         limit = self.max_chars if limit is None else limit
         if limit <= 0 or len(cleaned) <= limit:
             return cleaned
@@ -151,18 +160,25 @@ class ContentPolicy:
         capped = _cap_json(cleaned, limit)
         return capped if cap == "shape" or len(capped) <= 2 * limit else truncate(cleaned, limit)
 
+    def _mask_keeping_json(self, text: str, where: str) -> str:
+        """:meth:`mask`, by value where masking the whole text broke its JSON."""
+        cleaned = self.mask(text, where)
+        if cleaned != text and _is_json(text) and not _is_json(cleaned):
+            value = json.loads(text)
+            masked = self._mask_json(value, where)
+            cleaned = text if masked == value else _json.dumps(masked)
+        return cleaned
+
     def _mask_json(self, value: Any, where: str) -> Any:
         if isinstance(value, str):
-            return self.mask(value, where)
+            return self._mask_keeping_json(value, where)  # a string may hold JSON itself
         if isinstance(value, list):
             return [self._mask_json(v, where) for v in value]
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
-                if self.key_values and isinstance(item, (str, int, float)) and _SECRET_KEY.fullmatch(str(key)):
-                    out[key] = REDACTED
-                else:
-                    out[key] = self._mask_json(item, where)
+                secret = secrets.SECRET_KEY.fullmatch(str(key)) if self.key_values else None
+                out[key] = self._mask_json(item, where) if secret is None else _mask_all(secrets.kind_of(secret), item)
             return out
         return value
 
@@ -180,14 +196,21 @@ class ContentPolicy:
         return out
 
 
-def _mask_value(match: re.Match[str]) -> str:
-    value = match.group("value")
-    quote = value[0] if value[:1] in ("'", '"') else ""
-    return f"{match.group('key')}{quote}{REDACTED}{quote}"
+_SECRET_GROUP = "(?P<secret>"
 
 
-_SECRET_KEY = re.compile(r"(?i)password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|authorization")
-"""A JSON key whose value is masked (the keys of :data:`_KEY_VALUE`)."""
+def _mask_all(kind: str | None, value: Any) -> Any:
+    """The value of a secret-named JSON key: every string and number in it masked."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (str, int, float)):
+        masked = secrets.mask_secret_value(kind, str(value))
+        return value if masked is None else masked
+    if isinstance(value, list):
+        return [_mask_all(kind, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _mask_all(kind, v) for k, v in value.items()}
+    return value
 
 
 def _is_json(text: str) -> bool:

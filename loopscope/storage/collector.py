@@ -61,6 +61,8 @@ from urllib.parse import urlsplit
 from .. import _json, semconv as a
 from .._guard import internal_error, logger
 from .._http import BoundedHandler, BoundedHTTPServer, HostRule, token_ok
+from ..export.content import ContentPolicy
+from . import scrub
 from .connection import open_store, resolve
 from .idempotent import fresh_spans_sql
 from .foreign import AGENT, Assembler, Ctx, Scope, SpanEvent, SpanRecord, Status, classify, is_own
@@ -291,8 +293,12 @@ class RawSpanWriter:
     ``max_backlog``, the oldest are dropped and counted). The file must have the schema
     already (:class:`Ingest` sees to it)."""
 
-    def __init__(self, path: str, *, interval: float = 0.5, lock_timeout: float = 2.0, max_backlog: int = 500_000) -> None:
+    def __init__(self, path: str, *, interval: float = 0.5, lock_timeout: float = 2.0, max_backlog: int = 500_000,
+                 content: ContentPolicy | None = None) -> None:
         self.path = path
+        # secrets are masked in the raw copies too: a sender other than loopscope (or one
+        # with capture on and its own policy) sends what it has
+        self.scrubber = scrub.scrubber(content or ContentPolicy())
         self.interval = interval
         self.lock_timeout = lock_timeout
         self.max_backlog = max_backlog
@@ -387,12 +393,13 @@ class RawSpanWriter:
         columns = list(zip(*rows))
         us = pa.timestamp("us", tz="UTC")
         text = pa.string()
+        masked = self.scrubber.masked
         table = pa.table(
             [
                 pa.array(columns[0], text), pa.array(columns[1], text), pa.array(columns[2], text), pa.array(columns[3], text),
                 pa.array(columns[4], text), pa.array(columns[5], us), pa.array(columns[6], us), pa.array(columns[7], pa.float64()),
-                pa.array(columns[8], text), pa.array(columns[9], text), pa.array(columns[10], text), pa.array(columns[11], text),
-                pa.array(columns[12], text), pa.array(columns[13], text), pa.array(columns[14], text), pa.array(columns[15], text),
+                pa.array(columns[8], text), masked(pa.array(columns[9], text), "text"), masked(pa.array(columns[10], text)),
+                pa.array(columns[11], text), masked(pa.array(columns[12], text)), pa.array(columns[13], text), pa.array(columns[14], text), pa.array(columns[15], text),
                 pa.array(columns[16], text), pa.array(columns[17], text), pa.array(columns[18], text), pa.array(columns[19], us),
             ],
             names=list(_RAW_COLUMNS),
@@ -587,7 +594,10 @@ class Ingest:
         with open_store(self.path, read_only=False, timeout=max(10.0, lock_timeout)) as con:
             migrate(con)
         self.writer = StoreWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout, skip_stored=True)
-        self.raw = RawSpanWriter(self.path, interval=flush_interval, lock_timeout=lock_timeout) if raw else None
+        self.raw = (
+            RawSpanWriter(self.path, interval=flush_interval, lock_timeout=lock_timeout, content=self.writer.content)
+            if raw else None
+        )
         self.raw_wait = raw_wait
         self.assembler = Assembler(idle_seconds=idle_seconds)
         self.stats = CollectorStats()

@@ -9,7 +9,8 @@ export: secrets masked, the redaction hook, ``store_max_chars`` per value.
 It runs in the writer's thread, once per batch written (never on the calling thread).
 Almost no value holds a secret, so the regular expressions (Python's, as on export) run
 only on the few values a prefilter picks: an RE2 expression that matches every value a
-pattern could match (for the default patterns, their literal prefixes in any case), run
+pattern could match (for the default patterns, the prefilters of
+:data:`~loopscope.export.secrets.SECRET_SHAPES`, mostly literal prefixes), run
 by Arrow off the GIL over all content values of the batch end to end as one string, and
 a byte-length check for the cap. Values it does not pick are not even converted to
 Python: they are stored byte for byte as without the policy. A redaction hook, or a
@@ -27,15 +28,9 @@ from typing import Any
 
 from .. import semconv as a
 from .._guard import warn_once
-from ..export.content import DEFAULT_PATTERNS, REDACTED, ContentPolicy
+from ..export.content import REDACTED, ContentPolicy
+from ..export.secrets import DEFAULT_PREFILTERS, KEY_VALUE_PREFILTER
 from . import mapping
-
-# A literal each default pattern's matches start with (any case: a superset).
-_DEFAULT_PREFIXES = dict(zip(DEFAULT_PATTERNS, (
-    "sk-", "akia", "gh[pousr]_", "xox[abprs]-", "aiza", "bearer", "eyj",
-)))
-assert len(_DEFAULT_PREFIXES) == len(DEFAULT_PATTERNS)
-_KEY_PREFIXES = r"password|passwd|pwd|secret|api.?key|access.?token|auth.?token|authorization"
 
 # Python's and RE2's meaning of these differ (Unicode classes and boundaries, ``$``
 # before a final newline): a pattern with one could match a value its RE2 form misses.
@@ -73,15 +68,16 @@ def prefilter(policy: ContentPolicy) -> str | None:
         return None
     parts: list[str] = []
     for pattern in policy.patterns or ():
-        prefix = _DEFAULT_PREFIXES.get(pattern)
+        prefix = DEFAULT_PREFILTERS.get(pattern)  # each default shape's own (secrets.py)
         if prefix is not None:
             parts.append(prefix)
-        elif _RE2_UNSAFE.search(pattern) or not _re2_compiles(pattern):
+            continue
+        pattern = pattern.replace("(?P<secret>", "(?:")  # RE2 refuses a name used twice
+        if _RE2_UNSAFE.search(pattern) or not _re2_compiles(pattern):
             return None
-        else:
-            parts.append(f"(?-i:{pattern})")
+        parts.append(f"(?-i:{pattern})")
     if policy.key_values:
-        parts.append(_KEY_PREFIXES)
+        parts.append(KEY_VALUE_PREFILTER)
     return "(?i)" + "|".join(parts) if parts else ""
 
 
@@ -118,6 +114,35 @@ class Scrubber:
             facts.events = self._batches(facts.events, _EVENT_COLUMNS)
         if facts.turns:
             facts.turns = self._batches(facts.turns, _TURN_COLUMNS)
+
+    def masked(self, column: Any, how: str = "json") -> Any:
+        """A string array with secrets masked in the values the prefilter picks (no cap,
+        no ``where`` for the hook): the collector's raw copies of received spans, whose
+        attributes may come unmasked from any sender. ``how``: ``"json"`` (JSON stays
+        JSON) or ``"text"``."""
+        import pyarrow as pa
+
+        if not self.masking or column.null_count == len(column):
+            return column
+        if self.pattern is None:
+            rows = [i for i, valid in enumerate(column.is_valid().to_pylist()) if valid]
+        else:
+            rows = _matching_rows(column, self.pattern) if self.pattern else []
+        if not rows:
+            return column
+        values = column.to_pylist()
+        for row in rows:
+            value = values[row]
+            if value is not None:
+                values[row] = self._scrub_unlimited(value, how)
+        return pa.array(values, column.type)
+
+    def _scrub_unlimited(self, value: str, how: str) -> str:
+        try:
+            return self.policy.scrub_json(value, "", 0) if how == "json" else self.policy.scrub(value, "", 0)
+        except Exception as exc:  # noqa: BLE001 - the user's hook or pattern failed: keep nothing of the value
+            warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
+            return '"[REDACTED]"' if how != "text" else REDACTED
 
     def _batches(self, batches: list[Any], columns: tuple[tuple[str, str | None, str], ...]) -> list[Any]:
         import pyarrow as pa

@@ -82,17 +82,17 @@ def test_secrets_never_reach_the_store_file(tmp_path):
     ]
     user, said = events[0][1], events[1][1]
     assert user["body"] == "log me in, my key is [REDACTED] and password=[REDACTED]"
-    assert said["body"] == "Logging in with [REDACTED] now."
+    assert said["body"] == "Logging in with Bearer [REDACTED] now."  # the scheme stays
     login = next(c for k, c in events if k == "tool_call_end" and c["tool_name"] == "login")
     assert login["arguments"] == {"user": "ann", "password": "[REDACTED]"}  # still JSON, not a string
-    assert login["result"] == {"token": "[REDACTED]", "header": "Authorization: [REDACTED]", "user": "ann"}
+    assert login["result"] == {"token": "[REDACTED]", "header": "Authorization: Bearer [REDACTED]", "user": "ann"}
     fetch = next(c for k, c in events if k == "tool_call_end" and c["tool_name"] == "fetch")
     assert fetch["arguments"] == {"url": "https://x.test/?q=password=[REDACTED]"}
     assert fetch["error"] == "RuntimeError: fetch https://x.test/?q=password=[REDACTED] failed with password=[REDACTED]"
-    assert events[6][1] == {"snapshot": {"auth": {"api_key": "[REDACTED]", "note": "send [REDACTED]"}, "step": 2}}
+    assert events[6][1] == {"snapshot": {"auth": {"api_key": "[REDACTED]", "note": "send Bearer [REDACTED]"}, "step": 2}}
     turn = turn_row(db)
     assert turn["thinking"] == "the user gave [REDACTED]"
-    assert turn["response_content"].startswith("Logging in with [REDACTED] now.")
+    assert turn["response_content"].startswith("Logging in with Bearer [REDACTED] now.")
     assert "[REDACTED]" in turn["segments"] and json.loads(turn["segments"])
 
 
