@@ -9,7 +9,6 @@ the usage, said once in the log (``loopscope`` logger) and kept, as text, in the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,19 +35,22 @@ def flag(value: Any) -> bool:
 
 def time_ns(value: Any, what: str) -> int | None:
     """A time in nanoseconds since the epoch (an int, or a finite float), else None: now."""
-    if value is None or (type(value) is int and value >= 0):
+    if value is None or (type(value) is int and 0 <= value <= MAX_COUNT):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < MAX_COUNT:  # NaN is not
         return int(value)
     warn_once(f"time:{what}", "loopscope: %s=%s is not a time in nanoseconds since the epoch; the time of recording is used", what, _short(value))
     return None
+
+
+_LONGEST_MS = 9e12  # some 285 years: past it, not a duration (its nanoseconds would not fit an int64)
 
 
 def duration_ms(value: Any) -> float | None:
     """A duration in milliseconds (finite, not negative), else None."""
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < _LONGEST_MS:  # NaN is not
         return float(value)
     warn_once("duration_ms", "loopscope: duration_ms=%s is not a duration; the recorded one is kept", _short(value))
     return None

@@ -428,8 +428,10 @@ class Turn:
         counts) place the round when it really ran, for a generation learned of later.
         """
         rnd = Round(self, model, provider, tools, None)
-        rnd._start_time = start_time if start_time is None or type(start_time) is int else _values.time_ns(start_time, "start_time")
-        rnd._end_time = end_time if end_time is None or type(end_time) is int else _values.time_ns(end_time, "end_time")
+        if start_time is not None:
+            rnd._start_time = _values.time_ns(start_time, "start_time")
+        if end_time is not None:
+            rnd._end_time = _values.time_ns(end_time, "end_time")
         with rnd:
             rnd.response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, blocked=blocked)
         return rnd
