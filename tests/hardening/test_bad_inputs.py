@@ -53,7 +53,7 @@ class Unprintable:
 
 
 def test_any_value_as_arguments_result_and_text_is_stored_readably(recording) -> None:
-    written: list[tuple[str, Any]] = []
+    written: list[tuple[str, Any, str]] = []
 
     @loopscope.tool
     def echo(value: Any) -> Any:
@@ -67,13 +67,18 @@ def test_any_value_as_arguments_result_and_text_is_stored_readably(recording) ->
             t.generation(text, tool_calls=[{"id": "c1", "name": "echo", "arguments": {"value": value}}])
             assert echo(value) is value  # the user's value comes back untouched
             t.generation(text, finish_reason="stop")
-        written.append((session, value))
+        written.append((session, value, text))
 
     record()
     assert loopscope.flush()
     store = recording.store
-    for session, value in written:
+    for session, value, text in written:
         events = store.get_timeline(session)
+        # the text: the input, and each round's (a round without text makes no row)
+        readable_text = json.loads(_json.dumps(text))
+        assert [e.content.body for e in events if e.type == "message" and e.content.role == "user"] == [readable_text]
+        assistant = [e.content.body for e in events if e.type == "message" and e.content.role == "assistant"]
+        assert assistant == ([readable_text] * 2 if text else [])
         tools = [e for e in events if e.type.startswith("tool_call")]
         assert [e.type for e in tools] == ["tool_call_start", "tool_call_end"]
         end = tools[1].content
