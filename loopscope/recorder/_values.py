@@ -56,9 +56,9 @@ def duration_ms(value: Any) -> float | None:
     return None
 
 
-def add_usage(into: dict[str, int], usage: Any, invalid: dict[str, str]) -> None:
-    """Add the token counts of ``usage`` to ``into``; what is not one goes to ``invalid``
-    (key -> the value as text) and is said once per key in the log."""
+def add_usage(into: dict[str, int], usage: Any) -> dict[str, str] | None:
+    """Add the token counts of ``usage`` to ``into``; return what is not one (key -> the
+    value as text; None when all were), each said once per key in the log."""
     if type(usage) is dict:  # the common case, checked first: str keys, int counts
         for key, value in usage.items():
             if value is not None and not (type(value) is int and type(key) is str and 0 <= value <= MAX_COUNT):
@@ -67,20 +67,21 @@ def add_usage(into: dict[str, int], usage: Any, invalid: dict[str, str]) -> None
             for key, value in usage.items():
                 if value is not None:
                     into[key] = into.get(key, 0) + value
-            return
+            return None
+    invalid: dict[str, str] = {}
     if usage is None:
-        return
+        return None
     if not isinstance(usage, Mapping):
         converted = _json.to_jsonable(usage)  # a pydantic usage object: its fields
         if not isinstance(converted, dict):
             _reject(invalid, "usage", usage)
-            return
+            return invalid
         usage = converted
     try:
         items = list(usage.items())
     except Exception:
         _reject(invalid, "usage", usage)
-        return
+        return invalid
     for key, value in items:
         if value is None:
             continue
@@ -90,6 +91,7 @@ def add_usage(into: dict[str, int], usage: Any, invalid: dict[str, str]) -> None
             _reject(invalid, name, value)
         else:
             into[name] = into.get(name, 0) + count
+    return invalid or None
 
 
 def items(values: Any, what: str) -> list[Any]:

@@ -41,6 +41,9 @@ the request that later carries their results still joins that turn."""
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
 
 
+_PLAIN = frozenset({str, type(None)})  # the types an id or a name is taken as it is
+
+
 def _release(var: Any, var_token: Any, context_token: Any, where: str) -> None:
     """Reset a context variable and detach an OpenTelemetry context, never raising: a
     token from another context (a generator closed elsewhere) is reported, not raised."""
@@ -129,6 +132,8 @@ class Round:
     # explicit span times (ns since the epoch) for a generation reported after it ran
     _start_time: int | None = None
     _end_time: int | None = None
+    invalid_usage: dict[str, str] | None = None
+    """Usage values reported that are not token counts, as text (left out of :attr:`usage`)."""
 
     def __init__(
         self,
@@ -141,14 +146,16 @@ class Round:
     ) -> None:
         self._turn = turn
         self._request = request
-        self.model = _values.text(model) or turn.model
-        self.provider = _values.text(provider) or turn.provider
+        if model is not None and type(model) is not str:
+            model = _values.text(model)  # a name given as another value is its text
+        if provider is not None and type(provider) is not str:
+            provider = _values.text(provider)
+        self.model = model or turn.model
+        self.provider = provider or turn.provider
         self._tools = tools if tools is None or type(tools) is ToolSet else _offered(tools)
         self._stream = stream if stream is None or type(stream) is bool else _values.flag(stream)
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
-        self.invalid_usage: dict[str, str] = {}
-        """Usage values reported that are not token counts, as text (left out of :attr:`usage`)."""
 
     def response(
         self,
@@ -175,7 +182,9 @@ class Round:
         if tool_calls is not None:
             self.tool_calls.extend(_tool_calls(tool_calls))
         if usage is not None:
-            _values.add_usage(self.usage, usage, self.invalid_usage)
+            invalid = _values.add_usage(self.usage, usage)
+            if invalid:
+                self.invalid_usage = {**(self.invalid_usage or {}), **invalid}
         if finish_reason is not None:
             self.finish_reason = finish_reason if type(finish_reason) is str else text_of(finish_reason)
         if thinking is not None:
@@ -367,18 +376,19 @@ class Turn:
     ) -> None:
         self._tracer = tracer
         # ids and names the application gives as other values (session_id=12345) are text
-        text = _values.text
-        session_id = text(session_id)
+        text, plain = _values.text, _PLAIN
+        if type(session_id) not in plain:
+            session_id = text(session_id)
         self._requested_session = session_id
         self.session_id = session_id or ""
-        self.agent = text(agent)
+        self.agent = agent if type(agent) in plain else text(agent)
         self._tools = tools if type(tools) is ToolSet else _offered(tools)  # an adapter's is made already
         self.input = input
         self._input_blocked = input_blocked
-        self.model = text(model)
-        self.provider = text(provider)
-        self.framework = text(framework)
-        self.correlation_id = text(correlation_id) or _new_id()
+        self.model = model if type(model) in plain else text(model)
+        self.provider = provider if type(provider) in plain else text(provider)
+        self.framework = framework if type(framework) in plain else text(framework)
+        self.correlation_id = (correlation_id if type(correlation_id) in plain else text(correlation_id)) or _new_id()
         self.streaming = streaming if type(streaming) is bool else _values.flag(streaming)
         self._lock = threading.Lock()
         self._declared: dict[str, DeclaredTool] = {}
@@ -484,10 +494,8 @@ class Turn:
                 facts[name] = found
         if usage is not None:
             counts: dict[str, int] = {}
-            invalid: dict[str, str] = {}
-            _values.add_usage(counts, usage, invalid)
+            self._invalid_usage = _values.add_usage(counts, usage) or {}
             facts["usage"] = counts
-            self._invalid_usage = invalid
         if declared_tools is not None:
             facts["declared"] = declared_tools_of(declared_tools)
         if thinking is not None:
