@@ -29,7 +29,8 @@ def flag(value: Any) -> bool:
     try:
         return bool(value)
     except Exception:
-        warn_once(f"flag:{type(value).__qualname__}", "loopscope: a %s given as a flag has no truth value; taken as False", type(value).__qualname__)
+        kind = type(value).__qualname__
+        warn_once(f"flag:{kind}", "loopscope: a %s given as a flag has no truth value; taken as False", kind)
         return False
 
 
@@ -39,7 +40,10 @@ def time_ns(value: Any, what: str) -> int | None:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < MAX_COUNT:  # NaN is not
         return int(value)
-    warn_once(f"time:{what}", "loopscope: %s=%s is not a time in nanoseconds since the epoch; the time of recording is used", what, _short(value))
+    warn_once(
+        f"time:{what}", "loopscope: %s=%s is not a time in nanoseconds since the epoch; the time of recording is used",
+        what, _short(value),
+    )
     return None
 
 
@@ -72,7 +76,8 @@ def add_usage(into: dict[str, int], usage: Any) -> dict[str, str] | None:
     if usage is None:
         return None
     if not isinstance(usage, Mapping):
-        converted = _json.to_jsonable(usage)  # a pydantic usage object: its fields
+        # a pydantic usage object: its fields; text is no usage
+        converted = None if isinstance(usage, (str, bytes, bytearray)) else _json.to_jsonable(usage)
         if not isinstance(converted, dict):
             _reject(invalid, "usage", usage)
             return invalid

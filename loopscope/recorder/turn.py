@@ -85,7 +85,9 @@ def _tool_call(call: Any) -> ToolCall:
             except ValueError:
                 pass  # keep the model's text as it was
         name = fn.get("name")
-        return ToolCall(id=_call_id(call.get("id") or call.get("call_id")), name="None" if name is None else _values.text(name), arguments=args)
+        return ToolCall(
+            id=_call_id(call.get("id") or call.get("call_id")), name="None" if name is None else _values.text(name), arguments=args
+        )
     return ToolCall(
         id=_call_id(getattr(call, "id", None)),
         name=_values.text(getattr(call, "name", None)) or "",
@@ -103,7 +105,8 @@ def _tool_calls(calls: Iterable[Any]) -> list[ToolCall]:
     try:
         return [_tool_call(c) for c in calls]
     except Exception:
-        warn_once("tool_calls", "loopscope: tool_calls=%s is not a list of tool calls; left out", _json.to_text(calls)[:80])
+        shown = _json.to_text(calls)[:80]
+        warn_once("tool_calls", "loopscope: tool_calls=%s is not a list of tool calls; left out", shown)
         return []
 
 
@@ -451,7 +454,8 @@ class Turn:
         with self._lock:
             current = self._tools.tools
             names = {x.name for x in current}
-            self._tools = ToolSet(current + tuple(t for t in declared_tools(tools, origin) if t.name not in names))
+            offered = declared_tools(_values.items(tools, "tools"), origin)  # a value that is no list offers none
+            self._tools = ToolSet(current + tuple(t for t in offered if t.name not in names))
 
     def end(self, reason: LoopEndReason | str) -> None:
         """Name why the loop stopped (``max_rounds``, ``timeout``, ``budget_exceeded``...)."""

@@ -297,7 +297,9 @@ def test_bad_values_through_every_hand_api_entry_point_never_raise_and_lose_noth
     @given(v=BAD, w=BAD)
     def record(v: Any, w: Any) -> None:
         with loopscope.session(v if v not in (None, "") else f"s-{len(turns)}"):
-            with loopscope.turn(agent=w, model=v, provider=w, framework=v, correlation_id=w, input=v, streaming=w) as t:
+            tools = [{"name": v, "description": w, "parameters": {"type": "object", "x": w}, "origin": w}]
+            with loopscope.turn(agent=w, model=v, provider=w, framework=v, correlation_id=w, input=v, streaming=w, tools=tools) as t:
+                t.declare_tools([{"name": w, "description": v}], origin=v)
                 t.generation(
                     v, tool_calls=[{"id": w, "name": v, "arguments": {"x": w}}], usage={"input_tokens": v, "output_tokens": 3},
                     finish_reason=w, model=v, thinking=w, response_id=v, start_time=w, end_time=v, blocked=w,
