@@ -1,7 +1,8 @@
 """Turn arbitrary Python values into JSON text without ever raising.
 
 Tool arguments and results are whatever the user's code passes: bytes, datetimes,
-sets, custom objects, cycles. Each is kept in a readable form rather than lost.
+sets, custom objects, cycles, integers too long for Python to write in decimal. Each
+is kept in a readable form rather than lost.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -107,6 +109,31 @@ def loads(text: str | None) -> Any:
     return json.loads(text)
 
 
+def to_text(value: Any) -> str:
+    """``value`` as text, never raising: a ``str`` as it is (lone surrogates escaped),
+    anything else as the JSON text of its readable form (``12345`` -> ``"12345"``, a
+    datetime -> its ISO form, bytes -> their UTF-8 text, an object -> its ``repr``).
+    For ids and names the application passes as something other than text."""
+    converted = _convert(value, set(), 0)
+    return converted if isinstance(converted, str) else _encode(converted)
+
+
+def _int(value: int) -> int | str:
+    """An ``int`` as JSON takes it, or, past the digits Python writes in decimal
+    (``sys.get_int_max_str_digits``: writing more raises ``ValueError``), its exact hex
+    text (``"0x..."``, ``int(text, 16)`` reads it back), which costs time in proportion
+    to its size only."""
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0  # 3.10 before .7: none
+    # bit_length * log10(2) bounds the digit count from below: under it, decimal is allowed
+    if not limit or value.bit_length() * 0.30102999566398 < limit - 1:
+        return value
+    try:
+        int.__repr__(value)
+        return value
+    except ValueError:
+        return hex(value)
+
+
 def _safe_repr(value: Any) -> str:
     try:
         return repr(value)
@@ -122,8 +149,10 @@ def _convert(value: Any, seen: set[int], depth: int) -> Any:
             return value
         except UnicodeEncodeError:
             return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, bool) or value is None or isinstance(value, int):
+    if isinstance(value, bool) or value is None:
         return value
+    if isinstance(value, int):
+        return _int(value)
     if isinstance(value, float):
         return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
     if depth > _MAX_DEPTH:
@@ -148,7 +177,7 @@ def _convert(value: Any, seen: set[int], depth: int) -> Any:
     seen.add(ident)
     try:
         if isinstance(value, Mapping):
-            return {_key(k): _convert(v, seen, depth + 1) for k, v in list(value.items())}
+            return {to_text(k): _convert(v, seen, depth + 1) for k, v in list(value.items())}
         if isinstance(value, (list, tuple)):
             return [_convert(v, seen, depth + 1) for v in value]
         if isinstance(value, (set, frozenset)):
@@ -173,9 +202,3 @@ def _convert(value: Any, seen: set[int], depth: int) -> Any:
     finally:
         seen.discard(ident)
 
-
-def _key(key: Any) -> str:
-    if isinstance(key, str):
-        return _convert(key, set(), 0)
-    converted = _convert(key, set(), 0)
-    return converted if isinstance(converted, str) else json.dumps(converted, ensure_ascii=False)

@@ -7,7 +7,10 @@ ended, the turn's text segments, a tool call's outcome, where a declared tool ca
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from . import _json
@@ -62,6 +65,10 @@ ROUND_BLOCKED = "loopscope.round.blocked"
 TOOL_STATUS = "loopscope.tool.status"
 TOOL_OUTCOME = "loopscope.tool.outcome"
 TOOL_ERROR = "loopscope.tool.error"
+USAGE_INVALID = "loopscope.usage.invalid"
+"""On a ``chat`` (or ``invoke_agent``) span: the usage values the application reported that
+are not token counts (see :func:`token_count`), as JSON text ``{"key": "<the value as
+text>"}``; they are left out of the usage."""
 STATE_KIND = "loopscope.state.kind"
 """On a ``state_snapshot`` / ``state_delta`` span (no ``gen_ai.operation.name``: it is not
 a GenAI operation): ``snapshot`` or ``delta``."""
@@ -153,13 +160,59 @@ def _output_text_json(text: str) -> str:
     return _json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}])
 
 
+MAX_COUNT = (1 << 63) - 1
+"""The largest token count (or other count) recorded: an int64, what a store column and an
+OTLP integer value hold."""
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` as a count when it unambiguously is one, else None.
+
+    A whole number from 0 to :data:`MAX_COUNT`: an ``int`` (not a ``bool``), an integral
+    ``float`` or ``Decimal`` (``12.0`` -> 12), or ASCII digits in text (``"12"`` -> 12).
+    NaN, infinity, negative numbers, fractions (``12.5``), other text (``"n/a"``) and
+    every other value give None.
+    """
+    if type(value) is int:
+        return value if 0 <= value <= MAX_COUNT else None
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        if isinstance(value, (str, bytes, bytearray)):
+            text = value.strip()
+            if not text.isdigit() or not text.isascii() or len(text) > 19:
+                return None
+            count = int(text)
+        elif isinstance(value, numbers.Integral):
+            count = int(value)
+        elif isinstance(value, (numbers.Real, Decimal)):
+            if not math.isfinite(value) or value != int(value):
+                return None
+            count = int(value)
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError, ArithmeticError):
+        return None
+    return count if 0 <= count <= MAX_COUNT else None
+
+
+def usage_value(value: Any) -> int | None:
+    """A usage attribute of a span as the store reads it: an int as it is, a float cut to
+    an int (as Arrow casts it), anything else (NaN and infinity too) None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return None
+
+
 def usage_from_attributes(attributes: Mapping[str, Any]) -> dict[str, int]:
     """Token usage keyed as :attr:`AIResponseEvent.usage` is, from GenAI attributes."""
     usage = {}
     for key, attr in USAGE_ATTRIBUTES.items():
-        value = attributes.get(attr)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            usage[key] = int(value)
+        value = usage_value(attributes.get(attr))
+        if value is not None:
+            usage[key] = value
     return usage
 
 
@@ -190,7 +243,9 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
         attr = REQUEST_PARAMETERS.get(key)
         if attr is None:
             continue
-        if isinstance(value, (str, bool, int, float)):
+        if isinstance(value, int) and not isinstance(value, bool) and not -MAX_COUNT - 1 <= value <= MAX_COUNT:
+            out[attr] = _json.to_text(value)  # an OTLP integer is an int64: past it, the number as text
+        elif isinstance(value, (str, bool, int, float)):
             out[attr] = value
         elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             out[attr] = tuple(value)

@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 from ..dashboards import tables
 from ..models import ActivityEvent
@@ -143,13 +142,9 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
     while True:
         time.sleep(args.interval)
         try:
-            printer(sorted(follower.poll(), key=_order))
+            printer(follower.poll())  # each session's events in index order, never back
             locked_warned = False
         except StoreLockedError as exc:
             if not locked_warned:  # someone holds the file for long: keep trying
                 print(f"loopscope: {str(exc).splitlines()[0]}; still trying", file=sys.stderr, flush=True)
                 locked_warned = True
-
-
-def _order(event: ActivityEvent) -> Any:
-    return (event.created_at, event.session_id, event.index)

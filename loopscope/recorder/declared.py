@@ -6,12 +6,12 @@ import copy
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import TypeAdapter
 
 from .. import _json
-from ..models import DeclaredTool
+from ..models import DeclaredTool, ToolOrigin
 
 
 def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
@@ -24,6 +24,8 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
     """
     if isinstance(tool, DeclaredTool):
         return tool
+    if type(origin) is not str or origin not in _ORIGINS:
+        origin = "always"  # not one of the origins: the tool was offered, that is all that is known
     if isinstance(tool, str):
         return DeclaredTool(name=tool, origin=origin)  # type: ignore[arg-type]
     if isinstance(tool, dict):
@@ -32,11 +34,13 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
         if not name:
             return None
         params = spec.get("parameters", spec.get("input_schema", spec.get("inputSchema")))
+        description = spec.get("description")
+        own_origin = tool.get("origin", origin)
         return DeclaredTool(
-            name=str(name),
-            description=spec.get("description"),
-            parameters=params if isinstance(params, dict) else None,
-            origin=tool.get("origin", origin),
+            name=name if type(name) is str else _json.to_text(name),
+            description=description if description is None or type(description) is str else _json.to_text(description),
+            parameters=_schema(params) if isinstance(params, dict) else None,
+            origin=own_origin if type(own_origin) is str and own_origin in _ORIGINS else origin,
         )
     if callable(tool):
         name = getattr(tool, "__loopscope_tool_name__", None) or getattr(tool, "__name__", None)
@@ -45,6 +49,15 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
         return DeclaredTool(name=name, description=inspect.getdoc(tool), parameters=_parameters(tool), origin=origin)  # type: ignore[arg-type]
     return None
 
+
+_ORIGINS = frozenset(get_args(ToolOrigin))
+
+
+def _schema(params: dict[Any, Any]) -> dict[str, Any]:
+    """A parameters schema with text keys (a key of another type as its text)."""
+    if all(type(key) is str for key in params):
+        return params
+    return {_json.to_text(key): value for key, value in params.items()}
 
 _schemas: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, Any] | None] = weakref.WeakKeyDictionary()
 

@@ -42,6 +42,8 @@ def record_state(kind: str, value: Any, *, session_id: str | None = None, turn: 
         value = _check_delta(value)
     if turn is None:
         turn = current_turn.get() or open_stitched_turn()
+    if session_id is not None and type(session_id) is not str:
+        session_id = _json.to_text(session_id)  # session_id=12345 is the session "12345"
     session = session_id or (turn.session_id if turn is not None else None) or current_session.get()
     if not session:
         raise ValueError("state belongs to a session: give session_id, or record it inside a turn or loopscope.session()")

@@ -45,7 +45,10 @@ class ToolResult:
 
 @contextlib.contextmanager
 def session(session_id: str) -> Iterator[str]:
-    """Group the turns recorded inside the block under one conversation id."""
+    """Group the turns recorded inside the block under one conversation id (as text:
+    ``session(12345)`` is the session ``"12345"``)."""
+    if type(session_id) is not str:
+        session_id = _json.to_text(session_id)
     token = current_session.set(session_id)
     try:
         yield session_id

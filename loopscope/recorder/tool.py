@@ -17,6 +17,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from .. import _json, pipeline, semconv as a
 from .._guard import internal_error
 from ..models import ToolCall
+from . import _values
 from ._spans import end_span, start_span
 from .context import current_turn, open_stitched_turn
 
@@ -57,10 +58,11 @@ class ToolExecution:
     )
 
     def __init__(self, name: str, arguments: Any = None, call_id: str | None = None, description: str | None = None) -> None:
-        self.name = name
+        # a name or an id given as another value (call_id=12345) is recorded as text
+        self.name = name if type(name) is str else _values.text(name) or ""
         self.arguments = arguments
-        self.call_id = call_id
-        self.description = description
+        self.call_id = call_id if call_id is None or type(call_id) is str else _values.text(call_id)
+        self.description = description if description is None or type(description) is str else _values.text(description)
         self.result: Any = None
         self._outcome: str | None = None
         self._error: str | None = None
@@ -78,16 +80,16 @@ class ToolExecution:
 
     def refuse(self, reason: str = "") -> None:
         """The tool declined to serve the call (a gate, a policy, a bad request)."""
-        self._outcome, self._error = "refused", reason or None
+        self._outcome, self._error = "refused", _reason(reason)
 
     def block(self, reason: str = "") -> None:
         """The result was withheld from the model (for example by a guardrail)."""
-        self._outcome, self._error = "blocked", reason or None
+        self._outcome, self._error = "blocked", _reason(reason)
 
     def fail(self, error: str = "") -> None:
         """The tool reported a failure in its result rather than raising (an MCP result
         with ``isError``, a LangChain ``ToolMessage`` with status ``error``)."""
-        self._outcome, self._error = "failed", error or None
+        self._outcome, self._error = "failed", _reason(error)
 
     def __enter__(self) -> ToolExecution:
         self._start()
@@ -157,7 +159,9 @@ class ToolExecution:
             if self._span is not None:
                 self._span.set_attribute(a.TOOL_CALL_ARGUMENTS, _json.dumps(arguments))
         self.result = result
-        self._outcome, self._error, self._status, self._duration_ms = outcome, error, status, duration_ms
+        text = _values.text
+        self._outcome, self._error, self._status = text(outcome), text(error), text(status)
+        self._duration_ms = _values.duration_ms(duration_ms)
         self._finish(None)
 
     def _open(self, turn: Any, parent: otel_context.Context | None, start_time: int | None = None) -> None:
@@ -226,6 +230,11 @@ class ToolExecution:
         token, self._token = self._token, None
         if token is not None:
             otel_context.detach(token)
+
+
+def _reason(reason: Any) -> str | None:
+    """A refusal's, a block's or a failure's reason as text; an empty one is none."""
+    return (reason if type(reason) is str else _values.text(reason)) or None
 
 
 def running_tool() -> str | None:

@@ -22,8 +22,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from .. import _json, semconv as a
-from .._guard import internal_error
+from .._guard import internal_error, warn_once
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
+from . import _values
 from ._spans import end_span, start_span
 from .context import current_round, current_session, current_turn
 from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
@@ -38,6 +39,9 @@ served_owners: dict[str, Turn] = {}
 the request that later carries their results still joins that turn."""
 
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
+
+
+_PLAIN = frozenset({str, type(None)})  # the types an id or a name is taken as it is
 
 
 def _release(var: Any, var_token: Any, context_token: Any, where: str) -> None:
@@ -80,12 +84,30 @@ def _tool_call(call: Any) -> ToolCall:
                 args = _json.loads(args)
             except ValueError:
                 pass  # keep the model's text as it was
-        return ToolCall(id=str(call.get("id") or call.get("call_id") or _new_id()), name=str(fn.get("name")), arguments=args)
+        name = fn.get("name")
+        return ToolCall(
+            id=_call_id(call.get("id") or call.get("call_id")), name="None" if name is None else _values.text(name), arguments=args
+        )
     return ToolCall(
-        id=str(getattr(call, "id", None) or _new_id()),
-        name=str(getattr(call, "name", "")),
+        id=_call_id(getattr(call, "id", None)),
+        name=_values.text(getattr(call, "name", None)) or "",
         arguments=getattr(call, "arguments", None),
     )
+
+
+def _call_id(value: Any) -> str:
+    """A call's id as text; a call without one gets a new one."""
+    return (value if type(value) is str else _values.text(value)) or _new_id()
+
+
+def _tool_calls(calls: Iterable[Any]) -> list[ToolCall]:
+    """The calls a response asked for; a value that is not a list of calls is said in the log."""
+    try:
+        return [_tool_call(c) for c in calls]
+    except Exception:
+        shown = _json.to_text(calls)[:80]
+        warn_once("tool_calls", "loopscope: tool_calls=%s is not a list of tool calls; left out", shown)
+        return []
 
 
 class Round:
@@ -113,6 +135,8 @@ class Round:
     # explicit span times (ns since the epoch) for a generation reported after it ran
     _start_time: int | None = None
     _end_time: int | None = None
+    invalid_usage: dict[str, str] | None = None
+    """Usage values reported that are not token counts, as text (left out of :attr:`usage`)."""
 
     def __init__(
         self,
@@ -125,10 +149,14 @@ class Round:
     ) -> None:
         self._turn = turn
         self._request = request
+        if model is not None and type(model) is not str:
+            model = _values.text(model)  # a name given as another value is its text
+        if provider is not None and type(provider) is not str:
+            provider = _values.text(provider)
         self.model = model or turn.model
         self.provider = provider or turn.provider
-        self._tools = tools if tools is None or type(tools) is ToolSet else tool_set(tools)
-        self._stream = stream
+        self._tools = tools if tools is None or type(tools) is ToolSet else _offered(tools)
+        self._stream = stream if stream is None or type(stream) is bool else _values.flag(stream)
         self.tool_calls: list[ToolCall] = []
         self.usage: dict[str, int] = {}
 
@@ -144,24 +172,32 @@ class Round:
         model: str | None = None,
         blocked: bool = False,
     ) -> None:
-        """Report what the model returned in this round."""
-        if text:
-            self.text += text
-        if tool_calls:
-            self.tool_calls.extend(_tool_call(c) for c in tool_calls)
-        if usage:
-            for key, value in usage.items():
-                if value is not None:
-                    self.usage[key] = self.usage.get(key, 0) + int(value)
+        """Report what the model returned in this round.
+
+        Values of other types are recorded as text (``response_id=12345`` as ``"12345"``);
+        a usage value that is not a token count (NaN, ``-1``, ``"n/a"``) is left out of the
+        usage, said once in the log and kept in the span's ``loopscope.usage.invalid``.
+        Nothing here raises.
+        """
+        text_of = _values.text
+        if text is not None:
+            self.text += text if type(text) is str else text_of(text)  # type: ignore[operator]
+        if tool_calls is not None:
+            self.tool_calls.extend(_tool_calls(tool_calls))
+        if usage is not None:
+            invalid = _values.add_usage(self.usage, usage)
+            if invalid:
+                self.invalid_usage = {**(self.invalid_usage or {}), **invalid}
         if finish_reason is not None:
-            self.finish_reason = finish_reason
-        if thinking:
-            self.thinking += thinking
+            self.finish_reason = finish_reason if type(finish_reason) is str else text_of(finish_reason)
+        if thinking is not None:
+            self.thinking += thinking if type(thinking) is str else text_of(thinking)  # type: ignore[operator]
         if response_id is not None:
-            self.response_id = response_id
+            self.response_id = response_id if type(response_id) is str else text_of(response_id)
         if model is not None:
-            self.response_model = model
-        self.blocked = self.blocked or blocked
+            self.response_model = model if type(model) is str else text_of(model)
+        if blocked is not False:
+            self.blocked = self.blocked or (blocked if type(blocked) is bool else _values.flag(blocked))
 
     def mark_streaming(self) -> None:
         """The answer comes in chunks, as learned after the round started (a framework
@@ -180,7 +216,7 @@ class Round:
         """Add a streamed chunk of text; the first one marks the time to first chunk."""
         if self._first_chunk_ns is None:
             self._first_chunk_ns = time.monotonic_ns()
-        self.text += delta
+        self.text += delta if type(delta) is str else (_values.text(delta) or "")
 
     def __enter__(self) -> Round:
         self._start()
@@ -251,6 +287,8 @@ class Round:
                 attr = a.USAGE_ATTRIBUTES.get(key)
                 if attr:
                     attributes[attr] = value
+            if self.invalid_usage:
+                attributes[a.USAGE_INVALID] = _json.dumps(self.invalid_usage)
             if self.text:
                 attributes[a.ROUND_TEXT] = self.text
             if self.blocked:
@@ -316,6 +354,7 @@ class Turn:
     _last_round: Round | None = None
     _explicit_reason: LoopEndReason | None = None
     _facts: dict[str, Any] | None = None  # a framework's own summary values (set_summary)
+    _invalid_usage: dict[str, str] = {}  # set_summary's usage values that are not token counts (replaced, not changed)
     _span: Span | None = None
     _span_context: otel_context.Context | None = None
     _token: object | None = None
@@ -339,17 +378,21 @@ class Turn:
         streaming: bool,
     ) -> None:
         self._tracer = tracer
+        # ids and names the application gives as other values (session_id=12345) are text
+        text, plain = _values.text, _PLAIN
+        if type(session_id) not in plain:
+            session_id = text(session_id)
         self._requested_session = session_id
         self.session_id = session_id or ""
-        self.agent = agent
+        self.agent = agent if type(agent) in plain else text(agent)
         self._tools = tools if type(tools) is ToolSet else _offered(tools)  # an adapter's is made already
         self.input = input
         self._input_blocked = input_blocked
-        self.model = model
-        self.provider = provider
-        self.framework = framework
-        self.correlation_id = correlation_id or _new_id()
-        self.streaming = streaming
+        self.model = model if type(model) in plain else text(model)
+        self.provider = provider if type(provider) in plain else text(provider)
+        self.framework = framework if type(framework) in plain else text(framework)
+        self.correlation_id = (correlation_id if type(correlation_id) in plain else text(correlation_id)) or _new_id()
+        self.streaming = streaming if type(streaming) is bool else _values.flag(streaming)
         self._lock = threading.Lock()
         self._declared: dict[str, DeclaredTool] = {}
         self._segments: list[str] = []
@@ -398,7 +441,10 @@ class Turn:
         counts) place the round when it really ran, for a generation learned of later.
         """
         rnd = Round(self, model, provider, tools, None)
-        rnd._start_time, rnd._end_time = start_time, end_time
+        if start_time is not None:
+            rnd._start_time = _values.time_ns(start_time, "start_time")
+        if end_time is not None:
+            rnd._end_time = _values.time_ns(end_time, "end_time")
         with rnd:
             rnd.response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, blocked=blocked)
         return rnd
@@ -408,7 +454,8 @@ class Turn:
         with self._lock:
             current = self._tools.tools
             names = {x.name for x in current}
-            self._tools = ToolSet(current + tuple(t for t in declared_tools(tools, origin) if t.name not in names))
+            offered = declared_tools(_values.items(tools, "tools"), origin)  # a value that is no list offers none
+            self._tools = ToolSet(current + tuple(t for t in offered if t.name not in names))
 
     def end(self, reason: LoopEndReason | str) -> None:
         """Name why the loop stopped (``max_rounds``, ``timeout``, ``budget_exceeded``...)."""
@@ -419,7 +466,7 @@ class Turn:
 
         Rounds and tool calls recorded from now on carry it (those before keep the old one).
         """
-        self.correlation_id = correlation_id
+        self.correlation_id = correlation_id = _values.text(correlation_id) or self.correlation_id
         if self._span is not None:
             self._span.set_attribute(a.TURN_ID, correlation_id)
 
@@ -444,19 +491,21 @@ class Turn:
         """
         facts: dict[str, Any] = dict(self._facts or {})
         if segments is not None:
-            facts["segments"] = [str(s) for s in segments]
-        if tool_calls_count is not None:
-            facts["tool_calls_count"] = int(tool_calls_count)
-        if round_count is not None:
-            facts["round_count"] = int(round_count)
+            facts["segments"] = [_values.text(s) for s in _values.items(segments, "segments")]
+        for name, value in (("tool_calls_count", tool_calls_count), ("round_count", round_count)):
+            found = _values.count(value, name)  # a count that is not one is left out (and said)
+            if found is not None:
+                facts[name] = found
         if usage is not None:
-            facts["usage"] = {str(k): int(v) for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+            counts: dict[str, int] = {}
+            self._invalid_usage = _values.add_usage(counts, usage) or {}
+            facts["usage"] = counts
         if declared_tools is not None:
             facts["declared"] = declared_tools_of(declared_tools)
         if thinking is not None:
-            facts["thinking"] = thinking
+            facts["thinking"] = _values.text(thinking)
         if streaming is not None:
-            facts["streaming"] = bool(streaming)
+            facts["streaming"] = _values.flag(streaming)
         self._facts = facts
         if loop_end_reason is not None:
             self.end(loop_end_reason)
@@ -582,6 +631,8 @@ class Turn:
                 provider,
                 usage,
             )
+            if self._invalid_usage:
+                summary[a.USAGE_INVALID] = _json.dumps(self._invalid_usage)
             if error is not None:
                 summary[a.ERROR_TYPE] = type(exc).__qualname__  # set after the summary, as set_attribute would
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
@@ -729,14 +780,14 @@ class Turn:
 
         Returns False when the turn has no such pending call (already served, or not its).
         """
-        call = self._claim_call("", call_id)
+        call = self._claim_call("", call_id if type(call_id) is str else _values.text(call_id))
         if call is None:
             return False
         if not isinstance(call, ToolExecution):
             call = start_requested(self, call)
         call.result = result
         if outcome is not None or is_error:
-            call._outcome = outcome or "failed"
+            call._outcome = _values.text(outcome) or "failed"
             call._error = _error_text(result) if is_error else None
         call._finish(None)
         return True

@@ -364,7 +364,10 @@ def _clean(fact: tuple[Any, ...], kinds: tuple[str, ...]) -> tuple[Any, ...]:
                 if isinstance(value, (bytes, bytearray, memoryview)):
                     value = bytes(value).decode("utf-8", "backslashreplace")
                 else:
-                    value = str(value)
+                    try:
+                        value = str(value)
+                    except Exception:  # an int too long to write in decimal, a __str__ that raises
+                        value = _json.to_text(value)
             if not (value.isascii() or _json._encodable(value)):
                 value = _json.dumps(value) if kind == "json" else value.encode("utf-8", "backslashreplace").decode("utf-8")
         elif kind == "int64":
@@ -650,11 +653,7 @@ assert tuple(a.USAGE_ATTRIBUTES.values()) == (
 ), "_turn_fact reads the usage attributes in this order"
 
 
-def _usage_value(value: Any) -> int | None:
-    """A usage attribute as :func:`semconv.usage_from_attributes` reads it."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value)
-    return None
+_usage_value = a.usage_value  # a usage attribute as semconv.usage_from_attributes reads it
 
 
 def _error_text(span: Any, reason: Any, kind: Any) -> str | None:

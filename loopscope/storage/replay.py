@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -39,7 +40,9 @@ from .schema import check_readable
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["AfterPage", "AsyncReplay", "Follower", "Replay", "SessionMark", "StopFlag", "read_after", "session_mark"]
+__all__ = [
+    "AfterPage", "AsyncReplay", "Follower", "Replay", "SessionMark", "StopFlag", "interleave", "read_after", "session_mark",
+]
 
 DEFAULT_PAGE = 500
 """Events a replay reads at most per query (it reads on at once while there are more)."""
@@ -426,12 +429,13 @@ class Follower:
                     f"SELECT {_columns()} FROM events {where} ORDER BY created_at DESC, session_id DESC, idx DESC LIMIT {int(newest)}",
                     params,
                 ).fetchall()
+                return interleave(_events(rows))
         rows.reverse()
         return _events(rows)
 
     def poll(self) -> list[ActivityEvent]:
-        """The events past each cursor (a session first seen now: all of its events),
-        grouped by session, each session's in index order; moves the cursors on."""
+        """The events past each cursor (a session first seen now: all of its events), in
+        the order of :func:`interleave`; moves the cursors on."""
         found: list[ActivityEvent] = []
         with _reading(self.store) as con:
             for name, mark in self._marks(con).items():
@@ -441,5 +445,36 @@ class Follower:
                 page = read_after(con, name, cursor, columns=_columns(), event_filter=self.event_filter, mark=mark)
                 found.extend(_events(page.rows))
                 self.cursors[name] = page.cursor
-        return found
+        return interleave(found)
+
+
+def interleave(events: list[ActivityEvent]) -> list[ActivityEvent]:
+    """Events of several sessions in one list: each session's in index order, the sessions
+    merged by time (of each one's next event).
+
+    Not sorted by time alone: processes that write one session number a batch's rows when
+    they write it, so a row made earlier in one process can have a higher index than a row
+    another made later; the log's order is the index, and a reader must never see a
+    session's indices go back.
+    """
+    by_session: dict[str, list[ActivityEvent]] = {}
+    for event in events:
+        by_session.setdefault(event.session_id, []).append(event)
+    if len(by_session) <= 1:
+        return sorted(events, key=_index)
+    queues = [deque(sorted(group, key=_index)) for group in by_session.values()]
+    heads = [(q[0].created_at, q[0].session_id, n) for n, q in enumerate(queues)]
+    heapq.heapify(heads)
+    merged: list[ActivityEvent] = []
+    while heads:
+        _, _, n = heapq.heappop(heads)
+        queue = queues[n]
+        merged.append(queue.popleft())
+        if queue:
+            heapq.heappush(heads, (queue[0].created_at, queue[0].session_id, n))
+    return merged
+
+
+def _index(event: ActivityEvent) -> int:
+    return event.index
 

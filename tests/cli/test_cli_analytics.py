@@ -22,6 +22,7 @@ from loopscope.cli import main
 from loopscope.cli.export import EXPORTS
 
 import analytics_store as workload
+from children import spawn  # noqa: F401 - the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -306,6 +307,75 @@ def test_tail_follow_waits_for_a_store_that_does_not_exist_yet(tmp_path: Path) -
         code = follower.stop()
     assert code == 0, follower.err
     assert {e["session_id"] for e in follower.events()} == {"only-me"}
+
+
+@pytest.mark.parametrize("session", ["shared", None], ids=["one-session", "all-sessions"])
+def test_tail_follow_prints_a_session_in_index_order_when_a_later_row_was_made_earlier(tmp_path: Path, session: str | None) -> None:
+    db = tmp_path / "order.duckdb"
+    loopscope.configure(db, flush_interval=30)  # written by the flushes below only: one batch each
+    follower = None
+    try:
+        with loopscope.turn(session_id="shared", agent="a", input="first"):
+            pass
+        loopscope.flush()
+        follower = Follower(db, "-n", "0", *([session] if session else []))  # the new rows only
+        follower.stderr_says("following")
+        with loopscope.turn(session_id="shared", agent="b", input="now") as turn:
+            turn.generation("answered now", finish_reason="stop")
+        # a generation reported late (as another writer's batch would land): made an hour
+        # ago, numbered after the rows above
+        hour_ago = time.time_ns() - 3600 * 10**9
+        with loopscope.turn(session_id="shared", agent="c") as turn:
+            turn.generation("answered an hour ago", finish_reason="stop", start_time=hour_ago, end_time=hour_ago + 10**6)
+        loopscope.flush()
+        follower.wait_events(lambda events: len(events) >= 3)
+    finally:
+        loopscope.shutdown()
+        code = follower.stop() if follower else 0
+    assert code == 0, follower.err
+    printed = [(e["index"], e["content"]["body"]) for e in follower.events()]
+    assert printed == [(2, "now"), (3, "answered now"), (4, "answered an hour ago")]
+
+
+# Several processes writing turns into one session at once: each numbers its batches' rows
+# when it writes them, so a row made earlier in one process can get a higher index than a
+# row made later in another.
+SHARED_WRITER = """
+    import sys, time
+    import loopscope
+
+    db, name, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    loopscope.configure(db, flush_interval=0.02)
+    for n in range(turns):
+        with loopscope.turn(session_id="shared", agent=name, input=f"{name} asks {n}") as turn:
+            turn.generation(f"{name} answers {n}", finish_reason="stop")
+        time.sleep(0.005)
+    loopscope.shutdown()
+    print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("session", ["shared", None], ids=["one-session", "all-sessions"])
+def test_tail_follow_over_a_session_several_processes_write_prints_its_indices_in_order(
+    tmp_path: Path, spawn: Any, session: str | None  # noqa: F811
+) -> None:
+    db = tmp_path / "shared.duckdb"
+    # every event is printed: those there when it starts (-n), then the ones that land
+    follower = Follower(db, "-n", "100000", *([session] if session else []))
+    try:
+        follower.stderr_says("waiting for a store")
+        writers = [spawn(f"writer-{i}", SHARED_WRITER, db, f"w{i}", 60) for i in range(3)]
+        for writer in writers:
+            assert writer.finish_ok(120).strip() == "finished"
+        total = loopscope.Store(str(db)).last_indices()["shared"]
+        assert total == 3 * 60 * 2  # every writer's every row is in the store
+        follower.wait_events(lambda events: len(events) >= total)
+    finally:
+        code = follower.stop()
+    assert code == 0, follower.err
+    printed = [e["index"] for e in follower.events() if e["session_id"] == "shared"]
+    # each index once, in increasing order: none skipped, none printed after a higher one
+    assert printed == list(range(1, total + 1))
 
 
 # -- export -----------------------------------------------------------------------------------------

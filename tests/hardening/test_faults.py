@@ -170,10 +170,10 @@ def test_an_otlp_endpoint_that_refuses_or_hangs_changes_nothing_for_the_app(tmp_
     assert len(store.list_sessions()) == 50  # the local store has everything
 
 
-def test_a_stuck_writer_keeps_memory_bounded_and_counts_what_it_drops(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_a_stuck_writer_bounds_its_queue_by_count_and_counts_what_it_drops(tmp_path: Path, monkeypatch) -> None:
     """The writer cannot write for a while: the queue holds at most ``queue_size`` spans,
-    the rest are dropped and counted (and said once), the app's calls run as usual, and
-    what was kept is written when the writer gets going again."""
+    the rest are dropped and counted, the app's calls run as usual, and what was kept is
+    written when the writer gets going again. (A bound in spans, not in bytes.)"""
     from loopscope.storage import writer as writer_module
 
     gate = threading.Event()

@@ -233,9 +233,11 @@ def test_the_writer_recovers_after_a_failing_batch(recording, quiet, monkeypatch
     """A batch the writer could not write because of a bug of ours is reported, and the
     writer goes on with the next ones."""
     monkeypatch.setattr(writer, "write_batch", _boom)
+    before = _guard.error_count
     with loopscope.turn(session_id="lost", input="first"):
         pass
     loopscope.flush(timeout=5)
+    assert _guard.error_count > before  # reported
     monkeypatch.undo()
     with loopscope.turn(session_id="kept", input="second") as t:
         t.generation("ok", finish_reason="stop")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,28 @@ def test_bad_arguments() -> None:
         store.replay("s", poll_interval=0)
     with pytest.raises(ValueError):
         store.replay("s", page=0)
+
+
+def test_follower_gives_each_session_in_index_order_when_a_later_row_was_made_earlier(recording) -> None:
+    hour_ago = time.time_ns() - 3600 * 10**9
+    with loopscope.turn(session_id="other", input="o1"):
+        pass
+    with loopscope.turn(session_id="shared", input="s1"):
+        pass
+    # reported late, as a second process's batch lands: made an hour ago, numbered after s1
+    with loopscope.turn(session_id="shared") as t:
+        t.generation("s2", finish_reason="stop", start_time=hour_ago, end_time=hour_ago + 10**6)
+    follower = Follower(recording.store)
+    started = follower.start(10)
+    assert [(e.session_id, e.index) for e in started if e.session_id == "shared"] == [("shared", 1), ("shared", 2)]
+    assert {e.session_id for e in started} == {"other", "shared"}
+    with loopscope.turn(session_id="shared", input="s3"):
+        pass
+    with loopscope.turn(session_id="shared") as t:
+        t.generation("s4", finish_reason="stop", start_time=hour_ago, end_time=hour_ago + 10**6)
+    with loopscope.turn(session_id="other", input="o2"):
+        pass
+    assert loopscope.flush()
+    polled = follower.poll()
+    assert [(e.session_id, e.index) for e in polled if e.session_id == "shared"] == [("shared", 3), ("shared", 4)]
+    assert [(e.session_id, e.index) for e in polled if e.session_id == "other"] == [("other", 2)]
