@@ -1,0 +1,35 @@
+"""README's "What loopscope promises" table names the tests that hold each promise: every
+test file and test it names must exist, so the table cannot drift from the suite."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## What loopscope promises")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+def test_every_test_the_promises_table_names_exists() -> None:
+    table = _table()
+    named: list[tuple[str, str | None]] = []
+    for cell in re.findall(r"`([^`]+)`", table):
+        path = re.match(r"((?:tests|benchmarks)/[\w/]+(?:\.py)?/?)(?:::(\w+))?$", cell)
+        if path:
+            named.append((path.group(1), path.group(2)))
+        elif re.match(r"::(\w+)$", cell):  # `::name`: a test of the file named before it in the cell
+            named.append((named[-1][0], cell[2:]))
+    assert len(named) > 20
+    missing = []
+    for file, test in named:
+        target = ROOT / file
+        if not target.exists():
+            missing.append(file)
+        elif test and not re.search(rf"^(?:async )?def {test}\(", target.read_text(), re.M):
+            missing.append(f"{file}::{test}")
+    assert not missing, missing
