@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,10 +171,9 @@ def test_an_otlp_endpoint_that_refuses_or_hangs_changes_nothing_for_the_app(tmp_
     assert len(store.list_sessions()) == 50  # the local store has everything
 
 
-def test_a_stuck_writer_bounds_its_queue_by_count_and_counts_what_it_drops(tmp_path: Path, monkeypatch) -> None:
-    """The writer cannot write for a while: the queue holds at most ``queue_size`` spans,
-    the rest are dropped and counted, the app's calls run as usual, and what was kept is
-    written when the writer gets going again. (A bound in spans, not in bytes.)"""
+@pytest.fixture
+def stuck_writer(monkeypatch) -> Iterator[threading.Event]:
+    """Every store batch waits (up to 30 s) until the event it yields is set; set at the end."""
     from loopscope.storage import writer as writer_module
 
     gate = threading.Event()
@@ -184,6 +184,15 @@ def test_a_stuck_writer_bounds_its_queue_by_count_and_counts_what_it_drops(tmp_p
         return original(*args, **kwargs)
 
     monkeypatch.setattr(writer_module, "write_batch", stuck)
+    yield gate
+    gate.set()
+
+
+def test_a_stuck_writer_bounds_its_queue_by_count_and_counts_what_it_drops(tmp_path: Path, stuck_writer: threading.Event) -> None:
+    """The writer cannot write for a while: the queue holds at most ``queue_size`` spans,
+    the rest are dropped and counted, the app's calls run as usual, and what was kept is
+    written when the writer gets going again. (A bound in spans, not in bytes.)"""
+    gate = stuck_writer
     pipeline = loopscope.configure(tmp_path / "stuck.duckdb", tracer_provider=TracerProvider(), flush_interval=0.05, queue_size=200)
     try:
         peak = 0
@@ -352,25 +361,17 @@ def test_a_full_disk_with_some_room_again_writes_what_fits_and_counts_the_rest(t
     assert lost > 0 and events + turns + lost == 40 * 6  # 5 events and a summary per turn: each written or counted
     assert not any("written later" in line for line in status["problems"]), status["problems"]
     assert any(f"{lost} events lost" in line for line in status["problems"]), status["problems"]
-    for i in range(40):  # whatever was written of a session is whole from its first event on: no gap
-        indices = [e.index for e in store.get_timeline(f"full-{i}")]
-        assert indices == list(range(1, len(indices) + 1))
+    # whatever was written of a session is whole from its first event on: no gap
+    _, sessions = store.sql("SELECT session_id, min(idx), max(idx), count(*) FROM events GROUP BY session_id")
+    assert len(sessions) > 10
+    assert all(low == 1 and high == n for _, low, high, n in sessions), [s for s in sessions if s[1] != 1 or s[2] != s[3]][:5]
 
 
-def test_one_mib_values_with_a_stuck_writer_stay_within_the_byte_bound_and_drops_are_counted(tmp_path: Path, monkeypatch) -> None:
+def test_one_mib_values_with_a_stuck_writer_stay_within_the_byte_bound_and_drops_are_counted(tmp_path: Path, stuck_writer: threading.Event) -> None:
     """Tool results of 1 MiB while the writer cannot write: the queue and the batch held
     stay within about twice ``queue_bytes`` (not 40 MiB), the rest is dropped and counted,
     and what was kept is written once the writer gets going."""
-    from loopscope.storage import writer as writer_module
-
-    gate = threading.Event()
-    original = writer_module.write_batch
-
-    def stuck(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        gate.wait(30)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(writer_module, "write_batch", stuck)
+    gate = stuck_writer
     bound = 8 << 20
     pipeline = loopscope.configure(tmp_path / "big.duckdb", tracer_provider=TracerProvider(), flush_interval=0.05, queue_bytes=bound)
 

@@ -13,27 +13,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from test_collector import ROOT, _one_turn_payload, rows
+from idle_sockets import serve_past_idle_sockets
+from test_collector import ROOT, _one_turn_payload, collector, rows  # noqa: F401 - collector is a fixture
 
 from loopscope.storage.collector import Collector
 from loopscope.storage.connection import open_store
 
 PROTOBUF = "application/x-protobuf"
-
-
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=0, flush_interval=0.05).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def send(port: int, body: bytes, headers: dict[str, str] | None = None, path: str = "/v1/traces",
@@ -217,24 +208,10 @@ def test_requests_past_the_byte_bound_get_503_until_the_bytes_are_given_back(tmp
 # -- connections ---------------------------------------------------------------------------------------------
 
 
-def _handler_threads() -> int:
-    return sum("process_request_thread" in t.name for t in threading.enumerate())
-
-
 def test_idle_connections_are_closed_and_bounded_and_requests_still_answered(tmp_path):
     with Collector(str(tmp_path / "idle.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05,
                    max_connections=2, socket_timeout=0.5) as c:
-        before = _handler_threads()
-        idle = [socket.create_connection(("127.0.0.1", c.http_port), timeout=30) for _ in range(8)]
-        try:
-            threads = max(_handler_threads() - before for _ in range(20) if time.sleep(0.01) is None)
-            assert send(c.http_port, _one_turn_payload())[0] == 200  # waits its turn, then is served
-            for s in idle:
-                assert s.recv(1) == b""  # closed by the collector: it sent nothing
-        finally:
-            for s in idle:
-                s.close()
-        assert threads <= 2
+        assert serve_past_idle_sockets(c.http_port, lambda: send(c.http_port, _one_turn_payload())[0]) <= 2
     assert rows(str(tmp_path / "idle.duckdb"), "SELECT count(*) FROM turns") == [(1,)]
 
 
