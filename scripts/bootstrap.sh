@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Create ./.venv (if needed) and install loopscope into it with its test extras.
+# Create ./.venv (if needed) and install loopscope into it: with its test extras by default,
+# or loopscope alone for the demo.
 #
-#   ./scripts/bootstrap.sh        # then: source .venv/bin/activate
+#   ./scripts/bootstrap.sh        # pip install -e '.[test]'; then: source .venv/bin/activate
+#   ./scripts/bootstrap.sh demo   # pip install -e . (what `loopscope demo` needs, nothing more)
+#
+# Each set of extras has its own stamp in .venv, so the demo then the tests installs the
+# test extras once, and the tests then the demo installs nothing more (the test extras
+# include everything the demo needs). A changed pyproject.toml reinstalls.
 #
 # Python: $LOOPSCOPE_PYTHON if set, else Python 3.12 (from pyenv, or python3.12 on PATH),
 # else python3 if it is 3.10 or newer. With CI=true (or LOOPSCOPE_REQUIRE_312=1) only
@@ -11,7 +17,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
-STAMP="$VENV/.loopscope-installed"
+# one stamp per extras set ("" = loopscope alone), holding pyproject.toml's fingerprint
+_stamp() { echo "$VENV/.loopscope-installed${1:+-$1}"; }
 
 _say() { printf 'loopscope setup: %s\n' "$*" >&2; }
 _die() { _say "error: $*"; exit 1; }
@@ -71,7 +78,17 @@ _venv_ok() {
 
 _fingerprint() { cat "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1; }
 
-ensure_venv() {
+_installed() {  # _installed EXTRAS: EXTRAS, or the test extras (which hold every other extra), match pyproject.toml
+  local stamp
+  for stamp in "$(_stamp "$1")" "$(_stamp test)"; do
+    [[ -f "$stamp" && "$(cat "$stamp")" == "$(_fingerprint)" ]] && return 0
+  done
+  return 1
+}
+
+ensure_venv() {  # ensure_venv [EXTRAS]: EXTRAS "test" (the default) or "" (loopscope alone)
+  local extras="${1-test}"
+  local target="$ROOT${extras:+[$extras]}"
   if ! _venv_ok; then
     local python
     python="$(_find_python)"
@@ -79,21 +96,26 @@ ensure_venv() {
     rm -rf "$VENV"
     "$python" -m venv "$VENV" || _die "could not create $VENV with $python"
   fi
-  if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$(_fingerprint)" ]] || ! "$VENV/bin/python" -c 'import loopscope' >/dev/null 2>&1; then
-    _say "installing loopscope and its test extras into .venv (pip install -e '.[test]')"
+  if ! _installed "$extras" || ! "$VENV/bin/python" -c 'import loopscope' >/dev/null 2>&1; then
+    local what="pip install -e '.${extras:+[$extras]}'"
+    _say "installing loopscope${extras:+ and its $extras extras} into .venv ($what)"
     export PIP_DISABLE_PIP_VERSION_CHECK=1
     local log="$VENV/pip-install.log"
     "$VENV/bin/python" -m pip install --upgrade pip >"$log" 2>&1 || true
-    if ! "$VENV/bin/python" -m pip install -e "$ROOT[test]" >>"$log" 2>&1; then
+    if ! "$VENV/bin/python" -m pip install -e "$target" >>"$log" 2>&1; then
       tail -n 40 "$log" >&2
-      _die "pip install -e '.[test]' failed (full log: $log)"
+      _die "$what failed (full log: $log)"
     fi
-    _fingerprint > "$STAMP"
+    _fingerprint > "$(_stamp "$extras")"
   fi
 }
 
 # run directly: set up and say how to use it; sourced: just define ensure_venv
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
-  ensure_venv
+  case "${1:-test}" in
+    test) ensure_venv test ;;
+    demo) ensure_venv "" ;;
+    *) _die "usage: ./scripts/bootstrap.sh [test|demo] (test: loopscope and its test extras, the default; demo: loopscope alone)" ;;
+  esac
   _say "ready: $("$VENV/bin/python" --version) in $VENV (activate with: source .venv/bin/activate)"
 fi

@@ -44,7 +44,7 @@ ensure_chromium() {
   rm -f "$log"
 }
 
-ensure_venv
+ensure_venv test
 ensure_chromium
 if _in_ci; then
   export LOOPSCOPE_REQUIRE_BROWSER=1  # a missing browser fails the browser tests instead of skipping them

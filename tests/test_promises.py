@@ -1,5 +1,6 @@
-"""README's "What loopscope promises" table names the tests that hold each promise: every
-test file and test it names must exist, so the table cannot drift from the suite."""
+"""The "What loopscope promises" table (docs/promises.md, summed up in README.md) names the
+tests that hold each promise: every test file and test it names must exist, so the table
+cannot drift from the suite."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _table() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## What loopscope promises")
-    return readme[start : readme.index("\n## ", start + 1)]
+    page = (ROOT / "docs" / "promises.md").read_text()
+    start = page.index("# What loopscope promises")
+    end = page.find("\n## ", start + 1)  # the page's next section, if it ever gets one
+    return page[start : end if end != -1 else len(page)]
+
+
+def test_the_readme_points_to_the_promises_page() -> None:
+    assert "(docs/promises.md)" in (ROOT / "README.md").read_text()
 
 
 def test_every_test_the_promises_table_names_exists() -> None:

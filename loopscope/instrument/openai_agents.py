@@ -28,7 +28,7 @@ flight (``MaxTurnsExceeded`` is ``max_rounds``, a cancellation ``cancelled``, an
 ``error``), or the span's ``Max turns exceeded`` error when a streamed run stops there.
 
 Nothing is removed from the SDK's tracing: its default processor still exports to
-OpenAI's tracing backend unless the application turns that off (see the README).
+OpenAI's tracing backend unless the application turns that off (see docs/frameworks/openai-agents.md).
 """
 
 from __future__ import annotations
