@@ -306,7 +306,10 @@ def _adopt(con: duckdb.DuckDBPyConnection) -> list[str]:
     they ran was not kept."""
     found = _kept_version(con)
     if found > SCHEMA_VERSION:
-        raise StoreError(f"this store was written by a newer loopscope (schema {found}, this one knows {SCHEMA_VERSION}); upgrade loopscope to use it")
+        raise StoreError(
+            f"this store was written by a newer loopscope (schema {found}, this one knows {SCHEMA_VERSION}); "
+            "upgrade loopscope to use it"
+        )
     names = [m.name for m in MIGRATIONS[:found]]
     con.execute("BEGIN TRANSACTION")
     try:

@@ -133,7 +133,8 @@ def test_a_store_written_before_named_migrations_migrates_without_loss(version: 
     timeline = store.get_timeline("s1")
     tool_ends = [e.content for e in timeline if e.type == "tool_call_end"]
     assert [(c.tool_id, c.status) for c in tool_ends] == [("c1", "completed"), ("c2", "failed"), ("c3", "completed")]
-    assert {s.session_id for s in store.list_sessions()} == {"s1", "s2", "agui-thread", "7b36dccb6a335d9192bc860c14c7e698"}
+    otlp_session = "7b36dccb6a335d9192bc860c14c7e698"  # the session the OTLP spans were stored under (their trace id)
+    assert {s.session_id for s in store.list_sessions()} == {"s1", "s2", "agui-thread", otlp_session}
     # the tool columns, filled from content where the file predates them (schema 3)
     _, rows = store.sql("SELECT tool, calls, failed FROM tool_stats ORDER BY tool")
     assert rows == [("book", 2, 1), ("get_weather", 1, 0), ("weather", 1, 0)]
