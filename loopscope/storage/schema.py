@@ -89,8 +89,8 @@ class Migration(NamedTuple):
 
 MIGRATIONS: list[Migration] = []
 """Every migration, in the order they run. A change to the schema is a new function with
-the :func:`migration` decorator at the end of this module's list, never an edit of one
-that was released."""
+the :func:`migration` decorator after the last one (above :data:`SCHEMA_VERSION`, which
+counts them), never an edit of one that was released."""
 
 
 def migration(steps: Callable[[], list[str]]) -> Callable[[], list[str]]:
