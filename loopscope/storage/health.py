@@ -3,7 +3,7 @@
 Drops and failed writes happen in a process's memory; counted there only, they would be
 gone with the process, and another process (``loopscope status``, a dashboard) could not
 tell that the store misses rows. So each writer keeps its counters in its row of
-``loopscope_writers`` (the table of storage/recovery.py; migration 7 adds the columns),
+``loopscope_writers`` (the table of storage/recovery.py; migration ``m007_writer_counters`` adds the columns),
 updated in the same transaction as every batch it writes, and once more when it stops:
 events and turns written, events dropped because the queue was full or because the file
 stayed unwritable longer than the queue could hold, failed write attempts with the last
@@ -48,11 +48,11 @@ COUNTER_COLUMNS = {
     "queue_size": "BIGINT",
     "stopped_at": "TIMESTAMPTZ",
 }
-"""The columns migration 7 adds to ``loopscope_writers``."""
+"""The columns migration ``m007_writer_counters`` adds to ``loopscope_writers``."""
 
 
 def migration() -> list[str]:
-    """Migration 7: the counters of each writer (see the module's docstring)."""
+    """The statements of ``m007_writer_counters``: the counters of each writer (see the module's docstring)."""
     return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in COUNTER_COLUMNS.items()]
 
 
@@ -159,7 +159,7 @@ class Report:
 
 
 def has_counters(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the open file's ``loopscope_writers`` has the counters (migration 7)."""
+    """Whether the open file's ``loopscope_writers`` has the counters (``m007_writer_counters``)."""
     row = con.execute(
         "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
         f"AND table_name = '{WRITERS}' AND column_name = 'dropped_queue_full'"

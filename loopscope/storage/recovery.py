@@ -4,7 +4,7 @@ A process killed in the middle of a turn (SIGKILL, the OOM killer, a power cut) 
 the turn's rows up to its last batch, and no summary. DuckDB lets processes take turns
 writing one file, so a turn without a summary may just as well belong to a process that
 is still in the middle of it. The in-process writer therefore keeps two small tables in
-the same transaction as the rows (schema migration 6):
+the same transaction as the rows (schema migration ``m006_open_turns``):
 
 * ``loopscope_writers``: each writer with what tells its process apart from any later one
   (host, boot id, pid namespace, pid, and the process's start time in clock ticks from

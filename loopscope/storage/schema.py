@@ -1,54 +1,46 @@
 """The DuckDB schema of a loopscope store, and the migrations that bring a file up to date.
 
-Each migration is a list of statements applied in one transaction; the version reached
-is kept in ``loopscope_meta``. A file written by a newer loopscope is refused, not
-altered.
+Each migration is a function named ``mNNN_what`` that returns SQL statements, registered
+in order by the :func:`migration` decorator (as simonw/llm's ``migrations.py`` does).
+Opening a file for writing runs :func:`migrate`: every migration the file has not
+recorded runs, in order, in one transaction with its row in ``loopscope_migrations``
+(``name``, ``applied_at``). A file up to date costs one query. The number of migrations
+a file has is kept too, as ``schema_version`` in ``loopscope_meta``: readers check it in
+the query they run anyway, and a loopscope from before the names refuses a file whose
+number is above its own.
 
-Migration 2 creates the analytics views. Their SQL lives in
+A file written before migrations had names has ``schema_version`` N and no
+``loopscope_migrations``: its N migrations are the first N here (the list was positional
+then), recorded by name when it is first opened for writing, before the rest run. A file
+that records a name this loopscope does not know comes from a newer one and is refused,
+not altered.
+
+``m002_views`` creates the analytics views. Their SQL lives in
 :mod:`loopscope.dashboards.views` (one source for the views of every file); the
 migration reads it when it runs. A later change to a view is a new migration that
 creates the views again (``CREATE OR REPLACE``), so every file gets it.
-
-Migration 3 adds the ``spans`` table, where ``loopscope collect`` keeps every span it
-receives as it came.
-
-Migration 4 adds the tool fields as columns of ``events`` (:data:`TOOL_COLUMN_TYPES`),
-fills them for the rows already there from their ``content`` JSON, and creates the views
-again to read them. Writers name the columns they insert, so one that leaves the tool
-columns out (NULL) still works: the views read those rows' ``content``.
-
-Migration 5 adds the ``agui_events`` table, where an AG-UI import keeps every event it
-read as it came (:mod:`loopscope.storage.agui`).
-
-Migration 6 adds ``loopscope_writers`` and ``loopscope_open_turns``: which in-process
-writer started which turn that has not ended yet, so that the turns of a process that
-died (SIGKILL, power loss) are closed as ``unfinished`` the next time the store is opened
-for writing (:mod:`loopscope.storage.recovery`).
-
-Migration 7 adds each writer's counters to its ``loopscope_writers`` row (what it wrote,
-dropped and failed to write; :mod:`loopscope.storage.health`), for ``loopscope status``.
+``m004_tool_columns`` adds the tool fields as columns of ``events``
+(:data:`TOOL_COLUMN_TYPES`), fills them for the rows already there from their
+``content`` JSON, and creates the views again to read them. Writers name the columns
+they insert, so one that leaves the tool columns out (NULL) still works: the views read
+those rows' ``content``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import duckdb
 
 from .errors import StoreError
 
 
-def _writer_counters() -> list[str]:
-    from .health import migration
-
-    return migration()
-
-
 def _views() -> list[str]:
     # imported when a migration runs: the dashboards package never loads with the storage
     from ..dashboards.views import create_statements
 
-    # the views as they were then: ``events`` has no tool columns before migration 4
+    # the views as they were then: ``events`` has no tool columns before m004_tool_columns
     return create_statements(tool_columns=False)
 
 
@@ -59,7 +51,7 @@ TOOL_COLUMN_TYPES = {
     "tool_outcome": "VARCHAR",
     "tool_duration_ms": "DOUBLE",
 }
-"""The tool fields of ``events`` rows stored as columns too (migration 4), as
+"""The tool fields of ``events`` rows stored as columns too (``m004_tool_columns``), as
 :data:`loopscope.dashboards.views.TOOL_COLUMNS` names them."""
 
 # Exactly what the views read from ``content`` where the columns are NULL. (Joining one
@@ -86,9 +78,34 @@ def _tool_columns() -> list[str]:
     ]
 
 
-MIGRATIONS: list[list[str] | Callable[[], list[str]]] = [
-    # 1: the activity log, the turn summaries, and per-session counters
-    [
+class Migration(NamedTuple):
+    """One step of the schema: a name recorded in the file once its statements ran."""
+
+    name: str
+    """Recorded in ``loopscope_migrations``; never renamed once released (files hold it)."""
+    statements: Callable[[], list[str]]
+    """Makes the statements, when the migration runs (some read the code of that moment)."""
+
+
+MIGRATIONS: list[Migration] = []
+"""Every migration, in the order they run. A change to the schema is a new function with
+the :func:`migration` decorator after the last one (above :data:`SCHEMA_VERSION`, which
+counts them), never an edit of one that was released."""
+
+
+def migration(steps: Callable[[], list[str]]) -> Callable[[], list[str]]:
+    """Register ``steps`` (a function returning SQL statements) as the next migration,
+    named after the function."""
+    if any(m.name == steps.__name__ for m in MIGRATIONS):
+        raise ValueError(f"two migrations named {steps.__name__}")
+    MIGRATIONS.append(Migration(steps.__name__, steps))
+    return steps
+
+
+@migration
+def m001_activity_log() -> list[str]:
+    """The activity log, the turn summaries, and per-session counters."""
+    return [
         """CREATE TABLE IF NOT EXISTS loopscope_meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
         """CREATE TABLE events (
             id VARCHAR NOT NULL,
@@ -135,14 +152,22 @@ MIGRATIONS: list[list[str] | Callable[[], list[str]]] = [
             first_at TIMESTAMPTZ,
             last_at TIMESTAMPTZ
         )""",
-    ],
-    # 2: the analytics views: tool_calls, turn_summaries, tool_stats, loop_end_reasons,
-    # declared_vs_used, token_usage, slowest_turns
-    _views,
-    # 3: every span a collector received, raw (``loopscope collect``): what the events and
-    # turns do not say stays queryable. Ids are hex; attributes, resource, events and links
-    # are JSON; ``role`` / ``framework`` say how the span was understood.
-    [
+    ]
+
+
+@migration
+def m002_views() -> list[str]:
+    """The analytics views: tool_calls, turn_summaries, tool_stats, loop_end_reasons,
+    declared_vs_used, token_usage, slowest_turns."""
+    return _views()
+
+
+@migration
+def m003_spans() -> list[str]:
+    """Every span a collector received, raw (``loopscope collect``): what the events and
+    turns do not say stays queryable. Ids are hex; attributes, resource, events and links
+    are JSON; ``role`` / ``framework`` say how the span was understood."""
+    return [
         """CREATE TABLE spans (
             trace_id VARCHAR NOT NULL,
             span_id VARCHAR NOT NULL,
@@ -165,17 +190,25 @@ MIGRATIONS: list[list[str] | Callable[[], list[str]]] = [
             framework VARCHAR,
             received_at TIMESTAMPTZ
         )""",
-    ],
-    # 4: the tool fields of tool rows (name, call id, status, outcome, duration) as columns
-    # of ``events`` besides ``content``, filled from ``content`` for the rows already there;
-    # the tool views read them (and ``content`` where they are NULL)
-    _tool_columns,
-    # 5: every AG-UI event an import read (``loopscope import --agui``), verbatim: ``raw`` is
-    # the event's JSON text exactly as received, ``seq`` its gap-free position in the
-    # session's AG-UI log, ``run_id`` the run it belongs to (events between two runs are
-    # kept with the run before them), ``type`` as received (THINKING_* stays so),
-    # ``created_at`` the event's own timestamp (NULL without one)
-    [
+    ]
+
+
+@migration
+def m004_tool_columns() -> list[str]:
+    """The tool fields of tool rows (name, call id, status, outcome, duration) as columns
+    of ``events`` besides ``content``, filled from ``content`` for the rows already there;
+    the tool views read them (and ``content`` where they are NULL)."""
+    return _tool_columns()
+
+
+@migration
+def m005_agui_events() -> list[str]:
+    """Every AG-UI event an import read (``loopscope import --agui``), verbatim: ``raw`` is
+    the event's JSON text exactly as received, ``seq`` its gap-free position in the
+    session's AG-UI log, ``run_id`` the run it belongs to (events between two runs are
+    kept with the run before them), ``type`` as received (THINKING_* stays so),
+    ``created_at`` the event's own timestamp (NULL without one)."""
+    return [
         """CREATE TABLE agui_events (
             session_id VARCHAR NOT NULL,
             run_id VARCHAR,
@@ -185,13 +218,17 @@ MIGRATIONS: list[list[str] | Callable[[], list[str]]] = [
             raw VARCHAR NOT NULL,
             imported_at TIMESTAMPTZ
         )""",
-    ],
-    # 6: what a crash leaves open (storage/recovery.py): the in-process writers that wrote
-    # here, each with what tells its process apart from a later one with the same pid
-    # (host, boot id, pid namespace, pid, the process's start in clock ticks), and the
-    # turns they started and have not ended yet; the writer keeps both in the same
-    # transaction as the rows, so a turn is open here exactly while its summary is missing
-    [
+    ]
+
+
+@migration
+def m006_open_turns() -> list[str]:
+    """What a crash leaves open (storage/recovery.py): the in-process writers that wrote
+    here, each with what tells its process apart from a later one with the same pid
+    (host, boot id, pid namespace, pid, the process's start in clock ticks), and the
+    turns they started and have not ended yet; the writer keeps both in the same
+    transaction as the rows, so a turn is open here exactly while its summary is missing."""
+    return [
         """CREATE TABLE loopscope_writers (
             writer_id VARCHAR NOT NULL,
             host VARCHAR,
@@ -210,19 +247,30 @@ MIGRATIONS: list[list[str] | Callable[[], list[str]]] = [
             started_at TIMESTAMPTZ,
             agent VARCHAR
         )""",
-    ],
-    # 7: each writer's counters in its loopscope_writers row (storage/health.py): rows
-    # written, events dropped (queue full / file unwritable too long), failed write
-    # attempts and the last error, the OTLP exporter's drops, when it stopped
-    _writer_counters,
-]
+    ]
+
+
+@migration
+def m007_writer_counters() -> list[str]:
+    """Each writer's counters in its loopscope_writers row (storage/health.py): rows
+    written, events dropped (queue full / file unwritable too long), failed write
+    attempts and the last error, the OTLP exporter's drops, when it stopped."""
+    from .health import migration as writer_counters
+
+    return writer_counters()
+
 
 SCHEMA_VERSION = len(MIGRATIONS)
+"""How many migrations a file of this loopscope has. Kept in ``loopscope_meta`` as
+``schema_version`` beside the names: the readers' one-query check, ``loopscope status``,
+and what a loopscope older than named migrations compares to refuse a newer file."""
+
+MIGRATIONS_TABLE = "loopscope_migrations"
+_KNOWN = frozenset(m.name for m in MIGRATIONS)
 
 
-def schema_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The version of the schema in an open file (the connection's default database); 0 for
-    a file loopscope never wrote."""
+def _kept_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The ``schema_version`` of ``loopscope_meta`` (0 for a file loopscope never wrote)."""
     # fetchall: a result read to its end leaves the connection free for other calls
     # (DuckDB 2 refuses a register() while a result is open)
     exists = con.execute(
@@ -235,19 +283,80 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     return int(rows[0][0]) if rows else 0
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Bring the file to :data:`SCHEMA_VERSION`; returns the version found before."""
-    found = schema_version(con)
+def applied(con: duckdb.DuckDBPyConnection) -> list[str] | None:
+    """The names of the migrations recorded in the open file (the connection's default
+    database), or None when it has no ``loopscope_migrations`` table (a new file, or one
+    written before migrations had names). One query."""
+    try:
+        # fetchall: a result read to its end leaves the connection free for other calls
+        return [r[0] for r in con.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()]
+    except duckdb.CatalogException:
+        return None
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The version of the schema in an open file (the connection's default database): how
+    many migrations it has; 0 for a file loopscope never wrote."""
+    return _kept_version(con)
+
+
+def _adopt(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Record by name the migrations a file without names has: its version N is the first
+    N of :data:`MIGRATIONS` (the list was positional then). ``applied_at`` stays NULL: when
+    they ran was not kept."""
+    found = _kept_version(con)
     if found > SCHEMA_VERSION:
-        raise StoreError(f"this store was written by a newer loopscope (schema {found}, this one knows {SCHEMA_VERSION}); upgrade loopscope to use it")
-    for version in range(found, SCHEMA_VERSION):
-        step = MIGRATIONS[version]
-        statements = step() if callable(step) else step
+        raise StoreError(
+            f"this store was written by a newer loopscope (schema {found}, this one knows {SCHEMA_VERSION}); "
+            "upgrade loopscope to use it"
+        )
+    names = [m.name for m in MIGRATIONS[:found]]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (name VARCHAR PRIMARY KEY, applied_at TIMESTAMPTZ)")
+        if names:
+            con.executemany(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, NULL)", [[n] for n in names])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return names
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Run the migrations the open file has not recorded, in order, each in one transaction
+    with its record; returns how many it had before (its version then).
+
+    A file up to date costs one query. A file written before migrations had names is
+    recognised by the version it keeps and its migrations recorded by name first. A file
+    that records a migration this loopscope does not know was written by a newer one, and
+    is refused, not altered: what that migration changed is unknown here, and rows written
+    as this loopscope writes them could break it.
+    """
+    names = applied(con)
+    if names is not None and len(names) == SCHEMA_VERSION and _KNOWN.issuperset(names):
+        return SCHEMA_VERSION  # the common case: every writer's open comes here
+    if names is None:
+        names = _adopt(con)
+    unknown = sorted(set(names) - _KNOWN)
+    if unknown:
+        raise StoreError(
+            f"this store was written by a newer loopscope (it has migration {', '.join(unknown)}, which this one does "
+            "not know); upgrade loopscope to use it"
+        )
+    found = len(names)
+    done = set(names)
+    for step in MIGRATIONS:
+        if step.name in done:
+            continue
+        statements = step.statements()
         con.execute("BEGIN TRANSACTION")
         try:
             for statement in statements:
                 con.execute(statement)
-            con.execute("INSERT OR REPLACE INTO loopscope_meta VALUES ('schema_version', ?)", [str(version + 1)])
+            con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, now())", [step.name])
+            done.add(step.name)
+            con.execute("INSERT OR REPLACE INTO loopscope_meta VALUES ('schema_version', ?)", [str(len(done))])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -291,7 +400,7 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 def has_tool_columns(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the ``events`` table of the open file (the connection's default database)
-    has the tool columns of migration 4 (a file of an older loopscope, read without
+    has the tool columns of ``m004_tool_columns`` (a file of an older loopscope, read without
     migrating it, has not)."""
     row = con.execute(
         "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "

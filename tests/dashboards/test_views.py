@@ -245,7 +245,7 @@ def make_v1(source: Path, target: Path) -> None:
     """A copy of ``source`` as loopscope 0.1 (schema 1, no views) left it."""
     con = duckdb.connect(str(target))
     try:
-        for statement in MIGRATIONS[0]:
+        for statement in MIGRATIONS[0].statements():
             con.execute(statement)
         con.execute(f"ATTACH '{source}' AS src (READ_ONLY)")
         for table in ("events", "turns", "sessions"):

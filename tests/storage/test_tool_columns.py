@@ -95,8 +95,7 @@ def make_v3(source: Path, target: Path) -> None:
     con = duckdb.connect(str(target))
     try:
         for step in MIGRATIONS[:3]:
-            statements = step() if callable(step) else step
-            for statement in statements:
+            for statement in step.statements():
                 con.execute(statement)
         con.execute(f"ATTACH '{source}' AS src (READ_ONLY)")
         con.execute(f"INSERT INTO main.events SELECT {V3_EVENT_COLUMNS} FROM src.events")
@@ -222,7 +221,7 @@ def test_a_v1_file_gets_views_that_read_content(recorded: Path, tmp_path: Path) 
     old = tmp_path / "v1.duckdb"
     con = duckdb.connect(str(old))
     try:
-        for statement in MIGRATIONS[0]:
+        for statement in MIGRATIONS[0].statements():
             con.execute(statement)
         con.execute(f"ATTACH '{recorded}' AS src (READ_ONLY)")
         con.execute(f"INSERT INTO main.events SELECT {V3_EVENT_COLUMNS} FROM src.events")

@@ -1,0 +1,266 @@
+"""Named migrations: a store file written before migrations had names (the fixtures of
+tests/fixtures/stores/, made by that code) opens, migrates and keeps every row; a file
+up to date costs one query and runs nothing; a file from a newer loopscope is refused
+and left as it was."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import loopscope
+from loopscope.cli.status import read_status
+from loopscope.storage import schema
+from loopscope.storage.connection import open_store
+from loopscope.storage.errors import StoreError
+from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stores"
+NAMES = [m.name for m in MIGRATIONS]
+
+# what each fixture's loopscope had, by schema version: the tables and how many rows
+# make.py put in them (schema 3 predates agui_events and the writers' tables)
+ROWS = {
+    "events": 21, "turns": 5, "sessions": 4, "spans": 4,
+    "agui_events": 5, "loopscope_writers": 2, "loopscope_open_turns": 1,
+}
+TABLES = {
+    7: list(ROWS),
+    6: list(ROWS),
+    3: ["events", "turns", "sessions", "spans"],
+}
+
+
+def unpack(version: int, tmp_path: Path) -> Path:
+    """A copy of the fixture of schema ``version``, to change freely."""
+    target = tmp_path / f"schema{version}.duckdb"
+    with gzip.open(FIXTURES / f"schema{version}.duckdb.gz", "rb") as src, target.open("wb") as out:
+        shutil.copyfileobj(src, out)
+    return target
+
+
+def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    return [r[0] for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() AND table_name = ? "
+        "ORDER BY column_index", [table]
+    ).fetchall()]
+
+
+def _sorted(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return sorted(rows, key=repr)
+
+
+def contents(path: Path, tables: list[str]) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
+    """Every row of ``tables``, with the columns each table has now."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        out = {}
+        for table in tables:
+            names = _columns(con, table)
+            out[table] = (names, _sorted(con.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall()))
+        return out
+    finally:
+        con.close()
+
+
+def recorded(path: Path) -> list[tuple[str, bool]]:
+    """The migrations the file records: (name, whether it says when it ran), in name order."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT name, applied_at IS NOT NULL FROM loopscope_migrations ORDER BY name").fetchall()
+    finally:
+        con.close()
+
+
+def migrate_file(path: Path) -> int:
+    """What a writer does when it opens the file: migrate it through ``open_store``."""
+    with open_store(str(path), read_only=False, timeout=5.0) as con:
+        return migrate(con)
+
+
+def test_the_names_are_unique_and_in_order() -> None:
+    assert NAMES == sorted(NAMES) and len(set(NAMES)) == len(NAMES) == SCHEMA_VERSION
+    assert NAMES[0] == "m001_activity_log" and NAMES[-1] == "m007_writer_counters"
+
+
+@pytest.mark.parametrize("version", [7, 6, 3])
+def test_a_store_written_before_named_migrations_migrates_without_loss(version: int, tmp_path: Path) -> None:
+    path = unpack(version, tmp_path)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert schema_version(con) == version
+        assert con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'loopscope_migrations'"
+        ).fetchone() == (0,)  # written before the names
+    finally:
+        con.close()
+    before = contents(path, TABLES[version])
+    assert {table: len(rows) for table, (_, rows) in before.items()} == {t: ROWS[t] for t in TABLES[version]}
+
+    assert migrate_file(path) == version
+
+    # every row of every table survived, each column it had unchanged
+    after = contents(path, TABLES[version])
+    for table, (names, rows) in before.items():
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            kept = _sorted(con.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall())
+        finally:
+            con.close()
+        assert kept == rows, table
+        assert set(names) <= set(after[table][0])
+    # the first `version` migrations are recorded as the file had them (when they ran is
+    # unknown), the rest ran now
+    assert recorded(path) == [(name, index >= version) for index, name in enumerate(NAMES)]
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert schema_version(con) == SCHEMA_VERSION
+    finally:
+        con.close()
+
+    # what a user sees of it
+    status = read_status(str(path))
+    assert (status["schema_version"], status["sessions"], status["events"], status["turns"], status["tool_calls"]) == (
+        SCHEMA_VERSION, 4, 21, 5, 4,  # 3 recorded, 1 in the OTLP spans
+    )
+    assert len(status["writers"]) == (2 if version >= 6 else 0)
+    store = loopscope.Store(str(path))
+    timeline = store.get_timeline("s1")
+    tool_ends = [e.content for e in timeline if e.type == "tool_call_end"]
+    assert [(c.tool_id, c.status) for c in tool_ends] == [("c1", "completed"), ("c2", "failed"), ("c3", "completed")]
+    otlp_session = "7b36dccb6a335d9192bc860c14c7e698"  # the session the OTLP spans were stored under (their trace id)
+    assert {s.session_id for s in store.list_sessions()} == {"s1", "s2", "agui-thread", otlp_session}
+    # the tool columns, filled from content where the file predates them (schema 3)
+    _, rows = store.sql("SELECT tool, calls, failed FROM tool_stats ORDER BY tool")
+    assert rows == [("book", 2, 1), ("get_weather", 1, 0), ("weather", 1, 0)]
+
+
+def test_the_open_turn_and_its_writer_survive_the_migration(tmp_path: Path) -> None:
+    path = unpack(6, tmp_path)
+    migrate_file(path)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert con.execute("SELECT correlation_id, session_id, agent FROM loopscope_open_turns").fetchall() == [
+            ("turn-open", "s2", "helper"),
+        ]
+        # the writer that left it open: its row, with the counters m007 added (none yet)
+        writer = con.execute(
+            "SELECT w.pid, w.dropped_queue_full, w.stopped_at FROM loopscope_writers w "
+            "JOIN loopscope_open_turns o USING (writer_id)"
+        ).fetchall()
+    finally:
+        con.close()
+    assert len(writer) == 1 and writer[0][0] > 0 and writer[0][1:] == (None, None)
+
+
+def test_opening_twice_runs_nothing_the_second_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+
+    def spied(step: schema.Migration) -> schema.Migration:
+        def statements() -> list[str]:
+            ran.append(step.name)
+            return step.statements()
+
+        return step._replace(statements=statements)
+
+    monkeypatch.setattr(schema, "MIGRATIONS", [spied(m) for m in MIGRATIONS])
+    path = unpack(3, tmp_path)
+    assert migrate_file(path) == 3
+    assert ran == NAMES[3:]
+    first = recorded(path)
+
+    ran.clear()
+    with open_store(str(path), read_only=False, timeout=5.0) as con:
+        counting = _Counting(con)
+        assert migrate(counting) == SCHEMA_VERSION  # type: ignore[arg-type]
+    assert ran == []
+    assert counting.statements == 1  # the check every writer's open makes: one query
+    assert recorded(path) == first
+
+
+class _Counting:
+    """A connection that counts the statements run through it."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con, self.statements = con, 0
+
+    def execute(self, *args: Any) -> Any:
+        self.statements += 1
+        return self.con.execute(*args)
+
+    def executemany(self, *args: Any) -> Any:
+        self.statements += 1
+        return self.con.executemany(*args)
+
+
+def test_a_new_file_records_every_migration_with_when_it_ran(tmp_path: Path) -> None:
+    path = tmp_path / "new.duckdb"
+    assert migrate_file(path) == 0
+    assert recorded(path) == [(name, True) for name in NAMES]
+    assert migrate_file(path) == SCHEMA_VERSION
+
+
+def test_a_migration_that_fails_leaves_neither_its_changes_nor_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = unpack(6, tmp_path)
+    broken = MIGRATIONS[6]._replace(statements=lambda: [*MIGRATIONS[6].statements(), "SELECT * FROM no_such_table"])
+    monkeypatch.setattr(schema, "MIGRATIONS", [*MIGRATIONS[:6], broken])
+    with pytest.raises(duckdb.CatalogException):
+        migrate_file(path)
+    # the names of the file's six are recorded (their own transaction), the seventh not,
+    # nor any of its columns
+    assert recorded(path) == [(name, False) for name in NAMES[:6]]
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert "dropped_queue_full" not in _columns(con, "loopscope_writers")
+        assert schema_version(con) == 6
+    finally:
+        con.close()
+    monkeypatch.setattr(schema, "MIGRATIONS", MIGRATIONS)
+    assert migrate_file(path) == 6
+    assert recorded(path) == [(name, index >= 6) for index, name in enumerate(NAMES)]
+
+
+def _from_a_newer_loopscope(path: Path, *, bump: bool) -> None:
+    """What a loopscope with one more migration leaves in the file: its name, and (as it
+    keeps the count too) the version one higher."""
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("INSERT INTO loopscope_migrations VALUES ('m008_from_the_future', now())")
+        if bump:
+            con.execute("UPDATE loopscope_meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("bump", [True, False], ids=["name-and-version", "name-only"])
+def test_a_store_from_a_newer_loopscope_is_refused_for_writing_and_left_unchanged(bump: bool, tmp_path: Path) -> None:
+    """Refused, not opened read-only either: what the unknown migration changed is unknown
+    here, so rows written as this loopscope writes them could break the newer one's file
+    (and writers that open a store expect to write to it)."""
+    path = unpack(7, tmp_path)
+    migrate_file(path)
+    _from_a_newer_loopscope(path, bump=bump)
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"newer loopscope .*m008_from_the_future.*upgrade loopscope"):
+        migrate_file(path)
+    with pytest.raises(StoreError, match="newer loopscope"):
+        loopscope.configure(path)
+    loopscope.shutdown()
+    assert path.read_bytes() == before
+
+
+def test_a_store_from_a_newer_loopscope_is_refused_for_reading(tmp_path: Path) -> None:
+    path = unpack(7, tmp_path)
+    migrate_file(path)
+    _from_a_newer_loopscope(path, bump=True)
+    with pytest.raises(StoreError, match="newer loopscope"):
+        loopscope.Store(str(path)).list_sessions()
+    with pytest.raises(StoreError, match="newer loopscope"):
+        read_status(str(path))
