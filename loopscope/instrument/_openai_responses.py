@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
+from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -43,7 +43,7 @@ def _given(value: Any) -> Any:
 # -- the request ----------------------------------------------------------------------
 
 
-def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     input_text, results = _read_input(_given(r.items(kwargs, "input")))
     reasoning = _given(kwargs.get("reasoning"))
     request = {
@@ -56,15 +56,15 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
         **r.server(instance),
     }
     model = _given(kwargs.get("model"))
-    return {
-        "provider": PROVIDER,
-        "model": model if isinstance(model, str) else None,
-        "tools": _tools(_given(r.items(kwargs, "tools"))),
-        "tool_results": results,
-        "input_text": input_text,
-        "stream": _given(kwargs.get("stream")) is True,
-        "request": request,
-    }
+    return ModelRequest(
+        PROVIDER,
+        model if isinstance(model, str) else None,
+        tools=_tools(_given(r.items(kwargs, "tools"))),
+        tool_results=results,
+        input_text=input_text,
+        stream=_given(kwargs.get("stream")) is True,
+        parameters=request,
+    )
 
 
 def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
@@ -169,24 +169,26 @@ def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
     return str(status)  # queued / in_progress (background): the answer comes later
 
 
-def _finish(response: Any, generation: Generation, *, text_streamed: bool = False, items: Any = None) -> None:
+def _finish(response: Any, generation: ModelCall, *, text_streamed: bool = False, items: Any = None) -> None:
     if r.get(response, "status") == "failed":
         generation.fail(_error(r.get(response, "error"), "the response failed"))
         return
     output = r.get(response, "output")
     text, calls, thinking = _read_output(output if output else items)
     generation.finish(
-        text=None if text_streamed else text,
-        tool_calls=calls,
-        usage=_usage(r.get(response, "usage")),
-        finish_reason=_finish_reason(response, calls),
-        response_id=r.get(response, "id"),
-        model=r.get(response, "model"),
-        thinking=thinking,
+        ModelResponse(
+            text=None if text_streamed else text,
+            tool_calls=calls,
+            usage=_usage(r.get(response, "usage")),
+            finish_reason=_finish_reason(response, calls),
+            response_id=r.get(response, "id"),
+            model=r.get(response, "model"),
+            thinking=thinking,
+        )
     )
 
 
-def _finish_one(response: Any, generation: Generation) -> None:
+def _finish_one(response: Any, generation: ModelCall) -> None:
     _finish(response, generation)
 
 
@@ -203,7 +205,7 @@ class _ResponseEvents:
         self.streamed = False
         self.last: Any = None  # the newest response snapshot (created / in_progress)
 
-    def add(self, event: Any, generation: Generation) -> None:
+    def add(self, event: Any, generation: ModelCall) -> None:
         kind = r.get(event, "type")
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             delta = r.get(event, "delta")
@@ -230,28 +232,30 @@ class _ResponseEvents:
     def _items(self) -> list[Any]:
         return [item for _, item in sorted(self.items.items())]
 
-    def finish(self, generation: Generation) -> None:
+    def finish(self, generation: ModelCall) -> None:
         """The stream ended without a final event: what it carried is the response."""
         text, calls, thinking = _read_output(self._items())
         generation.finish(
-            text=None if self.streamed else text,
-            tool_calls=calls,
-            finish_reason="tool_calls" if calls else None,
-            response_id=r.get(self.last, "id"),
-            model=r.get(self.last, "model"),
-            thinking=thinking,
+            ModelResponse(
+                text=None if self.streamed else text,
+                tool_calls=calls,
+                finish_reason="tool_calls" if calls else None,
+                response_id=r.get(self.last, "id"),
+                model=r.get(self.last, "model"),
+                thinking=thinking,
+            )
         )
 
 
 # -- patching -------------------------------------------------------------------------
 
 
-def patch(deliver: Callable[[Any, Generation, Any, Any], Any]) -> list[Patch | None]:
+def patch(deliver: Callable[[Any, ModelCall, Any, Any], Any]) -> list[Patch | None]:
     """Wrap the Responses resource; ``deliver(result, generation, finish_one, chunks)`` is
     the openai adapter's delivery (stream proxy, raw response, or a plain response)."""
     from openai.resources.responses import responses
 
-    def deliver_response(result: Any, generation: Generation) -> Any:
+    def deliver_response(result: Any, generation: ModelCall) -> Any:
         return deliver(result, generation, _finish_one, _ResponseEvents)
 
     patches: list[Patch | None] = [

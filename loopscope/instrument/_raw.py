@@ -10,11 +10,11 @@ from typing import Any
 import wrapt
 
 from .._guard import internal_error
-from ..recorder.stitch import Generation
+from ..recorder.adapter import ModelCall
 
 
 class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
-    def __init__(self, wrapped: Any, generation: Generation, deliver: Callable[[Any], Any]) -> None:
+    def __init__(self, wrapped: Any, generation: ModelCall, deliver: Callable[[Any], Any]) -> None:
         super().__init__(wrapped)
         self._self_generation = generation
         self._self_deliver = deliver

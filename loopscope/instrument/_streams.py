@@ -17,12 +17,12 @@ from typing import Any, Protocol
 import wrapt
 
 from .._guard import internal_error
-from ..recorder.stitch import Generation
+from ..recorder.adapter import ModelCall
 
 
 class Accumulator(Protocol):
-    def add(self, item: Any, generation: Generation) -> None: ...
-    def finish(self, generation: Generation) -> None: ...
+    def add(self, item: Any, generation: ModelCall) -> None: ...
+    def finish(self, generation: ModelCall) -> None: ...
 
 
 def _final_events(accumulator: Accumulator) -> frozenset[str]:
@@ -49,7 +49,7 @@ class _Recording:
 
     __slots__ = ("accumulator", "finals", "generation", "pending", "stamps")
 
-    def __init__(self, generation: Generation, accumulator: Accumulator) -> None:
+    def __init__(self, generation: ModelCall, accumulator: Accumulator) -> None:
         self.generation = generation
         self.accumulator = accumulator
         self.finals = _final_events(accumulator)
@@ -63,15 +63,15 @@ class _Recording:
         if not pending:
             return
         generation = self.generation
-        add, rnd = self.accumulator.add, generation.round
-        first_unset = rnd._first_chunk_ns is None
+        add = self.accumulator.add
+        first_unset = not generation.chunk_seen()
         for item, stamp in zip(pending, stamps):
             try:
                 add(item, generation)
             except Exception:
                 internal_error("stream chunk")
-            if first_unset and rnd._first_chunk_ns is not None:
-                rnd._first_chunk_ns = stamp
+            if first_unset and generation.chunk_seen():
+                generation.date_first_chunk(stamp)
                 first_unset = False
         pending.clear()
         stamps.clear()
@@ -123,7 +123,7 @@ class _Proxy(wrapt.ObjectProxy):  # type: ignore[misc]
     the proxy is in no cycle, so it is collected the moment the user lets go of it.
     """
 
-    def __init__(self, wrapped: Any, generation: Generation, accumulator: Accumulator) -> None:
+    def __init__(self, wrapped: Any, generation: ModelCall, accumulator: Accumulator) -> None:
         super().__init__(wrapped)
         recording = _Recording(generation, accumulator)
         self._self_recording = recording
@@ -246,7 +246,7 @@ class AsyncStream(_Proxy):
             self._self_abandon()
 
 
-StreamFactory = Callable[[Any, Generation], Any]
+StreamFactory = Callable[[Any, ModelCall], Any]
 
 
 def closes_inner_stream(attribute: str, *, is_async: bool = False) -> Callable[..., Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
+from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -18,7 +18,7 @@ PROVIDER = "openai"
 # -- Chat Completions -----------------------------------------------------------------
 
 
-def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     messages = r.items(kwargs, "messages") or []
     results = []
     input_text = None
@@ -37,15 +37,15 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             input_text = content if type(content) is str else r.text_of(content)
     request = _parameters(kwargs)
     request.update(r.server(instance))
-    return {
-        "provider": PROVIDER,
-        "model": kwargs.get("model"),
-        "tools": _function_tools(r.items(kwargs, "tools")),
-        "tool_results": results,
-        "input_text": input_text,
-        "stream": bool(kwargs.get("stream")),
-        "request": request,
-    }
+    return ModelRequest(
+        PROVIDER,
+        kwargs.get("model"),
+        _function_tools(r.items(kwargs, "tools")),
+        results,
+        input_text,
+        bool(kwargs.get("stream")),
+        request,
+    )
 
 
 _PARAMETERS = (  # the request's parameters, in the order their span attributes take
@@ -125,7 +125,7 @@ def _chat_usage(usage: Any) -> dict[str, int]:
     return out
 
 
-def _finish_completion(completion: Any, generation: Generation) -> None:
+def _finish_completion(completion: Any, generation: ModelCall) -> None:
     if isinstance(completion, r.BaseModel):
         return _finish_model(completion, generation)
     choices = r.get(completion, "choices") or []
@@ -137,16 +137,18 @@ def _finish_completion(completion: Any, generation: Generation) -> None:
         if function is not None:
             calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
     generation.finish(
-        text=r.get(message, "content") or r.get(message, "refusal"),
-        tool_calls=calls,
-        usage=_chat_usage(r.get(completion, "usage")),
-        finish_reason=r.get(choice, "finish_reason"),
-        response_id=r.get(completion, "id"),
-        model=r.get(completion, "model"),
+        ModelResponse(
+            text=r.get(message, "content") or r.get(message, "refusal"),
+            tool_calls=calls,
+            usage=_chat_usage(r.get(completion, "usage")),
+            finish_reason=r.get(choice, "finish_reason"),
+            response_id=r.get(completion, "id"),
+            model=r.get(completion, "model"),
+        )
     )
 
 
-def _finish_model(completion: Any, generation: Generation) -> None:
+def _finish_model(completion: Any, generation: ModelCall) -> None:
     """:func:`_finish_completion` for the SDK's response model: its fields are attributes
     (``r.get`` is ``getattr`` for them), read without a Python call each."""
     choices = getattr(completion, "choices", None) or []
@@ -169,12 +171,14 @@ def _finish_model(completion: Any, generation: Generation) -> None:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
             calls.append(ToolCall(id=str(call_id), name=str(name), arguments=r.arguments(arguments)))
     generation.finish(
-        text=getattr(message, "content", None) or getattr(message, "refusal", None),
-        tool_calls=calls,
-        usage=_chat_usage(getattr(completion, "usage", None)),
-        finish_reason=getattr(choice, "finish_reason", None),
-        response_id=getattr(completion, "id", None),
-        model=getattr(completion, "model", None),
+        ModelResponse(
+            text=getattr(message, "content", None) or getattr(message, "refusal", None),
+            tool_calls=calls,
+            usage=_chat_usage(getattr(completion, "usage", None)),
+            finish_reason=getattr(choice, "finish_reason", None),
+            response_id=getattr(completion, "id", None),
+            model=getattr(completion, "model", None),
+        )
     )
 
 
@@ -188,7 +192,7 @@ class _ChatChunks:
         self.response_id: str | None = None
         self.model: str | None = None
 
-    def add(self, chunk: Any, generation: Generation) -> None:
+    def add(self, chunk: Any, generation: ModelCall) -> None:
         """One chunk; the SDK's own chunk model read directly, without a further frame per
         chunk (its fields are attributes: ``r.get`` is ``getattr`` for them)."""
         if type(chunk) is not _chunk_type:
@@ -209,14 +213,14 @@ class _ChatChunks:
                 continue
             content = getattr(delta, "content", None)
             if content:
-                generation.round.text_delta(content)  # Generation.delta without its frame
+                generation.round.text_delta(content)  # ModelCall.delta without its frame
             if getattr(delta, "tool_calls", None):
                 self._add_choice_calls(delta, generation)
             reason = getattr(choice, "finish_reason", None)
             if reason:
                 self.finish_reason = reason
 
-    def _add_general(self, chunk: Any, generation: Generation) -> None:
+    def _add_general(self, chunk: Any, generation: ModelCall) -> None:
         self.response_id = self.response_id or r.get(chunk, "id")
         self.model = self.model or r.get(chunk, "model")
         usage = r.get(chunk, "usage")
@@ -225,7 +229,7 @@ class _ChatChunks:
         for choice in r.get(chunk, "choices") or []:
             self._add_choice(choice, generation)
 
-    def _add_choice(self, choice: Any, generation: Generation) -> None:
+    def _add_choice(self, choice: Any, generation: ModelCall) -> None:
         if r.get(choice, "index", 0) != 0:
             return
         delta = r.get(choice, "delta")
@@ -244,7 +248,7 @@ class _ChatChunks:
         if r.get(choice, "finish_reason"):
             self.finish_reason = r.get(choice, "finish_reason")
 
-    def _add_choice_calls(self, delta: Any, generation: Generation) -> None:
+    def _add_choice_calls(self, delta: Any, generation: ModelCall) -> None:
         for part in getattr(delta, "tool_calls", None) or ():
             if type(part) is dict:
                 get = part.get
@@ -264,12 +268,12 @@ class _ChatChunks:
             if arguments:
                 slot["arguments"].append(arguments)
 
-    def finish(self, generation: Generation) -> None:
+    def finish(self, generation: ModelCall) -> None:
         calls = [
             ToolCall(id=str(slot["id"]), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
             for _, slot in sorted(self.calls.items())
         ]
-        generation.finish(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model)
+        generation.finish(ModelResponse(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model))
 
 
 try:
@@ -278,14 +282,14 @@ except ImportError:  # pragma: no cover - an SDK without it: every chunk the gen
     _chunk_type = None
 
 
-def _deliver_chat(result: Any, generation: Generation) -> Any:
+def _deliver_chat(result: Any, generation: ModelCall) -> Any:
     return _deliver(result, generation, _finish_completion, _ChatChunks)
 
 
 # -- shared delivery ------------------------------------------------------------------
 
 
-def _deliver(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+def _deliver(result: Any, generation: ModelCall, finish_one: Any, chunks: Any) -> Any:
     if isinstance(result, r.BaseModel):  # a parsed response: by far the most common (and
         finish_one(result, generation)  # ``hasattr`` on a model for what it lacks is slow)
         return result
@@ -301,7 +305,7 @@ def _deliver(result: Any, generation: Generation, finish_one: Any, chunks: Any) 
     return result
 
 
-def _raw_response(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+def _raw_response(result: Any, generation: ModelCall, finish_one: Any, chunks: Any) -> Any:
     """``with_raw_response`` calls: the body is read when the user parses it."""
     from ._raw import RawResponse
 
