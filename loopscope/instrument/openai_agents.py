@@ -59,6 +59,7 @@ from ..recorder.adapter import (
     leave,
     open_round,
     open_turn,
+    serve_call,
     start_tool,
 )
 from . import _read as r
@@ -416,7 +417,7 @@ class LoopscopeProcessor(TracingProcessor):
         target = getattr(span.span_data, "to_agent", None)
         for call in rnd.tool_calls if rnd is not None else ():
             if call.name in names and turn.has_call(call.id):
-                turn.end_call(call.id, {"assistant": target})
+                serve_call(turn, call.id, {"assistant": target})
                 return
 
 

@@ -43,7 +43,7 @@ from .elsewhere import defer_to as defer_model_calls_to
 from .elsewhere import recorded_elsewhere
 from .records import ModelRequest, ModelResponse, ToolResult
 from .stitch import ModelCall, StreamClosed, requested_call_span, result_value, start_model_call, wants_result
-from .stitch import close_turn as end_turn
+from .stitch import close_turn
 from .tool import ToolExecution, running_tool, start_requested
 from .tool import reported_elsewhere as report_own_tool_calls
 from .turn import Round, Turn, call_owners
@@ -96,6 +96,12 @@ def open_turn(
     finally:
         current_turn.reset(token)
     return turn
+
+
+def end_turn(turn: Turn, reason: LoopEndReason | None = None, exc: BaseException | None = None) -> None:
+    """End a turn: with ``reason`` (why its loop stopped), or failed by ``exc``; the calls
+    its model asked for that nothing served end as unserved. A second end does nothing."""
+    close_turn(turn, reason, exc)
 
 
 def rounds_done(turn: Turn) -> int:
@@ -249,13 +255,11 @@ def end_tool(
 
 __all__ = [
     "Entered",
-    "LoopEndReason",
     "ModelCall",
     "ModelRequest",
     "ModelResponse",
     "Round",
     "StreamClosed",
-    "ToolCall",
     "ToolExecution",
     "ToolResult",
     "Turn",
