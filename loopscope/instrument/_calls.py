@@ -18,7 +18,7 @@ from .._guard import internal_error
 from ..recorder.adapter import ModelCall, ModelRequest, detach, recorded_elsewhere, start_model_call
 
 calling: ContextVar[ModelCall | None] = ContextVar("loopscope_sdk_call", default=None)
-"""The generation whose SDK method runs in this context right now (from the request until
+"""The model call whose SDK method runs in this context right now (from the request until
 the method returns): an adapter whose SDK emits spans of its own finds the call it records."""
 
 Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "ModelRequest | None"]
@@ -32,21 +32,21 @@ def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dic
         request = describe(instance, args, kwargs)
         if request is None:
             return None, None
-        generation = start_model_call(request)
-        if generation is None:
+        model_call = start_model_call(request)
+        if model_call is None:
             return None, None
-        return generation, generation.attach()
+        return model_call, model_call.attach()
     except Exception:
         internal_error("model call start")
         return None, None
 
 
-def _deliver(deliver: Deliver, result: Any, generation: ModelCall) -> Any:
+def _deliver(deliver: Deliver, result: Any, model_call: ModelCall) -> Any:
     try:
-        return deliver(result, generation)
+        return deliver(result, model_call)
     except Exception:
         internal_error("model call result")
-        generation.fail(RuntimeError("loopscope could not read this response"))
+        model_call.fail(RuntimeError("loopscope could not read this response"))
         return result
 
 
@@ -55,21 +55,21 @@ def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Cal
     for an SDK that emits no spans of its own (nothing reads :data:`calling` then)."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        generation, token = _begin(describe, instance, args, kwargs)
-        if generation is None:
+        model_call, token = _begin(describe, instance, args, kwargs)
+        if model_call is None:
             return wrapped(*args, **kwargs)
-        marked = calling.set(generation) if mark else None
+        marked = calling.set(model_call) if mark else None
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            generation.fail(exc)
+            model_call.fail(exc)
             raise
         finally:
             if marked is not None:
                 calling.reset(marked)
             if token is not None:
                 detach(token)
-        return _deliver(deliver, result, generation)
+        return _deliver(deliver, result, model_call)
 
     return wrapper
 
@@ -81,21 +81,21 @@ def async_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Ca
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         async def run() -> Any:
-            generation, token = _begin(describe, instance, args, kwargs)
-            if generation is None:
+            model_call, token = _begin(describe, instance, args, kwargs)
+            if model_call is None:
                 return await wrapped(*args, **kwargs)
-            marked = calling.set(generation) if mark else None
+            marked = calling.set(model_call) if mark else None
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
-                generation.fail(exc)
+                model_call.fail(exc)
                 raise
             finally:
                 if marked is not None:
                     calling.reset(marked)
                 if token is not None:
                     detach(token)
-            return _deliver(deliver, result, generation)
+            return _deliver(deliver, result, model_call)
 
         return run()
 

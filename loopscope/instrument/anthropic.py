@@ -159,7 +159,7 @@ def _usage(usage: Any) -> dict[str, int]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _finish_message(message: Any, generation: ModelCall) -> None:
+def _finish_message(message: Any, model_call: ModelCall) -> None:
     texts: list[str] = []
     thinking: list[str] = []
     calls = []
@@ -172,7 +172,7 @@ def _finish_message(message: Any, generation: ModelCall) -> None:
             calls.append(ToolCall(id=str(r.get(block, "id")), name=str(r.get(block, "name")), arguments=arguments))
         elif kind == "thinking":
             thinking.append(r.get(block, "thinking") or "")
-    generation.finish(
+    model_call.finish(
         ModelResponse(
             text="".join(texts) or None,
             tool_calls=calls,
@@ -197,15 +197,15 @@ class _Events:
         self.response_id: str | None = None
         self.model: str | None = None
 
-    def add(self, event: Any, generation: ModelCall) -> None:
+    def add(self, event: Any, model_call: ModelCall) -> None:
         kind = r.get(event, "type")
         if kind == "content_block_delta":
             delta = r.get(event, "delta")
             delta_kind = r.get(delta, "type")
             if delta_kind == "text_delta":
-                generation.delta(r.get(delta, "text") or "")
+                model_call.delta(r.get(delta, "text") or "")
                 return
-            generation.first_chunk()
+            model_call.first_chunk()
             slot = self.blocks.get(r.get(event, "index"))
             if slot is None:
                 return
@@ -225,9 +225,9 @@ class _Events:
                 "thinking": [r.get(block, "thinking") or ""],
             }
             if block_kind == "text" and r.get(block, "text"):
-                generation.delta(r.get(block, "text"))
+                model_call.delta(r.get(block, "text"))
             elif block_kind != "text":
-                generation.first_chunk()
+                model_call.first_chunk()
         elif kind == "message_start":
             message = r.get(event, "message")
             self.response_id = r.get(message, "id")
@@ -238,9 +238,9 @@ class _Events:
             # the counts of message_delta are totals: they replace those of message_start
             self.usage.update(_usage(r.get(event, "usage")))
         elif kind == "message_stop":
-            self.finish(generation)  # complete now, even if the reader stops before the stream's end
+            self.finish(model_call)  # complete now, even if the reader stops before the stream's end
 
-    def finish(self, generation: ModelCall) -> None:
+    def finish(self, model_call: ModelCall) -> None:
         calls = []
         thinking = []
         for _, slot in sorted(self.blocks.items(), key=lambda item: item[0] if isinstance(item[0], int) else 0):
@@ -250,7 +250,7 @@ class _Events:
                 calls.append(ToolCall(id=str(slot["id"]), name=str(slot["name"]), arguments=arguments))
             elif slot["type"] == "thinking":
                 thinking.append("".join(slot["thinking"]))
-        generation.finish(
+        model_call.finish(
             ModelResponse(
                 tool_calls=calls,
                 usage=self.usage,
@@ -262,22 +262,22 @@ class _Events:
         )
 
 
-def _deliver(result: Any, generation: ModelCall) -> Any:
+def _deliver(result: Any, model_call: ModelCall) -> Any:
     if isinstance(result, r.BaseModel):  # a parsed message (``hasattr`` on a model is slow)
-        _finish_message(result, generation)
+        _finish_message(result, model_call)
         return result
     import anthropic
 
     if isinstance(result, anthropic.Stream):
-        return SyncStream(result, generation, _Events())
+        return SyncStream(result, model_call, _Events())
     if isinstance(result, anthropic.AsyncStream):
-        return AsyncStream(result, generation, _Events())
+        return AsyncStream(result, model_call, _Events())
     if hasattr(result, "http_response") and hasattr(result, "parse"):
         from ._raw import RawResponse
 
         # ``with_raw_response`` / ``with_streaming_response``: read when the user parses it
-        return RawResponse(result, generation, lambda parsed: _deliver(parsed, generation))
-    _finish_message(result, generation)
+        return RawResponse(result, model_call, lambda parsed: _deliver(parsed, model_call))
+    _finish_message(result, model_call)
     return result
 
 
@@ -332,8 +332,8 @@ def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def _adopt_call_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``anthropic._base_client.start_api_call_span``: our round stands in for the SDK's span."""
-    generation = calling.get()
-    context = generation.span_context() if generation is not None else None
+    model_call = calling.get()
+    context = model_call.span_context() if model_call is not None else None
     if context is None:
         if recorded_elsewhere():
             # a framework's model-call span (pydantic-ai's) records this call: it stands in
