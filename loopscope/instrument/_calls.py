@@ -1,9 +1,10 @@
 """The wrapper factory every provider adapter uses for one model call.
 
 An adapter supplies two functions: ``describe(instance, args, kwargs)`` reads the request
-into keyword arguments for :func:`begin_generation` (or None to leave the call alone),
-and ``deliver(result, generation)`` reads the response, finishing the generation, and
-returns what the user gets (the same object, or a stream proxy). Both are guarded: if
+into a :class:`~loopscope.recorder.adapter.ModelRequest` (or None to leave the call
+alone), and ``deliver(result, call)`` reads the response, finishing the
+:class:`~loopscope.recorder.adapter.ModelCall` with a ``ModelResponse``, and returns what
+the user gets (the same object, or a stream proxy). Both are guarded: if
 either fails, the user's call goes on as if loopscope were not there.
 """
 
@@ -14,40 +15,38 @@ from contextvars import ContextVar
 from typing import Any
 
 from .._guard import internal_error
-from ..recorder._spans import attach_span, detach
-from ..recorder.elsewhere import recorded_elsewhere
-from ..recorder.stitch import Generation, begin_generation
+from ..recorder.adapter import ModelCall, ModelRequest, detach, recorded_elsewhere, start_model_call
 
-calling: ContextVar[Generation | None] = ContextVar("loopscope_sdk_call", default=None)
-"""The generation whose SDK method runs in this context right now (from the request until
+calling: ContextVar[ModelCall | None] = ContextVar("loopscope_sdk_call", default=None)
+"""The model call whose SDK method runs in this context right now (from the request until
 the method returns): an adapter whose SDK emits spans of its own finds the call it records."""
 
-Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "dict[str, Any] | None"]
-Deliver = Callable[[Any, Generation], Any]
+Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "ModelRequest | None"]
+Deliver = Callable[[Any, ModelCall], Any]
 
 
-def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Generation | None, object | None]:
+def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ModelCall | None, object | None]:
     try:
         if recorded_elsewhere():
             return None, None  # a framework's own model-call span records this call
         request = describe(instance, args, kwargs)
         if request is None:
             return None, None
-        generation = begin_generation(**request)
-        if generation is None or generation.round._span is None:
-            return generation, None
-        return generation, attach_span(generation.round._span)
+        model_call = start_model_call(request)
+        if model_call is None:
+            return None, None
+        return model_call, model_call.attach()
     except Exception:
         internal_error("model call start")
         return None, None
 
 
-def _deliver(deliver: Deliver, result: Any, generation: Generation) -> Any:
+def _deliver(deliver: Deliver, result: Any, model_call: ModelCall) -> Any:
     try:
-        return deliver(result, generation)
+        return deliver(result, model_call)
     except Exception:
         internal_error("model call result")
-        generation.fail(RuntimeError("loopscope could not read this response"))
+        model_call.fail(RuntimeError("loopscope could not read this response"))
         return result
 
 
@@ -56,21 +55,21 @@ def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Cal
     for an SDK that emits no spans of its own (nothing reads :data:`calling` then)."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        generation, token = _begin(describe, instance, args, kwargs)
-        if generation is None:
+        model_call, token = _begin(describe, instance, args, kwargs)
+        if model_call is None:
             return wrapped(*args, **kwargs)
-        marked = calling.set(generation) if mark else None
+        marked = calling.set(model_call) if mark else None
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            generation.fail(exc)
+            model_call.fail(exc)
             raise
         finally:
             if marked is not None:
                 calling.reset(marked)
             if token is not None:
                 detach(token)
-        return _deliver(deliver, result, generation)
+        return _deliver(deliver, result, model_call)
 
     return wrapper
 
@@ -82,21 +81,21 @@ def async_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Ca
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         async def run() -> Any:
-            generation, token = _begin(describe, instance, args, kwargs)
-            if generation is None:
+            model_call, token = _begin(describe, instance, args, kwargs)
+            if model_call is None:
                 return await wrapped(*args, **kwargs)
-            marked = calling.set(generation) if mark else None
+            marked = calling.set(model_call) if mark else None
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
-                generation.fail(exc)
+                model_call.fail(exc)
                 raise
             finally:
                 if marked is not None:
                     calling.reset(marked)
                 if token is not None:
                     detach(token)
-            return _deliver(deliver, result, generation)
+            return _deliver(deliver, result, model_call)
 
         return run()
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
+from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -43,7 +43,7 @@ def _given(value: Any) -> Any:
 # -- the request ----------------------------------------------------------------------
 
 
-def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     input_text, results = _read_input(_given(r.items(kwargs, "input")))
     reasoning = _given(kwargs.get("reasoning"))
     request = {
@@ -56,15 +56,15 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
         **r.server(instance),
     }
     model = _given(kwargs.get("model"))
-    return {
-        "provider": PROVIDER,
-        "model": model if isinstance(model, str) else None,
-        "tools": _tools(_given(r.items(kwargs, "tools"))),
-        "tool_results": results,
-        "input_text": input_text,
-        "stream": _given(kwargs.get("stream")) is True,
-        "request": request,
-    }
+    return ModelRequest(
+        PROVIDER,
+        model if isinstance(model, str) else None,
+        tools=_tools(_given(r.items(kwargs, "tools"))),
+        tool_results=results,
+        input_text=input_text,
+        stream=_given(kwargs.get("stream")) is True,
+        parameters=request,
+    )
 
 
 def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
@@ -169,25 +169,27 @@ def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
     return str(status)  # queued / in_progress (background): the answer comes later
 
 
-def _finish(response: Any, generation: Generation, *, text_streamed: bool = False, items: Any = None) -> None:
+def _finish(response: Any, model_call: ModelCall, *, text_streamed: bool = False, items: Any = None) -> None:
     if r.get(response, "status") == "failed":
-        generation.fail(_error(r.get(response, "error"), "the response failed"))
+        model_call.fail(_error(r.get(response, "error"), "the response failed"))
         return
     output = r.get(response, "output")
     text, calls, thinking = _read_output(output if output else items)
-    generation.finish(
-        text=None if text_streamed else text,
-        tool_calls=calls,
-        usage=_usage(r.get(response, "usage")),
-        finish_reason=_finish_reason(response, calls),
-        response_id=r.get(response, "id"),
-        model=r.get(response, "model"),
-        thinking=thinking,
+    model_call.finish(
+        ModelResponse(
+            text=None if text_streamed else text,
+            tool_calls=calls,
+            usage=_usage(r.get(response, "usage")),
+            finish_reason=_finish_reason(response, calls),
+            response_id=r.get(response, "id"),
+            model=r.get(response, "model"),
+            thinking=thinking,
+        )
     )
 
 
-def _finish_one(response: Any, generation: Generation) -> None:
-    _finish(response, generation)
+def _finish_one(response: Any, model_call: ModelCall) -> None:
+    _finish(response, model_call)
 
 
 class _ResponseEvents:
@@ -203,56 +205,58 @@ class _ResponseEvents:
         self.streamed = False
         self.last: Any = None  # the newest response snapshot (created / in_progress)
 
-    def add(self, event: Any, generation: Generation) -> None:
+    def add(self, event: Any, model_call: ModelCall) -> None:
         kind = r.get(event, "type")
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             delta = r.get(event, "delta")
             if delta:
                 item = r.get(event, "item_id")
                 if self.streamed and item != self.text_item:
-                    generation.delta(MESSAGE_SEPARATOR)
-                generation.delta(delta)
+                    model_call.delta(MESSAGE_SEPARATOR)
+                model_call.delta(delta)
                 self.streamed, self.text_item = True, item
         elif kind in ("response.completed", "response.incomplete"):
-            _finish(r.get(event, "response"), generation, text_streamed=self.streamed, items=self._items())
+            _finish(r.get(event, "response"), model_call, text_streamed=self.streamed, items=self._items())
         elif kind == "response.failed":
-            generation.fail(_error(r.get(r.get(event, "response"), "error"), "the response failed"))
+            model_call.fail(_error(r.get(r.get(event, "response"), "error"), "the response failed"))
         elif kind == "error":
-            generation.fail(_error(event, "the stream reported an error"))
+            model_call.fail(_error(event, "the stream reported an error"))
         elif kind == "response.output_item.done":
             index = r.get(event, "output_index")
             self.items[index if isinstance(index, int) else len(self.items)] = r.get(event, "item")
         elif kind in ("response.created", "response.in_progress", "response.queued"):
             self.last = r.get(event, "response")
         elif isinstance(kind, str) and (kind.endswith(".delta") or kind == "response.output_item.added"):
-            generation.first_chunk()  # tool call arguments, reasoning summaries
+            model_call.first_chunk()  # tool call arguments, reasoning summaries
 
     def _items(self) -> list[Any]:
         return [item for _, item in sorted(self.items.items())]
 
-    def finish(self, generation: Generation) -> None:
+    def finish(self, model_call: ModelCall) -> None:
         """The stream ended without a final event: what it carried is the response."""
         text, calls, thinking = _read_output(self._items())
-        generation.finish(
-            text=None if self.streamed else text,
-            tool_calls=calls,
-            finish_reason="tool_calls" if calls else None,
-            response_id=r.get(self.last, "id"),
-            model=r.get(self.last, "model"),
-            thinking=thinking,
+        model_call.finish(
+            ModelResponse(
+                text=None if self.streamed else text,
+                tool_calls=calls,
+                finish_reason="tool_calls" if calls else None,
+                response_id=r.get(self.last, "id"),
+                model=r.get(self.last, "model"),
+                thinking=thinking,
+            )
         )
 
 
 # -- patching -------------------------------------------------------------------------
 
 
-def patch(deliver: Callable[[Any, Generation, Any, Any], Any]) -> list[Patch | None]:
-    """Wrap the Responses resource; ``deliver(result, generation, finish_one, chunks)`` is
+def patch(deliver: Callable[[Any, ModelCall, Any, Any], Any]) -> list[Patch | None]:
+    """Wrap the Responses resource; ``deliver(result, model_call, finish_one, chunks)`` is
     the openai adapter's delivery (stream proxy, raw response, or a plain response)."""
     from openai.resources.responses import responses
 
-    def deliver_response(result: Any, generation: Generation) -> Any:
-        return deliver(result, generation, _finish_one, _ResponseEvents)
+    def deliver_response(result: Any, model_call: ModelCall) -> Any:
+        return deliver(result, model_call, _finish_one, _ResponseEvents)
 
     patches: list[Patch | None] = [
         wrap(responses.Responses, "create", sync_call(_request, deliver_response, mark=False)),

@@ -10,17 +10,17 @@ from typing import Any
 import wrapt
 
 from .._guard import internal_error
-from ..recorder.stitch import Generation
+from ..recorder.adapter import ModelCall
 
 
 class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
-    def __init__(self, wrapped: Any, generation: Generation, deliver: Callable[[Any], Any]) -> None:
+    def __init__(self, wrapped: Any, model_call: ModelCall, deliver: Callable[[Any], Any]) -> None:
         super().__init__(wrapped)
-        self._self_generation = generation
+        self._self_model_call = model_call
         self._self_deliver = deliver
         self._self_delivered: Any = None
         self._self_done = False
-        self._self_unread = weakref.finalize(self, generation.abandon)
+        self._self_unread = weakref.finalize(self, model_call.abandon)
 
     def _self_take(self, parsed: Any) -> Any:
         if self._self_done:

@@ -23,10 +23,16 @@ from typing import Any
 
 from .._guard import internal_error
 from ..models import LoopEndReason, ToolCall
-from ..recorder import turn as new_turn
-from ..recorder.context import current_turn
-from ..recorder.tool import ToolExecution, start_requested
-from ..recorder.turn import Turn
+from ..recorder.adapter import (
+    ToolExecution,
+    Turn,
+    claim_call,
+    current_turn,
+    end_turn,
+    open_turn,
+    rounds_done,
+    start_requested_call,
+)
 
 FRAMEWORK = "roomkit"
 GRACE_SECONDS = 2.0
@@ -57,10 +63,14 @@ class RoomKitTurn:
         self.room_id = room_id
         self.channel_id = channel_id
         self.correlation_id = correlation_id
-        self.turn: Turn = new_turn(
-            room_id, channel_id, input=input_text, framework=FRAMEWORK, correlation_id=correlation_id, streaming=True
+        self.turn: Turn = open_turn(
+            framework=FRAMEWORK,
+            agent=channel_id,
+            input=input_text,
+            session_id=room_id,
+            correlation_id=correlation_id,
+            streaming=True,
         )
-        self.turn._start(attach=False)
         self._turn_token: Any = None
         self.context_token: Any = None  # the adapter's own note of the turn in this context
         # generations, from the telemetry
@@ -136,7 +146,7 @@ class RoomKitTurn:
         response, before the next request could end it with less than RoomKit knows."""
         turn = self.turn
         if call_id not in self._claimed and turn.has_call(call_id):
-            claimed = turn._claim_call(name, call_id)
+            claimed = claim_call(turn, name, call_id)
             if isinstance(claimed, ToolExecution):
                 self._claimed[call_id] = claimed
 
@@ -208,7 +218,7 @@ class RoomKitTurn:
         if call_id in self._claimed or call_id in self._calls:
             return
         call = ToolCall(id=call_id, name=str(content.tool_name), arguments=content.arguments)
-        self._calls[call_id] = start_requested(self.turn, call, self._tool_started.get(call_id))
+        self._calls[call_id] = start_requested_call(self.turn, call, self._tool_started.get(call_id))
 
     def end_row(self, content: Any) -> None:
         self.ends += 1
@@ -217,7 +227,7 @@ class RoomKitTurn:
         execution = self._claimed.pop(call_id, None) or self._calls.pop(call_id, None)
         if execution is None:  # its start row never reached us (refused by a hook, say)
             call = ToolCall(id=call_id, name=str(content.tool_name), arguments=content.arguments)
-            execution = start_requested(self.turn, call, self._tool_started.get(call_id))
+            execution = start_requested_call(self.turn, call, self._tool_started.get(call_id))
         duration = content.duration_ms
         execution.report(
             arguments=content.arguments,  # as it ran: a BEFORE_TOOL_USE hook may have rewritten them
@@ -264,7 +274,7 @@ class RoomKitTurn:
 
     def _round(self, text: str | None, gen: Generation | None) -> None:
         turn = self.turn
-        if self._sdk_rounds or turn._round_no > self._rounds_made:
+        if self._sdk_rounds or rounds_done(turn) > self._rounds_made:
             # an SDK adapter under the provider recorded the model calls: they are the rounds
             self._sdk_rounds = True
             return
@@ -334,9 +344,9 @@ class RoomKitTurn:
                 # RoomKit reports no summary of a loop cut short: its span says how it ended
                 turn.end(self.loop_status)
                 if self.loop_status == "error":
-                    turn._finish(LoopFailed(self.loop_error or "the loop raised"))
+                    end_turn(turn, None, LoopFailed(self.loop_error or "the loop raised"))
                     return
-            turn._finish(None)
+            end_turn(turn)
         except Exception:
             internal_error("roomkit turn end")
 

@@ -17,12 +17,12 @@ from typing import Any, Protocol
 import wrapt
 
 from .._guard import internal_error
-from ..recorder.stitch import Generation
+from ..recorder.adapter import ModelCall
 
 
 class Accumulator(Protocol):
-    def add(self, item: Any, generation: Generation) -> None: ...
-    def finish(self, generation: Generation) -> None: ...
+    def add(self, item: Any, model_call: ModelCall) -> None: ...
+    def finish(self, model_call: ModelCall) -> None: ...
 
 
 def _final_events(accumulator: Accumulator) -> frozenset[str]:
@@ -47,10 +47,10 @@ class _Recording:
     """What a stream proxy reports to, and the chunks it has not read yet. Kept apart from
     the proxy (which holds it), so the registry of open streams keeps no proxy alive."""
 
-    __slots__ = ("accumulator", "finals", "generation", "pending", "stamps")
+    __slots__ = ("accumulator", "finals", "model_call", "pending", "stamps")
 
-    def __init__(self, generation: Generation, accumulator: Accumulator) -> None:
-        self.generation = generation
+    def __init__(self, model_call: ModelCall, accumulator: Accumulator) -> None:
+        self.model_call = model_call
         self.accumulator = accumulator
         self.finals = _final_events(accumulator)
         self.pending: list[Any] = []
@@ -62,16 +62,16 @@ class _Recording:
         pending, stamps = self.pending, self.stamps
         if not pending:
             return
-        generation = self.generation
-        add, rnd = self.accumulator.add, generation.round
-        first_unset = rnd._first_chunk_ns is None
+        model_call = self.model_call
+        add = self.accumulator.add
+        first_unset = not model_call.chunk_seen()
         for item, stamp in zip(pending, stamps):
             try:
-                add(item, generation)
+                add(item, model_call)
             except Exception:
                 internal_error("stream chunk")
-            if first_unset and rnd._first_chunk_ns is not None:
-                rnd._first_chunk_ns = stamp
+            if first_unset and model_call.chunk_seen():
+                model_call.date_first_chunk(stamp)
                 first_unset = False
         pending.clear()
         stamps.clear()
@@ -81,19 +81,19 @@ class _Recording:
             return
         self.feed()
         try:
-            self.accumulator.finish(self.generation)
+            self.accumulator.finish(self.model_call)
         except Exception:
             internal_error("stream end")
 
     def fail(self, exc: BaseException) -> None:
         if _unfinished.pop(id(self), None) is not None:
             self.feed()
-            self.generation.fail(exc)
+            self.model_call.fail(exc)
 
     def abandon(self) -> None:
         if _unfinished.pop(id(self), None) is not None:
             self.feed()  # what was read before the stream was let go is part of the round
-            self.generation.abandon()
+            self.model_call.abandon()
 
 
 _unfinished: dict[int, _Recording] = {}
@@ -123,9 +123,9 @@ class _Proxy(wrapt.ObjectProxy):  # type: ignore[misc]
     the proxy is in no cycle, so it is collected the moment the user lets go of it.
     """
 
-    def __init__(self, wrapped: Any, generation: Generation, accumulator: Accumulator) -> None:
+    def __init__(self, wrapped: Any, model_call: ModelCall, accumulator: Accumulator) -> None:
         super().__init__(wrapped)
-        recording = _Recording(generation, accumulator)
+        recording = _Recording(model_call, accumulator)
         self._self_recording = recording
         self._self_iterator: Any = None
         _unfinished[id(recording)] = recording
@@ -246,7 +246,7 @@ class AsyncStream(_Proxy):
             self._self_abandon()
 
 
-StreamFactory = Callable[[Any, Generation], Any]
+StreamFactory = Callable[[Any, ModelCall], Any]
 
 
 def closes_inner_stream(attribute: str, *, is_async: bool = False) -> Callable[..., Any]:

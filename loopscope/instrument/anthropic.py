@@ -31,8 +31,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.elsewhere import recorded_elsewhere
-from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
+from ..recorder.adapter import (
+    ModelCall,
+    ModelRequest,
+    ModelResponse,
+    ToolResult,
+    recorded_elsewhere,
+    requested_call_span,
+    result_value,
+    wants_result,
+)
 from . import _read as r
 from ._calls import async_call, calling, sync_call
 from ._patch import Patch, wrap
@@ -86,7 +94,7 @@ def _tools(tools: Any) -> list[Any] | None:
 
 def _request(
     instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool | None = None
-) -> dict[str, Any]:
+) -> ModelRequest:
     results = []
     input_text = None
     for message in _sequence(kwargs.get("messages")) or ():
@@ -124,15 +132,15 @@ def _request(
         "service_tier": params.get("service_tier"),
         **r.server(instance),
     }
-    return {
-        "provider": PROVIDER,
-        "model": kwargs.get("model"),
-        "tools": _tools(kwargs.get("tools")),
-        "tool_results": results,
-        "input_text": input_text,
-        "stream": kwargs.get("stream") is True if stream is None else stream,
-        "request": {k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
-    }
+    return ModelRequest(
+        PROVIDER,
+        kwargs.get("model"),
+        tools=_tools(kwargs.get("tools")),
+        tool_results=results,
+        input_text=input_text,
+        stream=kwargs.get("stream") is True if stream is None else stream,
+        parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
+    )
 
 
 # -- the response -----------------------------------------------------------------------
@@ -151,7 +159,7 @@ def _usage(usage: Any) -> dict[str, int]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _finish_message(message: Any, generation: Generation) -> None:
+def _finish_message(message: Any, model_call: ModelCall) -> None:
     texts: list[str] = []
     thinking: list[str] = []
     calls = []
@@ -164,14 +172,16 @@ def _finish_message(message: Any, generation: Generation) -> None:
             calls.append(ToolCall(id=str(r.get(block, "id")), name=str(r.get(block, "name")), arguments=arguments))
         elif kind == "thinking":
             thinking.append(r.get(block, "thinking") or "")
-    generation.finish(
-        text="".join(texts) or None,
-        tool_calls=calls,
-        usage=_usage(r.get(message, "usage")),
-        finish_reason=r.get(message, "stop_reason"),
-        response_id=r.get(message, "id"),
-        model=r.get(message, "model"),
-        thinking="\n".join(t for t in thinking if t) or None,
+    model_call.finish(
+        ModelResponse(
+            text="".join(texts) or None,
+            tool_calls=calls,
+            usage=_usage(r.get(message, "usage")),
+            finish_reason=r.get(message, "stop_reason"),
+            response_id=r.get(message, "id"),
+            model=r.get(message, "model"),
+            thinking="\n".join(t for t in thinking if t) or None,
+        )
     )
 
 
@@ -187,15 +197,15 @@ class _Events:
         self.response_id: str | None = None
         self.model: str | None = None
 
-    def add(self, event: Any, generation: Generation) -> None:
+    def add(self, event: Any, model_call: ModelCall) -> None:
         kind = r.get(event, "type")
         if kind == "content_block_delta":
             delta = r.get(event, "delta")
             delta_kind = r.get(delta, "type")
             if delta_kind == "text_delta":
-                generation.delta(r.get(delta, "text") or "")
+                model_call.delta(r.get(delta, "text") or "")
                 return
-            generation.first_chunk()
+            model_call.first_chunk()
             slot = self.blocks.get(r.get(event, "index"))
             if slot is None:
                 return
@@ -215,9 +225,9 @@ class _Events:
                 "thinking": [r.get(block, "thinking") or ""],
             }
             if block_kind == "text" and r.get(block, "text"):
-                generation.delta(r.get(block, "text"))
+                model_call.delta(r.get(block, "text"))
             elif block_kind != "text":
-                generation.first_chunk()
+                model_call.first_chunk()
         elif kind == "message_start":
             message = r.get(event, "message")
             self.response_id = r.get(message, "id")
@@ -228,9 +238,9 @@ class _Events:
             # the counts of message_delta are totals: they replace those of message_start
             self.usage.update(_usage(r.get(event, "usage")))
         elif kind == "message_stop":
-            self.finish(generation)  # complete now, even if the reader stops before the stream's end
+            self.finish(model_call)  # complete now, even if the reader stops before the stream's end
 
-    def finish(self, generation: Generation) -> None:
+    def finish(self, model_call: ModelCall) -> None:
         calls = []
         thinking = []
         for _, slot in sorted(self.blocks.items(), key=lambda item: item[0] if isinstance(item[0], int) else 0):
@@ -240,32 +250,34 @@ class _Events:
                 calls.append(ToolCall(id=str(slot["id"]), name=str(slot["name"]), arguments=arguments))
             elif slot["type"] == "thinking":
                 thinking.append("".join(slot["thinking"]))
-        generation.finish(
-            tool_calls=calls,
-            usage=self.usage,
-            finish_reason=self.stop_reason,
-            response_id=self.response_id,
-            model=self.model,
-            thinking="\n".join(t for t in thinking if t) or None,
+        model_call.finish(
+            ModelResponse(
+                tool_calls=calls,
+                usage=self.usage,
+                finish_reason=self.stop_reason,
+                response_id=self.response_id,
+                model=self.model,
+                thinking="\n".join(t for t in thinking if t) or None,
+            )
         )
 
 
-def _deliver(result: Any, generation: Generation) -> Any:
+def _deliver(result: Any, model_call: ModelCall) -> Any:
     if isinstance(result, r.BaseModel):  # a parsed message (``hasattr`` on a model is slow)
-        _finish_message(result, generation)
+        _finish_message(result, model_call)
         return result
     import anthropic
 
     if isinstance(result, anthropic.Stream):
-        return SyncStream(result, generation, _Events())
+        return SyncStream(result, model_call, _Events())
     if isinstance(result, anthropic.AsyncStream):
-        return AsyncStream(result, generation, _Events())
+        return AsyncStream(result, model_call, _Events())
     if hasattr(result, "http_response") and hasattr(result, "parse"):
         from ._raw import RawResponse
 
         # ``with_raw_response`` / ``with_streaming_response``: read when the user parses it
-        return RawResponse(result, generation, lambda parsed: _deliver(parsed, generation))
-    _finish_message(result, generation)
+        return RawResponse(result, model_call, lambda parsed: _deliver(parsed, model_call))
+    _finish_message(result, model_call)
     return result
 
 
@@ -311,7 +323,7 @@ class _Awaited:
         return self._make().__await__()
 
 
-def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *_: Any) -> dict[str, Any]:
+def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *_: Any) -> ModelRequest:
     return _request(instance, args, kwargs, stream=True)
 
 
@@ -320,9 +332,9 @@ def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def _adopt_call_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``anthropic._base_client.start_api_call_span``: our round stands in for the SDK's span."""
-    generation = calling.get()
-    span = generation.round._span if generation is not None else None
-    if span is None:
+    model_call = calling.get()
+    context = model_call.span_context() if model_call is not None else None
+    if context is None:
         if recorded_elsewhere():
             # a framework's model-call span (pydantic-ai's) records this call: it stands in
             from opentelemetry.trace import NonRecordingSpan, get_current_span
@@ -331,7 +343,7 @@ def _adopt_call_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
         return wrapped(*args, **kwargs)
     from opentelemetry.trace import NonRecordingSpan
 
-    return NonRecordingSpan(span.get_span_context())
+    return NonRecordingSpan(context)
 
 
 # -- the beta tool runner's own spans ----------------------------------------------------------
@@ -351,8 +363,6 @@ def _no_runner_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
 
 def _tool_use_span(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``tool_use_span``: the tool runs under our pending call's span, not a second one."""
-    from ..recorder.stitch import requested_call_span
-
     call_id = kwargs.get("tool_use_id")
     span = requested_call_span(call_id) if isinstance(call_id, str) else None
     if span is None:

@@ -10,7 +10,7 @@ How runs become turns:
 
 - A chat model run is a round. Its turn is the one of the root run above it, once that
   root has one; else it is placed as the SDK adapters place a raw call
-  (:func:`~loopscope.recorder.stitch.begin_generation`): inside ``loopscope.turn(...)``
+  (:func:`~loopscope.recorder.adapter.start_model_call`): inside ``loopscope.turn(...)``
   it joins that turn; a request carrying ``ToolMessage`` results joins the turn that
   asked for those calls; anything else starts a turn. So a hand-written loop
   (``model.bind_tools(...).invoke`` -> tools -> ``ToolMessage`` -> model) is one turn,
@@ -46,10 +46,26 @@ from langchain_core.callbacks.base import BaseCallbackHandler
 from .. import _guard
 from .._guard import internal_error
 from ..models import LoopEndReason, ToolCall
-from ..recorder.context import current_round, current_turn, last_stitched
-from ..recorder.stitch import Generation, ToolResult, begin_generation, close_turn, result_value, wants_result
-from ..recorder.tool import ToolExecution
-from ..recorder.turn import Round, Turn, call_owners
+from ..recorder.adapter import (
+    ModelCall,
+    ModelRequest,
+    ModelResponse,
+    Round,
+    ToolExecution,
+    ToolResult,
+    Turn,
+    call_owner,
+    current_round,
+    current_turn,
+    end_tool,
+    end_turn,
+    last_stitched,
+    result_value,
+    start_model_call,
+    start_tool,
+    tool_turn,
+    wants_result,
+)
 from ._patch import Registration
 
 TARGET = "langchain_core"
@@ -74,7 +90,7 @@ class _Run:
         self.turn: Turn | None = None  # a root run's turn, once a model call or a tool placed it
         self.holds_turn = False  # the root run ends its turn (it did not find it open)
         self.last_round: Round | None = None  # a root run's latest model call
-        self.generation: Generation | None = None
+        self.generation: ModelCall | None = None
         self.round_token: Token[Round | None] | None = None
         self.streamed = False
         self.execution: ToolExecution | None = None
@@ -200,11 +216,11 @@ def _end_holding(run: _Run, exc: BaseException | None) -> None:
         if last is not None and any(turn.has_call(call.id) for call in last.tool_calls):
             last_stitched.set(turn)  # a tool run next, by hand or decorated, serves those calls
             return
-        close_turn(turn)
+        end_turn(turn)
     elif isinstance(exc, GeneratorExit):
-        close_turn(turn, LoopEndReason.CANCELLED)
+        end_turn(turn, LoopEndReason.CANCELLED)
     else:
-        close_turn(turn, None, exc)
+        end_turn(turn, None, exc)
 
 
 class LoopscopeCallbackHandler(BaseCallbackHandler):
@@ -318,17 +334,19 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
         hand = current_turn.get()
         token = current_turn.set(joined) if joined is not None else None
         try:
-            generation = begin_generation(
-                provider=str(metadata.get("ls_provider") or params.get("_type") or FRAMEWORK),
-                model=params.get("model") or params.get("model_name") or metadata.get("ls_model_name"),
-                tools=tools if isinstance(tools, list) and tools else None,
-                tool_results=results,
-                input_text=input_text,
-                stream=bool(params.get("stream")),
-                request=_request(params, metadata),
-                framework=FRAMEWORK,
-                agent=root.agent,
-                caller_ends_turn=in_chain,
+            generation = start_model_call(
+                ModelRequest(
+                    provider=str(metadata.get("ls_provider") or params.get("_type") or FRAMEWORK),
+                    model=params.get("model") or params.get("model_name") or metadata.get("ls_model_name"),
+                    tools=tools if isinstance(tools, list) and tools else None,
+                    tool_results=results,
+                    input_text=input_text,
+                    stream=bool(params.get("stream")),
+                    parameters=_request(params, metadata),
+                    framework=FRAMEWORK,
+                    agent=root.agent,
+                    caller_ends_turn=in_chain,
+                )
             )
         finally:
             if token is not None:
@@ -342,7 +360,7 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
                 root.holds_turn = True  # a run that calls the model ends its turn (not a hand turn)
         run.generation = generation
         root.last_round = generation.round
-        # An SDK adapter that fills this round sets ``eager`` (begin_generation marks every
+        # An SDK adapter that fills this round sets ``eager`` (start_model_call marks every
         # round it fills so): unset now, it tells at the end who read the response.
         generation.round.eager = False
         if params.get("stream"):
@@ -427,20 +445,14 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
             name = str(spec.get("name") or kwargs.get("name") or "")
             call_id = kwargs.get("tool_call_id")
             call_id = str(call_id) if call_id else None
-            turn = call_owners.get(call_id) if call_id is not None else None
+            turn = call_owner(call_id) if call_id is not None else None
             if turn is None and root is not run and root.turn is not None and not root.turn.ended:
                 turn = root.turn
             arguments = inputs if inputs is not None else result_value(input_str)
-            execution = ToolExecution(name, arguments, call_id, spec.get("description"))
-            token = current_turn.set(turn) if turn is not None else None
-            try:
-                execution._start()
-            finally:
-                if token is not None:
-                    current_turn.reset(token)
+            execution = start_tool(name, arguments, call_id, spec.get("description"), turn=turn)
             run.execution = execution
-            if root is not run and root.turn is None and execution._turn is not None:
-                root.turn = execution._turn  # a model call later in this run joins it
+            if root is not run and root.turn is None and tool_turn(execution) is not None:
+                root.turn = tool_turn(execution)  # a model call later in this run joins it
         except Exception:
             internal_error("langchain tool start")
 
@@ -457,7 +469,7 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
                     execution.fail(text or "the tool reported an error")
             else:
                 execution.result = output
-            execution._finish(None)
+            end_tool(execution)
         except Exception:
             internal_error("langchain tool end")
 
@@ -465,12 +477,12 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
         try:
             run = self._runs.pop(run_id, None)
             if run is not None and run.execution is not None:
-                run.execution._finish(error)
+                end_tool(run.execution, error)
         except Exception:
             internal_error("langchain tool error")
 
 
-def _finish(generation: Generation, response: Any) -> None:
+def _finish(generation: ModelCall, response: Any) -> None:
     """Finish a round from LangChain's result (no SDK adapter read the response)."""
     generations = getattr(response, "generations", None) or []
     first = generations[0][0] if generations and generations[0] else None
@@ -479,7 +491,7 @@ def _finish(generation: Generation, response: Any) -> None:
     info = getattr(first, "generation_info", None) or {}
     if message is None:  # a completion model: text only
         text = getattr(first, "text", None)
-        generation.finish(text=text, usage=_usage(None, llm_output), finish_reason=info.get("finish_reason"))
+        generation.finish(ModelResponse(text=text, usage=_usage(None, llm_output), finish_reason=info.get("finish_reason")))
         return
     content = getattr(message, "content", None)
     meta = getattr(message, "response_metadata", None) or {}
@@ -489,13 +501,15 @@ def _finish(generation: Generation, response: Any) -> None:
         if isinstance(call, dict)
     ]
     generation.finish(
-        text=_text(content),
-        tool_calls=calls,
-        usage=_usage(message, llm_output),
-        finish_reason=meta.get("finish_reason") or meta.get("stop_reason") or info.get("finish_reason"),
-        response_id=meta.get("id") or (llm_output.get("id") if isinstance(llm_output, dict) else None),
-        model=meta.get("model_name") or meta.get("model"),
-        thinking=_thinking(content),
+        ModelResponse(
+            text=_text(content),
+            tool_calls=calls,
+            usage=_usage(message, llm_output),
+            finish_reason=meta.get("finish_reason") or meta.get("stop_reason") or info.get("finish_reason"),
+            response_id=meta.get("id") or (llm_output.get("id") if isinstance(llm_output, dict) else None),
+            model=meta.get("model_name") or meta.get("model"),
+            thinking=_thinking(content),
+        )
     )
 
 

@@ -24,8 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._guard import internal_error
-from ..recorder.stitch import result_value
-from ..recorder.tool import ToolExecution, running_tool
+from ..recorder.adapter import ToolExecution, end_tool, result_value, running_tool, start_tool
 from ._patch import Patch, wrap
 
 TARGET = "mcp"
@@ -78,9 +77,7 @@ def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolExecution | Non
         name, arguments = _call(args, kwargs)
         if running_tool() == name:
             return None  # the tool being recorded is this call
-        execution = ToolExecution(name, arguments)
-        execution._start()
-        return execution
+        return start_tool(name, arguments)
     except Exception:
         internal_error("mcp tool start")
         return None
@@ -94,10 +91,10 @@ def _call_tool(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...]
         try:
             result = await wrapped(*args, **kwargs)
         except BaseException as exc:
-            execution._finish(exc)
+            end_tool(execution, exc)
             raise
         _deliver(execution, result)
-        execution._finish(None)
+        end_tool(execution)
         return result
 
     return run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.stitch import Generation, ToolResult, result_value, wants_result
+from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -18,7 +18,7 @@ PROVIDER = "openai"
 # -- Chat Completions -----------------------------------------------------------------
 
 
-def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     messages = r.items(kwargs, "messages") or []
     results = []
     input_text = None
@@ -37,15 +37,15 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             input_text = content if type(content) is str else r.text_of(content)
     request = _parameters(kwargs)
     request.update(r.server(instance))
-    return {
-        "provider": PROVIDER,
-        "model": kwargs.get("model"),
-        "tools": _function_tools(r.items(kwargs, "tools")),
-        "tool_results": results,
-        "input_text": input_text,
-        "stream": bool(kwargs.get("stream")),
-        "request": request,
-    }
+    return ModelRequest(
+        PROVIDER,
+        kwargs.get("model"),
+        _function_tools(r.items(kwargs, "tools")),
+        results,
+        input_text,
+        bool(kwargs.get("stream")),
+        request,
+    )
 
 
 _PARAMETERS = (  # the request's parameters, in the order their span attributes take
@@ -125,9 +125,9 @@ def _chat_usage(usage: Any) -> dict[str, int]:
     return out
 
 
-def _finish_completion(completion: Any, generation: Generation) -> None:
+def _finish_completion(completion: Any, model_call: ModelCall) -> None:
     if isinstance(completion, r.BaseModel):
-        return _finish_model(completion, generation)
+        return _finish_model(completion, model_call)
     choices = r.get(completion, "choices") or []
     choice = choices[0] if choices else None
     message = r.get(choice, "message")
@@ -136,26 +136,28 @@ def _finish_completion(completion: Any, generation: Generation) -> None:
         function = r.get(call, "function")
         if function is not None:
             calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
-    generation.finish(
-        text=r.get(message, "content") or r.get(message, "refusal"),
-        tool_calls=calls,
-        usage=_chat_usage(r.get(completion, "usage")),
-        finish_reason=r.get(choice, "finish_reason"),
-        response_id=r.get(completion, "id"),
-        model=r.get(completion, "model"),
+    model_call.finish(
+        ModelResponse(
+            text=r.get(message, "content") or r.get(message, "refusal"),
+            tool_calls=calls,
+            usage=_chat_usage(r.get(completion, "usage")),
+            finish_reason=r.get(choice, "finish_reason"),
+            response_id=r.get(completion, "id"),
+            model=r.get(completion, "model"),
+        )
     )
 
 
-def _finish_model(completion: Any, generation: Generation) -> None:
+def _finish_model(completion: Any, model_call: ModelCall) -> None:
     """:func:`_finish_completion` for the SDK's response model: its fields are attributes
     (``r.get`` is ``getattr`` for them), read without a Python call each."""
     choices = getattr(completion, "choices", None) or []
     choice = choices[0] if choices else None
     if type(choice) is dict:
-        return _finish_completion(dict(completion), generation)  # not the SDK's own shape: the general way
+        return _finish_completion(dict(completion), model_call)  # not the SDK's own shape: the general way
     message = getattr(choice, "message", None)
     if type(message) is dict:
-        return _finish_completion(dict(completion), generation)
+        return _finish_completion(dict(completion), model_call)
     calls = []
     for call in getattr(message, "tool_calls", None) or []:
         if type(call) is dict:
@@ -168,13 +170,15 @@ def _finish_model(completion: Any, generation: Generation) -> None:
             else:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
             calls.append(ToolCall(id=str(call_id), name=str(name), arguments=r.arguments(arguments)))
-    generation.finish(
-        text=getattr(message, "content", None) or getattr(message, "refusal", None),
-        tool_calls=calls,
-        usage=_chat_usage(getattr(completion, "usage", None)),
-        finish_reason=getattr(choice, "finish_reason", None),
-        response_id=getattr(completion, "id", None),
-        model=getattr(completion, "model", None),
+    model_call.finish(
+        ModelResponse(
+            text=getattr(message, "content", None) or getattr(message, "refusal", None),
+            tool_calls=calls,
+            usage=_chat_usage(getattr(completion, "usage", None)),
+            finish_reason=getattr(choice, "finish_reason", None),
+            response_id=getattr(completion, "id", None),
+            model=getattr(completion, "model", None),
+        )
     )
 
 
@@ -188,11 +192,11 @@ class _ChatChunks:
         self.response_id: str | None = None
         self.model: str | None = None
 
-    def add(self, chunk: Any, generation: Generation) -> None:
+    def add(self, chunk: Any, model_call: ModelCall) -> None:
         """One chunk; the SDK's own chunk model read directly, without a further frame per
         chunk (its fields are attributes: ``r.get`` is ``getattr`` for them)."""
         if type(chunk) is not _chunk_type:
-            return self._add_general(chunk, generation)
+            return self._add_general(chunk, model_call)
         if not self.response_id:
             self.response_id = getattr(chunk, "id", None)
         if not self.model:
@@ -203,37 +207,37 @@ class _ChatChunks:
         for choice in getattr(chunk, "choices", None) or ():
             delta = getattr(choice, "delta", None)
             if type(choice) is dict or type(delta) is dict:
-                self._add_choice(choice, generation)
+                self._add_choice(choice, model_call)
                 continue
             if getattr(choice, "index", 0) != 0:
                 continue
             content = getattr(delta, "content", None)
             if content:
-                generation.round.text_delta(content)  # Generation.delta without its frame
+                model_call.round.text_delta(content)  # ModelCall.delta without its frame
             if getattr(delta, "tool_calls", None):
-                self._add_choice_calls(delta, generation)
+                self._add_choice_calls(delta, model_call)
             reason = getattr(choice, "finish_reason", None)
             if reason:
                 self.finish_reason = reason
 
-    def _add_general(self, chunk: Any, generation: Generation) -> None:
+    def _add_general(self, chunk: Any, model_call: ModelCall) -> None:
         self.response_id = self.response_id or r.get(chunk, "id")
         self.model = self.model or r.get(chunk, "model")
         usage = r.get(chunk, "usage")
         if usage is not None:
             self.usage = _chat_usage(usage)
         for choice in r.get(chunk, "choices") or []:
-            self._add_choice(choice, generation)
+            self._add_choice(choice, model_call)
 
-    def _add_choice(self, choice: Any, generation: Generation) -> None:
+    def _add_choice(self, choice: Any, model_call: ModelCall) -> None:
         if r.get(choice, "index", 0) != 0:
             return
         delta = r.get(choice, "delta")
         content = r.get(delta, "content")
         if content:
-            generation.delta(content)
+            model_call.delta(content)
         for part in r.get(delta, "tool_calls") or []:
-            generation.first_chunk()
+            model_call.first_chunk()
             slot = self.calls.setdefault(r.get(part, "index", 0), {"id": None, "name": "", "arguments": []})
             slot["id"] = slot["id"] or r.get(part, "id")
             function = r.get(part, "function")
@@ -244,7 +248,7 @@ class _ChatChunks:
         if r.get(choice, "finish_reason"):
             self.finish_reason = r.get(choice, "finish_reason")
 
-    def _add_choice_calls(self, delta: Any, generation: Generation) -> None:
+    def _add_choice_calls(self, delta: Any, model_call: ModelCall) -> None:
         for part in getattr(delta, "tool_calls", None) or ():
             if type(part) is dict:
                 get = part.get
@@ -255,7 +259,7 @@ class _ChatChunks:
                 name, arguments = function.get("name"), function.get("arguments")
             else:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
-            generation.first_chunk()
+            model_call.first_chunk()
             slot = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
             if not slot["id"]:
                 slot["id"] = call_id
@@ -264,12 +268,12 @@ class _ChatChunks:
             if arguments:
                 slot["arguments"].append(arguments)
 
-    def finish(self, generation: Generation) -> None:
+    def finish(self, model_call: ModelCall) -> None:
         calls = [
             ToolCall(id=str(slot["id"]), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
             for _, slot in sorted(self.calls.items())
         ]
-        generation.finish(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model)
+        model_call.finish(ModelResponse(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model))
 
 
 try:
@@ -278,34 +282,34 @@ except ImportError:  # pragma: no cover - an SDK without it: every chunk the gen
     _chunk_type = None
 
 
-def _deliver_chat(result: Any, generation: Generation) -> Any:
-    return _deliver(result, generation, _finish_completion, _ChatChunks)
+def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
+    return _deliver(result, model_call, _finish_completion, _ChatChunks)
 
 
 # -- shared delivery ------------------------------------------------------------------
 
 
-def _deliver(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+def _deliver(result: Any, model_call: ModelCall, finish_one: Any, chunks: Any) -> Any:
     if isinstance(result, r.BaseModel):  # a parsed response: by far the most common (and
-        finish_one(result, generation)  # ``hasattr`` on a model for what it lacks is slow)
+        finish_one(result, model_call)  # ``hasattr`` on a model for what it lacks is slow)
         return result
     import openai
 
     if isinstance(result, openai.Stream):
-        return SyncStream(result, generation, chunks())
+        return SyncStream(result, model_call, chunks())
     if isinstance(result, openai.AsyncStream):
-        return AsyncStream(result, generation, chunks())
+        return AsyncStream(result, model_call, chunks())
     if hasattr(result, "http_response") and hasattr(result, "parse"):
-        return _raw_response(result, generation, finish_one, chunks)
-    finish_one(result, generation)
+        return _raw_response(result, model_call, finish_one, chunks)
+    finish_one(result, model_call)
     return result
 
 
-def _raw_response(result: Any, generation: Generation, finish_one: Any, chunks: Any) -> Any:
+def _raw_response(result: Any, model_call: ModelCall, finish_one: Any, chunks: Any) -> Any:
     """``with_raw_response`` calls: the body is read when the user parses it."""
     from ._raw import RawResponse
 
-    return RawResponse(result, generation, lambda parsed: _deliver(parsed, generation, finish_one, chunks))
+    return RawResponse(result, model_call, lambda parsed: _deliver(parsed, model_call, finish_one, chunks))
 
 
 # -- patching -------------------------------------------------------------------------

@@ -37,20 +37,31 @@ import asyncio
 import sys
 import weakref
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from agents.tracing import TracingProcessor
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 
-from .. import pipeline
 from .._guard import internal_error
 from ..models import LoopEndReason, ToolCall
-from ..recorder.context import current_round, current_session, current_turn
-from ..recorder.tool import ToolExecution
-from ..recorder.turn import Round, Turn
+from ..recorder.adapter import (
+    Entered,
+    Round,
+    ToolExecution,
+    Turn,
+    current_session,
+    current_turn,
+    end_round,
+    end_tool,
+    end_turn,
+    enter,
+    leave,
+    open_round,
+    open_turn,
+    serve_call,
+    start_tool,
+)
 from . import _read as r
 from ._openai_responses import _finish_reason, _read_input, _read_output, _usage
 from ._patch import Patch, Registration, wrap
@@ -205,7 +216,7 @@ class _Open:
     __slots__ = ("agent", "record", "tokens", "ambient", "last_round", "handed_off")
 
     def __init__(self, agent: _Open | None, record: Turn | Round | ToolExecution | None = None,
-                 tokens: tuple[Token[Any], object] | None = None, ambient: BaseException | None = None) -> None:
+                 tokens: Entered | None = None, ambient: BaseException | None = None) -> None:
         self.agent = agent if agent is not None else self  # the entry of the agent span it runs under
         self.record = record
         self.tokens = tokens  # what the span set in its context
@@ -227,22 +238,6 @@ def _in_flight(ambient: BaseException | None) -> BaseException | None:
     """
     exc = sys.exc_info()[1]
     return None if exc is None or exc is ambient else exc
-
-
-def _attach(var: ContextVar[Any], value: Any, span: Any) -> tuple[Token[Any], object] | None:
-    if span is None:
-        return None
-    return var.set(value), otel_context.attach(trace.set_span_in_context(span))
-
-
-def _reset(tokens: tuple[Token[Any], object] | None, var: ContextVar[Any]) -> None:
-    if tokens is None:
-        return
-    try:
-        var.reset(tokens[0])
-    except ValueError:
-        return  # the span ended in another context (a generator closed elsewhere): nothing of ours to undo here
-    otel_context.detach(tokens[1])  # type: ignore[arg-type]
 
 
 class AgentSpanError(Exception):
@@ -337,27 +332,18 @@ class LoopscopeProcessor(TracingProcessor):
             or (start.session if start is not None else None)
             or str(span.trace_id)
         )
-        turn = Turn(
-            pipeline.tracer(),
-            session_id=session,
-            agent=data.name or None,
-            tools=None,
-            input=text,
-            input_blocked=False,
-            model=model,
-            provider=None,
+        turn = open_turn(
             framework=FRAMEWORK,
-            correlation_id=None,
+            agent=data.name or None,
+            input=text,
+            model=model,
+            session_id=session,
             streaming=streaming,
+            parent=parent,
         )
-        token = current_turn.set(parent)
-        try:
-            turn._start(attach=False)
-        finally:
-            current_turn.reset(token)
         entry = _Open(None, turn, None, sys.exc_info()[1])
         # the current turn of the context the agent runs in: model calls, tools and nested runs join it
-        entry.tokens = _attach(current_turn, turn, turn._span)
+        entry.tokens = enter(turn)
         return entry
 
     def _end_turn(self, span: Any, entry: _Open) -> None:
@@ -365,12 +351,12 @@ class LoopscopeProcessor(TracingProcessor):
 
         turn = entry.turn
         exc = _in_flight(entry.ambient)
-        _reset(entry.tokens, current_turn)
+        leave(entry.tokens)  # False: it ended in another context (a generator closed elsewhere)
         if isinstance(exc, MaxTurnsExceeded) or (exc is None and r.get(span.error, "message") == MAX_TURNS_MESSAGE):
             turn.end(LoopEndReason.MAX_ROUNDS)
         elif exc is None and entry.handed_off:
             turn.end(LoopEndReason.COMPLETED)  # its part is done: the next agent answers
-        turn._finish(exc)
+        end_turn(turn, None, exc)
 
     # -- response / generation spans: rounds -------------------------------------------
 
@@ -382,33 +368,28 @@ class LoopscopeProcessor(TracingProcessor):
         # Responses and the SDK's Chat Completions model talk to OpenAI's API; LiteLLM and
         # any-llm name their implementation (and any-llm its provider) in the model config
         provider = r.get(config, "provider") if r.get(config, "model_impl") else PROVIDER
-        rnd = Round(turn, model if isinstance(model, str) else None, provider, None, turn.streaming)
-        rnd._start(attach=False)
+        rnd = open_round(turn, model=model if isinstance(model, str) else None, provider=provider, stream=turn.streaming)
         owner.agent.last_round = rnd
         # the current round while the SDK calls the model: the openai adapter fills it
-        return _Open(owner.agent, rnd, _attach(current_round, rnd, rnd._span), sys.exc_info()[1])
+        return _Open(owner.agent, rnd, enter(rnd), sys.exc_info()[1])
 
     def _end_round(self, span: Any, entry: _Open) -> None:
         rnd = entry.record
         assert isinstance(rnd, Round)
         exc = _in_flight(entry.ambient)
-        _reset(entry.tokens, current_round)
+        leave(entry.tokens)
         if not rnd.eager:  # no model call adapter reported this call: read the span's data
             _fill_round(rnd, span.span_data)
         rnd.eager = False  # the SDK runs the tools itself: each call starts when its function span does
         if exc is None and span.error:
             exc = AgentSpanError(_span_error_text(span.error))
-        rnd._finish(exc)
+        end_round(rnd, exc)
 
     # -- function spans: tool calls ----------------------------------------------------
 
     def _start_tool(self, span: Any, owner: _Open) -> _Open:
-        execution = ToolExecution(str(span.span_data.name))
-        token = current_turn.set(owner.turn)  # serve the call of this agent's turn, whatever the context holds
-        try:
-            execution._start()
-        finally:
-            current_turn.reset(token)
+        # serve the call of this agent's turn, whatever the context holds
+        execution = start_tool(str(span.span_data.name), turn=owner.turn)
         return _Open(owner.agent, execution, None, sys.exc_info()[1])
 
     def _end_tool(self, span: Any, entry: _Open) -> None:
@@ -422,7 +403,7 @@ class LoopscopeProcessor(TracingProcessor):
             execution.fail(_span_error_text(span.error))
             if not isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
                 exc = None  # the span's error says what failed (the exception is the SDK's wrapper of it)
-        execution._finish(exc)
+        end_tool(execution, exc)
 
     # -- handoff spans -----------------------------------------------------------------
 
@@ -436,7 +417,7 @@ class LoopscopeProcessor(TracingProcessor):
         target = getattr(span.span_data, "to_agent", None)
         for call in rnd.tool_calls if rnd is not None else ():
             if call.name in names and turn.has_call(call.id):
-                turn.end_call(call.id, {"assistant": target})
+                serve_call(turn, call.id, {"assistant": target})
                 return
 
 

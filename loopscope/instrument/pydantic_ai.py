@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from ..recorder.elsewhere import defer_to
+from ..recorder.adapter import defer_model_calls_to
 from .._guard import internal_error
 from ._patch import Registration
 
@@ -102,7 +102,7 @@ def _instrument_all() -> Registration | None:
 
 
 def patch() -> list[Registration]:
-    patches = [Registration(defer_to(SCOPE))]
+    patches = [Registration(defer_model_calls_to(SCOPE))]
     instrumented = _instrument_all()
     if instrumented is not None:
         patches.append(instrumented)

@@ -43,7 +43,7 @@ from roomkit.telemetry.noop import NoopTelemetryProvider
 
 from .. import pipeline
 from .._guard import internal_error
-from ..recorder.tool import ToolExecution, reported_elsewhere
+from ..recorder.adapter import ToolExecution, report_own_tool_calls
 from ._patch import Patch, Registration, wrap
 from ._roomkit_turn import RoomKitTurn
 
@@ -551,7 +551,7 @@ def patch() -> list[Patch | Registration]:
         if done is not None:
             patches.append(done)
     patches.append(Registration(_detach_all))
-    patches.append(Registration(reported_elsewhere(_reports_itself)))
+    patches.append(Registration(report_own_tool_calls(_reports_itself)))
     _on = True
     for kit in list(_teed_kits):  # built while an earlier instrument() was on: recorded again
         try:

@@ -23,15 +23,26 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
 
-from opentelemetry import context as otel_context
-
-from .. import pipeline
 from .._guard import internal_error
 from ..models import LoopEndReason, ToolCall
-from ..recorder.context import current_session, current_turn
-from ..recorder.stitch import StreamClosed, result_value
-from ..recorder.tool import ToolExecution
-from ..recorder.turn import Round, Turn, _new_id
+from ..recorder.adapter import (
+    Entered,
+    Round,
+    StreamClosed,
+    ToolExecution,
+    Turn,
+    current_session,
+    end_round,
+    end_tool,
+    end_turn,
+    enter,
+    leave,
+    new_id,
+    open_round,
+    open_turn,
+    result_value,
+    start_tool,
+)
 from ._patch import Patch, wrap
 
 TARGET = "toolnexus"
@@ -57,35 +68,34 @@ class _Run:
 
     # -- context: set only while toolnexus's own code runs ---------------------------------
 
-    def enter(self) -> tuple[Token[_Run | None], Token[Turn | None], object]:
-        ctx = self.turn._context()
-        return (
-            _active.set(self),
-            current_turn.set(self.turn),
-            otel_context.attach(ctx if ctx is not None else otel_context.get_current()),
-        )
+    def enter(self) -> tuple[Token[_Run | None], Entered | None]:
+        return _active.set(self), enter(self.turn)
 
     @staticmethod
-    def exit(tokens: tuple[Token[_Run | None], Token[Turn | None], object]) -> None:
-        otel_context.detach(tokens[2])
-        current_turn.reset(tokens[1])
+    def exit(tokens: tuple[Token[_Run | None], Entered | None]) -> None:
+        leave(tokens[1])
         _active.reset(tokens[0])
 
     # -- rounds ------------------------------------------------------------------------------
 
     def open_round(self, model: Any, tools: Any) -> None:
         self.finish_round()  # a streamed round not finished yet
-        rnd = Round(self.turn, model if isinstance(model, str) else None, self.provider, tools or None, self.stream)
         # a run's hooks run in its own task: the round can be current for the model call
         # (an SDK call under it fills it); a stream's rounds end wherever the next event is
-        rnd._start(attach=not self.stream)
-        self.round = rnd
+        self.round = open_round(
+            self.turn,
+            model=model if isinstance(model, str) else None,
+            provider=self.provider,
+            tools=tools or None,
+            stream=self.stream,
+            current=not self.stream,
+        )
 
     def finish_round(self, exc: BaseException | None = None) -> None:
         rnd, self.round = self.round, None
         self.round_awaits_finish = False
         if rnd is not None:
-            rnd._finish(exc)
+            end_round(rnd, exc)
 
     def close(self, result: Any, exc: BaseException | None) -> None:
         """End what is still open, then the turn (a stream closed early: cancelled)."""
@@ -93,17 +103,20 @@ class _Run:
         self.finish_round(StreamClosed("the stream was closed before it ended") if closed else exc)
         calls, self.calls = self.calls, {}
         for execution in calls.values():
-            execution._token = None  # attached in the tool's task, which is gone
-            if exc is None:
-                execution._outcome, execution._error = "unserved", "the run ended before the tool returned (suspended)"
-            execution._finish(asyncio.CancelledError() if closed else exc)
+            end_tool(
+                execution,
+                asyncio.CancelledError() if closed else exc,
+                outcome="unserved" if exc is None else None,
+                error="the run ended before the tool returned (suspended)" if exc is None else None,
+                context_gone=True,  # attached in the tool's task, which is gone
+            )
         turn = self.turn
         if exc is not None:
             if closed or (_RunCancelled is not None and isinstance(exc, _RunCancelled)):
                 turn.end(LoopEndReason.CANCELLED)
         elif getattr(result, "status", None) == "incomplete" and getattr(result, "limit", None) == "maxTurns":
             turn.end(LoopEndReason.MAX_ROUNDS)
-        turn._finish(None if closed else exc)
+        end_turn(turn, None, None if closed else exc)
 
 
 _active: ContextVar[_Run | None] = ContextVar("loopscope_toolnexus_run", default=None)
@@ -243,8 +256,7 @@ def _before_tool(run: _Run, event: Mapping[str, Any], override: Any) -> None:
     name, call_id, arguments = str(event.get("name") or ""), event.get("id"), event.get("args")
     if isinstance(override, Mapping) and override.get("args") is not None:
         arguments = override["args"]
-    execution = ToolExecution(name, arguments, str(call_id) if call_id is not None else None)
-    execution._start()
+    execution = start_tool(name, arguments, str(call_id) if call_id is not None else None)
     _in_tool.set(execution.call_id)  # this task runs the tool (see _end_tool)
     if isinstance(override, Mapping) and override.get("result") is not None:
         # the application's hook answered for the tool: that is the call's result
@@ -264,16 +276,16 @@ def _after_tool(run: _Run, event: Mapping[str, Any], override: Any) -> None:
 
 
 def _end_tool(execution: ToolExecution, result: Any, outcome: str = "failed") -> None:
-    if _in_tool.get() != execution.call_id:
-        # ended elsewhere than in the task that ran the tool (a suspension resolved by the
-        # run itself): the span's context stays with that task, which is gone
-        execution._token = None
+    # ended elsewhere than in the task that ran the tool (a suspension resolved by the run
+    # itself): the span's context stays with that task, which is gone
+    context_gone = _in_tool.get() != execution.call_id
     value, is_error = _result_of(result)
-    execution.result = value
     if is_error:
         text = value if isinstance(value, str) else str(value)
-        execution._outcome, execution._error = outcome, text if len(text) <= 500 else text[:500] + "…"
-    execution._finish(None)
+        error = text if len(text) <= 500 else text[:500] + "…"
+        end_tool(execution, result=value, outcome=outcome, error=error, context_gone=context_gone)
+    else:
+        end_tool(execution, result=value, context_gone=context_gone)
 
 
 def _settle(run: _Run, messages: Any) -> None:
@@ -388,20 +400,14 @@ def _begin(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: b
         # a stream with an id is a stored conversation, as ask's is (see _ask_wrapper)
         session = str(kwargs["id"]) if stream and kwargs.get("id") else None
         model = getattr(client, "model", None)
-        turn = Turn(
-            pipeline.tracer(),
-            session_id=session,
-            agent=None,
-            tools=None,
+        turn = open_turn(
+            framework=FRAMEWORK,
             input=_text_of(prompt),
-            input_blocked=False,
             model=model if isinstance(model, str) else None,
             provider=_provider(client),
-            framework=FRAMEWORK,
-            correlation_id=None,
+            session_id=session,
             streaming=stream,
         )
-        turn._start(attach=False)
         style = getattr(client, "style", None)
         return _Run(turn, turn.provider or "openai", style if isinstance(style, str) else "openai", stream)
     except Exception:
@@ -511,7 +517,7 @@ def _send_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, .
     try:
         session = _conversations.get(instance)
         if session is None:
-            session = _conversations[instance] = _new_id()
+            session = _conversations[instance] = new_id()
     except Exception:
         internal_error("toolnexus conversation")
         return wrapped(*args, **kwargs)

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .state import state_delta, state_snapshot
-from .stitch import ToolResult, session
+from .records import ToolResult
+from .stitch import session
 from .tool import ToolExecution, tool
 from .turn import Round, Turn
 

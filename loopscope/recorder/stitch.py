@@ -16,31 +16,26 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from .. import _json, pipeline
 from .._guard import internal_error
 from ..models import LoopEndReason
+from ._spans import attach_span
 from .context import current_round, current_session, current_turn, last_stitched
 from .declared import tool_set
+from .records import ModelRequest, ModelResponse
 from .turn import Round, Turn, call_owners, served_owners
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
 
 DEFAULT_IDLE_TIMEOUT = 300.0
 
 
 class StreamClosed(Exception):
     """The application stopped reading a stream before it ended."""
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """A tool result an application sends back to the model in a request."""
-
-    call_id: str
-    content: Any
-    is_error: bool = False
 
 
 @contextlib.contextmanager
@@ -131,8 +126,11 @@ pipeline.on_shutdown(close_all)
 atexit.register(close_all)  # registered after the writer's: runs before it, so these turns are stored
 
 
-class Generation:
-    """One model call as an adapter reports it: delta text, then finish or fail."""
+_NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
+
+
+class ModelCall:
+    """One model call as an adapter reports it: delta text, then finish, fail or abandon (once)."""
 
     __slots__ = ("turn", "round", "_owns_round", "_stitched", "_done")
 
@@ -142,6 +140,19 @@ class Generation:
         self._owns_round = owns_round
         self._stitched = stitched_turn
         self._done = False
+
+    def attach(self) -> object | None:
+        """Make the call's ``chat`` span the current span (the SDK's own spans and HTTP
+        spans nest under it); the token for :func:`~loopscope.recorder.adapter.detach`,
+        or None when there is no span to attach."""
+        span = self.round._span
+        return attach_span(span) if span is not None else None
+
+    def span_context(self) -> SpanContext | None:
+        """The span context of the call's ``chat`` span (None if it has none): an SDK
+        span the call stands in for takes it."""
+        span = self.round._span
+        return span.get_span_context() if span is not None else None
 
     def delta(self, text: str) -> None:
         """A chunk of streamed text."""
@@ -154,24 +165,31 @@ class Generation:
         if rnd._first_chunk_ns is None:
             rnd._first_chunk_ns = time.monotonic_ns()
 
-    def finish(
-        self,
-        *,
-        text: str | None = None,
-        tool_calls: Iterable[Any] | None = None,
-        usage: Mapping[str, int] | None = None,
-        finish_reason: str | None = None,
-        response_id: str | None = None,
-        model: str | None = None,
-        thinking: str | None = None,
-    ) -> None:
+    def chunk_seen(self) -> bool:
+        """Whether a streamed chunk has been reported (the time to first chunk is set)."""
+        return self.round._first_chunk_ns is not None
+
+    def date_first_chunk(self, monotonic_ns: int) -> None:
+        """The first chunk reached the application at ``monotonic_ns`` (``time.monotonic_ns``),
+        not when the adapter read it: a stream proxy that reads chunks in batches says so."""
+        self.round._first_chunk_ns = monotonic_ns
+
+    def finish(self, response: ModelResponse = _NO_RESPONSE) -> None:
         """The response is complete: end the round, start the calls it asked for, or end the turn."""
         if self._done:
             return
         self._done = True
         try:
             rnd = self.round
-            rnd.response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, model=model)
+            rnd.response(
+                response.text,
+                response.tool_calls,
+                response.usage,
+                response.finish_reason,
+                thinking=response.thinking,
+                response_id=response.response_id,
+                model=response.model,
+            )
             if not self._owns_round:
                 return  # the user's ``with turn.round()`` ends it
             rnd._finish(None)
@@ -211,46 +229,37 @@ class Generation:
             internal_error("generation abandon")
 
 
-def begin_generation(
-    *,
-    provider: str,
-    model: str | None,
-    tools: Iterable[Any] | None = None,
-    tool_results: Iterable[ToolResult] = (),
-    input_text: str | None = None,
-    stream: bool = False,
-    request: Mapping[str, Any] | None = None,
-    framework: str | None = None,
-    agent: str | None = None,
-    caller_ends_turn: bool = False,
-) -> Generation | None:
+def start_model_call(request: ModelRequest) -> ModelCall | None:
     """Place one model call: end the tool calls whose results it carries, find its turn,
     open its round. Returns None only if loopscope itself failed (the call goes on).
 
     Inside an open round (``with turn.round()``, or a framework's model call that an
-    adapter recorded as a round), the call fills that round. ``caller_ends_turn``: a
-    turn this call opens or joins is ended by the caller (a framework run that holds
-    several model calls), not by this call's response."""
+    adapter recorded as a round), the call fills that round. With
+    ``request.caller_ends_turn`` a turn this call opens or joins is ended by the caller
+    (a framework run that holds several model calls), not by this call's response."""
     try:
         owner: Turn | None = None
-        for result in tool_results:
+        for result in request.tool_results:
             turn = call_owners.get(result.call_id)
             if turn is not None and turn.end_call(result.call_id, result.content, result.is_error):
                 owner = turn
             elif owner is None:
                 owner = served_owners.get(result.call_id)  # served by a decorated tool already
+        tools = request.tools
         if tools is not None:
             tools = tool_set(tools)  # normalised once for the turn and its round
+        stream, parameters = request.stream, request.parameters
         hand = current_turn.get()
         mine = current_round.get()
         if mine is not None and not mine.ended and not mine._turn.ended and (hand is None or mine._turn is hand):
             mine.eager = True
             if stream:
                 mine._stream = True
-            if request:
-                mine.add_request(request)  # what the SDK sends, on the round it fills
-            return Generation(mine._turn, mine, False, False)
+            if parameters:
+                mine.add_request(parameters)  # what the SDK sends, on the round it fills
+            return ModelCall(mine._turn, mine, False, False)
         stitched_turn = False
+        model, provider = request.model, request.provider
         if hand is not None:
             turn = hand
         elif owner is not None and not owner.ended:
@@ -260,23 +269,23 @@ def begin_generation(
             turn = Turn(
                 pipeline.tracer(),
                 session_id=None,
-                agent=agent,
+                agent=request.agent,
                 tools=tools,
-                input=input_text,
+                input=request.input_text,
                 input_blocked=False,
                 model=model,
                 provider=provider,
-                framework=framework,
+                framework=request.framework,
                 correlation_id=None,
                 streaming=stream,
             )
             turn._start(attach=False)
             stitched.add(turn)
             stitched_turn = True
-        rnd = Round(turn, model, provider, tools, stream, request)
+        rnd = Round(turn, model, provider, tools, stream, parameters)
         rnd.eager = True
         rnd._start(attach=False)
-        return Generation(turn, rnd, True, stitched_turn and not caller_ends_turn)
+        return ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
     except Exception:
         internal_error("begin generation")
         return None
@@ -285,7 +294,7 @@ def begin_generation(
 def wants_result(call_id: str) -> bool:
     """Whether a tool result for ``call_id`` in a request would end or join anything: the
     call is open, or a decorated tool served it in a turn that is still open. Adapters read
-    (and parse) only those results; :func:`begin_generation` ignores all others anyway."""
+    (and parse) only those results; :func:`start_model_call` ignores all others anyway."""
     return call_id in call_owners or call_id in served_owners
 
 

@@ -106,8 +106,8 @@ SPAN_END = object()  # span end with its attributes: loopscope's fast path and t
 DISPATCH = object()  # the span processor loopscope installs on the provider (an instance)
 # every place an internal error can happen on the user's call path: (where, object, attribute, SDKs)
 FAULTS: list[tuple[str, Any, str, tuple[str, ...]]] = [
-    ("request reading", _calls, "begin_generation", ("openai", "anthropic")),
-    ("response reading", stitch.Generation, "finish", ("openai", "anthropic")),
+    ("request reading", _calls, "start_model_call", ("openai", "anthropic")),
+    ("response reading", stitch.ModelCall, "finish", ("openai", "anthropic")),
     ("span start", TRACER, "start_span", ("openai", "anthropic")),
     ("round end", turn_module, "_output_message", ("openai", "anthropic")),
     ("turn summary", semconv, "turn_attributes", ("openai", "anthropic")),

@@ -36,7 +36,7 @@ FAULTS: dict[str, list[tuple[Any, str]]] = {
     "span end": [(spans_module, "_fast_end"), (spans_module, "set_attributes")],
     "json": [(json_module, "dumps")],
     "turn summary": [(semconv, "turn_attributes")],
-    "model call placement": [(stitch_module, "begin_generation"), (calls_module, "begin_generation")],
+    "model call placement": [(stitch_module, "start_model_call"), (calls_module, "start_model_call")],
     # pydantic-ai records its own spans; loopscope's part is the store's assembler of them
     "foreign spans": [(foreign_module.Assembler, "add")],
 }

@@ -8,12 +8,16 @@ import loopscope
 from loopscope import LoopEndReason
 from loopscope.models import ToolCall
 from loopscope.recorder import stitch
-from loopscope.recorder.stitch import ToolResult, begin_generation
+from loopscope.recorder.adapter import ModelRequest, ModelResponse, ToolResult, start_model_call
+
+
+def begin_generation(**request):
+    return start_model_call(ModelRequest(**request))
 
 
 def call(results=(), **finish):
     generation = begin_generation(provider="fake", model="m", tools=[{"name": "lookup"}], tool_results=results, input_text="hi")
-    generation.finish(**finish)
+    generation.finish(ModelResponse(**finish))
     return generation
 
 

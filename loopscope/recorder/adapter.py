@@ -1,0 +1,294 @@
+"""The recorder's adapter-facing API: all that ``loopscope/instrument/*`` uses of the recorder.
+
+An adapter is a translator: it reads an SDK's or a framework's objects and reports them
+here, in typed records; it never touches a turn's, a round's or a span's internals. The
+contract (see docs/architecture.md, "Writing an adapter"):
+
+Model calls (an SDK adapter; ``instrument/_calls.py`` is the one generic patcher)
+    :func:`start_model_call` with a :class:`ModelRequest` places the call: it ends the
+    tool calls whose results the request carries (:class:`ToolResult`, read only for
+    the ids :func:`wants_result` asks for, their content through :func:`result_value`),
+    joins the current round, the current turn, or the turn that asked for those calls,
+    or opens a stitched turn. The :class:`ModelCall` it returns takes streamed text
+    (``delta``, ``first_chunk``) and ends once: ``finish(ModelResponse(...))``,
+    ``fail(exc)``, or ``abandon()`` for a stream let go before its end. While the SDK
+    method runs, ``ModelCall.attach()`` makes its span current (:func:`detach` undoes it).
+    :func:`recorded_elsewhere` says a framework records the call about to be made.
+
+Turns, rounds and tools (a framework adapter)
+    :func:`open_turn` opens a turn a framework run stands for (or the adapter joins
+    :func:`current_turn`); :func:`end_turn` ends it. :func:`open_round` /
+    :func:`end_round` bracket a framework's own model call. :func:`start_tool` starts a
+    tool execution (serving the pending call of that id, else of that name);
+    :func:`end_tool` ends it with a result, an exception, or an outcome.
+    :func:`serve_call` ends a pending call by id with the result sent to the model.
+    Tools offered mid-turn: ``Turn.declare_tools``. A framework that records the tool
+    calls it runs claims them with :func:`report_own_tool_calls`; one that records its
+    own model calls defers the SDK adapters with :func:`defer_model_calls_to`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextvars import ContextVar, Token
+from typing import Any, NamedTuple
+
+from opentelemetry import context as otel_context
+
+from .. import pipeline
+from ..models import LoopEndReason, ToolCall
+from ._spans import attach_span, detach
+from .context import current_round, current_session, current_turn, last_stitched
+from .elsewhere import defer_to as defer_model_calls_to
+from .elsewhere import recorded_elsewhere
+from .records import ModelRequest, ModelResponse, ToolResult
+from .stitch import ModelCall, StreamClosed, requested_call_span, result_value, start_model_call, wants_result
+from .stitch import close_turn
+from .tool import ToolExecution, running_tool, start_requested
+from .tool import reported_elsewhere as report_own_tool_calls
+from .turn import Round, Turn, call_owners
+from .turn import _new_id as new_id
+
+_CURRENT: Any = object()  # "the current turn", where a turn may be named
+_UNSET: Any = object()
+
+
+# -- turns ------------------------------------------------------------------------------
+
+
+def open_turn(
+    *,
+    framework: str | None,
+    agent: str | None = None,
+    tools: Iterable[Any] | None = None,
+    input: str | None = None,
+    model: str | None = None,
+    provider: str | None = None,
+    session_id: str | None = None,
+    correlation_id: str | None = None,
+    streaming: bool = False,
+    parent: Turn | None = _CURRENT,
+) -> Turn:
+    """Start the turn a framework run stands for (an ``invoke_agent`` span) without making
+    it current: :func:`enter` does that where the run's code runs, and :func:`end_turn`
+    ends it. Its parent is the current turn, or ``parent`` when given (None: a root turn);
+    its session is ``session_id``, else the current session, else its parent's, else new.
+    """
+    turn = Turn(
+        pipeline.tracer(),
+        session_id=session_id,
+        agent=agent,
+        tools=tools,
+        input=input,
+        input_blocked=False,
+        model=model,
+        provider=provider,
+        framework=framework,
+        correlation_id=correlation_id,
+        streaming=streaming,
+    )
+    if parent is _CURRENT:
+        turn._start(attach=False)
+        return turn
+    token = current_turn.set(parent)
+    try:
+        turn._start(attach=False)
+    finally:
+        current_turn.reset(token)
+    return turn
+
+
+def end_turn(turn: Turn, reason: LoopEndReason | None = None, exc: BaseException | None = None) -> None:
+    """End a turn: with ``reason`` (why its loop stopped), or failed by ``exc``; the calls
+    its model asked for that nothing served end as unserved. A second end does nothing."""
+    close_turn(turn, reason, exc)
+
+
+def rounds_done(turn: Turn) -> int:
+    """How many rounds of ``turn`` have ended (a framework adapter learns from it whether
+    an SDK adapter recorded its model calls)."""
+    return turn._round_no
+
+
+# -- making a turn or a round current -------------------------------------------------------
+
+
+class Entered(NamedTuple):
+    """What :func:`enter` set, for :func:`leave`."""
+
+    var: ContextVar[Any]
+    var_token: Token[Any]
+    context_token: object | None
+
+
+def enter(record: Turn | Round) -> Entered | None:
+    """Make a turn (or a round) the current one in this context, and its span the current
+    OpenTelemetry span: model calls and tools here join it, the SDK's and the HTTP
+    client's spans nest under it. None (nothing set) when it has no span: it failed to
+    start, and nothing should join it. Undo with :func:`leave`."""
+    span = record._span
+    if span is None:
+        return None
+    if isinstance(record, Turn):
+        return Entered(current_turn, current_turn.set(record), otel_context.attach(record._span_context))  # type: ignore[arg-type]
+    return Entered(current_round, current_round.set(record), attach_span(span))
+
+
+def leave(entered: Entered | None) -> bool:
+    """Undo :func:`enter`. False when it was entered in another context (a generator
+    closed elsewhere, a stream ended in another task): nothing of this context is undone."""
+    if entered is None:
+        return True
+    try:
+        entered.var.reset(entered.var_token)
+    except ValueError:
+        return False
+    if entered.context_token is not None:
+        detach(entered.context_token)
+    return True
+
+
+# -- rounds -----------------------------------------------------------------------------------
+
+
+def open_round(
+    turn: Turn,
+    *,
+    model: str | None = None,
+    provider: str | None = None,
+    tools: Iterable[Any] | None = None,
+    stream: bool | None = None,
+    current: bool = False,
+) -> Round:
+    """Start a framework's own model call as a round of ``turn`` (a ``chat`` span); with
+    ``current`` it is the current round (and span) in this context until it ends. An SDK
+    call made while it is current fills it (and sets ``Round.eager``); otherwise report
+    what came back with ``Round.response(...)``. End it with :func:`end_round`."""
+    rnd = Round(turn, model, provider, tools, stream)
+    rnd._start(attach=current)
+    return rnd
+
+
+def end_round(rnd: Round, exc: BaseException | None = None) -> None:
+    """End a round :func:`open_round` started (failed with ``exc``, when given)."""
+    rnd._finish(exc)
+
+
+# -- tool calls -------------------------------------------------------------------------------
+
+
+def call_owner(call_id: str) -> Turn | None:
+    """The open turn whose model asked for ``call_id`` and that nothing has served yet."""
+    return call_owners.get(call_id)
+
+
+def serve_call(turn: Turn, call_id: str, result: Any, is_error: bool = False) -> bool:
+    """End ``turn``'s pending call ``call_id`` with the result sent back to the model;
+    False when it has no such call."""
+    return turn.end_call(call_id, result, is_error)
+
+
+def claim_call(turn: Turn, name: str, call_id: str | None) -> ToolCall | ToolExecution | None:
+    """Take the pending call of ``turn`` a framework serves itself (by id, else the oldest
+    of that name): a :class:`ToolExecution` (its span open) when an SDK adapter started
+    it, which the framework then ends with :func:`end_tool` or ``ToolExecution.report``."""
+    return turn._claim_call(name, call_id)
+
+
+def start_requested_call(turn: Turn, call: ToolCall, start_time: int | None = None) -> ToolExecution:
+    """Start a call the model asked for in ``turn`` as the framework reports it (not
+    current anywhere); ``start_time`` (ns since the epoch) dates it. End it with
+    ``ToolExecution.report(...)`` or :func:`end_tool`."""
+    return start_requested(turn, call, start_time)
+
+
+def start_tool(
+    name: str,
+    arguments: Any = None,
+    call_id: str | None = None,
+    description: str | None = None,
+    *,
+    turn: Turn | None = None,
+) -> ToolExecution:
+    """Start a tool execution (an ``execute_tool`` span, current in this context): it
+    serves the pending call ``call_id`` of ``turn`` (by default the current turn, else
+    the last stitched one), else the oldest one of that name. End it with :func:`end_tool`."""
+    execution = ToolExecution(name, arguments, call_id, description)
+    if turn is None:
+        execution._start()
+        return execution
+    token = current_turn.set(turn)
+    try:
+        execution._start()
+    finally:
+        current_turn.reset(token)
+    return execution
+
+
+def tool_turn(execution: ToolExecution) -> Turn | None:
+    """The turn a started tool execution belongs to (None outside any)."""
+    turn = execution._turn
+    return turn if isinstance(turn, Turn) else None
+
+
+def end_tool(
+    execution: ToolExecution,
+    exc: BaseException | None = None,
+    *,
+    result: Any = _UNSET,
+    outcome: str | None = None,
+    error: str | None = None,
+    context_gone: bool = False,
+) -> None:
+    """End a tool execution: with ``result``; failed or cancelled by ``exc``; or with an
+    ``outcome`` (``"failed"``, ``"unserved"``, ...) and its ``error`` text.
+    ``context_gone``: it ends elsewhere than in the context it started in (that task is
+    gone), so the context it made current there is left alone."""
+    if context_gone:
+        execution._token = None
+    if result is not _UNSET:
+        execution.result = result
+    if outcome is not None:
+        execution._outcome, execution._error = outcome, error
+    execution._finish(exc)
+
+
+__all__ = [
+    "Entered",
+    "ModelCall",
+    "ModelRequest",
+    "ModelResponse",
+    "Round",
+    "StreamClosed",
+    "ToolExecution",
+    "ToolResult",
+    "Turn",
+    "call_owner",
+    "claim_call",
+    "current_round",
+    "current_session",
+    "current_turn",
+    "defer_model_calls_to",
+    "detach",
+    "end_round",
+    "end_tool",
+    "end_turn",
+    "enter",
+    "last_stitched",
+    "leave",
+    "new_id",
+    "open_round",
+    "open_turn",
+    "recorded_elsewhere",
+    "report_own_tool_calls",
+    "requested_call_span",
+    "result_value",
+    "rounds_done",
+    "running_tool",
+    "serve_call",
+    "start_model_call",
+    "start_requested_call",
+    "start_tool",
+    "tool_turn",
+    "wants_result",
+]

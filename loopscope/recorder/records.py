@@ -1,0 +1,69 @@
+"""What an adapter reads off an SDK call: the typed records it hands the recorder.
+
+A model call is a :class:`ModelRequest` (read before the call, carrying the
+:class:`ToolResult` s the request sends back) and a :class:`ModelResponse` (read from
+what came back). Both are plain records with slots: built once per call, read once by
+the recorder, cheap on the hot path. Values of other types than the hints say are
+recorded as text, as the hand API does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool result an application sends back to the model in a request."""
+
+    call_id: str
+    content: Any
+    is_error: bool = False
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """One model call as the SDK is asked to make it.
+
+    ``tools`` are the tools offered, in any provider's format; ``tool_results`` the
+    results of earlier calls the request carries (an adapter reads only those
+    :func:`~loopscope.recorder.adapter.wants_result` asks for); ``input_text`` the last
+    user text; ``parameters`` the request's parameters and server (``temperature``,
+    ``max_tokens``, ``server_address``..., as :func:`loopscope.semconv.request_attributes`
+    names them). ``caller_ends_turn``: a turn this call opens or joins is ended by the
+    caller (a framework run that holds several model calls), not by this call's response.
+    """
+
+    provider: str
+    model: str | None = None
+    tools: Iterable[Any] | None = None
+    tool_results: Sequence[ToolResult] = ()
+    input_text: str | None = None
+    stream: bool = False
+    parameters: Mapping[str, Any] | None = None
+    framework: str | None = None
+    agent: str | None = None
+    caller_ends_turn: bool = False
+
+
+@dataclass(slots=True)
+class ModelResponse:
+    """What a model call returned: streamed text comes by ``ModelCall.delta`` and is not repeated here.
+
+    ``tool_calls`` are :class:`~loopscope.models.ToolCall` s (or mappings / objects with
+    ``id``, ``name``, ``arguments``); ``usage`` token counts by loopscope's names
+    (``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``, ...).
+    """
+
+    text: str | None = None
+    tool_calls: Iterable[Any] | None = None
+    usage: Mapping[str, int] | None = None
+    finish_reason: str | None = None
+    response_id: str | None = None
+    model: str | None = None
+    thinking: str | None = None
+
+
+__all__ = ["ModelRequest", "ModelResponse", "ToolResult"]
