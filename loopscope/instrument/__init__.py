@@ -1,8 +1,9 @@
 """Adapters: one module per instrumented library, each activating when its library is imported.
 
 ``instrument()`` registers an import hook per adapter; importing loopscope imports no
-SDK. An adapter module has ``TARGET`` (the module whose import activates it) and
-``patch()`` (wraps what it needs, returning the patches so they can be undone).
+SDK. :data:`ADAPTERS` is the one list of adapters: each one's name, the library module
+whose import activates it, and its adapter module, which has ``patch()`` (wraps what it
+needs, returning the patches so they can be undone).
 """
 
 from __future__ import annotations
@@ -10,25 +11,31 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import wrapt
 
 from .._guard import internal_error
 from ._patch import Patch, restore
 
-ADAPTERS: dict[str, tuple[str, str]] = {
-    "openai": ("openai", "loopscope.instrument.openai"),
-    "anthropic": ("anthropic", "loopscope.instrument.anthropic"),
-    "roomkit": ("roomkit", "loopscope.instrument.roomkit"),
-    "openai_agents": ("agents", "loopscope.instrument.openai_agents"),
-    "toolnexus": ("toolnexus", "loopscope.instrument.toolnexus"),
-    "pydantic_ai": ("pydantic_ai", "loopscope.instrument.pydantic_ai"),
-    "langchain": ("langchain_core", "loopscope.instrument.langchain"),
-    "mcp": ("mcp", "loopscope.instrument.mcp"),
+class Adapter(NamedTuple):
+    target: str
+    """The library module whose import activates the adapter."""
+    module: str
+    """The adapter module (``patch()``), imported only when the target is."""
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "openai": Adapter("openai", "loopscope.instrument.openai"),
+    "anthropic": Adapter("anthropic", "loopscope.instrument.anthropic"),
+    "roomkit": Adapter("roomkit", "loopscope.instrument.roomkit"),
+    "openai_agents": Adapter("agents", "loopscope.instrument.openai_agents"),
+    "toolnexus": Adapter("toolnexus", "loopscope.instrument.toolnexus"),
+    "pydantic_ai": Adapter("pydantic_ai", "loopscope.instrument.pydantic_ai"),
+    "langchain": Adapter("langchain_core", "loopscope.instrument.langchain"),
+    "mcp": Adapter("mcp", "loopscope.instrument.mcp"),
 }
-"""Adapter name -> (the library module whose import activates it, the adapter module).
-The name is also the keyword that switches it off."""
+"""Every adapter, by name; the name is also the keyword that switches it off."""
 
 _lock = threading.RLock()
 _wanted: set[str] = set()
@@ -41,7 +48,7 @@ def _activate(name: str) -> None:
         if name not in _wanted or name in _patches:
             return
         try:
-            adapter = importlib.import_module(ADAPTERS[name][1])
+            adapter = importlib.import_module(ADAPTERS[name].module)
             _patches[name] = adapter.patch()
         except Exception:
             internal_error(f"instrument {name}")
@@ -67,14 +74,14 @@ def instrument(**switches: bool) -> list[str]:
 
     pipeline.active()  # configure the defaults if the application did not
     with _lock:
-        for name, (target, _) in ADAPTERS.items():
+        for name, adapter in ADAPTERS.items():
             if not switches.get(name, True):
                 continue
             _wanted.add(name)
-            if target in sys.modules:
+            if adapter.target in sys.modules:
                 _activate(name)
             elif name not in _hooked:
-                wrapt.register_post_import_hook(_hook(name), target)
+                wrapt.register_post_import_hook(_hook(name), adapter.target)
                 _hooked.add(name)
         return sorted(_wanted)
 

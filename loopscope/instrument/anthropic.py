@@ -46,7 +46,6 @@ from ._calls import async_call, calling, sync_call
 from ._patch import Patch, wrap
 from ._streams import AsyncStream, SyncStream
 
-TARGET = "anthropic"
 PROVIDER = "anthropic"
 
 

@@ -68,7 +68,6 @@ from ..recorder.adapter import (
 )
 from ._patch import Registration
 
-TARGET = "langchain_core"
 FRAMEWORK = "langchain"
 
 # names LangChain gives runs of its building blocks: not the name of an agent

@@ -27,7 +27,6 @@ from .._guard import internal_error
 from ..recorder.adapter import ToolExecution, end_tool, result_value, running_tool, start_tool
 from ._patch import Patch, wrap
 
-TARGET = "mcp"
 
 
 def _call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:

@@ -11,7 +11,6 @@ from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
 from ._streams import AsyncStream, SyncStream, closes_inner_stream
 
-TARGET = "openai"
 PROVIDER = "openai"
 
 

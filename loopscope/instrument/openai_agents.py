@@ -66,7 +66,6 @@ from . import _read as r
 from ._openai_responses import _finish_reason, _read_input, _read_output, _usage
 from ._patch import Patch, Registration, wrap
 
-TARGET = "agents"
 FRAMEWORK = "openai_agents"
 PROVIDER = "openai"
 MAX_TURNS_MESSAGE = "Max turns exceeded"

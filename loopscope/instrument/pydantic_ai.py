@@ -21,7 +21,6 @@ from ..recorder.adapter import defer_model_calls_to
 from .._guard import internal_error
 from ._patch import Registration
 
-TARGET = "pydantic_ai"
 SCOPE = "pydantic-ai"  # the instrumentation scope of pydantic-ai's spans
 
 

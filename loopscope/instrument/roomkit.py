@@ -52,7 +52,6 @@ try:  # the tool call a handler runs for (RoomKit sets it around the handler's c
 except ImportError:  # an older RoomKit: decorated tools are recorded besides its rows
     _current_tool_call = None
 
-TARGET = "roomkit"
 
 _USAGE_METRICS = {"roomkit.llm.input_tokens": "input_tokens", "roomkit.llm.output_tokens": "output_tokens"}
 _ROW_TYPES = {EventType.MESSAGE, EventType.TOOL_CALL_START, EventType.TOOL_CALL_END}

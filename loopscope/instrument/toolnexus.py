@@ -45,7 +45,6 @@ from ..recorder.adapter import (
 )
 from ._patch import Patch, wrap
 
-TARGET = "toolnexus"
 FRAMEWORK = "toolnexus"
 
 _HOOKS = ("before_llm", "after_llm", "before_tool", "after_tool")
@@ -552,4 +551,4 @@ def patch() -> list[Patch]:
     return [p for p in patches if p is not None]
 
 
-__all__ = ["FRAMEWORK", "TARGET", "patch"]
+__all__ = ["FRAMEWORK", "patch"]
