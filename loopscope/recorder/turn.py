@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from random import getrandbits
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -333,6 +333,26 @@ def _output_message(rnd: Round) -> dict[str, Any]:
     return message
 
 
+class _Ended(NamedTuple):
+    """What a turn's response is made of, kept at its end; the response model itself is
+    built only when asked for (see :attr:`Turn.response`)."""
+
+    segments: list[str]
+    response_content: str
+    round_count: int
+    tool_calls_count: int
+    usage: dict[str, int]
+    thinking: str
+    reason: LoopEndReason
+    streaming: bool
+    declared: list[DeclaredTool]
+    model: str | None
+    provider: str | None
+    error: str | None
+    timestamp: float
+    latency_ms: float
+
+
 class Turn:
     """One agent turn: an ``invoke_agent`` span and the summary it ends with.
 
@@ -345,7 +365,7 @@ class Turn:
     # immutable defaults live on the class: a turn per stitched call sets only what differs
     parent: Turn | None = None
     _response: AIResponseEvent | None = None
-    _result: tuple[Any, ...] | None = None  # what the response is made of, once the turn has ended
+    _result: _Ended | None = None  # what the response is made of, once the turn has ended
     _last_declared: ToolSet | None = None
     _union: ToolSet | None = None  # the one tool set the union is made of, while it is
     _open_segment = ""
@@ -639,9 +659,11 @@ class Turn:
             self._release_context()
             end_span(span, None, summary)  # set_attributes, then the end
             self._last_round = None  # the round points at its turn: no cycle left for the GC to find
-            self._result = (
-                segments, response_content, round_count, tool_calls_count, usage, thinking, reason, streaming, declared,
-                model, provider, error, timestamp, (time.monotonic() - self._started) * 1000,
+            self._result = _Ended(
+                segments=segments, response_content=response_content, round_count=round_count,
+                tool_calls_count=tool_calls_count, usage=usage, thinking=thinking, reason=reason, streaming=streaming,
+                declared=declared, model=model, provider=provider, error=error, timestamp=timestamp,
+                latency_ms=(time.monotonic() - self._started) * 1000,
             )
         except Exception:
             internal_error("turn end")
@@ -671,34 +693,32 @@ class Turn:
 
     def _summary(self) -> AIResponseEvent:
         """The response, made when first asked for: ending a turn builds no model."""
-        (
-            segments, response_content, round_count, tool_calls_count, usage, thinking, reason, streaming, declared,
-            model, provider, error, timestamp, latency_ms,
-        ) = self._result  # type: ignore[misc]
+        ended = self._result
+        assert ended is not None  # only called once the turn has ended
         context = self._span.get_span_context()  # type: ignore[union-attr]
         return AIResponseEvent(
             channel_id=self.agent,
             session_id=self.session_id,
             correlation_id=self.correlation_id,
             parent_correlation_id=self.parent.correlation_id if self.parent else None,
-            response_content=response_content,
-            segments=segments,
-            tool_calls_count=tool_calls_count,
-            round_count=round_count,
-            usage=usage,
-            thinking=thinking,
-            loop_end_reason=reason,
-            latency_ms=latency_ms,
-            streaming=streaming,
-            timestamp=datetime.fromtimestamp(timestamp, timezone.utc),
+            response_content=ended.response_content,
+            segments=ended.segments,
+            tool_calls_count=ended.tool_calls_count,
+            round_count=ended.round_count,
+            usage=ended.usage,
+            thinking=ended.thinking,
+            loop_end_reason=ended.reason,
+            latency_ms=ended.latency_ms,
+            streaming=ended.streaming,
+            timestamp=datetime.fromtimestamp(ended.timestamp, timezone.utc),
             # copies: the records may be shared with other turns (see ToolSet)
             declared_tools=[
                 t.model_copy(update={"parameters": dict(t.parameters)}) if t.parameters is not None else t.model_copy()
-                for t in declared
+                for t in ended.declared
             ],
-            model=model,
-            provider=provider,
-            error=error,
+            model=ended.model,
+            provider=ended.provider,
+            error=ended.error,
             trace_id=format(context.trace_id, "032x"),
             span_id=format(context.span_id, "016x"),
         )
