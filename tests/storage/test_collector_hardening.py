@@ -21,7 +21,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from test_collector import ROOT, _one_turn_payload, rows
 
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 
 PROTOBUF = "application/x-protobuf"
