@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from ._guard import internal_error, warn_once
 from ._version import __version__
-from .export.content import ContentPolicy
+from .content.policy import ContentPolicy
 from .export.metrics import MetricsProcessor
 from .export.otlp import CountingBatchProcessor, OTLPSettings, PolicyExporter, filtered_span, metric_exporter, span_exporter
 from .storage.connection import open_store, resolve

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._guard import internal_error, logger
-from ..export.content import ContentPolicy
+from ..content.policy import ContentPolicy
 from . import scrub
 from .connection import open_store
 from .idempotent import fresh_spans_sql

@@ -3,14 +3,14 @@
 The writer reduces spans to facts in Arrow record batches (:class:`rows.Facts`);
 before they are written, the columns that carry content (tool arguments, results and
 errors, message text, state rows' content, a turn's response, segments, thinking and
-error) go through the same :class:`~loopscope.export.content.ContentPolicy` as OTLP
+error) go through the same :class:`~loopscope.content.policy.ContentPolicy` as OTLP
 export: secrets masked, the redaction hook, ``store_max_chars`` per value.
 
 It runs in the writer's thread, once per batch written (never on the calling thread).
 Almost no value holds a secret, so the regular expressions (Python's, as on export) run
 only on the few values a prefilter picks: an RE2 expression that matches every value a
 pattern could match (for the default patterns, the prefilters of
-:data:`~loopscope.export.secrets.SECRET_SHAPES`, mostly literal prefixes), run
+:data:`~loopscope.content.secrets.SECRET_SHAPES`, mostly literal prefixes), run
 by Arrow off the GIL over all content values of the batch end to end as one string, and
 a byte-length check for the cap. Values it does not pick are not even converted to
 Python: they are stored byte for byte as without the policy. A redaction hook, or a
@@ -28,8 +28,8 @@ from typing import Any
 
 from .. import semconv as a
 from .._guard import warn_once
-from ..export.content import REDACTED, ContentPolicy
-from ..export.secrets import DEFAULT_PREFILTERS, KEY_VALUE_PREFILTER
+from ..content.policy import REDACTED, ContentPolicy
+from ..content.secrets import DEFAULT_PREFILTERS, KEY_VALUE_PREFILTER
 from . import rows
 
 # Python's and RE2's meaning of these differ (Unicode classes and boundaries, ``$``

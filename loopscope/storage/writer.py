@@ -36,7 +36,7 @@ import duckdb
 
 from .._guard import clear_warning, internal_error, logger, warn_once
 from . import health, idempotent, recovery, rows, scrub
-from ..export.content import ContentPolicy
+from ..content.policy import ContentPolicy
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
 from .policy import PersistencePolicy

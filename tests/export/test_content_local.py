@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope.export.content import DEFAULT_PATTERNS, ContentPolicy
+from loopscope.content.policy import DEFAULT_PATTERNS, ContentPolicy
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 
