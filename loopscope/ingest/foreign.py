@@ -697,8 +697,6 @@ def normalize(span: Any) -> SpanRecord | None:
 # -- agent runs: the spans under them, together ----------------------------------------------------------
 
 
-
-
 @dataclass
 class _Buffered:
     span: SpanRecord

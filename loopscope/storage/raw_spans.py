@@ -154,7 +154,6 @@ class RawSpanWriter:
             con.unregister("_loopscope_raw_spans")
 
 
-
 RAW_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "duration_ms", "status_code",
     "status_message", "attributes", "resource", "events", "links", "scope_name", "scope_version", "service_name", "role",

@@ -34,7 +34,6 @@ class PayloadError(Exception):
         self.reason = reason
 
 
-
 # -- decoding --------------------------------------------------------------------------------
 
 
@@ -241,8 +240,6 @@ def _check_other_signal(signal: str, body: bytes, content_type: str) -> None:
         decode_json(body, Request())
     else:
         decode_protobuf(body, Request())
-
-
 
 
 def parse_fixture(data: Any) -> list[SpanRecord]:

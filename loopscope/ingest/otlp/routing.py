@@ -32,7 +32,6 @@ class StoreUnavailable(Exception):
     """The rows could not be written in time (the file is held elsewhere, the disk is full)."""
 
 
-
 def _raw_row(received: Received, role: str | None, framework: str | None, now_us: int) -> tuple[Any, ...]:
     span = received.span
     kind = span.kind
