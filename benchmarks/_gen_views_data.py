@@ -17,7 +17,7 @@ import time
 
 import duckdb
 
-from loopscope.storage.mapping import EVENT_COLUMNS
+from loopscope.storage.rows import EVENT_COLUMNS
 from loopscope.storage.schema import migrate
 
 TOOLS = [

@@ -51,7 +51,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 import loopscope
-from loopscope.export.content import ContentPolicy
+from loopscope.content.policy import ContentPolicy
 from loopscope.export.otlp import _PENDING_OPS, filtered_span, pending_span
 from loopscope import semconv as a
 

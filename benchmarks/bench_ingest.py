@@ -43,11 +43,14 @@ import pyarrow as pa
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 import loopscope
-from loopscope.storage import mapping
+from loopscope.ingest import mapping
+from loopscope.ingest.processor import StoreSpanProcessor
+from loopscope.ingest.writer import SpanWriter
+from loopscope.storage import writer as store_writer
 from loopscope.storage.connection import open_store
-from loopscope.storage.processor import StoreSpanProcessor
+from loopscope.storage.rows import END as _END, START as _START, Facts
 from loopscope.storage.schema import migrate
-from loopscope.storage.writer import _END, _START, StoreWriter, write_batch
+from loopscope.storage.writer import write_batch
 
 GOAL = 0.5
 SESSIONS = 200
@@ -120,7 +123,7 @@ def fresh_db(folder: Path, name: str) -> str:
 
 
 def run_store(items: list[tuple[int, Any]], path: str, via_processor: bool) -> tuple[float, int]:
-    writer = StoreWriter(path)
+    writer = SpanWriter(path)
     try:
         processor = StoreSpanProcessor(writer)
         t0 = time.perf_counter()
@@ -144,12 +147,10 @@ def run_store(items: list[tuple[int, Any]], path: str, via_processor: bool) -> t
     return elapsed, stats.written_events + stats.written_turns
 
 
-def map_all(items: list[tuple[int, Any]]) -> mapping.Facts:
+def map_all(items: list[tuple[int, Any]]) -> Facts:
     """The Python half of the mapping: every span reduced to the facts of its rows, in
     Arrow record batches."""
-    facts = mapping.Facts()
-    facts.add(items)
-    return facts
+    return mapping.facts_of(items)
 
 
 def stored_columns(path: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
@@ -191,7 +192,7 @@ def run_baseline(ev_cols: dict[str, list[Any]], tu_cols: dict[str, list[Any]], p
     return elapsed, events.num_rows + turns.num_rows
 
 
-def run_write_only(batches: list[mapping.Facts], path: str) -> float:
+def run_write_only(batches: list[Facts], path: str) -> float:
     """``write_batch`` alone (facts to rows in SQL, and the write) on the writer's own
     batches, opening the file per batch as the writer does (through ``open_store``, which
     leaves the burst's rows in the WAL and checkpoints its last)."""
@@ -204,7 +205,7 @@ def run_write_only(batches: list[mapping.Facts], path: str) -> float:
 
 def run_submit_only(items: list[tuple[int, Any]], path: str) -> float:
     """The calling thread's share: the processor's filter and the deque append, nothing drained."""
-    writer = StoreWriter(path, flush_interval=3600, batch_size=1 << 60, max_queue=1 << 60)
+    writer = SpanWriter(path, flush_interval=3600, batch_size=1 << 60, max_queue=1 << 60)
     try:
         processor = StoreSpanProcessor(writer)
         on_start, on_end = processor.on_start, processor.on_end
@@ -220,7 +221,7 @@ def run_submit_only(items: list[tuple[int, Any]], path: str) -> float:
         writer.close()
 
 
-def writer_batches(items: list[tuple[int, Any]], batch_size: int) -> list[mapping.Facts]:
+def writer_batches(items: list[tuple[int, Any]], batch_size: int) -> list[Facts]:
     """The facts of each batch the writer takes in a burst: ``batch_size`` queued spans at a time."""
     queued = [item for item in items if item[1].attributes.get("gen_ai.operation.name") in
               (("execute_tool", "invoke_agent") if item[0] == _START else ("execute_tool", "invoke_agent", "chat"))]
@@ -238,7 +239,7 @@ def main() -> int:
     recorded = time.perf_counter() - t0
     facts = map_all(items)
     rows = facts.rows
-    batches = writer_batches(items, inspect.signature(StoreWriter).parameters["batch_size"].default)
+    batches = writer_batches(items, inspect.signature(store_writer.StoreWriter).parameters["batch_size"].default)
     with tempfile.TemporaryDirectory(prefix="loopscope-bench-") as tmp:
         reference = fresh_db(Path(tmp), "reference")
         run_store(items, reference, False)  # untimed: the rows the baseline inserts are the store's own

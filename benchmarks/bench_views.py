@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loopscope  # noqa: E402
 from _gen_views_data import EVENTS_PER_TURN, TURNS_PER_SESSION, generate  # noqa: E402
-from loopscope.dashboards.views import create_statements  # noqa: E402
+from loopscope.storage.views import create_statements  # noqa: E402
 from loopscope.storage.schema import SCHEMA_VERSION, migrate, schema_version  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / ".data"

@@ -7,7 +7,7 @@ loop stopped and which tools the model was offered.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .models import (
     RESPONSE_SEGMENT_SEPARATOR,

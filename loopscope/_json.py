@@ -102,6 +102,18 @@ def parse(text: str) -> Any:
     return value
 
 
+def result_value(content: Any) -> Any:
+    """A tool result as the application sent it; JSON text becomes the value it encodes."""
+    if isinstance(content, str):
+        stripped = content.lstrip()
+        if stripped[:1] in ("{", "["):
+            try:
+                return parse(content)  # json.loads, without its frames
+            except ValueError:
+                pass
+    return content
+
+
 def loads(text: str | None) -> Any:
     """Parse stored JSON text; ``None`` stays ``None``."""
     if text is None:

@@ -25,23 +25,21 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 from ._guard import internal_error, warn_once
-from .export.content import ContentPolicy
+from ._version import __version__
+from .content.policy import ContentPolicy
 from .export.metrics import MetricsProcessor
 from .export.otlp import CountingBatchProcessor, OTLPSettings, PolicyExporter, filtered_span, metric_exporter, span_exporter
 from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
-from .storage.processor import StoreSpanProcessor
-from .storage import health
+from .ingest.processor import StoreSpanProcessor
+from .ingest.writer import SpanWriter
+from .storage import health, recording
 from .storage.schema import migrate
 from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
 
-DEFAULT_DB = "loopscope.duckdb"
-
-
-def default_db_path() -> str:
-    """``LOOPSCOPE_DB`` if set, else ``./loopscope.duckdb``."""
-    return os.environ.get("LOOPSCOPE_DB") or DEFAULT_DB
+# where the store is by default: storage/recording.py, which reads without a path consult too
+DEFAULT_DB, default_db_path = recording.DEFAULT_DB, recording.default_db_path
 
 
 class _Dispatch(SpanProcessor):
@@ -159,7 +157,7 @@ def _store_off(path: str, exc: BaseException) -> None:
 def _recover(con: Any) -> None:
     """Close the turns a process that died left open (the writer tries again at its first
     batch if this cannot be done now)."""
-    from .storage.recovery import recover
+    from .ingest.recovery import recover
 
     try:
         recover(con)
@@ -261,7 +259,7 @@ def configure(
         targets: list[SpanProcessor] = []
         writer = None
         if path is not None:
-            writer = StoreWriter(
+            writer = SpanWriter(
                 path, policy=policy, flush_interval=flush_interval, max_queue=queue_size, max_bytes=queue_bytes,
                 track_turns=True, content=content,
             )
@@ -273,8 +271,6 @@ def configure(
             targets.append(exporter)
             if writer is not None:  # the store keeps the exporter's drops too (loopscope status)
                 writer.report.otlp = lambda e=exporter, p=policy_exporter: (e.dropped, p.failed_spans)
-        from . import __version__
-
         pipeline = Pipeline(
             provider, provider.get_tracer("loopscope", __version__), path, writer, content, exporter, policy_exporter
         )
@@ -285,6 +281,7 @@ def configure(
         pipeline.processors = tuple(targets)
         dispatch.targets = pipeline.processors
         _active = pipeline
+        recording.set_current(pipeline)
         if stitch_idle_timeout is not None:
             from .recorder.stitch import set_idle_timeout
 
@@ -295,8 +292,6 @@ def configure(
 def _meter(explicit: MeterProvider | None, settings: OTLPSettings | None, service_name: str | None) -> Any:
     """A meter on the given provider, the application's SDK provider, or one loopscope makes
     for OTLP; None when metrics would go nowhere."""
-    from . import __version__
-
     provider: Any = explicit
     if provider is None:
         current = metrics.get_meter_provider()
@@ -390,6 +385,7 @@ a backend that is down must not hold the application's exit hostage."""
 def _shutdown_locked(timeout: float = CLOSE_TIMEOUT) -> None:
     global _active
     pipeline, _active = _active, None
+    recording.set_current(None)
     if pipeline is None:
         return
     dispatch = _dispatchers.get(id(pipeline.tracer_provider))

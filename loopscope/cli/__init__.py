@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import __version__
+from .._version import __version__
 from . import _args, agui, analytics, collect, commands, export, run, tail, ui
 from . import status
 from .commands import CommandError

@@ -1,5 +1,5 @@
 """``loopscope import --agui FILE`` and ``loopscope export --agui SESSION``: AG-UI event
-streams into and out of the store (:mod:`loopscope.storage.agui`)."""
+streams into and out of the store (:mod:`loopscope.ingest.agui`)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _require_agui() -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..storage.agui import import_stream
+    from ..ingest.agui import import_stream
 
     _require_agui()
     source: bytes | Path
@@ -95,7 +95,7 @@ def refuse_agui_flags(args: argparse.Namespace) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..storage.agui import iter_session
+    from ..ingest.agui import iter_session
 
     _require_agui()
     store = open_store(args)

@@ -9,7 +9,7 @@ from typing import Any
 from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
-from ..dashboards.views import OUTCOMES
+from ..storage.views import OUTCOMES
 from ..storage.store import Store
 from . import _args
 from .commands import ellipsis, emit, emit_json, open_store

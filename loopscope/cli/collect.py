@@ -33,7 +33,7 @@ def _size(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from ..storage.collector import (
+    from ..ingest.otlp.collector import (
         DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_MAX_CONNECTIONS, DEFAULT_SOCKET_TIMEOUT, TOKEN_ENV,
     )
 
@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from ..storage.collector import TOKEN_ENV, Collector, serve
+    from ..ingest.otlp.collector import TOKEN_ENV, Collector, serve
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import internal_error, logger, warn_once
-from .content import ContentPolicy
+from ..content.policy import ContentPolicy
 
 QUEUE_SIZE = 65_536
 """Spans held for export. The SDK's default (2,048) drops about a third of spans when an

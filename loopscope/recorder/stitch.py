@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _json, pipeline
 from .._guard import internal_error
+from .._json import result_value  # noqa: F401 - adapters import it from here
 from ..models import LoopEndReason
 from ._spans import attach_span
 from .context import current_round, current_session, current_turn, last_stitched
@@ -296,18 +297,6 @@ def wants_result(call_id: str) -> bool:
     call is open, or a decorated tool served it in a turn that is still open. Adapters read
     (and parse) only those results; :func:`start_model_call` ignores all others anyway."""
     return call_id in call_owners or call_id in served_owners
-
-
-def result_value(content: Any) -> Any:
-    """A tool result as the application sent it; JSON text becomes the value it encodes."""
-    if isinstance(content, str):
-        stripped = content.lstrip()
-        if stripped[:1] in ("{", "["):
-            try:
-                return _json.parse(content)  # json.loads, without its frames
-            except ValueError:
-                pass
-    return content
 
 
 def requested_call_span(call_id: str) -> Any:

@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
-from .. import _json, pipeline
+from .. import _json
+from .._json import result_value
 from ..models import ActivityEvent
-from ..recorder.stitch import result_value
 from .connection import open_store, resolve
+from .recording import flush_own
 from .schema import migrate
-from .store import _EVENT_COLUMNS, Store, _event
+from .events import EVENT_COLUMNS as _EVENT_COLUMNS, event_of as _event
+from .store import Store
 
 __all__ = [
     "CONVERSATION_EVENT",
@@ -548,9 +550,7 @@ class DuckDBConversationStore:
         )
 
     def _flush_recording(self) -> None:
-        active = pipeline._active
-        if active is not None and active.db_path == resolve(self.path) and active.writer is not None:
-            active.writer.flush()
+        flush_own(resolve(self.path))
 
     # -- async -------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ holds already are left out of it before it is written.
 between the commit and the answer gets the request again from the sender (OTLP senders
 retry what was not acknowledged), after a restart that forgot which spans it had seen.
 Every row's identity comes from its span: an event's id is the span's trace and span ids
-and a letter for the row's kind (as :data:`mapping.EVENTS_SQL` makes it), a turn summary is the ``invoke_agent``
+and a letter for the row's kind (as :data:`rows.EVENTS_SQL` makes it), a turn summary is the ``invoke_agent``
 span's, a raw span is its trace and span ids. So a row is left out when the store has
 one with the same identity, and so is the second of two in the same batch.
 
@@ -22,11 +22,11 @@ from typing import Any
 
 import duckdb
 
-from .mapping import EVENT_TYPES, INPUT_MESSAGE, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
+from .rows import EVENT_TYPES, INPUT_MESSAGE, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
 
 __all__ = ["drop_stored", "fresh_spans_sql"]
 
-# an event id's last letter, by the fact's code, as mapping.EVENTS_SQL makes it
+# an event id's last letter, by the fact's code, as rows.EVENTS_SQL makes it
 _SUFFIX = {code: "m" for code in EVENT_TYPES} | {
     TOOL_START: "s", TOOL_END: "e", INPUT_MESSAGE: "i", STATE_SNAPSHOT: "x", STATE_DELTA: "x",
 }

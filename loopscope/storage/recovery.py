@@ -12,41 +12,29 @@ the same transaction as the rows (schema migration ``m006_open_turns``):
 * ``loopscope_open_turns``: each turn whose first row it wrote and whose summary it has
   not (inserted with the first row, deleted with the summary).
 
-:func:`recover` closes the open turns of writers whose process is provably gone: on the
-same machine (boot and pid namespace), and either no such pid, or one started at another
-time, or a zombie. Anything it cannot prove (another host, another pid namespace, a
-platform without ``/proc`` where the pid exists) is left open. The closing rows go
-through the same span-to-row mapping as everything else (:class:`mapping.Facts`, fed
-plain span records as the collector feeds it): a ``tool_call_end`` row with outcome
-``unserved`` for each call whose start row has no end, then the turn summary, with
-loop end reason ``unfinished`` and :data:`RECOVERED_NOTE` as its error. All of it, and the
-removal of the dead writers' open turns, is one transaction while the file is held, so
-two processes opening the store at once do not both close a turn. A dead writer's row
-goes with them, unless it has drops or failures to report (storage/health.py keeps each
-writer's counters in its row).
+:func:`loopscope.ingest.recovery.recover` closes the open turns of writers whose process
+is provably gone (:func:`is_gone`): on the same machine (boot and pid namespace), and
+either no such pid, or one started at another time, or a zombie. Anything it cannot
+prove (another host, another pid namespace, a platform without ``/proc`` where the pid
+exists) is left open. The closing rows go through the same span-to-row mapping as
+everything else, which is why they are made in ingest: a ``tool_call_end`` row with
+outcome ``unserved`` for each call whose start row has no end, then the turn summary,
+with loop end reason ``unfinished`` and :data:`RECOVERED_NOTE` as its error. A dead
+writer's row goes with them, unless it has drops or failures to report
+(storage/health.py keeps each writer's counters in its row).
 
 Turns written by ``loopscope collect`` are never tracked: their writer is remote.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import socket
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-
-from .. import _json
-from .. import semconv as a
-from .._guard import logger
-from ..models import RESPONSE_SEGMENT_SEPARATOR
-from . import mapping
-from .foreign import Ctx, SpanRecord, Status
+from . import rows
 
 RECOVERED_NOTE = "the process ended before the turn did (recovered at next open)"
 """The ``error`` of a turn summary (and of its ``unserved`` tool calls) written by :func:`recover`."""
@@ -144,7 +132,8 @@ def is_gone(host: str | None, boot_id: str | None, pid_namespace: str | None, pi
 # -- the bookkeeping, in the writer's transaction -----------------------------------------------
 
 
-def _text(value: str | None) -> str:
+def sql_text(value: str | None) -> str:
+    """``value`` as an SQL string literal (NULL for None)."""
     return "NULL" if value is None else "'" + value.replace("'", "''") + "'"
 
 
@@ -154,13 +143,13 @@ SELECT g.correlation_id, g.session_id, {{writer}}, g.trace_id, g.started_at, g.a
 FROM (
   SELECT correlation_id, session_id, any_value(lower(hex(trace_id))) AS trace_id, min(created_us) AS started_at,
     any_value(source_channel_id) AS agent
-  FROM {mapping.EVENTS_TABLE} WHERE correlation_id IS NOT NULL GROUP BY correlation_id, session_id
+  FROM {rows.EVENTS_TABLE} WHERE correlation_id IS NOT NULL GROUP BY correlation_id, session_id
 ) g
 WHERE NOT EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.correlation_id = g.correlation_id AND o.session_id = g.session_id)
 """
 
 _CLOSE_SQL = f"""
-DELETE FROM {OPEN_TURNS} o USING {mapping.TURNS_TABLE} t
+DELETE FROM {OPEN_TURNS} o USING {rows.TURNS_TABLE} t
 WHERE o.correlation_id = coalesce(t.correlation_id, lower(hex(t.span_id))) AND o.session_id = t.session_id
 """
 
@@ -180,7 +169,7 @@ class Tracker:
         self._opened: set[tuple[Any, Any]] = set()  # (correlation id, session id) of its open rows, committed
         self._after: set[tuple[Any, Any]] | None = None  # what they are once the pending batch commits
 
-    def statements(self, facts: mapping.Facts) -> list[str]:
+    def statements(self, facts: rows.Facts) -> list[str]:
         """SQL for :func:`writer.write_batch`'s ``extra``: note the turns these facts open
         and end (the facts' tables are registered on the connection by then). The writer's
         own row (host, pid, start, last seen) comes from :meth:`health.Report.statements`
@@ -190,7 +179,7 @@ class Tracker:
         if process is not self._process:  # first use, or a fork: the child is another writer
             self._process = process
             self.writer_id = os.urandom(16).hex()
-            self._open = _OPEN_SQL.format(writer=_text(self.writer_id))
+            self._open = _OPEN_SQL.format(writer=sql_text(self.writer_id))
             self._opened = set()
         opened = self._opened
         started = _started(facts)
@@ -211,7 +200,7 @@ class Tracker:
             self._opened, self._after = self._after, None
 
 
-def _started(facts: mapping.Facts) -> set[tuple[Any, Any]]:
+def _started(facts: rows.Facts) -> set[tuple[Any, Any]]:
     """The (correlation id, session id) of the turns with event rows in ``facts``."""
     correlations: list[Any] = []
     for batch in facts.events:
@@ -220,7 +209,7 @@ def _started(facts: mapping.Facts) -> set[tuple[Any, Any]]:
     return {key for key in zip(correlations, facts.sessions) if key[0] is not None}
 
 
-def _ended(facts: mapping.Facts) -> set[tuple[Any, Any]]:
+def _ended(facts: rows.Facts) -> set[tuple[Any, Any]]:
     """The (correlation id, session id) of the turns whose summaries are in ``facts``, as
     :data:`_CLOSE_SQL` matches them (a turn without a correlation id goes by its span id)."""
     out: set[tuple[Any, Any]] = set()
@@ -238,156 +227,7 @@ def _ended(facts: mapping.Facts) -> set[tuple[Any, Any]]:
 # -- closing the turns of dead writers ----------------------------------------------------------
 
 
-_NOTHING_TO_REPORT = (
+NOTHING_TO_REPORT = (  # a writer row without drops or failures to report (health.py)
     "coalesce(dropped_queue_full, 0) + coalesce(dropped_unwritable, 0) + coalesce(failed_writes, 0) "
     "+ coalesce(otlp_dropped, 0) + coalesce(otlp_failed, 0) = 0"
 )
-
-
-def recover(con: duckdb.DuckDBPyConnection) -> int:
-    """Close the open turns of every writer whose process has provably ended; returns how
-    many turns were closed. ``con`` holds the file for writing (migrated)."""
-    from .writer import write_batch  # the writer imports this module
-
-    # only the writers with open turns: the others' rows stay as they are (health.py reads
-    # their counters), and are not looked up at every open
-    writers = con.execute(
-        f"SELECT writer_id, host, boot_id, pid_namespace, pid, process_start FROM {WRITERS} w "
-        f"WHERE EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.writer_id = w.writer_id)"
-    ).fetchall()
-    dead = [row[0] for row in writers if is_gone(*row[1:])]
-    if not dead:
-        return 0
-    opened = con.execute(
-        f"SELECT o.correlation_id, o.session_id, o.trace_id, epoch_us(o.started_at) FROM {OPEN_TURNS} o "
-        "WHERE list_contains(?, o.writer_id) AND NOT EXISTS "
-        "(SELECT 1 FROM turns t WHERE t.correlation_id = o.correlation_id AND t.session_id = o.session_id) "
-        "ORDER BY o.started_at, o.correlation_id",
-        [dead],
-    ).fetchall()
-    spans: list[tuple[int, Any]] = []
-    closed: list[str] = []
-    if opened:
-        # the time bound (a second before the first open turn's first row) lets DuckDB
-        # skip the row groups written before, by their created_at ranges
-        rows = con.execute(
-            "SELECT session_id, correlation_id, type, epoch_us(created_at), source_channel_id, source_provider, "
-            "source_framework, content::VARCHAR, trace_id, span_id, id FROM events "
-            "WHERE list_contains(?, session_id) AND list_contains(?, correlation_id) AND created_at >= to_timestamp(?) "
-            "ORDER BY session_id, idx",
-            [sorted({o[1] for o in opened}), sorted({o[0] for o in opened}), min(o[3] for o in opened) / 1e6 - 1.0],
-        ).fetchall()
-        by_turn: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-        for row in rows:
-            by_turn.setdefault((row[1], row[0]), []).append(row)
-        for correlation_id, session_id, trace_id, started_us in opened:
-            turn_rows = by_turn.get((correlation_id, session_id))
-            if turn_rows:
-                ended, span_id = _closing_spans(correlation_id, session_id, trace_id, started_us, turn_rows)
-                spans += ended
-                closed.append(span_id)
-    facts = mapping.Facts()
-    facts.add(spans)
-    extra = [
-        f"DELETE FROM {OPEN_TURNS} WHERE writer_id IN ({', '.join(map(_text, dead))})",
-        # a dead writer's row stays while it has drops or failures to report (loopscope status)
-        f"DELETE FROM {WRITERS} WHERE writer_id IN ({', '.join(map(_text, dead))}) AND {_NOTHING_TO_REPORT}",
-    ]
-    if closed:
-        extra.append(
-            f"UPDATE turns SET error = {_text(RECOVERED_NOTE)} WHERE loop_end_reason = 'unfinished' AND error IS NULL "
-            f"AND span_id IN ({', '.join(map(_text, closed))})"
-        )
-    write_batch(con, facts, extra=extra)
-    if closed:
-        logger.warning("loopscope: closed %d turn(s) left open by a process that ended (loop end reason unfinished)", len(closed))
-    return len(closed)
-
-
-def _ns(us: int) -> int:
-    return int(us) * 1000
-
-
-def _closing_spans(
-    correlation_id: str, session_id: str, trace_id: str | None, started_us: int, rows: Sequence[tuple[Any, ...]]
-) -> tuple[list[tuple[int, Any]], str]:
-    """The ended spans a live shutdown would have written for this turn, from its stored
-    rows (in index order): its pending tool calls ended unserved, then its summary."""
-    last_us = max(r[3] for r in rows)
-    end = _ns(last_us)
-    common: dict[str, Any] = {a.CONVERSATION_ID: session_id, a.TURN_ID: correlation_id}
-    for key, column in ((a.AGENT_NAME, 4), (a.PROVIDER, 5), (a.FRAMEWORK, 6)):
-        value = next((r[column] for r in rows if r[column]), None)
-        if value:
-            common[key] = value
-    segments: list[str] = []
-    current = ""
-    rounds = tool_calls = 0
-    in_tools = False
-    starts: dict[str, tuple[Any, ...]] = {}
-    ended: set[str] = set()
-    turn_span: str | None = None
-    for row in rows:
-        kind, content = row[2], _content(row[7])
-        if kind == "message":
-            if content.get("role") == "assistant":
-                current += str(content.get("body") or "")
-                in_tools = False
-            elif row[10].endswith("i"):  # the turn's input: written under the turn's own span
-                turn_span = row[9]
-        elif kind == "tool_call_start":
-            # a tool call is a segment boundary (as Turn._close_segment); a run of tool rows is a round
-            if current.strip():
-                segments.append(current)
-            current = ""
-            if not in_tools:
-                rounds += 1
-                in_tools = True
-            starts[row[9]] = row
-        elif kind == "tool_call_end":
-            ended.add(row[9])
-            if content.get("outcome") != "unserved":
-                tool_calls += 1
-    if current.strip():
-        segments.append(current)
-    spans: list[tuple[int, Any]] = []
-    for span_id, row in starts.items():
-        if span_id in ended:
-            continue
-        content = _content(row[7])
-        attributes = {
-            a.OPERATION: a.OP_EXECUTE_TOOL, a.CONVERSATION_ID: session_id, a.TURN_ID: correlation_id,
-            # the call's own agent, provider and framework, as its start row says
-            **{key: row[column] for key, column in ((a.AGENT_NAME, 4), (a.PROVIDER, 5), (a.FRAMEWORK, 6)) if row[column]},
-            a.TOOL_NAME: str(content.get("tool_name") or ""), a.TOOL_CALL_ID: str(content.get("tool_id") or ""),
-            a.TOOL_OUTCOME: "unserved", a.TOOL_STATUS: "failed", a.TOOL_ERROR: RECOVERED_NOTE, a.ERROR_TYPE: "unserved",
-        }
-        if content.get("arguments") is not None:
-            attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(content["arguments"])
-        context = Ctx(int(row[8], 16), int(span_id, 16))
-        spans.append((mapping._END, SpanRecord(f"{a.OP_EXECUTE_TOOL} {attributes[a.TOOL_NAME]}", context, None,
-                                               _ns(row[3]), max(end, _ns(row[3])), attributes, status=Status(2, RECOVERED_NOTE))))
-    trace = trace_id or rows[0][8]
-    if turn_span is None:  # no input row: an id of its own, the same every time
-        turn_span = hashlib.sha256(f"{session_id}\x00{correlation_id}".encode()).hexdigest()[:16]
-    response = RESPONSE_SEGMENT_SEPARATOR.join(segments)
-    attributes = {
-        a.OPERATION: a.OP_INVOKE_AGENT, **common,
-        **a.turn_attributes("unfinished", _json.dumps(segments), rounds, tool_calls, False, "[]", None, response, "", None,
-                            common.get(a.PROVIDER), {}),
-    }
-    agent = common.get(a.AGENT_NAME)
-    name = f"{a.OP_INVOKE_AGENT} {agent}" if agent else a.OP_INVOKE_AGENT
-    spans.append((mapping._END, SpanRecord(name, Ctx(int(trace, 16), int(turn_span, 16)), None,
-                                           _ns(min(started_us, last_us)), end, attributes)))
-    return spans, turn_span
-
-
-def _content(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

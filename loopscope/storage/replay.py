@@ -34,6 +34,7 @@ import duckdb
 from ..models import ActivityEvent
 from .connection import open_store
 from .errors import StoreLockedError
+from .events import EVENT_COLUMNS, event_of
 from .policy import RECEIVED, EventFilter
 from .schema import check_readable
 
@@ -144,15 +145,11 @@ def _reading(store: Store, flush: bool = True) -> Iterator[duckdb.DuckDBPyConnec
 
 
 def _events(rows: list[tuple[Any, ...]]) -> list[ActivityEvent]:
-    from .store import _event
-
-    return [_event(r) for r in rows]
+    return [event_of(r) for r in rows]
 
 
 def _columns() -> str:
-    from .store import _EVENT_COLUMNS
-
-    return _EVENT_COLUMNS
+    return EVENT_COLUMNS
 
 
 # -- one session: Store.replay -------------------------------------------------------------

@@ -37,8 +37,8 @@ from .errors import StoreError
 
 
 def _views() -> list[str]:
-    # imported when a migration runs: the dashboards package never loads with the storage
-    from ..dashboards.views import create_statements
+    # imported when a migration runs
+    from .views import create_statements
 
     # the views as they were then: ``events`` has no tool columns before m004_tool_columns
     return create_statements(tool_columns=False)
@@ -68,7 +68,7 @@ WHERE type IN ('tool_call_start', 'tool_call_end')
 
 
 def _tool_columns() -> list[str]:
-    from ..dashboards.views import TOOL_COLUMNS, create_statements
+    from .views import TOOL_COLUMNS, create_statements
 
     assert tuple(TOOL_COLUMN_TYPES) == TOOL_COLUMNS
     return [
@@ -386,7 +386,7 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     """
     if schema_version(con) >= SCHEMA_VERSION:
         return []
-    from ..dashboards.views import views
+    from .views import views
 
     definitions = views(tool_columns=has_tool_columns(con))
     present = {

@@ -1,16 +1,16 @@
 """The content policy on the way into the local store, in the writer's mapping stage.
 
-The writer reduces spans to facts in Arrow record batches (:class:`mapping.Facts`);
+The writer reduces spans to facts in Arrow record batches (:class:`rows.Facts`);
 before they are written, the columns that carry content (tool arguments, results and
 errors, message text, state rows' content, a turn's response, segments, thinking and
-error) go through the same :class:`~loopscope.export.content.ContentPolicy` as OTLP
+error) go through the same :class:`~loopscope.content.policy.ContentPolicy` as OTLP
 export: secrets masked, the redaction hook, ``store_max_chars`` per value.
 
 It runs in the writer's thread, once per batch written (never on the calling thread).
 Almost no value holds a secret, so the regular expressions (Python's, as on export) run
 only on the few values a prefilter picks: an RE2 expression that matches every value a
 pattern could match (for the default patterns, the prefilters of
-:data:`~loopscope.export.secrets.SECRET_SHAPES`, mostly literal prefixes), run
+:data:`~loopscope.content.secrets.SECRET_SHAPES`, mostly literal prefixes), run
 by Arrow off the GIL over all content values of the batch end to end as one string, and
 a byte-length check for the cap. Values it does not pick are not even converted to
 Python: they are stored byte for byte as without the policy. A redaction hook, or a
@@ -28,9 +28,9 @@ from typing import Any
 
 from .. import semconv as a
 from .._guard import warn_once
-from ..export.content import REDACTED, ContentPolicy
-from ..export.secrets import DEFAULT_PREFILTERS, KEY_VALUE_PREFILTER
-from . import mapping
+from ..content.policy import REDACTED, ContentPolicy
+from ..content.secrets import DEFAULT_PREFILTERS, KEY_VALUE_PREFILTER
+from . import rows
 
 # Python's and RE2's meaning of these differ (Unicode classes and boundaries, ``$``
 # before a final newline): a pattern with one could match a value its RE2 form misses.
@@ -54,10 +54,10 @@ _TURN_COLUMNS = (
 
 def _event_where(column: str, code: int) -> str:
     if column == "body":
-        return a.TURN_INPUT if code == mapping.INPUT_MESSAGE else a.ROUND_TEXT
-    if code in (mapping.STATE_SNAPSHOT, mapping.STATE_DELTA):
+        return a.TURN_INPUT if code == rows.INPUT_MESSAGE else a.ROUND_TEXT
+    if code in (rows.STATE_SNAPSHOT, rows.STATE_DELTA):
         return a.STATE_VALUE
-    return a.TOOL_CALL_RESULT if code <= mapping.TOOL_END else a.ROUND_TEXT
+    return a.TOOL_CALL_RESULT if code <= rows.TOOL_END else a.ROUND_TEXT
 
 
 def prefilter(policy: ContentPolicy) -> str | None:
@@ -106,7 +106,7 @@ class Scrubber:
         """True when the policy can change no stored value (nothing to do at all)."""
         return not self.masking and not self.limit
 
-    def apply(self, facts: mapping.Facts) -> None:
+    def apply(self, facts: rows.Facts) -> None:
         """Scrub the batches of ``facts`` in place."""
         if self.idle:
             return

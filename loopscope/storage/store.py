@@ -9,71 +9,26 @@ agent keeps writing.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import duckdb
 
-from .. import pipeline
-from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, SessionInfo, TextContent, ToolCallContent
+from ..models import ActivityEvent, AIResponseEvent, SessionInfo
 from .connection import open_store, resolve
+from .recording import configured_path, default_db_path, flush_own
 from .errors import SQLRefusedError
+from .events import EVENT_COLUMNS as _EVENT_COLUMNS, TURN_COLUMNS as _TURN_COLUMNS, event_of as _event, turn_of as _turn
 from .policy import RECEIVED, EventFilter
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views
-
-_EVENT_COLUMNS = (
-    "id, session_id, idx, type, created_at, correlation_id, source_channel_id, source_provider, "
-    "source_framework, status, content, trace_id, span_id"
-)
-_TURN_COLUMNS = (
-    "channel_id, session_id, correlation_id, parent_correlation_id, response_content, segments, tool_calls_count, "
-    "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
-    "provider, error, trace_id, span_id"
-)
-
 
 _SPAN_SQL = """
     SELECT m.value, s.first_at, s.last_at
     FROM (SELECT value FROM main.loopscope_meta WHERE key = 'schema_version') m
     LEFT JOIN (SELECT first_at, last_at FROM main.sessions WHERE session_id = ?) s ON true
 """
-
-
-def _content(text: str | None) -> Any:
-    data = json.loads(text) if text else {}
-    kind = data.get("type") if isinstance(data, dict) else None
-    if kind == "tool_call":
-        return ToolCallContent.model_validate(data)
-    if kind == "text":
-        return TextContent.model_validate(data)
-    return data if isinstance(data, dict) else {"value": data}
-
-
-def _event(row: Sequence[Any]) -> ActivityEvent:
-    return ActivityEvent(
-        id=row[0],
-        session_id=row[1],
-        index=row[2],
-        type=row[3],
-        created_at=row[4],
-        correlation_id=row[5],
-        source=EventSource(channel_id=row[6], provider=row[7], framework=row[8]),
-        status=EventStatus(row[9]),
-        content=_content(row[10]),
-        trace_id=row[11],
-        span_id=row[12],
-    )
-
-
-def _turn(row: Sequence[Any]) -> AIResponseEvent:
-    names = [c.strip() for c in _TURN_COLUMNS.split(",")]
-    data = dict(zip(names, row))
-    for key in ("segments", "usage", "declared_tools"):
-        data[key] = json.loads(data[key]) if data[key] else None
-    return AIResponseEvent.model_validate({k: v for k, v in data.items() if v is not None})
 
 
 class Store:
@@ -93,14 +48,12 @@ class Store:
     """
 
     def __init__(self, path: str | None = None, *, lock_timeout: float = 10.0, keep_open: bool = False) -> None:
-        self.path = resolve(path or _configured_path() or pipeline.default_db_path())
+        self.path = resolve(path or configured_path() or default_db_path())
         self.lock_timeout = lock_timeout
         self.keep_open = keep_open
 
     def _flush_own(self) -> None:
-        active = pipeline._active
-        if active is not None and active.db_path == self.path and active.writer is not None:
-            active.writer.flush()
+        flush_own(self.path)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._flush_own()
@@ -377,11 +330,6 @@ class Store:
                 ) from exc
             names = [d[0] for d in cursor.description] if cursor.description else []
             return names, cursor.fetchall()
-
-
-def _configured_path() -> str | None:
-    active = pipeline._active
-    return active.db_path if active is not None else None
 
 
 class AsyncStore:

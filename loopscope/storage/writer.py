@@ -3,7 +3,8 @@
 The calling thread only appends a reference to a bounded deque. A daemon thread wakes
 every ``flush_interval`` (or when a batch is full; by default the interval follows the
 writer's own cost, see :data:`AUTO_SHARE`), reduces the spans to facts in Arrow
-record batches a chunk at a time (:class:`mapping.Facts`), and once it holds
+record batches a chunk at a time (:class:`rows.Facts`, through the :class:`rows.SpanMapping`
+it was given: loopscope.ingest's), and once it holds
 ``batch_size`` rows, a waiting flush or all that was queued, writes them in one
 transaction: it opens the file, gives each row its per-session index, makes the rows
 from the facts in SQL, and lets the file go again, so that other processes can read in
@@ -34,13 +35,12 @@ from typing import Any
 import duckdb
 
 from .._guard import clear_warning, internal_error, logger, warn_once
-from . import mapping, recovery
-from . import health, idempotent, scrub
-from ..export.content import ContentPolicy
+from . import health, idempotent, recovery, rows, scrub
+from ..content.policy import ContentPolicy
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
-from .mapping import _BOUNDED, _END, _START
 from .policy import PersistencePolicy
+from .rows import END as _END, START as _START, SpanMapping
 from .schema import migrate
 
 __all__ = ["_END", "_START", "StoreWriter", "WriterStats", "write_batch"]
@@ -78,8 +78,6 @@ QUEUE_BYTES = 64 << 20
 """Bytes of recorded content the queue holds at most by default (``max_bytes``,
 ``configure(queue_bytes=...)``); past it spans are dropped and counted, as past
 ``max_queue``. The rows kept after failed writes are bounded by it too."""
-_SPAN_BYTES = 256
-"""What a span counts against ``max_bytes`` besides the lengths of its text attributes."""
 
 
 @dataclass
@@ -117,6 +115,7 @@ class StoreWriter:
         self,
         path: str,
         *,
+        mapping: SpanMapping,
         policy: PersistencePolicy | None = None,
         flush_interval: float | None = None,
         max_queue: int = 200_000,
@@ -128,6 +127,9 @@ class StoreWriter:
         skip_stored: bool = False,
     ) -> None:
         self.path = path
+        # spans to facts (loopscope.ingest.mapping.SPANS): the writer itself knows facts only
+        self._mapping = mapping
+        self._span_bytes = mapping.size  # bound once: the hot path calls it per ended span
         # leave out of each batch the rows the store holds already (idempotent.py): a
         # collector's senders resend what it did not acknowledge before a crash
         self.skip_stored = skip_stored
@@ -159,7 +161,7 @@ class StoreWriter:
         self._mapped = 0  # rows taken from the queue and mapped, not written yet
         self._inflight = 0  # rows in the write under way (the backlog's among them)
         self._held_bytes = 0  # Arrow bytes of the rows mapped, being written or kept
-        self._backlog: mapping.Facts | None = None  # rows that could not be written yet
+        self._backlog: rows.Facts | None = None  # rows that could not be written yet
         # bytes queued = _in_bytes - _out_bytes: the first only the application's threads
         # add to, the second only the writer's thread (no lock on the hot path)
         self._in_bytes = 0
@@ -192,7 +194,7 @@ class StoreWriter:
             self._dropped += 1
             return
         if kind:  # an ended span: its content is final (a started one's is counted at its end)
-            self._in_bytes += _span_bytes(span)
+            self._in_bytes += self._span_bytes(span)
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
@@ -261,7 +263,7 @@ class StoreWriter:
             lost_from_file=self._indices.lost,
         )
 
-    def counters(self, facts: mapping.Facts | None = None) -> health.Counters:
+    def counters(self, facts: rows.Facts | None = None) -> health.Counters:
         """The counters kept in the store; with ``facts``, as they are once those are written."""
         otlp = self.report.otlp
         otlp_dropped, otlp_failed = otlp() if otlp is not None else (0, 0)
@@ -284,7 +286,7 @@ class StoreWriter:
         there is one (None: the report's own)."""
         return self._tracker.writer_id if self._tracker is not None else None
 
-    def _report_statements(self, facts: mapping.Facts, *, stopped: bool = False) -> tuple[list[str], health.Counters]:
+    def _report_statements(self, facts: rows.Facts, *, stopped: bool = False) -> tuple[list[str], health.Counters]:
         """The statements that keep this writer's counters in the store, and the counters
         they hold (``report.persisted`` once their transaction commits)."""
         counters = self.counters(facts)
@@ -302,7 +304,7 @@ class StoreWriter:
         try:
             with open_store(self.path, read_only=False, timeout=wait) as con:
                 _ensure_schema(self.path, con)
-                statements, counters = self._report_statements(mapping.Facts(), stopped=True)
+                statements, counters = self._report_statements(rows.Facts(), stopped=True)
                 con.execute(";\n".join(["BEGIN TRANSACTION", *statements, "COMMIT"]))
             self.report.persisted = counters
         except (duckdb.Error, StoreError, OSError):
@@ -401,13 +403,13 @@ class StoreWriter:
         otherwise keep the drain mapping, and nothing written, until a batch filled up. A
         failed write ends the drain: the rows are kept, and retried at the next wake.
         """
-        facts = mapping.Facts()
+        facts = rows.Facts()
         markers: list[_Marker] = []
         # mapped rows count against the memory bound too: a batch holds at most what the
         # queue may, so a writer that cannot write holds about twice ``max_queue`` (and
         # ``max_bytes``), not ``max_queue`` + ``batch_size``
         limit = max(1, min(self.batch_size, self.max_queue))
-        chunk = min(mapping.CHUNK, limit)
+        chunk = min(rows.CHUNK, limit)
         left = len(self._queue)
         while True:
             items, taken = self._take(min(chunk, left))
@@ -428,7 +430,7 @@ class StoreWriter:
                     for marker in markers:
                         marker.ok = ok
                         marker.done.set()
-                facts, markers = mapping.Facts(), []
+                facts, markers = rows.Facts(), []
                 if not ok or self._abandoned:
                     return
             if idle:
@@ -449,20 +451,20 @@ class StoreWriter:
             else:
                 items.append(item)
                 if item[0]:  # as submit() counted it
-                    taken += _span_bytes(item[1])
+                    taken += self._span_bytes(item[1])
         self._out_bytes += taken
         return items, markers
 
-    def _map(self, items: list[Any], facts: mapping.Facts) -> None:
+    def _map(self, items: list[Any], facts: rows.Facts) -> None:
         policy = self.policy
         if self._allowed_by is not policy:  # the policy's answer, asked once per policy
-            self._skip = frozenset(t for t in set(mapping.EVENT_TYPES.values()) if not policy.allows(t))
+            self._skip = frozenset(t for t in set(rows.EVENT_TYPES.values()) if not policy.allows(t))
             self._allowed_by = policy
         excluded = facts.excluded
-        facts.add(items, self._skip, _yield_gil)
+        self._mapping.add(facts, items, self._skip, _yield_gil)
         self._excluded += facts.excluded - excluded
 
-    def _write(self, facts: mapping.Facts) -> bool:
+    def _write(self, facts: rows.Facts) -> bool:
         """Write the backlog, then ``facts``; True when all of it reached the file.
 
         When a batch fails for another reason than a held file, it is written in halves
@@ -512,7 +514,7 @@ class StoreWriter:
             self._last_error = None
         return True
 
-    def _write_piece(self, facts: mapping.Facts) -> BaseException | None:
+    def _write_piece(self, facts: rows.Facts) -> BaseException | None:
         """Write ``facts`` in one transaction; the error when it failed."""
         # The rows reach the file proper at a checkpoint, which also rewrites the tables'
         # last, partly filled row groups: about a quarter of a small batch's cost. So they
@@ -564,7 +566,7 @@ class StoreWriter:
         """Close the turns that dead writers left open, once (again at the next batch if the
         file could not be written now)."""
         try:
-            recovery.recover(con)
+            self._mapping.recover(con)
         except duckdb.Error:
             raise
         except Exception:
@@ -580,7 +582,7 @@ class StoreWriter:
         except (duckdb.Error, StoreError, OSError):
             pass  # the rows are safe in the WAL; the next idle wait or the close tries again
 
-    def _keep(self, facts: mapping.Facts, exc: BaseException) -> None:
+    def _keep(self, facts: rows.Facts, exc: BaseException) -> None:
         """Hold rows that could not be written, up to max_queue rows and max_bytes; count
         the rest (the oldest) as dropped."""
         self._failed_writes += 1
@@ -615,11 +617,11 @@ def _file_error(exc: BaseException) -> bool:
     return any(word in text for word in ("invalidated", "space", "disk", "file", "i/o", "fatal", "lock"))
 
 
-def _halves(facts: mapping.Facts) -> tuple[mapping.Facts, mapping.Facts]:
+def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
     """``facts`` in two, in order: the first half of the events, then the rest of them with
     every turn summary (a turn's summary is written with or after its events, so the open
     turns noted by the recovery tracker close in order); turns alone are halved likewise."""
-    first, second = mapping.Facts(), mapping.Facts()
+    first, second = rows.Facts(), rows.Facts()
     events = facts.event_rows
     if events > 1 or (events == 1 and facts.turn_rows):
         cut = events // 2 if events > 1 else 1
@@ -636,25 +638,9 @@ def _halves(facts: mapping.Facts) -> tuple[mapping.Facts, mapping.Facts]:
     return first, second
 
 
-def _facts_bytes(facts: mapping.Facts) -> int:
+def _facts_bytes(facts: rows.Facts) -> int:
     """The Arrow bytes of the rows of ``facts`` (what they hold in memory, about)."""
     return sum(batch.nbytes for batch in facts.events) + sum(batch.nbytes for batch in facts.turns)
-
-
-def _span_bytes(span: Any) -> int:
-    """What a queued span counts against ``max_bytes``: the lengths of its text attributes
-    (the content: messages, tool arguments and results) and :data:`_SPAN_BYTES`. Cheap:
-    a span's own attribute dict, read once."""
-    try:
-        attributes = span._attributes
-        values = attributes._dict.values() if type(attributes) is _BOUNDED else attributes.values()
-    except AttributeError:
-        return _SPAN_BYTES  # not an SDK span: its size is unknown, the count bound holds it
-    size = _SPAN_BYTES
-    for value in values:
-        if type(value) is str:
-            size += len(value)
-    return size
 
 
 class _SessionIndex:
@@ -722,12 +708,12 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
 
 
 def write_batch(
-    con: duckdb.DuckDBPyConnection, facts: mapping.Facts, *, extra: Sequence[str] = (), seen: _SessionIndex | None = None
+    con: duckdb.DuckDBPyConnection, facts: rows.Facts, *, extra: Sequence[str] = (), seen: _SessionIndex | None = None
 ) -> tuple[int, int]:
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
-    The rows are made from the facts in SQL (:data:`mapping.EVENTS_SQL`,
-    :data:`mapping.TURNS_SQL`), the session counters too, all in one script of as few
+    The rows are made from the facts in SQL (:data:`rows.EVENTS_SQL`,
+    :data:`rows.TURNS_SQL`), the session counters too, all in one script of as few
     statements as it takes: every statement has DuckDB's Python client take the GIL back
     from the application's threads at each of its steps (see ``connection._Home``).
     ``extra`` statements run in the same transaction, after the rows (an importer writes
@@ -760,8 +746,8 @@ def write_batch(
             next_index[session] = value
             add(value)
         events = events.append_column("idx", pa.array(indices, pa.int64()))
-        con.register(mapping.EVENTS_TABLE, events)
-        script.append(mapping.EVENTS_SQL)
+        con.register(rows.EVENTS_TABLE, events)
+        script.append(rows.EVENTS_SQL)
         # the session counters, made here with Arrow (a statement that aggregates the
         # batch's events costs DuckDB ~2 ms more to plan): an update for the sessions the
         # file has, a plain insert for the new ones (the file is ours meanwhile)
@@ -780,8 +766,8 @@ def write_batch(
             con.register(_NEW_SESSIONS, counters)
             script.append(_SESSIONS_INSERT_SQL)
     if turns is not None:
-        con.register(mapping.TURNS_TABLE, turns)
-        script.append(mapping.TURNS_SQL)
+        con.register(rows.TURNS_TABLE, turns)
+        script.append(rows.TURNS_SQL)
     script += extra
     script.append("COMMIT")
     try:

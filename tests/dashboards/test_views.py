@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 import loopscope
-from loopscope.dashboards.views import OUTCOMES, VIEWS
+from loopscope.storage.views import OUTCOMES, VIEWS
 from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 
 import analytics_store as workload

@@ -11,8 +11,8 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope.export.content import DEFAULT_PATTERNS, ContentPolicy
-from loopscope.storage.collector import Collector
+from loopscope.content.policy import DEFAULT_PATTERNS, ContentPolicy
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 
 KEY = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234"

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import loopscope
 from fakes import otlp_receiver
-from loopscope.export.content import ContentPolicy
+from loopscope.content.policy import ContentPolicy
 
 SECRET = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234"
 

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from fakes import otlp_receiver
-from loopscope.export.content import ContentPolicy
-from loopscope.export.secrets import DEFAULT_PREFILTERS, SECRET_SHAPES
+from loopscope.content.policy import ContentPolicy
+from loopscope.content.secrets import DEFAULT_PREFILTERS, SECRET_SHAPES
 from loopscope.storage import writer as writer_module
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 from loopscope.storage.scrub import prefilter
 

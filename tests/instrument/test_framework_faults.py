@@ -24,7 +24,7 @@ spans_module = importlib.import_module("loopscope.recorder._spans")
 json_module = importlib.import_module("loopscope._json")
 stitch_module = importlib.import_module("loopscope.recorder.stitch")
 calls_module = importlib.import_module("loopscope.instrument._calls")
-foreign_module = importlib.import_module("loopscope.storage.foreign")
+foreign_module = importlib.import_module("loopscope.ingest.foreign")
 
 
 def _boom(*args: Any, **kwargs: Any) -> Any:

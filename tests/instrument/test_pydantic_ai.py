@@ -23,7 +23,7 @@ from pydantic_ai.usage import UsageLimits
 import loopscope
 from loopscope import LoopEndReason, semconv as a
 from loopscope.instrument import active
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 
 from fakes.fixtures import model_server  # noqa: F401 - the fixture

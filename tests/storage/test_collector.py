@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import loopscope
 from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]

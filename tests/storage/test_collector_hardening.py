@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from idle_sockets import serve_past_idle_sockets
 from test_collector import ROOT, _one_turn_payload, collector, rows  # noqa: F401 - collector is a fixture
 
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 
 PROTOBUF = "application/x-protobuf"

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import loopscope
 from loopscope import EventType, PersistencePolicy
 from loopscope import semconv as a
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.state import StatePatchError, apply_patch
 
 

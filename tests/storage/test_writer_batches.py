@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.storage import writer
-from loopscope.storage.writer import StoreWriter
+from loopscope.ingest.writer import SpanWriter
 
 
 def _turn(session: str, text: str) -> None:
@@ -89,7 +89,7 @@ def test_by_default_rows_reach_the_file_within_about_half_a_second_without_a_flu
 
 
 def test_a_flush_with_nothing_queued_answers_at_once_and_writes_nothing(tmp_path):
-    w = StoreWriter(str(tmp_path / "idle.duckdb"))
+    w = SpanWriter(str(tmp_path / "idle.duckdb"))
     try:
         time.sleep(0.2)
         started = time.monotonic()
@@ -105,7 +105,7 @@ def test_a_flush_with_nothing_queued_answers_at_once_and_writes_nothing(tmp_path
     [(0.0, 0.5), (0.02, 0.5), (0.05, 1.0), (0.1, 2.0), (1.0, 5.0)],
 )
 def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost, wait):
-    w = StoreWriter(str(tmp_path / "w.duckdb"))
+    w = SpanWriter(str(tmp_path / "w.duckdb"))
     try:
         # a batch that took `cost` s of the writer's CPU is followed by a wait 20x as long
         # (5% of a core), within half a second and five seconds
@@ -116,7 +116,7 @@ def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost,
 
 
 def test_a_given_interval_is_kept_whatever_a_batch_costs(tmp_path):
-    w = StoreWriter(str(tmp_path / "w.duckdb"), flush_interval=0.2)
+    w = SpanWriter(str(tmp_path / "w.duckdb"), flush_interval=0.2)
     try:
         assert w._wait_after(0.0) == w._wait_after(3.0) == 0.2
     finally:

@@ -29,7 +29,7 @@ from ...storage.policy import EventFilter
 from ...storage.replay import SessionMark, read_after
 from ...storage.schema import check_readable, has_tool_columns
 from ...storage.store import Store
-from ..views import tool_rows
+from ...storage.views import tool_rows
 
 __all__ = [
     "MAX_CONTENT_CHARS",

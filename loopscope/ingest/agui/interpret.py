@@ -29,7 +29,8 @@ from typing import Any
 
 from ... import _json
 from ...models import RESPONSE_SEGMENT_SEPARATOR, LoopEndReason
-from .. import mapping
+from ...storage import rows
+from ..mapping import text_content
 from .read import AguiFormatError, Received
 
 __all__ = ["FRAMEWORK", "Interpretation", "PendingCall", "Segment", "interpret", "span_bytes", "trace_bytes"]
@@ -236,7 +237,7 @@ class _Interpreter:
         """Add an event fact; ``correlation`` defaults to the current run."""
         run = self.run
         assert run is not None
-        row = dict.fromkeys(mapping.EVENT_FIELDS)
+        row = dict.fromkeys(rows.EVENT_FIELDS)
         row.update(
             code=code, trace_id=trace or run.trace, span_id=span, created_us=self.ts, session_id=run.session,
             correlation_id=run.run_id if correlation is _RUN else correlation, source_framework=FRAMEWORK, blocked=False,
@@ -250,11 +251,11 @@ class _Interpreter:
         span = span_bytes(run.session, "message", message_id)
         self.messages_made.add((run.session, span))
         if role == "user":
-            self._row(mapping.INPUT_MESSAGE, span, body=body)
+            self._row(rows.INPUT_MESSAGE, span, body=body)
         elif role == "assistant":
-            self._row(mapping.ROUND_MESSAGE, span, body=body)
+            self._row(rows.ROUND_MESSAGE, span, body=body)
         else:  # system, developer: the content says who
-            self._row(mapping.ROUND_MESSAGE, span, body=body, content=mapping._text_content(body, role))
+            self._row(rows.ROUND_MESSAGE, span, body=body, content=text_content(body, role))
 
     def _tool_start(self, call_id: str, call: _Call) -> None:
         run = self.run
@@ -262,7 +263,7 @@ class _Interpreter:
         call.started = True
         arguments = "".join(call.parts) or None
         span = span_bytes(run.session, "tool", call_id)
-        self._row(mapping.TOOL_START, span, tool_name=call.name, tool_id=call_id, arguments=arguments)
+        self._row(rows.TOOL_START, span, tool_name=call.name, tool_id=call_id, arguments=arguments)
         self.pending[(run.session, call_id)] = PendingCall(run.trace, span, call.name, arguments, self.ts, run.run_id)
         run.unanswered.add(call_id)
 
@@ -281,7 +282,7 @@ class _Interpreter:
         run.unanswered.discard(call_id)
         failed = error is not None
         self._row(
-            mapping.TOOL_END, pending.span, pending.trace, pending.correlation_id,
+            rows.TOOL_END, pending.span, pending.trace, pending.correlation_id,
             tool_name=pending.name, tool_id=call_id, arguments=pending.arguments, result=_result_text(result),
             tool_status="failed" if failed else "completed", outcome="failed" if failed else "served", error=error,
             duration_ms=round(max(0, self.ts - pending.started_us) / 1000, 3),
@@ -355,7 +356,7 @@ class _Interpreter:
             reason = said["loop_end_reason"]
             error = said.get("error") if isinstance(said.get("error"), str) else error
         usage, model, provider = _usage(getattr(event, "usage", None))
-        turn = dict.fromkeys(mapping.TURN_FIELDS)
+        turn = dict.fromkeys(rows.TURN_FIELDS)
         turn.update(
             trace_id=run.trace,
             span_id=span_bytes(run.session, "run", run.run_id or ""),
@@ -511,10 +512,10 @@ class _Interpreter:
         self._row(code, span, content=content)
 
     def _on_state_snapshot(self, e: Any) -> None:
-        self._state(mapping.STATE_SNAPSHOT, "snapshot", self._raw_field("snapshot"))
+        self._state(rows.STATE_SNAPSHOT, "snapshot", self._raw_field("snapshot"))
 
     def _on_state_delta(self, e: Any) -> None:
-        self._state(mapping.STATE_DELTA, "delta", self._raw_field("delta"))
+        self._state(rows.STATE_DELTA, "delta", self._raw_field("delta"))
 
     def _raw_field(self, name: str) -> Any:
         """A field as it arrived (not as the model re-serializes it)."""

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from loopscope import semconv as a
-from loopscope.storage.collector import Collector
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
-from loopscope.storage.foreign import (
-    AGENT, CHAT, CONTAINER, TOOL, Assembler, Ctx, Scope, SpanEvent, SpanRecord, Status, classify, normalize, parse_fixture,
-)
+from loopscope.ingest.foreign import AGENT, CHAT, CONTAINER, TOOL, Assembler, classify, normalize
+from loopscope.ingest.otlp.decode import parse_fixture
+from loopscope.ingest.spans import Ctx, Scope, SpanEvent, SpanRecord, Status
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"
@@ -251,11 +251,11 @@ def test_normalize_one_span_and_pass_our_own_through():
 def test_the_in_process_store_maps_foreign_spans_as_the_collector_does(tmp_path, lib):
     """Foreign spans that end in this process (pydantic-ai's, with loopscope.instrument()) go
     through the store's span processor: the same rows as the collector's."""
-    from loopscope.storage.processor import StoreSpanProcessor
-    from loopscope.storage.writer import StoreWriter
+    from loopscope.ingest.processor import StoreSpanProcessor
+    from loopscope.ingest.writer import SpanWriter
 
     db = str(tmp_path / f"{lib}.duckdb")
-    processor = StoreSpanProcessor(StoreWriter(db, flush_interval=0.05))
+    processor = StoreSpanProcessor(SpanWriter(db, flush_interval=0.05))
     for record in parse_fixture(json.loads((FIXTURES / f"{lib}.json").read_text())):
         processor.on_end(record)
     processor.shutdown()

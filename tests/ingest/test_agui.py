@@ -48,7 +48,7 @@ from pydantic import TypeAdapter
 
 import loopscope
 from loopscope import LoopEndReason, Store
-from loopscope.storage.agui import AguiFormatError, export_session, import_stream
+from loopscope.ingest.agui import AguiFormatError, export_session, import_stream
 
 T0 = 1_767_000_000_000  # ms since the epoch
 ENCODER = EventEncoder()

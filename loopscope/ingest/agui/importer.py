@@ -17,11 +17,11 @@ from typing import Any
 
 import duckdb
 
-from ... import pipeline
-from .. import mapping
-from ..connection import open_store, resolve
-from ..schema import migrate
-from ..writer import write_batch
+from ...storage import rows
+from ...storage.connection import open_store, resolve
+from ...storage.recording import configured_path, default_db_path
+from ...storage.schema import migrate
+from ...storage.writer import write_batch
 from .interpret import Interpretation, PendingCall, interpret
 from .read import AguiFormatError, Source, read_events
 
@@ -63,7 +63,7 @@ def import_stream(
     malformed event; nothing of such a stream is stored.
     """
     received = read_events(source)
-    target = resolve(path or _configured_path() or pipeline.default_db_path())
+    target = resolve(path or configured_path() or default_db_path())
     if not received:
         return ImportResult(target, [], 0, 0, 0, 0, 0)
     interpret(received, session)  # a stream that cannot be read as runs fails before the file is touched
@@ -97,11 +97,6 @@ def import_stream(
         skipped_runs=[plan.segments[i].run_id or "" for i in sorted(skipped)],
         unmatched_results=plan.unmatched_results,
     )
-
-
-def _configured_path() -> str | None:
-    active = pipeline._active
-    return active.db_path if active is not None else None
 
 
 # -- what the store holds already -----------------------------------------------------------
@@ -164,20 +159,13 @@ def _stored_message(con: duckdb.DuckDBPyConnection, session: str, span: bytes) -
 # -- the rows -------------------------------------------------------------------------------
 
 
-def _facts(plan: Interpretation, skipped: set[int]) -> mapping.Facts:
+def _facts(plan: Interpretation, skipped: set[int]) -> rows.Facts:
     """The kept rows as the writer's facts (the same Arrow batches a span batch makes)."""
-    facts = mapping.Facts()
-    schemas = mapping.arrow_schemas()
-    events = [tuple(row[f] for f in mapping.EVENT_FIELDS) for n, row in plan.events if n not in skipped]
-    if events:
-        kept, batch = mapping._record_batch(events, schemas[0], mapping._EVENT_KINDS)
-        facts.events.append(batch)
-        facts.sessions.extend(fact[mapping.SESSION] for fact in kept)
-    turns = [tuple(row[f] for f in mapping.TURN_FIELDS) for n, row in plan.turns if n not in skipped]
-    if turns:
-        kept, batch = mapping._record_batch(turns, schemas[1], mapping._TURN_KINDS)
-        facts.turns.append(batch)
-        facts.turn_rows += len(kept)
+    facts = rows.Facts()
+    facts.append(
+        [tuple(row[f] for f in rows.EVENT_FIELDS) for n, row in plan.events if n not in skipped],
+        [tuple(row[f] for f in rows.TURN_FIELDS) for n, row in plan.turns if n not in skipped],
+    )
     return facts
 
 

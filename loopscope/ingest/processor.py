@@ -14,8 +14,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import semconv as a
 from .._guard import internal_error
-from .foreign import OWN_SCOPE, Assembler, classify
-from .writer import _END, _START, StoreWriter
+from ..storage.rows import END as _END, START as _START
+from ..storage.writer import StoreWriter
+from .foreign import Assembler, classify
+from .spans import OWN_SCOPE
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
 _ENDS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT, a.OP_CHAT})
@@ -33,7 +35,7 @@ class StoreSpanProcessor(SpanProcessor):
     loopscope's own.
 
     Other instrumentations' GenAI spans in this process (pydantic-ai's, say) go through
-    the same :class:`~loopscope.storage.foreign.Assembler` that ``loopscope collect``
+    the same :class:`~loopscope.ingest.foreign.Assembler` that ``loopscope collect``
     uses, so a file written here and one written by a collector from the exported spans
     hold the same rows.
     """

@@ -1,0 +1,248 @@
+"""The content policy: what message text, tool arguments and results may be kept or sent.
+
+Content (prompts, answers, tool arguments and results) is kept in the local store by
+default and sent over OTLP only when the user opts in, as the GenAI conventions ask
+(``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` or
+``configure(capture_content=True)``). Wherever content goes, it is first scrubbed:
+secrets matching the redaction patterns are masked, a user hook may rewrite it, and
+over-long text is cut with a visible marker that states the original size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _json
+from .. import semconv as a
+from . import secrets
+from .secrets import REDACTED
+
+CONTENT_ATTRIBUTES = frozenset(
+    {
+        a.INPUT_MESSAGES,
+        a.OUTPUT_MESSAGES,
+        a.TOOL_CALL_ARGUMENTS,
+        a.TOOL_CALL_RESULT,
+        "gen_ai.system_instructions",
+        # pydantic-ai's own (its instrumentation, which loopscope.instrument() turns on)
+        "final_result",
+        "pydantic_ai.all_messages",
+        "tool_arguments",
+        "tool_response",
+        a.SEGMENTS,
+        a.ROUND_TEXT,
+        a.TURN_INPUT,
+        a.THINKING,
+        a.STATE_VALUE,
+    }
+)
+"""Attributes that carry what was said or passed: sent only when content capture is on."""
+
+SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | {a.TOOL_ERROR, "exception.message", "exception.stacktrace"}
+"""Attributes whose text is scrubbed of secrets wherever it goes (errors quote inputs too)."""
+
+# The shapes of secrets masked by default live in one table (secrets.SECRET_SHAPES).
+DEFAULT_PATTERNS = secrets.DEFAULT_PATTERNS
+"""Secrets masked by default (see :data:`loopscope.content.secrets.SECRET_SHAPES`).
+Secret-named values (``password=...``, ``Authorization: ...``) are the key-value rule's."""
+
+Redactor = Callable[[str, str], str]
+"""A user hook: ``(attribute_or_field, text) -> text`` applied after the patterns."""
+
+
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class ContentPolicy:
+    """How content is treated on its way to the store and to OTLP.
+
+    ``capture`` (export only; the local store always keeps content) defaults to
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``. ``max_chars`` caps each
+    exported text, ``store_max_chars`` each stored one (0: no cap). ``patterns`` replace
+    the default secret patterns; ``key_values`` masks the values of ``password=...``,
+    ``"api_key": "..."`` and the like; ``redact`` is a hook run after them. The same
+    masking applies to both destinations: to the local store in its writer's thread, to
+    OTLP in the exporter's; text that holds JSON stays valid JSON.
+    """
+
+    capture: bool | None = None
+    max_chars: int = 16_384
+    store_max_chars: int = 1_048_576
+    patterns: Iterable[str] | None = None
+    redact: Redactor | None = None
+    key_values: bool = True
+    _compiled: re.Pattern[str] = field(init=False, repr=False)
+    _secret_groups: tuple[str, ...] = field(init=False, repr=False)
+    _literals: tuple[str, ...] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.capture is None:
+            self.capture = bool(_env_flag("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"))
+        patterns = list(DEFAULT_PATTERNS if self.patterns is None else self.patterns)
+        self.patterns = tuple(patterns)
+        # one expression for all: a pattern's ``secret`` group (the part it masks) gets a
+        # name of its own, as two groups of one expression cannot share a name
+        parts, groups = [], []
+        for i, pattern in enumerate(patterns):
+            if _SECRET_GROUP in pattern:
+                pattern = pattern.replace(_SECRET_GROUP, f"(?P<_secret{i}>")
+                groups.append(f"_secret{i}")
+            parts.append(f"(?:{pattern})")
+        self._compiled = re.compile("|".join(parts)) if parts else re.compile(r"(?!x)x")
+        self._secret_groups = tuple(groups)
+        # the default patterns say which literals their matches hold: text without any is
+        # not searched (most text; a substring test is ~20x cheaper than the expression)
+        self._literals = secrets.DEFAULT_LITERALS if self.patterns == DEFAULT_PATTERNS else None
+
+    def scrub(self, text: str, where: str = "", limit: int | None = None) -> str:
+        """Mask secrets, apply the hook, then cut to ``limit`` characters with a marker."""
+        if not isinstance(text, str):
+            return text
+        return truncate(self.mask(text, where), self.max_chars if limit is None else limit)
+
+    @property
+    def masks(self) -> bool:
+        """Whether :meth:`mask` can change anything (patterns, key-values or a hook)."""
+        return bool(self.patterns) or self.key_values or self.redact is not None
+
+    def mask(self, text: str, where: str = "") -> str:
+        """``text`` with secrets masked and the hook applied; never cut."""
+        cleaned = text
+        if self.patterns or self.key_values:
+            lower = text.lower()
+            if self.patterns and (self._literals is None or any(lit in lower for lit in self._literals)):
+                cleaned = self._compiled.sub(self._mask_match if self._secret_groups else REDACTED, text)
+            if self.key_values and any(lit in lower for lit in secrets.KEY_VALUE_LITERALS):
+                cleaned = secrets.KEY_VALUE.sub(secrets.mask_key_value, cleaned)
+        if self.redact is not None:
+            cleaned = self.redact(where, cleaned)
+        return cleaned
+
+    def _mask_match(self, match: re.Match[str]) -> str:
+        """One pattern's match masked: its ``secret`` group, or all of it without one."""
+        for name in self._secret_groups:
+            start, end = match.span(name)
+            if start >= 0:
+                text = match.string
+                return f"{text[match.start():start]}{REDACTED}{text[end:match.end()]}"
+        return REDACTED
+
+    def scrub_json(self, text: str, where: str = "", limit: int | None = None, *, cap: str = "text") -> str:
+        """:meth:`scrub` for text that may hold JSON: JSON stays valid JSON.
+
+        Masking the text as a whole keeps it byte for byte where nothing matched. Where
+        that broke the JSON (a value cut at a quote, a hook that rewrote a bracket), the
+        JSON is masked value by value instead: each string, and the value of each key that
+        names a secret. Over ``limit``, ``cap`` says what is cut: ``"text"`` the text, with
+        the marker (it is no JSON then: a store keeps it as a JSON string); ``"strings"``
+        every string in the JSON, so that it keeps its shape, unless that leaves it over
+        twice the limit (many short values: then the text); ``"shape"`` every string,
+        whatever the size.
+        """
+        if not isinstance(text, str):
+            return text
+        cleaned = self._mask_keeping_json(text, where)
+        limit = self.max_chars if limit is None else limit
+        if limit <= 0 or len(cleaned) <= limit:
+            return cleaned
+        if cap == "text":
+            return truncate(cleaned, limit)
+        capped = _cap_json(cleaned, limit)
+        return capped if cap == "shape" or len(capped) <= 2 * limit else truncate(cleaned, limit)
+
+    def _mask_keeping_json(self, text: str, where: str) -> str:
+        """:meth:`mask`, by value where masking the whole text broke its JSON."""
+        cleaned = self.mask(text, where)
+        if cleaned != text and _is_json(text) and not _is_json(cleaned):
+            value = json.loads(text)
+            masked = self._mask_json(value, where)
+            cleaned = text if masked == value else _json.dumps(masked)
+        return cleaned
+
+    def _mask_json(self, value: Any, where: str) -> Any:
+        if isinstance(value, str):
+            return self._mask_keeping_json(value, where)  # a string may hold JSON itself
+        if isinstance(value, list):
+            return [self._mask_json(v, where) for v in value]
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                secret = secrets.SECRET_KEY.fullmatch(str(key)) if self.key_values else None
+                out[key] = self._mask_json(item, where) if secret is None else _mask_all(secrets.kind_of(secret), item)
+            return out
+        return value
+
+    def export_attributes(self, attributes: Any) -> dict[str, Any] | None:
+        """The attributes a span may carry over OTLP; None when nothing needs to change."""
+        if not attributes or not any(key in SCRUBBED_ATTRIBUTES for key in attributes):
+            return None
+        out: dict[str, Any] = {}
+        for key, value in attributes.items():
+            if key in CONTENT_ATTRIBUTES and not self.capture:
+                continue
+            if key in SCRUBBED_ATTRIBUTES and isinstance(value, str):
+                value = self.scrub_json(value, key)  # JSON attributes stay JSON
+            out[key] = value
+        return out
+
+
+_SECRET_GROUP = "(?P<secret>"
+
+
+def _mask_all(kind: str | None, value: Any) -> Any:
+    """The value of a secret-named JSON key: every string and number in it masked."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (str, int, float)):
+        masked = secrets.mask_secret_value(kind, str(value))
+        return value if masked is None else masked
+    if isinstance(value, list):
+        return [_mask_all(kind, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _mask_all(kind, v) for k, v in value.items()}
+    return value
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cap_json(text: str, limit: int) -> str:
+    """JSON over ``limit`` with every string in it cut instead of the text (see scrub_json)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return truncate(text, limit)
+
+    def cap(item: Any) -> Any:
+        if isinstance(item, str):
+            return truncate(item, limit)
+        if isinstance(item, list):
+            return [cap(v) for v in item]
+        if isinstance(item, dict):
+            return {k: cap(v) for k, v in item.items()}
+        return item
+
+    capped = cap(value)
+    return text if capped == value else _json.dumps(capped)
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying so and how long it was."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[truncated: {len(text)} chars]"

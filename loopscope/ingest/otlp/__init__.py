@@ -1,0 +1,1 @@
+"""The OTLP receiver (``loopscope collect``): decoding, routing to the store, HTTP and gRPC."""

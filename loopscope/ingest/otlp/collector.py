@@ -1,0 +1,204 @@
+"""``loopscope collect``: an OTLP receiver that writes what it receives into a store.
+
+Processes that export OTLP to it share one DuckDB file (DuckDB admits one writer at a
+time): spans arrive over OTLP/HTTP (``POST /v1/traces``, protobuf or JSON bodies, gzip or
+deflate) on 127.0.0.1:4318 and over OTLP/gRPC on 127.0.0.1:4317, and become the same
+events and turns the in-process store writes, through the same store writer and
+span-to-row mapping. A request is answered only once its events and turns are in the
+file, so an acknowledged payload is stored (the raw copies of its spans follow within
+half a second, see :class:`Ingest`).
+
+Order. OTLP carries spans when they end, but loopscope writes a tool call's start row
+when the tool starts and a turn's input message when the turn starts. loopscope's own
+exporter therefore also sends, when an ``invoke_agent`` or ``execute_tool`` span starts,
+a zero-duration *pending* copy of it (``loopscope.pending_for`` = the real span's id;
+see :mod:`loopscope.export.otlp`). The collector writes the real span's start rows from
+the pending copy, with the real span's ids (so the event ids match), and only the end
+rows when the real span arrives. Spans without pending copies (another exporter, another
+instrumentation) give both from the ended span.
+
+Other instrumentations' GenAI spans are understood too (:mod:`loopscope.ingest.foreign`),
+and every span received is also kept as it came in the ``spans`` table.
+
+Bad payloads get a 4xx with a reason and change nothing: a payload is decoded and checked
+whole before any of it is written; one that is too large (``max_bytes``, also after
+decompression) is refused with 413, a wrong content type with 415, garbage (JSON nested
+too deeply too) with 400. Metrics and logs (``/v1/metrics``, ``/v1/logs`` and their gRPC
+services) are accepted when well-formed and not stored.
+
+Who may write. A request whose ``Host`` names another machine gets 421 and one whose
+``Origin`` names another site 403, so that a web page the user visits cannot write here
+by DNS rebinding (the rule is the dashboard's: :class:`loopscope._http.HostRule`). With a
+``token``, every request must carry ``Authorization: Bearer <token>`` (gRPC: the
+``authorization`` metadata), or gets 401 / ``UNAUTHENTICATED``; a token is what a
+collector bound beyond loopback needs, and then any ``Host`` is answered.
+
+Idempotent. A request resent after a crash (the sender never saw the answer) adds no
+rows: rows the store holds already are left out by span id (:mod:`loopscope.storage.idempotent`), and
+within a run the spans of the latest requests are remembered.
+
+Memory. The payloads being decoded, routed and written take at most
+``max_queued_bytes`` (counted decompressed) at once: a request that would pass it gets
+503 (gRPC ``RESOURCE_EXHAUSTED``), which OTLP senders retry, and is counted
+(``stats.busy``). HTTP connections are served by at most ``max_connections`` threads,
+and one that sends nothing for ``socket_timeout`` seconds is closed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..._http import HostRule
+from ...storage.connection import open_store, resolve
+from ...storage.schema import migrate
+from .decode import PayloadError, decode_json, decode_protobuf, received_of, records_of
+from .grpc_server import _grpc_server
+from .http_server import _Server
+from .routing import DEFAULT_MAX_QUEUED_BYTES, ByteBudget, CollectorStats, Ingest, StoreUnavailable
+
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 4318
+DEFAULT_GRPC_PORT = 4317
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_SOCKET_TIMEOUT = 15.0
+TOKEN_ENV = "LOOPSCOPE_COLLECT_TOKEN"
+"""The environment variable ``loopscope collect`` reads its bearer token from."""
+
+
+# -- the collector --------------------------------------------------------------------------------
+
+
+class Collector:
+    """An OTLP receiver writing to one store. ``http_port`` / ``grpc_port`` 0 take any free
+    port; ``grpc_port=None`` serves HTTP only. Use as a context manager, or ``start()`` /
+    ``stop()``.
+
+    ``token``: requests must carry ``Authorization: Bearer <token>``; ``allow_hosts``: more
+    host names requests may be addressed to (see :class:`loopscope._http.HostRule`);
+    ``max_queued_bytes``: the payload bytes held at once (past them: 503);
+    ``max_connections`` / ``socket_timeout``: HTTP connections served at once, and the
+    seconds one may send nothing before it is closed."""
+
+    def __init__(
+        self,
+        db: str,
+        *,
+        host: str = DEFAULT_HOST,
+        http_port: int | None = DEFAULT_HTTP_PORT,
+        grpc_port: int | None = DEFAULT_GRPC_PORT,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        raw: bool = True,
+        raw_wait: bool = False,
+        idle_seconds: float = 60.0,
+        flush_timeout: float = 30.0,
+        flush_interval: float = 0.5,
+        verbose: bool = False,
+        token: str | None = None,
+        allow_hosts: Sequence[str] = (),
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:
+        self.db = resolve(db)
+        self.host = host
+        self.max_bytes = max_bytes
+        self.verbose = verbose
+        # an empty token is no token (an unset variable in a shell script)
+        self.token = token or None
+        self.host_rule = HostRule(host, allow_hosts)
+        self.max_connections = max_connections
+        self.socket_timeout = socket_timeout
+        self._http_port = http_port
+        self._grpc_port = grpc_port
+        self._ingest_args = {
+            "raw": raw, "raw_wait": raw_wait, "idle_seconds": idle_seconds, "flush_timeout": flush_timeout, "flush_interval": flush_interval,
+            "max_queued_bytes": max_queued_bytes,
+        }
+        self.ingest: Ingest = None  # type: ignore[assignment]
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._http: _Server | None = None
+        self._grpc: Any = None
+
+    @property
+    def http_endpoint(self) -> str | None:
+        """The OTLP/HTTP base URL (``OTEL_EXPORTER_OTLP_ENDPOINT``); None without HTTP."""
+        if self.http_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '') else host}:{self.http_port}"
+
+    @property
+    def grpc_endpoint(self) -> str | None:
+        if self.grpc_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '') else host}:{self.grpc_port}"
+
+    def start(self) -> Collector:
+        # the file first: a path that cannot be written fails here, clearly, not at the first span
+        with open_store(self.db, read_only=False, timeout=10.0) as con:
+            migrate(con)
+        self.ingest = Ingest(self.db, **self._ingest_args)  # type: ignore[arg-type]
+        try:
+            if self._http_port is not None:
+                self._http = _Server((self.host, self._http_port), self)
+                self.http_port = self._http.server_address[1]
+                threading.Thread(target=self._http.serve_forever, name="loopscope-collect-http", daemon=True).start()
+            if self._grpc_port is not None:
+                self._grpc, self.grpc_port = _grpc_server(self, self.host, self._grpc_port)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop listening, then write everything received."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        if self._grpc is not None:
+            self._grpc.stop(grace=min(timeout, 5.0)).wait(min(timeout, 5.0))
+            self._grpc = None
+        if self.ingest is not None:
+            self.ingest.close(timeout)
+
+    def __enter__(self) -> Collector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(collector: Collector, ready: Callable[[Collector], None] | None = None, stop: threading.Event | None = None) -> None:
+    """Run until ``stop`` is set or the process is interrupted (Ctrl-C, SIGTERM)."""
+    import signal
+
+    stop = stop or threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    collector.start()
+    try:
+        if ready is not None:
+            ready(collector)
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        collector.stop()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = [
+    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_QUEUED_BYTES", "TOKEN_ENV", "ByteBudget", "Collector",
+    "CollectorStats", "Ingest", "PayloadError", "StoreUnavailable",
+    "decode_json", "decode_protobuf", "received_of", "records_of", "serve",
+]

@@ -1,0 +1,390 @@
+"""Received spans to rows: :class:`Ingest` routes the spans of each request to the store's
+writers (pending copies -> start rows, loopscope's own spans -> end rows, other
+instrumentations' spans -> the :class:`~loopscope.ingest.foreign.Assembler`), and answers
+once the rows are in the file; :class:`ByteBudget` bounds the payload bytes held at once."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ... import _json, semconv as a
+from ..._guard import internal_error
+from ...storage.connection import open_store, resolve
+from ...storage.raw_spans import Flushed, RawSpanWriter
+from ...storage.schema import migrate
+from ..foreign import AGENT, Assembler, classify
+from ..spans import Ctx, SpanRecord, is_own
+from ..writer import SpanWriter
+from .decode import _KINDS, _STATUS, Received
+
+
+_STARTS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
+DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
+"""Payload bytes (decompressed) held at once, from reading a request to its rows' write."""
+
+
+class StoreUnavailable(Exception):
+    """The rows could not be written in time (the file is held elsewhere, the disk is full)."""
+
+
+def _raw_row(received: Received, role: str | None, framework: str | None, now_us: int) -> tuple[Any, ...]:
+    span = received.span
+    kind = span.kind
+    return (
+        "%032x" % span.context.trace_id,
+        "%016x" % span.context.span_id,
+        "%016x" % span.parent.span_id if span.parent is not None else None,
+        span.name,
+        _KINDS[kind] if 0 <= kind < len(_KINDS) else str(kind),
+        span.start_time // 1000,
+        span.end_time // 1000,
+        round((span.end_time - span.start_time) / 1e6, 3),
+        _STATUS[span.status.status_code] if 0 <= span.status.status_code < 3 else str(span.status.status_code),
+        span.status.description,
+        _json.dumps(span.attributes),
+        received.resource_json,
+        _json.dumps([{"name": e.name, "time_unix_nano": e.timestamp, "attributes": e.attributes} for e in span.events]) if span.events else "[]",
+        _json.dumps(span.links) if span.links else "[]",
+        span.instrumentation_scope.name or None,
+        span.instrumentation_scope.version,
+        received.service,
+        role,
+        framework,
+        now_us,
+    )
+
+
+# -- ingest: spans -> rows ------------------------------------------------------------------------
+
+
+@dataclass
+class CollectorStats:
+    """What a collector received and refused since it started (printed when it stops)."""
+
+    requests: int = 0
+    spans: int = 0
+    pending: int = 0
+    refused: int = 0  # bad requests (4xx)
+    duplicates: int = 0  # spans of a request received again in this run, left out
+    unavailable: int = 0  # 503: the store could not be written in time
+    busy: int = 0  # 503 / RESOURCE_EXHAUSTED: over max_queued_bytes (the sender retries)
+    busy_bytes: int = 0  # the payload bytes of those
+    unauthorized: int = 0  # 401: no or a wrong bearer token
+    misdirected: int = 0  # 421 / 403: another Host or Origin (DNS rebinding)
+    metrics_requests: int = 0
+    logs_requests: int = 0
+
+
+_TRIM_AFTER = 16 * 1024 * 1024
+
+
+_libc: list[Any] = []
+
+
+def _malloc_trim() -> None:
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    if not _libc:
+        try:
+            _libc.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):  # another C library (musl has no malloc_trim)
+            _libc.append(None)
+    if _libc[0] is not None:
+        _libc[0](0)
+
+
+class ByteBudget:
+    """The payload bytes a collector holds at once. A request takes its share before it is
+    read (and more as it turns out larger, decompressed) and gives it back once its rows
+    are written; one that finds the budget spent is refused (the sender retries). A
+    request whose rows could not be written in time leaves its share *parked*: its spans
+    are still queued, so the share comes back only once the writer's queue is empty.
+    When nothing is held, any one request is let in (``max_bytes`` bounds it)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_queued_bytes must be positive, got {limit}")
+        self.limit = limit
+        self.used = 0
+        self.parked = 0
+        self.peak = 0
+        self._freed = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            if self.used and self.used + size > self.limit:
+                return False
+            self.used += size
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.used -= size
+            self._freed += size
+
+    def trim(self) -> None:
+        """Once nothing is held and much was freed, hand the free heap back to the system:
+        glibc keeps what large requests' threads freed in their arenas otherwise."""
+        with self._lock:
+            if self.used or self._freed < _TRIM_AFTER:
+                return
+            self._freed = 0
+        _malloc_trim()
+
+    def park(self, size: int) -> None:
+        with self._lock:
+            self.parked += size
+
+    def unpark(self) -> None:
+        with self._lock:
+            self.used -= self.parked
+            self.parked = 0
+
+
+class _Share:
+    """One request's bytes of the budget, given back once each of its ``parts`` (its
+    events and turns; its raw spans) is written, or parked if one could not be."""
+
+    __slots__ = ("budget", "size", "left", "failed", "_lock")
+
+    def __init__(self, budget: ByteBudget, size: int, parts: int) -> None:
+        self.budget, self.size, self.left, self.failed = budget, size, parts, False
+        self._lock = threading.Lock()
+
+    def done(self, ok: bool) -> None:
+        with self._lock:
+            self.left -= 1
+            self.failed = self.failed or not ok
+            if self.left:
+                return
+        if self.failed:
+            self.budget.park(self.size)
+        else:
+            self.budget.give(self.size)
+
+
+class Ingest:
+    """Spans in (already decoded and checked), rows out through a :class:`~loopscope.ingest.writer.SpanWriter`.
+
+    Thread-safe: requests are routed one at a time (the order of a request's spans is
+    the order of their rows), and then wait together for the writer.
+
+    A request returns once its events and turns are in the file. The raw copies of its
+    spans (the ``spans`` table) follow within ``flush_interval``, written together with
+    those of the requests around it: a file opening per request for them would halve the
+    ingest rate. ``raw_wait=True`` waits for them too.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        raw: bool = True,
+        max_pending_ids: int = 100_000,
+        dedupe_window: int = 200_000,
+        raw_wait: bool = False,
+        idle_seconds: float = 60.0,
+        flush_timeout: float = 30.0,
+        flush_interval: float = 0.5,
+        lock_timeout: float = 2.0,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+    ) -> None:
+        self.path = resolve(path)
+        self.flush_timeout = flush_timeout
+        self.max_pending_ids = max_pending_ids
+        self.budget = ByteBudget(max_queued_bytes)
+        with open_store(self.path, read_only=False, timeout=max(10.0, lock_timeout)) as con:
+            migrate(con)
+        self.writer = SpanWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout, skip_stored=True)
+        self.raw = (
+            RawSpanWriter(self.path, interval=flush_interval, lock_timeout=lock_timeout, content=self.writer.content)
+            if raw else None
+        )
+        self.raw_wait = raw_wait
+        self.assembler = Assembler(idle_seconds=idle_seconds)
+        self.stats = CollectorStats()
+        self._pending: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+        # the spans of the latest requests, so that a retried request (a 503, a client that
+        # gave up waiting) is not written twice: a span id is never sent again otherwise
+        self.dedupe_window = dedupe_window
+        self._seen: set[int] = set()
+        self._seen_order: collections.deque[int] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ticker = threading.Thread(target=self._tick, name="loopscope-collect-idle", daemon=True)
+        self._stop = threading.Event()
+        self._ticker.start()
+
+    def ingest(self, received: Sequence[Received], size: int = 0) -> None:
+        """Route the spans of one request to the writers, then wait until they are stored.
+
+        ``size``: the bytes the request took from :attr:`budget`; they are given back
+        once its rows are written, raw spans included (which may be after this returns).
+        Raises :class:`StoreUnavailable` when they could not be written in
+        ``flush_timeout`` (they stay queued and are written when the file is free).
+        """
+        if self._closed:
+            self.budget.give(size)
+            raise StoreUnavailable("the collector is shutting down")
+        try:
+            share, raw_marker = self._route_all(received, size)
+        except BaseException:
+            self.budget.give(size)
+            raise
+        deadline = time.monotonic() + self.flush_timeout
+        ok = self.writer.flush(self.flush_timeout)
+        share.done(ok)
+        if raw_marker is not None:
+            ok = RawSpanWriter.wait(raw_marker, max(0.0, deadline - time.monotonic())) and ok
+        if not ok:
+            self.stats.unavailable += 1
+            stats = self.writer.stats()
+            raise StoreUnavailable(
+                f"could not write to {self.path} within {self.flush_timeout:g}s "
+                f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
+            )
+
+    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, Flushed | None]:
+        """Route a request's spans (one request at a time) and queue its raw rows; its share
+        of the budget, and the marker to wait for with ``raw_wait``."""
+        now_us = int(time.time() * 1e6)
+        raw_rows: list[tuple[Any, ...]] = []
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.spans += len(received)
+            seen, order = self._seen, self._seen_order
+            for item in received:
+                ctx = item.span.context
+                key = ctx.span_id ^ (ctx.trace_id & 0xFFFFFFFFFFFFFFFF) ^ (ctx.trace_id >> 64)
+                if key in seen:
+                    self.stats.duplicates += 1
+                    continue
+                seen.add(key)
+                order.append(key)
+                if len(order) > self.dedupe_window:
+                    seen.discard(order.popleft())
+                try:
+                    role, framework = self._route(item.span)
+                except Exception:
+                    internal_error("collector routing")
+                    role, framework = None, None
+                if role != "pending" and self.raw is not None:
+                    raw_rows.append(_raw_row(item, role, framework, now_us))
+            raw_marker = None
+            share = _Share(self.budget, size, 2 if raw_rows and self.raw is not None else 1)
+            if raw_rows and self.raw is not None:
+                self.raw.submit(raw_rows)
+                self.raw.then(share.done)
+                if self.raw_wait:
+                    raw_marker = self.raw.request_flush()
+        return share, raw_marker
+
+    def _route(self, span: SpanRecord) -> tuple[str | None, str | None]:
+        """Submit the rows of one span; returns how it was understood (role, framework)."""
+        writer = self.writer
+        attrs = span.attributes
+        tid, sid = span.context.trace_id, span.context.span_id
+        if is_own(span):
+            pending_for = attrs.get(a.PENDING_FOR)
+            if pending_for is not None:
+                self._pending_start(span, pending_for)
+                return "pending", "loopscope"
+            if a.STATE_KIND in attrs and a.OPERATION not in attrs:  # a state snapshot or delta
+                writer.submit_end(span)
+                return "state", "loopscope"
+            op = attrs.get(a.OPERATION)
+            if op in _STARTS:
+                key = (tid, sid)
+                if key in self._pending:
+                    del self._pending[key]
+                elif not attrs.get(a.PENDING_SENT) or not self._start_stored(span):
+                    writer.submit_start(span)
+                writer.submit_end(span)
+            elif op == a.OP_CHAT:
+                writer.submit_end(span)
+            if self.assembler.tracks(tid):
+                for kind, row in self.assembler.add(span):
+                    writer.submit(kind, row)
+            return {a.OP_INVOKE_AGENT: AGENT, a.OP_EXECUTE_TOOL: "tool", a.OP_CHAT: "chat"}.get(op), "loopscope"  # type: ignore[arg-type]
+        role, framework = classify(span)
+        for kind, row in self.assembler.add(span):
+            writer.submit(kind, row)
+        return role, framework
+
+    def _pending_start(self, span: SpanRecord, pending_for: Any) -> None:
+        try:
+            real = int(str(pending_for), 16)
+        except ValueError:
+            return
+        if not 0 < real < (1 << 64):
+            return
+        key = (span.context.trace_id, real)
+        if key in self._pending:
+            return  # the same pending copy again (a retried request)
+        self._pending[key] = None
+        if len(self._pending) > self.max_pending_ids:
+            self._pending.popitem(last=False)
+        self.stats.pending += 1
+        attributes = dict(span.attributes)
+        del attributes[a.PENDING_FOR]
+        operation = attributes.pop(a.PENDING_OPERATION, None)
+        if operation:
+            attributes[a.OPERATION] = operation
+        self.writer.submit_start(span.replace(context=Ctx(span.context.trace_id, real), parent=None, attributes=attributes))
+
+    def _start_stored(self, span: SpanRecord) -> bool:
+        """Whether the start rows of a span whose pending copy was sent are in the store
+        already (its pending id was forgotten: the memory of them is bounded)."""
+        if not self.writer.flush(self.flush_timeout):
+            return False
+        prefix = "%032x%016x" % (span.context.trace_id, span.context.span_id)
+        try:
+            with open_store(self.path, read_only=True, timeout=self.flush_timeout) as con:
+                row = con.execute("SELECT count(*) FROM events WHERE id IN (?, ?)", [prefix + "s", prefix + "i"]).fetchone()
+        except Exception:
+            internal_error("collector start lookup")
+            return False
+        if row and row[0]:
+            return True
+        # an agent run whose pending copy had no input text has no start row to find: only
+        # the pending copy's arrival would tell, and that is forgotten; its span says the same
+        return (span.attributes.get(a.OPERATION) == a.OP_INVOKE_AGENT) and a.TURN_INPUT not in span.attributes
+
+    def _tick(self) -> None:
+        every = min(5.0, max(0.05, self.assembler.idle_seconds / 4))
+        last = time.monotonic()
+        while not self._stop.wait(min(every, 1.0)):
+            try:
+                if time.monotonic() - last >= every:
+                    last = time.monotonic()
+                    with self._lock:
+                        for kind, row in self.assembler.expire():
+                            self.writer.submit(kind, row)
+                if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
+                    self.budget.unpark()  # what could not be written in time is now
+                self.budget.trim()
+            except Exception:
+                internal_error("collector idle traces")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Map what is still held, write everything, stop the writers."""
+        if self._closed:
+            return
+        self._stop.set()
+        with self._lock:
+            self._closed = True
+            for kind, row in self.assembler.drain():
+                self.writer.submit(kind, row)
+        self.writer.close(timeout)
+        if self.raw is not None:
+            self.raw.close(timeout)

@@ -1,0 +1,335 @@
+"""The SQL views every loopscope store holds: tool calls, turns, tool statistics and more.
+
+The store's tables keep what the writer wrote (``events``: the activity log with a JSON
+``content`` per row, and a tool row's name, call id, status, outcome and duration as
+columns too, :data:`TOOL_COLUMNS`; ``turns``: one summary per turn; ``sessions``). The
+tool views read those columns, and ``content`` for rows that lack them (written by a
+writer that does not fill them, or in a file from before they existed). These views answer
+the usual questions over them in plain SQL, so they work the same from the ``duckdb``
+command line, pandas, polars or any DuckDB client that opens the file: only core SQL and
+DuckDB's built-in JSON functions, nothing of loopscope's at query time.
+
+This module is the one source of their definitions: the schema migrations
+(:mod:`loopscope.storage.schema`) create them from :data:`VIEWS`, in this order (later
+views read earlier ones). A change to a view needs a new migration that calls
+:func:`create_statements` again, so that existing files get it too.
+
+Times are ``TIMESTAMPTZ``; days are UTC days. Durations and latencies are milliseconds.
+
+``tool_calls`` -- one row per tool call: its start and end rows grouped by session, turn
+(correlation id) and call id. A call whose end is not written yet has ``status =
+'pending'`` and no outcome. Columns: ``tool, call_id, session_id, turn_id, agent,
+arguments, result, status, outcome, started_at, ended_at, duration_ms, error,
+start_index, end_index``. ``arguments`` and ``result`` are JSON; ``status`` is
+``pending``, ``completed`` or ``failed``; ``outcome`` is ``served``, ``failed``,
+``refused``, ``blocked``, ``unserved`` or ``cancelled``; ``started_at`` is the start
+row's time (for an end whose start was not stored: its end time less its duration).
+Filter it by ``session_id`` or ``turn_id`` and only those rows are read.
+
+``turn_summaries`` -- the ``turns`` table flattened, one row per turn: ``turn_id,
+session_id, agent, parent_turn_id, started_at, ended_at, model, provider,
+loop_end_reason, rounds, tool_calls, latency_ms, streaming, input_tokens,
+output_tokens, cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens,
+total_tokens, declared_tool_count, declared_tools`` (the names, a ``VARCHAR[]``),
+``segment_count, response_content, error, trace_id, span_id``. ``agent`` is the turn's
+``channel_id``; ``total_tokens`` is input + output.
+
+``tool_stats`` -- per tool, most called first: ``tool, calls, pending, finished,
+served, failed, refused, blocked, unserved, cancelled`` (counts), ``served_share,
+failed_share, refused_share, blocked_share, unserved_share, cancelled_share`` (of the
+finished calls), ``failure_share`` (finished calls not served), ``avg_ms, p50_ms,
+p95_ms, p99_ms, max_ms`` (durations of finished calls; continuous quantiles, as
+``numpy.percentile`` computes them), ``agents`` (how many agents called it),
+``first_seen, last_seen``. A call counts once, by its start row (or its end row where
+the persistence policy left start rows out), so ``pending = calls - finished``.
+
+``loop_end_reasons`` -- per UTC day and loop end reason: ``day, loop_end_reason, turns,
+share`` (of that day's turns), ``avg_latency_ms``.
+
+``declared_vs_used`` -- per agent and tool, over the agent's recorded turns: ``agent,
+tool, turns_offered`` (turns that declared the tool), ``turns_used`` (of those, turns
+that called it), ``use_share`` (turns_used / turns_offered), ``calls`` (calls of it in
+the agent's turns, declared or not), ``undeclared_calls`` (calls in turns that did not
+declare it), ``last_offered, last_called``. Least used first: a tool offered in many
+turns and never called only makes every prompt longer.
+
+``token_usage`` -- per session and model: ``session_id, model, provider, turns,
+input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens,
+reasoning_tokens, total_tokens, first_at, last_at``.
+
+``slowest_turns`` -- every turn ranked by latency, slowest first: ``rank, turn_id,
+session_id, agent, model, provider, loop_end_reason, latency_ms, rounds, tool_calls,
+total_tokens, started_at, ended_at, error``. What the turn's tools took:
+``SELECT sum(duration_ms) FROM tool_calls WHERE turn_id = ...``.
+"""
+
+from __future__ import annotations
+
+OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
+
+TOOL_COLUMNS = ("tool_name", "tool_call_id", "tool_status", "tool_outcome", "tool_duration_ms")
+"""The tool fields the writer stores as columns of ``events`` (besides the ``content``
+JSON): reading them is far cheaper than parsing every tool row's JSON. They are NULL on
+other rows, and on tool rows of writers that do not fill them (an older loopscope that
+only reads, an importer); the views then read the same fields from ``content``."""
+
+_TOOL_KEYS = "session_id, correlation_id AS turn_id, type, idx, created_at, source_channel_id AS agent"
+# DuckDB (2.0) pushes an IN list into the scan only as an optional filter (for zone maps)
+# and filters afterwards, so every row's other columns are fetched first, ``content``
+# included (0.3 s per 10 M rows even when no row is kept). A prefix is a range filter it
+# applies in the scan: rows of other types never have their columns fetched.
+_TOOL_TYPES = "starts_with(type, 'tool_call_') AND type IN ('tool_call_start', 'tool_call_end')"
+
+
+def tool_rows(tool_columns: bool, content: bool = False) -> str:
+    """The tool start and end rows with their fields: ``session_id, turn_id, type, idx,
+    created_at, agent, [content,] tool, call_id, status, outcome, duration_ms``.
+
+    With ``tool_columns`` (a file whose ``events`` has them) the fields come from the
+    columns, and from the ``content`` JSON only for rows whose ``tool_name`` is NULL: a
+    UNION ALL, so that a store whose rows all have the columns never reads ``content``
+    here (the second branch's filter skips every row before ``content`` is fetched).
+    """
+    extra = ", content" if content else ""
+    parsed = f"""
+    SELECT session_id, turn_id, type, idx, created_at, agent{extra},
+        f[1] AS tool, f[2] AS call_id, f[3] AS status, f[4] AS outcome, TRY_CAST(f[5] AS DOUBLE) AS duration_ms
+    FROM (
+        SELECT {_TOOL_KEYS}, content,
+            json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.duration_ms']) AS f
+        FROM events
+        WHERE {_TOOL_TYPES}{" AND tool_name IS NULL" if tool_columns else ""}
+    )"""
+    if not tool_columns:
+        return parsed
+    return f"""
+    SELECT {_TOOL_KEYS}{extra},
+        tool_name AS tool, tool_call_id AS call_id, tool_status AS status, tool_outcome AS outcome,
+        tool_duration_ms AS duration_ms
+    FROM events
+    WHERE {_TOOL_TYPES} AND tool_name IS NOT NULL
+    UNION ALL{parsed}"""
+
+
+def _json_field(path: str) -> str:
+    """A JSON member of ``content``; SQL NULL where it is JSON null or missing."""
+    return f"CAST(nullif(json_extract(content, '{path}')::VARCHAR, 'null') AS JSON)"
+
+
+# One group per call. Grouping (rather than joining starts to ends) lets a filter on
+# session_id or turn_id reach the events scan, so one session's calls are read alone.
+def _tool_calls(tool_columns: bool) -> str:
+    return f"""
+SELECT
+    coalesce(any_value(tool) FILTER (WHERE type = 'tool_call_end'), any_value(tool)) AS tool,
+    call_id,
+    session_id,
+    turn_id,
+    any_value(agent) AS agent,
+    coalesce(
+        any_value({_json_field('$.arguments')}) FILTER (WHERE type = 'tool_call_start'),
+        any_value({_json_field('$.arguments')})
+    ) AS arguments,
+    any_value({_json_field('$.result')}) FILTER (WHERE type = 'tool_call_end') AS result,
+    coalesce(any_value(status) FILTER (WHERE type = 'tool_call_end'), 'pending') AS status,
+    any_value(outcome) FILTER (WHERE type = 'tool_call_end') AS outcome,
+    coalesce(
+        min(created_at) FILTER (WHERE type = 'tool_call_start'),
+        min(created_at - to_microseconds(CAST(round(coalesce(duration_ms, 0) * 1000) AS BIGINT)))
+    ) AS started_at,
+    max(created_at) FILTER (WHERE type = 'tool_call_end') AS ended_at,
+    any_value(duration_ms) FILTER (WHERE type = 'tool_call_end') AS duration_ms,
+    any_value(json_extract_string(content, '$.error')) FILTER (WHERE type = 'tool_call_end') AS error,
+    min(idx) FILTER (WHERE type = 'tool_call_start') AS start_index,
+    max(idx) FILTER (WHERE type = 'tool_call_end') AS end_index
+FROM ({tool_rows(tool_columns, content=True)})
+GROUP BY session_id, turn_id, call_id
+"""
+
+
+TURN_SUMMARIES = """
+SELECT
+    correlation_id AS turn_id,
+    session_id,
+    channel_id AS agent,
+    parent_correlation_id AS parent_turn_id,
+    "timestamp" - to_microseconds(CAST(round(coalesce(latency_ms, 0) * 1000) AS BIGINT)) AS started_at,
+    "timestamp" AS ended_at,
+    model,
+    provider,
+    loop_end_reason,
+    round_count AS rounds,
+    tool_calls_count AS tool_calls,
+    latency_ms,
+    streaming,
+    input_tokens,
+    output_tokens,
+    TRY_CAST(u[1] AS BIGINT) AS cache_read_input_tokens,
+    TRY_CAST(u[2] AS BIGINT) AS cache_creation_input_tokens,
+    TRY_CAST(u[3] AS BIGINT) AS reasoning_tokens,
+    CASE WHEN input_tokens IS NULL AND output_tokens IS NULL THEN NULL
+         ELSE coalesce(input_tokens, 0) + coalesce(output_tokens, 0) END AS total_tokens,
+    coalesce(json_array_length(declared_tools), 0) AS declared_tool_count,
+    coalesce(json_extract_string(declared_tools, '$[*].name'), []) AS declared_tools,
+    coalesce(json_array_length(segments), 0) AS segment_count,
+    response_content,
+    error,
+    trace_id,
+    span_id
+FROM (
+    SELECT *, json_extract_string(usage, ['$.cache_read_input_tokens', '$.cache_creation_input_tokens', '$.reasoning_tokens']) AS u
+    FROM turns
+)
+"""
+
+_OUTCOME_COUNTS = ",\n        ".join(f"count(*) FILTER (WHERE type = 'tool_call_end' AND outcome = '{o}') AS {o}" for o in OUTCOMES)
+_OUTCOME_SHARES = ",\n    ".join(f"{o} / nullif(finished, 0) AS {o}_share" for o in OUTCOMES)
+
+# One pass over the tool rows, no per-call grouping: a call is counted by its start row,
+# or by its end row where no start rows were stored (a persistence policy can leave them
+# out). In a store that keeps both, calls - finished is exactly the pending calls.
+def _tool_stats(tool_columns: bool) -> str:
+    return f"""
+SELECT
+    tool,
+    greatest(started, finished) AS calls,
+    greatest(started, finished) - finished AS pending,
+    finished,
+    {", ".join(OUTCOMES)},
+    {_OUTCOME_SHARES},
+    (finished - served) / nullif(finished, 0) AS failure_share,
+    avg_ms, q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms, max_ms,
+    agents, first_seen, last_seen
+FROM (
+    SELECT
+        tool,
+        count(*) FILTER (WHERE type = 'tool_call_start') AS started,
+        count(*) FILTER (WHERE type = 'tool_call_end') AS finished,
+        {_OUTCOME_COUNTS},
+        avg(duration_ms) FILTER (WHERE type = 'tool_call_end') AS avg_ms,
+        quantile_cont(duration_ms, [0.5, 0.95, 0.99]) FILTER (WHERE type = 'tool_call_end') AS q,
+        max(duration_ms) FILTER (WHERE type = 'tool_call_end') AS max_ms,
+        count(DISTINCT agent) AS agents,
+        min(created_at) AS first_seen,
+        max(created_at) AS last_seen
+    FROM ({tool_rows(tool_columns)})
+    GROUP BY tool
+)
+ORDER BY calls DESC, tool
+"""
+
+LOOP_END_REASONS = """
+SELECT
+    day,
+    loop_end_reason,
+    turns,
+    turns / sum(turns) OVER (PARTITION BY day) AS share,
+    avg_latency_ms
+FROM (
+    SELECT
+        CAST(timezone('UTC', "timestamp") AS DATE) AS day,
+        loop_end_reason,
+        count(*) AS turns,
+        avg(latency_ms) AS avg_latency_ms
+    FROM turns
+    GROUP BY ALL
+)
+ORDER BY day, turns DESC, loop_end_reason
+"""
+
+# Calls are counted per turn as tool_stats counts them (start rows, or end rows where no
+# start rows were stored), without grouping every call first.
+def _declared_vs_used(tool_columns: bool) -> str:
+    return f"""
+WITH offered AS (
+    SELECT DISTINCT agent, session_id, turn_id, unnest(declared_tools) AS tool, ended_at
+    FROM turn_summaries
+),
+called AS (
+    SELECT session_id, turn_id, tool,
+        greatest(count(*) FILTER (WHERE type = 'tool_call_start'), count(*) FILTER (WHERE type = 'tool_call_end')) AS calls,
+        max(created_at) AS last_called
+    FROM ({tool_rows(tool_columns)})
+    GROUP BY ALL
+),
+used AS (
+    SELECT t.agent, c.session_id, c.turn_id, c.tool, c.calls, c.last_called
+    FROM called c
+    JOIN turn_summaries t ON t.session_id IS NOT DISTINCT FROM c.session_id AND t.turn_id = c.turn_id
+)
+SELECT
+    coalesce(o.agent, u.agent) AS agent,
+    coalesce(o.tool, u.tool) AS tool,
+    count(o.turn_id) AS turns_offered,
+    count(o.turn_id) FILTER (WHERE u.calls IS NOT NULL) AS turns_used,
+    count(o.turn_id) FILTER (WHERE u.calls IS NOT NULL) / nullif(count(o.turn_id), 0) AS use_share,
+    coalesce(sum(u.calls), 0) AS calls,
+    coalesce(sum(u.calls) FILTER (WHERE o.turn_id IS NULL), 0) AS undeclared_calls,
+    max(o.ended_at) AS last_offered,
+    max(u.last_called) AS last_called
+FROM offered o
+FULL OUTER JOIN used u
+    ON o.agent IS NOT DISTINCT FROM u.agent AND o.session_id IS NOT DISTINCT FROM u.session_id
+    AND o.turn_id = u.turn_id AND o.tool = u.tool
+GROUP BY ALL
+ORDER BY agent NULLS LAST, use_share NULLS LAST, turns_offered DESC, tool
+"""
+
+TOKEN_USAGE = """
+SELECT
+    session_id,
+    model,
+    provider,
+    count(*) AS turns,
+    sum(input_tokens) AS input_tokens,
+    sum(output_tokens) AS output_tokens,
+    sum(cache_read_input_tokens) AS cache_read_input_tokens,
+    sum(cache_creation_input_tokens) AS cache_creation_input_tokens,
+    sum(reasoning_tokens) AS reasoning_tokens,
+    sum(total_tokens) AS total_tokens,
+    min(started_at) AS first_at,
+    max(ended_at) AS last_at
+FROM turn_summaries
+GROUP BY ALL
+ORDER BY last_at DESC, session_id, model
+"""
+
+SLOWEST_TURNS = """
+SELECT
+    row_number() OVER (ORDER BY latency_ms DESC NULLS LAST, ended_at DESC, turn_id) AS rank,
+    turn_id, session_id, agent, model, provider, loop_end_reason, latency_ms,
+    rounds, tool_calls, total_tokens, started_at, ended_at, error
+FROM turn_summaries
+ORDER BY rank
+"""
+
+def views(tool_columns: bool = True) -> dict[str, str]:
+    """Every view, by name, as the SELECT that defines it; in creation order.
+
+    ``tool_columns=False`` gives the definitions for a file whose ``events`` table lacks
+    the :data:`TOOL_COLUMNS` (schema before they were added): the tool fields are then
+    read from the ``content`` JSON alone. Both give the same rows.
+    """
+    return {
+        "tool_calls": _tool_calls(tool_columns),
+        "turn_summaries": TURN_SUMMARIES,
+        "tool_stats": _tool_stats(tool_columns),
+        "loop_end_reasons": LOOP_END_REASONS,
+        "declared_vs_used": _declared_vs_used(tool_columns),
+        "token_usage": TOKEN_USAGE,
+        "slowest_turns": SLOWEST_TURNS,
+    }
+
+
+VIEWS: dict[str, str] = views()
+"""Every view, by name, as the SELECT that defines it; in creation order."""
+
+TOOL_STATS = VIEWS["tool_stats"]
+TOOL_CALLS = VIEWS["tool_calls"]
+DECLARED_VS_USED = VIEWS["declared_vs_used"]
+
+
+def create_statements(tool_columns: bool = True) -> list[str]:
+    """``CREATE OR REPLACE VIEW`` statements for every view, in dependency order (see
+    :func:`views` for ``tool_columns``)."""
+    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in views(tool_columns).items()]
