@@ -5,7 +5,7 @@ pydantic-ai instruments its agent runs natively (``invoke_agent`` -> ``chat`` ->
 itself. It switches that instrumentation on for every agent (``Agent.instrument_all``)
 with a tracer provider that follows loopscope's pipeline, unless the application chose
 its own settings; the store's span processor maps the spans with the same
-:mod:`loopscope.storage.foreign` mapping ``loopscope collect`` uses, loop end reason
+:mod:`loopscope.ingest.foreign` mapping ``loopscope collect`` uses, loop end reason
 included. And it tells the SDK adapters underneath (openai, anthropic) that a model call
 made under one of pydantic-ai's ``chat`` spans is recorded already, so each model call
 has one span and each agent run one turn.

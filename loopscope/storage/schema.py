@@ -16,7 +16,7 @@ that records a name this loopscope does not know comes from a newer one and is r
 not altered.
 
 ``m002_views`` creates the analytics views. Their SQL lives in
-:mod:`loopscope.dashboards.views` (one source for the views of every file); the
+:mod:`loopscope.storage.views` (one source for the views of every file); the
 migration reads it when it runs. A later change to a view is a new migration that
 creates the views again (``CREATE OR REPLACE``), so every file gets it.
 ``m004_tool_columns`` adds the tool fields as columns of ``events``
@@ -52,7 +52,7 @@ TOOL_COLUMN_TYPES = {
     "tool_duration_ms": "DOUBLE",
 }
 """The tool fields of ``events`` rows stored as columns too (``m004_tool_columns``), as
-:data:`loopscope.dashboards.views.TOOL_COLUMNS` names them."""
+:data:`loopscope.storage.views.TOOL_COLUMNS` names them."""
 
 # Exactly what the views read from ``content`` where the columns are NULL. (Joining one
 # parse of the five paths back by rowid was no faster: ~15 s for 10 M rows either way.)
