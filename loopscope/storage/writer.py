@@ -530,7 +530,17 @@ class StoreWriter:
                     self.already_stored += idempotent.drop_stored(con, facts)
                 extra = self._tracker.statements(facts) if self._tracker is not None else []
                 report, counters = self._report_statements(facts)
-                written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
+                try:
+                    written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
+                except duckdb.Error as exc:
+                    if not committed_anyway(exc):
+                        raise
+                    # the transaction is in the WAL and only DuckDB's automatic checkpoint
+                    # after it failed (a full disk): the rows are stored (every attach
+                    # replays the WAL), so they count as written; written again, they
+                    # would be stored twice. The WAL is checkpointed later, when it can be.
+                    written_events, written_turns = facts.event_rows, facts.turn_rows
+                    final = False
                 if self._tracker is not None:
                     self._tracker.committed()
                 self._wal_pending = not final
@@ -606,6 +616,13 @@ class StoreWriter:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def committed_anyway(exc: BaseException) -> bool:
+    """Whether DuckDB says a COMMIT that raised ``exc`` was written and is durable (only
+    the automatic checkpoint after it failed). DuckDB has no exception type for this,
+    only its message."""
+    return "COMMIT succeeded and is durable" in str(exc)
 
 
 def _file_error(exc: BaseException) -> bool:
