@@ -51,9 +51,9 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 import loopscope
+from loopscope import semconv as a
 from loopscope.content.policy import ContentPolicy
 from loopscope.export.otlp import _PENDING_OPS, filtered_span, pending_span
-from loopscope import semconv as a
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 2048

@@ -92,7 +92,7 @@ class Hanging:
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")

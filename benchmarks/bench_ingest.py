@@ -48,7 +48,9 @@ from loopscope.ingest.processor import StoreSpanProcessor
 from loopscope.ingest.writer import SpanWriter
 from loopscope.storage import writer as store_writer
 from loopscope.storage.connection import open_store
-from loopscope.storage.rows import END as _END, START as _START, Facts
+from loopscope.storage.rows import END as _END
+from loopscope.storage.rows import START as _START
+from loopscope.storage.rows import Facts
 from loopscope.storage.schema import migrate
 from loopscope.storage.writer import write_batch
 
@@ -253,9 +255,9 @@ def main() -> int:
         folder = Path(tmp)
         for r in range(args.repeats):
             runs = [
-                ("store", lambda: run_store(items, fresh_db(folder, f"store-{r}"), True)),
-                ("writer-only", lambda: run_store(items, fresh_db(folder, f"writer-{r}"), False)),
-                ("baseline", lambda: run_baseline(ev_cols, tu_cols, fresh_db(folder, f"base-{r}"))),
+                ("store", lambda r=r: run_store(items, fresh_db(folder, f"store-{r}"), True)),
+                ("writer-only", lambda r=r: run_store(items, fresh_db(folder, f"writer-{r}"), False)),
+                ("baseline", lambda r=r: run_baseline(ev_cols, tu_cols, fresh_db(folder, f"base-{r}"))),
             ]
             runs = runs[r % 3:] + runs[: r % 3]  # rotate the order: drift in load hits all alike
             for name, fn in runs:

@@ -443,7 +443,7 @@ def ensure_venv(venv: Venv, *, setup: bool) -> str | None:
            "-r", str(venv.requirements), *pins]
     _say(f"  {venv.name}: installing from PyPI (log: {log.relative_to(ROOT)}):\n    {shlex.join(cmd)}")
     with log.open("w") as out:
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         lines = [ln for ln in log.read_text().splitlines() if not ln.startswith("WARNING: Location")]
         return f"pip failed ({done.returncode}):\n      " + "\n      ".join(lines[-12:])

@@ -139,7 +139,7 @@ def main() -> int:
         run_otel(2_000)
         for r in range(repeats):
             # interleaved, rotating order so that drift in the machine's load hits all alike
-            order = [("bare", run_bare), ("otel", run_otel), ("hand", lambda k: run_hand(k, folder, r)), ("unstored", run_hand_unstored)]
+            order = [("bare", run_bare), ("otel", run_otel), ("hand", lambda k, r=r: run_hand(k, folder, r)), ("unstored", run_hand_unstored)]
             order = order[r % 4:] + order[: r % 4]
             for name, fn in order:
                 gc.collect()

@@ -48,10 +48,11 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import loopscope  # noqa: E402
-from _gen_views_data import EVENTS_PER_TURN, TURNS_PER_SESSION, generate  # noqa: E402
-from loopscope.storage.views import create_statements  # noqa: E402
-from loopscope.storage.schema import SCHEMA_VERSION, migrate, schema_version  # noqa: E402
+from _gen_views_data import EVENTS_PER_TURN, TURNS_PER_SESSION, generate
+
+import loopscope
+from loopscope.storage.schema import SCHEMA_VERSION, migrate, schema_version
+from loopscope.storage.views import create_statements
 
 DATA = Path(__file__).resolve().parent / ".data"
 TIMELINE_GOAL_MS = 10.0
@@ -190,7 +191,7 @@ def bench_timeline(path: Path, pages: int) -> dict[str, float]:
     order = list(variants)
     for i, s in enumerate(picks):
         for name in order[i % len(order):] + order[: i % len(order)]:
-            samples[name].append(timed(lambda fn=variants[name]: fn(s)))
+            samples[name].append(timed(lambda fn=variants[name], s=s: fn(s)))
     events = store.list_events(picks[0], limit=50, newest_first=True)
     assert len(events) == 50 and events[-1].index == TURNS_PER_SESSION * EVENTS_PER_TURN
     # kept attached: only reads that follow each other reuse it (a plain read between two

@@ -140,8 +140,9 @@ class BoundedHandler(BaseHTTPRequestHandler):
     server: BoundedHTTPServer
 
     def setup(self) -> None:
-        self.timeout = self.server.socket_timeout  # StreamRequestHandler.setup applies it
         super().setup()
+        # what StreamRequestHandler.setup does with its class-wide `timeout`, per server
+        self.connection.settimeout(self.server.socket_timeout)
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):

@@ -10,13 +10,16 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
 from pathlib import PurePath
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 _MAX_DEPTH = 64
@@ -80,9 +83,12 @@ def _encodable(text: str) -> bool:
         return False
 
 
-_scan_once = json.JSONDecoder().scan_once  # what json.loads runs, after three Python frames
-_whitespace = json.decoder.WHITESPACE.match
-_WHITESPACE_CHARS = frozenset(" \t\n\r")  # what WHITESPACE matches
+# what json.loads runs, after three Python frames: the scanner JSONDecoder.__init__ sets
+# (typeshed does not declare the attribute)
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # pyright: ignore[reportAttributeAccessIssue]
+# json.decoder.WHITESPACE's pattern (typeshed has no WHITESPACE); `*` matches everywhere, never None
+_whitespace = cast("Callable[[str, int], re.Match[str]]", re.compile(r"[ \t\n\r]*").match)
+_WHITESPACE_CHARS = frozenset(" \t\n\r")  # what it matches
 
 
 def parse(text: str) -> Any:
@@ -166,7 +172,7 @@ def _convert(value: Any, seen: set[int], depth: int) -> Any:
     if isinstance(value, int):
         return _int(value)
     if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+        return value if math.isfinite(value) else str(value)  # NaN and the infinities are not JSON
     if depth > _MAX_DEPTH:
         return "<too deep>"
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -199,17 +205,14 @@ def _convert(value: Any, seen: set[int], depth: int) -> Any:
             except TypeError:
                 return items
         model_dump = getattr(value, "model_dump", None)
+        # a model_dump or a field that raises: the next way, down to the repr
         if callable(model_dump):
-            try:
+            with suppress(Exception):
                 return _convert(model_dump(mode="json"), seen, depth + 1)
-            except Exception:
-                pass
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            try:
+            with suppress(Exception):
                 fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
                 return _convert(fields, seen, depth + 1)
-            except Exception:
-                pass
         return _safe_repr(value)
     finally:
         seen.discard(ident)

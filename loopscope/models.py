@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -139,7 +139,7 @@ class ActivityEvent(BaseModel):
     correlation_id: str | None = None
     source: EventSource = Field(default_factory=EventSource)
     status: EventStatus = EventStatus.DELIVERED
-    content: Union[ToolCallContent, TextContent, dict[str, Any]] = Field(union_mode="left_to_right")
+    content: ToolCallContent | TextContent | dict[str, Any] = Field(union_mode="left_to_right")
     trace_id: str | None = None
     span_id: str | None = None
 

@@ -11,7 +11,7 @@ import math
 import numbers
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 from . import _json
 
@@ -186,9 +186,10 @@ def token_count(value: Any) -> int | None:
         elif isinstance(value, numbers.Integral):
             count = int(value)
         elif isinstance(value, (numbers.Real, Decimal)):
-            if not math.isfinite(value) or value != int(value):
+            number = cast("SupportsInt", value)  # float, Decimal, Fraction: int() takes them (typeshed's Real does not say)
+            if not math.isfinite(value) or value != int(number):
                 return None
-            count = int(value)
+            count = int(number)
         else:
             return None
     except (TypeError, ValueError, OverflowError, ArithmeticError):

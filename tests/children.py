@@ -1,6 +1,7 @@
 """Child processes for tests that need a second interpreter (a writer, a reader, a crash):
 each runs a small script with its own loopscope, is bounded in time, and is killed at
-teardown if it is still running. Use the ``spawn`` fixture: ``from children import spawn``."""
+teardown if it is still running. Use the ``spawn`` fixture
+(tests/conftest.py makes it available to every test)."""
 
 from __future__ import annotations
 

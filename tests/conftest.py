@@ -14,13 +14,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 os.environ["LOOPSCOPE_STRICT"] = "1"  # internal errors fail tests instead of being logged
 
-from fakes.fixtures import model_server  # noqa: F401 - the fixture, for ``server``
+import loopscope
 from fakes.model_server import FakeModelServer
-
-import loopscope  # noqa: E402
-from loopscope import _guard  # noqa: E402
+from loopscope import _guard
 
 _guard.set_strict(True)
+
+# fixtures every test may name: ``spawn`` (a child interpreter, tests/children.py) and
+# ``model_server`` (the fake model server, tests/fakes/fixtures.py)
+pytest_plugins = ["children", "fakes.fixtures"]
 
 
 @dataclass
@@ -35,7 +37,7 @@ class Recording:
     def store(self) -> loopscope.Store:
         return loopscope.Store(str(self.db))
 
-    def spans(self):  # noqa: ANN201 - a tuple of ReadableSpan
+    def spans(self):  # a tuple of ReadableSpan
         return self.exporter.get_finished_spans()
 
 
@@ -64,7 +66,7 @@ def instrumented(recording: Recording) -> Iterator[Recording]:
 
 
 @pytest.fixture
-def server(model_server: FakeModelServer) -> FakeModelServer:  # noqa: F811 - the fixture imported above
+def server(model_server: FakeModelServer) -> FakeModelServer:
     """The fake model server (:func:`fakes.fixtures.model_server`), as the adapter tests name it."""
     return model_server
 

@@ -47,7 +47,7 @@ def test_unserializable_arguments_and_results_are_stored_readably(recording):
         t.generation(tool_calls=[{"id": "o1", "name": "odd", "arguments": None}])
         assert odd(payload) is payload  # the user's value comes back untouched
         t.generation("ok")
-    end = [e for e in recording.store.get_timeline("odd") if e.type == "tool_call_end"][0].content
+    end = next(e for e in recording.store.get_timeline("odd") if e.type == "tool_call_end").content
     for stored in (end.arguments["payload"], end.result):
         assert stored["bytes"] == {"$bytes_base64": "//5yYXc="}
         assert stored["text_bytes"] == "plain"

@@ -14,14 +14,14 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 def _prose(path: Path) -> str:
     """The page without its fenced code blocks (a link-like text in code is no link)."""
-    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)
 
 
 def _anchors(path: Path) -> set[str]:
     """GitHub's heading ids: lower case, punctuation other than - and _ dropped, spaces as -."""
     return {
         re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        for heading in re.findall(r"^#{1,6} (.+)$", _prose(path), re.M)
+        for heading in re.findall(r"^#{1,6} (.+)$", _prose(path), re.MULTILINE)
     }
 
 

@@ -25,6 +25,6 @@ def _lint_imports() -> list[str]:
 def test_the_layer_rules_hold() -> None:
     # this checkout's package, whichever one the environment has installed
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([*_lint_imports(), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*_lint_imports(), "--no-cache"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout

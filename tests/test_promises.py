@@ -36,6 +36,6 @@ def test_every_test_the_promises_table_names_exists() -> None:
         target = ROOT / file
         if not target.exists():
             missing.append(file)
-        elif test and not re.search(rf"^(?:async )?def {test}\(", target.read_text(), re.M):
+        elif test and not re.search(rf"^(?:async )?def {test}\(", target.read_text(), re.MULTILINE):
             missing.append(f"{file}::{test}")
     assert not missing, missing

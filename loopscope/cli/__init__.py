@@ -12,8 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, collect, commands, export, run, tail, ui
-from . import status
+from . import _args, agui, analytics, collect, commands, export, run, status, tail, ui
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -215,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the reader went away (``loopscope timeline | head``): not an error of ours
         commands.silence_stdout()
         return EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - one line, not a traceback
+    except Exception as exc:  # one line, not a traceback
         return _fail(commands.describe(exc))
 
 

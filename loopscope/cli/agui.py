@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def _require_agui() -> None:
     try:
-        import ag_ui.core  # noqa: F401
+        import ag_ui.core  # noqa: F401 - only whether it imports
     except ImportError:
         raise CommandError("AG-UI streams need the ag-ui-protocol package: pip install 'loopscope[agui]'") from None
 

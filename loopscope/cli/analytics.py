@@ -9,8 +9,8 @@ from typing import Any
 from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
-from ..storage.views import OUTCOMES
 from ..storage.store import Store
+from ..storage.views import OUTCOMES
 from . import _args
 from .commands import ellipsis, emit, emit_json, open_store
 

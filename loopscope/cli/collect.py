@@ -34,7 +34,12 @@ def _size(text: str) -> int:
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     from ..ingest.otlp.collector import (
-        DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_MAX_CONNECTIONS, DEFAULT_SOCKET_TIMEOUT, TOKEN_ENV,
+        DEFAULT_GRPC_PORT,
+        DEFAULT_HOST,
+        DEFAULT_HTTP_PORT,
+        DEFAULT_MAX_CONNECTIONS,
+        DEFAULT_SOCKET_TIMEOUT,
+        TOKEN_ENV,
     )
 
     collect = sub.add_parser(

@@ -131,7 +131,7 @@ def _copy(con: duckdb.DuckDBPyConnection, query: str, target: Path, label: str |
     def work() -> None:
         try:
             result["row"] = con.execute(statement).fetchone()
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        except BaseException as exc:  # handed to the main thread
             result["error"] = exc
 
     worker = threading.Thread(target=work, name=f"loopscope-export-{label}", daemon=True)

@@ -47,10 +47,10 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     with open_store(path, read_only=True, timeout=wait) as con:
         check_readable(con)
         version = schema_version(con)
-        sessions, events, turns, tool_calls, last_event = con.execute(
+        [(sessions, events, turns, tool_calls, last_event)] = con.execute(
             "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM events), (SELECT count(*) FROM turns), "
             "(SELECT count(*) FROM events WHERE type = 'tool_call_start'), (SELECT max(created_at) FROM events)"
-        ).fetchone()
+        ).fetchall()  # one row: aggregates
         writers = health.writers(con)
     writers = _with_beside(writers, health.read_beside(path))
     size = sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p))

@@ -12,7 +12,8 @@ import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span
@@ -175,11 +176,11 @@ def pending_span(span: Span, attributes: dict[str, Any] | None = None) -> Readab
     ``LOOPSCOPE_OTLP_PENDING=0`` turns the copies off (then a collector writes start
     rows when the spans end).
     """
-    ctx = span.context
+    ctx = span.get_span_context()  # a started span's context is set
     if attributes is None:
         attributes = dict(span.attributes or {})
     attributes[a.PENDING_OPERATION] = attributes.pop(a.OPERATION, None) or ""
-    attributes[a.PENDING_FOR] = "%016x" % ctx.span_id
+    attributes[a.PENDING_FOR] = f"{ctx.span_id:016x}"
     span_id = _random.getrandbits(64) or 1
     return ReadableSpan(
         name=f"{span.name} (pending)",
@@ -211,8 +212,9 @@ class CountingBatchProcessor(BatchSpanProcessor):
             return
         try:
             # a live span's attributes: copy() is one dict copy, get() on them runs Python frames
-            attributes = span.attributes.copy()
-            if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.context.trace_flags.sampled:
+            # (the SDK's read-only view of them, typed as an optional Mapping)
+            attributes = cast("MappingProxyType[str, Any]", span.attributes).copy()
+            if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.get_span_context().trace_flags.sampled:
                 return
             pending = pending_span(span, attributes)
             span.set_attribute(a.PENDING_SENT, True)

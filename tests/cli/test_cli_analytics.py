@@ -17,12 +17,10 @@ from typing import Any
 import duckdb
 import pytest
 
+import analytics_store as workload
 import loopscope
 from loopscope.cli import main
 from loopscope.cli.export import EXPORTS
-
-import analytics_store as workload
-from children import spawn  # noqa: F401 - the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +104,7 @@ def test_tools_json_is_the_tool_stats_view(db: str, capsys: pytest.CaptureFixtur
     code, out, err = run(capsys, "tools", "--db", db, "--json")
     assert code == 0, err
     rows = json.loads(out)
-    assert [r["tool"] for r in rows][0] == "lookup_order"
+    assert next(r["tool"] for r in rows) == "lookup_order"
     by_tool = {r["tool"]: r for r in rows}
     assert by_tool["lookup_order"]["calls"] == 14
     assert by_tool["book"]["cancelled"] == 1 and by_tool["book"]["failure_share"] == 0.5
@@ -357,7 +355,7 @@ SHARED_WRITER = """
 
 @pytest.mark.parametrize("session", ["shared", None], ids=["one-session", "all-sessions"])
 def test_tail_follow_over_a_session_several_processes_write_prints_its_indices_in_order(
-    tmp_path: Path, spawn: Any, session: str | None  # noqa: F811
+    tmp_path: Path, spawn: Any, session: str | None
 ) -> None:
     db = tmp_path / "shared.duckdb"
     # every event is printed: those there when it starts (-n), then the ones that land

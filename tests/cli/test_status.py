@@ -186,10 +186,10 @@ def test_a_store_without_counters_and_a_missing_store(tmp_path):
 
 
 def test_the_otlp_exporters_drops_are_kept_with_the_writers_counters(tmp_path, capsys):
-    from fakes import otlp_receiver
     from opentelemetry.sdk.trace import TracerProvider
 
     import loopscope
+    from fakes import otlp_receiver
     from loopscope.cli import main
 
     receiver, server = otlp_receiver.start()

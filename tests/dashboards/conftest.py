@@ -11,9 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import webdata  # noqa: E402
+import webdata
 
-from loopscope.dashboards.web.server import DashboardServer, make_server  # noqa: E402
+from loopscope.dashboards.web.server import DashboardServer, make_server
 
 CHROMIUM = os.environ.get("LOOPSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -129,9 +129,8 @@ def balanced(text: str) -> bool:
     for ch in re.sub(r'"(?:[^"\\]|\\.)*"', '""', text):
         if ch in "([{":
             stack.append(ch)
-        elif ch in pairs:
-            if not stack or stack.pop() != pairs[ch]:
-                return False
+        elif ch in pairs and (not stack or stack.pop() != pairs[ch]):
+            return False
     return not stack
 
 

@@ -11,11 +11,10 @@ from typing import Any
 import duckdb
 import pytest
 
-import loopscope
-from loopscope.storage.views import OUTCOMES, VIEWS
-from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
-
 import analytics_store as workload
+import loopscope
+from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from loopscope.storage.views import OUTCOMES, VIEWS
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +134,7 @@ def test_tool_stats_against_python(db: Path) -> None:
         assert row["first_seen"] == min(e["created_at"] for e in events if e["tool_name"] == tool)
         assert row["agents"] == 1
     assert stats["lookup_order"]["calls"] == 14
-    assert [r["tool"] for r in query(db, "SELECT tool FROM tool_stats")][0] == "lookup_order"  # most called first
+    assert next(r["tool"] for r in query(db, "SELECT tool FROM tool_stats")) == "lookup_order"  # most called first
 
 
 # -- turns ------------------------------------------------------------------------------------------
@@ -160,9 +159,9 @@ def test_turn_summaries_flatten_the_turns(db: Path) -> None:
         assert row["loop_end_reason"] == t["loop_end_reason"] and row["ended_at"] == t["timestamp"]
         assert (row["ended_at"] - row["started_at"]).total_seconds() * 1000 == pytest.approx(t["latency_ms"], abs=0.01)
         assert row["model"] == t["model"] and row["provider"] == t["provider"]
-    sup1 = [r for r in flat.values() if r["session_id"] == "sup-1" and r["loop_end_reason"] == "completed"][0]
+    sup1 = next(r for r in flat.values() if r["session_id"] == "sup-1" and r["loop_end_reason"] == "completed")
     assert (sup1["cache_read_input_tokens"], sup1["reasoning_tokens"]) == (40, 5)
-    error = [r for r in flat.values() if r["loop_end_reason"] == "error"][0]
+    error = next(r for r in flat.values() if r["loop_end_reason"] == "error")
     assert "context window exceeded" in error["error"]
 
 
@@ -210,7 +209,7 @@ def test_declared_vs_used_counts_calls_of_tools_never_declared(recording: Any) -
         with loopscope.tool("secret", call_id="k1"):
             pass
         turn.generation("done")
-    names, rows = recording.store.sql("SELECT tool, turns_offered, calls, undeclared_calls, use_share FROM declared_vs_used ORDER BY tool")
+    _names, rows = recording.store.sql("SELECT tool, turns_offered, calls, undeclared_calls, use_share FROM declared_vs_used ORDER BY tool")
     assert rows == [("known", 1, 0, 0, 0.0), ("secret", 0, 1, 1, None)]
 
 
@@ -265,7 +264,7 @@ def test_a_v1_file_is_read_with_views_and_left_unchanged(db: Path, tmp_path: Pat
     make_v1(db, old)
     before = old.read_bytes()
     store = loopscope.Store(str(old))
-    names, rows = store.sql("SELECT sum(calls), sum(failed) FROM tool_stats")
+    _names, rows = store.sql("SELECT sum(calls), sum(failed) FROM tool_stats")
     assert rows == [(21, 1)]
     assert len(store.list_events("sup-1")) == query(db, "SELECT count(*) AS n FROM events WHERE session_id = 'sup-1'")[0]["n"]
     assert old.read_bytes() == before

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import webdata
-from idle_sockets import serve_past_idle_sockets
 
 import loopscope
+from idle_sockets import serve_past_idle_sockets
 from loopscope.cli import build_parser
 from loopscope.dashboards.web import api
 from loopscope.dashboards.web.server import DEFAULT_HOST, make_server
@@ -164,9 +164,8 @@ def test_a_running_tool_shows_as_running_until_it_ends(recording):
 
 def test_long_contents_are_cut_in_a_page_and_whole_on_request(recording):
     big = "x" * (api.MAX_CONTENT_CHARS + 500)
-    with loopscope.turn(session_id="big", agent="a"):
-        with loopscope.tool("dump", arguments={"n": 1}) as call:
-            call.set_result(big)
+    with loopscope.turn(session_id="big", agent="a"), loopscope.tool("dump", arguments={"n": 1}) as call:
+        call.set_result(big)
     events = api.timeline(recording.store, "big")["events"]
     end = next(e for e in events if e["type"] == "tool_call_end")
     assert end["truncated"] is True and len(end["content"]["result"]) < len(big)
@@ -289,7 +288,7 @@ def test_requests_from_another_sites_page_are_refused(dashboard):
 def test_idle_connections_are_closed_and_bounded_and_requests_still_answered(sample_db):
     for server in webdata.running(make_server(str(sample_db), port=0, max_connections=2, socket_timeout=0.5)):
         port = server.server_address[1]
-        assert serve_past_idle_sockets(port, lambda: request(server, "GET", "/api/overview")[0]) <= 2
+        assert serve_past_idle_sockets(port, lambda server=server: request(server, "GET", "/api/overview")[0]) <= 2
 
 
 @pytest.mark.parametrize(
@@ -375,6 +374,6 @@ def test_loopscope_ui_reports_a_busy_port_in_one_line(sample_db, capsys):
         code = main(["ui", "--db", str(sample_db), "--port", str(server.server_address[1])])
     finally:
         server.server_close()
-    out, err = capsys.readouterr()
+    _out, err = capsys.readouterr()
     assert code == 2 and err.startswith("loopscope: error: cannot listen on 127.0.0.1:")
     assert "Traceback" not in err

@@ -66,7 +66,7 @@ def test_spans_are_exported_over_otlp_without_content_by_default(tmp_path, recei
             assert key not in span.attributes
     # ...while the local store has all of it
     store = loopscope.Store(str(tmp_path / "s.duckdb"))
-    end = [e for e in store.get_timeline("exp") if e.type == "tool_call_end"][0]
+    end = next(e for e in store.get_timeline("exp") if e.type == "tool_call_end")
     assert end.content.arguments["user"] == "ann"
 
 
@@ -140,9 +140,8 @@ def test_metrics_names_units_attributes_and_buckets(tmp_path):
     reader = InMemoryMetricReader()
     loopscope.configure(tmp_path / "m.duckdb", tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]))
     record_turn()
-    with pytest.raises(RuntimeError):
-        with loopscope.turn(session_id="exp2", agent="ops") as t:
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), loopscope.turn(session_id="exp2", agent="ops"):
+        raise RuntimeError("boom")
     loopscope.flush()  # also turns queued spans into measurements
     data = reader.get_metrics_data()
     metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}

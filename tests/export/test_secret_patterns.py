@@ -22,8 +22,8 @@ import loopscope
 from fakes import otlp_receiver
 from loopscope.content.policy import ContentPolicy
 from loopscope.content.secrets import DEFAULT_PREFILTERS, SECRET_SHAPES
-from loopscope.storage import writer as writer_module
 from loopscope.ingest.otlp.collector import Collector
+from loopscope.storage import writer as writer_module
 from loopscope.storage.connection import open_store
 from loopscope.storage.scrub import prefilter
 

@@ -1,7 +1,7 @@
 """pytest fixtures for the fake model server.
 
-Use from any conftest with ``from fakes.fixtures import model_server  # noqa: F401`` (``tests/`` is on ``sys.path``
-because ``tests/conftest.py`` has no package ``__init__``).
+tests/conftest.py names this module in ``pytest_plugins``: every test may ask for ``model_server``
+(``tests/`` is on ``sys.path`` because ``tests/conftest.py`` has no package ``__init__``).
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from typing_extensions import Self
+
 __all__ = ["FakeModelServer", "RecordedRequest", "Reply", "Script", "ToolCall", "Usage"]
 
 CHAT = "chat"
@@ -174,7 +176,7 @@ class Reply:
         status: int = 500,
         message: str | None = None,
         *,
-        type: str | None = None,  # noqa: A002 - the provider's error type
+        type: str | None = None,  # the provider's error type
         retry_after: float | None = None,
         delay: float = 0.0,
     ) -> Reply:
@@ -733,7 +735,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.owner._track(self.connection, add=False)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     # ---- plumbing -------------------------------------------------------------------------------------------------
@@ -750,7 +752,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, data: Any, headers: Mapping[str, str]) -> None:
         self._send_bytes(status, json.dumps(data).encode(), "application/json", headers)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._read_body()
         self._not_found(self.path.partition("?")[0])
 
@@ -765,7 +767,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- requests -------------------------------------------------------------------------------------------------
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         owner = self.server.owner
         path, _, query = self.path.partition("?")
         api = _ROUTES.get(path.rstrip("/"), "unknown")
@@ -963,7 +965,7 @@ class FakeModelServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> FakeModelServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,10 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 
 def _value(v: Any) -> Any:
@@ -61,7 +64,7 @@ def start() -> tuple[OTLPReceiver, http.server.ThreadingHTTPServer]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
             if receiver.delay:

@@ -547,9 +547,12 @@ def test_mid_stream_error_event(model_server: FakeModelServer, api: str, is_asyn
         consume()
         assert [e.type for e in seen][-2:] == ["response.content_part.added", "error"]
         assert seen[-1].message == "boom in the middle" and seen[-1].sequence_number == 4
-        with model_server.openai_client() as client, client.responses.stream(model=OPENAI_MODEL, input="hi") as s:
-            with pytest.raises(RuntimeError, match="response.completed"):
-                s.get_final_response()
+        with (
+            model_server.openai_client() as client,
+            client.responses.stream(model=OPENAI_MODEL, input="hi") as s,
+            pytest.raises(RuntimeError, match="response.completed"),
+        ):
+            s.get_final_response()
     else:
         with pytest.raises(anthropic.APIStatusError) as err:
             consume()

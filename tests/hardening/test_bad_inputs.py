@@ -16,10 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import loopscope
-from loopscope import LoopEndReason, _json
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply
+from loopscope import LoopEndReason, _json
 
 SURROGATES = st.sampled_from(["\ud800", "\udfff", "a\udc80b"])
 TEXT = st.one_of(st.text(max_size=40), SURROGATES, st.just("nul\x00inside"), st.just("\u2028line\u2029sep"))
@@ -102,7 +100,7 @@ def test_values_that_refuse_to_print_or_loop_are_stored_readably(recording) -> N
         t.generation(tool_calls=[{"id": "o1", "name": "odd", "arguments": None}])
         odd(Unprintable(), cyclic)
         t.generation("done", finish_reason="stop")
-    end = [e for e in recording.store.get_timeline("odd") if e.type == "tool_call_end"][0].content
+    end = next(e for e in recording.store.get_timeline("odd") if e.type == "tool_call_end").content
     assert end.result["a"].startswith("<unrepresentable Unprintable")
     assert end.result["b"] == [1, "<cycle>"]
 
@@ -155,14 +153,14 @@ GARBAGE = [
 
 
 @pytest.mark.parametrize(("kind", "stream", "body"), GARBAGE, ids=[f"{g[0]}-{i}" for i, g in enumerate(GARBAGE)])
-def test_garbage_from_the_provider_reaches_the_user_as_it_would_without_loopscope(recording, model_server, kind, stream, body) -> None:  # noqa: F811
+def test_garbage_from_the_provider_reaches_the_user_as_it_would_without_loopscope(recording, model_server, kind, stream, body) -> None:
     model_server.queue(Reply(raw_body=body))
-    with pytest.raises(Exception) as plain:  # noqa: PT011 - whatever the SDK raises, the same must come
+    with pytest.raises(Exception) as plain:  # whatever the SDK raises, the same must come
         _chat(model_server, stream)
     loopscope.instrument(anthropic=False)
     try:
         model_server.queue(Reply(raw_body=body))
-        with pytest.raises(Exception) as instrumented:  # noqa: PT011
+        with pytest.raises(Exception) as instrumented:
             _chat(model_server, stream)
     finally:
         loopscope.uninstrument()
@@ -229,7 +227,7 @@ def test_a_usage_value_that_is_not_a_token_count_is_left_out_said_and_kept(recor
     assert json.loads(chat.attributes["loopscope.usage.invalid"]) == {"input_tokens": kept, key: kept}
 
 
-@pytest.mark.parametrize("value", ["12", " 12 ", 12.0, decimal.Decimal("12"), decimal.Decimal("12.000")], ids=repr)
+@pytest.mark.parametrize("value", ["12", " 12 ", 12.0, decimal.Decimal(12), decimal.Decimal("12.000")], ids=repr)
 def test_a_usage_value_that_is_unambiguously_a_count_is_taken(recording, value) -> None:
     with loopscope.turn(session_id="counts") as t:
         t.generation("ok", finish_reason="stop", usage={"input_tokens": value})
@@ -242,13 +240,12 @@ def test_a_usage_value_that_is_unambiguously_a_count_is_taken(recording, value) 
 
 
 def test_ids_and_names_given_as_numbers_are_recorded_as_text(recording) -> None:
-    with loopscope.session(777):
-        with loopscope.turn(agent=7, model=3.5, provider=9, correlation_id=99) as t:
-            t.generation("calling", tool_calls=[{"id": 42, "name": "lookup", "arguments": {"q": 1}}], response_id=5, finish_reason=1)
-            with loopscope.tool("lookup", call_id=42, description=8) as call:  # serves the model's call 42
-                call.set_result("found")
-            t.generation("done", finish_reason="stop")
-            loopscope.state_snapshot({"step": 2}, session_id=12345)
+    with loopscope.session(777), loopscope.turn(agent=7, model=3.5, provider=9, correlation_id=99) as t:
+        t.generation("calling", tool_calls=[{"id": 42, "name": "lookup", "arguments": {"q": 1}}], response_id=5, finish_reason=1)
+        with loopscope.tool("lookup", call_id=42, description=8) as call:  # serves the model's call 42
+            call.set_result("found")
+        t.generation("done", finish_reason="stop")
+        loopscope.state_snapshot({"step": 2}, session_id=12345)
     response = t.response  # a pydantic model: an int session id made it fail validation
     assert (response.session_id, response.channel_id, response.model, response.provider) == ("777", "7", "3.5", "9")
     assert response.correlation_id == "99" and response.round_count == 1 and response.tool_calls_count == 1

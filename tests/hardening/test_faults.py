@@ -20,7 +20,6 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import spawn  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +61,7 @@ DISK_FULL = textwrap.dedent(
 
 def _child(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPSCOPE_")}
-    return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run([sys.executable, "-c", script, *args], check=False, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def test_a_full_disk_keeps_events_in_memory_says_so_once_and_writes_them_later(tmp_path: Path) -> None:
@@ -182,7 +181,7 @@ def stuck_writer(monkeypatch) -> Iterator[threading.Event]:
     gate = threading.Event()
     original = writer_module.write_batch
 
-    def stuck(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def stuck(*args, **kwargs):
         gate.wait(30)
         return original(*args, **kwargs)
 
@@ -277,7 +276,7 @@ def _default_store_child(cwd: Path | str, endpoint: str, **env: str) -> subproce
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPSCOPE_", "OTEL_"))}
     base.update(LOOPSCOPE_STRICT="1", PYTHONPATH=str(ROOT), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env)
-    return subprocess.run([sys.executable, "-c", script], env=base, cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", script], check=False, env=base, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("where", ["read-only working directory", "LOOPSCOPE_DB in a missing folder", "LOOPSCOPE_DB under a file"])

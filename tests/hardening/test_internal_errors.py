@@ -8,6 +8,7 @@ production, and each test checks that the failure was reported (``_guard.error_c
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from typing import Any
 
@@ -19,17 +20,14 @@ import loopscope
 from loopscope import _guard, _json, semconv
 from loopscope.instrument import _calls
 from loopscope.recorder import stitch
-import importlib
 
 turn_module = importlib.import_module("loopscope.recorder.turn")
 spans_module = importlib.import_module("loopscope.recorder._spans")
 pipeline_module = importlib.import_module("loopscope.pipeline")
 openai_adapter = importlib.import_module("loopscope.instrument.openai")
 anthropic_adapter = importlib.import_module("loopscope.instrument.anthropic")
-from loopscope.storage import writer
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
+from loopscope.storage import writer
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 ANTHROPIC_TOOLS = [{"name": "weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -148,7 +146,7 @@ def _inject(monkeypatch: Any, recording: Any, owner: Any, name: str) -> None:
     ("where", "owner", "name", "sdk", "stream"), CASES, ids=[f"{c[3]}-{c[0]}-{'stream' if c[4] else 'json'}" for c in CASES]
 )
 def test_an_internal_error_never_changes_what_the_user_gets(
-    recording, model_server, quiet, monkeypatch, where: str, owner: Any, name: str, sdk: str, stream: bool  # noqa: F811
+    recording, model_server, quiet, monkeypatch, where: str, owner: Any, name: str, sdk: str, stream: bool
 ) -> None:
     loop = LOOPS[sdk]
     _replies(model_server)
@@ -170,7 +168,7 @@ SDK_ERROR_FAULTS = [f[:3] for f in FAULTS if f[0] in ("request reading", "span s
 
 
 @pytest.mark.parametrize(("where", "owner", "name"), SDK_ERROR_FAULTS, ids=[f[0] for f in SDK_ERROR_FAULTS])
-def test_the_users_sdk_exception_passes_through_a_failing_recorder(recording, model_server, quiet, monkeypatch, where, owner, name):  # noqa: F811
+def test_the_users_sdk_exception_passes_through_a_failing_recorder(recording, model_server, quiet, monkeypatch, where, owner, name):
     model_server.queue(Reply.error(429))
     client = openai.OpenAI(base_url=model_server.openai_base_url, api_key="sk-x", max_retries=0)
     with pytest.raises(openai.RateLimitError) as plain:
@@ -221,9 +219,8 @@ def test_hand_api_with_a_failing_recorder_returns_and_raises_as_without(recordin
             asyncio.run(fail("why"))
         assert caught.value.args == error.args and type(caught.value) is KeyError
         t.generation("3", finish_reason="stop")
-    with pytest.raises(ValueError, match="mine") as mine:
-        with loopscope.turn(session_id="s2"):
-            raise ValueError("mine")
+    with pytest.raises(ValueError, match="mine") as mine, loopscope.turn(session_id="s2"):
+        raise ValueError("mine")
     assert type(mine.value) is ValueError
     loopscope.flush(timeout=5)
     assert _guard.error_count > before, f"the fault in {where} was not reached"

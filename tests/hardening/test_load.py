@@ -15,10 +15,8 @@ import openai
 import pytest
 
 import loopscope
-from loopscope import LoopEndReason
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
+from loopscope import LoopEndReason
 
 ASYNC_TURNS = 1_000
 THREADS = 8
@@ -64,7 +62,7 @@ def _thread_loops(base_url: str, t: int, errors: list[BaseException]) -> None:
                     for call in reply.tool_calls:
                         key = json.loads(call.function.arguments)["key"]
                         messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"key": key, "owner": conv})})
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
+    except BaseException as exc:  # reported by the test
         errors.append(exc)
 
 
@@ -77,7 +75,7 @@ def instrumented(recording):
         loopscope.uninstrument()
 
 
-def test_thousand_async_turns_and_eight_threads_of_sdk_loops(instrumented, model_server) -> None:  # noqa: F811
+def test_thousand_async_turns_and_eight_threads_of_sdk_loops(instrumented, model_server) -> None:
     for t in range(THREADS):
         for j in range(LOOPS_PER_THREAD):
             conv = f"t{t}-{j}"

@@ -21,7 +21,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER, Child, spawn  # noqa: F401 - spawn is a fixture
+from children import HOLDER, Child
 from loopscope import EventFilter
 from loopscope.cli import main as cli_main
 from loopscope.models import RESPONSE_SEGMENT_SEPARATOR

@@ -248,7 +248,7 @@ def test_a_tool_message_in_a_later_runs_input_ends_the_call_failed_when_it_says_
     assert (events[1].content.role, events[1].content.body, events[1].correlation_id) == ("user", "pay it", "r2")
     end = events[2].content
     assert (end.status, end.outcome, end.error, end.duration_ms) == ("failed", "failed", "card declined", 48.0)
-    r1, r2 = Store(str(db)).list_turns("th")
+    _r1, r2 = Store(str(db)).list_turns("th")
     assert (r2.parent_correlation_id, r2.loop_end_reason) == ("r1", LoopEndReason.EMPTY_RESPONSE)
 
 
@@ -486,9 +486,8 @@ def test_export_of_a_hand_api_session_is_a_valid_agui_stream(recording):
                      usage={"input_tokens": 12, "output_tokens": 4})
         lookup("paris")
         t.generation("It is PARIS.")
-    with pytest.raises(RuntimeError):
-        with loopscope.turn(session_id="hand", agent="concierge", input="again"):
-            raise RuntimeError("tool server down")
+    with pytest.raises(RuntimeError), loopscope.turn(session_id="hand", agent="concierge", input="again"):
+        raise RuntimeError("tool server down")
 
     text = export_session("hand", str(recording.db))
     events = [EVENTS.validate_python(d) for d in parse_sse(text)]  # every event is a valid ag_ui.core event
@@ -527,9 +526,8 @@ def test_export_of_a_hand_api_session_is_a_valid_agui_stream(recording):
 
 
 def test_a_failed_turn_before_others_ends_in_run_finished_saying_so(recording):
-    with pytest.raises(ValueError):
-        with loopscope.turn(session_id="flaky", agent="a", input="first"):
-            raise ValueError("bad input")
+    with pytest.raises(ValueError), loopscope.turn(session_id="flaky", agent="a", input="first"):
+        raise ValueError("bad input")
     with loopscope.turn(session_id="flaky", agent="a", input="second") as t:
         t.generation("Fine now.")
     failed, ok = recording.store.list_turns("flaky")

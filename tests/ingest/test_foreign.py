@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from loopscope import semconv as a
-from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
 from loopscope.ingest.foreign import AGENT, CHAT, CONTAINER, TOOL, Assembler, classify, normalize
+from loopscope.ingest.otlp.collector import Collector
 from loopscope.ingest.otlp.decode import parse_fixture
 from loopscope.ingest.spans import Ctx, Scope, SpanEvent, SpanRecord, Status
+from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"
@@ -100,7 +100,7 @@ def test_live_spans_from_the_real_instrumentation(tmp_path, lib):
     with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         done = subprocess.run(
             [str(python), "-W", "ignore", str(FIXTURES / "record.py"), "--lib", lib, "--endpoint", collector.http_endpoint],
-            capture_output=True, text=True, timeout=180, cwd=ROOT,
+            check=False, capture_output=True, text=True, timeout=180, cwd=ROOT,
         )
         assert done.returncode == 0, done.stderr[-2000:]
     check_weather_loop(db, FRAMEWORKS[lib])
@@ -183,7 +183,7 @@ def test_official_genai_span_events_of_older_releases():
 
 def test_a_failed_agent_run_ends_in_error():
     agent = span("weather-agent", {"openinference.span.kind": "AGENT", "input.value": "x"}, start=0, end=2, error="ValueError: bad")
-    (start, end) = collect_rows([agent])
+    (_start, end) = collect_rows([agent])
     assert end[1].attributes[a.LOOP_END_REASON] == "error"
     assert end[1].attributes[a.TURN_INPUT] == "x"
 

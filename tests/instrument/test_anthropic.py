@@ -10,13 +10,12 @@ from typing import Any
 
 import anthropic
 import pytest
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
 import loopscope
+from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 
@@ -139,7 +138,7 @@ def tool_loop(c: Any, mode: str, api: str = "stable", *, is_error: bool = False,
     if between is not None:
         between(content)
     result = "weather service down" if is_error else "21 C and sunny"
-    content2, stop2 = call(c, mode, api, messages=follow_up(messages, content, result, is_error), tools=[WEATHER])
+    _content2, stop2 = call(c, mode, api, messages=follow_up(messages, content, result, is_error), tools=[WEATHER])
     return [stop1, stop2]
 
 
@@ -149,7 +148,7 @@ async def atool_loop(c: Any, mode: str, api: str = "stable", *, is_error: bool =
     if between is not None:
         between(content)
     result = "weather service down" if is_error else "21 C and sunny"
-    content2, stop2 = await acall(c, mode, api, messages=follow_up(messages, content, result, is_error), tools=[WEATHER])
+    _content2, stop2 = await acall(c, mode, api, messages=follow_up(messages, content, result, is_error), tools=[WEATHER])
     return [stop1, stop2]
 
 
@@ -279,7 +278,7 @@ def test_a_one_shot_iterable_of_messages_is_left_to_the_sdk(instrumented, server
 @pytest.mark.parametrize("mode", MODES)
 def test_max_tokens_ends_the_turn_truncated(instrumented, server, mode):
     server.queue(Reply(text="This answer is cut off in the mid", stop="max_tokens"))
-    content, stop = call(client(server), mode, messages=[{"role": "user", "content": "Tell me everything"}])
+    _content, stop = call(client(server), mode, messages=[{"role": "user", "content": "Tell me everything"}])
     assert stop == "max_tokens"
     turn = only_turn(instrumented)
     assert turn.loop_end_reason == LoopEndReason.TRUNCATED
@@ -806,7 +805,7 @@ def test_tool_runner_is_one_turn_without_the_sdks_spans(global_provider, instrum
         runner = client(server).beta.messages.tool_runner(model=MODEL, max_tokens=100, messages=HI, tools=[runner_weather])
         assert [m.stop_reason for m in runner] == ["tool_use", "end_turn"]
     assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"loopscope", "app"}
-    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
+    [_agent] = spans(instrumented, a.OP_INVOKE_AGENT)
     [tool] = spans(instrumented, a.OP_EXECUTE_TOOL)
     [lookup] = [s for s in instrumented.spans() if s.name == "weather lookup"]
     assert lookup.parent.span_id == tool.context.span_id  # what the tool does nests under its call

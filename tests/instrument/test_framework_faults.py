@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 
 import loopscope
-from loopscope import _guard, semconv
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall
+from loopscope import _guard, semconv
 
 registry = importlib.import_module("loopscope.instrument")
 spans_module = importlib.import_module("loopscope.recorder._spans")
@@ -141,10 +139,9 @@ def _toolnexus(server: Any) -> Any:
 
 
 def _roomkit(server: Any) -> Any:
+    import test_roomkit as rk  # its kit, room and channel set-up
     from roomkit.providers.ai import MockAIProvider
     from roomkit.providers.ai.base import AIResponse, AIToolCall
-
-    import test_roomkit as rk  # its kit, room and channel set-up
 
     provider = MockAIProvider(ai_responses=[
         AIResponse(content="Checking.", tool_calls=[AIToolCall(id="call_w", name="weather", arguments={"city": "Paris"})],
@@ -190,7 +187,7 @@ def no_agents_export(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.parametrize("fault", [*sorted(FAULTS), "adapter code"])
 @pytest.mark.parametrize("framework", sorted(SCENARIOS))
 def test_an_internal_error_under_a_framework_changes_nothing_for_the_app(
-    recording, model_server, quiet, no_agents_export, monkeypatch, framework: str, fault: str  # noqa: F811
+    recording, model_server, quiet, no_agents_export, monkeypatch, framework: str, fault: str
 ) -> None:
     target, scenario = SCENARIOS[framework]
     pytest.importorskip(target)

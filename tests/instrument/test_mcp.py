@@ -17,12 +17,11 @@ from mcp.shared.exceptions import McpError
 from mcp.shared.memory import create_connected_server_and_client_session
 
 import loopscope
-from loopscope import LoopEndReason, semconv as a
+from fakes.model_server import Reply, ToolCall
+from loopscope import LoopEndReason
+from loopscope import semconv as a
 from loopscope.instrument import ADAPTERS
 from loopscope.models import ToolCall as ModelToolCall
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
-from fakes.model_server import Reply, ToolCall
 from recorded import rows as tool_rows
 
 WEATHER_RESULT = {"city": "Paris", "temp_c": 21}
@@ -156,7 +155,7 @@ def test_calls_serve_what_the_model_asked_for_in_a_hand_turn(instrumented):
     assert len(tool_spans(instrumented)) == 2
 
 
-def test_calls_serve_a_stitched_openai_turn(instrumented, model_server):  # noqa: F811 - the fixture
+def test_calls_serve_a_stitched_openai_turn(instrumented, model_server):
     model_server.queue(
         Reply(text="Let me check.", tool_calls=[ToolCall("weather", {"city": "Paris"}, id="call_w1"),
                                                 ToolCall("book_table", {"restaurant": "Chez Nous"}, id="call_b1")]),
@@ -195,7 +194,7 @@ def test_calls_serve_a_stitched_openai_turn(instrumented, model_server):  # noqa
     assert [r["id"] for r in model_server.requests[1].tool_results] == ["call_w1", "call_b1"]
 
 
-def test_a_call_inside_a_langchain_tool_of_that_name_is_that_call(recording, model_server):  # noqa: F811
+def test_a_call_inside_a_langchain_tool_of_that_name_is_that_call(recording, model_server):
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import StructuredTool
     from langchain_openai import ChatOpenAI

@@ -19,13 +19,11 @@ from openai.resources.chat.completions import completions as chat_resource
 from openai.resources.responses import responses as responses_resource
 
 import loopscope
-from loopscope import LoopEndReason, semconv as a
+from fakes.model_server import Reply, ToolCall, Usage
+from loopscope import LoopEndReason
+from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
 from loopscope.recorder import stitch
-
-from children import spawn  # noqa: F401 - the fixture
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
-from fakes.model_server import Reply, ToolCall, Usage
 from recorded import only_turn, rows, spans_of
 
 API_KEY = "sk-test-NEVER-RECORD-THIS-0123456789"
@@ -347,8 +345,8 @@ def test_responses_request_parameters_and_input_forms(instrumented, server):
         input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Parts "}, {"type": "input_text", "text": "of text"}]}],
     )
     first, second = instrumented.store.list_turns()
-    assert [e.content.body for e in instrumented.store.get_timeline(first.session_id)][0] == "Just a string"
-    assert [e.content.body for e in instrumented.store.get_timeline(second.session_id)][0] == "Parts of text"
+    assert next(e.content.body for e in instrumented.store.get_timeline(first.session_id)) == "Just a string"
+    assert next(e.content.body for e in instrumented.store.get_timeline(second.session_id)) == "Parts of text"
     assert [t.name for t in first.declared_tools] == ["weather", "web_search"]
     chat = spans_of(instrumented, a.OP_CHAT)[0].attributes
     assert chat["gen_ai.request.temperature"] == 0.2 and chat["gen_ai.request.top_p"] == 0.9
@@ -1018,7 +1016,7 @@ HELD_AT_EXIT = """
 """
 
 
-def test_stream_held_until_exit_is_stored_cancelled(spawn, tmp_path):  # noqa: F811 - the fixture
+def test_stream_held_until_exit_is_stored_cancelled(spawn, tmp_path):
     """A stream nobody closes or collects before exit still ends its round, and the turn
     with it, before the store's last flush: a cancelled turn with its round, not an
     unfinished turn without one."""

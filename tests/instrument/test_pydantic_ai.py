@@ -21,13 +21,12 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import UsageLimits
 
 import loopscope
-from loopscope import LoopEndReason, semconv as a
-from loopscope.instrument import active
-from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
+from loopscope import LoopEndReason
+from loopscope import semconv as a
+from loopscope.ingest.otlp.collector import Collector
+from loopscope.instrument import active
+from loopscope.storage.connection import open_store
 from recorded import only_turn, rows, spans_of
 
 MODEL = "gpt-test-1"
@@ -120,7 +119,7 @@ def check_two_tool_turn(recording: Any, server: Any, *, requests: int = 3) -> An
     assert {s.instrumentation_scope.name for s in recording.spans()} == {"pydantic-ai"}
     [run] = spans_of(recording, a.OP_INVOKE_AGENT)
     assert all(s.context.trace_id == run.context.trace_id for s in recording.spans())
-    assert turn.correlation_id == "%016x" % run.context.span_id
+    assert turn.correlation_id == f"{run.context.span_id:016x}"
     return turn
 
 
@@ -304,7 +303,7 @@ def test_an_anthropic_model_has_one_span_per_call(instrumented, server):
     assert len(chats) == len(server.requests) == 2
     assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"pydantic-ai"}
     # the trace context the SDK sent is that of pydantic-ai's span for the call
-    assert [r.headers["traceparent"].split("-")[2] for r in server.requests] == ["%016x" % s.context.span_id for s in chats]
+    assert [r.headers["traceparent"].split("-")[2] for r in server.requests] == [f"{s.context.span_id:016x}" for s in chats]
 
 
 # -- on and off ---------------------------------------------------------------------------------------------
@@ -374,7 +373,7 @@ def test_without_pydantic_ai_imported_nothing_happens():
         "loopscope.uninstrument()\n"
         "assert pydantic_ai.Agent._instrument_default is False\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

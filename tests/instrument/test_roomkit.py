@@ -33,10 +33,9 @@ from roomkit.telemetry.config import TelemetryConfig
 from roomkit.telemetry.mock import MockTelemetryProvider
 
 import loopscope
-from loopscope import _guard, semconv as a
+from loopscope import _guard
+from loopscope import semconv as a
 from loopscope.instrument import ADAPTERS
-
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 
 ROOM = "room-1"
 AGENT = "assistant"
@@ -68,7 +67,8 @@ async def tools(name: str, arguments: dict[str, Any]) -> str:
     await asyncio.sleep(0.02 if name == "weather" else 0.005)
     if name == "book":
         raise RuntimeError("the booking service timed out")
-    return '{"city": "%s", "temp_c": 21}' % arguments.get("city", "?")
+    city = arguments.get("city", "?")
+    return f'{{"city": "{city}", "temp_c": 21}}'
 
 
 class Run:
@@ -241,7 +241,7 @@ def test_failing_tool(instrumented):
     assert summary.loop_end_reason.value == "completed"
     assert [t.name for t in summary.declared_tools][:2] == ["weather", "book"]
 
-    agent, chats, tool_spans = turn_tree(instrumented)
+    _agent, chats, tool_spans = turn_tree(instrumented)
     assert [round_usage(c) for c in chats] == [{"input_tokens": 120, "output_tokens": 18}, {"input_tokens": 160, "output_tokens": 9}]
     assert [c.attributes.get(a.ROUND_TEXT) for c in chats] == ["Let me book it.", "The booking service is down, sorry."]
     assert len(tool_spans) == 1
@@ -271,7 +271,7 @@ def test_two_parallel_calls(instrumented, slow_transport):
     summary = check_turn(instrumented, r, rows)
     assert (summary.tool_calls_count, summary.round_count) == (2, 1)
 
-    agent, chats, tool_spans = turn_tree(instrumented)
+    _agent, chats, tool_spans = turn_tree(instrumented)
     assert len(chats) == 2
     assert sorted(s.attributes[a.TOOL_CALL_ID] for s in tool_spans) == ["call_l", "call_p"]
     # one round: both calls ran at once, after the first generation and before the second
@@ -313,7 +313,7 @@ def test_streaming_channel(instrumented):
     assert kinds[0] == "StreamStart" and kinds[-1] == "StreamEnd" and "StreamChunk" in kinds  # rendered as it streamed
     summary = check_turn(instrumented, r, rows)
     assert summary.segments == ["One moment.", "Sunny in Nice."]
-    agent, chats, tool_spans = turn_tree(instrumented)
+    _agent, chats, tool_spans = turn_tree(instrumented)
     assert [round_usage(c) for c in chats] == [{"input_tokens": 30, "output_tokens": 6}, {"input_tokens": 44, "output_tokens": 5}]
     assert len(tool_spans) == 1
 
@@ -474,7 +474,7 @@ def test_nothing_happens_without_roomkit_imported(tmp_path):
         "print('ok')\n"
     )
     env = {**os.environ, "LOOPSCOPE_STRICT": "1"}
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store.duckdb")], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store.duckdb")], check=False, capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
@@ -493,7 +493,7 @@ def sdk_provider(sdk: str, server: Any) -> Any:
 
 
 @pytest.mark.parametrize("sdk", ["openai", "anthropic"])
-def test_sdk_calls_under_a_roomkit_provider_are_its_rounds(recording, model_server, sdk):  # noqa: F811
+def test_sdk_calls_under_a_roomkit_provider_are_its_rounds(recording, model_server, sdk):
     from fakes.model_server import Reply, ToolCall, Usage
 
     errors = _guard.error_count
@@ -511,7 +511,7 @@ def test_sdk_calls_under_a_roomkit_provider_are_its_rounds(recording, model_serv
 
     check_turn(recording, r, rows)
     assert [s.session_id for s in recording.store.list_sessions()] == [ROOM]  # no second, stitched turn
-    agent, chats, tool_spans = turn_tree(recording)
+    _agent, chats, tool_spans = turn_tree(recording)
     # the rounds are the SDK calls, as the SDK adapter saw them: one chat span per call
     assert len(chats) == 2
     assert [c.attributes.get(a.PROVIDER) for c in chats] == [sdk, sdk]
@@ -522,7 +522,7 @@ def test_sdk_calls_under_a_roomkit_provider_are_its_rounds(recording, model_serv
     assert len([s for s in recording.spans() if s.attributes.get(a.OPERATION) == a.OP_CHAT]) == 2
 
 
-def test_a_loop_that_raises_ends_its_turn_as_error(instrumented, model_server, monkeypatch):  # noqa: F811
+def test_a_loop_that_raises_ends_its_turn_as_error(instrumented, model_server, monkeypatch):
     from fakes.model_server import Reply
 
     monkeypatch.setattr(importlib.import_module("loopscope.instrument._roomkit_turn"), "GRACE_SECONDS", 0.05)

@@ -62,7 +62,7 @@ def test_unanswered_calls_end_unserved_after_idle_time(recording):
     finally:
         stitch.set_idle_timeout(stitch.DEFAULT_IDLE_TIMEOUT)
     assert generation.turn.response.loop_end_reason == LoopEndReason.UNFINISHED
-    end = [e for e in recording.store.get_timeline(generation.turn.session_id) if e.type == "tool_call_end"][0]
+    end = next(e for e in recording.store.get_timeline(generation.turn.session_id) if e.type == "tool_call_end")
     assert end.content.outcome == "unserved"
 
 

@@ -105,10 +105,9 @@ def test_answer_without_tools_has_zero_rounds(recording):
 
 def test_error_passes_through_unchanged_and_is_the_reason(recording):
     boom = ValueError("model exploded")
-    with pytest.raises(ValueError) as caught:
-        with loopscope.turn(session_id="s") as t:
-            t.generation("thinking", tool_calls=[{"id": "c9", "name": "weather", "arguments": {"city": "Oslo"}}])
-            raise boom
+    with pytest.raises(ValueError) as caught, loopscope.turn(session_id="s") as t:
+        t.generation("thinking", tool_calls=[{"id": "c9", "name": "weather", "arguments": {"city": "Oslo"}}])
+        raise boom
     assert caught.value is boom
     assert t.response.loop_end_reason == LoopEndReason.ERROR
     assert t.response.error == "ValueError: model exploded"
@@ -167,9 +166,8 @@ def test_derived_reasons(recording):
         empty.generation("", finish_reason="stop")
     with loopscope.turn(session_id="s") as unfinished:
         unfinished.generation(tool_calls=[{"id": "x", "name": "weather", "arguments": {}}])
-    with pytest.raises(TimeoutError):
-        with loopscope.turn(session_id="s") as timed_out:
-            raise TimeoutError
+    with pytest.raises(TimeoutError), loopscope.turn(session_id="s") as timed_out:
+        raise TimeoutError
     reasons = [truncated, empty, unfinished, timed_out]
     assert [t.response.loop_end_reason for t in reasons] == [
         LoopEndReason.TRUNCATED, LoopEndReason.EMPTY_RESPONSE, LoopEndReason.UNFINISHED, LoopEndReason.TIMEOUT,

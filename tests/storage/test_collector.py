@@ -13,7 +13,6 @@ import sys
 import textwrap
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
@@ -48,15 +46,6 @@ def events(db: Path | str) -> list[tuple[Any, ...]]:
 def turns(db: Path | str) -> list[tuple[Any, ...]]:
     return rows(db, "SELECT * EXCLUDE (segments, usage, declared_tools), segments::VARCHAR, usage::VARCHAR, "
                     "declared_tools::VARCHAR FROM turns ORDER BY session_id, correlation_id")
-
-
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=0, flush_interval=0.05).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def post(url: str, body: bytes, content_type: str = "application/x-protobuf", **headers: str) -> tuple[int, bytes, dict[str, str]]:
@@ -114,7 +103,7 @@ def run_scenario(server: Any) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, collector, model_server, protocol):  # noqa: F811
+def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, collector, model_server, protocol):
     local = tmp_path / "local.duckdb"
     endpoint = collector.http_endpoint if protocol == "http/protobuf" else collector.grpc_endpoint
     pipeline = loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=endpoint, otlp_protocol=protocol,

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from idle_sockets import serve_past_idle_sockets
-from test_collector import ROOT, _one_turn_payload, collector, rows  # noqa: F401 - collector is a fixture
+from test_collector import ROOT, _one_turn_payload, rows
 
+from idle_sockets import serve_past_idle_sockets
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
 

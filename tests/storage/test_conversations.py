@@ -281,7 +281,7 @@ def test_toolnexus_conversation_survives_a_new_process(db):
 
     assert asyncio.run(two_turns()) == ["1", "3"]
 
-    done = subprocess.run([sys.executable, "-c", CONTINUE, str(db)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", CONTINUE, str(db)], check=False, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "5"  # user, 1, user, 3 from the store, then "third"
 
@@ -296,7 +296,7 @@ def test_toolnexus_conversation_survives_a_new_process(db):
     assert [(r[2], r[3]) for r in rows(db, "c1")] == [(m["role"], m["content"]) for m in expected]
     cli = subprocess.run(
         [sys.executable, "-m", "loopscope", "--db", str(db), "timeline", "c1", "--json"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     assert cli.returncode == 0, cli.stderr
     shown = json.loads(cli.stdout)

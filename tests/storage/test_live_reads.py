@@ -20,7 +20,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER, Child, spawn  # noqa: F401 - spawn is a fixture
+from children import HOLDER, Child
 from loopscope import EventFilter, EventStatus
 
 EVERY = EventFilter(include_blocked=True)

@@ -22,7 +22,7 @@ class Configured:
         self.pipeline = pipeline
         self.store = loopscope.Store(str(db))
 
-    def spans(self):  # noqa: ANN201
+    def spans(self):
         return self.exporter.get_finished_spans()
 
     def tool_spans(self) -> list[str]:
@@ -88,7 +88,7 @@ def test_excluding_every_tool_row_keeps_the_spans(with_policy):
     record_turn()
     assert stored_types(c) == ["message", "message", "message"]
     assert c.tool_spans() == ["lookup"]
-    end = [s for s in c.spans() if s.attributes.get("gen_ai.operation.name") == "execute_tool"][0]
+    end = next(s for s in c.spans() if s.attributes.get("gen_ai.operation.name") == "execute_tool")
     assert end.attributes["gen_ai.tool.call.result"] == '"X"'
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from children import HOLDER, spawn  # noqa: F401 - spawn is a fixture
 
 import loopscope
+from children import HOLDER
 from loopscope.cli import main
 from loopscope.storage.connection import command_line
 
@@ -247,7 +247,7 @@ def test_export_parquet_still_writes_its_files(scene: Scene, capsys: pytest.Capt
 # -- the store-locked message -----------------------------------------------------------------
 
 
-def test_the_locked_message_names_the_holders_command_line(scene: Scene, spawn) -> None:  # noqa: F811 - the fixture
+def test_the_locked_message_names_the_holders_command_line(scene: Scene, spawn) -> None:
     holding, release = scene.folder / "holding", scene.folder / "release"
     holder = spawn("holder", HOLDER, scene.store, holding, release, 20)
     try:

@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_live_reads import wait_until
 
 import loopscope
 from loopscope import EventFilter
 from loopscope.dashboards.web import api
 from loopscope.storage.replay import Follower
-
-from children import spawn  # noqa: F401 - the fixture
-from test_live_reads import wait_until
 
 EVERY = EventFilter(include_blocked=True)
 ROUNDS = 40
@@ -64,7 +62,7 @@ def expected_after(store: loopscope.Store, after: int) -> list[tuple[str, int, s
     return [(e.id, e.index, e.type) for e in store.get_timeline("live", after_index=after)]
 
 
-def test_replay_from_mid_way_gets_every_event_once_until_the_turn_ends(tmp_path: Path, spawn) -> None:  # noqa: F811
+def test_replay_from_mid_way_gets_every_event_once_until_the_turn_ends(tmp_path: Path, spawn) -> None:
     db = tmp_path / "live.duckdb"
     child = spawn("writer", WRITER, db, ROUNDS, "-", -1)
     store = loopscope.Store(str(db))
@@ -85,7 +83,7 @@ def test_replay_from_mid_way_gets_every_event_once_until_the_turn_ends(tmp_path:
     assert summary.loop_end_reason == loopscope.LoopEndReason.COMPLETED and summary.tool_calls_count == ROUNDS
 
 
-def test_small_pages_and_a_stop_from_another_thread(tmp_path: Path, spawn) -> None:  # noqa: F811
+def test_small_pages_and_a_stop_from_another_thread(tmp_path: Path, spawn) -> None:
     db = tmp_path / "live.duckdb"
     child = spawn("writer", WRITER, db, ROUNDS, "-", -1)
     store = loopscope.Store(str(db))
@@ -103,7 +101,7 @@ def test_small_pages_and_a_stop_from_another_thread(tmp_path: Path, spawn) -> No
     assert replay.position == last_index(store)
 
 
-def test_async_replay_leaves_the_event_loop_free(tmp_path: Path, spawn) -> None:  # noqa: F811
+def test_async_replay_leaves_the_event_loop_free(tmp_path: Path, spawn) -> None:
     """The writer pauses mid-turn until a task on the replay's own event loop lets it go
     on: were the loop blocked by the waiting replay, that task would never run."""
     db = tmp_path / "live.duckdb"

@@ -13,8 +13,8 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope.storage import writer
 from loopscope.ingest.writer import SpanWriter
+from loopscope.storage import writer
 
 
 def _turn(session: str, text: str) -> None:

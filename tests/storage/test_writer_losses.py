@@ -14,7 +14,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER, ROOT, spawn  # noqa: F401 - spawn is a fixture
+from children import HOLDER, ROOT
 from loopscope.cli.status import read_status
 
 WRITER = """
@@ -37,7 +37,7 @@ def _status_text(db: Path) -> str:
     return done.stdout
 
 
-def test_processes_that_end_while_another_holds_the_store_count_their_lost_events(tmp_path: Path, spawn) -> None:  # noqa: F811
+def test_processes_that_end_while_another_holds_the_store_count_their_lost_events(tmp_path: Path, spawn) -> None:
     """Two processes record while a third holds the file and end before it lets go: each
     counts what it could not write (beside the store, which it could not write either),
     and `status`, run later from another process, reports those events as lost."""

@@ -23,6 +23,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
@@ -66,7 +67,7 @@ _MAX_QUERY = 4096
 
 def _static_files() -> dict[str, tuple[bytes, str]]:
     """Every asset shipped in the package's ``static`` folder: name -> (bytes, content type)."""
-    folder = resources.files(__package__) / "static"
+    folder = resources.files(__name__.rpartition(".")[0]) / "static"  # this module's package
     files: dict[str, tuple[bytes, str]] = {}
     for entry in folder.iterdir():
         suffix = "." + entry.name.rsplit(".", 1)[-1] if "." in entry.name else ""
@@ -166,10 +167,10 @@ class _Handler(BoundedHandler):
 
     # -- methods -----------------------------------------------------------------------------
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self._serve()
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._serve()
 
     def _refuse(self) -> None:
@@ -224,7 +225,7 @@ class _Handler(BoundedHandler):
         except StoreError as exc:  # no store yet, a locked or a newer store
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc).strip().splitlines()[0])
             return
-        except Exception:  # noqa: BLE001 - a request never takes the server down
+        except Exception:  # a request never takes the server down
             log.exception("dashboard request %s failed", self.path)
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error (see the server's log)")
             return
@@ -248,12 +249,10 @@ class _Handler(BoundedHandler):
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # http.server's own errors (bad request line, unsupported method): JSON, no echo of the request
         self.close_connection = True
-        try:
+        with suppress(Exception):  # the client is gone
             self._send(HTTPStatus(code), _json_bytes({"error": HTTPStatus(code).phrase}), "application/json")
-        except Exception:  # noqa: BLE001 - the client is gone
-            pass
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
         if self.server.verbose:
             sys.stderr.write(f"loopscope ui: {self.address_string()} {format % args}\n")
 

