@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
-from .._guard import internal_error, logger, warn_once
+from .._guard import guard, logger, warn_once
 from ..content.policy import ContentPolicy
 
 QUEUE_SIZE = 65_536
@@ -209,7 +209,7 @@ class CountingBatchProcessor(BatchSpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if not self.pending:
             return
-        try:
+        with guard("export pending span"):
             # a live span's attributes: copy() is one dict copy, get() on them runs Python frames
             attributes = span.attributes.copy()
             if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.context.trace_flags.sampled:
@@ -217,8 +217,6 @@ class CountingBatchProcessor(BatchSpanProcessor):
             pending = pending_span(span, attributes)
             span.set_attribute(a.PENDING_SENT, True)
             self.on_end(pending)
-        except Exception:
-            internal_error("export pending span")
 
     def on_end(self, span: ReadableSpan) -> None:
         queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import guard
 from ..recorder.adapter import ModelCall, ModelRequest, detach, recorded_elsewhere, start_model_call
 
 calling: ContextVar[ModelCall | None] = ContextVar("loopscope_sdk_call", default=None)
@@ -24,9 +24,13 @@ the method returns): an adapter whose SDK emits spans of its own finds the call 
 Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "ModelRequest | None"]
 Deliver = Callable[[Any, ModelCall], Any]
 
+# made once: every model call enters both (a guard holds only its place's name)
+_START = guard("model call start")
+_RESULT = guard("model call result")
+
 
 def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ModelCall | None, object | None]:
-    try:
+    with _START:
         if recorded_elsewhere():
             return None, None  # a framework's own model-call span records this call
         request = describe(instance, args, kwargs)
@@ -36,18 +40,14 @@ def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dic
         if model_call is None:
             return None, None
         return model_call, model_call.attach()
-    except Exception:
-        internal_error("model call start")
-        return None, None
+    return None, None
 
 
 def _deliver(deliver: Deliver, result: Any, model_call: ModelCall) -> Any:
-    try:
+    with _RESULT:
         return deliver(result, model_call)
-    except Exception:
-        internal_error("model call result")
-        model_call.fail(RuntimeError("loopscope could not read this response"))
-        return result
+    model_call.fail(RuntimeError("loopscope could not read this response"))
+    return result
 
 
 def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Callable[..., Any]:

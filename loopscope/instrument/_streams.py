@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import wrapt
 
-from .._guard import internal_error
+from .._guard import guard, internal_error
 from ..recorder.adapter import ModelCall
 
 
@@ -66,6 +66,8 @@ class _Recording:
         add = self.accumulator.add
         first_unset = not model_call.chunk_seen()
         for item, stamp in zip(pending, stamps):
+            # a plain try, not ``with guard(...)``: this runs once per chunk, where a try costs
+            # nothing until it fails and a with block costs two method calls every time
             try:
                 add(item, model_call)
             except Exception:
@@ -80,10 +82,8 @@ class _Recording:
         if _unfinished.pop(id(self), None) is None:
             return
         self.feed()
-        try:
+        with guard("stream end"):
             self.accumulator.finish(self.model_call)
-        except Exception:
-            internal_error("stream end")
 
     def fail(self, exc: BaseException) -> None:
         if _unfinished.pop(id(self), None) is not None:
@@ -104,10 +104,8 @@ global is never collected before the store's last flush)."""
 
 def _end_unfinished() -> None:
     for recording in list(_unfinished.values()):
-        try:
+        with guard("stream end at exit"):
             recording.abandon()
-        except Exception:
-            internal_error("stream end at exit")
 
 
 # registered after the writer's and the stitcher's exit hooks: runs before both, so these

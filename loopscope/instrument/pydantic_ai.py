@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry import trace
 
 from ..recorder.adapter import defer_model_calls_to
-from .._guard import internal_error
+from .._guard import guard
 from ._patch import Registration
 
 SCOPE = "pydantic-ai"  # the instrumentation scope of pydantic-ai's spans
@@ -47,11 +47,9 @@ class _LiveTracer(trace.Tracer):
     def _tracer_or_noop(self) -> trace.Tracer:
         # pydantic-ai starts its spans inside the user's run: if loopscope cannot give it a
         # tracer, the run goes on with spans that record nothing
-        try:
+        with guard("pydantic-ai tracer"):
             return self._current()
-        except Exception:
-            internal_error("pydantic-ai tracer")
-            return _NOOP
+        return _NOOP
 
     def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
         return self._tracer_or_noop().start_span(*args, **kwargs)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _json, pipeline
-from .._guard import internal_error
+from .._guard import guard
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from ..models import LoopEndReason
 from ._spans import attach_span
@@ -83,10 +83,8 @@ class _Stitched:
         while True:
             self._wake.wait(min(max(self.idle_timeout / 4, 0.05), 5.0))
             self._wake.clear()
-            try:
+            with guard("stitch reaper"):
                 self.reap(time.monotonic() - self.idle_timeout)
-            except Exception:
-                internal_error("stitch reaper")
 
     def reap(self, older_than: float | None = None) -> int:
         """End open turns idle since before ``older_than`` (all of them when None)."""
@@ -180,7 +178,7 @@ class ModelCall:
         if self._done:
             return
         self._done = True
-        try:
+        with guard("generation finish"):
             rnd = self.round
             rnd.response(
                 response.text,
@@ -200,34 +198,28 @@ class ModelCall:
                 last_stitched.set(self.turn)
             else:
                 close_turn(self.turn)
-        except Exception:
-            internal_error("generation finish")
 
     def fail(self, exc: BaseException) -> None:
         """The call raised (or the stream broke): the round fails, a stitched turn ends."""
         if self._done:
             return
         self._done = True
-        try:
+        with guard("generation fail"):
             if self._owns_round:
                 self.round._finish(exc)
             if self._stitched:
                 close_turn(self.turn, None, exc)
-        except Exception:
-            internal_error("generation fail")
 
     def abandon(self) -> None:
         """The stream was closed or dropped before its end: the turn was cut off."""
         if self._done:
             return
         self._done = True
-        try:
+        with guard("generation abandon"):
             if self._owns_round:
                 self.round._finish(StreamClosed("the stream was closed before it ended"))
             if self._stitched:
                 close_turn(self.turn, LoopEndReason.CANCELLED)
-        except Exception:
-            internal_error("generation abandon")
 
 
 def start_model_call(request: ModelRequest) -> ModelCall | None:
@@ -238,7 +230,7 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
     adapter recorded as a round), the call fills that round. With
     ``request.caller_ends_turn`` a turn this call opens or joins is ended by the caller
     (a framework run that holds several model calls), not by this call's response."""
-    try:
+    with guard("begin generation"):
         owner: Turn | None = None
         for result in request.tool_results:
             turn = call_owners.get(result.call_id)
@@ -287,9 +279,7 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         rnd.eager = True
         rnd._start(attach=False)
         return ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
-    except Exception:
-        internal_error("begin generation")
-        return None
+    return None
 
 
 def wants_result(call_id: str) -> bool:
