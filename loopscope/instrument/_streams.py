@@ -16,6 +16,11 @@ from typing import Any, Protocol
 
 import wrapt
 
+# The per-chunk reading and the stream's end run on every recorded call: they keep a plain
+# ``try`` and ``internal_error`` rather than ``with guard(...)``, because a try costs
+# nothing until it fails while a with block makes two Python method calls every time (about
+# 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
+# benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
 from ..recorder.adapter import ModelCall
 
@@ -66,8 +71,7 @@ class _Recording:
         add = self.accumulator.add
         first_unset = not model_call.chunk_seen()
         for item, stamp in zip(pending, stamps):
-            # a plain try, not ``with guard(...)``: this runs once per chunk, where a try costs
-            # nothing until it fails and a with block costs two method calls every time
+            # a plain try (see the note at the imports): this runs once per chunk
             try:
                 add(item, model_call)
             except Exception:
@@ -82,8 +86,10 @@ class _Recording:
         if _unfinished.pop(id(self), None) is None:
             return
         self.feed()
-        with guard("stream end"):
+        try:
             self.accumulator.finish(self.model_call)
+        except Exception:
+            internal_error("stream end")
 
     def fail(self, exc: BaseException) -> None:
         if _unfinished.pop(id(self), None) is not None:

@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _json, pipeline
-from .._guard import guard
+# Placing a model call and finishing it run on every recorded call: they keep a plain
+# ``try`` and ``internal_error`` rather than ``with guard(...)``, because a try costs
+# nothing until it fails while a with block makes two Python method calls every time (about
+# 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
+# benchmarks/bench_tool_call.py).
+from .._guard import guard, internal_error
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from ..models import LoopEndReason
 from ._spans import attach_span
@@ -178,7 +183,7 @@ class ModelCall:
         if self._done:
             return
         self._done = True
-        with guard("generation finish"):
+        try:
             rnd = self.round
             rnd.response(
                 response.text,
@@ -198,6 +203,8 @@ class ModelCall:
                 last_stitched.set(self.turn)
             else:
                 close_turn(self.turn)
+        except Exception:
+            internal_error("generation finish")
 
     def fail(self, exc: BaseException) -> None:
         """The call raised (or the stream broke): the round fails, a stitched turn ends."""
@@ -230,7 +237,7 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
     adapter recorded as a round), the call fills that round. With
     ``request.caller_ends_turn`` a turn this call opens or joins is ended by the caller
     (a framework run that holds several model calls), not by this call's response."""
-    with guard("begin generation"):
+    try:
         owner: Turn | None = None
         for result in request.tool_results:
             turn = call_owners.get(result.call_id)
@@ -279,7 +286,9 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         rnd.eager = True
         rnd._start(attach=False)
         return ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
-    return None
+    except Exception:
+        internal_error("begin generation")
+        return None
 
 
 def wants_result(call_id: str) -> bool:

@@ -15,7 +15,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from .. import _json, pipeline, semconv as a
-from .._guard import guard
+# A tool call's start and end run on every recorded call: they keep a plain ``try`` and
+# ``internal_error`` rather than ``with guard(...)``, because a try costs nothing until it
+# fails while a with block makes two Python method calls every time (about 0.3 us a block
+# measured, several per call: a tenth of a hand tool call's cost, see
+# benchmarks/bench_tool_call.py).
+from .._guard import internal_error
 from ..models import ToolCall
 from . import _values
 from ._spans import end_span, start_span
@@ -110,7 +115,7 @@ class ToolExecution:
         return _decorate(fn, self.name or fn.__name__, self.description)
 
     def _start(self) -> None:
-        with guard("tool start"):
+        try:
             if self.call_id is None and _reported_elsewhere:
                 for check in _reported_elsewhere:
                     if check(self):
@@ -135,6 +140,8 @@ class ToolExecution:
                         self.arguments = call.arguments
             self._open(turn, None)
             self._token = otel_context.attach(trace.set_span_in_context(self._span))  # type: ignore[arg-type]
+        except Exception:
+            internal_error("tool start")
 
     def report(
         self,
@@ -194,32 +201,33 @@ class ToolExecution:
             adopted._finish(exc)
             return
         try:
-            with guard("tool end"):
-                span = self._span
-                if span is None:
-                    return
-                outcome, error = self._outcome, self._error
-                if exc is not None:
-                    outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed"
-                    error = f"{type(exc).__qualname__}: {exc}"
-                elif outcome is None:
-                    outcome = "served"
-                status = self._status or ("completed" if outcome == "served" else "failed")
-                attributes: dict[str, Any] = {a.TOOL_OUTCOME: outcome, a.TOOL_STATUS: status}
-                if self.result is not None:
-                    attributes[a.TOOL_CALL_RESULT] = _json.dumps(self.result)
-                if error:
-                    attributes[a.TOOL_ERROR] = error
-                if outcome != "served":
-                    attributes[a.ERROR_TYPE] = type(exc).__qualname__ if exc is not None else outcome
-                    span.set_status(Status(StatusCode.ERROR, error))
-                self._detach()
-                end_time = None
-                if self._duration_ms is not None and getattr(span, "start_time", None) is not None:
-                    end_time = span.start_time + round(self._duration_ms * 1e6)
-                end_span(span, end_time, attributes)  # set_attributes, then the end
-                if self._turn is not None:
-                    self._turn._tool_done()
+            span = self._span
+            if span is None:
+                return
+            outcome, error = self._outcome, self._error
+            if exc is not None:
+                outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed"
+                error = f"{type(exc).__qualname__}: {exc}"
+            elif outcome is None:
+                outcome = "served"
+            status = self._status or ("completed" if outcome == "served" else "failed")
+            attributes: dict[str, Any] = {a.TOOL_OUTCOME: outcome, a.TOOL_STATUS: status}
+            if self.result is not None:
+                attributes[a.TOOL_CALL_RESULT] = _json.dumps(self.result)
+            if error:
+                attributes[a.TOOL_ERROR] = error
+            if outcome != "served":
+                attributes[a.ERROR_TYPE] = type(exc).__qualname__ if exc is not None else outcome
+                span.set_status(Status(StatusCode.ERROR, error))
+            self._detach()
+            end_time = None
+            if self._duration_ms is not None and getattr(span, "start_time", None) is not None:
+                end_time = span.start_time + round(self._duration_ms * 1e6)
+            end_span(span, end_time, attributes)  # set_attributes, then the end
+            if self._turn is not None:
+                self._turn._tool_done()
+        except Exception:
+            internal_error("tool end")
         finally:
             self._detach()  # whatever failed above, the caller's context is put back
 

@@ -22,7 +22,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from .. import _json, semconv as a
-from .._guard import guard, warn_once
+# The turn's and the round's start and end (and the tool list a turn reads) run on every
+# recorded call: they keep a plain ``try`` and ``internal_error`` rather than ``with
+# guard(...)``, because a try costs nothing until it fails while a with block makes two
+# Python method calls every time (about 0.3 us a block measured, several per call: a tenth
+# of a hand tool call's cost, see benchmarks/bench_tool_call.py).
+from .._guard import internal_error, warn_once
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
 from . import _values
 from ._spans import end_span, start_span
@@ -48,9 +53,10 @@ def _release(var: Any, var_token: Any, context_token: Any, where: str) -> None:
     """Reset a context variable and detach an OpenTelemetry context, never raising: a
     token from another context (a generator closed elsewhere) is reported, not raised."""
     try:
-        with guard(where):
-            if var_token is not None:
-                var.reset(var_token)
+        if var_token is not None:
+            var.reset(var_token)
+    except Exception:
+        internal_error(where)
     finally:
         if context_token is not None:
             otel_context.detach(context_token)
@@ -59,9 +65,11 @@ def _release(var: Any, var_token: Any, context_token: Any, where: str) -> None:
 def _offered(tools: Iterable[Any] | None) -> ToolSet:
     """The tools a turn offers; a tool list loopscope cannot read offers none (it is the
     user's ``loopscope.turn(...)`` call: it must not fail because of it)."""
-    with guard("turn tools"):
+    try:
         return tool_set(tools)
-    return ToolSet(())
+    except Exception:
+        internal_error("turn tools")
+        return ToolSet(())
 
 
 def _new_id() -> str:
@@ -230,7 +238,7 @@ class Round:
         self._finish(exc)
 
     def _start(self, attach: bool = True) -> None:
-        with guard("round start"):
+        try:
             turn = self._turn
             tools = self._tools if self._tools is not None else turn._tools
             turn._declare(tools)
@@ -264,41 +272,44 @@ class Round:
             if attach:
                 self._token = otel_context.attach(trace.set_span_in_context(self._span))
                 self._round_token = current_round.set(self)
+        except Exception:
+            internal_error("round start")
 
     def _finish(self, exc: BaseException | None) -> None:
         try:
-            with guard("round end"):
-                span = self._span
-                if span is None or self.ended:
-                    return
-                self.ended = True
-                attributes = self._late or {}  # the start attributes sampling does not need, first
-                if self.response_model:
-                    attributes[a.RESPONSE_MODEL] = self.response_model
-                if self.response_id:
-                    attributes[a.RESPONSE_ID] = self.response_id
-                if self.finish_reason:
-                    attributes[a.RESPONSE_FINISH_REASONS] = (self.finish_reason,)
-                for key, value in self.usage.items():
-                    attr = a.USAGE_ATTRIBUTES.get(key)
-                    if attr:
-                        attributes[attr] = value
-                if self.invalid_usage:
-                    attributes[a.USAGE_INVALID] = _json.dumps(self.invalid_usage)
-                if self.text:
-                    attributes[a.ROUND_TEXT] = self.text
-                if self.blocked:
-                    attributes[a.ROUND_BLOCKED] = True
-                if self.text or self.tool_calls:
-                    attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self)])
-                if self._first_chunk_ns is not None:
-                    attributes["gen_ai.response.time_to_first_chunk"] = (self._first_chunk_ns - self._start_ns) / 1e9
-                if exc is not None:
-                    attributes[a.ERROR_TYPE] = type(exc).__qualname__
-                    span.set_status(Status(StatusCode.ERROR, str(exc)))
-                self._release_context()
-                end_span(span, self._end_time, attributes)  # set_attributes, then the end
-                self._turn._round_done(self, exc)
+            span = self._span
+            if span is None or self.ended:
+                return
+            self.ended = True
+            attributes = self._late or {}  # the start attributes sampling does not need, first
+            if self.response_model:
+                attributes[a.RESPONSE_MODEL] = self.response_model
+            if self.response_id:
+                attributes[a.RESPONSE_ID] = self.response_id
+            if self.finish_reason:
+                attributes[a.RESPONSE_FINISH_REASONS] = (self.finish_reason,)
+            for key, value in self.usage.items():
+                attr = a.USAGE_ATTRIBUTES.get(key)
+                if attr:
+                    attributes[attr] = value
+            if self.invalid_usage:
+                attributes[a.USAGE_INVALID] = _json.dumps(self.invalid_usage)
+            if self.text:
+                attributes[a.ROUND_TEXT] = self.text
+            if self.blocked:
+                attributes[a.ROUND_BLOCKED] = True
+            if self.text or self.tool_calls:
+                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self)])
+            if self._first_chunk_ns is not None:
+                attributes["gen_ai.response.time_to_first_chunk"] = (self._first_chunk_ns - self._start_ns) / 1e9
+            if exc is not None:
+                attributes[a.ERROR_TYPE] = type(exc).__qualname__
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+            self._release_context()
+            end_span(span, self._end_time, attributes)  # set_attributes, then the end
+            self._turn._round_done(self, exc)
+        except Exception:
+            internal_error("round end")
         finally:
             self._release_context()  # whatever failed above, the caller's context is put back
 
@@ -556,7 +567,7 @@ class Turn:
 
     def _start(self, attach: bool = True) -> None:
         self._started = time.monotonic()
-        with guard("turn start"):
+        try:
             parent = current_turn.get()
             self.parent = parent
             if not self._requested_session:
@@ -589,6 +600,8 @@ class Turn:
             if attach:
                 self._token = otel_context.attach(self._span_context)
                 self._turn_token = current_turn.set(self)
+        except Exception:
+            internal_error("turn start")
 
     def _context(self) -> otel_context.Context | None:
         """The context whose current span is this turn's: the parent of its rounds and calls."""
@@ -596,68 +609,69 @@ class Turn:
 
     def _finish(self, exc: BaseException | None) -> None:
         try:
-            with guard("turn end"):
-                span = self._span
-                if span is None or self.ended:
-                    return
-                self.ended = True
-                reason = self._loop_end_reason(exc)
-                self._close_unserved()
-                for call_id in self._served_ids:
-                    if served_owners.get(call_id) is self:
-                        del served_owners[call_id]
-                error = f"{type(exc).__qualname__}: {exc}" if exc is not None and reason is LoopEndReason.ERROR else None
-                with self._lock:
-                    self._close_segment()
-                    segments = list(self._segments)
+            span = self._span
+            if span is None or self.ended:
+                return
+            self.ended = True
+            reason = self._loop_end_reason(exc)
+            self._close_unserved()
+            for call_id in self._served_ids:
+                if served_owners.get(call_id) is self:
+                    del served_owners[call_id]
+            error = f"{type(exc).__qualname__}: {exc}" if exc is not None and reason is LoopEndReason.ERROR else None
+            with self._lock:
+                self._close_segment()
+                segments = list(self._segments)
+                response_content = RESPONSE_SEGMENT_SEPARATOR.join(segments)
+                round_count = sum(1 for ran in self._rounds_with_tools.values() if ran)
+                usage = dict(self._usage)
+                thinking = "\n".join(self._thinking)
+                declared = list(self._declared.values())
+                union = self._union
+                tool_calls_count, streaming = self._tool_calls_count, self.streaming
+                model, provider = self.model, self.provider
+                facts = self._facts
+                if facts:
+                    segments = facts.get("segments", segments)
                     response_content = RESPONSE_SEGMENT_SEPARATOR.join(segments)
-                    round_count = sum(1 for ran in self._rounds_with_tools.values() if ran)
-                    usage = dict(self._usage)
-                    thinking = "\n".join(self._thinking)
-                    declared = list(self._declared.values())
-                    union = self._union
-                    tool_calls_count, streaming = self._tool_calls_count, self.streaming
-                    model, provider = self.model, self.provider
-                    facts = self._facts
-                    if facts:
-                        segments = facts.get("segments", segments)
-                        response_content = RESPONSE_SEGMENT_SEPARATOR.join(segments)
-                        round_count = facts.get("round_count", round_count)
-                        tool_calls_count = facts.get("tool_calls_count", tool_calls_count)
-                        usage = dict(facts.get("usage", usage))
-                        thinking = facts.get("thinking", thinking)
-                        streaming = facts.get("streaming", streaming)
-                        if "declared" in facts:
-                            declared, union = facts["declared"], None
-                timestamp = time.time()
-                summary = a.turn_attributes(
-                    reason.value,
-                    _json.dumps(segments),
-                    round_count,
-                    tool_calls_count,
-                    streaming,
-                    union.declared() if union is not None else declared_json(declared) if declared else "[]",
-                    union.definitions() if union is not None else definitions_json(declared) if declared else None,
-                    response_content,
-                    thinking,
-                    model,
-                    provider,
-                    usage,
-                )
-                if self._invalid_usage:
-                    summary[a.USAGE_INVALID] = _json.dumps(self._invalid_usage)
-                if error is not None:
-                    summary[a.ERROR_TYPE] = type(exc).__qualname__  # set after the summary, as set_attribute would
-                    span.set_status(Status(StatusCode.ERROR, str(exc)))
-                self._release_context()
-                end_span(span, None, summary)  # set_attributes, then the end
-                self._last_round = None  # the round points at its turn: no cycle left for the GC to find
-                self._result = _Ended(
-                    segments=segments, response_content=response_content, round_count=round_count,
-                    tool_calls_count=tool_calls_count, usage=usage, thinking=thinking, reason=reason, streaming=streaming,
-                    declared=declared, model=model, provider=provider, error=error, timestamp=timestamp,
-                    latency_ms=(time.monotonic() - self._started) * 1000,
-                )
+                    round_count = facts.get("round_count", round_count)
+                    tool_calls_count = facts.get("tool_calls_count", tool_calls_count)
+                    usage = dict(facts.get("usage", usage))
+                    thinking = facts.get("thinking", thinking)
+                    streaming = facts.get("streaming", streaming)
+                    if "declared" in facts:
+                        declared, union = facts["declared"], None
+            timestamp = time.time()
+            summary = a.turn_attributes(
+                reason.value,
+                _json.dumps(segments),
+                round_count,
+                tool_calls_count,
+                streaming,
+                union.declared() if union is not None else declared_json(declared) if declared else "[]",
+                union.definitions() if union is not None else definitions_json(declared) if declared else None,
+                response_content,
+                thinking,
+                model,
+                provider,
+                usage,
+            )
+            if self._invalid_usage:
+                summary[a.USAGE_INVALID] = _json.dumps(self._invalid_usage)
+            if error is not None:
+                summary[a.ERROR_TYPE] = type(exc).__qualname__  # set after the summary, as set_attribute would
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+            self._release_context()
+            end_span(span, None, summary)  # set_attributes, then the end
+            self._last_round = None  # the round points at its turn: no cycle left for the GC to find
+            self._result = _Ended(
+                segments=segments, response_content=response_content, round_count=round_count,
+                tool_calls_count=tool_calls_count, usage=usage, thinking=thinking, reason=reason, streaming=streaming,
+                declared=declared, model=model, provider=provider, error=error, timestamp=timestamp,
+                latency_ms=(time.monotonic() - self._started) * 1000,
+            )
+        except Exception:
+            internal_error("turn end")
         finally:
             self._release_context()  # whatever failed above, later calls must not land in this turn
 
