@@ -43,7 +43,7 @@ from typing import Any
 
 from agents.tracing import TracingProcessor
 
-from .._guard import guard
+from .._guard import guard, guarded
 from ..models import LoopEndReason, ToolCall
 from ..recorder.adapter import (
     Entered,
@@ -107,16 +107,15 @@ def _input_text(value: Any) -> str | None:
     return None  # a RunState: a resumed run, no new input
 
 
+@guarded("agents run start")
 def _describe_run(args: tuple[Any, ...], kwargs: dict[str, Any], streaming: bool) -> _RunStart | None:
-    with guard("agents run start"):
-        agent = args[0] if args else kwargs.get("starting_agent")
-        value = args[1] if len(args) > 1 else kwargs.get("input")
-        config = kwargs.get("run_config")
-        model = _model_name(r.get(config, "model")) or _model_name(getattr(agent, "model", None))
-        session = getattr(kwargs.get("session"), "session_id", None)
-        session = session if isinstance(session, str) else None
-        return _RunStart(_input_text(value), getattr(agent, "name", None), model, session, streaming)
-    return None
+    agent = args[0] if args else kwargs.get("starting_agent")
+    value = args[1] if len(args) > 1 else kwargs.get("input")
+    config = kwargs.get("run_config")
+    model = _model_name(r.get(config, "model")) or _model_name(getattr(agent, "model", None))
+    session = getattr(kwargs.get("session"), "session_id", None)
+    session = session if isinstance(session, str) else None
+    return _RunStart(_input_text(value), getattr(agent, "name", None), model, session, streaming)
 
 
 Wrapped = Callable[..., Any]
@@ -178,19 +177,19 @@ def _handoff_specs(agent: Any) -> list[dict[str, Any]]:
     return specs
 
 
+@guarded("agents tools")
 def _declare(agent: Any, tools: Any) -> None:
-    with guard("agents tools"):
-        turn = current_turn.get()
-        if turn is None or turn.framework != FRAMEWORK or turn.ended or turn.agent != getattr(agent, "name", None):
-            return
-        specs = [spec for spec in (_tool_spec(t) for t in tools or ()) if spec is not None]
-        handoffs = _handoff_specs(agent)
-        if handoffs:
-            _handoff_tools.setdefault(turn, set()).update(h["name"] for h in handoffs)
-        if specs or handoffs:
-            turn.declare_tools(specs + handoffs, origin="always")
-        if not turn.model:
-            turn.model = _model_name(getattr(agent, "model", None))
+    turn = current_turn.get()
+    if turn is None or turn.framework != FRAMEWORK or turn.ended or turn.agent != getattr(agent, "name", None):
+        return
+    specs = [spec for spec in (_tool_spec(t) for t in tools or ()) if spec is not None]
+    handoffs = _handoff_specs(agent)
+    if handoffs:
+        _handoff_tools.setdefault(turn, set()).update(h["name"] for h in handoffs)
+    if specs or handoffs:
+        turn.declare_tools(specs + handoffs, origin="always")
+    if not turn.model:
+        turn.model = _model_name(getattr(agent, "model", None))
 
 
 def _all_tools_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -42,7 +42,7 @@ from roomkit.telemetry.config import TelemetryConfig
 from roomkit.telemetry.noop import NoopTelemetryProvider
 
 from .. import pipeline
-from .._guard import guard
+from .._guard import guard, guarded
 from ..recorder.adapter import ToolExecution, report_own_tool_calls
 from ._patch import Patch, Registration, wrap
 from ._roomkit_turn import RoomKitTurn
@@ -210,9 +210,9 @@ class _Turns:
                 return
             rk.schedule(loop, lambda: self._finish_guarded(rk))
 
+    @guarded("roomkit turn end")
     def _finish_guarded(self, rk: RoomKitTurn) -> None:
-        with guard("roomkit turn end"):
-            self.finish(rk)
+        self.finish(rk)
 
     def finish(self, rk: RoomKitTurn) -> None:
         with self.lock:
@@ -369,14 +369,14 @@ def _teed(value: Any) -> Any:
 # -- the hooks -------------------------------------------------------------------------------
 
 
+@guarded("roomkit row")
 async def _rows_hook(event: Any, context: Any) -> None:
-    with guard("roomkit row"):
-        turns.row(event)
+    turns.row(event)
 
 
+@guarded("roomkit ai response")
 async def _response_hook(event: Any, context: Any) -> None:
-    with guard("roomkit ai response"):
-        turns.response(event)
+    turns.response(event)
 
 
 _kits: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()

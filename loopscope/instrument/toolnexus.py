@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
 
-from .._guard import guard
+from .._guard import guard, guarded
 from ..models import LoopEndReason, ToolCall
 from ..recorder.adapter import (
     Entered,
@@ -389,34 +389,32 @@ def _provider(client: Any) -> str:
     return style if isinstance(style, str) else "openai"
 
 
+@guarded("toolnexus run start")
 def _begin(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool) -> _Run | None:
-    with guard("toolnexus run start"):
-        prompt = args[0] if args else kwargs.get("prompt")
-        # a stream with an id is a stored conversation, as ask's is (see _ask_wrapper)
-        session = str(kwargs["id"]) if stream and kwargs.get("id") else None
-        model = getattr(client, "model", None)
-        turn = open_turn(
-            framework=FRAMEWORK,
-            input=_text_of(prompt),
-            model=model if isinstance(model, str) else None,
-            provider=_provider(client),
-            session_id=session,
-            streaming=stream,
-        )
-        style = getattr(client, "style", None)
-        return _Run(turn, turn.provider or "openai", style if isinstance(style, str) else "openai", stream)
-    return None
+    prompt = args[0] if args else kwargs.get("prompt")
+    # a stream with an id is a stored conversation, as ask's is (see _ask_wrapper)
+    session = str(kwargs["id"]) if stream and kwargs.get("id") else None
+    model = getattr(client, "model", None)
+    turn = open_turn(
+        framework=FRAMEWORK,
+        input=_text_of(prompt),
+        model=model if isinstance(model, str) else None,
+        provider=_provider(client),
+        session_id=session,
+        streaming=stream,
+    )
+    style = getattr(client, "style", None)
+    return _Run(turn, turn.provider or "openai", style if isinstance(style, str) else "openai", stream)
 
 
+@guarded("toolnexus run end")
 def _close(run: _Run, result: Any, exc: BaseException | None) -> None:
-    with guard("toolnexus run end"):
-        run.close(result, exc)
+    run.close(result, exc)
 
 
+@guarded("toolnexus context")
 def _enter(run: _Run) -> Any:
-    with guard("toolnexus context"):
-        return run.enter()
-    return None
+    return run.enter()
 
 
 def _exit(tokens: Any) -> None:
@@ -446,9 +444,9 @@ def _run_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ..
     return run()
 
 
+@guarded("toolnexus round end")
 def _guarded_finish_round(state: _Run, exc: BaseException) -> None:
-    with guard("toolnexus round end"):
-        state.finish_round(exc)
+    state.finish_round(exc)
 
 
 def _stream_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
