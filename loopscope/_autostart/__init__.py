@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .._guard import internal_error
+from .._guard import guard
 
 DISABLED_ENV = "LOOPSCOPE_DISABLED_ADAPTERS"
 """Comma-separated adapter names to leave alone (``anthropic,mcp``)."""
@@ -37,10 +37,8 @@ def start() -> list[str]:
     Never raises into the starting application: a problem is logged once (and raised in
     strict mode) and the application runs uninstrumented.
     """
-    try:
+    with guard("autostart"):
         from ..instrument import instrument
 
         return instrument(**switches())
-    except Exception:
-        internal_error("autostart")
-        return []
+    return []

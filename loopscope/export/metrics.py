@@ -17,7 +17,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from .. import semconv as a
-from .._guard import internal_error
+from .._guard import guard
 
 TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
 DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
@@ -84,10 +84,8 @@ class MetricsProcessor(SpanProcessor):
             queue = self._queue
             while queue:
                 span = queue.popleft()
-                try:
+                with guard("metrics"):
                     self._measure(span)
-                except Exception:
-                    internal_error("metrics")
 
     def _measure(self, span: ReadableSpan) -> None:
         attrs: Any = span.attributes

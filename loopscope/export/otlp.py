@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
-from .._guard import internal_error, logger, warn_once
+from .._guard import guard, logger, warn_once
 from ..content.policy import ContentPolicy
 
 QUEUE_SIZE = 65_536
@@ -210,7 +210,7 @@ class CountingBatchProcessor(BatchSpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if not self.pending:
             return
-        try:
+        with guard("export pending span"):
             # a live span's attributes: copy() is one dict copy, get() on them runs Python frames
             # (the SDK's read-only view of them, typed as an optional Mapping)
             attributes = cast("MappingProxyType[str, Any]", span.attributes).copy()
@@ -219,8 +219,6 @@ class CountingBatchProcessor(BatchSpanProcessor):
             pending = pending_span(span, attributes)
             span.set_attribute(a.PENDING_SENT, True)
             self.on_end(pending)
-        except Exception:
-            internal_error("export pending span")
 
     def on_end(self, span: ReadableSpan) -> None:
         queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)

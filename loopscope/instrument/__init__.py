@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import wrapt
 
-from .._guard import internal_error
+from .._guard import guard
 from ._patch import Patch, restore
 
 class Adapter(NamedTuple):
@@ -47,11 +47,9 @@ def _activate(name: str) -> None:
     with _lock:
         if name not in _wanted or name in _patches:
             return
-        try:
+        with guard(f"instrument {name}"):
             adapter = importlib.import_module(ADAPTERS[name].module)
             _patches[name] = adapter.patch()
-        except Exception:
-            internal_error(f"instrument {name}")
 
 
 def _hook(name: str) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import wrapt
 
-from .._guard import internal_error
+from .._guard import guard
 from ..recorder.adapter import ModelCall
 
 
@@ -27,11 +27,9 @@ class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
             return self._self_delivered
         self._self_done = True
         self._self_unread.detach()  # the body (or the stream proxy it became) owns the round now
-        try:
+        self._self_delivered = parsed  # what the user gets if loopscope cannot read it
+        with guard("raw response"):
             self._self_delivered = self._self_deliver(parsed)
-        except Exception:
-            internal_error("raw response")
-            self._self_delivered = parsed
         return self._self_delivered
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import guard
 from ..models import LoopEndReason, ToolCall
 from ..recorder.adapter import (
     ToolExecution,
@@ -313,7 +313,7 @@ class RoomKitTurn:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        try:
+        with guard("roomkit turn end"):
             self.leave()
             if self._pending_text is not None:
                 self._text_round(self._pending_text, last=True)
@@ -347,8 +347,6 @@ class RoomKitTurn:
                     end_turn(turn, None, LoopFailed(self.loop_error or "the loop raised"))
                     return
             end_turn(turn)
-        except Exception:
-            internal_error("roomkit turn end")
 
     def schedule(self, loop: Any, callback: Any) -> None:
         """Finish after the grace period unless done before."""

@@ -44,7 +44,7 @@ from uuid import UUID
 from langchain_core.callbacks.base import BaseCallbackHandler
 
 from .. import _guard
-from .._guard import internal_error
+from .._guard import guard
 from ..models import LoopEndReason, ToolCall
 from ..recorder.adapter import (
     ModelCall,
@@ -252,12 +252,10 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
     ) -> None:
         if not self.enabled:
             return
-        try:
+        with guard("langchain chain start"):
             run = self._open("chain", run_id, parent_run_id)
             if run.root is run:
                 run.agent = _agent_name(serialized, kwargs)
-        except Exception:
-            internal_error("langchain chain start")
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._chain_done(run_id, None)
@@ -266,12 +264,10 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
         self._chain_done(run_id, error)
 
     def _chain_done(self, run_id: UUID, exc: BaseException | None) -> None:
-        try:
+        with guard("langchain chain end"):
             run = self._runs.pop(run_id, None)
             if run is not None and run.root is run:
                 _end_holding(run, exc)
-        except Exception:
-            internal_error("langchain chain end")
 
     def on_retriever_start(
         self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
@@ -298,22 +294,18 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
     ) -> None:
         if not self.enabled:
             return
-        try:
+        with guard("langchain model start"):
             flat = messages[0] if messages else []
             results, input_text = _tool_results(flat)
             self._model_start(run_id, parent_run_id, kwargs, results, input_text)
-        except Exception:
-            internal_error("langchain model start")
 
     def on_llm_start(
         self, serialized: Any, prompts: list[str], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
         if not self.enabled:
             return
-        try:
+        with guard("langchain model start"):
             self._model_start(run_id, parent_run_id, kwargs, [], prompts[0] if prompts else None)
-        except Exception:
-            internal_error("langchain model start")
 
     def _model_start(
         self,
@@ -371,7 +363,7 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
             run.round_token = current_round.set(generation.round)
 
     def on_llm_new_token(self, token: str, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
+        with guard("langchain model chunk"):
             run = self._runs.get(run_id)
             generation = run.generation if run is not None else None
             if generation is None:
@@ -381,11 +373,9 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
                 generation.round.mark_streaming()
             if not generation.round.eager:
                 generation.first_chunk()
-        except Exception:
-            internal_error("langchain model chunk")
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
+        with guard("langchain model end"):
             run = self._model_done(run_id)
             generation = run.generation if run is not None else None
             if generation is None:
@@ -396,11 +386,9 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
                 return
             rnd.eager = True  # the calls it asks for start now, as an SDK adapter's would
             _finish(generation, response)
-        except Exception:
-            internal_error("langchain model end")
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
+        with guard("langchain model error"):
             run = self._model_done(run_id)
             generation = run.generation if run is not None else None
             if generation is None:
@@ -410,8 +398,6 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
                 generation.abandon()
             else:
                 generation.fail(error)
-        except Exception:
-            internal_error("langchain model error")
 
     def _model_done(self, run_id: UUID) -> _Run | None:
         run = self._runs.pop(run_id, None)
@@ -437,7 +423,7 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
     ) -> None:
         if not self.enabled:
             return
-        try:
+        with guard("langchain tool start"):
             run = self._open("tool", run_id, parent_run_id)
             root = run.root
             spec = serialized if isinstance(serialized, dict) else {}
@@ -452,11 +438,9 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
             run.execution = execution
             if root is not run and root.turn is None and tool_turn(execution) is not None:
                 root.turn = tool_turn(execution)  # a model call later in this run joins it
-        except Exception:
-            internal_error("langchain tool start")
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
+        with guard("langchain tool end"):
             run = self._runs.pop(run_id, None)
             execution = run.execution if run is not None else None
             if execution is None:
@@ -469,16 +453,12 @@ class LoopscopeCallbackHandler(BaseCallbackHandler):
             else:
                 execution.result = output
             end_tool(execution)
-        except Exception:
-            internal_error("langchain tool end")
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
+        with guard("langchain tool error"):
             run = self._runs.pop(run_id, None)
             if run is not None and run.execution is not None:
                 end_tool(run.execution, error)
-        except Exception:
-            internal_error("langchain tool error")
 
 
 def _finish(generation: ModelCall, response: Any) -> None:

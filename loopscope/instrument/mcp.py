@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import guarded
 from ..recorder.adapter import ToolExecution, end_tool, result_value, running_tool, start_tool
 from ._patch import Patch, wrap
 
@@ -61,25 +61,20 @@ def _content(result: Any) -> tuple[Any, str | None]:
     return getattr(result, "structuredContent", None), text
 
 
+@guarded("mcp tool result")
 def _deliver(execution: ToolExecution, result: Any) -> None:
-    try:
-        value, text = _content(result)
-        execution.set_result(value)
-        if getattr(result, "isError", False):
-            execution.fail(text or "the tool returned an error")
-    except Exception:
-        internal_error("mcp tool result")
+    value, text = _content(result)
+    execution.set_result(value)
+    if getattr(result, "isError", False):
+        execution.fail(text or "the tool returned an error")
 
 
+@guarded("mcp tool start")
 def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolExecution | None:
-    try:
-        name, arguments = _call(args, kwargs)
-        if running_tool() == name:
-            return None  # the tool being recorded is this call
-        return start_tool(name, arguments)
-    except Exception:
-        internal_error("mcp tool start")
-        return None
+    name, arguments = _call(args, kwargs)
+    if running_tool() == name:
+        return None  # the tool being recorded is this call
+    return start_tool(name, arguments)
 
 
 def _call_tool(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -43,7 +43,7 @@ from typing import Any
 
 from agents.tracing import TracingProcessor
 
-from .._guard import internal_error
+from .._guard import guard, guarded
 from ..models import LoopEndReason, ToolCall
 from ..recorder.adapter import (
     Entered,
@@ -107,18 +107,15 @@ def _input_text(value: Any) -> str | None:
     return None  # a RunState: a resumed run, no new input
 
 
+@guarded("agents run start")
 def _describe_run(args: tuple[Any, ...], kwargs: dict[str, Any], streaming: bool) -> _RunStart | None:
-    try:
-        agent = args[0] if args else kwargs.get("starting_agent")
-        value = args[1] if len(args) > 1 else kwargs.get("input")
-        config = kwargs.get("run_config")
-        model = _model_name(r.get(config, "model")) or _model_name(getattr(agent, "model", None))
-        session = getattr(kwargs.get("session"), "session_id", None)
-        session = session if isinstance(session, str) else None
-        return _RunStart(_input_text(value), getattr(agent, "name", None), model, session, streaming)
-    except Exception:
-        internal_error("agents run start")
-        return None
+    agent = args[0] if args else kwargs.get("starting_agent")
+    value = args[1] if len(args) > 1 else kwargs.get("input")
+    config = kwargs.get("run_config")
+    model = _model_name(r.get(config, "model")) or _model_name(getattr(agent, "model", None))
+    session = getattr(kwargs.get("session"), "session_id", None)
+    session = session if isinstance(session, str) else None
+    return _RunStart(_input_text(value), getattr(agent, "name", None), model, session, streaming)
 
 
 Wrapped = Callable[..., Any]
@@ -180,21 +177,19 @@ def _handoff_specs(agent: Any) -> list[dict[str, Any]]:
     return specs
 
 
+@guarded("agents tools")
 def _declare(agent: Any, tools: Any) -> None:
-    try:
-        turn = current_turn.get()
-        if turn is None or turn.framework != FRAMEWORK or turn.ended or turn.agent != getattr(agent, "name", None):
-            return
-        specs = [spec for spec in (_tool_spec(t) for t in tools or ()) if spec is not None]
-        handoffs = _handoff_specs(agent)
-        if handoffs:
-            _handoff_tools.setdefault(turn, set()).update(h["name"] for h in handoffs)
-        if specs or handoffs:
-            turn.declare_tools(specs + handoffs, origin="always")
-        if not turn.model:
-            turn.model = _model_name(getattr(agent, "model", None))
-    except Exception:
-        internal_error("agents tools")
+    turn = current_turn.get()
+    if turn is None or turn.framework != FRAMEWORK or turn.ended or turn.agent != getattr(agent, "name", None):
+        return
+    specs = [spec for spec in (_tool_spec(t) for t in tools or ()) if spec is not None]
+    handoffs = _handoff_specs(agent)
+    if handoffs:
+        _handoff_tools.setdefault(turn, set()).update(h["name"] for h in handoffs)
+    if specs or handoffs:
+        turn.declare_tools(specs + handoffs, origin="always")
+    if not turn.model:
+        turn.model = _model_name(getattr(agent, "model", None))
 
 
 def _all_tools_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -271,7 +266,7 @@ class LoopscopeProcessor(TracingProcessor):
     def on_span_start(self, span: Any) -> None:
         if not self.active:
             return
-        try:
+        with guard("agents span start"):
             kind = span.span_data.type
             owner = self._open.get(span.parent_id) if span.parent_id else None
             if kind == "agent":
@@ -284,14 +279,12 @@ class LoopscopeProcessor(TracingProcessor):
                 self._open[span.span_id] = self._start_tool(span, owner)
             else:  # task, turn, handoff, guardrail, custom...: their children still find their turn
                 self._open[span.span_id] = _Open(owner.agent)
-        except Exception:
-            internal_error("agents span start")
 
     def on_span_end(self, span: Any) -> None:
         entry = self._open.pop(span.span_id, None)
         if entry is None:
             return
-        try:
+        with guard("agents span end"):
             kind = span.span_data.type
             if kind == "agent":
                 self._end_turn(span, entry)
@@ -301,8 +294,6 @@ class LoopscopeProcessor(TracingProcessor):
                 self._end_tool(span, entry)
             elif kind == "handoff":
                 self._end_handoff(span, entry)
-        except Exception:
-            internal_error("agents span end")
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Nothing to let go of: loopscope's own pipeline flushes at its shutdown."""

@@ -18,10 +18,13 @@ from typing import Any
 from opentelemetry import trace
 
 from ..recorder.adapter import defer_model_calls_to
-from .._guard import internal_error
+from .._guard import guarded
 from ._patch import Registration
 
 SCOPE = "pydantic-ai"  # the instrumentation scope of pydantic-ai's spans
+
+
+_NOOP = trace.NoOpTracer()
 
 
 class _LiveTracer(trace.Tracer):
@@ -44,23 +47,17 @@ class _LiveTracer(trace.Tracer):
             self._provider, self._tracer = provider, tracer
         return tracer
 
+    @guarded("pydantic-ai tracer", default=_NOOP)
     def _tracer_or_noop(self) -> trace.Tracer:
         # pydantic-ai starts its spans inside the user's run: if loopscope cannot give it a
         # tracer, the run goes on with spans that record nothing
-        try:
-            return self._current()
-        except Exception:
-            internal_error("pydantic-ai tracer")
-            return _NOOP
+        return self._current()
 
     def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
         return self._tracer_or_noop().start_span(*args, **kwargs)
 
     def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
         return self._tracer_or_noop().start_as_current_span(*args, **kwargs)
-
-
-_NOOP = trace.NoOpTracer()
 
 
 class _LiveTracerProvider(trace.TracerProvider):

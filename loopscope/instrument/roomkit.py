@@ -42,7 +42,7 @@ from roomkit.telemetry.config import TelemetryConfig
 from roomkit.telemetry.noop import NoopTelemetryProvider
 
 from .. import pipeline
-from .._guard import internal_error
+from .._guard import guard, guarded
 from ..recorder.adapter import ToolExecution, report_own_tool_calls
 from ._patch import Patch, Registration, wrap
 from ._roomkit_turn import RoomKitTurn
@@ -210,11 +210,9 @@ class _Turns:
                 return
             rk.schedule(loop, lambda: self._finish_guarded(rk))
 
+    @guarded("roomkit turn end")
     def _finish_guarded(self, rk: RoomKitTurn) -> None:
-        try:
-            self.finish(rk)
-        except Exception:
-            internal_error("roomkit turn end")
+        self.finish(rk)
 
     def finish(self, rk: RoomKitTurn) -> None:
         with self.lock:
@@ -306,13 +304,11 @@ class LoopscopeTelemetry(TelemetryProvider):
         ids[span_id] = inner_id
         if len(ids) > 4096:
             ids.popitem(last=False)
-        try:
+        with guard("roomkit telemetry start"):
             if kind == SpanKind.LLM_GENERATE:
                 turns.loop_started(span_id, room_id, channel_id)
             else:
                 turns.tool_started(span_id, parent_id, attributes)
-        except Exception:
-            internal_error("roomkit telemetry start")
         return span_id
 
     def end_span(
@@ -325,11 +321,9 @@ class LoopscopeTelemetry(TelemetryProvider):
     ) -> None:
         self._inner.end_span(self._theirs(span_id) or span_id, status=status, error_message=error_message, attributes=attributes)
         if span_id in self._ids:
-            try:
+            with guard("roomkit telemetry end"):
                 turns.loop_ended(span_id, status, error_message)
                 turns.tool_ended(span_id)
-            except Exception:
-                internal_error("roomkit telemetry end")
 
     def set_attribute(self, span_id: str, key: str, value: Any) -> None:
         self._inner.set_attribute(self._theirs(span_id) or span_id, key, value)
@@ -337,10 +331,8 @@ class LoopscopeTelemetry(TelemetryProvider):
     def record_metric(self, name: str, value: float, *, unit: str = "", attributes: dict[str, Any] | None = None) -> None:
         self._inner.record_metric(name, value, unit=unit, attributes=attributes)
         if _on and name in _USAGE_METRICS:
-            try:
+            with guard("roomkit telemetry metric"):
                 turns.metric(name, value)
-            except Exception:
-                internal_error("roomkit telemetry metric")
 
     def get_span_context(self, span_id: str) -> Any:
         return self._inner.get_span_context(self._theirs(span_id) or span_id)
@@ -377,18 +369,14 @@ def _teed(value: Any) -> Any:
 # -- the hooks -------------------------------------------------------------------------------
 
 
+@guarded("roomkit row")
 async def _rows_hook(event: Any, context: Any) -> None:
-    try:
-        turns.row(event)
-    except Exception:
-        internal_error("roomkit row")
+    turns.row(event)
 
 
+@guarded("roomkit ai response")
 async def _response_hook(event: Any, context: Any) -> None:
-    try:
-        turns.response(event)
-    except Exception:
-        internal_error("roomkit ai response")
+    turns.response(event)
 
 
 _kits: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
@@ -423,12 +411,10 @@ def attach(kit: Any) -> None:
     ref = weakref.ref(kit)
 
     async def round_hook(event: Any, context: Any) -> HookResult:
-        try:
+        with guard("roomkit tool round"):
             owner = ref()
             if owner is not None:
                 await turns.round_ran(event, owner.store)
-        except Exception:
-            internal_error("roomkit tool round")
         return HookResult.allow()
 
     # a SYNC hook (it only observes): the next model call waits for it, so the round's
@@ -443,10 +429,8 @@ def attach(kit: Any) -> None:
         )
     )
     async def input_hook(event: Any, context: Any) -> HookResult:
-        try:
+        with guard("roomkit turn input"):
             turns.generation_requested(event)
-        except Exception:
-            internal_error("roomkit turn input")
         return HookResult.allow()
 
     # SYNC too (BEFORE_AI_GENERATION has no observers), allowing always: it only reads
@@ -487,10 +471,8 @@ def _detach_all() -> None:
     _on = False
     for kit, names in list(_kits.items()):
         for name in names:
-            try:
+            with guard("roomkit hook removal"):
                 kit.hook_engine.remove_global_hook(name)
-            except Exception:
-                internal_error("roomkit hook removal")
     _kits.clear()
     turns.close_all()
 
@@ -519,21 +501,17 @@ def patch() -> list[Patch | Registration]:
 
     def init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _on:
-            try:
+            with guard("roomkit telemetry"):
                 if index is not None and len(args) > index:
                     args = (*args[:index], _teed(args[index]), *args[index + 1 :])
                 else:
                     kwargs = {**kwargs, "telemetry": _teed(kwargs.get("telemetry"))}
-            except Exception:
-                internal_error("roomkit telemetry")
         result = wrapped(*args, **kwargs)
         if _on:
-            try:
+            with guard("roomkit hooks"):
                 if isinstance(instance.telemetry, LoopscopeTelemetry):
                     _teed_kits.add(instance)
                 attach(instance)
-            except Exception:
-                internal_error("roomkit hooks")
         return result
 
     def writer_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -553,8 +531,6 @@ def patch() -> list[Patch | Registration]:
     patches.append(Registration(report_own_tool_calls(_reports_itself)))
     _on = True
     for kit in list(_teed_kits):  # built while an earlier instrument() was on: recorded again
-        try:
+        with guard("roomkit hooks"):
             attach(kit)
-        except Exception:
-            internal_error("roomkit hooks")
     return patches

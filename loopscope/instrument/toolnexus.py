@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import guard, guarded
 from ..models import LoopEndReason, ToolCall
 from ..recorder.adapter import (
     Entered,
@@ -361,11 +361,9 @@ async def _call(fn: Callable[[Any], Any], event: Any) -> Any:
 
 
 def _guarded(fn: Callable[..., None], run: _Run, event: Any, *rest: Any) -> None:
-    try:
+    with guard(f"toolnexus {fn.__name__.strip('_')}"):
         if isinstance(event, Mapping):
             fn(run, event, *rest)
-    except Exception:
-        internal_error(f"toolnexus {fn.__name__.strip('_')}")
 
 
 def _get_hook_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -373,14 +371,12 @@ def _get_hook_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[An
     run = _active.get()
     if run is None:
         return hook
-    try:
+    with guard("toolnexus hooks"):
         name = args[1] if len(args) > 1 else kwargs.get("name")
         if name not in _HOOKS:
             return hook
         return _compose(name, hook, run)
-    except Exception:
-        internal_error("toolnexus hooks")
-        return hook
+    return hook
 
 
 # -- turns --------------------------------------------------------------------------------------
@@ -393,49 +389,39 @@ def _provider(client: Any) -> str:
     return style if isinstance(style, str) else "openai"
 
 
+@guarded("toolnexus run start")
 def _begin(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool) -> _Run | None:
-    try:
-        prompt = args[0] if args else kwargs.get("prompt")
-        # a stream with an id is a stored conversation, as ask's is (see _ask_wrapper)
-        session = str(kwargs["id"]) if stream and kwargs.get("id") else None
-        model = getattr(client, "model", None)
-        turn = open_turn(
-            framework=FRAMEWORK,
-            input=_text_of(prompt),
-            model=model if isinstance(model, str) else None,
-            provider=_provider(client),
-            session_id=session,
-            streaming=stream,
-        )
-        style = getattr(client, "style", None)
-        return _Run(turn, turn.provider or "openai", style if isinstance(style, str) else "openai", stream)
-    except Exception:
-        internal_error("toolnexus run start")
-        return None
+    prompt = args[0] if args else kwargs.get("prompt")
+    # a stream with an id is a stored conversation, as ask's is (see _ask_wrapper)
+    session = str(kwargs["id"]) if stream and kwargs.get("id") else None
+    model = getattr(client, "model", None)
+    turn = open_turn(
+        framework=FRAMEWORK,
+        input=_text_of(prompt),
+        model=model if isinstance(model, str) else None,
+        provider=_provider(client),
+        session_id=session,
+        streaming=stream,
+    )
+    style = getattr(client, "style", None)
+    return _Run(turn, turn.provider or "openai", style if isinstance(style, str) else "openai", stream)
 
 
+@guarded("toolnexus run end")
 def _close(run: _Run, result: Any, exc: BaseException | None) -> None:
-    try:
-        run.close(result, exc)
-    except Exception:
-        internal_error("toolnexus run end")
+    run.close(result, exc)
 
 
+@guarded("toolnexus context")
 def _enter(run: _Run) -> Any:
-    try:
-        return run.enter()
-    except Exception:
-        internal_error("toolnexus context")
-        return None
+    return run.enter()
 
 
 def _exit(tokens: Any) -> None:
     if tokens is None:
         return
-    try:
+    with guard("toolnexus context"):
         _Run.exit(tokens)
-    except Exception:
-        internal_error("toolnexus context")
 
 
 def _run_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -458,11 +444,9 @@ def _run_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ..
     return run()
 
 
+@guarded("toolnexus round end")
 def _guarded_finish_round(state: _Run, exc: BaseException) -> None:
-    try:
-        state.finish_round(exc)
-    except Exception:
-        internal_error("toolnexus round end")
+    state.finish_round(exc)
 
 
 def _stream_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -488,12 +472,10 @@ async def _recorded_stream(inner: AsyncIterator[Any], client: Any, args: tuple[A
                 break
             finally:
                 _exit(tokens)
-            try:
+            with guard("toolnexus stream event"):
                 _observe(state, event)
                 if isinstance(event, Mapping) and event.get("type") == "done":
                     result = event.get("result")
-            except Exception:
-                internal_error("toolnexus stream event")
             yield event
     except BaseException as exc:
         _close(state, None, exc)
@@ -513,12 +495,13 @@ def _ask_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ..
 
 def _send_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # a Conversation keeps its transcript in memory: its turns share one session
-    try:
-        session = _conversations.get(instance)
-        if session is None:
-            session = _conversations[instance] = new_id()
-    except Exception:
-        internal_error("toolnexus conversation")
+    session: str | None = None
+    with guard("toolnexus conversation"):
+        found = _conversations.get(instance)
+        if found is None:
+            found = _conversations[instance] = new_id()
+        session = found
+    if session is None:  # loopscope could not name it: the call goes on outside a session
         return wrapped(*args, **kwargs)
     return _in_session(session, wrapped(*args, **kwargs))
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _json, semconv as a
-from .._guard import internal_error
+from .._guard import guard
 from .context import current_session, current_turn, open_stitched_turn
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def record_state(kind: str, value: Any, *, session_id: str | None = None, turn: 
     if turn is not None and turn.session_id != session:
         turn = None  # another conversation's state: not part of this turn
     text = _json.dumps(value)  # now: the caller may change its object right after
-    try:
+    with guard("state record"):
         from ..pipeline import tracer
 
         attributes: dict[str, Any] = {a.CONVERSATION_ID: session, a.STATE_KIND: kind, a.STATE_VALUE: text}
@@ -65,8 +65,6 @@ def record_state(kind: str, value: Any, *, session_id: str | None = None, turn: 
         now = time.time_ns()
         span = tracer().start_span(a.STATE_KINDS[kind], context=context, attributes=attributes, start_time=now)
         span.end(end_time=now)
-    except Exception:
-        internal_error("state record")
 
 
 def state_snapshot(snapshot: Any, *, session_id: str | None = None) -> None:

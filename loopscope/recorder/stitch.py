@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _json, pipeline
-from .._guard import internal_error
+# Placing a model call and finishing it run on every recorded call: they keep a plain
+# ``try`` and ``internal_error`` rather than ``with guard(...)``, because a try costs
+# nothing until it fails while a with block makes two Python method calls every time (about
+# 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
+# benchmarks/bench_tool_call.py).
+from .._guard import guard, internal_error
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from ..models import LoopEndReason
 from ._spans import attach_span
@@ -83,10 +88,8 @@ class _Stitched:
         while True:
             self._wake.wait(min(max(self.idle_timeout / 4, 0.05), 5.0))
             self._wake.clear()
-            try:
+            with guard("stitch reaper"):
                 self.reap(time.monotonic() - self.idle_timeout)
-            except Exception:
-                internal_error("stitch reaper")
 
     def reap(self, older_than: float | None = None) -> int:
         """End open turns idle since before ``older_than`` (all of them when None)."""
@@ -208,26 +211,22 @@ class ModelCall:
         if self._done:
             return
         self._done = True
-        try:
+        with guard("generation fail"):
             if self._owns_round:
                 self.round._finish(exc)
             if self._stitched:
                 close_turn(self.turn, None, exc)
-        except Exception:
-            internal_error("generation fail")
 
     def abandon(self) -> None:
         """The stream was closed or dropped before its end: the turn was cut off."""
         if self._done:
             return
         self._done = True
-        try:
+        with guard("generation abandon"):
             if self._owns_round:
                 self.round._finish(StreamClosed("the stream was closed before it ended"))
             if self._stitched:
                 close_turn(self.turn, LoopEndReason.CANCELLED)
-        except Exception:
-            internal_error("generation abandon")
 
 
 def start_model_call(request: ModelRequest) -> ModelCall | None:
