@@ -168,7 +168,7 @@ def test_internal_error_reports_through_the_same_path(quiet, caplog):
     for _ in range(2):
         try:
             raise Bug("in an except block")
-        except Exception:  # noqa: BLE001 - the way internal_error is called
+        except Exception:  # the way internal_error is called
             _guard.internal_error("test internal_error place")
     with guard("test internal_error place"):
         raise Bug("same place, through the guard")
@@ -178,7 +178,7 @@ def test_internal_error_reports_through_the_same_path(quiet, caplog):
     with pytest.raises(Bug, match="strict"):
         try:
             raise Bug("strict")
-        except Exception:  # noqa: BLE001 - the way internal_error is called
+        except Exception:  # the way internal_error is called
             _guard.internal_error("test internal_error place")
 
 
