@@ -8,7 +8,7 @@ loop stopped and which tools the model was offered.
 from __future__ import annotations
 
 from ._version import __version__
-
+from .instrument import instrument, uninstrument
 from .models import (
     RESPONSE_SEGMENT_SEPARATOR,
     ActivityEvent,
@@ -23,13 +23,12 @@ from .models import (
     ToolCall,
     ToolCallContent,
 )
-from .instrument import instrument, uninstrument
 from .pipeline import Pipeline, configure, flush, shutdown
 from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
+from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
 from .storage.errors import SQLRefusedError, StoreError, StoreLockedError
 from .storage.policy import EventFilter, PersistencePolicy
 from .storage.store import AsyncStore, Store
-from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
 
 __all__ = [
     "RESPONSE_SEGMENT_SEPARATOR",

@@ -37,9 +37,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _json, semconv as a
+from .. import _json
+from .. import semconv as a
 from ..models import RESPONSE_SEGMENT_SEPARATOR
-from ..storage.rows import END as _END, START as _START
+from ..storage.rows import END as _END
+from ..storage.rows import START as _START
 from .spans import STATUS_ERROR, SpanRecord, is_own, record_of
 
 AGENT, CONTAINER, CHAT, TOOL = "agent", "container", "chat", "tool"
@@ -687,10 +689,10 @@ def normalize(span: Any) -> SpanRecord | None:
         attrs = chat_attributes(record, read_chat(record), session, None, None, framework)
     elif role == TOOL:
         tool = read_tool(record)
-        attrs = tool_attributes(tool, tool.call_id or "%016x" % record.context.span_id, session, None, None, framework)
+        attrs = tool_attributes(tool, tool.call_id or f"{record.context.span_id:016x}", session, None, None, framework)
     else:
         run = read_agent(record)
-        attrs = agent_attributes(record, run, run.session, "%016x" % record.context.span_id, framework, [], [], 0)
+        attrs = agent_attributes(record, run, run.session, f"{record.context.span_id:016x}", framework, [], [], 0)
     return record.replace(attributes=attrs)
 
 
@@ -830,7 +832,7 @@ class Assembler:
             return [(_END, record.replace(attributes=chat_attributes(record, read_chat(record), session, None, None, framework)))]
         if role == TOOL:
             tool = read_tool(record)
-            canon = record.replace(attributes=tool_attributes(tool, tool.call_id or "%016x" % record.context.span_id, session, None, None, framework))
+            canon = record.replace(attributes=tool_attributes(tool, tool.call_id or f"{record.context.span_id:016x}", session, None, None, framework))
             return [(_START, canon), (_END, canon)]
         return []
 
@@ -852,8 +854,8 @@ class Assembler:
         tools.sort(key=lambda t: t[0].span.start_time)
         session = run.session or next(
             (s for s in (session_of(i.span.attributes) for i in items) if s), None
-        ) or "%032x" % agent.context.trace_id
-        turn_id = "%016x" % agent.context.span_id
+        ) or f"{agent.context.trace_id:032x}"
+        turn_id = f"{agent.context.span_id:016x}"
         name = run.name
         framework = framework or next((i.framework for i in items), None)
         # tool spans without a call id get the id of the call the model asked for (same
@@ -876,7 +878,7 @@ class Assembler:
                 claimed.add(match)
                 rounds.add(requested[match][0])
                 call_id = call_id or requested[match][1][0]
-            canon_tools.append((item, tool_attributes(tool, call_id or "%016x" % item.span.context.span_id, session, turn_id, name, item.framework)))
+            canon_tools.append((item, tool_attributes(tool, call_id or f"{item.span.context.span_id:016x}", session, turn_id, name, item.framework)))
         if tools and not rounds:
             # tool calls that name no model call: each model call that asked for tools, then ran some
             rounds = {item.span.end_time for item, chat in chats if chat.tool_calls}

@@ -19,7 +19,7 @@ STATUS_ERROR = 2  # StatusCode.ERROR
 class Ctx:
     """A span context: the two ids, as ints."""
 
-    __slots__ = ("trace_id", "span_id", "is_remote")
+    __slots__ = ("is_remote", "span_id", "trace_id")
 
     def __init__(self, trace_id: int, span_id: int, is_remote: bool = False) -> None:
         self.trace_id = trace_id
@@ -31,7 +31,7 @@ class Ctx:
 
 
 class Status:
-    __slots__ = ("status_code", "description")
+    __slots__ = ("description", "status_code")
 
     def __init__(self, status_code: int = 0, description: str | None = None) -> None:
         self.status_code = status_code
@@ -51,7 +51,7 @@ class Scope:
 
 
 class SpanEvent:
-    __slots__ = ("name", "timestamp", "attributes")
+    __slots__ = ("attributes", "name", "timestamp")
 
     def __init__(self, name: str, timestamp: int, attributes: dict[str, Any]) -> None:
         self.name = name
@@ -64,8 +64,18 @@ class SpanRecord:
     (``.context.trace_id`` / ``.span_id`` as ints, times in ns, ``.attributes`` a dict)."""
 
     __slots__ = (
-        "name", "context", "parent", "kind", "start_time", "end_time", "attributes", "events", "links",
-        "status", "resource", "instrumentation_scope",
+        "attributes",
+        "context",
+        "end_time",
+        "events",
+        "instrumentation_scope",
+        "kind",
+        "links",
+        "name",
+        "parent",
+        "resource",
+        "start_time",
+        "status",
     )
 
     def __init__(

@@ -18,6 +18,7 @@ import wrapt
 from .._guard import guard
 from ._patch import Patch, restore
 
+
 class Adapter(NamedTuple):
     target: str
     """The library module whose import activates the adapter."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import atexit
 from collections.abc import Callable, Iterator
 from time import monotonic_ns
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import wrapt
 
@@ -23,6 +23,9 @@ import wrapt
 # benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
 from ..recorder.adapter import ModelCall
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
 
 class Accumulator(Protocol):
@@ -199,11 +202,11 @@ class SyncStream(_Proxy):
         finally:
             self._self_abandon()
 
-    def __enter__(self) -> SyncStream:
+    def __enter__(self) -> Self:
         self.__wrapped__.__enter__()
         return self
 
-    def __exit__(self, *exc_info: Any) -> Any:
+    def __exit__(self, *exc_info: object) -> Any:
         try:
             return self.__wrapped__.__exit__(*exc_info)
         finally:
@@ -239,11 +242,11 @@ class AsyncStream(_Proxy):
     async def aclose(self) -> Any:
         return await self.close()
 
-    async def __aenter__(self) -> AsyncStream:
+    async def __aenter__(self) -> Self:
         await self.__wrapped__.__aenter__()
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> Any:
+    async def __aexit__(self, *exc_info: object) -> Any:
         try:
             return await self.__wrapped__.__aexit__(*exc_info)
         finally:

@@ -78,8 +78,16 @@ class _Run:
     """What the handler keeps about one LangChain run until it ends."""
 
     __slots__ = (
-        "kind", "root", "agent", "turn", "holds_turn", "last_round",
-        "generation", "round_token", "streamed", "execution",
+        "agent",
+        "execution",
+        "generation",
+        "holds_turn",
+        "kind",
+        "last_round",
+        "root",
+        "round_token",
+        "streamed",
+        "turn",
     )
 
     def __init__(self, kind: str, parent: _Run | None) -> None:

@@ -28,7 +28,6 @@ from ..recorder.adapter import ToolExecution, end_tool, result_value, running_to
 from ._patch import Patch, wrap
 
 
-
 def _call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
     """The tool name and arguments of ``call_tool(name, arguments=None, ...)``."""
     name = args[0] if args else kwargs.get("name")

@@ -207,7 +207,7 @@ def _all_tools_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], k
 class _Open:
     """An SDK span that is running, and what loopscope opened for it."""
 
-    __slots__ = ("agent", "record", "tokens", "ambient", "last_round", "handed_off")
+    __slots__ = ("agent", "ambient", "handed_off", "last_round", "record", "tokens")
 
     def __init__(self, agent: _Open | None, record: Turn | Round | ToolExecution | None = None,
                  tokens: Entered | None = None, ambient: BaseException | None = None) -> None:

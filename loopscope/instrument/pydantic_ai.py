@@ -17,8 +17,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from ..recorder.adapter import defer_model_calls_to
 from .._guard import guarded
+from ..recorder.adapter import defer_model_calls_to
 from ._patch import Registration
 
 SCOPE = "pydantic-ai"  # the instrumentation scope of pydantic-ai's spans

@@ -53,7 +53,7 @@ _HOOKS = ("before_llm", "after_llm", "before_tool", "after_tool")
 class _Run:
     """What the adapter keeps about one recorded run while it goes."""
 
-    __slots__ = ("turn", "provider", "style", "stream", "round", "round_awaits_finish", "calls", "usage_seen")
+    __slots__ = ("calls", "provider", "round", "round_awaits_finish", "stream", "style", "turn", "usage_seen")
 
     def __init__(self, turn: Turn, provider: str, style: str, stream: bool) -> None:
         self.turn = turn

@@ -42,7 +42,7 @@ from .errors import StoreError, StoreLockedError
 
 _gates: dict[str, threading.Lock] = {}
 _gates_lock = threading.Lock()
-_LOCK_MESSAGE = re.compile(r"(Could not set lock|Conflicting lock|database is locked)", re.I)
+_LOCK_MESSAGE = re.compile(r"(Could not set lock|Conflicting lock|database is locked)", re.IGNORECASE)
 _PID = re.compile(r"PID (\d+)")
 
 

@@ -31,9 +31,10 @@ from .. import _json
 from .._json import result_value
 from ..models import ActivityEvent
 from .connection import open_store, resolve
+from .events import EVENT_COLUMNS as _EVENT_COLUMNS
+from .events import event_of as _event
 from .recording import flush_own
 from .schema import migrate
-from .events import EVENT_COLUMNS as _EVENT_COLUMNS, event_of as _event
 from .store import Store
 
 __all__ = [

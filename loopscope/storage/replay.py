@@ -39,6 +39,8 @@ from .policy import RECEIVED, EventFilter
 from .schema import check_readable
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
+
     from .store import Store
 
 __all__ = [
@@ -307,7 +309,7 @@ class Replay(Iterator[ActivityEvent]):
                 raise StopIteration
             state.read()
 
-    def __enter__(self) -> Replay:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -372,7 +374,7 @@ class AsyncReplay:
         except asyncio.TimeoutError:
             pass
 
-    async def __aenter__(self) -> AsyncReplay:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -87,7 +87,7 @@ def _re2_compiles(pattern: str) -> bool:
 
     try:
         pc.match_substring_regex(pa.array(["probe"]), pattern=pattern)
-    except Exception:  # noqa: BLE001 - any refusal means: not an RE2 expression
+    except Exception:  # any refusal means: not an RE2 expression
         return False
     return True
 
@@ -140,7 +140,7 @@ class Scrubber:
     def _scrub_unlimited(self, value: str, how: str) -> str:
         try:
             return self.policy.scrub_json(value, "", 0) if how == "json" else self.policy.scrub(value, "", 0)
-        except Exception as exc:  # noqa: BLE001 - the user's hook or pattern failed: keep nothing of the value
+        except Exception as exc:  # the user's hook or pattern failed: keep nothing of the value
             warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
             return '"[REDACTED]"' if how != "text" else REDACTED
 
@@ -173,13 +173,13 @@ class Scrubber:
         import pyarrow as pa
 
         codes: list[int] | None = None
-        for k, rows in hits.items():
+        for k, positions in hits.items():
             name, where, how = columns[k]
             index = indices[k]
             column = batch.column(index)
             values = column.to_pylist()
             changed = False
-            for row in rows:
+            for row in positions:
                 value = values[row]
                 if value is None:
                     continue
@@ -218,7 +218,7 @@ class Scrubber:
             if how == "text":
                 return policy.scrub(value, where, limit)
             return policy.scrub_json(value, where, limit, cap="shape" if how == "shape" else "strings")
-        except Exception as exc:  # noqa: BLE001 - the user's hook or pattern failed: keep nothing of the value
+        except Exception as exc:  # the user's hook or pattern failed: keep nothing of the value
             warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
             return '"[REDACTED]"' if how != "text" else REDACTED
 

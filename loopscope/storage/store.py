@@ -17,10 +17,13 @@ import duckdb
 
 from ..models import ActivityEvent, AIResponseEvent, SessionInfo
 from .connection import open_store, resolve
-from .recording import configured_path, default_db_path, flush_own
 from .errors import SQLRefusedError
-from .events import EVENT_COLUMNS as _EVENT_COLUMNS, TURN_COLUMNS as _TURN_COLUMNS, event_of as _event, turn_of as _turn
+from .events import EVENT_COLUMNS as _EVENT_COLUMNS
+from .events import TURN_COLUMNS as _TURN_COLUMNS
+from .events import event_of as _event
+from .events import turn_of as _turn
 from .policy import RECEIVED, EventFilter
+from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views
 

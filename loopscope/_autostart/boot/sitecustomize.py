@@ -33,7 +33,7 @@ def _start() -> None:
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
     try:
         from loopscope._autostart import start
-    except Exception as exc:  # noqa: BLE001 - the application must start regardless
+    except Exception as exc:  # the application must start regardless
         sys.stderr.write(f"loopscope: not recording: cannot import loopscope ({exc})\n")
         return
     start()

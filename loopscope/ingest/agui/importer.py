@@ -79,10 +79,10 @@ def import_stream(
         raw = _raw_rows(con, plan, skipped)
         con.register(RAW_TABLE, raw)
         try:
-            events, turns = write_batch(con, facts, extra=[
+            events, turns = write_batch(con, facts, extra=[(
                 f"INSERT INTO agui_events (session_id, run_id, seq, type, created_at, raw, imported_at) "
                 f"SELECT session_id, run_id, seq, type, created_at, raw, now() FROM {RAW_TABLE}"
-            ])
+            )])
         finally:
             con.unregister(RAW_TABLE)
     kept = [s for i, s in enumerate(plan.segments) if i not in skipped]

@@ -19,11 +19,11 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Union
+from typing import IO, Any
 
 __all__ = ["AguiFormatError", "Received", "Source", "read_events"]
 
-Source = Union[str, bytes, bytearray, os.PathLike, IO[str], IO[bytes], Iterable[Any]]
+Source = str | bytes | bytearray | os.PathLike | IO[str] | IO[bytes] | Iterable[Any]
 """What :func:`read_events` takes: stream text or bytes (SSE, JSON lines or a JSON array),
 a path to a file holding one, an open file, or an iterable of ``ag_ui.core`` events,
 dicts or JSON texts."""
@@ -79,7 +79,7 @@ def _decode(content: bytes) -> str:
     except UnicodeDecodeError as exc:
         line = content.count(b"\n", 0, exc.start) + 1
         raise AguiFormatError(f"line {line}", f"not UTF-8 text (byte {exc.start})") from None
-    return text[1:] if text.startswith("\ufeff") else text
+    return text.removeprefix("\ufeff")
 
 
 def _parse_text(text: str) -> Iterator[tuple[str, str, dict[str, Any]]]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._http import HostRule
 from ...storage.connection import open_store, resolve
@@ -58,6 +58,8 @@ from .grpc_server import _grpc_server
 from .http_server import _Server
 from .routing import DEFAULT_MAX_QUEUED_BYTES, ByteBudget, CollectorStats, Ingest, StoreUnavailable
 
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 4318
@@ -168,7 +170,7 @@ class Collector:
         if self.ingest is not None:
             self.ingest.close(timeout)
 
-    def __enter__(self) -> Collector:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

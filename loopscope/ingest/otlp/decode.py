@@ -16,7 +16,6 @@ from typing import Any
 from ... import _json
 from ..spans import Ctx, Scope, SpanEvent, SpanRecord, Status
 
-
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 

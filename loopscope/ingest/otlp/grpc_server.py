@@ -25,7 +25,7 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
     class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def Export(self, request: Any, context: Any) -> Any:
             ingest = collector.ingest
             size = request.ByteSize()
             if not ingest.budget.take(size):
@@ -50,12 +50,12 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
             return trace_service_pb2.ExportTraceServiceResponse()
 
     class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def Export(self, request: Any, context: Any) -> Any:
             collector.ingest.stats.metrics_requests += 1
             return metrics_service_pb2.ExportMetricsServiceResponse()
 
     class Logs(logs_service_pb2_grpc.LogsServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def Export(self, request: Any, context: Any) -> Any:
             collector.ingest.stats.logs_requests += 1
             return logs_service_pb2.ExportLogsServiceResponse()
 

@@ -10,7 +10,16 @@ from urllib.parse import urlsplit
 
 from ..._guard import logger
 from ..._http import BoundedHandler, BoundedHTTPServer, token_ok
-from .decode import JSON, PROTOBUF, PayloadError, _check_other_signal, _decompress, decode_json, decode_protobuf, received_of
+from .decode import (
+    JSON,
+    PROTOBUF,
+    PayloadError,
+    _check_other_signal,
+    _decompress,
+    decode_json,
+    decode_protobuf,
+    received_of,
+)
 from .routing import ByteBudget, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -60,7 +69,7 @@ class _Handler(BoundedHandler):
     server: _Server
     server_version = "loopscope-collect"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         if self.server.collector.verbose:
             logger.info("loopscope collect: %s %s", self.address_string(), format % args)
 
@@ -84,7 +93,7 @@ class _Handler(BoundedHandler):
             return False
         return True
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if not self._admitted(JSON, token=False):
             return
         if urlsplit(self.path).path in ("/", "/health", "/healthz"):
@@ -92,7 +101,7 @@ class _Handler(BoundedHandler):
         else:
             self._fail(404, f"no such path {self.path}; POST OTLP to /v1/traces", JSON)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         collector = self.server.collector
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if not self._admitted(JSON if content_type == JSON else PROTOBUF, token=True):
