@@ -14,11 +14,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import _json, pipeline, semconv as a
+from .. import _json, semconv as a
 from .._guard import internal_error
 from ..models import ToolCall
-from . import _values
-from ._spans import end_span, start_span
+from . import _values, settings
+from .._otel_sdk import end_span, start_span
 from .context import current_turn, open_stitched_turn
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -182,7 +182,7 @@ class ToolExecution:
             attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
         if self.description:
             attributes[a.TOOL_DESCRIPTION] = self.description
-        self._span = start_span(pipeline.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
+        self._span = start_span(settings.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
 
     def _finish(self, exc: BaseException | None) -> None:
         if self._elsewhere:

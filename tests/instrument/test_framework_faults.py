@@ -20,7 +20,7 @@ from fakes.fixtures import model_server  # noqa: F401 - the fixture
 from fakes.model_server import Reply, ToolCall
 
 registry = importlib.import_module("loopscope.instrument")
-spans_module = importlib.import_module("loopscope.recorder._spans")
+spans_module = importlib.import_module("loopscope._otel_sdk")
 json_module = importlib.import_module("loopscope._json")
 stitch_module = importlib.import_module("loopscope.recorder.stitch")
 calls_module = importlib.import_module("loopscope.instrument._calls")
