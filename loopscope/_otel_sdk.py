@@ -69,6 +69,7 @@ _READ_SCOPE: type | None = None  # InstrumentationScope, when its name is read d
 # What the probes found at import
 _PROBED_SET = _PROBED_SPANS = _PROBED_READ = False
 _PROBED_CONTEXT_VAR: Any = None
+_FIELDS: SpanFields  # span_fields(), made by set_fast_path
 
 
 def _wanted() -> bool:
