@@ -25,6 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 from ._guard import internal_error, warn_once
+from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
 from .content.policy import ContentPolicy
 from .export.metrics import MetricsProcessor
@@ -33,6 +34,8 @@ from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
 from .ingest.processor import StoreSpanProcessor
+from .recorder import settings as recorder_settings
+from .recorder.stitch import set_idle_timeout
 from .ingest.writer import SpanWriter
 from .storage import health, recording
 from .storage.schema import migrate
@@ -109,12 +112,7 @@ class Pipeline:
 
 _active: Pipeline | None = None
 _owned_meter_providers: list[MeterProvider] = []
-_shutdown_hooks: list[Callable[[], None]] = []
-
-
-def on_shutdown(hook: Callable[[], None]) -> None:
-    """Run ``hook`` at ``shutdown()``, before the store's last flush (ends open turns)."""
-    _shutdown_hooks.append(hook)
+on_shutdown = recorder_settings.on_shutdown  # run a hook at shutdown(), before the store's last flush
 _lock = threading.RLock()
 _dispatchers: dict[int, _Dispatch] = {}
 
@@ -283,8 +281,6 @@ def configure(
         _active = pipeline
         recording.set_current(pipeline)
         if stitch_idle_timeout is not None:
-            from .recorder.stitch import set_idle_timeout
-
             set_idle_timeout(stitch_idle_timeout)
         return pipeline
 
@@ -336,20 +332,16 @@ def _guard_foreign_processors(provider: TracerProvider, content: ContentPolicy) 
     decides what an exporter may see. Processors added after ``configure()`` are the
     application's own business.
     """
-    active = getattr(provider, "_active_span_processor", None)
-    processors = getattr(active, "_span_processors", None)
-    if not isinstance(processors, tuple) or not processors:
+    processors = span_processors(provider)
+    if not processors:
         return
-    guarded = tuple(p if isinstance(p, (_PolicyGuard, _Dispatch)) or not _exports(p) else _PolicyGuard(p, content) for p in processors)
+    guarded = tuple(
+        p if isinstance(p, (_PolicyGuard, _Dispatch)) or not exports_spans(p) else _PolicyGuard(p, content) for p in processors
+    )
     try:
-        active._span_processors = guarded  # type: ignore[union-attr]
+        replace_span_processors(provider, guarded)
     except Exception:
         internal_error("guard foreign processors")
-
-
-def _exports(processor: SpanProcessor) -> bool:
-    # only processors that hand spans to an exporter leave the process
-    return hasattr(processor, "span_exporter") or hasattr(processor, "_exporter") or hasattr(processor, "_batch_processor")
 
 
 def active() -> Pipeline:
@@ -425,7 +417,7 @@ def shutdown(timeout: float = CLOSE_TIMEOUT) -> None:
     :data:`EXPORT_SHUTDOWN_SECONDS`), whatever the store's writer is doing: events not
     written by then are counted as lost, in the store's health record or in the file
     beside it (``loopscope status`` shows both). The close at exit has the same bound."""
-    for hook in _shutdown_hooks:
+    for hook in recorder_settings.shutdown_hooks:
         try:
             hook()
         except Exception:
@@ -433,5 +425,7 @@ def shutdown(timeout: float = CLOSE_TIMEOUT) -> None:
     with _lock:
         _shutdown_locked(timeout)
 
+
+recorder_settings.set_tracer(tracer)  # the recorder's spans start on this pipeline's tracer
 
 __all__ = ["Pipeline", "active", "configure", "default_db_path", "flush", "on_shutdown", "shutdown", "tracer"]

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import guard, logger, warn_once
+from .._otel_sdk import queued_spans, shutdown_batch
 from ..content.policy import ContentPolicy
 
 QUEUE_SIZE = 65_536
@@ -221,8 +222,8 @@ class CountingBatchProcessor(BatchSpanProcessor):
             self.on_end(pending)
 
     def on_end(self, span: ReadableSpan) -> None:
-        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-        if queue is not None and len(queue) >= self.max_queue_size:
+        queued = queued_spans(self)
+        if queued is not None and queued >= self.max_queue_size:
             with self._lock:
                 self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
@@ -232,8 +233,5 @@ class CountingBatchProcessor(BatchSpanProcessor):
     def shutdown(self, timeout_millis: int = SHUTDOWN_MILLIS) -> None:
         """Send what is queued, but give up after ``timeout_millis``: a backend that is down
         must not hold the application's exit hostage."""
-        batch = getattr(self, "_batch_processor", None)
-        if batch is None:
+        if not shutdown_batch(self, timeout_millis):
             super().shutdown()
-            return
-        batch.shutdown(timeout_millis=timeout_millis)

@@ -25,27 +25,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _json, semconv as a
+from .. import _otel_sdk
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
     CHUNK, END as _END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START as _START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
     TOOL_START, Facts,
 )
-
-try:  # the SDK's spans, read through their fields: the public properties cost a frame each
-    from opentelemetry.attributes import BoundedAttributes
-    from opentelemetry.sdk.trace import ReadableSpan, Span, _Span
-
-    _probe = ReadableSpan("probe", attributes=BoundedAttributes(attributes={"k": "v"}), start_time=1, end_time=2)
-    _FAST_TYPES: frozenset[type] = (
-        frozenset({ReadableSpan, Span, _Span})
-        if _probe._attributes._dict == {"k": "v"} and (_probe._start_time, _probe._end_time, _probe._context) == (1, 2, None)
-        else frozenset()
-    )
-    _BOUNDED: type | None = BoundedAttributes
-    del _probe
-except Exception:  # another SDK version: the public properties, always right
-    _FAST_TYPES, _BOUNDED = frozenset(), None
 
 
 def _plain(attrs: Any) -> dict[str, Any]:
@@ -54,8 +40,9 @@ def _plain(attrs: Any) -> dict[str, Any]:
         return {}
     if type(attrs) is dict:
         return attrs
-    if _BOUNDED is not None and type(attrs) is _BOUNDED:
-        return attrs._dict  # type: ignore[attr-defined, no-any-return]
+    bounded = _otel_sdk.attributes_dict(attrs)  # an SDK span's attributes: their own dict
+    if bounded is not None:
+        return bounded
     try:
         copied = attrs.copy()
     except Exception:
@@ -76,7 +63,9 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     keep_message = "message" not in skip
     add = events.append
     excluded = 0
-    fast, bounded = _FAST_TYPES, _BOUNDED
+    fields = _otel_sdk.span_fields()  # the SDK's spans, read through their fields: no property frames
+    fast, bounded, bounded_dict = fields.types, fields.bounded, fields.bounded_dict
+    attributes_of, context_of, start_of, end_of = fields.attributes, fields.context, fields.start_time, fields.end_time
     # this loop runs per span over spans long gone cold: names are bound to locals once
     OPERATION, EXECUTE_TOOL, CHAT, INVOKE_AGENT = a.OPERATION, a.OP_EXECUTE_TOOL, a.OP_CHAT, a.OP_INVOKE_AGENT
     CONVERSATION_ID, TURN_ID, AGENT_NAME = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME
@@ -92,9 +81,9 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     for kind, span in items:
         try:
             if type(span) in fast:
-                attrs = span._attributes
-                d = attrs._dict if type(attrs) is bounded else _plain(attrs)
-                ctx = span._context
+                attrs = attributes_of(span)
+                d = bounded_dict(attrs) if type(attrs) is bounded else _plain(attrs)
+                ctx = context_of(span)
                 tid = ctx[0]
                 sid = ctx[1]
                 sdk = True
@@ -126,13 +115,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 if kind == _START:
                     add((
-                        TOOL_START, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
+                        TOOL_START, trace, sid.to_bytes(8, "big"), (start_of(span) if sdk else span.start_time) // 1000,
                         session if type(session) is str else str(session),
                         get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
                         name, call_id, arguments, None, None, None, None, None, None, None,
                     ))
                     continue
-                start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
+                start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
                 duration = round((end - start) / 1e6, 3)
                 result = get(TOOL_CALL_RESULT)
                 if result is not None and type(result) is not str:
@@ -163,14 +152,14 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     content, text = text_content(text, "assistant"), ""
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 add((
-                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), (span._end_time if sdk else span.end_time) // 1000,
+                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), (end_of(span) if sdk else span.end_time) // 1000,
                     session if type(session) is str else str(session),
                     get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(ROUND_BLOCKED)),
                     None, None, None, None, None, None, None, None, text, content,
                 ))
             elif op == INVOKE_AGENT:
                 if kind == _END:
-                    start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
+                    start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
                     turns.append(_turn_fact(span, d, tid, trace, sid, start, end))
                     continue
                 if TURN_INPUT not in d:
@@ -183,7 +172,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     body = str(body) if isinstance(body, str) else _json.dumps(body)
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 add((
-                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
+                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), (start_of(span) if sdk else span.start_time) // 1000,
                     session if type(session) is str else str(session),
                     get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(TURN_INPUT_BLOCKED)),
                     None, None, None, None, None, None, None, None, body, None,
@@ -201,7 +190,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 code = STATE_SNAPSHOT if state_type == "state_snapshot" else STATE_DELTA
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 add((
-                    code, trace, sid.to_bytes(8, "big"), (span._end_time if sdk else span.end_time) // 1000,
+                    code, trace, sid.to_bytes(8, "big"), (end_of(span) if sdk else span.end_time) // 1000,
                     session if type(session) is str else str(session),
                     get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
                     None, None, None, None, None, None, None, None, None, _state_content(code, value),
@@ -425,10 +414,8 @@ def span_size(span: Any) -> int:
     """What a queued span counts against the writer's byte bound: the lengths of its text
     attributes (the content: messages, tool arguments and results) and :data:`SPAN_BYTES`.
     Cheap: a span's own attribute dict, read once."""
-    try:
-        attributes = span._attributes
-        values = attributes._dict.values() if type(attributes) is _BOUNDED else attributes.values()
-    except AttributeError:
+    values = _otel_sdk.attribute_values(span)
+    if values is None:
         return SPAN_BYTES  # not an SDK span: its size is unknown, the count bound holds it
     size = SPAN_BYTES
     for value in values:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, _Span
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from .. import semconv as a
 from .._guard import internal_error
-from ..storage.rows import END as _END, START as _START
+from .._otel_sdk import attributes_view as _attributes
+from .._otel_sdk import scope_name
+from ..storage.rows import END as _END
+from ..storage.rows import START as _START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
 from .spans import OWN_SCOPE
@@ -49,16 +48,14 @@ class StoreSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            bounded = getattr(span, "_attributes", None)  # _attributes(span), inline: twice per span
-            attributes = bounded._dict if type(bounded) is BoundedAttributes else span.attributes.copy()
-            if attributes.get(a.OPERATION) in _STARTS and _own(span):
+            if _attributes(span).get(a.OPERATION) in _STARTS and scope_name(span) == OWN_SCOPE:
                 self._submit(_START, span)
         except Exception:
             internal_error("store processor start")
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            if _own(span):
+            if scope_name(span) == OWN_SCOPE:
                 attributes = _attributes(span)
                 # a state span (loopscope.state_snapshot) is no GenAI operation: asked only after
                 if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
@@ -115,24 +112,3 @@ class StoreSpanProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000)
 
-
-def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
-    """A span's attributes, to read a few keys. An SDK span's attributes are a read-only view
-    of BoundedAttributes: ``get()`` on it runs Python frames (and, for the spans of other
-    instrumentations that lack the key, raises and catches a KeyError) and ``copy()`` copies
-    every value; its dict is read directly instead (reads of a dict are atomic)."""
-    bounded = getattr(span, "_attributes", None)
-    if type(bounded) is BoundedAttributes:
-        return bounded._dict
-    return span.attributes.copy()
-
-
-def _own(span: ReadableSpan) -> bool:
-    # the SDK's spans and scopes read without their properties' frames (three times a span)
-    scope = span._instrumentation_scope if type(span) in _SDK_SPANS else span.instrumentation_scope
-    if scope is None:
-        return False
-    return (scope._name if type(scope) is InstrumentationScope else scope.name) == OWN_SCOPE
-
-
-_SDK_SPANS = (ReadableSpan, _Span)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from . import settings
 from .state import state_delta, state_snapshot
 from .records import ToolResult
 from .stitch import session
@@ -35,10 +36,8 @@ def turn(
     happened, or from :meth:`Turn.end`; afterwards ``t.response`` is the turn's
     :class:`~loopscope.AIResponseEvent`.
     """
-    from ..pipeline import tracer
-
     return Turn(
-        tracer(),
+        settings.tracer(),
         session_id=session_id,
         agent=agent,
         tools=tools,

@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
 
-from .. import pipeline
 from ..models import LoopEndReason, ToolCall
-from ._spans import attach_span, detach
+from .._otel_sdk import attach_span, detach
 from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
 from .elsewhere import recorded_elsewhere
+from . import settings
 from .records import ModelRequest, ModelResponse, ToolResult
 from .stitch import ModelCall, StreamClosed, requested_call_span, result_value, start_model_call, wants_result
 from .stitch import close_turn
@@ -75,7 +75,7 @@ def open_turn(
     its session is ``session_id``, else the current session, else its parent's, else new.
     """
     turn = Turn(
-        pipeline.tracer(),
+        settings.tracer(),
         session_id=session_id,
         agent=agent,
         tools=tools,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _json, semconv as a
 from .._guard import guard
+from . import settings
 from .context import current_session, current_turn, open_stitched_turn
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ def record_state(kind: str, value: Any, *, session_id: str | None = None, turn: 
         turn = None  # another conversation's state: not part of this turn
     text = _json.dumps(value)  # now: the caller may change its object right after
     with guard("state record"):
-        from ..pipeline import tracer
-
         attributes: dict[str, Any] = {a.CONVERSATION_ID: session, a.STATE_KIND: kind, a.STATE_VALUE: text}
         context = None
         if turn is not None:
@@ -63,7 +62,7 @@ def record_state(kind: str, value: Any, *, session_id: str | None = None, turn: 
                 attributes[a.FRAMEWORK] = turn.framework
             context = turn._context()
         now = time.time_ns()
-        span = tracer().start_span(a.STATE_KINDS[kind], context=context, attributes=attributes, start_time=now)
+        span = settings.tracer().start_span(a.STATE_KINDS[kind], context=context, attributes=attributes, start_time=now)
         span.end(end_time=now)
 
 

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import _json, pipeline
+from .. import _json
 # Placing a model call and finishing it run on every recorded call: they keep a plain
 # ``try`` and ``internal_error`` rather than ``with guard(...)``, because a try costs
 # nothing until it fails while a with block makes two Python method calls every time (about
@@ -28,7 +28,8 @@ from .. import _json, pipeline
 from .._guard import guard, internal_error
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from ..models import LoopEndReason
-from ._spans import attach_span
+from .._otel_sdk import attach_span
+from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .declared import tool_set
 from .records import ModelRequest, ModelResponse
@@ -126,7 +127,7 @@ def close_all() -> None:
     stitched.reap(None)
 
 
-pipeline.on_shutdown(close_all)
+settings.on_shutdown(close_all)
 atexit.register(close_all)  # registered after the writer's: runs before it, so these turns are stored
 
 
@@ -267,7 +268,7 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             stitched_turn = True
         else:
             turn = Turn(
-                pipeline.tracer(),
+                settings.tracer(),
                 session_id=None,
                 agent=request.agent,
                 tools=tools,

@@ -14,16 +14,16 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import _json, pipeline, semconv as a
+from .. import _json, semconv as a
 # A tool call's start and end run on every recorded call: they keep a plain ``try`` and
 # ``internal_error`` rather than ``with guard(...)``, because a try costs nothing until it
 # fails while a with block makes two Python method calls every time (about 0.3 us a block
 # measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
-from .._guard import internal_error
+from .._guard import guard, internal_error
 from ..models import ToolCall
-from . import _values
-from ._spans import end_span, start_span
+from . import _values, settings
+from .._otel_sdk import end_span, start_span
 from .context import current_turn, open_stitched_turn
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -187,7 +187,7 @@ class ToolExecution:
             attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
         if self.description:
             attributes[a.TOOL_DESCRIPTION] = self.description
-        self._span = start_span(pipeline.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
+        self._span = start_span(settings.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
 
     def _finish(self, exc: BaseException | None) -> None:
         if self._elsewhere:

@@ -30,7 +30,7 @@ from .. import _json, semconv as a
 from .._guard import internal_error, warn_once
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
 from . import _values
-from ._spans import end_span, start_span
+from .._otel_sdk import end_span, start_span
 from .context import current_round, current_session, current_turn
 from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
 from .declared import declared_tools as declared_tools_of

@@ -170,8 +170,12 @@ def test_export_drops_are_counted_and_reported(tmp_path, receiver, caplog):
     receiver.delay = 0.5  # a slow backend
     pipeline = configure(tmp_path, receiver)
     pipeline.exporter.max_queue_size = 5  # a tiny queue, to see drops without a flood
-    pipeline.exporter._batch_processor._queue = __import__("collections").deque([], 5)
-    pipeline.exporter._batch_processor._max_queue_size = 5
+    batch = getattr(pipeline.exporter, "_batch_processor", None)
+    if batch is not None:
+        batch._queue = __import__("collections").deque([], 5)
+        batch._max_queue_size = 5
+    else:  # the oldest SDK loopscope supports (1.30) keeps its queue on the processor
+        pipeline.exporter.queue = __import__("collections").deque([], 5)
     for _ in range(10):
         record_turn()
     assert pipeline.dropped()["otlp"] > 0

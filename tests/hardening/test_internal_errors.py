@@ -22,7 +22,7 @@ from loopscope.instrument import _calls
 from loopscope.recorder import stitch
 
 turn_module = importlib.import_module("loopscope.recorder.turn")
-spans_module = importlib.import_module("loopscope.recorder._spans")
+spans_module = importlib.import_module("loopscope._otel_sdk")
 pipeline_module = importlib.import_module("loopscope.pipeline")
 openai_adapter = importlib.import_module("loopscope.instrument.openai")
 anthropic_adapter = importlib.import_module("loopscope.instrument.anthropic")

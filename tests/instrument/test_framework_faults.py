@@ -18,7 +18,7 @@ from fakes.model_server import Reply, ToolCall
 from loopscope import _guard, semconv
 
 registry = importlib.import_module("loopscope.instrument")
-spans_module = importlib.import_module("loopscope.recorder._spans")
+spans_module = importlib.import_module("loopscope._otel_sdk")
 json_module = importlib.import_module("loopscope._json")
 stitch_module = importlib.import_module("loopscope.recorder.stitch")
 calls_module = importlib.import_module("loopscope.instrument._calls")

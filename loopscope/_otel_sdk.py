@@ -1,39 +1,101 @@
-"""Setting span attributes that are already clean, without the SDK cleaning them again.
+"""The one door to OpenTelemetry's internals: every private name of ``opentelemetry-sdk``
+(and of the API) that loopscope uses is used here, and nowhere else in the package
+(tests/test_sdk_door.py checks it).
 
-``Span.set_attributes`` in the OpenTelemetry SDK passes every value through its generic
-attribute validation (isinstance checks against ``Sequence`` and ``Mapping`` ABCs, a new
-dict, one method call per key) before it stores it. The values loopscope sets are plain
-``str``, ``bool``, ``int``, ``float`` or tuples of ``str``, which that validation keeps
-as they are; for them :func:`set_attributes` stores the values the very same way (same
-locks, same order: a key set again moves to the end) at a fraction of the cost. Anything
-else, or an SDK whose internals are not the ones checked here at import, takes the
-SDK's own path.
+Why there are any: the SDK's public path costs more than loopscope's per-call budget
+(benchmarks/README.md), and two features have no public path at all.
 
-:func:`start_span` and :func:`end_span` do the same for starting and ending loopscope's
-own spans. ``Tracer.start_span`` asks the sampler (a few Python frames that build a
-``SamplingResult``), looks the parent up twice, cleans every start attribute and builds
-the span through four constructors; ``Span.end`` builds a ``ReadableSpan`` through its
-keyword constructor. For a provider whose sampler, id generator and span limits are the
-SDK's defaults (the decision is then known: sample, as the parent was), they build the
-very same ``_Span`` and ``ReadableSpan`` objects directly, field by field, and hand them
-to the provider's span processors exactly as the SDK does, so every processor and
-exporter sees an ordinary SDK span. A probe at import builds one span both ways and
-compares every field; an SDK whose spans differ from what is built here, or any other
-sampler, id generator, limits, tracer configuration or attribute value, takes the SDK's
-own path.
+Fast paths (each checked by a probe at import, each with the SDK's public path behind it):
+
+* :func:`set_attributes`: ``Span.set_attributes`` in the SDK passes every value through
+  its generic attribute validation (isinstance checks against ``Sequence`` and
+  ``Mapping`` ABCs, a new dict, one method call per key) before it stores it. The values
+  loopscope sets are plain ``str``, ``bool``, ``int``, ``float`` or tuples of ``str``,
+  which that validation keeps as they are; for them the values are stored the very same
+  way (same locks, same order: a key set again moves to the end) at a fraction of the
+  cost.
+* :func:`start_span` and :func:`end_span`: ``Tracer.start_span`` asks the sampler (a few
+  Python frames that build a ``SamplingResult``), looks the parent up twice, cleans every
+  start attribute and builds the span through four constructors; ``Span.end`` builds a
+  ``ReadableSpan`` through its keyword constructor. For a provider whose sampler, id
+  generator and span limits are the SDK's defaults (the decision is then known: sample,
+  as the parent was), they build the very same ``_Span`` and ``ReadableSpan`` objects
+  directly, field by field, and hand them to the provider's span processors exactly as
+  the SDK does, so every processor and exporter sees an ordinary SDK span. The probe
+  builds one span both ways and compares every field.
+* :func:`attach_span` / :func:`detach`: the API's context calls, on its ``ContextVar``.
+* Reading spans (the store's processor and the span-to-row mapping read a few fields of
+  every span): :func:`span_fields`, :func:`attributes_view`, :func:`attribute_values`,
+  :func:`scope_name` read the SDK's fields without its properties' Python frames.
+
+An SDK whose objects differ from what is probed here, or any other sampler, id
+generator, limits, tracer configuration or attribute value, takes the SDK's own path.
+So does everything when ``LOOPSCOPE_SDK_FAST_PATH=0`` is set (read at import) or after
+:func:`set_fast_path` ``(False)``: the public path then runs, with the same spans and
+rows (tests/test_sdk_door.py compares them).
+
+No public path (these work whatever the switch says, and do nothing on an SDK without
+the fields): :func:`span_processors` / :func:`replace_span_processors` (the content
+policy wraps the exporting processors an application installed before loopscope),
+:func:`exports_spans`, :func:`queued_spans` and :func:`shutdown_batch` (a batch
+processor's queue and its bounded shutdown).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
+from operator import attrgetter
 from random import getrandbits
 from time import time_ns
-from typing import Any
+from typing import Any, NamedTuple
+
+SWITCH = "LOOPSCOPE_SDK_FAST_PATH"
+"""The environment variable that turns the fast paths off (``0``, ``false``, ``no``, ``off``)."""
 
 _SCALARS = frozenset({str, bool, int, float})
+
+# What runs now (set by set_fast_path, at the end of this module): each fast path is on
+# when the switch is and its probe passed.
+_FAST_SET = False  # set_attributes (and end_span's attributes)
+_FAST_SPANS = False  # start_span, end_span
+_CONTEXT_VAR: Any = None  # attach_span, detach: the ContextVar behind the API's runtime context
+_READ_TYPES: frozenset[type] = frozenset()  # the span classes whose fields are read directly
+_READ_BOUNDED: type | None = None  # BoundedAttributes, when its dict is read directly
+_READ_SCOPE: type | None = None  # InstrumentationScope, when its name is read directly
+# What the probes found at import
+_PROBED_SET = _PROBED_SPANS = _PROBED_READ = False
+_PROBED_CONTEXT_VAR: Any = None
+_FIELDS: SpanFields  # span_fields(), made by set_fast_path
+
+
+def _wanted() -> bool:
+    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def set_fast_path(enabled: bool) -> bool:
+    """Turn the fast paths on (each one whose probe passed at import) or off (the SDK's
+    public path for everything); returns :func:`fast_path`. ``LOOPSCOPE_SDK_FAST_PATH=0``
+    does the same at import. Spans already started keep working either way."""
+    global _FAST_SET, _FAST_SPANS, _CONTEXT_VAR, _READ_TYPES, _READ_BOUNDED, _READ_SCOPE, _FIELDS
+    _FAST_SET = enabled and _PROBED_SET
+    _FAST_SPANS = enabled and _PROBED_SET and _PROBED_SPANS
+    _CONTEXT_VAR = _PROBED_CONTEXT_VAR if enabled else None
+    read = enabled and _PROBED_READ
+    _READ_TYPES = _SDK_SPAN_TYPES if read else frozenset()
+    _READ_BOUNDED = _BOUNDED if read else None
+    _READ_SCOPE = _SCOPE if read else None
+    _FIELDS = SpanFields(_READ_TYPES, _READ_BOUNDED, *_READERS)
+    return fast_path()
+
+
+def fast_path() -> bool:
+    """Whether every fast path is on: the switch is, and this SDK's objects are the ones
+    the probes expect."""
+    return _FAST_SET and _FAST_SPANS and _CONTEXT_VAR is not None and bool(_READ_TYPES)
 
 
 def _clean(attributes: Mapping[str, Any]) -> bool:
@@ -76,16 +138,19 @@ def _fast_set(span: Any, attributes: Mapping[str, Any]) -> bool:
 
 def set_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, with the same result."""
-    if type(span) is _SPAN and _fast_set(span, attributes):
+    if _FAST_SET and type(span) is _SPAN and _fast_set(span, attributes):
         return
     span.set_attributes(attributes)
 
 
 _SPAN: type | None = None
 _BOUNDED: type | None = None
+_SCOPE: type | None = None
+_SDK_SPAN_TYPES: frozenset[type] = frozenset()
 try:
     from opentelemetry.attributes import BoundedAttributes
-    from opentelemetry.sdk.trace import TracerProvider, _Span
+    from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider, _Span
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     def _probe() -> bool:
         tracer = TracerProvider().get_tracer("loopscope-probe")
@@ -103,15 +168,17 @@ try:
         slow.end()
         return same and _fast_set(fast, {"late": 1}) is False and "late" not in fast.attributes
 
-    if not _probe():
+    _PROBED_SET = _probe()
+    if not _PROBED_SET:
         _SPAN = _BOUNDED = None
+    else:
+        _SCOPE = InstrumentationScope
+        _SDK_SPAN_TYPES = frozenset({ReadableSpan, Span, _Span})
 except Exception:  # another SDK: always its own path
     _SPAN = _BOUNDED = None
 
 
 # -- starting and ending loopscope's own spans -------------------------------------------
-
-_FAST_SPANS = False  # set by the probe below when this SDK's spans are the ones built here
 
 
 def start_span(
@@ -315,7 +382,6 @@ _new = object.__new__
 _dict_set = dict.__setitem__
 _new_tuple = tuple.__new__
 _Lock = threading.Lock
-_CONTEXT_VAR: Any = None  # the ContextVar behind the API's default runtime context
 try:
     from opentelemetry import context as _context_api
     from opentelemetry.context import Context as _Context
@@ -327,7 +393,7 @@ try:
 
     _runtime = getattr(_context_api, "_RUNTIME_CONTEXT", None)
     if type(_runtime) is ContextVarsRuntimeContext and type(getattr(_runtime, "_current_context", None)) is ContextVar:
-        _CONTEXT_VAR = _runtime._current_context
+        _PROBED_CONTEXT_VAR = _runtime._current_context
 except Exception:  # another API: its own functions
     from opentelemetry.context import attach as _attach
     from opentelemetry.context import detach as _detach
@@ -378,7 +444,6 @@ try:
         return True
 
     def _probe_spans() -> bool:
-        global _FAST_SPANS
         seen: list[tuple[str, Any, Any]] = []
 
         class _Seen(SpanProcessor):
@@ -401,32 +466,173 @@ try:
         from opentelemetry import trace
 
         attributes = {"s": "x", "b": True, "i": 1, "f": 0.5, "t": ("a", "b")}
-        _FAST_SPANS = True
-        try:
-            ok = True
-            for parent_of in (None, "span"):
-                root = tracer.start_span("root") if parent_of else None
-                context = trace.set_span_in_context(root) if root is not None else None
-                seen.clear()
-                slow = tracer.start_span("probe", context=context, attributes=attributes, start_time=5)
-                fast = _fast_start(tracer, "probe", context, attributes, 5)
-                if fast is None or [(k, p) for k, _, p in seen] != [("start", context), ("start", context)]:
-                    return False
-                ok = ok and seen[1][1] is fast and _same(fast, slow, frozenset({"_context", "_lock"}))
-                sc, fc = slow.get_span_context(), fast.get_span_context()
-                ok = ok and tuple(sc)[2:] == tuple(fc)[2:] and (parent_of is None or sc.trace_id == fc.trace_id)
-                seen.clear()
-                slow.end(end_time=9)
-                if not _fast_end(fast, 9) or [k for k, _, _ in seen] != ["ending", "end", "ending", "end"]:
-                    return False
-                ok = ok and seen[2][1] is fast and type(seen[3][1]) is ReadableSpan
-                ok = ok and _same(seen[3][1], seen[1][1], frozenset({"_context"})) and _same(fast, slow, frozenset({"_context", "_lock"}))
-                if root is not None:
-                    root.end()
-            return ok
-        finally:
-            _FAST_SPANS = False
+        ok = True
+        for parent_of in (None, "span"):
+            root = tracer.start_span("root") if parent_of else None
+            context = trace.set_span_in_context(root) if root is not None else None
+            seen.clear()
+            slow = tracer.start_span("probe", context=context, attributes=attributes, start_time=5)
+            fast = _fast_start(tracer, "probe", context, attributes, 5)
+            if fast is None or [(k, p) for k, _, p in seen] != [("start", context), ("start", context)]:
+                return False
+            ok = ok and seen[1][1] is fast and _same(fast, slow, frozenset({"_context", "_lock"}))
+            sc, fc = slow.get_span_context(), fast.get_span_context()
+            ok = ok and tuple(sc)[2:] == tuple(fc)[2:] and (parent_of is None or sc.trace_id == fc.trace_id)
+            seen.clear()
+            slow.end(end_time=9)
+            if not _fast_end(fast, 9) or [k for k, _, _ in seen] != ["ending", "end", "ending", "end"]:
+                return False
+            ok = ok and seen[2][1] is fast and type(seen[3][1]) is ReadableSpan
+            ok = ok and _same(seen[3][1], seen[1][1], frozenset({"_context"})) and _same(fast, slow, frozenset({"_context", "_lock"}))
+            if root is not None:
+                root.end()
+        return ok
 
-    _FAST_SPANS = _SPAN is not None and _probe_spans()
+    _PROBED_SPANS = _SPAN is not None and _probe_spans()
 except Exception:  # another SDK: always its own path
-    _FAST_SPANS = False
+    _PROBED_SPANS = False
+
+
+# -- reading spans --------------------------------------------------------------------------
+# The store's processor reads a few attributes of every span twice (start and end) in the
+# application's thread, and the mapping reads a few fields of every span in the writer's:
+# the SDK's properties cost a Python frame each (and ``attributes`` wraps a new proxy).
+
+
+class SpanFields(NamedTuple):
+    """Readers of an SDK span's fields for a loop over many spans, C-level
+    (``operator.attrgetter``: no Python frame). Use them only on a span whose type is in
+    ``types`` (empty while the fast path is off: read the public properties then), and
+    :attr:`bounded_dict` only on an attributes object whose type is ``bounded``."""
+
+    types: frozenset[type]
+    bounded: type | None
+    attributes: Callable[[Any], Any]  # the span's attributes object (BoundedAttributes, a dict or None)
+    bounded_dict: Callable[[Any], dict[str, Any]]  # BoundedAttributes -> its dict, read only
+    context: Callable[[Any], Any]  # the SpanContext (a tuple: trace id, span id, ...)
+    start_time: Callable[[Any], Any]
+    end_time: Callable[[Any], Any]
+
+
+_READERS = (
+    attrgetter("_attributes"), attrgetter("_dict"), attrgetter("_context"), attrgetter("_start_time"),
+    attrgetter("_end_time"),
+)
+
+
+def span_fields() -> SpanFields:
+    """The readers of :class:`SpanFields`, for the fast path as it is now."""
+    return _FIELDS
+
+
+def attributes_dict(attributes: Any) -> dict[str, Any] | None:
+    """The dict inside an SDK ``BoundedAttributes`` (read only: reads of a dict are atomic);
+    None for anything else, or while the fast path is off."""
+    return attributes._dict if type(attributes) is _READ_BOUNDED else None  # type: ignore[no-any-return]
+
+
+def attributes_view(span: Any) -> Mapping[str, Any]:
+    """A span's attributes, to read a few keys and let go (not to keep, not to change): an
+    SDK span's own dict (reads of a dict are atomic), else a copy."""
+    bounded = getattr(span, "_attributes", None) if _READ_BOUNDED is not None else None
+    if type(bounded) is _READ_BOUNDED:
+        return bounded._dict  # type: ignore[union-attr, no-any-return]
+    return span.attributes.copy()  # type: ignore[no-any-return]
+
+
+def attribute_values(span: Any) -> Iterable[Any] | None:
+    """The values of an SDK span's attributes (read only); None for a span that is not the SDK's."""
+    if _READ_BOUNDED is not None:
+        try:
+            attributes = span._attributes
+            return attributes._dict.values() if type(attributes) is _READ_BOUNDED else attributes.values()  # type: ignore[no-any-return]
+        except AttributeError:
+            return None
+    if not isinstance(span, _PUBLIC_SPAN_TYPES):
+        return None
+    attributes = span.attributes
+    return attributes.values() if attributes is not None else None
+
+
+def scope_name(span: Any) -> str | None:
+    """The name of the instrumentation scope that made ``span`` (None without one)."""
+    scope = span._instrumentation_scope if type(span) in _READ_TYPES else span.instrumentation_scope
+    if scope is None:
+        return None
+    return scope._name if type(scope) is _READ_SCOPE else scope.name  # type: ignore[no-any-return]
+
+
+_PUBLIC_SPAN_TYPES: tuple[type, ...] = ()
+try:
+    from opentelemetry.attributes import BoundedAttributes as _Bounded
+    from opentelemetry.sdk.trace import ReadableSpan as _Readable
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope as _Scope
+
+    _PUBLIC_SPAN_TYPES = (_Readable,)
+
+    def _probe_read() -> bool:
+        bounded = _Bounded(attributes={"k": "v"})
+        scope = _Scope("probe", "1")
+        span = _Readable("probe", attributes=bounded, start_time=1, end_time=2, instrumentation_scope=scope)
+        readers = SpanFields(_SDK_SPAN_TYPES, _BOUNDED, *_READERS)
+        return (
+            _BOUNDED is _Bounded
+            and readers.bounded_dict(readers.attributes(span)) == {"k": "v"} == span.attributes
+            and (readers.start_time(span), readers.end_time(span), readers.context(span)) == (1, 2, None)
+            and span._instrumentation_scope is scope is span.instrumentation_scope
+            and scope._name == "probe" == scope.name
+        )
+
+    _PROBED_READ = bool(_SDK_SPAN_TYPES) and _probe_read()
+except Exception:  # another SDK: its public properties, always right
+    _PROBED_READ = False
+
+
+# -- what has no public path ----------------------------------------------------------------
+
+
+def span_processors(provider: Any) -> tuple[Any, ...] | None:
+    """The span processors an SDK ``TracerProvider`` runs, in order; None when it does not say."""
+    processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None)
+    return processors if isinstance(processors, tuple) else None
+
+
+def replace_span_processors(provider: Any, processors: tuple[Any, ...]) -> None:
+    """Make ``provider`` run ``processors`` instead of those :func:`span_processors` gave."""
+    provider._active_span_processor._span_processors = processors
+
+
+def exports_spans(processor: Any) -> bool:
+    """Whether ``processor`` hands spans to an exporter (the SDK's simple and batch
+    processors, and those made like them): such spans leave the process."""
+    return any(hasattr(processor, name) for name in ("span_exporter", "_exporter", "_batch_processor"))
+
+
+def queued_spans(processor: Any) -> int | None:
+    """How many spans an SDK ``BatchSpanProcessor`` holds, not yet exported (None: unknown)."""
+    queue = getattr(getattr(processor, "_batch_processor", None), "_queue", None)
+    if queue is None:
+        queue = getattr(processor, "queue", None)  # older SDKs (1.30) keep it here, public
+    return None if queue is None else len(queue)
+
+
+def shutdown_batch(processor: Any, timeout_millis: int) -> bool:
+    """Shut an SDK ``BatchSpanProcessor`` down giving up after ``timeout_millis`` (its own
+    ``shutdown()`` takes no timeout); False when it has no such worker to ask (older SDKs,
+    1.30: the caller's ``shutdown()`` then waits for the export, in the pipeline's closing
+    thread, which is bounded)."""
+    batch = getattr(processor, "_batch_processor", None)
+    if batch is None:
+        return False
+    batch.shutdown(timeout_millis=timeout_millis)
+    return True
+
+
+set_fast_path(_wanted())
+
+
+__all__ = [
+    "SWITCH", "SpanFields", "attach_span", "attribute_values", "attributes_dict", "attributes_view", "detach", "end_span",
+    "exports_spans", "fast_path", "queued_spans", "replace_span_processors", "scope_name", "set_attributes", "set_fast_path",
+    "shutdown_batch", "span_fields", "span_processors", "start_span",
+]

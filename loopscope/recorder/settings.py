@@ -1,0 +1,39 @@
+"""What the pipeline tells the recorder: where its spans go, and what to run at shutdown.
+
+The recorder never imports :mod:`loopscope.pipeline` (which imports the recorder to set
+it up): the pipeline installs its ``tracer`` function here when it is imported (as
+``import loopscope`` does before any recording can start), and runs the hooks recorder
+modules register here when it shuts down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opentelemetry import trace
+
+
+def _no_pipeline() -> trace.Tracer:
+    raise RuntimeError("loopscope.pipeline is not imported: import loopscope first")
+
+
+tracer: Callable[[], trace.Tracer] = _no_pipeline
+"""The tracer loopscope's spans start on (the pipeline's, configured with the defaults at
+first use); call it for each span: ``configure()`` may change it."""
+
+shutdown_hooks: list[Callable[[], None]] = []
+"""Run at ``loopscope.shutdown()``, in order, before the store's last flush."""
+
+
+def set_tracer(source: Callable[[], trace.Tracer]) -> None:
+    """Make :data:`tracer` call ``source`` (the pipeline, at its import)."""
+    global tracer
+    tracer = source
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at ``loopscope.shutdown()``, before the store's last flush (ends open turns)."""
+    shutdown_hooks.append(hook)
+
+
+__all__ = ["on_shutdown", "set_tracer", "shutdown_hooks", "tracer"]
