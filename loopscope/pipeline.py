@@ -13,9 +13,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from opentelemetry import metrics, trace
@@ -29,15 +29,22 @@ from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
 from .content.policy import ContentPolicy
 from .export.metrics import MetricsProcessor
-from .export.otlp import CountingBatchProcessor, OTLPSettings, PolicyExporter, filtered_span, metric_exporter, span_exporter
+from .export.otlp import (
+    CountingBatchProcessor,
+    OTLPSettings,
+    PolicyExporter,
+    filtered_span,
+    metric_exporter,
+    span_exporter,
+)
+from .ingest.processor import StoreSpanProcessor
+from .ingest.writer import SpanWriter
+from .recorder import settings as recorder_settings
+from .recorder.stitch import set_idle_timeout
+from .storage import health, recording
 from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
-from .ingest.processor import StoreSpanProcessor
-from .recorder import settings as recorder_settings
-from .recorder.stitch import set_idle_timeout
-from .ingest.writer import SpanWriter
-from .storage import health, recording
 from .storage.schema import migrate
 from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
 
@@ -82,7 +89,8 @@ class _Dispatch(SpanProcessor):
             target.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all([target.force_flush(timeout_millis) for target in self.targets])
+        flushed = [target.force_flush(timeout_millis) for target in self.targets]  # every one, whatever the first says
+        return all(flushed)
 
 
 @dataclass

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import settings
-from .state import state_delta, state_snapshot
 from .records import ToolResult
+from .state import state_delta, state_snapshot
 from .stitch import session
 from .tool import ToolExecution, tool
 from .turn import Round, Turn

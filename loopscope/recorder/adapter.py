@@ -35,15 +35,22 @@ from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
 
-from ..models import LoopEndReason, ToolCall
 from .._otel_sdk import attach_span, detach
+from ..models import LoopEndReason, ToolCall
+from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
 from .elsewhere import recorded_elsewhere
-from . import settings
 from .records import ModelRequest, ModelResponse, ToolResult
-from .stitch import ModelCall, StreamClosed, requested_call_span, result_value, start_model_call, wants_result
-from .stitch import close_turn
+from .stitch import (
+    ModelCall,
+    StreamClosed,
+    close_turn,
+    requested_call_span,
+    result_value,
+    start_model_call,
+    wants_result,
+)
 from .tool import ToolExecution, running_tool, start_requested
 from .tool import reported_elsewhere as report_own_tool_calls
 from .turn import Round, Turn, call_owners

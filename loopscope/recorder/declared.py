@@ -106,7 +106,7 @@ class ToolSet:
     are shared too; never mutate them (the turn summary gets copies).
     """
 
-    __slots__ = ("tools", "unique", "_definitions", "_declared")
+    __slots__ = ("_declared", "_definitions", "tools", "unique")
 
     def __init__(self, tools: tuple[DeclaredTool, ...]) -> None:
         self.tools = tools

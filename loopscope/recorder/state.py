@@ -13,7 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import _json, semconv as a
+from .. import _json
+from .. import semconv as a
 from .._guard import guard
 from . import settings
 from .context import current_session, current_turn, open_stitched_turn

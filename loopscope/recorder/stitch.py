@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
+
 # Placing a model call and finishing it run on every recorded call: they keep a plain
 # ``try`` and ``internal_error`` rather than ``with guard(...)``, because a try costs
 # nothing until it fails while a with block makes two Python method calls every time (about
@@ -27,8 +28,8 @@ from .. import _json
 # benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
 from .._json import result_value  # noqa: F401 - adapters import it from here
-from ..models import LoopEndReason
 from .._otel_sdk import attach_span
+from ..models import LoopEndReason
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .declared import tool_set
@@ -137,7 +138,7 @@ _NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
 class ModelCall:
     """One model call as an adapter reports it: delta text, then finish, fail or abandon (once)."""
 
-    __slots__ = ("turn", "round", "_owns_round", "_stitched", "_done")
+    __slots__ = ("_done", "_owns_round", "_stitched", "round", "turn")
 
     def __init__(self, turn: Turn, rnd: Round, owns_round: bool, stitched_turn: bool) -> None:
         self.turn = turn

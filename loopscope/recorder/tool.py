@@ -8,23 +8,28 @@ import inspect
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import _json, semconv as a
+from .. import _json
+from .. import semconv as a
+
 # A tool call's start and end run on every recorded call: they keep a plain ``try`` and
 # ``internal_error`` rather than ``with guard(...)``, because a try costs nothing until it
 # fails while a with block makes two Python method calls every time (about 0.3 us a block
 # measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
-from .._guard import guard, internal_error
+from .._guard import internal_error
+from .._otel_sdk import end_span, start_span
 from ..models import ToolCall
 from . import _values, settings
-from .._otel_sdk import end_span, start_span
 from .context import current_turn, open_stitched_turn
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _SKIPPED_PARAMS = frozenset({"self", "cls"})
@@ -58,8 +63,20 @@ class ToolExecution:
     """
 
     __slots__ = (
-        "name", "arguments", "call_id", "description", "result", "_outcome", "_error", "_span", "_token", "_turn", "_adopted",
-        "_status", "_duration_ms", "_elsewhere",
+        "_adopted",
+        "_duration_ms",
+        "_elsewhere",
+        "_error",
+        "_outcome",
+        "_span",
+        "_status",
+        "_token",
+        "_turn",
+        "arguments",
+        "call_id",
+        "description",
+        "name",
+        "result",
     )
 
     def __init__(self, name: str, arguments: Any = None, call_id: str | None = None, description: str | None = None) -> None:
@@ -96,11 +113,11 @@ class ToolExecution:
         with ``isError``, a LangChain ``ToolMessage`` with status ``error``)."""
         self._outcome, self._error = "failed", _reason(error)
 
-    def __enter__(self) -> ToolExecution:
+    def __enter__(self) -> Self:
         self._start()
         return self
 
-    async def __aenter__(self) -> ToolExecution:
+    async def __aenter__(self) -> Self:
         self._start()
         return self
 

@@ -11,30 +11,35 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from random import getrandbits
-from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import _json, semconv as a
+from .. import _json
+from .. import semconv as a
+
 # The turn's and the round's start and end (and the tool list a turn reads) run on every
 # recorded call: they keep a plain ``try`` and ``internal_error`` rather than ``with
 # guard(...)``, because a try costs nothing until it fails while a with block makes two
 # Python method calls every time (about 0.3 us a block measured, several per call: a tenth
 # of a hand tool call's cost, see benchmarks/bench_tool_call.py).
 from .._guard import internal_error, warn_once
+from .._otel_sdk import end_span, start_span
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
 from . import _values
-from .._otel_sdk import end_span, start_span
 from .context import current_round, current_session, current_turn
 from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
 from .declared import declared_tools as declared_tools_of
 from .tool import ToolExecution, record_unserved, start_requested
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
 call_owners: dict[str, Turn] = {}
 """Every call id an adapter started and nobody has ended yet, with the turn that asked for it."""
@@ -223,11 +228,11 @@ class Round:
             self._first_chunk_ns = time.monotonic_ns()
         self.text += delta if type(delta) is str else (_values.text(delta) or "")
 
-    def __enter__(self) -> Round:
+    def __enter__(self) -> Self:
         self._start()
         return self
 
-    async def __aenter__(self) -> Round:
+    async def __aenter__(self) -> Self:
         self._start()
         return self
 
@@ -379,7 +384,7 @@ class Turn:
     _last_round: Round | None = None
     _explicit_reason: LoopEndReason | None = None
     _facts: dict[str, Any] | None = None  # a framework's own summary values (set_summary)
-    _invalid_usage: dict[str, str] = {}  # set_summary's usage values that are not token counts (replaced, not changed)
+    _invalid_usage: dict[str, str] | None = None  # set_summary's usage values that are not token counts
     _span: Span | None = None
     _span_context: otel_context.Context | None = None
     _token: object | None = None
@@ -523,7 +528,7 @@ class Turn:
                 facts[name] = found
         if usage is not None:
             counts: dict[str, int] = {}
-            self._invalid_usage = _values.add_usage(counts, usage) or {}
+            self._invalid_usage = _values.add_usage(counts, usage) or None
             facts["usage"] = counts
         if declared_tools is not None:
             facts["declared"] = declared_tools_of(declared_tools)
@@ -551,11 +556,11 @@ class Turn:
 
     # -- context management --------------------------------------------------------------
 
-    def __enter__(self) -> Turn:
+    def __enter__(self) -> Self:
         self._start()
         return self
 
-    async def __aenter__(self) -> Turn:
+    async def __aenter__(self) -> Self:
         self._start()
         return self
 
