@@ -28,7 +28,7 @@ from .. import _json, semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
-    CHUNK, END as _END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START as _START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
+    CHUNK, END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
     TOOL_START, Facts,
 )
 
@@ -111,7 +111,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
             get = d.get
             op = get(OPERATION)
             if op == EXECUTE_TOOL:
-                if not (keep_start if kind == _START else keep_end):
+                if not (keep_start if kind == START else keep_end):
                     excluded += 1
                     continue
                 name = get(TOOL_NAME, "")
@@ -124,7 +124,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 if arguments is not None and type(arguments) is not str:
                     arguments = _text_or_json(arguments)
                 session = get(CONVERSATION_ID) or "%032x" % tid
-                if kind == _START:
+                if kind == START:
                     add((
                         TOOL_START, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
                         session if type(session) is str else str(session),
@@ -150,7 +150,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     name, call_id, arguments, result, status, outcome, error, duration, None, content,
                 ))
             elif op == CHAT:
-                if kind != _END:
+                if kind != END:
                     continue
                 text = get(ROUND_TEXT)
                 if not text:
@@ -169,7 +169,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     None, None, None, None, None, None, None, None, text, content,
                 ))
             elif op == INVOKE_AGENT:
-                if kind == _END:
+                if kind == END:
                     start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
                     turns.append(_turn_fact(span, d, tid, trace, sid, start, end))
                     continue
@@ -189,7 +189,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     None, None, None, None, None, None, None, None, body, None,
                 ))
             elif STATE_KIND in d:  # a state snapshot or delta: no GenAI operation, ended at once
-                if kind != _END:
+                if kind != END:
                     continue
                 state_type = STATE_KINDS.get(get(STATE_KIND))
                 value = get(STATE_VALUE)

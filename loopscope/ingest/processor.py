@@ -14,7 +14,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import semconv as a
 from .._guard import internal_error
-from ..storage.rows import END as _END, START as _START
+from ..storage.rows import END, START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
 from .spans import OWN_SCOPE
@@ -52,7 +52,7 @@ class StoreSpanProcessor(SpanProcessor):
             bounded = getattr(span, "_attributes", None)  # _attributes(span), inline: twice per span
             attributes = bounded._dict if type(bounded) is BoundedAttributes else span.attributes.copy()
             if attributes.get(a.OPERATION) in _STARTS and _own(span):
-                self._submit(_START, span)
+                self._submit(START, span)
         except Exception:
             internal_error("store processor start")
 
@@ -62,7 +62,7 @@ class StoreSpanProcessor(SpanProcessor):
                 attributes = _attributes(span)
                 # a state span (loopscope.state_snapshot) is no GenAI operation: asked only after
                 if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
-                    self._submit(_END, span)
+                    self._submit(END, span)
                 assembler = self._assembler
                 if assembler is not None and assembler.tracks(span.context.trace_id):
                     self._assemble(span)  # an own turn claims foreign spans inside it

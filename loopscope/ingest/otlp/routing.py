@@ -15,7 +15,8 @@ from typing import Any
 from ... import _json, semconv as a
 from ..._guard import internal_error
 from ...storage.connection import open_store, resolve
-from ...storage.raw_spans import Flushed, RawSpanWriter
+from ...storage.flush import FlushRequest
+from ...storage.raw_spans import RawSpanWriter
 from ...storage.schema import migrate
 from ..foreign import AGENT, Assembler, classify
 from ..spans import Ctx, SpanRecord, is_own
@@ -254,7 +255,7 @@ class Ingest:
                 f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
             )
 
-    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, Flushed | None]:
+    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, FlushRequest | None]:
         """Route a request's spans (one request at a time) and queue its raw rows; its share
         of the budget, and the marker to wait for with ``raw_wait``."""
         now_us = int(time.time() * 1e6)
