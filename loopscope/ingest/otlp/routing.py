@@ -65,7 +65,14 @@ def _raw_row(received: Received, role: str | None, framework: str | None, now_us
 
 @dataclass
 class CollectorStats:
-    """What a collector received and refused since it started (printed when it stops)."""
+    """What a collector received and refused since it started (printed when it stops).
+
+    These count *requests*, at the receiver: what senders sent and what they were told to
+    retry or were refused (4xx, 503). Nothing counted here is lost without the sender
+    knowing, so it lives in memory only. What happens to the rows afterwards (written,
+    dropped, failed writes) is the store writer's to count, in
+    :class:`loopscope.storage.health.Counters`, kept in the store for ``loopscope status``:
+    the two never count the same thing."""
 
     requests: int = 0
     spans: int = 0
