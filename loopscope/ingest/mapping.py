@@ -7,8 +7,8 @@ span's end; the turn summary from the ``invoke_agent`` span's end. Other
 instrumentations' spans reach it rewritten into loopscope's conventions
 (:mod:`loopscope.ingest.foreign`).
 
-:func:`collect` reads each span once and keeps a flat tuple of plain values per row
-(a *fact*, :mod:`loopscope.storage.rows`); :func:`add_spans` collects spans a chunk at a
+:func:`collect` reads each span once and builds each row's values by name (a *fact*:
+:func:`~loopscope.storage.rows.event_fact`, :func:`~loopscope.storage.rows.turn_fact`); :func:`add_spans` collects spans a chunk at a
 time into a :class:`~loopscope.storage.rows.Facts` batch, which the store makes rows
 from in SQL. Whatever the facts cannot express (a tool outcome that is not a string, a
 round's text that is not a string) gets its content from the plain Python mapping at the
@@ -29,7 +29,7 @@ from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
     CHUNK, END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
-    TOOL_START, Facts,
+    TOOL_START, Facts, event_fact, turn_fact,
 )
 
 try:  # the SDK's spans, read through their fields: the public properties cost a frame each
@@ -125,11 +125,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     arguments = _text_or_json(arguments)
                 session = get(CONVERSATION_ID) or "%032x" % tid
                 if kind == START:
-                    add((
-                        TOOL_START, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
-                        session if type(session) is str else str(session),
-                        get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
-                        name, call_id, arguments, None, None, None, None, None, None, None,
+                    add(event_fact(
+                        code=TOOL_START, trace_id=trace, span_id=sid.to_bytes(8, "big"),
+                        created_us=(span._start_time if sdk else span.start_time) // 1000,
+                        session_id=session if type(session) is str else str(session),
+                        correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
+                        source_framework=get(FRAMEWORK), blocked=False,
+                        tool_name=name, tool_id=call_id, arguments=arguments,
                     ))
                     continue
                 start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
@@ -143,11 +145,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 content = None
                 if type(outcome) is not str or type(status) is not str or (error is not None and type(error) is not str):
                     content = _tool_content(d, True, duration)
-                add((
-                    TOOL_END, trace, sid.to_bytes(8, "big"), end // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
-                    name, call_id, arguments, result, status, outcome, error, duration, None, content,
+                add(event_fact(
+                    code=TOOL_END, trace_id=trace, span_id=sid.to_bytes(8, "big"), created_us=end // 1000,
+                    session_id=session if type(session) is str else str(session),
+                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
+                    source_framework=get(FRAMEWORK), blocked=False,
+                    tool_name=name, tool_id=call_id, arguments=arguments, result=result, tool_status=status,
+                    outcome=outcome, error=error, duration_ms=duration, content=content,
                 ))
             elif op == CHAT:
                 if kind != END:
@@ -162,11 +166,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 if type(text) is not str:
                     content, text = text_content(text, "assistant"), ""
                 session = get(CONVERSATION_ID) or "%032x" % tid
-                add((
-                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), (span._end_time if sdk else span.end_time) // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(ROUND_BLOCKED)),
-                    None, None, None, None, None, None, None, None, text, content,
+                add(event_fact(
+                    code=ROUND_MESSAGE, trace_id=trace, span_id=sid.to_bytes(8, "big"),
+                    created_us=(span._end_time if sdk else span.end_time) // 1000,
+                    session_id=session if type(session) is str else str(session),
+                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
+                    source_framework=get(FRAMEWORK), blocked=bool(get(ROUND_BLOCKED)),
+                    body=text, content=content,
                 ))
             elif op == INVOKE_AGENT:
                 if kind == END:
@@ -182,11 +188,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 if type(body) is not str:
                     body = str(body) if isinstance(body, str) else _json.dumps(body)
                 session = get(CONVERSATION_ID) or "%032x" % tid
-                add((
-                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), (span._start_time if sdk else span.start_time) // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(TURN_INPUT_BLOCKED)),
-                    None, None, None, None, None, None, None, None, body, None,
+                add(event_fact(
+                    code=INPUT_MESSAGE, trace_id=trace, span_id=sid.to_bytes(8, "big"),
+                    created_us=(span._start_time if sdk else span.start_time) // 1000,
+                    session_id=session if type(session) is str else str(session),
+                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
+                    source_framework=get(FRAMEWORK), blocked=bool(get(TURN_INPUT_BLOCKED)),
+                    body=body,
                 ))
             elif STATE_KIND in d:  # a state snapshot or delta: no GenAI operation, ended at once
                 if kind != END:
@@ -200,11 +208,13 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     continue
                 code = STATE_SNAPSHOT if state_type == "state_snapshot" else STATE_DELTA
                 session = get(CONVERSATION_ID) or "%032x" % tid
-                add((
-                    code, trace, sid.to_bytes(8, "big"), (span._end_time if sdk else span.end_time) // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
-                    None, None, None, None, None, None, None, None, None, _state_content(code, value),
+                add(event_fact(
+                    code=code, trace_id=trace, span_id=sid.to_bytes(8, "big"),
+                    created_us=(span._end_time if sdk else span.end_time) // 1000,
+                    session_id=session if type(session) is str else str(session),
+                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
+                    source_framework=get(FRAMEWORK), blocked=False,
+                    content=_state_content(code, value),
                 ))
         except Exception:
             internal_error("span mapping")
@@ -257,41 +267,42 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace: bytes, sid: int, s
     response, segments = _segments(get(a.SEGMENTS))
     thinking = get(a.THINKING) or ""
     reason = get(a.LOOP_END_REASON) or None
-    return (
-        trace,
-        sid.to_bytes(8, "big"),
-        correlation_id,
-        session if type(session) is str else str(session),
-        get(a.AGENT_NAME),
-        get(a.PARENT_TURN_ID),
-        response,
-        segments,
-        int(get(a.TOOL_CALLS_COUNT) or 0),
-        int(get(a.ROUND_COUNT) or 0),
+    return turn_fact(
+        trace_id=trace,
+        span_id=sid.to_bytes(8, "big"),
+        correlation_id=correlation_id,
+        session_id=session if type(session) is str else str(session),
+        channel_id=get(a.AGENT_NAME),
+        parent_correlation_id=get(a.PARENT_TURN_ID),
+        response_content=response,
+        segments=segments,
+        tool_calls_count=int(get(a.TOOL_CALLS_COUNT) or 0),
+        round_count=int(get(a.ROUND_COUNT) or 0),
         # the usage values as they are: Arrow takes ints (and floats, truncated as int()
         # does); anything else fails the chunk's conversion and _clean reads it as
         # semconv.usage_from_attributes does
-        get(a.USAGE_INPUT),
-        get(a.USAGE_OUTPUT),
-        get(a.USAGE_CACHE_READ),
-        get(a.USAGE_CACHE_CREATION),
-        get(a.USAGE_REASONING),
-        None,  # usage: made in SQL
-        thinking if type(thinking) is str else str(thinking),
-        reason,
-        round((end - start) / 1e6, 3),
-        bool(get(a.STREAMING)),
-        end // 1000,
-        _declared_text(get(a.DECLARED_TOOLS) or "[]"),
-        get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),
-        get(a.PROVIDER),
-        _error_text(span, reason, get(a.ERROR_TYPE)) if reason == "error" else None,
+        input_tokens=get(a.USAGE_INPUT),
+        output_tokens=get(a.USAGE_OUTPUT),
+        cache_read_input_tokens=get(a.USAGE_CACHE_READ),
+        cache_creation_input_tokens=get(a.USAGE_CACHE_CREATION),
+        reasoning_tokens=get(a.USAGE_REASONING),
+        usage=None,  # made in SQL
+        thinking=thinking if type(thinking) is str else str(thinking),
+        loop_end_reason=reason,
+        latency_ms=round((end - start) / 1e6, 3),
+        streaming=bool(get(a.STREAMING)),
+        timestamp_us=end // 1000,
+        declared_tools=_declared_text(get(a.DECLARED_TOOLS) or "[]"),
+        model=get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),
+        provider=get(a.PROVIDER),
+        error=_error_text(span, reason, get(a.ERROR_TYPE)) if reason == "error" else None,
     )
 
 
-assert tuple(a.USAGE_ATTRIBUTES.values()) == (
-    a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ, a.USAGE_CACHE_CREATION, a.USAGE_REASONING
-), "_turn_fact reads the usage attributes in this order"
+assert a.USAGE_ATTRIBUTES == {
+    "input_tokens": a.USAGE_INPUT, "output_tokens": a.USAGE_OUTPUT, "cache_read_input_tokens": a.USAGE_CACHE_READ,
+    "cache_creation_input_tokens": a.USAGE_CACHE_CREATION, "reasoning_tokens": a.USAGE_REASONING,
+}, "_turn_fact reads every usage attribute into the turn fact's field of the same name"
 
 
 _usage_value = a.usage_value  # a usage attribute as semconv.usage_from_attributes reads it
