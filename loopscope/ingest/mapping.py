@@ -8,7 +8,7 @@ instrumentations' spans reach it rewritten into loopscope's conventions
 (:mod:`loopscope.ingest.foreign`).
 
 :func:`collect` reads each span once and builds each row's values by name (a *fact*:
-:func:`~loopscope.storage.rows.event_fact`, :func:`~loopscope.storage.rows.turn_fact`); :func:`add_spans` collects spans a chunk at a
+:func:`~loopscope.storage.rows.event_fact` and the like); :func:`add_spans` collects spans a chunk at a
 time into a :class:`~loopscope.storage.rows.Facts` batch, which the store makes rows
 from in SQL. Whatever the facts cannot express (a tool outcome that is not a string, a
 round's text that is not a string) gets its content from the plain Python mapping at the
@@ -29,7 +29,7 @@ from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
     CHUNK, END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
-    TOOL_START, Facts, event_fact, turn_fact,
+    TOOL_START, Facts, event_fact, event_head, event_tail, turn_head, turn_tail,
 )
 
 try:  # the SDK's spans, read through their fields: the public properties cost a frame each
@@ -145,11 +145,12 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 content = None
                 if type(outcome) is not str or type(status) is not str or (error is not None and type(error) is not str):
                     content = _tool_content(d, True, duration)
-                add(event_fact(
+                add(event_head(
                     code=TOOL_END, trace_id=trace, span_id=sid.to_bytes(8, "big"), created_us=end // 1000,
                     session_id=session if type(session) is str else str(session),
                     correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
                     source_framework=get(FRAMEWORK), blocked=False,
+                ) + event_tail(
                     tool_name=name, tool_id=call_id, arguments=arguments, result=result, tool_status=status,
                     outcome=outcome, error=error, duration_ms=duration, content=content,
                 ))
@@ -267,7 +268,7 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace: bytes, sid: int, s
     response, segments = _segments(get(a.SEGMENTS))
     thinking = get(a.THINKING) or ""
     reason = get(a.LOOP_END_REASON) or None
-    return turn_fact(
+    return turn_head(
         trace_id=trace,
         span_id=sid.to_bytes(8, "big"),
         correlation_id=correlation_id,
@@ -278,6 +279,7 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace: bytes, sid: int, s
         segments=segments,
         tool_calls_count=int(get(a.TOOL_CALLS_COUNT) or 0),
         round_count=int(get(a.ROUND_COUNT) or 0),
+    ) + turn_tail(
         # the usage values as they are: Arrow takes ints (and floats, truncated as int()
         # does); anything else fails the chunk's conversion and _clean reads it as
         # semconv.usage_from_attributes does

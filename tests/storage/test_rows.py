@@ -49,8 +49,8 @@ def test_the_fact_tables_duckdb_reads_have_the_row_types_fields_in_their_order(t
         assert _columns(con, "t") == rows.TURN_FIELDS == rows.TurnFact._fields
 
 
-def _turn_fact() -> tuple[object, ...]:
-    return rows.turn_fact(
+def _turn_fact() -> rows.TurnFact:
+    return rows.TurnFact(
         trace_id=TRACE, span_id=SPAN, correlation_id="turn-1", session_id="session-1", channel_id="agent-1",
         parent_correlation_id="parent-1", response_content="the answer", segments='["the answer"]',
         tool_calls_count=3, round_count=4, input_tokens=11, output_tokens=12, cache_read_input_tokens=13,
@@ -114,7 +114,7 @@ def test_a_fact_arrow_refuses_is_cleaned_by_field_name(tmp_path):
     """A usage value too large for its column: the turn is kept, the value NULL, and the
     usage JSON (the field named ``usage``) holds every usage value."""
     facts = rows.Facts()
-    facts.append([], [rows.TurnFact._make(_turn_fact())._replace(input_tokens=1 << 70, channel_id=7)])
+    facts.append([], [_turn_fact()._replace(input_tokens=1 << 70, channel_id=7)])
     path = _store(tmp_path)
     with open_store(path, read_only=False) as con:
         write_batch(con, facts)
@@ -129,11 +129,17 @@ def test_a_fact_arrow_refuses_is_cleaned_by_field_name(tmp_path):
 
 
 def test_the_fact_builders_give_the_row_types_values_in_their_field_order():
-    """What the mapping builds (plain tuples, by name) is the row type's tuple: each field
-    given its own name as its value comes back in the row type's order."""
-    for build, row in ((rows.event_fact, rows.EventFact), (rows.turn_fact, rows.TurnFact)):
-        named = {name: name for name in row._fields}
-        assert build(**named) == tuple(row(**named)) == row._fields
-        required = {name: name for name in row._fields if name not in row._field_defaults}
-        assert build(**required) == tuple(row(**required))
-        assert type(build(**named)) is tuple
+    """What the mapping builds (plain tuples, by name: whole, or a head and a tail) is the
+    row type's tuple: each field given its own name as its value comes back in the row
+    type's order."""
+    events = {name: name for name in rows.EventFact._fields}
+    head = {name: name for name in rows.EventFact._fields[:rows.EventFact._fields.index("blocked") + 1]}
+    tail = {name: name for name in events if name not in head}
+    assert rows.event_fact(**events) == rows.event_head(**head) + rows.event_tail(**tail) == rows.EventFact(**events)
+    assert rows.event_fact(**events) == rows.EVENT_FIELDS
+    assert rows.event_fact(**head) == rows.event_head(**head) + rows.event_tail() == tuple(rows.EventFact(**head))
+    assert type(rows.event_fact(**events)) is tuple
+    turns = {name: name for name in rows.TurnFact._fields}
+    head = {name: name for name in rows.TurnFact._fields[:rows.TurnFact._fields.index("round_count") + 1]}
+    tail = {name: name for name in turns if name not in head}
+    assert rows.turn_head(**head) + rows.turn_tail(**tail) == rows.TurnFact(**turns) == rows.TURN_FIELDS
