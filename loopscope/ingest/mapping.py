@@ -7,8 +7,10 @@ span's end; the turn summary from the ``invoke_agent`` span's end. Other
 instrumentations' spans reach it rewritten into loopscope's conventions
 (:mod:`loopscope.ingest.foreign`).
 
-:func:`collect` reads each span once and builds each row's values by name (a *fact*:
-:func:`~loopscope.storage.rows.event_fact` and the like); :func:`add_spans` collects spans a chunk at a
+:func:`collect` reads each span once and keeps a plain tuple of each row's values (a
+*fact*), made of local names that are the row type's field names, in its order
+(:class:`~loopscope.storage.rows.EventFact`, :class:`~loopscope.storage.rows.TurnFact`; a
+test checks the names against the fields); :func:`add_spans` collects spans a chunk at a
 time into a :class:`~loopscope.storage.rows.Facts` batch, which the store makes rows
 from in SQL. Whatever the facts cannot express (a tool outcome that is not a string, a
 round's text that is not a string) gets its content from the plain Python mapping at the
@@ -29,7 +31,7 @@ from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
     CHUNK, END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
-    TOOL_START, Facts, event_fact, event_head, event_tail, turn_head, turn_tail,
+    TOOL_START, Facts,
 )
 
 try:  # the SDK's spans, read through their fields: the public properties cost a frame each
@@ -88,7 +90,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     TURN_INPUT, TURN_INPUT_BLOCKED = a.TURN_INPUT, a.TURN_INPUT_BLOCKED
     STATE_KIND, STATE_VALUE, STATE_KINDS = a.STATE_KIND, a.STATE_VALUE, a.STATE_KINDS
     last_tid: Any = None
-    trace = b""
+    trace_id = b""
     for kind, span in items:
         try:
             if type(span) in fast:
@@ -106,79 +108,62 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 sdk = False
             # each time is read only where a row needs it: every value read is a cache miss
             if tid is not last_tid:  # the spans of a trace share its id: its bytes are made once
-                trace = tid.to_bytes(16, "big")
+                trace_id = tid.to_bytes(16, "big")
                 last_tid = tid
             get = d.get
             op = get(OPERATION)
+            # each branch sets the fields of its row (named as EventFact's), or ends with no row
             if op == EXECUTE_TOOL:
                 if not (keep_start if kind == START else keep_end):
                     excluded += 1
                     continue
-                name = get(TOOL_NAME, "")
-                if type(name) is not str:
-                    name = str(name)
-                call_id = get(TOOL_CALL_ID, "")
-                if type(call_id) is not str:
-                    call_id = str(call_id)
+                tool_name = get(TOOL_NAME, "")
+                if type(tool_name) is not str:
+                    tool_name = str(tool_name)
+                tool_id = get(TOOL_CALL_ID, "")
+                if type(tool_id) is not str:
+                    tool_id = str(tool_id)
                 arguments = get(TOOL_CALL_ARGUMENTS)
                 if arguments is not None and type(arguments) is not str:
                     arguments = _text_or_json(arguments)
-                session = get(CONVERSATION_ID) or "%032x" % tid
+                blocked, body = False, None
                 if kind == START:
-                    add(event_fact(
-                        code=TOOL_START, trace_id=trace, span_id=sid.to_bytes(8, "big"),
-                        created_us=(span._start_time if sdk else span.start_time) // 1000,
-                        session_id=session if type(session) is str else str(session),
-                        correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
-                        source_framework=get(FRAMEWORK), blocked=False,
-                        tool_name=name, tool_id=call_id, arguments=arguments,
-                    ))
-                    continue
-                start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
-                duration = round((end - start) / 1e6, 3)
-                result = get(TOOL_CALL_RESULT)
-                if result is not None and type(result) is not str:
-                    result = _text_or_json(result)
-                outcome = get(TOOL_OUTCOME) or "served"
-                status = get(TOOL_STATUS) or ("completed" if outcome == "served" else "failed")
-                error = get(TOOL_ERROR)
-                content = None
-                if type(outcome) is not str or type(status) is not str or (error is not None and type(error) is not str):
-                    content = _tool_content(d, True, duration)
-                add(event_head(
-                    code=TOOL_END, trace_id=trace, span_id=sid.to_bytes(8, "big"), created_us=end // 1000,
-                    session_id=session if type(session) is str else str(session),
-                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
-                    source_framework=get(FRAMEWORK), blocked=False,
-                ) + event_tail(
-                    tool_name=name, tool_id=call_id, arguments=arguments, result=result, tool_status=status,
-                    outcome=outcome, error=error, duration_ms=duration, content=content,
-                ))
+                    code = TOOL_START
+                    created_us = (span._start_time if sdk else span.start_time) // 1000
+                    result = tool_status = outcome = error = duration_ms = content = None
+                else:
+                    start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
+                    code, created_us = TOOL_END, end // 1000
+                    duration_ms = round((end - start) / 1e6, 3)
+                    result = get(TOOL_CALL_RESULT)
+                    if result is not None and type(result) is not str:
+                        result = _text_or_json(result)
+                    outcome = get(TOOL_OUTCOME) or "served"
+                    tool_status = get(TOOL_STATUS) or ("completed" if outcome == "served" else "failed")
+                    error = get(TOOL_ERROR)
+                    content = None
+                    if type(outcome) is not str or type(tool_status) is not str or (error is not None and type(error) is not str):
+                        content = _tool_content(d, True, duration_ms)
             elif op == CHAT:
                 if kind != END:
                     continue
-                text = get(ROUND_TEXT)
-                if not text:
+                body = get(ROUND_TEXT)
+                if not body:
                     continue
                 if not keep_message:
                     excluded += 1
                     continue
                 content = None
-                if type(text) is not str:
-                    content, text = text_content(text, "assistant"), ""
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                add(event_fact(
-                    code=ROUND_MESSAGE, trace_id=trace, span_id=sid.to_bytes(8, "big"),
-                    created_us=(span._end_time if sdk else span.end_time) // 1000,
-                    session_id=session if type(session) is str else str(session),
-                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
-                    source_framework=get(FRAMEWORK), blocked=bool(get(ROUND_BLOCKED)),
-                    body=text, content=content,
-                ))
+                if type(body) is not str:
+                    content, body = text_content(body, "assistant"), ""
+                code = ROUND_MESSAGE
+                created_us = (span._end_time if sdk else span.end_time) // 1000
+                blocked = bool(get(ROUND_BLOCKED))
+                tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = None
             elif op == INVOKE_AGENT:
                 if kind == END:
                     start, end = (span._start_time, span._end_time) if sdk else (span.start_time, span.end_time)
-                    turns.append(_turn_fact(span, d, tid, trace, sid, start, end))
+                    turns.append(_turn_fact(span, d, tid, trace_id, sid, start, end))
                     continue
                 if TURN_INPUT not in d:
                     continue
@@ -188,15 +173,10 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 body = d[TURN_INPUT]
                 if type(body) is not str:
                     body = str(body) if isinstance(body, str) else _json.dumps(body)
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                add(event_fact(
-                    code=INPUT_MESSAGE, trace_id=trace, span_id=sid.to_bytes(8, "big"),
-                    created_us=(span._start_time if sdk else span.start_time) // 1000,
-                    session_id=session if type(session) is str else str(session),
-                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
-                    source_framework=get(FRAMEWORK), blocked=bool(get(TURN_INPUT_BLOCKED)),
-                    body=body,
-                ))
+                code = INPUT_MESSAGE
+                created_us = (span._start_time if sdk else span.start_time) // 1000
+                blocked = bool(get(TURN_INPUT_BLOCKED))
+                tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = content = None
             elif STATE_KIND in d:  # a state snapshot or delta: no GenAI operation, ended at once
                 if kind != END:
                     continue
@@ -208,15 +188,25 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     excluded += 1
                     continue
                 code = STATE_SNAPSHOT if state_type == "state_snapshot" else STATE_DELTA
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                add(event_fact(
-                    code=code, trace_id=trace, span_id=sid.to_bytes(8, "big"),
-                    created_us=(span._end_time if sdk else span.end_time) // 1000,
-                    session_id=session if type(session) is str else str(session),
-                    correlation_id=get(TURN_ID), source_channel_id=get(AGENT_NAME), source_provider=get(PROVIDER),
-                    source_framework=get(FRAMEWORK), blocked=False,
-                    content=_state_content(code, value),
-                ))
+                created_us = (span._end_time if sdk else span.end_time) // 1000
+                blocked = False
+                content = _state_content(code, value)
+                tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = body = None
+            else:
+                continue
+            session_id = get(CONVERSATION_ID) or "%032x" % tid
+            if type(session_id) is not str:
+                session_id = str(session_id)
+            span_id = sid.to_bytes(8, "big")
+            correlation_id, source_channel_id = get(TURN_ID), get(AGENT_NAME)
+            source_provider, source_framework = get(PROVIDER), get(FRAMEWORK)
+            # a plain tuple, in EventFact's field order: it costs a fifth of a call that names
+            # them (tests/storage/test_rows.py checks that these names are its fields, in order)
+            add((
+                code, trace_id, span_id, created_us, session_id, correlation_id, source_channel_id, source_provider,
+                source_framework, blocked, tool_name, tool_id, arguments, result, tool_status, outcome, error,
+                duration_ms, body, content,
+            ))
         except Exception:
             internal_error("span mapping")
     return excluded
@@ -257,47 +247,41 @@ def _segments(value: Any) -> tuple[str, str]:
     return RESPONSE_SEGMENT_SEPARATOR.join(segments), _json.dumps(segments)
 
 
-def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
+def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
     get = d.get
     correlation_id = get(a.TURN_ID)
     if not correlation_id:
         correlation_id = None  # the span id, in SQL
     elif type(correlation_id) is not str:
         correlation_id = str(correlation_id)
-    session = get(a.CONVERSATION_ID) or "%032x" % tid
-    response, segments = _segments(get(a.SEGMENTS))
+    session_id = get(a.CONVERSATION_ID) or "%032x" % tid
+    if type(session_id) is not str:
+        session_id = str(session_id)
+    response_content, segments = _segments(get(a.SEGMENTS))
     thinking = get(a.THINKING) or ""
-    reason = get(a.LOOP_END_REASON) or None
-    return turn_head(
-        trace_id=trace,
-        span_id=sid.to_bytes(8, "big"),
-        correlation_id=correlation_id,
-        session_id=session if type(session) is str else str(session),
-        channel_id=get(a.AGENT_NAME),
-        parent_correlation_id=get(a.PARENT_TURN_ID),
-        response_content=response,
-        segments=segments,
-        tool_calls_count=int(get(a.TOOL_CALLS_COUNT) or 0),
-        round_count=int(get(a.ROUND_COUNT) or 0),
-    ) + turn_tail(
-        # the usage values as they are: Arrow takes ints (and floats, truncated as int()
-        # does); anything else fails the chunk's conversion and _clean reads it as
-        # semconv.usage_from_attributes does
-        input_tokens=get(a.USAGE_INPUT),
-        output_tokens=get(a.USAGE_OUTPUT),
-        cache_read_input_tokens=get(a.USAGE_CACHE_READ),
-        cache_creation_input_tokens=get(a.USAGE_CACHE_CREATION),
-        reasoning_tokens=get(a.USAGE_REASONING),
-        usage=None,  # made in SQL
-        thinking=thinking if type(thinking) is str else str(thinking),
-        loop_end_reason=reason,
-        latency_ms=round((end - start) / 1e6, 3),
-        streaming=bool(get(a.STREAMING)),
-        timestamp_us=end // 1000,
-        declared_tools=_declared_text(get(a.DECLARED_TOOLS) or "[]"),
-        model=get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),
-        provider=get(a.PROVIDER),
-        error=_error_text(span, reason, get(a.ERROR_TYPE)) if reason == "error" else None,
+    if type(thinking) is not str:
+        thinking = str(thinking)
+    loop_end_reason = get(a.LOOP_END_REASON) or None
+    # the usage values as they are: Arrow takes ints (and floats, truncated as int()
+    # does); anything else fails the chunk's conversion and _clean reads it as
+    # semconv.usage_from_attributes does
+    input_tokens, output_tokens = get(a.USAGE_INPUT), get(a.USAGE_OUTPUT)
+    cache_read_input_tokens, cache_creation_input_tokens = get(a.USAGE_CACHE_READ), get(a.USAGE_CACHE_CREATION)
+    reasoning_tokens = get(a.USAGE_REASONING)
+    usage = None  # made in SQL
+    span_id = sid.to_bytes(8, "big")
+    channel_id, parent_correlation_id = get(a.AGENT_NAME), get(a.PARENT_TURN_ID)
+    tool_calls_count, round_count = int(get(a.TOOL_CALLS_COUNT) or 0), int(get(a.ROUND_COUNT) or 0)
+    latency_ms, streaming, timestamp_us = round((end - start) / 1e6, 3), bool(get(a.STREAMING)), end // 1000
+    declared_tools = _declared_text(get(a.DECLARED_TOOLS) or "[]")
+    model, provider = get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL), get(a.PROVIDER)
+    error = _error_text(span, loop_end_reason, get(a.ERROR_TYPE)) if loop_end_reason == "error" else None
+    # in TurnFact's field order (tests/storage/test_rows.py checks these names against it)
+    return (
+        trace_id, span_id, correlation_id, session_id, channel_id, parent_correlation_id, response_content, segments,
+        tool_calls_count, round_count, input_tokens, output_tokens, cache_read_input_tokens,
+        cache_creation_input_tokens, reasoning_tokens, usage, thinking, loop_end_reason, latency_ms, streaming,
+        timestamp_us, declared_tools, model, provider, error,
     )
 
 

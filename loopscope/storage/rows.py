@@ -3,8 +3,8 @@
 A *fact* holds the values of one row, plain (ids as bytes, times, attribute values as
 they are, normalized only where a value is not the plain string the common case has).
 Its fields are named by a row type, :class:`EventFact` or :class:`TurnFact`, and a fact
-is built by name (:func:`event_fact`, or a head and a tail: :func:`event_head` +
-:func:`event_tail`, :func:`turn_head` + :func:`turn_tail`); the Arrow types of the facts
+is a tuple of its values in the row type's field order, built from names (the mapping's
+locals are named as the fields: see :mod:`loopscope.ingest.mapping`); the Arrow types of the facts
 follow the same fields. :class:`Facts` holds a batch of them as Arrow record batches;
 :data:`EVENTS_SQL` and :data:`TURNS_SQL` make the stored rows from a batch in one
 vectorized statement each, reading the facts' fields and writing the table's columns by
@@ -137,40 +137,6 @@ _KINDS: dict[type, tuple[str, ...]] = {
     EventFact: tuple(_EVENT_FIELD_TYPES[name][1] for name in EVENT_FIELDS),
     TurnFact: tuple(_TURN_FIELD_TYPES[name][1] for name in TURN_FIELDS),
 }
-
-
-def _builder(row: Any, name: str, first: str | None = None, last: str | None = None) -> Callable[..., tuple[Any, ...]]:
-    """A function that takes fields of a row type by keyword (those with a default may be
-    left out) and returns their values as a plain tuple, in the row type's field order:
-    all of its fields, or those from ``first`` to ``last``.
-
-    It is made from the row type's fields, as :func:`collections.namedtuple` makes its own
-    constructor, so the order is kept in one place. The mapping builds a fact per span in
-    the writer's thread, and this costs a sixth of the row type's own constructor (Arrow
-    also converts a plain tuple faster than a tuple subclass). CPython passes more than 15
-    keywords through a dict, at five times the cost: a fact with more values than that is
-    built as a head and a tail (:func:`event_head` + :func:`event_tail`)."""
-    fields = row._fields
-    fields = fields[fields.index(first) if first else 0:fields.index(last) + 1 if last else len(fields)]
-    defaults = {field: value for field, value in row._field_defaults.items() if field in fields}
-    params = ", ".join(f"{field}=_defaults[{field!r}]" if field in defaults else field for field in fields)
-    namespace: dict[str, Any] = {"_defaults": defaults}
-    exec(f"def {name}(*, {params}):\n    return ({', '.join(fields)},)", namespace)  # noqa: S102 - our own field names
-    made: Callable[..., tuple[Any, ...]] = namespace[name]
-    made.__doc__ = f"The values of :class:`{row.__name__}`'s fields {fields[0]} .. {fields[-1]}, by name, as a plain tuple in its order."
-    return made
-
-
-event_fact = _builder(EventFact, "event_fact")
-"""An event fact, by name: ``event_fact(code=TOOL_START, trace_id=..., ...)`` (at most 15 of them)."""
-event_head = _builder(EventFact, "event_head", last="blocked")
-"""The fields every event row has, by name; ``event_head(...) + event_tail(...)`` is an event fact."""
-event_tail = _builder(EventFact, "event_tail", first="tool_name")
-"""The fields after :func:`event_head`'s, by name (each None unless given)."""
-turn_head = _builder(TurnFact, "turn_head", last="round_count")
-"""A turn fact's first fields, by name; ``turn_head(...) + turn_tail(...)`` is a turn fact."""
-turn_tail = _builder(TurnFact, "turn_tail", first="input_tokens")
-"""A turn fact's fields after :func:`turn_head`'s, by name."""
 
 
 def _arrow_struct(fields: tuple[str, ...], types: dict[str, tuple[str, str]]) -> Any:
