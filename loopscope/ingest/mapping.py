@@ -26,12 +26,22 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import _json, semconv as a
+from .. import _json
+from .. import semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
-    CHUNK, END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
-    TOOL_START, Facts,
+    CHUNK,
+    END,
+    INPUT_MESSAGE,
+    PAUSE_EVERY,
+    ROUND_MESSAGE,
+    START,
+    STATE_DELTA,
+    STATE_SNAPSHOT,
+    TOOL_END,
+    TOOL_START,
+    Facts,
 )
 
 try:  # the SDK's spans, read through their fields: the public properties cost a frame each
@@ -194,7 +204,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = body = None
             else:
                 continue
-            session_id = get(CONVERSATION_ID) or "%032x" % tid
+            session_id = get(CONVERSATION_ID) or f"{tid:032x}"
             if type(session_id) is not str:
                 session_id = str(session_id)
             span_id = sid.to_bytes(8, "big")
@@ -207,7 +217,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 source_framework, blocked, tool_name, tool_id, arguments, result, tool_status, outcome, error,
                 duration_ms, body, content,
             ))
-        except Exception:
+        except Exception:  # not the guard: a with block per span costs the writer's mapping more than this
             internal_error("span mapping")
     return excluded
 
@@ -254,7 +264,7 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
         correlation_id = None  # the span id, in SQL
     elif type(correlation_id) is not str:
         correlation_id = str(correlation_id)
-    session_id = get(a.CONVERSATION_ID) or "%032x" % tid
+    session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
     if type(session_id) is not str:
         session_id = str(session_id)
     response_content, segments = _segments(get(a.SEGMENTS))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from .._guard import internal_error
+from .._guard import guard
 
 
 class FlushRequest:
@@ -37,7 +37,5 @@ def settle(requests: Iterable[FlushRequest], ok: bool, where: str) -> None:
         request.ok = ok
         request.done.set()
         if request.then is not None:
-            try:
+            with guard(where):
                 request.then(ok)
-            except Exception:
-                internal_error(where)

@@ -15,7 +15,6 @@ from .connection import open_store
 from .flush import FlushRequest, settle
 from .idempotent import fresh_spans_sql
 
-
 # -- the raw spans ---------------------------------------------------------------------------
 
 

@@ -24,8 +24,9 @@ import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from .. import _json, semconv as a
-from .._guard import internal_error
+from .. import _json
+from .. import semconv as a
+from .._guard import guard
 
 START, END = 0, 1
 """What a queued item says of its span: it started, or it ended (the writer's ``submit``)."""
@@ -149,7 +150,7 @@ def _arrow_struct(fields: tuple[str, ...], types: dict[str, tuple[str, str]]) ->
     return pa.struct([(name, made[types[name][0]]) for name in fields])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def arrow_schemas() -> tuple[Any, Any]:
     """The Arrow types of event facts and turn facts: structs whose fields are the row
     types' fields, in their order (a fact converts to it as the tuple it is)."""
@@ -280,7 +281,7 @@ class Facts:
     says; a fact that still cannot be stored is dropped and reported.
     """
 
-    __slots__ = ("events", "sessions", "turns", "turn_rows", "excluded")
+    __slots__ = ("events", "excluded", "sessions", "turn_rows", "turns")
 
     def __init__(self) -> None:
         self.events: list[Any] = []  # pyarrow RecordBatches of event facts
@@ -343,6 +344,9 @@ class Facts:
         return pa.Table.from_batches(self.turns, pa.schema(arrow_schemas()[1])) if self.turns else None
 
 
+_MAPPING_GUARD = guard("span mapping")
+
+
 def _record_batch(facts: list[tuple[Any, ...]], struct: Any, row: Any) -> tuple[list[tuple[Any, ...]], Any]:
     import pyarrow as pa
 
@@ -352,12 +356,10 @@ def _record_batch(facts: list[tuple[Any, ...]], struct: Any, row: Any) -> tuple[
         pass
     kept = []
     for fact in facts:
-        try:
+        with _MAPPING_GUARD:
             fact = _clean(row._make(fact))
             pa.array([fact], struct)
             kept.append(fact)
-        except Exception:
-            internal_error("span mapping")
     return kept, pa.RecordBatch.from_struct_array(pa.array(kept, struct))
 
 

@@ -34,9 +34,9 @@ from typing import Any
 
 import duckdb
 
-from .._guard import clear_warning, internal_error, logger, warn_once
-from . import health, idempotent, recovery, rows, scrub
+from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
+from . import health, idempotent, recovery, rows, scrub
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
@@ -363,10 +363,8 @@ class StoreWriter:
             self._wake.clear()
             closing = self._closed
             spent = clock()
-            try:
+            with _WRITER_GUARD:
                 self._drain()
-            except Exception:
-                internal_error("store writer")
             if self._abandoned:
                 # close() stopped waiting while a write ran, and counted what was held as
                 # lost; the write ended after all: count again what is still unwritten
@@ -700,6 +698,8 @@ def _yield_gil() -> None:
     runs a statement) would otherwise wait out the switch interval (5 ms) each time."""
     time.sleep(0)
 
+
+_WRITER_GUARD = guard("store writer")
 
 _schema_ready: set[str] = set()
 _schema_lock = threading.Lock()

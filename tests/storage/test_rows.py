@@ -67,8 +67,8 @@ def _turn_fact() -> rows.TurnFact:
 def test_every_field_of_a_fact_reaches_the_column_of_its_name(tmp_path):
     """Distinct values in every field, one row of each kind: a field read into another
     column (a misplaced or misnamed field) shows as a wrong value here."""
-    common = dict(trace_id=TRACE, span_id=SPAN, created_us=AT_US, session_id="session-1", correlation_id="turn-1",
-                  source_channel_id="agent-1", source_provider="provider-1", source_framework="framework-1")
+    common = {"trace_id": TRACE, "span_id": SPAN, "created_us": AT_US, "session_id": "session-1", "correlation_id": "turn-1",
+              "source_channel_id": "agent-1", "source_provider": "provider-1", "source_framework": "framework-1"}
     events = [
         rows.EventFact(code=rows.TOOL_END, **common, blocked=False, tool_name="search", tool_id="call-1",
                        arguments='{"q": "x"}', result='"found"', tool_status="failed", outcome="errored",
