@@ -40,8 +40,7 @@ from typing import Any
 from .. import _json
 from .. import semconv as a
 from ..models import RESPONSE_SEGMENT_SEPARATOR
-from ..storage.rows import END as _END
-from ..storage.rows import START as _START
+from ..storage.rows import END, START
 from .spans import STATUS_ERROR, SpanRecord, is_own, record_of
 
 AGENT, CONTAINER, CHAT, TOOL = "agent", "container", "chat", "tool"
@@ -829,11 +828,11 @@ class Assembler:
     def _alone(self, record: SpanRecord, role: str | None, framework: str | None) -> list[tuple[int, Any]]:
         session = session_of(record.attributes)
         if role == CHAT:
-            return [(_END, record.replace(attributes=chat_attributes(record, read_chat(record), session, None, None, framework)))]
+            return [(END, record.replace(attributes=chat_attributes(record, read_chat(record), session, None, None, framework)))]
         if role == TOOL:
             tool = read_tool(record)
             canon = record.replace(attributes=tool_attributes(tool, tool.call_id or f"{record.context.span_id:016x}", session, None, None, framework))
-            return [(_START, canon), (_END, canon)]
+            return [(START, canon), (END, canon)]
         return []
 
     def _release_run(self, state: _Trace, agent: SpanRecord, framework: str | None, container: bool) -> list[tuple[int, Any]]:
@@ -886,20 +885,20 @@ class Assembler:
         order = 0
         agent_attrs = agent_attributes(agent, run, session, turn_id, framework, [c for _, c in chats], [t for _, t in tools], len(rounds))
         canon_agent = agent.replace(attributes=agent_attrs)
-        rows.append((agent.start_time, -1, _START, canon_agent))
+        rows.append((agent.start_time, -1, START, canon_agent))
         for item, attrs in canon_tools:
             canon = item.span.replace(attributes=attrs)
             order += 1
-            rows.append((item.span.start_time, order, _START, canon))
+            rows.append((item.span.start_time, order, START, canon))
             order += 1
-            rows.append((item.span.end_time, order, _END, canon))
+            rows.append((item.span.end_time, order, END, canon))
         for item, chat in chats:
             order += 1
-            rows.append((item.span.end_time, order, _END, item.span.replace(
+            rows.append((item.span.end_time, order, END, item.span.replace(
                 attributes=chat_attributes(item.span, chat, session, turn_id, name, item.framework))))
         rows.sort(key=lambda r: (r[0], r[1]))
         out = [(kind, span) for _, _, kind, span in rows]
-        out.append((_END, canon_agent))
+        out.append((END, canon_agent))
         return out
 
 

@@ -7,8 +7,10 @@ span's end; the turn summary from the ``invoke_agent`` span's end. Other
 instrumentations' spans reach it rewritten into loopscope's conventions
 (:mod:`loopscope.ingest.foreign`).
 
-:func:`collect` reads each span once and keeps a flat tuple of plain values per row
-(a *fact*, :mod:`loopscope.storage.rows`); :func:`add_spans` collects spans a chunk at a
+:func:`collect` reads each span once and keeps a plain tuple of each row's values (a
+*fact*), made of local names that are the row type's field names, in its order
+(:class:`~loopscope.storage.rows.EventFact`, :class:`~loopscope.storage.rows.TurnFact`; a
+test checks the names against the fields); :func:`add_spans` collects spans a chunk at a
 time into a :class:`~loopscope.storage.rows.Facts` batch, which the store makes rows
 from in SQL. Whatever the facts cannot express (a tool outcome that is not a string, a
 round's text that is not a string) gets its content from the plain Python mapping at the
@@ -24,13 +26,22 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import _json, semconv as a
-from .. import _otel_sdk
+from .. import _json, _otel_sdk
+from .. import semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
-    CHUNK, END as _END, INPUT_MESSAGE, PAUSE_EVERY, ROUND_MESSAGE, START as _START, STATE_DELTA, STATE_SNAPSHOT, TOOL_END,
-    TOOL_START, Facts,
+    CHUNK,
+    END,
+    INPUT_MESSAGE,
+    PAUSE_EVERY,
+    ROUND_MESSAGE,
+    START,
+    STATE_DELTA,
+    STATE_SNAPSHOT,
+    TOOL_END,
+    TOOL_START,
+    Facts,
 )
 
 
@@ -77,7 +88,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     TURN_INPUT, TURN_INPUT_BLOCKED = a.TURN_INPUT, a.TURN_INPUT_BLOCKED
     STATE_KIND, STATE_VALUE, STATE_KINDS = a.STATE_KIND, a.STATE_VALUE, a.STATE_KINDS
     last_tid: Any = None
-    trace = b""
+    trace_id = b""
     for kind, span in items:
         try:
             if type(span) in fast:
@@ -95,72 +106,62 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 sdk = False
             # each time is read only where a row needs it: every value read is a cache miss
             if tid is not last_tid:  # the spans of a trace share its id: its bytes are made once
-                trace = tid.to_bytes(16, "big")
+                trace_id = tid.to_bytes(16, "big")
                 last_tid = tid
             get = d.get
             op = get(OPERATION)
+            # each branch sets the fields of its row (named as EventFact's), or ends with no row
             if op == EXECUTE_TOOL:
-                if not (keep_start if kind == _START else keep_end):
+                if not (keep_start if kind == START else keep_end):
                     excluded += 1
                     continue
-                name = get(TOOL_NAME, "")
-                if type(name) is not str:
-                    name = str(name)
-                call_id = get(TOOL_CALL_ID, "")
-                if type(call_id) is not str:
-                    call_id = str(call_id)
+                tool_name = get(TOOL_NAME, "")
+                if type(tool_name) is not str:
+                    tool_name = str(tool_name)
+                tool_id = get(TOOL_CALL_ID, "")
+                if type(tool_id) is not str:
+                    tool_id = str(tool_id)
                 arguments = get(TOOL_CALL_ARGUMENTS)
                 if arguments is not None and type(arguments) is not str:
                     arguments = _text_or_json(arguments)
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                if kind == _START:
-                    add((
-                        TOOL_START, trace, sid.to_bytes(8, "big"), (start_of(span) if sdk else span.start_time) // 1000,
-                        session if type(session) is str else str(session),
-                        get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
-                        name, call_id, arguments, None, None, None, None, None, None, None,
-                    ))
-                    continue
-                start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
-                duration = round((end - start) / 1e6, 3)
-                result = get(TOOL_CALL_RESULT)
-                if result is not None and type(result) is not str:
-                    result = _text_or_json(result)
-                outcome = get(TOOL_OUTCOME) or "served"
-                status = get(TOOL_STATUS) or ("completed" if outcome == "served" else "failed")
-                error = get(TOOL_ERROR)
-                content = None
-                if type(outcome) is not str or type(status) is not str or (error is not None and type(error) is not str):
-                    content = _tool_content(d, True, duration)
-                add((
-                    TOOL_END, trace, sid.to_bytes(8, "big"), end // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
-                    name, call_id, arguments, result, status, outcome, error, duration, None, content,
-                ))
+                blocked, body = False, None
+                if kind == START:
+                    code = TOOL_START
+                    created_us = (start_of(span) if sdk else span.start_time) // 1000
+                    result = tool_status = outcome = error = duration_ms = content = None
+                else:
+                    start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
+                    code, created_us = TOOL_END, end // 1000
+                    duration_ms = round((end - start) / 1e6, 3)
+                    result = get(TOOL_CALL_RESULT)
+                    if result is not None and type(result) is not str:
+                        result = _text_or_json(result)
+                    outcome = get(TOOL_OUTCOME) or "served"
+                    tool_status = get(TOOL_STATUS) or ("completed" if outcome == "served" else "failed")
+                    error = get(TOOL_ERROR)
+                    content = None
+                    if type(outcome) is not str or type(tool_status) is not str or (error is not None and type(error) is not str):
+                        content = _tool_content(d, True, duration_ms)
             elif op == CHAT:
-                if kind != _END:
+                if kind != END:
                     continue
-                text = get(ROUND_TEXT)
-                if not text:
+                body = get(ROUND_TEXT)
+                if not body:
                     continue
                 if not keep_message:
                     excluded += 1
                     continue
                 content = None
-                if type(text) is not str:
-                    content, text = text_content(text, "assistant"), ""
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                add((
-                    ROUND_MESSAGE, trace, sid.to_bytes(8, "big"), (end_of(span) if sdk else span.end_time) // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(ROUND_BLOCKED)),
-                    None, None, None, None, None, None, None, None, text, content,
-                ))
+                if type(body) is not str:
+                    content, body = text_content(body, "assistant"), ""
+                code = ROUND_MESSAGE
+                created_us = (end_of(span) if sdk else span.end_time) // 1000
+                blocked = bool(get(ROUND_BLOCKED))
+                tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = None
             elif op == INVOKE_AGENT:
-                if kind == _END:
+                if kind == END:
                     start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
-                    turns.append(_turn_fact(span, d, tid, trace, sid, start, end))
+                    turns.append(_turn_fact(span, d, tid, trace_id, sid, start, end))
                     continue
                 if TURN_INPUT not in d:
                     continue
@@ -170,15 +171,12 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 body = d[TURN_INPUT]
                 if type(body) is not str:
                     body = str(body) if isinstance(body, str) else _json.dumps(body)
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                add((
-                    INPUT_MESSAGE, trace, sid.to_bytes(8, "big"), (start_of(span) if sdk else span.start_time) // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), bool(get(TURN_INPUT_BLOCKED)),
-                    None, None, None, None, None, None, None, None, body, None,
-                ))
+                code = INPUT_MESSAGE
+                created_us = (start_of(span) if sdk else span.start_time) // 1000
+                blocked = bool(get(TURN_INPUT_BLOCKED))
+                tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = content = None
             elif STATE_KIND in d:  # a state snapshot or delta: no GenAI operation, ended at once
-                if kind != _END:
+                if kind != END:
                     continue
                 state_type = STATE_KINDS.get(get(STATE_KIND))
                 value = get(STATE_VALUE)
@@ -188,14 +186,26 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     excluded += 1
                     continue
                 code = STATE_SNAPSHOT if state_type == "state_snapshot" else STATE_DELTA
-                session = get(CONVERSATION_ID) or "%032x" % tid
-                add((
-                    code, trace, sid.to_bytes(8, "big"), (end_of(span) if sdk else span.end_time) // 1000,
-                    session if type(session) is str else str(session),
-                    get(TURN_ID), get(AGENT_NAME), get(PROVIDER), get(FRAMEWORK), False,
-                    None, None, None, None, None, None, None, None, None, _state_content(code, value),
-                ))
-        except Exception:
+                created_us = (end_of(span) if sdk else span.end_time) // 1000
+                blocked = False
+                content = _state_content(code, value)
+                tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = body = None
+            else:
+                continue
+            session_id = get(CONVERSATION_ID) or f"{tid:032x}"
+            if type(session_id) is not str:
+                session_id = str(session_id)
+            span_id = sid.to_bytes(8, "big")
+            correlation_id, source_channel_id = get(TURN_ID), get(AGENT_NAME)
+            source_provider, source_framework = get(PROVIDER), get(FRAMEWORK)
+            # a plain tuple, in EventFact's field order: it costs a fifth of a call that names
+            # them (tests/storage/test_rows.py checks that these names are its fields, in order)
+            add((
+                code, trace_id, span_id, created_us, session_id, correlation_id, source_channel_id, source_provider,
+                source_framework, blocked, tool_name, tool_id, arguments, result, tool_status, outcome, error,
+                duration_ms, body, content,
+            ))
+        except Exception:  # not the guard: a with block per span costs the writer's mapping more than this
             internal_error("span mapping")
     return excluded
 
@@ -235,52 +245,48 @@ def _segments(value: Any) -> tuple[str, str]:
     return RESPONSE_SEGMENT_SEPARATOR.join(segments), _json.dumps(segments)
 
 
-def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
+def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
     get = d.get
     correlation_id = get(a.TURN_ID)
     if not correlation_id:
         correlation_id = None  # the span id, in SQL
     elif type(correlation_id) is not str:
         correlation_id = str(correlation_id)
-    session = get(a.CONVERSATION_ID) or "%032x" % tid
-    response, segments = _segments(get(a.SEGMENTS))
+    session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
+    if type(session_id) is not str:
+        session_id = str(session_id)
+    response_content, segments = _segments(get(a.SEGMENTS))
     thinking = get(a.THINKING) or ""
-    reason = get(a.LOOP_END_REASON) or None
+    if type(thinking) is not str:
+        thinking = str(thinking)
+    loop_end_reason = get(a.LOOP_END_REASON) or None
+    # the usage values as they are: Arrow takes ints (and floats, truncated as int()
+    # does); anything else fails the chunk's conversion and _clean reads it as
+    # semconv.usage_from_attributes does
+    input_tokens, output_tokens = get(a.USAGE_INPUT), get(a.USAGE_OUTPUT)
+    cache_read_input_tokens, cache_creation_input_tokens = get(a.USAGE_CACHE_READ), get(a.USAGE_CACHE_CREATION)
+    reasoning_tokens = get(a.USAGE_REASONING)
+    usage = None  # made in SQL
+    span_id = sid.to_bytes(8, "big")
+    channel_id, parent_correlation_id = get(a.AGENT_NAME), get(a.PARENT_TURN_ID)
+    tool_calls_count, round_count = int(get(a.TOOL_CALLS_COUNT) or 0), int(get(a.ROUND_COUNT) or 0)
+    latency_ms, streaming, timestamp_us = round((end - start) / 1e6, 3), bool(get(a.STREAMING)), end // 1000
+    declared_tools = _declared_text(get(a.DECLARED_TOOLS) or "[]")
+    model, provider = get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL), get(a.PROVIDER)
+    error = _error_text(span, loop_end_reason, get(a.ERROR_TYPE)) if loop_end_reason == "error" else None
+    # in TurnFact's field order (tests/storage/test_rows.py checks these names against it)
     return (
-        trace,
-        sid.to_bytes(8, "big"),
-        correlation_id,
-        session if type(session) is str else str(session),
-        get(a.AGENT_NAME),
-        get(a.PARENT_TURN_ID),
-        response,
-        segments,
-        int(get(a.TOOL_CALLS_COUNT) or 0),
-        int(get(a.ROUND_COUNT) or 0),
-        # the usage values as they are: Arrow takes ints (and floats, truncated as int()
-        # does); anything else fails the chunk's conversion and _clean reads it as
-        # semconv.usage_from_attributes does
-        get(a.USAGE_INPUT),
-        get(a.USAGE_OUTPUT),
-        get(a.USAGE_CACHE_READ),
-        get(a.USAGE_CACHE_CREATION),
-        get(a.USAGE_REASONING),
-        None,  # usage: made in SQL
-        thinking if type(thinking) is str else str(thinking),
-        reason,
-        round((end - start) / 1e6, 3),
-        bool(get(a.STREAMING)),
-        end // 1000,
-        _declared_text(get(a.DECLARED_TOOLS) or "[]"),
-        get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),
-        get(a.PROVIDER),
-        _error_text(span, reason, get(a.ERROR_TYPE)) if reason == "error" else None,
+        trace_id, span_id, correlation_id, session_id, channel_id, parent_correlation_id, response_content, segments,
+        tool_calls_count, round_count, input_tokens, output_tokens, cache_read_input_tokens,
+        cache_creation_input_tokens, reasoning_tokens, usage, thinking, loop_end_reason, latency_ms, streaming,
+        timestamp_us, declared_tools, model, provider, error,
     )
 
 
-assert tuple(a.USAGE_ATTRIBUTES.values()) == (
-    a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ, a.USAGE_CACHE_CREATION, a.USAGE_REASONING
-), "_turn_fact reads the usage attributes in this order"
+assert a.USAGE_ATTRIBUTES == {
+    "input_tokens": a.USAGE_INPUT, "output_tokens": a.USAGE_OUTPUT, "cache_read_input_tokens": a.USAGE_CACHE_READ,
+    "cache_creation_input_tokens": a.USAGE_CACHE_CREATION, "reasoning_tokens": a.USAGE_REASONING,
+}, "_turn_fact reads every usage attribute into the turn fact's field of the same name"
 
 
 _usage_value = a.usage_value  # a usage attribute as semconv.usage_from_attributes reads it

@@ -12,8 +12,7 @@ from .. import semconv as a
 from .._guard import internal_error
 from .._otel_sdk import attributes_view as _attributes
 from .._otel_sdk import scope_name
-from ..storage.rows import END as _END
-from ..storage.rows import START as _START
+from ..storage.rows import END, START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
 from .spans import OWN_SCOPE
@@ -49,7 +48,7 @@ class StoreSpanProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
             if _attributes(span).get(a.OPERATION) in _STARTS and scope_name(span) == OWN_SCOPE:
-                self._submit(_START, span)
+                self._submit(START, span)
         except Exception:
             internal_error("store processor start")
 
@@ -59,7 +58,7 @@ class StoreSpanProcessor(SpanProcessor):
                 attributes = _attributes(span)
                 # a state span (loopscope.state_snapshot) is no GenAI operation: asked only after
                 if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
-                    self._submit(_END, span)
+                    self._submit(END, span)
                 assembler = self._assembler
                 if assembler is not None and assembler.tracks(span.context.trace_id):
                     self._assemble(span)  # an own turn claims foreign spans inside it
@@ -111,4 +110,3 @@ class StoreSpanProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000)
-

@@ -25,8 +25,8 @@ from .. import semconv as a
 from .._guard import logger
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage import writer
-from ..storage.rows import END
 from ..storage.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, is_gone, sql_text
+from ..storage.rows import END
 from .mapping import facts_of
 from .spans import Ctx, SpanRecord, Status
 

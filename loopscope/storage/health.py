@@ -66,7 +66,13 @@ def _time(seconds: float | None) -> str:
 
 @dataclass
 class Counters:
-    """A writer's counters at one moment."""
+    """A writer's counters at one moment: what became of the rows given to it (written,
+    dropped, failed to write) and what the OTLP exporter of its process lost.
+
+    These count *rows*, at the store, and are kept in it (``loopscope_writers``) because
+    a loss must outlive the process that saw it. A collector's counts of the requests it
+    received and refused (:class:`loopscope.ingest.otlp.routing.CollectorStats`) are
+    another thing: the sender was told of each, and they are only printed."""
 
     events_written: int = 0
     turns_written: int = 0

@@ -8,23 +8,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._guard import internal_error, logger
+from .._guard import logger
 from ..content.policy import ContentPolicy
 from . import scrub
 from .connection import open_store
+from .flush import FlushRequest, settle
 from .idempotent import fresh_spans_sql
 
-
 # -- the raw spans ---------------------------------------------------------------------------
-
-
-class Flushed:
-    __slots__ = ("done", "ok", "then")
-
-    def __init__(self, then: Callable[[bool], None] | None = None) -> None:
-        self.done = threading.Event()
-        self.ok = False
-        self.then = then  # called with ``ok`` by the writer's thread, once done
 
 
 class RawSpanWriter:
@@ -60,9 +51,9 @@ class RawSpanWriter:
     def flush(self, timeout: float | None = 30.0) -> bool:
         return self.wait(self.request_flush(), timeout)
 
-    def request_flush(self) -> Flushed:
+    def request_flush(self) -> FlushRequest:
         """Ask for a write of what is queued now; :meth:`wait` for the answer."""
-        marker = Flushed()
+        marker = FlushRequest()
         self._queue.append(marker)
         self._wake.set()
         return marker
@@ -70,7 +61,7 @@ class RawSpanWriter:
     def then(self, callback: Callable[[bool], None]) -> None:
         """Call ``callback(ok)`` once what is queued now is written (ok) or failed to be, at
         the next batch (this does not hasten it)."""
-        self._queue.append(Flushed(callback))
+        self._queue.append(FlushRequest(callback))
 
     @property
     def idle(self) -> bool:
@@ -78,8 +69,8 @@ class RawSpanWriter:
         return not self._queue and not self._backlog
 
     @staticmethod
-    def wait(marker: Flushed, timeout: float | None = 30.0) -> bool:
-        return marker.done.wait(timeout) and marker.ok
+    def wait(marker: FlushRequest, timeout: float | None = 30.0) -> bool:
+        return marker.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         if self._closed:
@@ -95,10 +86,10 @@ class RawSpanWriter:
             self._wake.wait(self.interval)
             self._wake.clear()
             closing = self._closed
-            markers = []
+            markers: list[FlushRequest] = []
             while self._queue:
                 item = self._queue.popleft()
-                if type(item) is Flushed:
+                if type(item) is FlushRequest:
                     markers.append(item)
                 else:
                     backlog.extend(item)
@@ -117,14 +108,7 @@ class RawSpanWriter:
                         del backlog[: len(backlog) - self.max_backlog]
                     self.last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     logger.warning("loopscope collect: cannot write raw spans to %s (%s); retrying", self.path, self.last_error)
-            for marker in markers:
-                marker.ok = ok
-                marker.done.set()
-                if marker.then is not None:
-                    try:
-                        marker.then(ok)
-                    except Exception:
-                        internal_error("collector raw spans callback")
+            settle(markers, ok, "collector raw spans callback")
             if closing:
                 return
 

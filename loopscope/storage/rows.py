@@ -1,12 +1,16 @@
 """The store's input: the facts of event rows and turn summaries, and the SQL that makes the rows.
 
-A *fact* is a flat tuple of plain values per row (ids as bytes, times, attribute values
-as they are, normalized only where a value is not the plain string the common case
-has), in :data:`EVENT_FIELDS` / :data:`TURN_FIELDS` order. :class:`Facts` holds a batch
-of them as Arrow record batches; :data:`EVENTS_SQL` and :data:`TURNS_SQL` make the
-stored rows from a batch in one vectorized statement each: hex ids, event ids and types,
-the ``content`` JSON, the usage JSON, and the choice between keeping attribute text as
-JSON and keeping it as a JSON string (exactly as Python's json module would decide).
+A *fact* holds the values of one row, plain (ids as bytes, times, attribute values as
+they are, normalized only where a value is not the plain string the common case has).
+Its fields are named by a row type, :class:`EventFact` or :class:`TurnFact`, and a fact
+is a tuple of its values in the row type's field order, built from names (the mapping's
+locals are named as the fields: see :mod:`loopscope.ingest.mapping`); the Arrow types of the facts
+follow the same fields. :class:`Facts` holds a batch of them as Arrow record batches;
+:data:`EVENTS_SQL` and :data:`TURNS_SQL` make the stored rows from a batch in one
+vectorized statement each, reading the facts' fields and writing the table's columns by
+name: hex ids, event ids and types, the ``content`` JSON, the usage JSON, and the choice
+between keeping attribute text as JSON and keeping it as a JSON string (exactly as
+Python's json module would decide).
 
 Facts are what any store engine takes: the mapping from spans (loopscope's own and other
 instrumentations' conventions) to facts lives in :mod:`loopscope.ingest.mapping`, and
@@ -18,17 +22,18 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from .. import _json, semconv as a
-from .._guard import internal_error
+from .. import _json
+from .. import semconv as a
+from .._guard import guard
 
 START, END = 0, 1
 """What a queued item says of its span: it started, or it ended (the writer's ``submit``)."""
 
 # -- event facts -------------------------------------------------------------------------
 #
-# One tuple per event row, in this field order (EVENT_FIELDS). ``code`` says which row:
+# One EventFact per event row. ``code`` says which row:
 TOOL_START, TOOL_END, INPUT_MESSAGE, ROUND_MESSAGE = 0, 1, 2, 3
 STATE_SNAPSHOT, STATE_DELTA = 4, 5  # from a state span's end; their content is made in Python
 EVENT_TYPES = {
@@ -36,83 +41,120 @@ EVENT_TYPES = {
     STATE_SNAPSHOT: "state_snapshot", STATE_DELTA: "state_delta",
 }
 
-EVENT_FIELDS = (
-    "code",  # TOOL_START .. ROUND_MESSAGE
-    "trace_id",  # 16 bytes, big-endian
-    "span_id",  # 8 bytes, big-endian
-    "created_us",  # microseconds since the epoch
-    "session_id",  # final
-    "correlation_id",  # the attribute value as it is
-    "source_channel_id",  # as it is
-    "source_provider",  # as it is
-    "source_framework",  # as it is
-    "blocked",  # bool
-    "tool_name",  # final text (tool rows)
-    "tool_id",  # final text (tool rows)
-    "arguments",  # attribute text, JSON or not; None for JSON null (tool rows)
-    "result",  # the same (tool end rows)
-    "tool_status",  # final text (tool end rows)
-    "outcome",  # final text (tool end rows)
-    "error",  # final text or None (tool end rows)
-    "duration_ms",  # float (tool end rows)
-    "body",  # final text (message rows)
-    "content",  # the content JSON made in Python, when the values called for it; else None
-)
-SESSION = EVENT_FIELDS.index("session_id")
-_session_of = operator.itemgetter(SESSION)
+
+class EventFact(NamedTuple):
+    """The values an event row is made from (by :data:`EVENTS_SQL`), built by name.
+
+    Ids are bytes, times microseconds, attribute values as they are, normalized only
+    where a value is not the plain string the common case has. The fields a kind of row
+    does not have are None."""
+
+    code: int  # TOOL_START .. STATE_DELTA
+    trace_id: bytes  # 16 bytes, big-endian
+    span_id: bytes  # 8 bytes, big-endian
+    created_us: int  # microseconds since the epoch
+    session_id: str  # final
+    correlation_id: Any  # the attribute value as it is
+    source_channel_id: Any  # as it is
+    source_provider: Any  # as it is
+    source_framework: Any  # as it is
+    blocked: bool
+    tool_name: str | None = None  # final text (tool rows)
+    tool_id: str | None = None  # final text (tool rows)
+    arguments: str | None = None  # attribute text, JSON or not; None for JSON null (tool rows)
+    result: str | None = None  # the same (tool end rows)
+    tool_status: str | None = None  # final text (tool end rows)
+    outcome: str | None = None  # final text (tool end rows)
+    error: str | None = None  # final text or None (tool end rows)
+    duration_ms: float | None = None  # tool end rows
+    body: str | None = None  # final text (message rows)
+    content: str | None = None  # the content JSON made in Python, when the values called for it
+
+
+EVENT_FIELDS: tuple[str, ...] = EventFact._fields
+_session_of = operator.itemgetter(EVENT_FIELDS.index("session_id"))
 
 # -- turn facts --------------------------------------------------------------------------
 
-TURN_FIELDS = (
-    "trace_id",
-    "span_id",
-    "correlation_id",  # final, or None for the span id
-    "session_id",  # final
-    "channel_id",
-    "parent_correlation_id",
-    "response_content",
-    "segments",  # JSON text
-    "tool_calls_count",
-    "round_count",
-    "input_tokens",  # the usage values, as ints or None
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "reasoning_tokens",
-    "usage",  # the usage JSON made in Python, when the values called for it; else None
-    "thinking",
-    "loop_end_reason",
-    "latency_ms",
-    "streaming",
-    "timestamp_us",
-    "declared_tools",  # JSON text
-    "model",
-    "provider",
-    "error",
-)
+
+class TurnFact(NamedTuple):
+    """The values a turn summary is made from (by :data:`TURNS_SQL`), built by name."""
+
+    trace_id: bytes
+    span_id: bytes
+    correlation_id: str | None  # final, or None for the span id
+    session_id: str  # final
+    channel_id: Any
+    parent_correlation_id: Any
+    response_content: str
+    segments: str  # JSON text
+    tool_calls_count: int
+    round_count: int
+    input_tokens: Any  # the usage values as they are (see _clean); named as semconv.USAGE_ATTRIBUTES
+    output_tokens: Any
+    cache_read_input_tokens: Any
+    cache_creation_input_tokens: Any
+    reasoning_tokens: Any
+    usage: str | None  # the usage JSON made in Python, when the values called for it; else None
+    thinking: str
+    loop_end_reason: Any
+    latency_ms: float
+    streaming: bool
+    timestamp_us: int
+    declared_tools: str  # JSON text
+    model: Any
+    provider: Any
+    error: str | None
+
+
+TURN_FIELDS: tuple[str, ...] = TurnFact._fields
 _USAGE_KEYS = tuple(a.USAGE_ATTRIBUTES)
-assert TURN_FIELDS[10:15] == _USAGE_KEYS
+assert set(_USAGE_KEYS) <= set(TURN_FIELDS), "a usage value has a field of its own"
+
+# What each field is in Arrow ("us": a UTC timestamp from microseconds) and how _clean
+# makes a value Arrow refused storable: by name, checked against the row types.
+_EVENT_FIELD_TYPES = {
+    "code": ("int8", "int"), "trace_id": ("binary16", "bytes"), "span_id": ("binary8", "bytes"),
+    "created_us": ("us", "int64"), "session_id": ("string", "raw"), "correlation_id": ("string", "raw"),
+    "source_channel_id": ("string", "raw"), "source_provider": ("string", "raw"), "source_framework": ("string", "raw"),
+    "blocked": ("bool", "bool"), "tool_name": ("string", "text"), "tool_id": ("string", "text"),
+    "arguments": ("string", "json"), "result": ("string", "json"), "tool_status": ("string", "text"),
+    "outcome": ("string", "text"), "error": ("string", "text"), "duration_ms": ("float64", "float"),
+    "body": ("string", "text"), "content": ("string", "json"),
+}
+_TURN_FIELD_TYPES = {
+    "trace_id": ("binary16", "bytes"), "span_id": ("binary8", "bytes"), "correlation_id": ("string", "raw"),
+    "session_id": ("string", "raw"), "channel_id": ("string", "raw"), "parent_correlation_id": ("string", "raw"),
+    "response_content": ("string", "text"), "segments": ("string", "json"),
+    "tool_calls_count": ("int32", "int32"), "round_count": ("int32", "int32"),
+    **{key: ("int64", "usage") for key in _USAGE_KEYS},
+    "usage": ("string", "json"), "thinking": ("string", "text"), "loop_end_reason": ("string", "raw"),
+    "latency_ms": ("float64", "float"), "streaming": ("bool", "bool"), "timestamp_us": ("us", "int64"),
+    "declared_tools": ("string", "json"), "model": ("string", "raw"), "provider": ("string", "raw"),
+    "error": ("string", "text"),
+}
+assert set(_EVENT_FIELD_TYPES) == set(EVENT_FIELDS) and set(_TURN_FIELD_TYPES) == set(TURN_FIELDS)
+_KINDS: dict[type, tuple[str, ...]] = {
+    EventFact: tuple(_EVENT_FIELD_TYPES[name][1] for name in EVENT_FIELDS),
+    TurnFact: tuple(_TURN_FIELD_TYPES[name][1] for name in TURN_FIELDS),
+}
 
 
-@functools.lru_cache(maxsize=None)
-def arrow_schemas() -> tuple[Any, Any]:
-    """The Arrow types of event facts and turn facts, in field order."""
+def _arrow_struct(fields: tuple[str, ...], types: dict[str, tuple[str, str]]) -> Any:
     import pyarrow as pa  # imported here: a plain import of loopscope never needs it
 
-    text, us = pa.string(), pa.timestamp("us", tz="UTC")
-    events = pa.struct([
-        ("code", pa.int8()), ("trace_id", pa.binary(16)), ("span_id", pa.binary(8)), ("created_us", us),
-        *((name, text) for name in EVENT_FIELDS[4:9]), ("blocked", pa.bool_()),
-        *((name, text) for name in EVENT_FIELDS[10:17]), ("duration_ms", pa.float64()), ("body", text), ("content", text),
-    ])
-    turns = pa.struct([
-        ("trace_id", pa.binary(16)), ("span_id", pa.binary(8)), *((name, text) for name in TURN_FIELDS[2:8]),
-        ("tool_calls_count", pa.int32()), ("round_count", pa.int32()), *((name, pa.int64()) for name in _USAGE_KEYS),
-        ("usage", text), ("thinking", text), ("loop_end_reason", text), ("latency_ms", pa.float64()), ("streaming", pa.bool_()),
-        ("timestamp_us", us), *((name, text) for name in TURN_FIELDS[21:]),
-    ])
-    assert [f.name for f in events] == list(EVENT_FIELDS) and [f.name for f in turns] == list(TURN_FIELDS)
-    return events, turns
+    made = {
+        "int8": pa.int8(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),
+        "string": pa.string(), "binary16": pa.binary(16), "binary8": pa.binary(8), "us": pa.timestamp("us", tz="UTC"),
+    }
+    return pa.struct([(name, made[types[name][0]]) for name in fields])
+
+
+@functools.cache
+def arrow_schemas() -> tuple[Any, Any]:
+    """The Arrow types of event facts and turn facts: structs whose fields are the row
+    types' fields, in their order (a fact converts to it as the tuple it is)."""
+    return _arrow_struct(EVENT_FIELDS, _EVENT_FIELD_TYPES), _arrow_struct(TURN_FIELDS, _TURN_FIELD_TYPES)
 
 
 # -- from facts to rows, in SQL ------------------------------------------------------------
@@ -199,8 +241,15 @@ FROM (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh, {_TOOL_JS
 _USAGE_SQL = "'{' || concat_ws(',', " + ", ".join(f"""'"{key}":' || {key}""" for key in _USAGE_KEYS) + ") || '}'"
 
 
+TURN_COLUMNS = (
+    "correlation_id", "session_id", "channel_id", "parent_correlation_id", "response_content", "segments",
+    "tool_calls_count", "round_count", "usage", "input_tokens", "output_tokens", "thinking", "loop_end_reason",
+    "latency_ms", "streaming", "timestamp", "declared_tools", "model", "provider", "error", "trace_id", "span_id",
+)
+"""The columns :data:`TURNS_SQL` fills, in its order: every column of ``turns``."""
+
 TURNS_SQL = f"""
-INSERT INTO turns
+INSERT INTO turns ({", ".join(TURN_COLUMNS)})
 SELECT coalesce(correlation_id, sh), session_id, channel_id, parent_correlation_id, response_content,
   segments, tool_calls_count, round_count,
   coalesce(usage, {_USAGE_SQL}), input_tokens, output_tokens, thinking, loop_end_reason, latency_ms, streaming,
@@ -232,7 +281,7 @@ class Facts:
     says; a fact that still cannot be stored is dropped and reported.
     """
 
-    __slots__ = ("events", "sessions", "turns", "turn_rows", "excluded")
+    __slots__ = ("events", "excluded", "sessions", "turn_rows", "turns")
 
     def __init__(self) -> None:
         self.events: list[Any] = []  # pyarrow RecordBatches of event facts
@@ -250,16 +299,17 @@ class Facts:
         return len(self.sessions) + self.turn_rows
 
     def append(self, events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]], excluded: int = 0) -> None:
-        """Add event facts and turn facts (tuples in field order), and ``excluded`` rows
+        """Add event facts and turn facts (tuples in the fields' order of :class:`EventFact`
+        and :class:`TurnFact`, or those row types themselves), and ``excluded`` rows
         left out by policy. A fact Arrow cannot take even once cleaned is dropped and
         reported."""
         self.excluded += excluded
         if events:
-            events, batch = _record_batch(events, arrow_schemas()[0], _EVENT_KINDS)
+            events, batch = _record_batch(events, arrow_schemas()[0], EventFact)
             self.events.append(batch)
             self.sessions.extend(map(_session_of, events))
         if turns:
-            turns, batch = _record_batch(turns, arrow_schemas()[1], _TURN_KINDS)
+            turns, batch = _record_batch(turns, arrow_schemas()[1], TurnFact)
             self.turns.append(batch)
             self.turn_rows += len(turns)
 
@@ -294,7 +344,10 @@ class Facts:
         return pa.Table.from_batches(self.turns, pa.schema(arrow_schemas()[1])) if self.turns else None
 
 
-def _record_batch(facts: list[tuple[Any, ...]], struct: Any, kinds: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], Any]:
+_MAPPING_GUARD = guard("span mapping")
+
+
+def _record_batch(facts: list[tuple[Any, ...]], struct: Any, row: Any) -> tuple[list[tuple[Any, ...]], Any]:
     import pyarrow as pa
 
     try:
@@ -303,29 +356,15 @@ def _record_batch(facts: list[tuple[Any, ...]], struct: Any, kinds: tuple[str, .
         pass
     kept = []
     for fact in facts:
-        try:
-            fact = _clean(fact, kinds)
+        with _MAPPING_GUARD:
+            fact = _clean(row._make(fact))
             pa.array([fact], struct)
             kept.append(fact)
-        except Exception:
-            internal_error("span mapping")
     return kept, pa.RecordBatch.from_struct_array(pa.array(kept, struct))
 
 
-# What each field of a fact holds, for _clean.
-_EVENT_KINDS = (
-    "int", "bytes", "bytes", "int64", "raw", "raw", "raw", "raw", "raw", "bool",
-    "text", "text", "json", "json", "text", "text", "text", "float", "text", "json",
-)
-_TURN_KINDS = (
-    "bytes", "bytes", "raw", "raw", "raw", "raw", "text", "json", "int32", "int32",
-    "usage", "usage", "usage", "usage", "usage", "json", "text", "raw", "float", "bool", "int64", "json", "raw", "raw", "text",
-)
-assert len(_EVENT_KINDS) == len(EVENT_FIELDS) and len(_TURN_KINDS) == len(TURN_FIELDS)
-
-
-def _clean(fact: tuple[Any, ...], kinds: tuple[str, ...]) -> tuple[Any, ...]:
-    """A fact whose values Arrow takes.
+def _clean(fact: Any) -> Any:
+    """A fact (an :class:`EventFact` or :class:`TurnFact`) whose values Arrow takes.
 
     Text with lone surrogates gets them escaped, as :func:`loopscope._json.to_jsonable`
     does, which is what the Python mapping always stored for text inside JSON (and JSON
@@ -333,6 +372,7 @@ def _clean(fact: tuple[Any, ...], kinds: tuple[str, ...]) -> tuple[Any, ...]:
     (the row kept it as it was) becomes its ``str``. Numbers a column cannot hold: a
     count becomes NULL, a token count too (the usage JSON keeps it), a time fails.
     """
+    kinds = _KINDS[type(fact)]
     values = list(fact)
     usage_json = None
     for i, (kind, value) in enumerate(zip(kinds, fact)):
@@ -359,13 +399,12 @@ def _clean(fact: tuple[Any, ...], kinds: tuple[str, ...]) -> tuple[Any, ...]:
             value = a.usage_value(value)
             if value is not None and not -(1 << 63) <= value < (1 << 63):
                 if usage_json is None:
-                    usage = (a.usage_value(v) for v in fact[10:15])
-                    usage_json = _json.dumps({k: v for k, v in zip(_USAGE_KEYS, usage) if v is not None})
+                    usage = {key: a.usage_value(getattr(fact, key)) for key in _USAGE_KEYS}
+                    usage_json = _json.dumps({k: v for k, v in usage.items() if v is not None})
                 value = None
         values[i] = value
-    if usage_json is not None:
-        values[TURN_FIELDS.index("usage")] = usage_json
-    return tuple(values)
+    cleaned = fact._make(values)
+    return cleaned if usage_json is None else cleaned._replace(usage=usage_json)
 
 
 class SpanMapping(Protocol):

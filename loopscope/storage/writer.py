@@ -34,16 +34,17 @@ from typing import Any
 
 import duckdb
 
-from .._guard import clear_warning, internal_error, logger, warn_once
-from . import health, idempotent, recovery, rows, scrub
+from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
+from . import health, idempotent, recovery, rows, scrub
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
+from .flush import FlushRequest, settle
 from .policy import PersistencePolicy
-from .rows import END as _END, START as _START, SpanMapping
+from .rows import END, START, SpanMapping
 from .schema import migrate
 
-__all__ = ["_END", "_START", "StoreWriter", "WriterStats", "write_batch"]
+__all__ = ["StoreWriter", "WriterStats", "write_batch"]
 
 AUTO_INTERVAL = (0.5, 5.0)
 """The shortest and the longest wait between two batches with ``flush_interval=None``."""
@@ -96,16 +97,6 @@ class WriterStats:
     """The estimated bytes of the spans queued and the rows held (mapped, being written, kept)."""
     lost_from_file: int = 0
     """Events this writer had written that the file no longer holds (its WAL was removed)."""
-
-
-class _Marker:
-    """A flush request travelling through the queue behind the items it waits for."""
-
-    __slots__ = ("done", "ok")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.ok = True
 
 
 class StoreWriter:
@@ -187,7 +178,7 @@ class StoreWriter:
     # -- the hot path --------------------------------------------------------------------
 
     def submit(self, kind: int, span: Any) -> None:
-        """Queue a span (``_START`` or ``_END``) for mapping and writing. Never blocks."""
+        """Queue a span (``START`` or ``END``) for mapping and writing. Never blocks."""
         queue = self._queue
         size = len(queue)
         if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
@@ -202,10 +193,10 @@ class StoreWriter:
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:
-        self.submit(_START, span)
+        self.submit(START, span)
 
     def submit_end(self, span: Any) -> None:
-        self.submit(_END, span)
+        self.submit(END, span)
 
     # -- control -------------------------------------------------------------------------
 
@@ -213,11 +204,11 @@ class StoreWriter:
         """Write everything queued so far; True when it reached the file."""
         if not self._thread.is_alive():
             return not self._queue
-        marker = _Marker()
-        self._queue.append(marker)
+        request = FlushRequest()
+        self._queue.append(request)
         self._wake.set()
         self._arrived.set()
-        return marker.done.wait(timeout) and marker.ok
+        return request.wait(timeout)
 
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Flush, then stop the thread; returns within ``timeout`` seconds (``None``: once
@@ -315,7 +306,7 @@ class StoreWriter:
     def _give_up_backlog(self) -> None:
         """The thread stopped with rows it could not write (and, after a write that failed,
         spans it did not take from the queue): they are lost, and counted."""
-        rows = self._backlog_rows() + sum(1 for item in self._queue if type(item) is not _Marker)
+        rows = self._backlog_rows() + sum(1 for item in self._queue if type(item) is not FlushRequest)
         self._queue.clear()
         self._backlog = None
         self._held_bytes = 0
@@ -324,7 +315,7 @@ class StoreWriter:
 
     def _unwritten(self) -> int:
         """Rows and spans held and not written: queued, mapped, being written, kept."""
-        queued = sum(1 for item in list(self._queue) if type(item) is not _Marker)
+        queued = sum(1 for item in list(self._queue) if type(item) is not FlushRequest)
         return queued + self._mapped + self._inflight + self._backlog_rows()
 
     def _abandon(self) -> None:
@@ -372,10 +363,8 @@ class StoreWriter:
             self._wake.clear()
             closing = self._closed
             spent = clock()
-            try:
+            with _WRITER_GUARD:
                 self._drain()
-            except Exception:
-                internal_error("store writer")
             if self._abandoned:
                 # close() stopped waiting while a write ran, and counted what was held as
                 # lost; the write ended after all: count again what is still unwritten
@@ -404,7 +393,7 @@ class StoreWriter:
         failed write ends the drain: the rows are kept, and retried at the next wake.
         """
         facts = rows.Facts()
-        markers: list[_Marker] = []
+        markers: list[FlushRequest] = []
         # mapped rows count against the memory bound too: a batch holds at most what the
         # queue may, so a writer that cannot write holds about twice ``max_queue`` (and
         # ``max_bytes``), not ``max_queue`` + ``batch_size``
@@ -427,9 +416,7 @@ class StoreWriter:
                     ok = self._write(facts)
                 finally:
                     self._mapped = 0
-                    for marker in markers:
-                        marker.ok = ok
-                        marker.done.set()
+                    settle(markers, ok, "store writer")
                 facts, markers = rows.Facts(), []
                 if not ok or self._abandoned:
                     return
@@ -438,15 +425,15 @@ class StoreWriter:
                     self._arrived.set()
                 return
 
-    def _take(self, count: int) -> tuple[list[Any], list[_Marker]]:
+    def _take(self, count: int) -> tuple[list[Any], list[FlushRequest]]:
         items: list[Any] = []
-        markers: list[_Marker] = []
+        markers: list[FlushRequest] = []
         queue = self._queue
         popleft = queue.popleft
         taken = 0
         for _ in range(min(len(queue), count)):
             item = popleft()
-            if type(item) is _Marker:
+            if type(item) is FlushRequest:
                 markers.append(item)
             else:
                 items.append(item)
@@ -711,6 +698,8 @@ def _yield_gil() -> None:
     runs a statement) would otherwise wait out the switch interval (5 ms) each time."""
     time.sleep(0)
 
+
+_WRITER_GUARD = guard("store writer")
 
 _schema_ready: set[str] = set()
 _schema_lock = threading.Lock()

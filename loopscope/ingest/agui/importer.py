@@ -163,8 +163,8 @@ def _facts(plan: Interpretation, skipped: set[int]) -> rows.Facts:
     """The kept rows as the writer's facts (the same Arrow batches a span batch makes)."""
     facts = rows.Facts()
     facts.append(
-        [tuple(row[f] for f in rows.EVENT_FIELDS) for n, row in plan.events if n not in skipped],
-        [tuple(row[f] for f in rows.TURN_FIELDS) for n, row in plan.turns if n not in skipped],
+        [rows.EventFact(**row) for n, row in plan.events if n not in skipped],
+        [rows.TurnFact(**row) for n, row in plan.turns if n not in skipped],
     )
     return facts
 

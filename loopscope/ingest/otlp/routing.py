@@ -12,20 +12,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ... import _json, semconv as a
-from ..._guard import internal_error
+from ... import _json
+from ... import semconv as a
+from ..._guard import guard, internal_error
 from ...storage.connection import open_store, resolve
-from ...storage.raw_spans import Flushed, RawSpanWriter
+from ...storage.flush import FlushRequest
+from ...storage.raw_spans import RawSpanWriter
 from ...storage.schema import migrate
 from ..foreign import AGENT, Assembler, classify
 from ..spans import Ctx, SpanRecord, is_own
 from ..writer import SpanWriter
 from .decode import _KINDS, _STATUS, Received
 
-
 _STARTS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
 DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
 """Payload bytes (decompressed) held at once, from reading a request to its rows' write."""
+
+
+_ROUTING_GUARD, _IDLE_GUARD = guard("collector routing"), guard("collector idle traces")
 
 
 class StoreUnavailable(Exception):
@@ -36,9 +40,9 @@ def _raw_row(received: Received, role: str | None, framework: str | None, now_us
     span = received.span
     kind = span.kind
     return (
-        "%032x" % span.context.trace_id,
-        "%016x" % span.context.span_id,
-        "%016x" % span.parent.span_id if span.parent is not None else None,
+        f"{span.context.trace_id:032x}",
+        f"{span.context.span_id:016x}",
+        f"{span.parent.span_id:016x}" if span.parent is not None else None,
         span.name,
         _KINDS[kind] if 0 <= kind < len(_KINDS) else str(kind),
         span.start_time // 1000,
@@ -64,7 +68,14 @@ def _raw_row(received: Received, role: str | None, framework: str | None, now_us
 
 @dataclass
 class CollectorStats:
-    """What a collector received and refused since it started (printed when it stops)."""
+    """What a collector received and refused since it started (printed when it stops).
+
+    These count *requests*, at the receiver: what senders sent and what they were told to
+    retry or were refused (4xx, 503). Nothing counted here is lost without the sender
+    knowing, so it lives in memory only. What happens to the rows afterwards (written,
+    dropped, failed writes) is the store writer's to count, in
+    :class:`loopscope.storage.health.Counters`, kept in the store for ``loopscope status``:
+    the two never count the same thing."""
 
     requests: int = 0
     spans: int = 0
@@ -155,7 +166,7 @@ class _Share:
     """One request's bytes of the budget, given back once each of its ``parts`` (its
     events and turns; its raw spans) is written, or parked if one could not be."""
 
-    __slots__ = ("budget", "size", "left", "failed", "_lock")
+    __slots__ = ("_lock", "budget", "failed", "left", "size")
 
     def __init__(self, budget: ByteBudget, size: int, parts: int) -> None:
         self.budget, self.size, self.left, self.failed = budget, size, parts, False
@@ -254,7 +265,7 @@ class Ingest:
                 f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
             )
 
-    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, Flushed | None]:
+    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, FlushRequest | None]:
         """Route a request's spans (one request at a time) and queue its raw rows; its share
         of the budget, and the marker to wait for with ``raw_wait``."""
         now_us = int(time.time() * 1e6)
@@ -273,11 +284,9 @@ class Ingest:
                 order.append(key)
                 if len(order) > self.dedupe_window:
                     seen.discard(order.popleft())
-                try:
+                role, framework = None, None
+                with _ROUTING_GUARD:
                     role, framework = self._route(item.span)
-                except Exception:
-                    internal_error("collector routing")
-                    role, framework = None, None
                 if role != "pending" and self.raw is not None:
                     raw_rows.append(_raw_row(item, role, framework, now_us))
             raw_marker = None
@@ -347,7 +356,7 @@ class Ingest:
         already (its pending id was forgotten: the memory of them is bounded)."""
         if not self.writer.flush(self.flush_timeout):
             return False
-        prefix = "%032x%016x" % (span.context.trace_id, span.context.span_id)
+        prefix = f"{span.context.trace_id:032x}{span.context.span_id:016x}"
         try:
             with open_store(self.path, read_only=True, timeout=self.flush_timeout) as con:
                 row = con.execute("SELECT count(*) FROM events WHERE id IN (?, ?)", [prefix + "s", prefix + "i"]).fetchone()
@@ -364,7 +373,7 @@ class Ingest:
         every = min(5.0, max(0.05, self.assembler.idle_seconds / 4))
         last = time.monotonic()
         while not self._stop.wait(min(every, 1.0)):
-            try:
+            with _IDLE_GUARD:
                 if time.monotonic() - last >= every:
                     last = time.monotonic()
                     with self._lock:
@@ -373,8 +382,6 @@ class Ingest:
                 if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
                     self.budget.unpark()  # what could not be written in time is now
                 self.budget.trim()
-            except Exception:
-                internal_error("collector idle traces")
 
     def close(self, timeout: float = 30.0) -> None:
         """Map what is still held, write everything, stop the writers."""
