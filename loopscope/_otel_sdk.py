@@ -51,7 +51,7 @@ from contextvars import ContextVar
 from operator import attrgetter
 from random import getrandbits
 from time import time_ns
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 SWITCH = "LOOPSCOPE_SDK_FAST_PATH"
 """The environment variable that turns the fast paths off (``0``, ``false``, ``no``, ``off``)."""
@@ -155,18 +155,21 @@ try:
     def _probe() -> bool:
         tracer = TracerProvider().get_tracer("loopscope-probe")
         values = {"s": "x", "b": True, "i": 1, "f": 0.5, "t": ("a", "b"), "k": "again"}
-        fast = tracer.start_span("probe", attributes={"k": "first", "z": 0})
-        slow = tracer.start_span("probe", attributes={"k": "first", "z": 0})
+        # the SDK's Span (its attributes are a mapping), as the type check below makes sure
+        fast = cast(_Span, tracer.start_span("probe", attributes={"k": "first", "z": 0}))
+        slow = cast(_Span, tracer.start_span("probe", attributes={"k": "first", "z": 0}))
         if type(fast) is not _Span or type(fast._attributes) is not BoundedAttributes:
             return False
         global _SPAN, _BOUNDED
         _SPAN, _BOUNDED = _Span, BoundedAttributes
         ok = _fast_set(fast, values)
         slow.set_attributes(values)
-        same = ok and list(fast.attributes.items()) == list(slow.attributes.items())
+        # ReadableSpan.attributes is never None (a MappingProxyType of the span's, or of {}):
+        # its annotation is the wider Attributes, hence the `or {}`, which changes nothing
+        same = ok and list((fast.attributes or {}).items()) == list((slow.attributes or {}).items())
         fast.end()
         slow.end()
-        return same and _fast_set(fast, {"late": 1}) is False and "late" not in fast.attributes
+        return same and _fast_set(fast, {"late": 1}) is False and "late" not in (fast.attributes or {})
 
     _PROBED_SET = _probe()
     if not _PROBED_SET:
@@ -230,7 +233,7 @@ def _fast_start(tracer: Any, name: str, context: Any, attributes: Mapping[str, A
         values = {}
     # get_current_span(context).get_span_context(), for an SDK span without the frames (and
     # the ABC isinstance check) of get_current_span, get_value and the typing.cast it returns
-    current = context.get(_SPAN_KEY) if context is not None else None
+    current: Any = context.get(_SPAN_KEY) if context is not None else None
     if type(current) is _SPAN:
         parent = current._context
     else:
@@ -378,7 +381,9 @@ def detach(token: object) -> None:
         _detach(token)  # type: ignore[arg-type]
 
 
-_new = object.__new__
+# typed as taking any class (the stubs want a type[Self]): the classes it builds from are
+# set once the probes pass, and the fields it stores are the SDK's private ones
+_new: Callable[[Any], Any] = object.__new__
 _dict_set = dict.__setitem__
 _new_tuple = tuple.__new__
 _Lock = threading.Lock
@@ -433,7 +438,9 @@ try:
                 if vars(value).keys() != vars(other).keys():
                     return False
                 if isinstance(value, BoundedList):
-                    if value._dq.maxlen != other._dq.maxlen or list(value) != list(other) or value.dropped != other.dropped:
+                    # BoundedList's private deque: its maxlen is the limit
+                    dq, other_dq = value._dq, other._dq  # pyright: ignore[reportAttributeAccessIssue]
+                    if dq.maxlen != other_dq.maxlen or list(value) != list(other) or value.dropped != other.dropped:
                         return False
                 elif list(value.items()) != list(other.items()) or any(
                     getattr(value, k) != getattr(other, k) for k in ("maxlen", "dropped", "max_value_len", "_immutable")
@@ -460,7 +467,7 @@ try:
         if type(provider._active_span_processor) is not SynchronousMultiSpanProcessor:
             return False
         provider.add_span_processor(_Seen())  # type: ignore[arg-type]
-        tracer = provider.get_tracer("loopscope-probe", "1")
+        tracer = cast(Tracer, provider.get_tracer("loopscope-probe", "1"))  # the SDK's, typed as the API's
         if tracer.sampler is not _PARENT_BASED:
             return False  # OTEL_TRACES_SAMPLER set: nothing to compare with here
         from opentelemetry import trace

@@ -255,7 +255,9 @@ def run_turn(model: ScriptedModel, session_id: str, history: list[dict[str, Any]
                 history.append(_run_tool(call))
         else:
             turn.end(loopscope.LoopEndReason.MAX_ROUNDS)
-    return turn.response
+    response = turn.response
+    assert response is not None  # the turn has ended
+    return response
 
 
 @dataclass

@@ -285,7 +285,9 @@ def _event_output(span: Any, out: Messages) -> None:
                 out.text += _content_text(_loads(message.get("content")) if str(message.get("content", "")).startswith("[") else message.get("content"))
                 for call in _loads(message.get("tool_calls")) or ():
                     if isinstance(call, dict):
-                        function = call.get("function") if isinstance(call.get("function"), dict) else call
+                        function = call.get("function")
+                        if not isinstance(function, dict):
+                            function = call
                         out.tool_calls.append((call.get("id"), str(function.get("name") or ""), _text(function.get("arguments"))))
         elif event.name == "gen_ai.content.completion":
             for message in _loads(attributes.get("gen_ai.completion")) or ():

@@ -60,7 +60,8 @@ class StoreSpanProcessor(SpanProcessor):
                 if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
                     self._submit(END, span)
                 assembler = self._assembler
-                if assembler is not None and assembler.tracks(span.context.trace_id):
+                # an ended SDK span always has its context (ReadableSpan types it Optional)
+                if assembler is not None and assembler.tracks(span.context.trace_id):  # pyright: ignore[reportOptionalMemberAccess]
                     self._assemble(span)  # an own turn claims foreign spans inside it
             else:
                 self._foreign(span)
@@ -69,7 +70,7 @@ class StoreSpanProcessor(SpanProcessor):
 
     def _foreign(self, span: ReadableSpan) -> None:
         assembler = self._assembler
-        if assembler is None or not assembler.tracks(span.context.trace_id):
+        if assembler is None or not assembler.tracks(span.context.trace_id):  # pyright: ignore[reportOptionalMemberAccess]  # see on_end
             # most spans of other instrumentations (HTTP, databases) carry no GenAI marker at all
             scope = getattr(span.instrumentation_scope, "name", None)
             if _MARKERS.isdisjoint(_attributes(span)) and scope != PYDANTIC_AI_SCOPE:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import wrapt
 
 from .._guard import guard
-from ._patch import Patch, restore
+from ._patch import Patch, Registration, restore
 
 
 class Adapter(NamedTuple):
@@ -40,7 +40,7 @@ ADAPTERS: dict[str, Adapter] = {
 
 _lock = threading.RLock()
 _wanted: set[str] = set()
-_patches: dict[str, list[Patch]] = {}
+_patches: dict[str, list[Patch | Registration]] = {}
 _hooked: set[str] = set()
 
 

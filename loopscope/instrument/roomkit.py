@@ -158,7 +158,11 @@ class _Turns:
         if rk is None or rk.correlation_id is None or rk.finished:
             return
         rows = await store.list_events(
-            rk.room_id, limit=10_000, event_filter=EventFilter(correlation_id=rk.correlation_id, event_types=list(_ROW_TYPES))
+            rk.room_id,
+            limit=10_000,
+            # roomkit's enums are enum.StrEnum (Python 3.11+, as roomkit is): checked against
+            # 3.10 pyright sees them as plain str
+            event_filter=EventFilter(correlation_id=rk.correlation_id, event_types=list(_ROW_TYPES)),  # pyright: ignore[reportArgumentType]
         )
         for row in rows:
             if row.source.channel_id == rk.channel_id:
@@ -396,8 +400,9 @@ def attach(kit: Any) -> None:
             execution=HookExecution.ASYNC,
             fn=_rows_hook,
             name=_HOOK_NAMES[0],
-            channel_types={ChannelType.AI},
-            event_types=set(_ROW_TYPES),
+            # enum.StrEnum members, which pyright sees as str when it checks against 3.10
+            channel_types={ChannelType.AI},  # pyright: ignore[reportArgumentType]
+            event_types=set(_ROW_TYPES),  # pyright: ignore[reportArgumentType]
         )
     )
     response = engine.register(

@@ -131,7 +131,7 @@ def _text_of(content: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        texts = [text for p in content if isinstance(p, Mapping) and isinstance(text := p.get("text"), str)]
         return "".join(texts) if texts else None
     return None
 

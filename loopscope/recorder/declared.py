@@ -6,7 +6,7 @@ import copy
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, get_args
+from typing import Any, cast, final, get_args
 
 from pydantic import TypeAdapter
 
@@ -29,7 +29,9 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
     if isinstance(tool, str):
         return DeclaredTool(name=tool, origin=origin)  # type: ignore[arg-type]
     if isinstance(tool, dict):
-        spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        spec = tool.get("function")
+        if not isinstance(spec, dict):
+            spec = tool
         name = spec.get("name")
         if not name:
             return None
@@ -40,7 +42,7 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
             name=name if type(name) is str else _json.to_text(name),
             description=description if description is None or type(description) is str else _json.to_text(description),
             parameters=_schema(params) if isinstance(params, dict) else None,
-            origin=own_origin if type(own_origin) is str and own_origin in _ORIGINS else origin,
+            origin=cast(ToolOrigin, own_origin if type(own_origin) is str and own_origin in _ORIGINS else origin),
         )
     if callable(tool):
         name = getattr(tool, "__loopscope_tool_name__", None) or getattr(tool, "__name__", None)
@@ -69,7 +71,8 @@ def _parameters(fn: Callable[..., Any]) -> dict[str, Any] | None:
     except (KeyError, TypeError):
         pass
     try:
-        schema: dict[str, Any] | None = TypeAdapter(fn).json_schema()
+        # a function's adapter gives its arguments' schema; the stubs want a type form
+        schema: dict[str, Any] | None = TypeAdapter(cast(Any, fn)).json_schema()
     except Exception:  # unannotated or exotic signatures: declare the name alone
         schema = None
     try:
@@ -97,6 +100,7 @@ def union_into(union: dict[str, DeclaredTool], tools: Iterable[DeclaredTool]) ->
         union.setdefault(tool.name, tool)
 
 
+@final  # `type(tools) is ToolSet` stands for isinstance (and narrows for the type checker)
 class ToolSet:
     """A normalised tool list as a round or turn declares it, with its JSON made once.
 

@@ -8,7 +8,7 @@ import inspect
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -29,6 +29,9 @@ from . import _values, settings
 from .context import current_turn, open_stitched_turn
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
     from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -89,7 +92,7 @@ class ToolExecution:
         self._outcome: str | None = None
         self._error: str | None = None
         self._span: Span | None = None
-        self._token: object | None = None
+        self._token: Token[Context] | None = None
         self._turn: Any = None
         self._adopted: ToolExecution | None = None
         self._status: str | None = None  # a framework's own status, else folded from the outcome
@@ -152,6 +155,7 @@ class ToolExecution:
                     self._token = otel_context.attach(trace.set_span_in_context(call._span))  # type: ignore[arg-type]
                     return
                 if call is not None:
+                    call = cast(ToolCall, call)  # not an execution (served above): a requested call
                     self.call_id = call.id
                     if self.arguments is None:
                         self.arguments = call.arguments
@@ -238,8 +242,9 @@ class ToolExecution:
                 span.set_status(Status(StatusCode.ERROR, error))
             self._detach()
             end_time = None
-            if self._duration_ms is not None and getattr(span, "start_time", None) is not None:
-                end_time = span.start_time + round(self._duration_ms * 1e6)
+            start_time = getattr(span, "start_time", None)  # an SDK span's (the API's has none)
+            if self._duration_ms is not None and start_time is not None:
+                end_time = start_time + round(self._duration_ms * 1e6)
             end_span(span, end_time, attributes)  # set_attributes, then the end
             if self._turn is not None:
                 self._turn._tool_done()

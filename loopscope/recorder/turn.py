@@ -67,7 +67,7 @@ def _release(var: Any, var_token: Any, context_token: Any, where: str) -> None:
             otel_context.detach(context_token)
 
 
-def _offered(tools: Iterable[Any] | None) -> ToolSet:
+def _offered(tools: Iterable[Any] | ToolSet | None) -> ToolSet:
     """The tools a turn offers; a tool list loopscope cannot read offers none (it is the
     user's ``loopscope.turn(...)`` call: it must not fail because of it)."""
     try:
@@ -87,7 +87,9 @@ def _tool_call(call: Any) -> ToolCall:
     if isinstance(call, ToolCall):
         return call
     if isinstance(call, Mapping):
-        fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
+        fn = call.get("function")
+        if not isinstance(fn, Mapping):
+            fn = call
         args = fn.get("arguments", fn.get("input", call.get("input")))
         if isinstance(args, str):
             try:
@@ -96,7 +98,7 @@ def _tool_call(call: Any) -> ToolCall:
                 pass  # keep the model's text as it was
         name = fn.get("name")
         return ToolCall(
-            id=_call_id(call.get("id") or call.get("call_id")), name="None" if name is None else _values.text(name), arguments=args
+            id=_call_id(call.get("id") or call.get("call_id")), name="None" if name is None else _values.text(name) or "", arguments=args
         )
     return ToolCall(
         id=_call_id(getattr(call, "id", None)),
@@ -153,7 +155,7 @@ class Round:
         turn: Turn,
         model: str | None,
         provider: str | None,
-        tools: Iterable[Any] | None,
+        tools: Iterable[Any] | ToolSet | None,
         stream: bool | None,
         request: Mapping[str, Any] | None = None,
     ) -> None:
@@ -273,9 +275,9 @@ class Round:
             self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
             self._start_ns = time.monotonic_ns()
-            self._span = start_span(turn._tracer, name, turn._context(), attributes, self._start_time)
+            self._span = span = start_span(turn._tracer, name, turn._context(), attributes, self._start_time)
             if attach:
-                self._token = otel_context.attach(trace.set_span_in_context(self._span))
+                self._token = otel_context.attach(trace.set_span_in_context(span))
                 self._round_token = current_round.set(self)
         except Exception:
             internal_error("round start")
@@ -398,7 +400,7 @@ class Turn:
         *,
         session_id: str | None,
         agent: str | None,
-        tools: Iterable[Any] | None,
+        tools: Iterable[Any] | ToolSet | None,
         input: str | None,
         input_blocked: bool,
         model: str | None,
@@ -600,8 +602,8 @@ class Turn:
                 if self._input_blocked:
                     attributes[a.TURN_INPUT_BLOCKED] = True
             name = f"{a.OP_INVOKE_AGENT} {self.agent}" if self.agent else a.OP_INVOKE_AGENT
-            self._span = start_span(self._tracer, name, None, attributes)
-            self._span_context = trace.set_span_in_context(self._span)
+            self._span = span = start_span(self._tracer, name, None, attributes)
+            self._span_context = trace.set_span_in_context(span)
             if attach:
                 self._token = otel_context.attach(self._span_context)
                 self._turn_token = current_turn.set(self)

@@ -125,7 +125,7 @@ _NO_PROGRESS_BAR = "SET enable_progress_bar = false"
 # database, USE it, DETACH the store and ATTACH the store again read-write (a query must
 # fit in memory instead). The settings are locked once set (lock_configuration, after the
 # session's own progress bar setting), so SET and RESET cannot undo them.
-_SEALED_CONFIG: dict[str, str | bool] = {
+_SEALED_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # duckdb.connect's config type
     "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,

@@ -266,7 +266,9 @@ def _tool_calls(message: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     calls = []
     for call in message.get("tool_calls") or []:
         if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else call
+            function = call.get("function")
+            if not isinstance(function, dict):
+                function = call
             arguments = function.get("arguments")
             calls.append((str(call.get("id") or ""), str(function.get("name") or ""), result_value(arguments) if isinstance(arguments, str) else arguments))
     content = message.get("content")
@@ -525,7 +527,7 @@ class DuckDBConversationStore:
         row = con.execute("SELECT last_index FROM sessions WHERE session_id = ?", [conversation_id]).fetchone()
         last = int(row[0]) if row else 0
         now = datetime.now(timezone.utc)
-        columns = list(_COLUMNS)
+        columns: list[str] = list(_COLUMNS)
         tool_columns = _has_tool_columns(con)
         if tool_columns:
             columns += _TOOL_COLUMNS

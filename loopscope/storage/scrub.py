@@ -86,7 +86,7 @@ def _re2_compiles(pattern: str) -> bool:
     import pyarrow.compute as pc
 
     try:
-        pc.match_substring_regex(pa.array(["probe"]), pattern=pattern)
+        pc.match_substring_regex(pa.array(["probe"]), pattern=pattern)  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
     except Exception:  # any refusal means: not an RE2 expression
         return False
     return True
@@ -186,7 +186,8 @@ class Scrubber:
                 place = where
                 if place is None:
                     if codes is None:
-                        codes = batch.column(0).to_pylist()
+                        fetched: list[int] = batch.column(0).to_pylist()
+                        codes = fetched
                     place = _event_where(name, codes[row])
                 cleaned = self._scrub(value, place, how)
                 if cleaned != value:
@@ -207,7 +208,7 @@ class Scrubber:
         rows = _matching_rows(column, self.pattern) if self.pattern else []
         if self.limit:
             # bytes, not characters: a superset, without a pass over the text
-            long = pc.indices_nonzero(pc.greater(pc.binary_length(column), self.limit)).to_pylist()
+            long = pc.indices_nonzero(pc.greater(pc.binary_length(column), self.limit)).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
             if long:
                 rows = sorted(set(rows).union(long))
         return rows
@@ -246,7 +247,7 @@ def _matching_rows(column: Any, pattern: str) -> list[int]:
     rows: list[int] = []
     while start < end:
         span = pa.StringArray.from_buffers(1, pa.py_buffer(struct.pack("=ii", start, end)), data)
-        found = pc.find_substring_regex(span, pattern=pattern)[0].as_py()
+        found = pc.find_substring_regex(span, pattern=pattern)[0].as_py()  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
         if found is None or found < 0:
             break
         row = bisect.bisect_right(offsets, start + found, 0, count + 1) - 1

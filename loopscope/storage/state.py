@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import duckdb
@@ -83,8 +82,9 @@ def _remove(doc: Any, tokens: list[str]) -> Any:
     return doc
 
 
-def apply_patch(doc: Any, operations: Sequence[Any]) -> Any:
-    """``doc`` with a JSON Patch (RFC 6902) applied, as a new object: all operations or none."""
+def apply_patch(doc: Any, operations: object) -> Any:
+    """``doc`` with a JSON Patch (RFC 6902) applied, as a new object: all operations or none.
+    ``operations`` comes from stored JSON: anything but a list of operations is refused."""
     if not isinstance(operations, list):
         raise StatePatchError("a JSON Patch is a list of operations")
     doc = copy.deepcopy(doc)

@@ -237,7 +237,7 @@ class _Interpreter:
         """Add an event fact; ``correlation`` defaults to the current run."""
         run = self.run
         assert run is not None
-        row = dict.fromkeys(rows.EVENT_FIELDS)
+        row: dict[str, Any] = dict.fromkeys(rows.EVENT_FIELDS)
         row.update(
             code=code, trace_id=trace or run.trace, span_id=span, created_us=self.ts, session_id=run.session,
             correlation_id=run.run_id if correlation is _RUN else correlation, source_framework=FRAMEWORK, blocked=False,
@@ -337,6 +337,7 @@ class _Interpreter:
         outcome = getattr(getattr(event, "outcome", None), "type", None)
         pending_named = getattr(getattr(event, "outcome", None), "pending_tool_call_ids", None)
         if kind == "RUN_ERROR":
+            assert event is not None  # kind is its type
             reason = "error"
             error = f"{event.code}: {event.message}" if event.code else event.message
         elif kind is None:
@@ -356,7 +357,7 @@ class _Interpreter:
             reason = said["loop_end_reason"]
             error = said.get("error") if isinstance(said.get("error"), str) else error
         usage, model, provider = _usage(getattr(event, "usage", None))
-        turn = dict.fromkeys(rows.TURN_FIELDS)
+        turn: dict[str, Any] = dict.fromkeys(rows.TURN_FIELDS)
         turn.update(
             trace_id=run.trace,
             span_id=span_bytes(run.session, "run", run.run_id or ""),

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 __all__ = ["AguiFormatError", "Received", "Source", "read_events"]
 
@@ -67,13 +67,13 @@ def _texts(source: Source) -> Iterator[tuple[str, str, dict[str, Any]]]:
     elif isinstance(source, os.PathLike):
         yield from _parse_text(_decode(Path(source).read_bytes()))
     elif hasattr(source, "read"):
-        content = source.read()
+        content = cast("IO[Any]", source).read()  # an open file, text or binary
         yield from _parse_text(_decode(content) if isinstance(content, (bytes, bytearray)) else content)
     else:
         yield from _objects(source)
 
 
-def _decode(content: bytes) -> str:
+def _decode(content: bytes | bytearray) -> str:
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -104,7 +104,7 @@ def _split_lines(text: str) -> list[str]:
 def _object(where: str, raw: str) -> dict[str, Any]:
     try:
         data = json.loads(raw)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise AguiFormatError(where, f"not JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(data, dict):
         raise AguiFormatError(where, f"an AG-UI event is a JSON object, not {type(data).__name__}")
@@ -134,7 +134,7 @@ def _json_array(text: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
         while True:
             try:
                 value, end = decoder.raw_decode(text, pos)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise AguiFormatError(line_at(exc.pos), f"not JSON ({exc.msg})") from None
             where = line_at(pos)
             if not isinstance(value, dict):

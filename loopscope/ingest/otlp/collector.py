@@ -141,7 +141,7 @@ class Collector:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '') else host}:{self.grpc_port}"
 
-    def start(self) -> Collector:
+    def start(self) -> Self:
         # the file first: a path that cannot be written fails here, clearly, not at the first span
         with open_store(self.db, read_only=False, timeout=10.0) as con:
             migrate(con)
