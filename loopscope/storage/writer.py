@@ -764,10 +764,10 @@ def write_batch(
             .rename_columns(["session_id", "last_index", "first_at", "last_at"])
         )
         if known:
-            is_known = pc.is_in(counters.column("session_id"), value_set=pa.array(list(known), pa.string()))
+            is_known = pc.is_in(counters.column("session_id"), value_set=pa.array(list(known), pa.string()))  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
             con.register(_KNOWN_SESSIONS, counters.filter(is_known))
             script.append(_SESSIONS_UPDATE_SQL)
-            counters = counters.filter(pc.invert(is_known))
+            counters = counters.filter(pc.invert(is_known))  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
         if counters.num_rows:
             con.register(_NEW_SESSIONS, counters)
             script.append(_SESSIONS_INSERT_SQL)

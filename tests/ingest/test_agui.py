@@ -453,6 +453,10 @@ def test_indices_continue_the_sessions_own_gap_free_numbering(recording):
         ('{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}\n[1]\n', r"^line 2: an AG-UI event is a JSON object, not list$"),
         ('{"type": "CUSTOM", "name": "a", "value": 1}\n', r"^line 1: CUSTOM before any RUN_STARTED, and no session was given"),
         ("hello\n", r"^line 1: neither SSE"),
+        ('{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}\n{"type": "CUSTOM", "name": "a", "value": ' + "9" * 5000 + "}\n",
+         r"^line 2: not readable JSON \(Exceeds the limit"),
+        ('data: {"type": "RUN_STARTED", "threadId": "t", "runId": "r"}\n\ndata: {"type": "CUSTOM", "name": "a", "value": ' + "9" * 5000
+         + "}\n\n", r"^line 3: not readable JSON \(Exceeds the limit"),
     ],
 )
 def test_malformed_input_names_the_line_and_stores_nothing(db, text, message):

@@ -106,6 +106,8 @@ def _object(where: str, raw: str) -> dict[str, Any]:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise AguiFormatError(where, f"not JSON ({exc.msg} at column {exc.colno})") from None
+    except ValueError as exc:  # JSON Python refuses to read: an integer past its digit limit
+        raise AguiFormatError(where, f"not readable JSON ({exc})") from None
     if not isinstance(data, dict):
         raise AguiFormatError(where, f"an AG-UI event is a JSON object, not {type(data).__name__}")
     return data
@@ -136,6 +138,8 @@ def _json_array(text: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
                 value, end = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as exc:
                 raise AguiFormatError(line_at(exc.pos), f"not JSON ({exc.msg})") from None
+            except ValueError as exc:  # JSON Python refuses to read: an integer past its digit limit
+                raise AguiFormatError(line_at(pos), f"not readable JSON ({exc})") from None
             where = line_at(pos)
             if not isinstance(value, dict):
                 raise AguiFormatError(where, f"an AG-UI event is a JSON object, not {type(value).__name__}")
