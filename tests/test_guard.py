@@ -19,13 +19,6 @@ class Bug(RuntimeError):
     """A fault in loopscope's own code."""
 
 
-@pytest.fixture
-def quiet() -> Iterator[None]:
-    _guard.set_strict(False)
-    try:
-        yield
-    finally:
-        _guard.set_strict(True)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, where: str) -> list[logging.LogRecord]:

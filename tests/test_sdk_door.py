@@ -27,6 +27,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import loopscope
 from loopscope import _otel_sdk
+from sample_tools import book, weather
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "loopscope"
@@ -180,17 +181,6 @@ def test_set_fast_path_switches_at_run_time() -> None:
 
 # -- both paths, the same spans and rows -------------------------------------------------------
 
-
-@loopscope.tool
-def weather(city: str) -> dict[str, Any]:
-    return {"city": city, "temp_c": 21}
-
-
-@loopscope.tool
-def book(when: str) -> str:
-    if when == "never":
-        raise LookupError("no table then")
-    return f"booked {when}"
 
 
 def _workload() -> None:

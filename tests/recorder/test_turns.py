@@ -9,6 +9,7 @@ import pytest
 
 import loopscope
 from loopscope import LoopEndReason
+from sample_tools import book, weather
 
 WEATHER = {
     "type": "function",
@@ -16,17 +17,6 @@ WEATHER = {
 }
 BOOK = {"name": "book", "description": "Book a table", "input_schema": {"type": "object", "properties": {"when": {"type": "string"}}}}
 
-
-@loopscope.tool
-def weather(city: str) -> dict:
-    return {"city": city, "temp_c": 21}
-
-
-@loopscope.tool
-def book(when: str) -> str:
-    if when == "never":
-        raise LookupError("no table then")
-    return f"booked {when}"
 
 
 def two_round_turn(session: str = "s1") -> loopscope.Turn:
