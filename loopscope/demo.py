@@ -286,9 +286,3 @@ def run(db: str | os.PathLike[str] | None = None, *, session_id: str | None = No
     finally:
         loopscope.shutdown()
     return DemoResult(session, pipeline.db_path or "", turns)
-
-
-if __name__ == "__main__":  # pragma: no cover - ``python -m loopscope.demo``
-    from .cli import main
-
-    raise SystemExit(main(["demo"]))

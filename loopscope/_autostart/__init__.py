@@ -3,7 +3,7 @@
 Two doors lead here. ``loopscope run -- python app.py`` puts the ``boot`` folder beside
 this file first on ``PYTHONPATH``, whose ``sitecustomize`` calls :func:`start` when the
 child interpreter starts; ``opentelemetry-instrument python app.py`` finds
-:class:`loopscope.instrument.otel.LoopscopeInstrumentor` under the
+:class:`loopscope._autostart.otel.LoopscopeInstrumentor` under the
 ``opentelemetry_instrumentor`` entry point, which calls :func:`start` too. Settings come
 from the environment, so the application's code stays as it is.
 """

@@ -4,7 +4,8 @@ Registered under the ``opentelemetry_instrumentor`` entry point as ``loopscope``
 ``opentelemetry-instrument python app.py`` turns on every loopscope adapter, with the
 tracer provider the OpenTelemetry distro set up (loopscope adds its store to it). This
 module needs ``opentelemetry-instrumentation`` (which ``opentelemetry-instrument`` comes
-with); nothing else in loopscope imports it.
+with); nothing else in loopscope imports it. It lives with the zero-code start, which it
+is: the adapters (``loopscope.instrument``) know nothing of either.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ class LoopscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
             if pipeline._active is None:  # the application configured nothing itself
                 pipeline.configure(tracer_provider=provider)
-        from .._autostart import start
+        from . import start
 
         start()
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from . import uninstrument
+        from ..instrument import uninstrument
 
         uninstrument()
