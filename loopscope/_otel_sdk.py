@@ -561,6 +561,24 @@ def attribute_values(span: Any) -> Iterable[Any] | None:
     return attributes.values() if attributes is not None else None
 
 
+def attributes_if_from(span: Any, scope_name: str) -> Mapping[str, Any] | None:
+    """:func:`attributes_view` of a span made under the instrumentation scope ``scope_name``,
+    None for any other span: both reads in one call, since the store's processor asks
+    them of every span twice (at its start and at its end), on the application's thread."""
+    if type(span) in _READ_TYPES:
+        scope = span._instrumentation_scope
+        if scope is None or (scope._name if type(scope) is _READ_SCOPE else scope.name) != scope_name:
+            return None
+        bounded = span._attributes
+        if type(bounded) is _READ_BOUNDED:
+            return bounded._dict  # type: ignore[no-any-return]
+        return span.attributes.copy()  # type: ignore[no-any-return]
+    scope = span.instrumentation_scope
+    if scope is None or scope.name != scope_name:
+        return None
+    return span.attributes.copy()  # type: ignore[no-any-return]
+
+
 def scope_name(span: Any) -> str | None:
     """The name of the instrumentation scope that made ``span`` (None without one)."""
     scope = span._instrumentation_scope if type(span) in _READ_TYPES else span.instrumentation_scope

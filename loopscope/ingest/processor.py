@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from .. import semconv as a
 from .._guard import internal_error
+from .._otel_sdk import attributes_if_from
 from .._otel_sdk import attributes_view as _attributes
-from .._otel_sdk import scope_name
 from ..storage.rows import END, START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
@@ -47,15 +47,16 @@ class StoreSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            if _attributes(span).get(a.OPERATION) in _STARTS and scope_name(span) == OWN_SCOPE:
+            attributes = attributes_if_from(span, OWN_SCOPE)
+            if attributes is not None and attributes.get(a.OPERATION) in _STARTS:
                 self._submit(START, span)
         except Exception:
             internal_error("store processor start")
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            if scope_name(span) == OWN_SCOPE:
-                attributes = _attributes(span)
+            attributes = attributes_if_from(span, OWN_SCOPE)
+            if attributes is not None:
                 # a state span (loopscope.state_snapshot) is no GenAI operation: asked only after
                 if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
                     self._submit(END, span)
