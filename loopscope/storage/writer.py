@@ -517,20 +517,12 @@ class StoreWriter:
                     self.already_stored += idempotent.drop_stored(con, facts)
                 extra = self._tracker.statements(facts) if self._tracker is not None else []
                 report, counters = self._report_statements(facts)
-                try:
-                    written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
-                except duckdb.Error as exc:
-                    if not committed_anyway(exc):
-                        raise
-                    # the transaction is in the WAL and only DuckDB's automatic checkpoint
-                    # after it failed (a full disk): the rows are stored (every attach
-                    # replays the WAL), so they count as written; written again, they
-                    # would be stored twice. The WAL is checkpointed later, when it can be.
-                    written_events, written_turns = facts.event_rows, facts.turn_rows
-                    final = False
+                written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
                 if self._tracker is not None:
                     self._tracker.committed()
-                self._wal_pending = not final
+            # whether rows wait in the WAL, read from the file: a commit meant to checkpoint
+            # may have left them there (its checkpoint failed, see write_batch)
+            self._wal_pending = _wal_size(self.path) > 0
             self.report.persisted = counters
             self.report.stored(self._row_id())
         except (duckdb.Error, StoreError, OSError) as exc:
@@ -778,7 +770,12 @@ def write_batch(
     script.append("COMMIT")
     try:
         con.execute(";\n".join(script))
-    except BaseException:
+    except BaseException as exc:
+        if committed_anyway(exc):
+            # the transaction is in the WAL and only DuckDB's automatic checkpoint after it
+            # failed (a full disk): the rows are stored (every attach replays the WAL), so
+            # they count as written; written again, they would be stored twice
+            return facts.event_rows, facts.turn_rows
         try:
             con.execute("ROLLBACK")
         except duckdb.Error:
