@@ -5,26 +5,17 @@ private modules stay in their package, no import cycles. import-linter checks th
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tool_scripts import script
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _lint_imports() -> list[str]:
-    script = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
-    if script is None:
-        pytest.fail("lint-imports is missing: pip install -e '.[test]' installs import-linter")
-    return [script]
 
 
 def test_the_layer_rules_hold() -> None:
     # this checkout's package, whichever one the environment has installed
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([*_lint_imports(), "--no-cache"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*script("lint-imports", "import-linter"), "--no-cache"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout

@@ -129,17 +129,18 @@ class Collector:
     @property
     def http_endpoint(self) -> str | None:
         """The OTLP/HTTP base URL (``OTEL_EXPORTER_OTLP_ENDPOINT``); None without HTTP."""
-        if self.http_port is None:
-            return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '') else host}:{self.http_port}"
+        return self._endpoint(self.http_port)
 
     @property
     def grpc_endpoint(self) -> str | None:
-        if self.grpc_port is None:
+        """The OTLP/gRPC endpoint; None without gRPC."""
+        return self._endpoint(self.grpc_port)
+
+    def _endpoint(self, port: int | None) -> str | None:
+        if port is None:
             return None
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '') else host}:{self.grpc_port}"
+        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '') else host}:{port}"
 
     def start(self) -> Self:
         # the file first: a path that cannot be written fails here, clearly, not at the first span
