@@ -225,6 +225,10 @@ def beside_path(store: str) -> str:
     return store + ".loopscope-lost.json"
 
 
+LOCK_WAIT = 1.0
+"""Seconds a writer waits for the lock of the file beside the store before giving up."""
+
+
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     """The beside file's lock, between the processes that write it (POSIX; elsewhere none)."""
@@ -234,7 +238,18 @@ def _locked(path: str) -> Iterator[None]:
         yield
         return
     with open(path + ".lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        # each holder holds it for one small read and write; a holder that is stopped must
+        # not hold the exit of this process hostage, so the wait is bounded (an OSError:
+        # the entry is then not written, and the loss only logged)
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
         try:
             yield
         finally:

@@ -94,3 +94,22 @@ def test_rows_lost_with_a_removed_wal_are_counted_and_leave_no_index_gap(tmp_pat
     assert [e.content.body for e in timeline] == ["q3", "a3", "q4", "a4"]
     assert [e.index for e in timeline] == [1, 2, 3, 4]
     assert json.dumps(status, default=str)  # --json still prints it
+
+
+def test_a_held_lock_of_the_file_beside_the_store_is_waited_for_a_bounded_time(tmp_path: Path) -> None:
+    """A process stopped while it holds the lock of the lost-events file must not hold the
+    exit of another: the count is given up (and only logged) after ``LOCK_WAIT``."""
+    import fcntl
+    import time
+
+    from loopscope.storage import health
+
+    store = str(tmp_path / "s.duckdb")
+    with open(health.beside_path(store) + ".lock", "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another holder, as another process would be
+        began = time.monotonic()
+        assert health.record_beside(store, "w1", health.Counters(dropped_unwritable=3)) is False
+        assert time.monotonic() - began < health.LOCK_WAIT + 5
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    assert health.record_beside(store, "w1", health.Counters(dropped_unwritable=3)) is True
+    assert health.read_beside(store)["w1"]["dropped_unwritable"] == 3
