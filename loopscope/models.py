@@ -53,6 +53,10 @@ class LoopEndReason(str, Enum):
     FORCE_STOPPED = "force_stopped"
     CANCELLED = "cancelled"
     ERROR = "error"
+    REFUSAL = "refusal"
+    """The model refused (ACP's ``refusal`` stop reason; a structured-output refusal)."""
+    CONTENT_FILTER = "content_filter"
+    """The provider's content filter withheld the answer (not an ACP reason: a provider's)."""
 
 
 class EventType(str, Enum):

@@ -65,6 +65,35 @@ ROUND_BLOCKED = "loopscope.round.blocked"
 TOOL_STATUS = "loopscope.tool.status"
 TOOL_OUTCOME = "loopscope.tool.outcome"
 TOOL_ERROR = "loopscope.tool.error"
+CALL_POSITION = "loopscope.call.position"
+"""On a ``chat`` span: the model call's place in its turn, from 1 (the turn's first model
+call is 1). Not the round count: see :data:`ROUND_COUNT` and :data:`MODEL_CALL_COUNT`."""
+CALL_OUTCOME = "loopscope.call.outcome"
+"""On a ``chat`` span: how the model call ended, one of :data:`CALL_OUTCOMES`."""
+CALL_OUTCOMES = ("completed", "truncated", "refusal", "content_filter", "error", "cancelled")
+"""``completed``: the model answered (text, tool calls, or both); ``truncated``: cut at the
+token limit; ``refusal``: the model refused (a structured-output refusal, Anthropic's
+``refusal`` stop reason); ``content_filter``: the provider's filter withheld the answer;
+``error``: the call raised, or an HTTP 200 carried an error body; ``cancelled``: the
+stream was closed (or the call abandoned) before it ended."""
+CALL_REFUSAL = "loopscope.call.refusal"
+"""On a ``chat`` span: the model's refusal text (content: kept under the content policy;
+:data:`CALL_OUTCOME` says ``refusal`` either way)."""
+CALL_ERROR = "loopscope.call.error"
+"""On a ``chat`` span: the error text of a call that failed, when the span status cannot
+carry it (an HTTP 200 whose body is an error); the status description otherwise."""
+USAGE_PROVIDER = "loopscope.usage.provider"
+"""On a ``chat`` span: the provider's own usage figures as it reported them, JSON text
+(``{"input_tokens": 3, "cache_read_input_tokens": 1111, ...}``). The ``gen_ai.usage.*``
+attributes are normalized: input tokens include cached ones on every provider, as the
+GenAI conventions say they SHOULD."""
+REQUEST_TOOL_CHOICE = "loopscope.request.tool_choice"
+"""On a ``chat`` span: the request's tool choice (``auto``, ``required``, a tool name...)."""
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+"""On a streamed ``chat`` span: seconds from the request to the first chunk."""
+MODEL_CALL_COUNT = "loopscope.turn.model_call_count"
+"""On an ``invoke_agent`` span: how many model calls the turn made. :data:`ROUND_COUNT`
+keeps RoomKit's meaning (tool rounds: model calls that asked for tools)."""
 USAGE_INVALID = "loopscope.usage.invalid"
 """On a ``chat`` (or ``invoke_agent``) span: the usage values the application reported that
 are not token counts (see :func:`token_count`), as JSON text ``{"key": "<the value as
@@ -228,6 +257,7 @@ REQUEST_PARAMETERS = {
     "stop": "gen_ai.request.stop_sequences",
     "choice_count": "gen_ai.request.choice.count",
     "reasoning_effort": "gen_ai.request.reasoning.level",
+    "tool_choice": REQUEST_TOOL_CHOICE,
     "service_tier": "gen_ai.request.service_tier",
     "server_address": "server.address",
     "server_port": "server.port",

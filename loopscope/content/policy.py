@@ -39,11 +39,12 @@ CONTENT_ATTRIBUTES = frozenset(
         a.TURN_INPUT,
         a.THINKING,
         a.STATE_VALUE,
+        a.CALL_REFUSAL,
     }
 )
 """Attributes that carry what was said or passed: sent only when content capture is on."""
 
-SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | {a.TOOL_ERROR, "exception.message", "exception.stacktrace"}
+SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | {a.TOOL_ERROR, a.CALL_ERROR, "exception.message", "exception.stacktrace"}
 """Attributes whose text is scrubbed of secrets wherever it goes (errors quote inputs too)."""
 
 # The shapes of secrets masked by default live in one table (secrets.SECRET_SHAPES).

@@ -308,7 +308,7 @@ class Round:
             if self.text or self.tool_calls:
                 attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self)])
             if self._first_chunk_ns is not None:
-                attributes["gen_ai.response.time_to_first_chunk"] = (self._first_chunk_ns - self._start_ns) / 1e9
+                attributes[a.TIME_TO_FIRST_CHUNK] = (self._first_chunk_ns - self._start_ns) / 1e9
             if exc is not None:
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
