@@ -33,7 +33,11 @@ RESPONSE_SEGMENT_SEPARATOR = "\n\n"
 
 ToolStatus = Literal["pending", "completed", "failed"]
 ToolOutcome = Literal["served", "refused", "failed", "blocked", "unserved", "cancelled"]
-ToolOrigin = Literal["always", "pinned", "sticky", "revealed"]
+ToolOrigin = Literal["always", "pinned", "sticky", "revealed", "output"]
+"""Why a tool was offered: RoomKit's ``always`` / ``pinned`` / ``sticky`` / ``revealed``, or
+``output``: a tool a framework adds to carry the run's structured output (pydantic-ai's
+``final_result``). Calling an output tool is the model's answer: it is stored as the turn's
+assistant message, not as a tool call, and ``declared_vs_used`` leaves output tools out."""
 
 
 def _utcnow() -> datetime:

@@ -301,7 +301,7 @@ def _event_output(span: Any, out: Messages) -> None:
 @dataclass
 class Chat:
     text: str
-    tool_calls: list[tuple[str | None, str, str | None]]
+    tool_calls: list[tuple[str | None, str, str | None]]  # the calls of tools that run (output tools' are in outputs)
     user_text: str | None
     request_model: str | None
     response_model: str | None
@@ -310,6 +310,15 @@ class Chat:
     finish_reasons: tuple[str, ...]
     declared: list[dict[str, Any]]
     streaming: bool
+    outputs: list[tuple[str | None, str, str | None]] = field(default_factory=list)  # calls of output tools
+    answer: str | None = None  # the structured output this call answered with (see Assembler._answers)
+
+    @property
+    def said(self) -> str:
+        """The round's text as the assistant's message: its text, then its structured output."""
+        if self.answer is None:
+            return self.text
+        return self.text + RESPONSE_SEGMENT_SEPARATOR + self.answer if self.text else self.answer
 
 
 _USAGE_SOURCES = {
@@ -339,8 +348,21 @@ def _usage(attrs: Mapping[str, Any], prefix: str | None = None) -> dict[str, int
     return usage
 
 
-def _declared(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The tools a model call was offered, as loopscope's declared-tool records."""
+def _output_tools(attrs: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the output tools a pydantic-ai model call was offered (its
+    ``model_request_parameters``: ``output_tools``, ``final_result`` by default): calling
+    one is how the model gives the run's structured output, not a tool that runs."""
+    value = attrs.get("model_request_parameters")
+    if not value:
+        return frozenset()
+    parameters = _loads(value)
+    tools = parameters.get("output_tools") if isinstance(parameters, dict) else None
+    return frozenset(t["name"] for t in tools or () if isinstance(t, dict) and isinstance(t.get("name"), str))
+
+
+def _declared(attrs: Mapping[str, Any], outputs: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The tools a model call was offered, as loopscope's declared-tool records (the
+    output tools among them with origin ``output``)."""
     tools: list[Any] = []
     definitions = _loads(attrs.get(a.TOOL_DEFINITIONS))
     if isinstance(definitions, list):
@@ -365,7 +387,7 @@ def _declared(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
         parameters = tool.get("parameters", tool.get("input_schema"))
         if isinstance(parameters, dict):
             record["parameters"] = parameters
-        record["origin"] = "always"
+        record["origin"] = "output" if name in outputs else "always"
         out.append(record)
     return out
 
@@ -388,17 +410,23 @@ def read_chat(span: Any) -> Chat:
     stream = _first(attrs, a.REQUEST_STREAM, "gen_ai.is_streaming", "llm.is_streaming")
     if stream is None and "gen_ai.client.operation.time_to_first_chunk" in attrs:
         stream = True  # pydantic-ai says a call streamed only by its time to the first chunk
+    output_tools = _output_tools(attrs)
+    calls = [c for c in messages.tool_calls if c[1] not in output_tools]
+    outputs = [c for c in messages.tool_calls if c[1] in output_tools] if output_tools else []
     return Chat(
         text=messages.text,
-        tool_calls=messages.tool_calls,
+        tool_calls=calls,
         user_text=messages.user_text,
         request_model=_first(attrs, a.REQUEST_MODEL, "llm.model_name", "llm.request.model", "model_name"),
         response_model=_first(attrs, a.RESPONSE_MODEL, "llm.model_name", "llm.response.model"),
         provider=_first(attrs, a.PROVIDER, "gen_ai.system", "llm.provider", "llm.system"),
         usage=_usage(attrs),
         finish_reasons=tuple(str(r) for r in reasons),
-        declared=_declared(attrs),
+        declared=_declared(attrs, output_tools),
         streaming=bool(stream) if isinstance(stream, (bool, int)) else str(stream).lower() == "true",
+        outputs=outputs,
+        # alone (no agent run to say which output it accepted), the call's answer is what it sent
+        answer=outputs[-1][2] if outputs else None,
     )
 
 
@@ -562,8 +590,9 @@ def chat_attributes(span: Any, chat: Chat, session: str | None, turn_id: str | N
         attrs[a.REQUEST_MODEL] = str(chat.request_model)
     if chat.response_model:
         attrs[a.RESPONSE_MODEL] = str(chat.response_model)
-    if chat.text:
-        attrs[a.ROUND_TEXT] = chat.text
+    said = chat.said
+    if said:
+        attrs[a.ROUND_TEXT] = said
     if chat.finish_reasons:
         attrs[a.RESPONSE_FINISH_REASONS] = chat.finish_reasons
     for key, value in chat.usage.items():
@@ -600,7 +629,7 @@ def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str
                      chats: list[Chat], tools: list[ToolCall], rounds_with_tools: int) -> dict[str, Any]:
     """The ``invoke_agent`` attributes of an agent run, with its turn summary made from the
     model calls and tool calls under it (in time order)."""
-    segments = [c.text for c in chats if c.text]
+    segments = [c.said for c in chats if c.said]
     if not segments and run.output:
         segments = [run.output]
     usage: dict[str, int] = dict(run.usage)
@@ -859,9 +888,14 @@ class Assembler:
         turn_id = f"{agent.context.span_id:016x}"
         name = run.name
         framework = framework or next((i.framework for i in items), None)
+        accepted = _answers([c for _, c in chats], run, agent)
         # tool spans without a call id get the id of the call the model asked for (same
-        # name, the same arguments if they tell), else their span id
+        # name, the same arguments if they tell), else their span id; an output tool's call
+        # (run by an output function) is matched too, but makes no tool round
         requested = [(chat_item.span.end_time, call) for chat_item, chat in chats for call in chat.tool_calls]
+        output_calls = len(requested)
+        requested += [(chat_item.span.end_time, call) for chat_item, chat in chats for call in chat.outputs]
+        answered_at: int | None = None  # when the output function that made the run's output ended
         claimed: set[int] = set()
         rounds = set()
         canon_tools = []
@@ -877,7 +911,10 @@ class Assembler:
                     match = index
             if match is not None:
                 claimed.add(match)
-                rounds.add(requested[match][0])
+                if match < output_calls:
+                    rounds.add(requested[match][0])
+                elif accepted is not None and requested[match][1] in accepted.outputs:
+                    answered_at = item.span.end_time
                 call_id = call_id or requested[match][1][0]
             canon_tools.append((item, tool_attributes(tool, call_id or f"{item.span.context.span_id:016x}", session, turn_id, name, item.framework)))
         if tools and not rounds:
@@ -896,12 +933,30 @@ class Assembler:
             rows.append((item.span.end_time, order, END, canon))
         for item, chat in chats:
             order += 1
-            rows.append((item.span.end_time, order, END, item.span.replace(
+            # the answer an output function made is told after that function ran
+            at = max(item.span.end_time, answered_at) if chat is accepted and answered_at is not None else item.span.end_time
+            rows.append((at, order, END, item.span.replace(
                 attributes=chat_attributes(item.span, chat, session, turn_id, name, item.framework))))
         rows.sort(key=lambda r: (r[0], r[1]))
         out = [(kind, span) for _, _, kind, span in rows]
         out.append((END, canon_agent))
         return out
+
+
+def _answers(chats: list[Chat], run: AgentRun, agent: Any) -> Chat | None:
+    """Which model call gave the run's structured output, now its ``answer``: the last one
+    that called an output tool, answering with the output the run returned (validated, or
+    made by an output function); an earlier call of an output tool was rejected (pydantic-ai
+    asked again) and answers nothing, nor does any when the run failed. That call, or None."""
+    accepted = None
+    if not _failed(agent):
+        accepted = next((c for c in reversed(chats) if c.outputs), None)
+    for chat in chats:
+        if chat is not accepted:
+            chat.answer = None
+    if accepted is not None and run.output is not None:
+        accepted.answer = run.output
+    return accepted
 
 
 def _same_json(left: str | None, right: str | None) -> bool:

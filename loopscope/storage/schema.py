@@ -260,6 +260,15 @@ def m007_writer_counters() -> list[str]:
     return writer_counters()
 
 
+@migration
+def m008_output_tools() -> list[str]:
+    """The views again: ``declared_vs_used`` leaves out the output tools a turn declared
+    (origin ``output``, such as pydantic-ai's ``final_result``), whose call is the answer."""
+    from .views import create_statements
+
+    return create_statements()
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 """How many migrations a file of this loopscope has. Kept in ``loopscope_meta`` as
 ``schema_version`` beside the names: the readers' one-query check, ``loopscope status``,

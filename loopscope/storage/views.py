@@ -51,7 +51,9 @@ tool, turns_offered`` (turns that declared the tool), ``turns_used`` (of those, 
 that called it), ``use_share`` (turns_used / turns_offered), ``calls`` (calls of it in
 the agent's turns, declared or not), ``undeclared_calls`` (calls in turns that did not
 declare it), ``last_offered, last_called``. Least used first: a tool offered in many
-turns and never called only makes every prompt longer.
+turns and never called only makes every prompt longer. A turn's output tools (declared
+with origin ``output``, such as pydantic-ai's ``final_result``: calling one is the
+model's answer) are left out, offered and called.
 
 ``token_usage`` -- per session and model: ``session_id, model, provider, turns,
 input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens,
@@ -240,16 +242,31 @@ ORDER BY day, turns DESC, loop_end_reason
 # Calls are counted per turn as tool_stats counts them (start rows, or end rows where no
 # start rows were stored), without grouping every call first.
 def _declared_vs_used(tool_columns: bool) -> str:
+    # output tools: the model's way to answer, not a tool offered for use (the text
+    # prefilter spares parsing the declared tools of every turn that has none)
+    outputs = """
+outputs AS (
+    SELECT session_id, turn_id, json_extract_string(d, '$.name') AS tool
+    FROM (
+        SELECT session_id, correlation_id AS turn_id, unnest(CAST(declared_tools AS JSON[])) AS d
+        FROM turns
+        WHERE contains(CAST(declared_tools AS VARCHAR), '"output"')
+    )
+    WHERE json_extract_string(d, '$.origin') = 'output'
+),"""
+    not_output = """
+    ANTI JOIN outputs x ON x.session_id IS NOT DISTINCT FROM {0}.session_id AND x.turn_id = {0}.turn_id AND x.tool = {0}.tool"""
     return f"""
-WITH offered AS (
-    SELECT DISTINCT agent, session_id, turn_id, unnest(declared_tools) AS tool, ended_at
-    FROM turn_summaries
+WITH{outputs}
+offered AS (
+    SELECT DISTINCT s.agent, s.session_id, s.turn_id, s.tool, s.ended_at
+    FROM (SELECT agent, session_id, turn_id, unnest(declared_tools) AS tool, ended_at FROM turn_summaries) s{not_output.format("s")}
 ),
 called AS (
-    SELECT session_id, turn_id, tool,
-        greatest(count(*) FILTER (WHERE type = 'tool_call_start'), count(*) FILTER (WHERE type = 'tool_call_end')) AS calls,
-        max(created_at) AS last_called
-    FROM ({tool_rows(tool_columns)})
+    SELECT r.session_id, r.turn_id, r.tool,
+        greatest(count(*) FILTER (WHERE r.type = 'tool_call_start'), count(*) FILTER (WHERE r.type = 'tool_call_end')) AS calls,
+        max(r.created_at) AS last_called
+    FROM ({tool_rows(tool_columns)}) r{not_output.format("r")}
     GROUP BY ALL
 ),
 used AS (

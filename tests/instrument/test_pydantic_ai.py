@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from pydantic_ai import Agent, ModelRetry
+from pydantic import BaseModel, Field
+from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
@@ -455,3 +458,144 @@ def test_a_conversation_continued_with_its_history_is_one_session(instrumented, 
     assert rows(store, turns[0].session_id) == WEATHER_ROWS + [("message", "user", "Thanks!"), ("message", "assistant", "You are welcome.")]
     later = max(turns, key=lambda t: t.timestamp)
     assert (later.segments, later.round_count, later.usage) == (["You are welcome."], 0, {"input_tokens": 300, "output_tokens": 4})
+
+
+# -- structured output: pydantic-ai's output tool ---------------------------------------------------
+
+
+class SupportOutput(BaseModel):
+    """pydantic-ai's bank-support example's output type."""
+
+    support_advice: str = Field(description="Advice returned to the customer")
+    block_card: bool = Field(description="Whether to block their card or not")
+    risk: int = Field(description="Risk level of query", ge=0, le=10)
+
+
+@dataclass
+class SupportDependencies:
+    customer_id: int
+
+
+BALANCE_ADVICE = {"support_advice": "Your balance is $123.45.", "block_card": False, "risk": 1}
+BLOCK_ADVICE = {"support_advice": "We have blocked your card.", "block_card": True, "risk": 8}
+
+
+def support_agent(server: Any, output_type: Any = SupportOutput) -> Agent[SupportDependencies, Any]:
+    """The bank-support example's agent: deps, a dynamic system prompt, one tool, a structured output."""
+    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=server.openai_base_url, api_key="test-key"))
+    agent = Agent(model, name="support_agent", deps_type=SupportDependencies, output_type=output_type,
+                  system_prompt="You are a support agent in our bank, give the customer support and judge the risk level of their query.")
+
+    @agent.system_prompt
+    async def add_customer_name(ctx: RunContext[SupportDependencies]) -> str:
+        return "The customer's name is 'John'" if ctx.deps.customer_id == 123 else "Unknown customer"
+
+    @agent.tool
+    async def customer_balance(ctx: RunContext[SupportDependencies], include_pending: bool) -> float:
+        """Returns the customer's current account balance."""
+        return 123.45
+
+    return agent
+
+
+def compact(value: dict[str, Any]) -> str:
+    """A structured output as pydantic-ai's run reports it (its ``final_result``): compact JSON."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def declared(db: Any) -> str:
+    """What ``loopscope tools --declared`` prints for the store."""
+    env = {**os.environ, "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "loopscope", "tools", "--declared", "--db", str(db)], check=False,
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_bank_support_examples_output_tool_is_its_answer(instrumented, server):
+    """The output tool (``final_result``) is how the model answers: the structured output is
+    the turn's assistant message and response, the tool is declared with origin ``output``,
+    and ``tools --declared`` does not call it "offered but never called"."""
+    server.queue(
+        Reply(tool_calls=[ToolCall("customer_balance", {"include_pending": True}, id="call_b1")], usage=Usage(100, 10)),
+        Reply(tool_calls=[ToolCall("final_result", BALANCE_ADVICE, id="call_f1")], usage=Usage(150, 20)),
+        Reply(tool_calls=[ToolCall("final_result", BLOCK_ADVICE, id="call_f2")], usage=Usage(120, 20)),
+    )
+    agent = support_agent(server)
+    deps = SupportDependencies(customer_id=123)
+    assert agent.run_sync("What is my balance?", deps=deps).output == SupportOutput(**BALANCE_ADVICE)
+    assert agent.run_sync("I just lost my card!", deps=deps).output == SupportOutput(**BLOCK_ADVICE)
+
+    store = instrumented.store
+    balance, block = sorted(store.list_turns(), key=lambda t: t.timestamp)
+    assert rows(store, balance.session_id) == [
+        ("message", "user", "What is my balance?"),
+        ("tool_call_start", "customer_balance", "call_b1", {"include_pending": True}, None, "pending", None, None),
+        ("tool_call_end", "customer_balance", "call_b1", {"include_pending": True}, 123.45, "completed", "served", None),
+        ("message", "assistant", compact(BALANCE_ADVICE)),
+    ]
+    assert rows(store, block.session_id) == [("message", "user", "I just lost my card!"), ("message", "assistant", compact(BLOCK_ADVICE))]
+    for turn, output in ((balance, BALANCE_ADVICE), (block, BLOCK_ADVICE)):
+        assert turn.loop_end_reason == LoopEndReason.COMPLETED
+        assert (turn.segments, turn.response_content) == ([compact(output)], compact(output))
+        assert [(t.name, t.origin) for t in turn.declared_tools] == [("customer_balance", "always"), ("final_result", "output")]
+    # an answer is neither a tool call nor a tool round
+    assert [(t.round_count, t.tool_calls_count) for t in (balance, block)] == [(1, 1), (0, 0)]
+
+    db = instrumented.db
+    assert query(db, "SELECT DISTINCT tool FROM tool_calls") == [("customer_balance",)]
+    assert query(db, "SELECT agent, tool, turns_offered, turns_used, calls FROM declared_vs_used") == [
+        ("support_agent", "customer_balance", 2, 1, 1),
+    ]
+    out = declared(db)
+    assert "customer_balance" in out and "final_result" not in out and "never called" not in out
+
+
+def test_a_structured_output_streamed_after_text_follows_the_text(instrumented, server):
+    server.queue(Reply(text="Let me look into it.", tool_calls=[ToolCall("final_result", BLOCK_ADVICE, id="call_f1")], usage=Usage(100, 20)))
+    agent = support_agent(server)
+
+    async def main() -> Any:
+        async with agent.run_stream("I just lost my card!", deps=SupportDependencies(customer_id=123)) as stream:
+            return await stream.get_output()
+
+    assert asyncio.run(main()) == SupportOutput(**BLOCK_ADVICE)
+    turn = only_turn(instrumented.store)
+    said = "Let me look into it.\n\n" + compact(BLOCK_ADVICE)
+    assert rows(instrumented.store, turn.session_id) == [("message", "user", "I just lost my card!"), ("message", "assistant", said)]
+    assert (turn.segments, turn.streaming, turn.tool_calls_count) == ([said], True, 0)
+
+
+def test_an_output_the_run_rejected_is_not_the_answer(instrumented, server):
+    """pydantic-ai asks again when the output tool's arguments do not validate: only the
+    output the run returned is the turn's answer (the rejected one is in the model call)."""
+    server.queue(
+        Reply(tool_calls=[ToolCall("final_result", {"support_advice": "Blocked."}, id="call_f1")], usage=Usage(100, 10)),
+        Reply(tool_calls=[ToolCall("final_result", BLOCK_ADVICE, id="call_f2")], usage=Usage(150, 20)),
+    )
+    result = support_agent(server).run_sync("I just lost my card!", deps=SupportDependencies(customer_id=123))
+    assert result.output == SupportOutput(**BLOCK_ADVICE) and len(server.requests) == 2
+    turn = only_turn(instrumented.store)
+    assert rows(instrumented.store, turn.session_id) == [("message", "user", "I just lost my card!"), ("message", "assistant", compact(BLOCK_ADVICE))]
+    assert (turn.segments, turn.round_count, turn.tool_calls_count) == ([compact(BLOCK_ADVICE)], 0, 0)
+
+
+def test_an_output_function_runs_as_a_tool_and_its_return_is_the_answer(instrumented, server):
+    """An output function is the application's code: its run is a tool call (of the output
+    tool the model called), and what it returned is the turn's answer, told after it ran."""
+
+    def escalate(support_advice: str, block_card: bool, risk: int) -> str:
+        """Escalate to a human."""
+        return f"escalated (risk {risk})"
+
+    server.queue(Reply(tool_calls=[ToolCall("final_result", BLOCK_ADVICE, id="call_f1")], usage=Usage(100, 20)))
+    assert support_agent(server, output_type=escalate).run_sync("I just lost my card!", deps=SupportDependencies(customer_id=123)).output == "escalated (risk 8)"
+    turn = only_turn(instrumented.store)
+    assert rows(instrumented.store, turn.session_id) == [
+        ("message", "user", "I just lost my card!"),
+        ("tool_call_start", "final_result", "call_f1", BLOCK_ADVICE, None, "pending", None, None),
+        ("tool_call_end", "final_result", "call_f1", BLOCK_ADVICE, "escalated (risk 8)", "completed", "served", None),
+        ("message", "assistant", "escalated (risk 8)"),
+    ]
+    assert [(t.name, t.origin) for t in turn.declared_tools] == [("customer_balance", "always"), ("final_result", "output")]
+    assert query(instrumented.db, "SELECT tool, turns_offered, calls, undeclared_calls FROM declared_vs_used") == [("customer_balance", 1, 0, 0)]
