@@ -28,6 +28,7 @@ from agents import (
 from agents.agent import AgentBase
 from agents.run import AgentRunner
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 import loopscope
 from fakes.model_server import Reply, ToolCall, Usage
@@ -244,6 +245,49 @@ def test_streamed_run_is_one_turn(api, instrumented, server):
     assert asyncio.run(main()) == FINAL_TEXT
     check_two_tool_turn(instrumented, server, streaming=True)
     assert all(s.attributes[a.REQUEST_STREAM] is True for s in genai_spans(instrumented) if s.attributes[a.OPERATION] == a.OP_CHAT)
+
+
+class Advice(BaseModel):
+    support_advice: str
+    block_card: bool
+    risk: int
+
+
+ADVICE = {"support_advice": "We have blocked your card.", "block_card": True, "risk": 8}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("api", APIS)
+def test_a_structured_output_is_the_assistants_message(api, streamed, instrumented, server):
+    """``output_type`` asks for a JSON schema answer (no output tool, unlike pydantic-ai's
+    default): the answer is the turn's assistant message and response, and no tool is
+    declared that the model never called."""
+    server.queue(
+        Reply(tool_calls=[ToolCall("local_time", {"city": "Paris"}, id="call_t")], usage=FIRST_USAGE),
+        Reply(text=json.dumps(ADVICE), usage=SECOND_USAGE),
+    )
+    agent = concierge(server, api, tools=[local_time], output_type=Advice)
+
+    async def main() -> Any:
+        if not streamed:
+            return (await Runner.run(agent, "I just lost my card!")).final_output
+        result = Runner.run_streamed(agent, "I just lost my card!")
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    assert asyncio.run(main()) == Advice(**ADVICE)
+    assert "schema" in json.dumps(server.requests[-1].body.get("response_format") or server.requests[-1].body.get("text"))
+    store = instrumented.store
+    turn = only_turn(store)
+    assert rows(store, turn.session_id) == [
+        ("message", "user", "I just lost my card!"),
+        ("tool_call_start", "local_time", "call_t", {"city": "Paris"}, None, "pending", None, None),
+        ("tool_call_end", "local_time", "call_t", {"city": "Paris"}, TIME_RESULT, "completed", "served", None),
+        ("message", "assistant", json.dumps(ADVICE)),
+    ]
+    assert (turn.segments, turn.response_content) == ([json.dumps(ADVICE)], json.dumps(ADVICE))
+    assert [(t.name, t.origin) for t in turn.declared_tools] == [("local_time", "always")]
 
 
 # -- failures and limits --------------------------------------------------------------------------

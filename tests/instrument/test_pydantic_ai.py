@@ -526,6 +526,14 @@ def test_the_bank_support_examples_output_tool_is_its_answer(instrumented, serve
     assert agent.run_sync("What is my balance?", deps=deps).output == SupportOutput(**BALANCE_ADVICE)
     assert agent.run_sync("I just lost my card!", deps=deps).output == SupportOutput(**BLOCK_ADVICE)
 
+    loopscope.flush()  # the rows are written before another process reads the file
+    out = declared(instrumented.db)
+    assert "customer_balance" in out and "final_result" not in out and "never called" not in out
+    assert query(instrumented.db, "SELECT agent, tool, turns_offered, turns_used, calls FROM declared_vs_used") == [
+        ("support_agent", "customer_balance", 2, 1, 1),
+    ]
+    assert query(instrumented.db, "SELECT DISTINCT tool FROM tool_calls") == [("customer_balance",)]
+
     store = instrumented.store
     balance, block = sorted(store.list_turns(), key=lambda t: t.timestamp)
     assert rows(store, balance.session_id) == [
@@ -541,14 +549,6 @@ def test_the_bank_support_examples_output_tool_is_its_answer(instrumented, serve
         assert [(t.name, t.origin) for t in turn.declared_tools] == [("customer_balance", "always"), ("final_result", "output")]
     # an answer is neither a tool call nor a tool round
     assert [(t.round_count, t.tool_calls_count) for t in (balance, block)] == [(1, 1), (0, 0)]
-
-    db = instrumented.db
-    assert query(db, "SELECT DISTINCT tool FROM tool_calls") == [("customer_balance",)]
-    assert query(db, "SELECT agent, tool, turns_offered, turns_used, calls FROM declared_vs_used") == [
-        ("support_agent", "customer_balance", 2, 1, 1),
-    ]
-    out = declared(db)
-    assert "customer_balance" in out and "final_result" not in out and "never called" not in out
 
 
 def test_a_structured_output_streamed_after_text_follows_the_text(instrumented, server):
@@ -590,7 +590,7 @@ def test_an_output_function_runs_as_a_tool_and_its_return_is_the_answer(instrume
 
     server.queue(Reply(tool_calls=[ToolCall("final_result", BLOCK_ADVICE, id="call_f1")], usage=Usage(100, 20)))
     assert support_agent(server, output_type=escalate).run_sync("I just lost my card!", deps=SupportDependencies(customer_id=123)).output == "escalated (risk 8)"
-    turn = only_turn(instrumented.store)
+    turn = only_turn(instrumented.store)  # (reading the store flushes the pipeline first)
     assert rows(instrumented.store, turn.session_id) == [
         ("message", "user", "I just lost my card!"),
         ("tool_call_start", "final_result", "call_f1", BLOCK_ADVICE, None, "pending", None, None),
@@ -599,3 +599,34 @@ def test_an_output_function_runs_as_a_tool_and_its_return_is_the_answer(instrume
     ]
     assert [(t.name, t.origin) for t in turn.declared_tools] == [("customer_balance", "always"), ("final_result", "output")]
     assert query(instrumented.db, "SELECT tool, turns_offered, calls, undeclared_calls FROM declared_vs_used") == [("customer_balance", 1, 0, 0)]
+
+
+@pytest.mark.parametrize("capture", [True, False])
+def test_the_collector_reads_the_output_tool_the_same(tmp_path, server, capture):
+    """Collected over OTLP the output tool is an output tool too: pydantic-ai names it in its
+    request parameters, which are no content (the answer itself is, so it stays home when
+    content capture is off)."""
+    local = tmp_path / "local.duckdb"
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
+        loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
+                            capture_content=capture, flush_interval=0.05)
+        loopscope.instrument()
+        try:
+            server.queue(
+                Reply(tool_calls=[ToolCall("customer_balance", {"include_pending": True}, id="call_b1")], usage=Usage(100, 10)),
+                Reply(tool_calls=[ToolCall("final_result", BALANCE_ADVICE, id="call_f1")], usage=Usage(150, 20)),
+            )
+            support_agent(server).run_sync("What is my balance?", deps=SupportDependencies(customer_id=123))
+        finally:
+            loopscope.uninstrument()
+            loopscope.shutdown()
+    collected = tmp_path / "collected.duckdb"
+    declared_tools = "SELECT declared_tools::VARCHAR FROM turns"
+    vs_used = "SELECT agent, tool, turns_offered, turns_used, calls, undeclared_calls FROM declared_vs_used"
+    assert query(collected, vs_used) == query(local, vs_used) == [("support_agent", "customer_balance", 1, 1, 1, 0)]
+    assert [[(t["name"], t["origin"]) for t in json.loads(v)] for (v,) in query(collected, declared_tools)] == [
+        [("customer_balance", "always"), ("final_result", "output")]
+    ]
+    answers = "SELECT content->>'body' FROM events WHERE type = 'message' AND content->>'role' = 'assistant'"
+    assert query(local, answers) == [(compact(BALANCE_ADVICE),)]
+    assert query(collected, answers) == ([(compact(BALANCE_ADVICE),)] if capture else [])
