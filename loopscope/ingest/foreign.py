@@ -14,7 +14,11 @@ Other instrumentations describe the same things with other attributes:
   ``tool.name``, ``input.value`` / ``output.value``, ``session.id``;
 * pydantic-ai: ``invoke_agent`` / ``agent run``, ``chat <model>``, ``execute_tool`` /
   ``running tool`` spans with ``gen_ai.*`` and ``tool_arguments`` / ``tool_response``,
-  ``final_result``, ``gen_ai.aggregated_usage.*``.
+  ``final_result``, ``gen_ai.aggregated_usage.*``. Its output tools (named in a call's
+  ``model_request_parameters``; ``final_result`` for an ``output_type``) are how the model
+  gives a structured output: declared with origin ``output``, and the call of one is the
+  turn's answer (the assistant's message, the output the run returned), not a tool call;
+  an output function's run (an ``execute_tool`` span) stays a tool call.
 
 :func:`classify` tells what a span is (an agent run, a model call, a tool call, a
 container such as a chain or workflow, or nothing loopscope maps), :func:`normalize`
@@ -30,6 +34,7 @@ The result is a span-like :class:`~loopscope.ingest.spans.SpanRecord` that
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import re
 import time
@@ -355,7 +360,17 @@ def _output_tools(attrs: Mapping[str, Any]) -> frozenset[str]:
     value = attrs.get("model_request_parameters")
     if not value:
         return frozenset()
-    parameters = _loads(value)
+    if isinstance(value, str):
+        return _output_tools_of(value)  # every call of a run has the same text: parsed once
+    return _output_tool_names(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _output_tools_of(text: str) -> frozenset[str]:
+    return _output_tool_names(_loads(text))
+
+
+def _output_tool_names(parameters: Any) -> frozenset[str]:
     tools = parameters.get("output_tools") if isinstance(parameters, dict) else None
     return frozenset(t["name"] for t in tools or () if isinstance(t, dict) and isinstance(t.get("name"), str))
 

@@ -6,7 +6,8 @@ itself. It switches that instrumentation on for every agent (``Agent.instrument_
 with a tracer provider that follows loopscope's pipeline, unless the application chose
 its own settings; the store's span processor maps the spans with the same
 :mod:`loopscope.ingest.foreign` mapping ``loopscope collect`` uses, loop end reason
-included. And it tells the SDK adapters underneath (openai, anthropic) that a model call
+included (an output tool such as ``final_result`` is the run's answer there, not a tool
+call). And it tells the SDK adapters underneath (openai, anthropic) that a model call
 made under one of pydantic-ai's ``chat`` spans is recorded already, so each model call
 has one span and each agent run one turn.
 """
