@@ -75,3 +75,47 @@ def items(kwargs: dict[str, Any], key: str) -> Any:
     if isinstance(value, Iterator):
         value = kwargs[key] = list(value)
     return value
+
+
+def tool_choice(value: Any) -> str | None:
+    """A request's tool choice as text: ``auto`` / ``none`` / ``required`` / ``any`` as
+    given, a forced tool by its name (OpenAI ``{"type": "function", "function": {"name"}}``
+    or ``{"type": "function", "name"}``, Anthropic ``{"type": "tool", "name"}``), any other
+    kind by its type (``{"type": "auto"}`` -> ``auto``)."""
+    if value is None or isinstance(value, str):
+        return value
+    name = get(get(value, "function"), "name") or get(value, "name")
+    if isinstance(name, str) and name:
+        return name
+    kind = get(value, "type")
+    return kind if isinstance(kind, str) else None
+
+
+def content_parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as GenAI message parts: its text as text parts, other parts
+    (images, files, audio) by their type only (their data is not recorded)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    if not isinstance(content, (list, tuple)):
+        return []
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append({"type": "text", "content": part})
+            continue
+        kind = get(part, "type")
+        text = get(part, "text")
+        if isinstance(text, str) and kind in ("text", "input_text", "output_text", None):
+            parts.append({"type": "text", "content": text})
+        elif kind == "refusal":
+            parts.append({"type": "refusal", "content": get(part, "refusal")})
+        elif isinstance(kind, str):
+            parts.append({"type": kind})
+    return parts
+
+
+def json_text(value: Any) -> str:
+    """A value (a mapping, an SDK model) as JSON text, for an error body with no message."""
+    return _json.dumps(value.model_dump() if isinstance(value, BaseModel) else value)
