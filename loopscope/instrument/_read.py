@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel  # noqa: F401 - adapters test ``isinstance(x, r.BaseModel)``
+from pydantic import BaseModel  # adapters test ``isinstance(x, r.BaseModel)`` too
 
 from .. import _json
 
