@@ -77,7 +77,9 @@ class ModelResponse:
     ``refusal``: the model's refusal text (a structured-output refusal), or True for a
     refusal without text (Anthropic's ``refusal`` stop reason); ``error`` /
     ``error_type``: an error the response carried as data (an HTTP 200 whose body is an
-    error). ``choices``: the answers after the first when the call asked for several.
+    error). ``choices``: the answers after the first when the call asked for several
+    (``n > 1``): each is recorded on the call (its finish reason and its text as an output
+    message); the turn's text, segments and tool calls stay the first answer's.
     """
 
     text: str | None = None
