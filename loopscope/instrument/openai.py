@@ -21,29 +21,32 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     messages = r.items(kwargs, "messages") or []
     results = []
     input_text = None
-    # the messages in the GenAI schema, made in the one pass that reads them anyway: a
-    # dict and a list per message here, the JSON text in one C call when the round starts
-    converted: list[dict[str, Any]] = []
+    # the messages in the GenAI schema, as JSON text made in the one pass that reads them
+    # anyway (see _read.messages_json: the common shapes without a dict or an encoder walk)
+    converted: list[str] = []
     for message in messages:
         plain = type(message) is dict  # the common case: read without r.get's frame
         role = message.get("role") if plain else r.get(message, "role")
         content = message.get("content") if plain else r.get(message, "content")
         if role == "tool":
             call_id = message.get("tool_call_id") if plain else r.get(message, "tool_call_id")
-            converted.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": content}]})
+            if type(call_id) is str and type(content) is str:
+                converted.append(r.tool_result_json(call_id, content))
+            else:
+                part = {"type": "tool_call_response", "id": call_id, "response": content}
+                converted.append(r.message_json({"role": "tool", "parts": [part]}))
             # only the results of calls still open are read (a long history holds many)
             if call_id and wants_result(str(call_id)):
                 text = content if type(content) is str else r.text_of(content)
                 results.append(ToolResult(str(call_id), result_value(text or content)))
             continue
-        parts = [{"type": "text", "content": content}] if type(content) is str else r.content_parts(content)
+        calls = (message.get("tool_calls") if plain else r.get(message, "tool_calls")) if role == "assistant" else None
+        if type(content) is str and type(role) is str and not calls:
+            converted.append(r.text_message_json(role, content))
+        else:
+            converted.append(_message_json(role, content, calls))
         if role == "user":
             input_text = content if type(content) is str else r.text_of(content)
-        elif role == "assistant":
-            calls = message.get("tool_calls") if plain else r.get(message, "tool_calls")
-            if calls:
-                parts += _call_parts(calls)
-        converted.append({"role": role, "parts": parts})
     request = _parameters(kwargs)
     request.update(r.server(instance))
     return ModelRequest(
@@ -54,17 +57,29 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         input_text,
         bool(kwargs.get("stream")),
         request,
-        input_messages=converted,
+        input_messages=r.messages_json(converted),
     )
 
 
-def _call_parts(calls: Any) -> list[dict[str, Any]]:
-    """An assistant message's tool calls as GenAI ``tool_call`` parts (arguments as the model wrote them)."""
-    parts = []
-    for call in calls:
-        function = r.get(call, "function")
-        parts.append({"type": "tool_call", "id": r.get(call, "id"), "name": r.get(function, "name"), "arguments": r.get(function, "arguments")})
-    return parts
+def _message_json(role: Any, content: Any, calls: Any) -> str:
+    """A message with parts other than one text (content parts, tool calls) as GenAI JSON text."""
+    if content is None:
+        parts = []
+    elif type(content) is str:
+        parts = [r.text_part_json(content)]
+    else:
+        parts = [r.message_json(part) for part in r.content_parts(content)]
+    for call in calls or ():
+        if type(call) is dict and type(function := call.get("function")) is dict:
+            call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        else:
+            function = r.get(call, "function")
+            call_id, name, arguments = r.get(call, "id"), r.get(function, "name"), r.get(function, "arguments")
+        if type(call_id) is str and type(name) is str and type(arguments) is str:
+            parts.append(r.tool_call_json(call_id, name, arguments))
+        else:
+            parts.append(r.message_json({"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}))
+    return '{"role":' + (r.string_json(role) if type(role) is str else r.message_json(role)) + ',"parts":[' + ",".join(parts) + "]}"
 
 
 _PARAMETERS = (  # the request's parameters, in the order their span attributes take

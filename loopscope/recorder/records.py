@@ -46,10 +46,11 @@ class ModelRequest:
     framework: str | None = None
     agent: str | None = None
     caller_ends_turn: bool = False
-    input_messages: list[dict[str, Any]] | None = None
+    input_messages: list[dict[str, Any]] | str | None = None
     """The request's messages in the GenAI message schema (``{"role", "parts": [...]}``,
     parts ``{"type": "text", "content"}``, ``{"type": "tool_call", "id", "name",
-    "arguments"}``, ``{"type": "tool_call_response", "id", "response"}``): recorded as
+    "arguments"}``, ``{"type": "tool_call_response", "id", "response"}``), or that list's
+    JSON text already made (an adapter on the hot path): recorded as
     ``gen_ai.input.messages`` (content: exported only with content capture on)."""
 
 

@@ -167,8 +167,8 @@ class Round:
     """The provider's own usage figures, JSON text (``usage`` is normalized)."""
     choices: tuple[Any, ...] = ()
     """The answers after the first of a call that asked for several (``n > 1``)."""
-    input_messages: list[dict[str, Any]] | None = None
-    """The request's messages in the GenAI message schema."""
+    input_messages: list[dict[str, Any]] | str | None = None
+    """The request's messages in the GenAI message schema (or their JSON text)."""
     outcome: str | None = None
     """How the call ended (one of :data:`loopscope.semconv.CALL_OUTCOMES`), once it has;
     set before the end only to say ``cancelled``."""
@@ -258,13 +258,13 @@ class Round:
         if choices:
             self.choices = tuple(choices)
 
-    def add_input_messages(self, messages: list[dict[str, Any]] | None) -> None:
+    def add_input_messages(self, messages: list[dict[str, Any]] | str | None) -> None:
         """The request's messages (GenAI message schema), learned after the round started
         (the SDK call that fills a framework's round); the first ones given stay."""
         if messages is not None and self.input_messages is None:
             self.input_messages = messages
             if self._late is not None:
-                self._late[a.INPUT_MESSAGES] = _json.dumps(messages)
+                self._late[a.INPUT_MESSAGES] = messages if type(messages) is str else _json.dumps(messages)
 
     def mark_streaming(self) -> None:
         """The answer comes in chunks, as learned after the round started (a framework
@@ -327,8 +327,9 @@ class Round:
                 late[a.TOOL_DEFINITIONS] = tools.definitions()
             if self._request:
                 late.update(a.request_attributes(self._request))
-            if self.input_messages is not None:
-                late[a.INPUT_MESSAGES] = _json.dumps(self.input_messages)  # C-encoded, one call
+            messages = self.input_messages
+            if messages is not None:  # C-encoded in one call, unless the adapter made the text
+                late[a.INPUT_MESSAGES] = messages if type(messages) is str else _json.dumps(messages)
             self.position = late[a.CALL_POSITION] = next(turn._positions)
             self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
