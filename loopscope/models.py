@@ -163,6 +163,10 @@ class AIResponseEvent(BaseModel):
     segments: list[str] = Field(default_factory=list)
     tool_calls_count: int = 0
     round_count: int = 0
+    """Tool rounds, as RoomKit counts them: the model calls whose tool calls ran (a turn
+    of one call that asked for no tool has 0). :attr:`model_call_count` counts every call."""
+    model_call_count: int = 0
+    """How many model calls the turn made (a one-call turn has 1)."""
     usage: dict[str, int] = Field(default_factory=dict)
     thinking: str = ""
     loop_end_reason: LoopEndReason | None = None

@@ -142,6 +142,7 @@ def turn_summary_attributes(summary: Any) -> dict[str, Any]:
         summary.model,
         summary.provider,
         summary.usage,
+        model_call_count=summary.model_call_count,
     )
 
 
@@ -158,6 +159,8 @@ def turn_attributes(
     model: str | None,
     provider: str | None,
     usage: Mapping[str, int],
+    *,
+    model_call_count: int | None = None,
 ) -> dict[str, Any]:
     """:func:`turn_summary_attributes` from the summary's plain values (the JSON ones encoded)."""
     attributes: dict[str, Any] = {
@@ -182,6 +185,8 @@ def turn_attributes(
         attr = USAGE_ATTRIBUTES.get(key)
         if attr:
             attributes[attr] = value
+    if model_call_count is not None:
+        attributes[MODEL_CALL_COUNT] = model_call_count
     return attributes
 
 

@@ -231,7 +231,7 @@ def turns_table(
     columns += [
         Column("AGENT", max_width=16),
         Column("MODEL", max_width=24, shrink=1, min_width=10),
-        Column("ROUNDS", "right"),
+        Column("TOOL ROUNDS", "right"),  # RoomKit's round_count: model calls whose tool calls ran
         Column("TOOLS", "right"),
         Column("TOKENS IN/OUT", "right"),
         Column("MS", "right"),

@@ -324,6 +324,7 @@ class Chat:
         if self.answer is None:
             return self.text
         return self.text + RESPONSE_SEGMENT_SEPARATOR + self.answer if self.text else self.answer
+    provider_usage: dict[str, int] | None = None  # the figures as read, when normalizing changed them
 
 
 _USAGE_SOURCES = {
@@ -351,6 +352,22 @@ def _usage(attrs: Mapping[str, Any], prefix: str | None = None) -> dict[str, int
         if value is not None and (value or key in ("input_tokens", "output_tokens")):
             usage[key] = value
     return usage
+
+
+def normalized_usage(usage: dict[str, int]) -> tuple[dict[str, int], dict[str, int] | None]:
+    """``usage`` with its input tokens including the cached ones, and the figures as read
+    when that changed them (else None).
+
+    Instrumentations differ: some report Anthropic's ``input_tokens`` as the API gives them
+    (the uncached rest only), others add the cached ones, as the GenAI conventions say.
+    Input tokens fewer than the cache read and written are provably the uncached rest: the
+    cached ones are added. More could be either; they are taken as normalized already.
+    """
+    cached = usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+    given = usage.get("input_tokens")
+    if not cached or given is None or given >= cached:
+        return usage, None
+    return {**usage, "input_tokens": given + cached}, usage
 
 
 def _output_tools(attrs: Mapping[str, Any]) -> frozenset[str]:
@@ -422,6 +439,7 @@ def read_chat(span: Any) -> Chat:
                 reason = (event.attributes or {}).get("finish_reason") or (body.get("finish_reason") if isinstance(body, dict) else None)
                 if reason:
                     reasons = (*reasons, reason)
+    usage, provider_usage = normalized_usage(_usage(attrs))
     stream = _first(attrs, a.REQUEST_STREAM, "gen_ai.is_streaming", "llm.is_streaming")
     if stream is None and "gen_ai.client.operation.time_to_first_chunk" in attrs:
         stream = True  # pydantic-ai says a call streamed only by its time to the first chunk
@@ -435,13 +453,14 @@ def read_chat(span: Any) -> Chat:
         request_model=_first(attrs, a.REQUEST_MODEL, "llm.model_name", "llm.request.model", "model_name"),
         response_model=_first(attrs, a.RESPONSE_MODEL, "llm.model_name", "llm.response.model"),
         provider=_first(attrs, a.PROVIDER, "gen_ai.system", "llm.provider", "llm.system"),
-        usage=_usage(attrs),
+        usage=usage,
         finish_reasons=tuple(str(r) for r in reasons),
         declared=_declared(attrs, output_tools),
         streaming=bool(stream) if isinstance(stream, (bool, int)) else str(stream).lower() == "true",
         outputs=outputs,
         # alone (no agent run to say which output it accepted), the call's answer is what it sent
         answer=outputs[-1][2] if outputs else None,
+        provider_usage=provider_usage,
     )
 
 
@@ -612,6 +631,8 @@ def chat_attributes(span: Any, chat: Chat, session: str | None, turn_id: str | N
         attrs[a.RESPONSE_FINISH_REASONS] = chat.finish_reasons
     for key, value in chat.usage.items():
         attrs[a.USAGE_ATTRIBUTES[key]] = value
+    if chat.provider_usage is not None:
+        attrs[a.USAGE_PROVIDER] = _json.dumps(chat.provider_usage)
     if _failed(span):
         attrs[a.ERROR_TYPE] = (span.attributes or {}).get(a.ERROR_TYPE) or "error"
     return attrs
@@ -647,7 +668,7 @@ def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str
     segments = [c.said for c in chats if c.said]
     if not segments and run.output:
         segments = [run.output]
-    usage: dict[str, int] = dict(run.usage)
+    usage: dict[str, int] = normalized_usage(dict(run.usage))[0]
     if not usage:
         for chat in chats:
             for key, value in chat.usage.items():
@@ -680,6 +701,7 @@ def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str
         str(model) if model else None,
         str(provider) if provider else None,
         usage,
+        model_call_count=len(chats),
     )
     attrs.update({a.OPERATION: a.OP_INVOKE_AGENT, **_context_attributes(session, turn_id, run.name, framework)})
     user_input = run.input if run.input is not None else next((c.user_text for c in chats if c.user_text), None)

@@ -44,7 +44,7 @@ def _given(value: Any) -> Any:
 
 
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
-    input_text, results = _read_input(_given(r.items(kwargs, "input")))
+    input_text, results, messages = _read_input(_given(r.items(kwargs, "input")))
     reasoning = _given(kwargs.get("reasoning"))
     request = {
         "temperature": _given(kwargs.get("temperature")),
@@ -52,6 +52,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         "max_tokens": _given(kwargs.get("max_output_tokens")),
         "reasoning_effort": r.get(reasoning, "effort"),
         "service_tier": _given(kwargs.get("service_tier")),
+        "tool_choice": r.tool_choice(_given(kwargs.get("tool_choice"))),
         "system_instructions": _given(kwargs.get("instructions")),
         **r.server(instance),
     }
@@ -64,28 +65,39 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         input_text=input_text,
         stream=_given(kwargs.get("stream")) is True,
         parameters=request,
+        input_messages=messages,
     )
 
 
-def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
-    """The last user text of ``input`` and the tool results it carries."""
+def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | None]:
+    """The last user text of ``input``, the tool results it carries, and its items as
+    GenAI messages (one per message, call and result item; others are left out)."""
     if isinstance(items, str):
-        return items, []
+        return items, [], [{"role": "user", "parts": [{"type": "text", "content": items}]}]
     if not isinstance(items, (list, tuple)):
-        return None, []
+        return None, [], None
     text = None
     results = []
+    messages: list[dict[str, Any]] = []
     for item in items:
         kind = r.get(item, "type")
         if kind in _RESULT_TYPES:
             call_id = r.get(item, "call_id")
+            output = r.get(item, "output")
+            messages.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": output}]})
             if call_id and wants_result(str(call_id)):  # results of calls still open only
-                output = r.get(item, "output")
                 content = r.text_of(output) if isinstance(output, list) else output
                 results.append(ToolResult(str(call_id), result_value(content)))
-        elif (kind in (None, "message")) and r.get(item, "role") == "user":
-            text = r.text_of(r.get(item, "content"))
-    return text, results
+        elif kind in _CALL_TYPES:
+            arguments = r.get(item, "arguments") if kind == "function_call" else r.get(item, "input")
+            part = {"type": "tool_call", "id": r.get(item, "call_id"), "name": r.get(item, "name"), "arguments": arguments}
+            messages.append({"role": "assistant", "parts": [part]})
+        elif kind in (None, "message"):
+            role, content = r.get(item, "role"), r.get(item, "content")
+            messages.append({"role": role, "parts": r.content_parts(content)})
+            if role == "user":
+                text = r.text_of(content)
+    return text, results, messages
 
 
 def _tools(tools: Any) -> list[Any] | None:
@@ -132,8 +144,8 @@ def _error(source: Any, default: str) -> ResponseError:
     return ResponseError(text)
 
 
-def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None]:
-    """Text (message items joined), the tool calls, and the reasoning summary of an output list."""
+def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, str | None]:
+    """Text (message items joined), the tool calls, the reasoning summary and the refusal of an output list."""
     texts: list[str] = []
     refusals: list[str] = []
     calls: list[ToolCall] = []
@@ -156,8 +168,9 @@ def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None]:
             text = "\n".join(t for t in (r.get(p, "text") for p in parts) if isinstance(t, str) and t)
             if text:
                 thinking.append(text)
-    text = MESSAGE_SEPARATOR.join(texts) or MESSAGE_SEPARATOR.join(refusals) or None
-    return text, calls, "\n".join(thinking) or None
+    refusal = MESSAGE_SEPARATOR.join(refusals) or None
+    text = MESSAGE_SEPARATOR.join(texts) or refusal
+    return text, calls, "\n".join(thinking) or None, refusal
 
 
 def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
@@ -170,22 +183,55 @@ def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
 
 
 def _finish(response: Any, model_call: ModelCall, *, text_streamed: bool = False, items: Any = None) -> None:
-    if r.get(response, "status") == "failed":
+    status = r.get(response, "status")
+    if status == "failed":
         model_call.fail(_error(r.get(response, "error"), "the response failed"))
         return
     output = r.get(response, "output")
-    text, calls, thinking = _read_output(output if output else items)
+    error = r.get(response, "error")
+    if status is None and error and not output:  # an HTTP 200 whose body is an error (a gateway's)
+        model_call.finish(
+            ModelResponse(
+                error=str(_error(error, r.json_text(error))),
+                error_type=_text(r.get(error, "type") or r.get(error, "code")),
+                response_id=r.get(response, "id"),
+                model=r.get(response, "model"),
+            )
+        )
+        return
+    text, calls, thinking, refusal = _read_output(output if output else items)
+    usage = _usage(r.get(response, "usage"))
     model_call.finish(
         ModelResponse(
             text=None if text_streamed else text,
             tool_calls=calls,
-            usage=_usage(r.get(response, "usage")),
+            usage=usage,
             finish_reason=_finish_reason(response, calls),
             response_id=r.get(response, "id"),
             model=r.get(response, "model"),
             thinking=thinking,
+            refusal=refusal,
+            provider_usage=_provider_usage(usage),
         )
     )
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+_PROVIDER_NAMES = (
+    ("input_tokens", "input_tokens"),
+    ("output_tokens", "output_tokens"),
+    ("cache_read_input_tokens", "cached_tokens"),
+    ("cache_creation_input_tokens", "cache_write_tokens"),
+    ("reasoning_tokens", "reasoning_tokens"),
+)
+
+
+def _provider_usage(usage: dict[str, int]) -> dict[str, int] | None:
+    """The Responses API's own figures, by its names (its input tokens include the cached ones)."""
+    return {name: usage[key] for key, name in _PROVIDER_NAMES if key in usage} or None
 
 
 def _finish_one(response: Any, model_call: ModelCall) -> None:
@@ -234,7 +280,7 @@ class _ResponseEvents:
 
     def finish(self, model_call: ModelCall) -> None:
         """The stream ended without a final event: what it carried is the response."""
-        text, calls, thinking = _read_output(self._items())
+        text, calls, thinking, refusal = _read_output(self._items())
         model_call.finish(
             ModelResponse(
                 text=None if self.streamed else text,
@@ -243,8 +289,13 @@ class _ResponseEvents:
                 response_id=r.get(self.last, "id"),
                 model=r.get(self.last, "model"),
                 thinking=thinking,
+                refusal=refusal,
             )
         )
+
+    def partial(self) -> ModelResponse:
+        """What the stream said before it was closed early: the response's id and model."""
+        return ModelResponse(response_id=r.get(self.last, "id"), model=r.get(self.last, "model"))
 
 
 # -- patching -------------------------------------------------------------------------

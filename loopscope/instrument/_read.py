@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel  # noqa: F401 - adapters test ``isinstance(x, r.BaseModel)``
+from pydantic import BaseModel  # adapters test ``isinstance(x, r.BaseModel)`` too
 
 from .. import _json
 
@@ -75,3 +76,99 @@ def items(kwargs: dict[str, Any], key: str) -> Any:
     if isinstance(value, Iterator):
         value = kwargs[key] = list(value)
     return value
+
+
+def tool_choice(value: Any) -> str | None:
+    """A request's tool choice as text: ``auto`` / ``none`` / ``required`` / ``any`` as
+    given, a forced tool by its name (OpenAI ``{"type": "function", "function": {"name"}}``
+    or ``{"type": "function", "name"}``, Anthropic ``{"type": "tool", "name"}``), any other
+    kind by its type (``{"type": "auto"}`` -> ``auto``)."""
+    if value is None or isinstance(value, str):
+        return value
+    name = get(get(value, "function"), "name") or get(value, "name")
+    if isinstance(name, str) and name:
+        return name
+    kind = get(value, "type")
+    return kind if isinstance(kind, str) else None
+
+
+def content_parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as GenAI message parts: its text as text parts, other parts
+    (images, files, audio) by their type only (their data is not recorded)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    if not isinstance(content, (list, tuple)):
+        return []
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append({"type": "text", "content": part})
+            continue
+        kind = get(part, "type")
+        text = get(part, "text")
+        if isinstance(text, str) and kind in ("text", "input_text", "output_text", None):
+            parts.append({"type": "text", "content": text})
+        elif kind == "refusal":
+            parts.append({"type": "refusal", "content": get(part, "refusal")})
+        elif isinstance(kind, str):
+            parts.append({"type": kind})
+    return parts
+
+
+def json_text(value: Any) -> str:
+    """A value (a mapping, an SDK model) as JSON text, for an error body with no message."""
+    return _json.dumps(value.model_dump() if isinstance(value, BaseModel) else value)
+
+
+# -- GenAI messages as JSON text, for the hot path ----------------------------------------------
+#
+# A request's messages are recorded on every call (gen_ai.input.messages), all of them: a
+# message made a dict of parts and then encoded costs ~2 us, most of it the encoder walking
+# the little dicts. The common shapes (a text, a tool call, a tool result, all strings) are
+# written here as text with the C string encoder, ~0.4 us a message; others go through
+# ``_json.dumps`` one message at a time.
+
+_string = json.encoder.encode_basestring  # the C encoder of a str as JSON (non-ASCII kept), as _json uses
+
+
+string_json = _string
+
+
+def text_part_json(text: str) -> str:
+    """``{"type": "text", "content": text}`` as JSON text."""
+    return '{"type":"text","content":' + _string(text) + "}"
+
+
+def text_message_json(role: str, text: str) -> str:
+    """``{"role": role, "parts": [{"type": "text", "content": text}]}`` as JSON text."""
+    return '{"role":' + _string(role) + ',"parts":[{"type":"text","content":' + _string(text) + "}]}"
+
+
+def tool_result_json(call_id: str, response: str) -> str:
+    """A tool message: ``{"role": "tool", "parts": [{"type": "tool_call_response", "id", "response"}]}``."""
+    return '{"role":"tool","parts":[{"type":"tool_call_response","id":' + _string(call_id) + ',"response":' + _string(response) + "}]}"
+
+
+def tool_call_json(call_id: str, name: str, arguments: str) -> str:
+    """A ``tool_call`` part (the arguments as the model wrote them)."""
+    return '{"type":"tool_call","id":' + _string(call_id) + ',"name":' + _string(name) + ',"arguments":' + _string(arguments) + "}"
+
+
+def message_json(message: dict[str, Any]) -> str:
+    """Any other message (a dict in the GenAI schema) as JSON text."""
+    return _json.dumps(message)
+
+
+def messages_json(fragments: list[str]) -> str:
+    """The messages' JSON texts as one JSON array; text that is no valid UTF-8 (a lone
+    surrogate in a message) has it replaced, as a JSON encoder for the wire would fail on it."""
+    text = "[" + ",".join(fragments) + "]"
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

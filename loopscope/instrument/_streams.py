@@ -22,7 +22,7 @@ import wrapt
 # 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
-from ..recorder.adapter import ModelCall
+from ..recorder.adapter import ModelCall, ModelResponse
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
@@ -32,6 +32,10 @@ class Accumulator(Protocol):
     # positional-only: each adapter names the item for what it is (a chunk, an event)
     def add(self, item: Any, model_call: ModelCall, /) -> None: ...
     def finish(self, model_call: ModelCall, /) -> None: ...
+    def partial(self) -> ModelResponse:
+        """What the stream has said so far (id, model, usage, finish reasons): kept on a
+        call whose stream is closed early or breaks."""
+        ...
 
 
 def _final_events(accumulator: Accumulator) -> frozenset[str]:
@@ -98,12 +102,19 @@ class _Recording:
     def fail(self, exc: BaseException) -> None:
         if _unfinished.pop(id(self), None) is not None:
             self.feed()
-            self.model_call.fail(exc)
+            self.model_call.fail(exc, self._partial())
 
     def abandon(self) -> None:
         if _unfinished.pop(id(self), None) is not None:
             self.feed()  # what was read before the stream was let go is part of the round
-            self.model_call.abandon()
+            self.model_call.abandon(self._partial())
+
+    def _partial(self) -> ModelResponse:
+        try:
+            return self.accumulator.partial()
+        except Exception:
+            internal_error("stream partial")
+            return ModelResponse()
 
 
 _unfinished: dict[int, _Recording] = {}

@@ -96,14 +96,18 @@ def _request(
 ) -> ModelRequest:
     results = []
     input_text = None
+    messages: list[dict[str, Any]] = []
     for message in _sequence(kwargs.get("messages")) or ():
-        if r.get(message, "role") != "user":
-            continue
-        content = r.get(message, "content")
+        role, content = r.get(message, "role"), r.get(message, "content")
         if isinstance(content, str):
-            input_text = content
+            messages.append({"role": role, "parts": [{"type": "text", "content": content}]})
+            if role == "user":
+                input_text = content
             continue
         blocks = _sequence(content) or ()
+        messages.append({"role": role, "parts": _parts(blocks)})
+        if role != "user":
+            continue
         for block in blocks:
             # only the results of calls still open are read (a long history holds many)
             call_id = r.get(block, "tool_use_id")
@@ -129,6 +133,7 @@ def _request(
         "max_tokens": params.get("max_tokens"),
         "stop": list(stop) if isinstance(stop, (list, tuple)) else None,
         "service_tier": params.get("service_tier"),
+        "tool_choice": r.tool_choice(params.get("tool_choice")),
         **r.server(instance),
     }
     return ModelRequest(
@@ -139,13 +144,32 @@ def _request(
         input_text=input_text,
         stream=kwargs.get("stream") is True if stream is None else stream,
         parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
+        input_messages=messages,
     )
+
+
+def _parts(blocks: Any) -> list[dict[str, Any]]:
+    """A message's content blocks as GenAI message parts (images and documents by their type only)."""
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        kind = r.get(block, "type")
+        if kind == "text":
+            parts.append({"type": "text", "content": r.get(block, "text")})
+        elif kind == "tool_use":
+            parts.append({"type": "tool_call", "id": r.get(block, "id"), "name": r.get(block, "name"), "arguments": r.get(block, "input")})
+        elif kind == "tool_result":
+            parts.append({"type": "tool_call_response", "id": r.get(block, "tool_use_id"), "response": _result_content(r.get(block, "content"))})
+        elif isinstance(kind, str):
+            parts.append({"type": kind})
+    return parts
 
 
 # -- the response -----------------------------------------------------------------------
 
 
 def _usage(usage: Any) -> dict[str, int]:
+    """The figures as Anthropic gives them (its ``input_tokens`` leave the cached ones
+    out), by loopscope's names; :func:`_normalized` makes the usage recorded of them."""
     if usage is None:
         return {}
     out = {
@@ -156,6 +180,40 @@ def _usage(usage: Any) -> dict[str, int]:
         "reasoning_tokens": r.number(r.get(r.get(usage, "output_tokens_details"), "thinking_tokens")),
     }
     return {k: v for k, v in out.items() if v is not None}
+
+
+_PROVIDER_NAMES = (
+    ("input_tokens", "input_tokens"),
+    ("output_tokens", "output_tokens"),
+    ("cache_read_input_tokens", "cache_read_input_tokens"),
+    ("cache_creation_input_tokens", "cache_creation_input_tokens"),
+    ("reasoning_tokens", "thinking_tokens"),
+)
+
+
+def _normalized(raw: dict[str, int]) -> tuple[dict[str, int], dict[str, int] | None]:
+    """The usage recorded (input tokens including the cache read and written, as the GenAI
+    conventions and OpenAI count them) and Anthropic's own figures, by its names."""
+    if not raw:
+        return raw, None
+    usage = dict(raw)
+    if "input_tokens" in usage:
+        usage["input_tokens"] += raw.get("cache_read_input_tokens", 0) + raw.get("cache_creation_input_tokens", 0)
+    return usage, {name: raw[key] for key, name in _PROVIDER_NAMES if key in raw}
+
+
+def _error_body(message: Any) -> ModelResponse | None:
+    """An HTTP 200 whose body is an error (``{"type": "error", "error": {...}}``: a gateway's), else None."""
+    error = r.get(message, "error")
+    if r.get(message, "type") != "error" and not (error and not r.get(message, "content")):
+        return None
+    text, kind = r.get(error, "message"), r.get(error, "type")
+    return ModelResponse(
+        error=text if isinstance(text, str) and text else r.json_text(error),
+        error_type=kind if isinstance(kind, str) else None,
+        response_id=r.get(message, "id"),
+        model=r.get(message, "model"),
+    )
 
 
 def _finish_message(message: Any, model_call: ModelCall) -> None:
@@ -171,15 +229,24 @@ def _finish_message(message: Any, model_call: ModelCall) -> None:
             calls.append(ToolCall(id=str(r.get(block, "id")), name=str(r.get(block, "name")), arguments=arguments))
         elif kind == "thinking":
             thinking.append(r.get(block, "thinking") or "")
+    if not texts and not calls:
+        error = _error_body(message)
+        if error is not None:
+            return model_call.finish(error)
+    text = "".join(texts) or None
+    stop_reason = r.get(message, "stop_reason")
+    usage, provider_usage = _normalized(_usage(r.get(message, "usage")))
     model_call.finish(
         ModelResponse(
-            text="".join(texts) or None,
+            text=text,
             tool_calls=calls,
-            usage=_usage(r.get(message, "usage")),
-            finish_reason=r.get(message, "stop_reason"),
+            usage=usage,
+            finish_reason=stop_reason,
             response_id=r.get(message, "id"),
             model=r.get(message, "model"),
             thinking="\n".join(t for t in thinking if t) or None,
+            refusal=stop_reason == "refusal" or None,  # its text is the message's
+            provider_usage=provider_usage,
         )
     )
 
@@ -249,16 +316,24 @@ class _Events:
                 calls.append(ToolCall(id=str(slot["id"]), name=str(slot["name"]), arguments=arguments))
             elif slot["type"] == "thinking":
                 thinking.append("".join(slot["thinking"]))
-        model_call.finish(
-            ModelResponse(
-                tool_calls=calls,
-                usage=self.usage,
-                finish_reason=self.stop_reason,
-                response_id=self.response_id,
-                model=self.model,
-                thinking="\n".join(t for t in thinking if t) or None,
-            )
+        response = self.partial()
+        response.tool_calls = calls
+        response.thinking = "\n".join(t for t in thinking if t) or None
+        if self.stop_reason == "refusal":
+            response.refusal = True  # its text is the message's
+        model_call.finish(response)
+
+    def partial(self) -> ModelResponse:
+        """What the events said (all of it at the end; so far, for a stream closed early)."""
+        usage, provider_usage = _normalized(self.usage)
+        return ModelResponse(
+            usage=usage,
+            finish_reason=self.stop_reason,
+            response_id=self.response_id,
+            model=self.model,
+            provider_usage=provider_usage,
         )
+
 
 
 def _deliver(result: Any, model_call: ModelCall) -> Any:

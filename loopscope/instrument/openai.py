@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
+from ..recorder.adapter import Choice, ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
@@ -21,18 +21,31 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     messages = r.items(kwargs, "messages") or []
     results = []
     input_text = None
+    # the messages in the GenAI schema, as JSON text made in the one pass that reads them
+    # anyway (see _read.messages_json: the common shapes without a dict or an encoder walk)
+    converted: list[str] = []
     for message in messages:
         plain = type(message) is dict  # the common case: read without r.get's frame
         role = message.get("role") if plain else r.get(message, "role")
+        content = message.get("content") if plain else r.get(message, "content")
         if role == "tool":
             call_id = message.get("tool_call_id") if plain else r.get(message, "tool_call_id")
+            if type(call_id) is str and type(content) is str:
+                converted.append(r.tool_result_json(call_id, content))
+            else:
+                part = {"type": "tool_call_response", "id": call_id, "response": content}
+                converted.append(r.message_json({"role": "tool", "parts": [part]}))
             # only the results of calls still open are read (a long history holds many)
             if call_id and wants_result(str(call_id)):
-                content = message.get("content") if plain else r.get(message, "content")
                 text = content if type(content) is str else r.text_of(content)
                 results.append(ToolResult(str(call_id), result_value(text or content)))
-        elif role == "user":
-            content = message.get("content") if plain else r.get(message, "content")
+            continue
+        calls = (message.get("tool_calls") if plain else r.get(message, "tool_calls")) if role == "assistant" else None
+        if type(content) is str and type(role) is str and not calls:
+            converted.append(r.text_message_json(role, content))
+        else:
+            converted.append(_message_json(role, content, calls))
+        if role == "user":
             input_text = content if type(content) is str else r.text_of(content)
     request = _parameters(kwargs)
     request.update(r.server(instance))
@@ -44,7 +57,29 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         input_text,
         bool(kwargs.get("stream")),
         request,
+        input_messages=r.messages_json(converted),
     )
+
+
+def _message_json(role: Any, content: Any, calls: Any) -> str:
+    """A message with parts other than one text (content parts, tool calls) as GenAI JSON text."""
+    if content is None:
+        parts = []
+    elif type(content) is str:
+        parts = [r.text_part_json(content)]
+    else:
+        parts = [r.message_json(part) for part in r.content_parts(content)]
+    for call in calls or ():
+        if type(call) is dict and type(function := call.get("function")) is dict:
+            call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        else:
+            function = r.get(call, "function")
+            call_id, name, arguments = r.get(call, "id"), r.get(function, "name"), r.get(function, "arguments")
+        if type(call_id) is str and type(name) is str and type(arguments) is str:
+            parts.append(r.tool_call_json(call_id, name, arguments))
+        else:
+            parts.append(r.message_json({"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}))
+    return '{"role":' + (r.string_json(role) if type(role) is str else r.message_json(role)) + ',"parts":[' + ",".join(parts) + "]}"
 
 
 _PARAMETERS = (  # the request's parameters, in the order their span attributes take
@@ -57,6 +92,7 @@ _PARAMETERS = (  # the request's parameters, in the order their span attributes 
     ("stop", "stop"),
     ("choice_count", "n"),
     ("reasoning_effort", "reasoning_effort"),
+    ("tool_choice", "tool_choice"),
     ("service_tier", "service_tier"),
 )
 _PARAMETER_KEYS = frozenset({key for _, key in _PARAMETERS} | {"max_completion_tokens"})
@@ -75,6 +111,8 @@ def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
             elif name == "stop":
                 stop = kwargs["stop"]
                 request[name] = [stop] if isinstance(stop, str) else stop
+            elif name == "tool_choice":
+                request[name] = r.tool_choice(kwargs[key])
             else:
                 request[name] = kwargs[key]
     return request
@@ -124,25 +162,82 @@ def _chat_usage(usage: Any) -> dict[str, int]:
     return out
 
 
-def _finish_completion(completion: Any, model_call: ModelCall) -> None:
-    if isinstance(completion, r.BaseModel):
-        return _finish_model(completion, model_call)
-    choices = r.get(completion, "choices") or []
-    choice = choices[0] if choices else None
-    message = r.get(choice, "message")
+_PROVIDER_NAMES = (
+    ("input_tokens", "prompt_tokens"),
+    ("output_tokens", "completion_tokens"),
+    ("cache_read_input_tokens", "cached_tokens"),
+    ("cache_creation_input_tokens", "cache_write_tokens"),
+    ("reasoning_tokens", "reasoning_tokens"),
+)
+
+
+def _provider_usage(usage: dict[str, int]) -> dict[str, int] | None:
+    """OpenAI's own figures, by its names: its prompt tokens include the cached ones, so
+    they are the normalized usage under other names."""
+    return {name: usage[key] for key, name in _PROVIDER_NAMES if key in usage} or None
+
+
+def _error_response(error: Any, completion: Any) -> ModelResponse:
+    """An HTTP 200 whose body is an error (``{"error": {...}}``, no choices: some gateways answer so)."""
+    if isinstance(error, str):
+        text, kind = error, None
+    else:
+        text = r.get(error, "message")
+        kind = r.get(error, "type") or r.get(error, "code")
+        if not isinstance(text, str) or not text:
+            text = r.json_text(error)
+    return ModelResponse(
+        error=text, error_type=str(kind) if kind else None, response_id=r.get(completion, "id"), model=r.get(completion, "model")
+    )
+
+
+def _message_calls(message: Any) -> list[ToolCall]:
     calls = []
     for call in r.get(message, "tool_calls") or []:
         function = r.get(call, "function")
         if function is not None:
             calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
+    return calls
+
+
+def _other_choices(choices: Any) -> list[Choice]:
+    """The answers after the first (``n > 1``), read the general way (they are rare)."""
+    out = []
+    for choice in list(choices)[1:]:
+        message = r.get(choice, "message")
+        refusal = r.get(message, "refusal")
+        out.append(
+            Choice(
+                text=r.get(message, "content") or refusal,
+                finish_reason=r.get(choice, "finish_reason"),
+                tool_calls=_message_calls(message),
+                refusal=refusal,
+            )
+        )
+    return out
+
+
+def _finish_completion(completion: Any, model_call: ModelCall) -> None:
+    if isinstance(completion, r.BaseModel):
+        return _finish_model(completion, model_call)
+    choices = r.get(completion, "choices") or []
+    if not choices and r.get(completion, "error"):
+        return model_call.finish(_error_response(r.get(completion, "error"), completion))
+    choice = choices[0] if choices else None
+    message = r.get(choice, "message")
+    refusal = r.get(message, "refusal")
+    usage = _chat_usage(r.get(completion, "usage"))
     model_call.finish(
         ModelResponse(
-            text=r.get(message, "content") or r.get(message, "refusal"),
-            tool_calls=calls,
-            usage=_chat_usage(r.get(completion, "usage")),
+            text=r.get(message, "content") or refusal,
+            tool_calls=_message_calls(message),
+            usage=usage,
             finish_reason=r.get(choice, "finish_reason"),
             response_id=r.get(completion, "id"),
             model=r.get(completion, "model"),
+            refusal=refusal or None,
+            provider_usage=_provider_usage(usage),
+            choices=_other_choices(choices) if len(choices) > 1 else (),
         )
     )
 
@@ -151,6 +246,8 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
     """:func:`_finish_completion` for the SDK's response model: its fields are attributes
     (``r.get`` is ``getattr`` for them), read without a Python call each."""
     choices = getattr(completion, "choices", None) or []
+    if not choices and getattr(completion, "error", None):  # an error body parsed as a completion
+        return model_call.finish(_error_response(completion.error, completion))
     choice = choices[0] if choices else None
     if type(choice) is dict:
         return _finish_completion(dict(completion), model_call)  # not the SDK's own shape: the general way
@@ -169,14 +266,19 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
             else:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
             calls.append(ToolCall(id=str(call_id), name=str(name), arguments=r.arguments(arguments)))
+    refusal = getattr(message, "refusal", None)
+    usage = _chat_usage(getattr(completion, "usage", None))
     model_call.finish(
         ModelResponse(
-            text=getattr(message, "content", None) or getattr(message, "refusal", None),
+            text=getattr(message, "content", None) or refusal,
             tool_calls=calls,
-            usage=_chat_usage(getattr(completion, "usage", None)),
+            usage=usage,
             finish_reason=getattr(choice, "finish_reason", None),
             response_id=getattr(completion, "id", None),
             model=getattr(completion, "model", None),
+            refusal=refusal or None,
+            provider_usage=_provider_usage(usage),
+            choices=_other_choices(choices) if len(choices) > 1 else (),
         )
     )
 
@@ -190,6 +292,8 @@ class _ChatChunks:
         self.usage: dict[str, int] = {}
         self.response_id: str | None = None
         self.model: str | None = None
+        self.refusal: list[str] = []
+        self.others: dict[int, list[Any]] = {}  # index -> [texts, finish reason, refusals]: the answers after the first (n > 1)
 
     def add(self, chunk: Any, model_call: ModelCall) -> None:
         """One chunk; the SDK's own chunk model read directly, without a further frame per
@@ -209,10 +313,15 @@ class _ChatChunks:
                 self._add_choice(choice, model_call)
                 continue
             if getattr(choice, "index", 0) != 0:
+                self._add_other(choice)
                 continue
             content = getattr(delta, "content", None)
             if content:
                 model_call.round.text_delta(content)  # ModelCall.delta without its frame
+            refusal = getattr(delta, "refusal", None)
+            if refusal:
+                self.refusal.append(refusal)
+                model_call.delta(refusal)  # a refusal is what the model said (as a parsed one's text)
             if getattr(delta, "tool_calls", None):
                 self._add_choice_calls(delta, model_call)
             reason = getattr(choice, "finish_reason", None)
@@ -228,13 +337,32 @@ class _ChatChunks:
         for choice in r.get(chunk, "choices") or []:
             self._add_choice(choice, model_call)
 
+    def _add_other(self, choice: Any) -> None:
+        """A chunk of an answer after the first (``n > 1``)."""
+        slot = self.others.setdefault(r.get(choice, "index", 0), [[], None, []])
+        delta = r.get(choice, "delta")
+        content = r.get(delta, "content")
+        if content:
+            slot[0].append(content)
+        refusal = r.get(delta, "refusal")
+        if refusal:
+            slot[0].append(refusal)
+            slot[2].append(refusal)
+        reason = r.get(choice, "finish_reason")
+        if reason:
+            slot[1] = reason
+
     def _add_choice(self, choice: Any, model_call: ModelCall) -> None:
         if r.get(choice, "index", 0) != 0:
-            return
+            return self._add_other(choice)
         delta = r.get(choice, "delta")
         content = r.get(delta, "content")
         if content:
             model_call.delta(content)
+        refusal = r.get(delta, "refusal")
+        if refusal:
+            self.refusal.append(refusal)
+            model_call.delta(refusal)
         for part in r.get(delta, "tool_calls") or []:
             model_call.first_chunk()
             slot = self.calls.setdefault(r.get(part, "index", 0), {"id": None, "name": "", "arguments": []})
@@ -272,7 +400,27 @@ class _ChatChunks:
             ToolCall(id=str(slot["id"]), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
             for _, slot in sorted(self.calls.items())
         ]
-        model_call.finish(ModelResponse(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model))
+        response = self.partial()
+        response.tool_calls = calls
+        model_call.finish(response)
+
+    def partial(self) -> ModelResponse:
+        """What the chunks said (all of it at the end; so far, for a stream closed early)."""
+        usage = self.usage
+        return ModelResponse(
+            usage=usage,
+            finish_reason=self.finish_reason,
+            response_id=self.response_id,
+            model=self.model,
+            refusal="".join(self.refusal) if self.refusal else None,
+            provider_usage=_provider_usage(usage) if usage else None,
+            choices=[
+                Choice(text="".join(texts) or None, finish_reason=reason, refusal="".join(refusals) or None)
+                for _, (texts, reason, refusals) in sorted(self.others.items())
+            ]
+            if self.others
+            else (),
+        )
 
 
 try:

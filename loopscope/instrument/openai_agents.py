@@ -421,9 +421,9 @@ def _fill_round(rnd: Round, data: Any) -> None:
         if response is None:
             rnd.response(usage=usage)
             return
-        text, calls, thinking = _read_output(r.get(response, "output"))
+        text, calls, thinking, refusal = _read_output(r.get(response, "output"))
         rnd.response(text, calls, usage or _usage(r.get(response, "usage")), _finish_reason(response, calls),
-                     thinking=thinking, response_id=r.get(response, "id"), model=r.get(response, "model"))
+                     thinking=thinking, response_id=r.get(response, "id"), model=r.get(response, "model"), refusal=refusal)
         return
     text, calls, finish, response_id, model = _read_generation(getattr(data, "output", None))
     rnd.response(text, calls, usage, finish, response_id=response_id, model=model)
@@ -453,7 +453,7 @@ def _read_generation(output: Any) -> tuple[str | None, list[ToolCall], str | Non
         return None, [], None, None, None
     first = output[0]
     if r.get(first, "output") is not None:  # a response the SDK assembled from the chunks
-        text, calls, _ = _read_output(r.get(first, "output"))
+        text, calls, _, _ = _read_output(r.get(first, "output"))
         return text, calls, _finish_reason(first, calls), r.get(first, "id"), r.get(first, "model")
     calls = []
     for call in r.get(first, "tool_calls") or ():

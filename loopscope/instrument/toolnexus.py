@@ -185,18 +185,25 @@ def _anthropic_round(data: Mapping[str, Any], rnd: Round) -> None:
         elif kind == "tool_use":
             calls.append(ToolCall(id=str(block.get("id")), name=str(block.get("name")), arguments=block.get("input")))
     raw = data.get("usage") or {}
-    usage = {
+    given = {
         key: _int(raw.get(key))
         for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
     }
+    given = {k: v for k, v in given.items() if v is not None}
+    usage = dict(given)
+    if "input_tokens" in usage:  # Anthropic's leave the cached ones out: recorded, they are in (as OpenAI counts)
+        usage["input_tokens"] += usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+    stop_reason = data.get("stop_reason")
     rnd.response(
         "".join(texts) or None,
         calls,
-        {k: v for k, v in usage.items() if v is not None},
-        data.get("stop_reason"),
+        usage,
+        stop_reason,
         thinking="\n".join(thinking) or None,
         response_id=data.get("id") if isinstance(data.get("id"), str) else None,
         model=data.get("model") if isinstance(data.get("model"), str) else None,
+        provider_usage=given or None,
+        refusal=stop_reason == "refusal" or None,
     )
 
 

@@ -41,7 +41,7 @@ from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
 from .elsewhere import recorded_elsewhere
-from .records import ModelRequest, ModelResponse, ToolResult
+from .records import Choice, ModelRequest, ModelResponse, ToolResult
 from .stitch import (
     ModelCall,
     StreamClosed,
@@ -261,6 +261,7 @@ def end_tool(
 
 
 __all__ = [
+    "Choice",
     "Entered",
     "ModelCall",
     "ModelRequest",

@@ -46,6 +46,23 @@ class ModelRequest:
     framework: str | None = None
     agent: str | None = None
     caller_ends_turn: bool = False
+    input_messages: list[dict[str, Any]] | str | None = None
+    """The request's messages in the GenAI message schema (``{"role", "parts": [...]}``,
+    parts ``{"type": "text", "content"}``, ``{"type": "tool_call", "id", "name",
+    "arguments"}``, ``{"type": "tool_call_response", "id", "response"}``), or that list's
+    JSON text already made (an adapter on the hot path): recorded as
+    ``gen_ai.input.messages`` (content: exported only with content capture on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One more answer of a call that asked for several (``n > 1``): choice 0 is the
+    response itself; these are the others, in order."""
+
+    text: str | None = None
+    finish_reason: str | None = None
+    tool_calls: Sequence[Any] | None = None
+    refusal: str | None = None
 
 
 @dataclass(slots=True)
@@ -54,7 +71,16 @@ class ModelResponse:
 
     ``tool_calls`` are :class:`~loopscope.models.ToolCall` s (or mappings / objects with
     ``id``, ``name``, ``arguments``); ``usage`` token counts by loopscope's names
-    (``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``, ...).
+    (``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``, ...), normalized:
+    ``input_tokens`` include the cached ones (read and written) on every provider;
+    ``provider_usage`` the provider's own figures as it reported them.
+
+    ``refusal``: the model's refusal text (a structured-output refusal), or True for a
+    refusal without text (Anthropic's ``refusal`` stop reason); ``error`` /
+    ``error_type``: an error the response carried as data (an HTTP 200 whose body is an
+    error). ``choices``: the answers after the first when the call asked for several
+    (``n > 1``): each is recorded on the call (its finish reason and its text as an output
+    message); the turn's text, segments and tool calls stay the first answer's.
     """
 
     text: str | None = None
@@ -64,6 +90,11 @@ class ModelResponse:
     response_id: str | None = None
     model: str | None = None
     thinking: str | None = None
+    refusal: str | bool | None = None
+    error: str | None = None
+    error_type: str | None = None
+    provider_usage: Mapping[str, Any] | None = None
+    choices: Sequence[Choice] = ()
 
 
-__all__ = ["ModelRequest", "ModelResponse", "ToolResult"]
+__all__ = ["Choice", "ModelRequest", "ModelResponse", "ToolResult"]

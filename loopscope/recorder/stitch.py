@@ -195,6 +195,11 @@ class ModelCall:
                 thinking=response.thinking,
                 response_id=response.response_id,
                 model=response.model,
+                refusal=response.refusal,
+                error=response.error,
+                error_type=response.error_type,
+                provider_usage=response.provider_usage,
+                choices=response.choices,
             )
             if not self._owns_round:
                 return  # the user's ``with turn.round()`` ends it
@@ -208,25 +213,50 @@ class ModelCall:
         except Exception:
             internal_error("generation finish")
 
-    def fail(self, exc: BaseException) -> None:
-        """The call raised (or the stream broke): the round fails, a stitched turn ends."""
+    def fail(self, exc: BaseException, response: ModelResponse = _NO_RESPONSE) -> None:
+        """The call raised (or the stream broke): the round fails, a stitched turn ends.
+        ``response``: what a stream said before it broke, as for :meth:`abandon`."""
         if self._done:
             return
         self._done = True
         with guard("generation fail"):
+            if response is not _NO_RESPONSE:
+                self._partial(response)
             if self._owns_round:
                 self.round._finish(exc)
             if self._stitched:
                 close_turn(self.turn, None, exc)
 
-    def abandon(self) -> None:
-        """The stream was closed or dropped before its end: the turn was cut off."""
+    def _partial(self, response: ModelResponse) -> None:
+        """What a stream said before it ended early: its text came by :meth:`delta` already,
+        and tool calls half read are no requests (none start)."""
+        self.round.response(
+            None,
+            None,
+            response.usage,
+            response.finish_reason,
+            thinking=response.thinking,
+            response_id=response.response_id,
+            model=response.model,
+            provider_usage=response.provider_usage,
+            choices=response.choices,
+        )
+
+    def abandon(self, response: ModelResponse = _NO_RESPONSE) -> None:
+        """The stream was closed or dropped before its end: the turn was cut off.
+
+        ``response``: what the stream said before it was let go (its id, model, usage so
+        far, finish reasons seen): kept on the call, whose outcome is ``cancelled``."""
         if self._done:
             return
         self._done = True
         with guard("generation abandon"):
+            rnd = self.round
+            if response is not _NO_RESPONSE:
+                self._partial(response)
             if self._owns_round:
-                self.round._finish(StreamClosed("the stream was closed before it ended"))
+                rnd.outcome = "cancelled"
+                rnd._finish(StreamClosed("the stream was closed before it ended"))
             if self._stitched:
                 close_turn(self.turn, LoopEndReason.CANCELLED)
 
@@ -259,6 +289,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
                 mine._stream = True
             if parameters:
                 mine.add_request(parameters)  # what the SDK sends, on the round it fills
+            if request.input_messages is not None:
+                mine.add_input_messages(request.input_messages)
             return ModelCall(mine._turn, mine, False, False)
         stitched_turn = False
         model, provider = request.model, request.provider
@@ -285,6 +317,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             stitched.add(turn)
             stitched_turn = True
         rnd = Round(turn, model, provider, tools, stream, parameters)
+        if request.input_messages is not None:
+            rnd.input_messages = request.input_messages
         rnd.eager = True
         rnd._start(attach=False)
         return ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)

@@ -9,6 +9,7 @@ which requested calls ran) and writes it onto the ``invoke_agent`` span when it 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -50,6 +51,12 @@ the request that later carries their results still joins that turn."""
 
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
 
+
+_OUTCOME_REASONS = {
+    "refusal": LoopEndReason.REFUSAL,
+    "content_filter": LoopEndReason.CONTENT_FILTER,
+}
+"""A last call's outcome and the loop end reason it gives its turn."""
 
 _PLAIN = frozenset({str, type(None)})  # the types an id or a name is taken as it is
 
@@ -149,6 +156,24 @@ class Round:
     _end_time: int | None = None
     invalid_usage: dict[str, str] | None = None
     """Usage values reported that are not token counts, as text (left out of :attr:`usage`)."""
+    refusal: str | None = None
+    """The model's refusal text (a structured-output refusal)."""
+    refused = False
+    """The model refused (with or without a text: Anthropic's ``refusal`` stop reason)."""
+    error: str | None = None
+    """An error the response carried as data (an HTTP 200 whose body is an error)."""
+    error_type: str | None = None
+    provider_usage: str | None = None
+    """The provider's own usage figures, JSON text (``usage`` is normalized)."""
+    choices: tuple[Any, ...] = ()
+    """The answers after the first of a call that asked for several (``n > 1``)."""
+    input_messages: list[dict[str, Any]] | str | None = None
+    """The request's messages in the GenAI message schema (or their JSON text)."""
+    outcome: str | None = None
+    """How the call ended (one of :data:`loopscope.semconv.CALL_OUTCOMES`), once it has;
+    set before the end only to say ``cancelled``."""
+    position = 0
+    """The call's place in its turn, from 1 (set when the round starts)."""
 
     def __init__(
         self,
@@ -183,13 +208,23 @@ class Round:
         response_id: str | None = None,
         model: str | None = None,
         blocked: bool = False,
+        refusal: str | bool | None = None,
+        error: str | None = None,
+        error_type: str | None = None,
+        provider_usage: Mapping[str, Any] | None = None,
+        choices: Iterable[Any] | None = None,
     ) -> None:
         """Report what the model returned in this round.
 
         Values of other types are recorded as text (``response_id=12345`` as ``"12345"``);
         a usage value that is not a token count (NaN, ``-1``, ``"n/a"``) is left out of the
         usage, said once in the log and kept in the span's ``loopscope.usage.invalid``.
-        Nothing here raises.
+        ``usage`` is normalized (input tokens include cached ones); ``provider_usage`` the
+        provider's own figures, kept beside. ``refusal``: the model refused (its text, or
+        True); ``error``: the response carried an error as data (the call's outcome is
+        ``error``). ``choices``: the answers after the first (``n > 1``, each with
+        ``text``, ``finish_reason``, ``tool_calls``, ``refusal``); the turn's text stays
+        the first answer's. Nothing here raises.
         """
         text_of = _values.text
         if text is not None:
@@ -210,6 +245,26 @@ class Round:
             self.response_model = model if type(model) is str else text_of(model)
         if blocked is not False:
             self.blocked = self.blocked or (blocked if type(blocked) is bool else _values.flag(blocked))
+        if refusal is not None and refusal is not False:
+            self.refused = True
+            if refusal is not True:
+                self.refusal = refusal if type(refusal) is str else text_of(refusal)
+        if error is not None:
+            self.error = error if type(error) is str else text_of(error)
+            if error_type is not None:
+                self.error_type = error_type if type(error_type) is str else text_of(error_type)
+        if provider_usage:
+            self.provider_usage = _json.dumps(provider_usage)
+        if choices:
+            self.choices = tuple(choices)
+
+    def add_input_messages(self, messages: list[dict[str, Any]] | str | None) -> None:
+        """The request's messages (GenAI message schema), learned after the round started
+        (the SDK call that fills a framework's round); the first ones given stay."""
+        if messages is not None and self.input_messages is None:
+            self.input_messages = messages
+            if self._late is not None:
+                self._late[a.INPUT_MESSAGES] = messages if type(messages) is str else _json.dumps(messages)
 
     def mark_streaming(self) -> None:
         """The answer comes in chunks, as learned after the round started (a framework
@@ -272,6 +327,10 @@ class Round:
                 late[a.TOOL_DEFINITIONS] = tools.definitions()
             if self._request:
                 late.update(a.request_attributes(self._request))
+            messages = self.input_messages
+            if messages is not None:  # C-encoded in one call, unless the adapter made the text
+                late[a.INPUT_MESSAGES] = messages if type(messages) is str else _json.dumps(messages)
+            self.position = late[a.CALL_POSITION] = next(turn._positions)
             self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
             self._start_ns = time.monotonic_ns()
@@ -293,8 +352,13 @@ class Round:
                 attributes[a.RESPONSE_MODEL] = self.response_model
             if self.response_id:
                 attributes[a.RESPONSE_ID] = self.response_id
-            if self.finish_reason:
+            choices = self.choices
+            if choices:  # one entry per choice (n > 1), in order
+                attributes[a.RESPONSE_FINISH_REASONS] = (self.finish_reason or "", *(_choice_reason(c) for c in choices))
+            elif self.finish_reason:
                 attributes[a.RESPONSE_FINISH_REASONS] = (self.finish_reason,)
+            if self.provider_usage:
+                attributes[a.USAGE_PROVIDER] = self.provider_usage
             for key, value in self.usage.items():
                 attr = a.USAGE_ATTRIBUTES.get(key)
                 if attr:
@@ -305,13 +369,25 @@ class Round:
                 attributes[a.ROUND_TEXT] = self.text
             if self.blocked:
                 attributes[a.ROUND_BLOCKED] = True
-            if self.text or self.tool_calls:
+            if choices:
+                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self), *(_choice_message(c) for c in choices)])
+            elif self.text or self.tool_calls:
                 attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self)])
             if self._first_chunk_ns is not None:
                 attributes[a.TIME_TO_FIRST_CHUNK] = (self._first_chunk_ns - self._start_ns) / 1e9
+            self.outcome = outcome = self._outcome(exc)
+            attributes[a.CALL_OUTCOME] = outcome
+            if self.refused:  # a refusal without a text of its own (Anthropic's) is the message's text
+                refusal = self.refusal if self.refusal is not None else self.text
+                if refusal:
+                    attributes[a.CALL_REFUSAL] = refusal
             if exc is not None:
                 attributes[a.ERROR_TYPE] = type(exc).__qualname__
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
+            elif self.error is not None:  # an error as data: the call failed all the same
+                attributes[a.ERROR_TYPE] = self.error_type or "error_response"
+                attributes[a.CALL_ERROR] = self.error
+                span.set_status(Status(StatusCode.ERROR, self.error))
             self._release_context()
             end_span(span, self._end_time, attributes)  # set_attributes, then the end
             self._turn._round_done(self, exc)
@@ -319,6 +395,23 @@ class Round:
             internal_error("round end")
         finally:
             self._release_context()  # whatever failed above, the caller's context is put back
+
+    def _outcome(self, exc: BaseException | None) -> str:
+        """How the call ended (see :data:`loopscope.semconv.CALL_OUTCOMES`)."""
+        if self.outcome is not None:  # said before the end: cancelled (a stream let go)
+            return self.outcome
+        if exc is not None:
+            return "cancelled" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else "error"
+        if self.error is not None:
+            return "error"
+        reason = self.finish_reason
+        if self.refused or reason == "refusal":
+            return "refusal"
+        if reason == "content_filter":
+            return "content_filter"
+        if reason in _TRUNCATION_REASONS:
+            return "truncated"
+        return "completed"
 
     def _release_context(self) -> None:
         """Undo what :meth:`_start` attached, once (a later call does nothing)."""
@@ -345,6 +438,26 @@ def _output_message(rnd: Round) -> dict[str, Any]:
     return message
 
 
+def _choice_reason(choice: Any) -> str:
+    reason = getattr(choice, "finish_reason", None)
+    return reason if type(reason) is str else _values.text(reason) or ""
+
+
+def _choice_message(choice: Any) -> dict[str, Any]:
+    """A further choice (``n > 1``) as an output message, as :func:`_output_message` makes the first."""
+    parts: list[dict[str, Any]] = []
+    text = getattr(choice, "text", None)
+    if text:
+        parts.append({"type": "text", "content": text if type(text) is str else _values.text(text)})
+    for call in _tool_calls(getattr(choice, "tool_calls", None) or ()):
+        parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments})
+    message: dict[str, Any] = {"role": "assistant", "parts": parts}
+    reason = _choice_reason(choice)
+    if reason:
+        message["finish_reason"] = reason
+    return message
+
+
 class _Ended(NamedTuple):
     """What a turn's response is made of, kept at its end; the response model itself is
     built only when asked for (see :attr:`Turn.response`)."""
@@ -363,6 +476,7 @@ class _Ended(NamedTuple):
     error: str | None
     timestamp: float
     latency_ms: float
+    model_call_count: int
 
 
 class Turn:
@@ -437,6 +551,7 @@ class Turn:
         self._rounds_with_tools: dict[int, bool] = {}  # round no. -> did one of its calls run
         self.last_activity = time.monotonic()
         self._served_ids: list[str] = []
+        self._positions = itertools.count(1)  # each round's place in the turn (next() is atomic)
 
     # -- recording API -------------------------------------------------------------------
 
@@ -625,7 +740,13 @@ class Turn:
             for call_id in self._served_ids:
                 if served_owners.get(call_id) is self:
                     del served_owners[call_id]
-            error = f"{type(exc).__qualname__}: {exc}" if exc is not None and reason is LoopEndReason.ERROR else None
+            error = error_type = None
+            if reason is LoopEndReason.ERROR:
+                last = self._last_round
+                if exc is not None:
+                    error_type, error = type(exc).__qualname__, str(exc)
+                elif last is not None and last.error is not None:  # the last call's response was an error
+                    error_type, error = last.error_type or "error_response", last.error
             with self._lock:
                 self._close_segment()
                 segments = list(self._segments)
@@ -633,6 +754,7 @@ class Turn:
                 round_count = sum(1 for ran in self._rounds_with_tools.values() if ran)
                 usage = dict(self._usage)
                 thinking = "\n".join(self._thinking)
+                model_call_count = self._round_no
                 declared = list(self._declared.values())
                 union = self._union
                 tool_calls_count, streaming = self._tool_calls_count, self.streaming
@@ -662,20 +784,22 @@ class Turn:
                 model,
                 provider,
                 usage,
+                model_call_count=model_call_count,
             )
             if self._invalid_usage:
                 summary[a.USAGE_INVALID] = _json.dumps(self._invalid_usage)
             if error is not None:
-                summary[a.ERROR_TYPE] = type(exc).__qualname__  # set after the summary, as set_attribute would
-                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                summary[a.ERROR_TYPE] = error_type  # set after the summary, as set_attribute would
+                span.set_status(Status(StatusCode.ERROR, error))
             self._release_context()
             end_span(span, None, summary)  # set_attributes, then the end
             self._last_round = None  # the round points at its turn: no cycle left for the GC to find
             self._result = _Ended(
                 segments=segments, response_content=response_content, round_count=round_count,
                 tool_calls_count=tool_calls_count, usage=usage, thinking=thinking, reason=reason, streaming=streaming,
-                declared=declared, model=model, provider=provider, error=error, timestamp=timestamp,
-                latency_ms=(time.monotonic() - self._started) * 1000,
+                declared=declared, model=model, provider=provider,
+                error=f"{error_type}: {error}" if error is not None else None, timestamp=timestamp,
+                latency_ms=(time.monotonic() - self._started) * 1000, model_call_count=model_call_count,
             )
         except Exception:
             internal_error("turn end")
@@ -717,6 +841,7 @@ class Turn:
             segments=ended.segments,
             tool_calls_count=ended.tool_calls_count,
             round_count=ended.round_count,
+            model_call_count=ended.model_call_count,
             usage=ended.usage,
             thinking=ended.thinking,
             loop_end_reason=ended.reason,
@@ -852,6 +977,11 @@ class Turn:
             return LoopEndReason.EMPTY_RESPONSE
         if last.tool_calls:
             return LoopEndReason.UNFINISHED  # the model still asked for tools when the loop stopped
+        if last.error is not None:
+            return LoopEndReason.ERROR  # the response carried an error (a raised one is the turn's exception)
+        outcome = last.outcome
+        if outcome in _OUTCOME_REASONS:
+            return _OUTCOME_REASONS[outcome]
         if last.finish_reason in _TRUNCATION_REASONS:
             return LoopEndReason.TRUNCATED
         if not last.text.strip():

@@ -163,6 +163,10 @@ class Reply:
     chunk_delay: float | None = None  # None: the server's default
     chunk_size: int | None = None  # characters per text/argument delta; None: words for text, 12 for arguments
 
+    refusal: str | None = None  # the model refuses: Chat ``message.refusal`` (content null), Responses a refusal part
+    choices: Sequence[Reply] = ()  # Chat Completions only: the answers after the first (``n > 1``), as indices 1..
+    error_in_body: bool = False  # an HTTP 200 whose body is the provider's error JSON (some gateways answer so)
+
     def __post_init__(self) -> None:
         self.tool_calls = [_as_tool_call(tc) for tc in self.tool_calls]
         if self.stop is not None and self.stop not in _CANONICAL_STOP:
@@ -197,6 +201,11 @@ class Reply:
     ) -> Reply:
         """A streamed reply that fails after ``after`` SSE frames (see the class doc)."""
         return cls(text=text, tool_calls=tool_calls, fail_after=after, fail_mode=mode, error_message=message)
+
+    @classmethod
+    def error_200(cls, message: str | None = None, *, type: str | None = None) -> Reply:
+        """An HTTP 200 whose body is the provider's error JSON, with no choices or content (a gateway's way)."""
+        return cls(error_message=message, error_type=type, error_in_body=True)
 
     @property
     def is_error(self) -> bool:
@@ -487,21 +496,29 @@ class _Renderer:
             return self.reply.text
         return None if self.reply.calls else ""
 
-    def _chat_json(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": self._chat_content(), "refusal": None,
+    def _chat_choice(self, reply: Reply, index: int, call_ids: Sequence[str]) -> dict[str, Any]:
+        content = reply.text if reply.text is not None else (None if reply.calls or reply.refusal else "")
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": reply.refusal,
                                    "annotations": []}
-        if self.reply.calls:
+        if reply.calls:
             message["tool_calls"] = [
                 {"id": cid, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments_json}}
-                for cid, tc in zip(self.call_ids, self.reply.calls)
+                for cid, tc in zip(call_ids, reply.calls)
             ]
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": _stop_for(CHAT, reply)}
+
+    def _other_call_ids(self, index: int, reply: Reply) -> list[str]:
+        return [tc.id or f"call_fake_{self.n:05d}_c{index}_{i}" for i, tc in enumerate(reply.calls)]
+
+    def _chat_json(self) -> dict[str, Any]:
+        choices = [self._chat_choice(self.reply, 0, self.call_ids)]
+        choices += [self._chat_choice(c, i, self._other_call_ids(i, c)) for i, c in enumerate(self.reply.choices, 1)]
         return {
             "id": f"chatcmpl-fake{self.n:05d}",
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": _stop_for(CHAT, self.reply)}],
+            "choices": choices,
             "usage": self._chat_usage(),
             "service_tier": "default",
             "system_fingerprint": "fp_fake",
@@ -514,22 +531,28 @@ class _Renderer:
                                 "created": self.created, "model": self.model, "service_tier": "default",
                                 "system_fingerprint": "fp_fake"}
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> Frame:
-            data = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        def chunk(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> Frame:
+            data = {**base, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
             if include_usage:
                 data["usage"] = None
             return None, data
 
-        r = self.reply
-        content = self._chat_content()
-        frames = [chunk({"role": "assistant", "content": "" if content is not None else None, "refusal": None})]
-        frames += [chunk({"content": p}) for p in _pieces(r.text or "", r.chunk_size)]
-        for i, (cid, tc) in enumerate(zip(self.call_ids, r.calls)):
-            frames.append(chunk({"tool_calls": [
-                {"index": i, "id": cid, "type": "function", "function": {"name": tc.name, "arguments": ""}}]}))
-            frames += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]})
-                       for p in _arg_pieces(tc.arguments_json, r.chunk_size)]
-        frames.append(chunk({}, _stop_for(CHAT, r)))
+        frames: list[Frame] = []
+        for index, (r, call_ids) in enumerate(
+            [(self.reply, self.call_ids)] + [(c, self._other_call_ids(i, c)) for i, c in enumerate(self.reply.choices, 1)]
+        ):
+            content = r.text if r.text is not None else (None if r.calls or r.refusal else "")
+            frames.append(chunk({"role": "assistant", "content": "" if content is not None else None, "refusal": None},
+                                index=index))
+            frames += [chunk({"content": p}, index=index) for p in _pieces(r.text or "", r.chunk_size)]
+            frames += [chunk({"refusal": p}, index=index) for p in _pieces(r.refusal or "", r.chunk_size)]
+            for i, (cid, tc) in enumerate(zip(call_ids, r.calls)):
+                frames.append(chunk({"tool_calls": [
+                    {"index": i, "id": cid, "type": "function", "function": {"name": tc.name, "arguments": ""}}]},
+                    index=index))
+                frames += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}, index=index)
+                           for p in _arg_pieces(tc.arguments_json, r.chunk_size)]
+            frames.append(chunk({}, _stop_for(CHAT, r), index=index))
         if include_usage:
             frames.append((None, {**base, "choices": [], "usage": self._chat_usage()}))
         frames.append((None, "[DONE]"))
@@ -550,7 +573,10 @@ class _Renderer:
     def _responses_items(self) -> list[dict[str, Any]]:
         r = self.reply
         items: list[dict[str, Any]] = []
-        if r.text or not r.calls:
+        if r.refusal is not None:
+            items.append({"id": f"msg_fake_{self.n:05d}", "type": "message", "status": "completed",
+                          "role": "assistant", "content": [{"type": "refusal", "refusal": r.refusal}]})
+        elif r.text or not r.calls:
             items.append({"id": f"msg_fake_{self.n:05d}", "type": "message", "status": "completed",
                           "role": "assistant",
                           "content": [{"type": "output_text", "text": r.text or "", "annotations": [],
@@ -609,7 +635,18 @@ class _Renderer:
         ev("response.in_progress", response=self._response_obj("in_progress", [], final=False))
         items = self._responses_items()
         for idx, item in enumerate(items):
-            if item["type"] == "message":
+            if item["type"] == "message" and item["content"][0]["type"] == "refusal":
+                refusal = item["content"][0]["refusal"]
+                ev("response.output_item.added", output_index=idx,
+                   item={**item, "status": "in_progress", "content": []})
+                part = {"type": "refusal", "refusal": ""}
+                ev("response.content_part.added", item_id=item["id"], output_index=idx, content_index=0, part=part)
+                for p in _pieces(refusal, r.chunk_size):
+                    ev("response.refusal.delta", item_id=item["id"], output_index=idx, content_index=0, delta=p)
+                ev("response.refusal.done", item_id=item["id"], output_index=idx, content_index=0, refusal=refusal)
+                ev("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                   part={**part, "refusal": refusal})
+            elif item["type"] == "message":
                 text = item["content"][0]["text"]
                 ev("response.output_item.added", output_index=idx,
                    item={**item, "status": "in_progress", "content": []})
@@ -794,8 +831,9 @@ class _Handler(BaseHTTPRequestHandler):
             reply, label = owner._next_reply(req)
             req.reply, req.script = reply, label
             r = _Renderer(owner, api, body, reply)
-            frames = r.frames() if req.stream and not reply.is_error and reply.raw_body is None else []
-            payload = r.json_body() if not req.stream and not reply.is_error and reply.raw_body is None else None
+            plain = not reply.is_error and reply.raw_body is None and not reply.error_in_body
+            frames = r.frames() if req.stream and plain else []
+            payload = r.json_body() if not req.stream and plain else None
         except Exception as exc:  # a bad script or a bug in the fake: say so instead of hanging up
             owner.errors.append(exc)
             req.status = 500
@@ -819,6 +857,9 @@ class _Handler(BaseHTTPRequestHandler):
             elif reply.is_error:
                 req.status = reply.status
                 self._send_json(reply.status, r.error_body(reply.status), headers)
+            elif reply.error_in_body:  # a 200 with the error JSON, streamed or not: no SSE, just the body
+                req.status = 200
+                self._send_json(200, r.error_body(500), headers)
             elif req.stream:
                 req.status = 200
                 self._stream(r, frames, headers)

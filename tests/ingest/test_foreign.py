@@ -276,3 +276,26 @@ def test_why_a_failed_agent_run_stopped(exception, message, reason):
                  scope="pydantic-ai", events=[event], error=f"{exception}: {message}")
     *_, end = collect_rows([agent])
     assert end[1].attributes[a.LOOP_END_REASON] == reason
+
+
+def test_anthropic_usage_without_cached_tokens_is_normalized():
+    # an instrumentation that reports Anthropic's input_tokens as the API gives them (3: the
+    # uncached rest of a prompt with 1,111 tokens read from the cache and 418 written to it)
+    agent = span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}, trace=80, start=0, end=5)
+    raw = span("chat claude", {
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic", "gen_ai.request.model": "claude-x",
+        "gen_ai.usage.input_tokens": 3, "gen_ai.usage.output_tokens": 20,
+        "gen_ai.usage.cache_read_input_tokens": 1111, "gen_ai.usage.cache_creation_input_tokens": 418,
+    }, agent, trace=80, start=1, end=2)
+    # one that counts them in already, as the GenAI conventions say: left as it is
+    counted = span("chat claude", {
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic", "gen_ai.request.model": "claude-x",
+        "gen_ai.usage.input_tokens": 1532, "gen_ai.usage.output_tokens": 20,
+        "gen_ai.usage.cache_read.input_tokens": 1111, "gen_ai.usage.cache_creation.input_tokens": 418,
+    }, agent, trace=80, start=3, end=4)
+    rows = [r for kind, r in collect_rows([raw, counted, agent]) if kind == 1]  # the ends
+    chats = [r.attributes for r in rows if r.attributes[a.OPERATION] == a.OP_CHAT]
+    assert [c[a.USAGE_INPUT] for c in chats] == [1532, 1532]
+    assert json.loads(chats[0][a.USAGE_PROVIDER])["input_tokens"] == 3 and a.USAGE_PROVIDER not in chats[1]
+    [turn] = [r.attributes for r in rows if r.attributes[a.OPERATION] == a.OP_INVOKE_AGENT]
+    assert (turn[a.USAGE_INPUT], turn[a.MODEL_CALL_COUNT]) == (3064, 2)

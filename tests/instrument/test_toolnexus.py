@@ -134,7 +134,8 @@ def test_two_tool_turn_is_one_turn_field_by_field(style, stream, instrumented, s
     elif style == "openai":
         assert turn.usage == {"input_tokens": 250, "output_tokens": 30, "cache_read_input_tokens": 30, "reasoning_tokens": 0}
     else:
-        assert turn.usage == {"input_tokens": 250, "output_tokens": 30, "cache_read_input_tokens": 30, "cache_creation_input_tokens": 0}
+        # normalized: Anthropic's input tokens leave the 30 read from the cache out; recorded, they are in
+        assert turn.usage == {"input_tokens": 280, "output_tokens": 30, "cache_read_input_tokens": 30, "cache_creation_input_tokens": 0}
 
     # one trace: invoke_agent -> 2 chat + 2 execute_tool
     [agent] = spans_of(instrumented, a.OP_INVOKE_AGENT)

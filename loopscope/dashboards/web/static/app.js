@@ -118,7 +118,7 @@
 
   const REASON_TONE = {
     completed: "ok", max_rounds: "warn", timeout: "warn", budget_exceeded: "warn", truncated: "warn",
-    empty_response: "warn", unfinished: "bad", force_stopped: "bad", cancelled: "muted", error: "bad",
+    empty_response: "warn", unfinished: "bad", force_stopped: "bad", cancelled: "muted", error: "bad", refusal: "warn", content_filter: "warn",
   };
   const OUTCOME_TONE = { served: "ok", failed: "bad", refused: "warn", blocked: "warn", cancelled: "muted", unserved: "bad", running: "run" };
 
