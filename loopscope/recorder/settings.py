@@ -24,6 +24,11 @@ first use); call it for each span: ``configure()`` may change it."""
 shutdown_hooks: list[Callable[[], None]] = []
 """Run at ``loopscope.shutdown()``, in order, before the store's last flush."""
 
+exit_hooks: list[Callable[[], None]] = []
+"""Run when the process ends (normal end, ``sys.exit``, an uncaught exception, SIGTERM),
+in order, before :data:`shutdown_hooks` and the store's last flush: what only an ending
+process may cut short (streams still open)."""
+
 
 def set_tracer(source: Callable[[], trace.Tracer]) -> None:
     """Make :data:`tracer` call ``source`` (the pipeline, at its import)."""
@@ -36,4 +41,9 @@ def on_shutdown(hook: Callable[[], None]) -> None:
     shutdown_hooks.append(hook)
 
 
-__all__ = ["on_shutdown", "set_tracer", "shutdown_hooks", "tracer"]
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the process ends, before the shutdown hooks and the store's last flush."""
+    exit_hooks.append(hook)
+
+
+__all__ = ["exit_hooks", "on_exit", "on_shutdown", "set_tracer", "shutdown_hooks", "tracer"]

@@ -10,7 +10,6 @@ Inside ``with loopscope.turn(...)`` the calls join that turn instead, and inside
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import threading
@@ -128,8 +127,8 @@ def close_all() -> None:
     stitched.reap(None)
 
 
+# at shutdown() and at exit (the pipeline's exit hook calls shutdown(), before anything closes the store)
 settings.on_shutdown(close_all)
-atexit.register(close_all)  # registered after the writer's: runs before it, so these turns are stored
 
 
 _NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
