@@ -75,6 +75,9 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
         return None, []
     text = None
     results = []
+    # results without a call id (an OpenAI-compatible server's calls may have none) answer
+    # the last response's calls without one, by position: those after its call items
+    unnamed: list[ToolResult] | None = [] if wants_result("") else None
     for item in items:
         kind = r.get(item, "type")
         if kind in _RESULT_TYPES:
@@ -83,8 +86,16 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult]]:
                 output = r.get(item, "output")
                 content = r.text_of(output) if isinstance(output, list) else output
                 results.append(ToolResult(str(call_id), result_value(content)))
+            elif not call_id and unnamed is not None:
+                output = r.get(item, "output")
+                content = r.text_of(output) if isinstance(output, list) else output
+                unnamed.append(ToolResult("", result_value(content)))
         elif (kind in (None, "message")) and r.get(item, "role") == "user":
             text = r.text_of(r.get(item, "content"))
+        elif unnamed and (kind in _CALL_TYPES or r.get(item, "role") == "assistant"):
+            unnamed = []  # a later response's calls: the results before answered an earlier one
+    if unnamed:
+        results += unnamed
     return text, results
 
 
@@ -150,7 +161,7 @@ def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None]:
                 refusals.append(refusal)
         elif kind in _CALL_TYPES:
             arguments = r.arguments(r.get(item, "arguments")) if kind == "function_call" else r.get(item, "input")
-            calls.append(ToolCall(id=str(r.get(item, "call_id")), name=str(r.get(item, "name")), arguments=arguments))
+            calls.append(ToolCall(id=str(r.get(item, "call_id") or ""), name=str(r.get(item, "name")), arguments=arguments))
         elif kind == "reasoning":
             parts = r.get(item, "summary") or r.get(item, "content") or ()
             text = "\n".join(t for t in (r.get(p, "text") for p in parts) if isinstance(t, str) and t)

@@ -21,6 +21,9 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     messages = r.items(kwargs, "messages") or []
     results = []
     input_text = None
+    # results without an id (Gemini's endpoint) answer the last response's calls without
+    # one, by position: only those after the last assistant message are read
+    unnamed: list[ToolResult] | None = [] if wants_result("") else None
     for message in messages:
         plain = type(message) is dict  # the common case: read without r.get's frame
         role = message.get("role") if plain else r.get(message, "role")
@@ -31,9 +34,17 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
                 content = message.get("content") if plain else r.get(message, "content")
                 text = content if type(content) is str else r.text_of(content)
                 results.append(ToolResult(str(call_id), result_value(text or content)))
+            elif not call_id and unnamed is not None:
+                content = message.get("content") if plain else r.get(message, "content")
+                text = content if type(content) is str else r.text_of(content)
+                unnamed.append(ToolResult("", result_value(text or content)))
         elif role == "user":
             content = message.get("content") if plain else r.get(message, "content")
             input_text = content if type(content) is str else r.text_of(content)
+        elif unnamed and role == "assistant":
+            unnamed = []
+    if unnamed:
+        results += unnamed
     request = _parameters(kwargs)
     request.update(r.server(instance))
     return ModelRequest(
@@ -134,7 +145,7 @@ def _finish_completion(completion: Any, model_call: ModelCall) -> None:
     for call in r.get(message, "tool_calls") or []:
         function = r.get(call, "function")
         if function is not None:
-            calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
+            calls.append(ToolCall(id=str(r.get(call, "id") or ""), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
     model_call.finish(
         ModelResponse(
             text=r.get(message, "content") or r.get(message, "refusal"),
@@ -168,7 +179,7 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
                 name, arguments = function.get("name"), function.get("arguments")
             else:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
-            calls.append(ToolCall(id=str(call_id), name=str(name), arguments=r.arguments(arguments)))
+            calls.append(ToolCall(id=str(call_id or ""), name=str(name), arguments=r.arguments(arguments)))
     model_call.finish(
         ModelResponse(
             text=getattr(message, "content", None) or getattr(message, "refusal", None),
@@ -269,7 +280,7 @@ class _ChatChunks:
 
     def finish(self, model_call: ModelCall) -> None:
         calls = [
-            ToolCall(id=str(slot["id"]), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
+            ToolCall(id=str(slot["id"] or ""), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
             for _, slot in sorted(self.calls.items())
         ]
         model_call.finish(ModelResponse(tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason, response_id=self.response_id, model=self.model))
