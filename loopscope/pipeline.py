@@ -50,6 +50,10 @@ from .storage.policy import PersistencePolicy
 from .storage.schema import migrate
 from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
 
+SESSION_ENV = "LOOPSCOPE_SESSION"
+"""The session every stitched turn of the process is in (read by ``configure()``), unless a
+``loopscope.session()`` block names another; ``loopscope run --session NAME`` sets it."""
+
 # where the store is by default: storage/recording.py, which reads without a path consult too
 DEFAULT_DB, default_db_path = recording.DEFAULT_DB, recording.default_db_path
 
@@ -239,6 +243,8 @@ def configure(
 
     Stitching: ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched
     from SDK calls waits for the results of its tool calls before it ends as unfinished.
+    ``LOOPSCOPE_SESSION`` puts every stitched turn in that session (a ``loopscope.session()``
+    block still names its own).
 
     Exit: stitched turns still open when the process ends (normal end, ``sys.exit``, an
     uncaught exception, SIGTERM where the application has no handler of its own) end as
@@ -296,6 +302,7 @@ def configure(
         recording.set_current(pipeline)
         if stitch_idle_timeout is not None:
             set_idle_timeout(stitch_idle_timeout)
+        recorder_settings.session = os.environ.get(SESSION_ENV) or None
         _close_at_exit()
         return pipeline
 

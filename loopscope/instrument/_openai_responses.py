@@ -44,7 +44,8 @@ def _given(value: Any) -> Any:
 
 
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
-    input_text, results = _read_input(_given(r.items(kwargs, "input")))
+    items = _given(r.items(kwargs, "input"))
+    input_text, results = _read_input(items)
     reasoning = _given(kwargs.get("reasoning"))
     request = {
         "temperature": _given(kwargs.get("temperature")),
@@ -64,6 +65,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         input_text=input_text,
         stream=_given(kwargs.get("stream")) is True,
         parameters=request,
+        messages=items if isinstance(items, (list, tuple)) else None,
     )
 
 

@@ -139,6 +139,7 @@ def _request(
         input_text=input_text,
         stream=kwargs.get("stream") is True if stream is None else stream,
         parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
+        messages=_sequence(kwargs.get("messages")),
     )
 
 

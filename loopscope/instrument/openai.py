@@ -55,6 +55,7 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         input_text,
         bool(kwargs.get("stream")),
         request,
+        messages=messages,
     )
 
 

@@ -21,6 +21,14 @@ tracer: Callable[[], trace.Tracer] = _no_pipeline
 """The tracer loopscope's spans start on (the pipeline's, configured with the defaults at
 first use); call it for each span: ``configure()`` may change it."""
 
+session: str | None = None
+"""The session every stitched turn of the process is in when no ``loopscope.session()``
+block names one (``LOOPSCOPE_SESSION``, ``loopscope run --session``; ``configure()`` reads it)."""
+
+find_conversations = False
+"""Whether a new stitched turn that continues an earlier one's conversation joins its
+session (:mod:`loopscope.recorder.conversations`): on in zero-code mode."""
+
 shutdown_hooks: list[Callable[[], None]] = []
 """Run at ``loopscope.shutdown()``, in order, before the store's last flush."""
 

@@ -31,6 +31,7 @@ from .._otel_sdk import attach_span
 from ..models import LoopEndReason, ToolCall
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
+from .conversations import Boundary, boundary, conversations
 from .declared import tool_set
 from .records import ModelRequest, ModelResponse, ToolResult
 from .turn import Round, Turn, _new_id, _tool_calls, anonymous_owners, call_owners, served_owners
@@ -137,7 +138,7 @@ _NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
 class ModelCall:
     """One model call as an adapter reports it: delta text, then finish, fail or abandon (once)."""
 
-    __slots__ = ("_done", "_owns_round", "_stitched", "round", "turn")
+    __slots__ = ("_boundary", "_done", "_owns_round", "_stitched", "round", "turn")
 
     def __init__(self, turn: Turn, rnd: Round, owns_round: bool, stitched_turn: bool) -> None:
         self.turn = turn
@@ -145,6 +146,7 @@ class ModelCall:
         self._owns_round = owns_round
         self._stitched = stitched_turn
         self._done = False
+        self._boundary: Boundary | None = None  # the request's, when conversations are looked for
 
     def attach(self) -> object | None:
         """Make the call's ``chat`` span the current span (the SDK's own spans and HTTP
@@ -207,6 +209,8 @@ class ModelCall:
                 last_stitched.set(self.turn)
             else:
                 close_turn(self.turn)
+                if self._boundary is not None:  # a request that continues this answer joins its session
+                    conversations.remember(self._boundary, rnd.text, self.turn.session_id)
         except Exception:
             internal_error("generation finish")
 
@@ -320,9 +324,14 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             turn = owner
             stitched_turn = True
         else:
+            session_id = None
+            if current_session.get() is None:  # a ``loopscope.session()`` block wins
+                session_id = settings.session
+                if session_id is None and settings.find_conversations and request.messages:
+                    session_id = conversations.find(request.messages)
             turn = Turn(
                 settings.tracer(),
-                session_id=None,
+                session_id=session_id,
                 agent=request.agent,
                 tools=tools,
                 input=request.input_text,
@@ -339,7 +348,10 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         rnd = Round(turn, model, provider, tools, stream, parameters)
         rnd.eager = True
         rnd._start(attach=False)
-        return ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
+        call = ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
+        if settings.find_conversations and call._stitched and request.messages:
+            call._boundary = boundary(request.messages)
+        return call
     except Exception:
         internal_error("begin generation")
         return None
