@@ -8,7 +8,9 @@ stacking processors.
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import socket
 import threading
 import time
@@ -47,6 +49,10 @@ from .storage.errors import StoreError, StoreLockedError
 from .storage.policy import PersistencePolicy
 from .storage.schema import migrate
 from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
+
+SESSION_ENV = "LOOPSCOPE_SESSION"
+"""The session every stitched turn of the process is in (read by ``configure()``), unless a
+``loopscope.session()`` block names another; ``loopscope run --session NAME`` sets it."""
 
 # where the store is by default: storage/recording.py, which reads without a path consult too
 DEFAULT_DB, default_db_path = recording.DEFAULT_DB, recording.default_db_path
@@ -237,6 +243,12 @@ def configure(
 
     Stitching: ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched
     from SDK calls waits for the results of its tool calls before it ends as unfinished.
+    ``LOOPSCOPE_SESSION`` puts every stitched turn in that session (a ``loopscope.session()``
+    block still names its own).
+
+    Exit: stitched turns still open when the process ends (normal end, ``sys.exit``, an
+    uncaught exception, SIGTERM where the application has no handler of its own) end as
+    ``shutdown()`` ends them, within the same bound.
     """
     global _active
     with _lock:
@@ -290,6 +302,8 @@ def configure(
         recording.set_current(pipeline)
         if stitch_idle_timeout is not None:
             set_idle_timeout(stitch_idle_timeout)
+        recorder_settings.session = os.environ.get(SESSION_ENV) or None
+        _close_at_exit()
         return pipeline
 
 
@@ -432,6 +446,62 @@ def shutdown(timeout: float = CLOSE_TIMEOUT) -> None:
             internal_error("shutdown hook")
     with _lock:
         _shutdown_locked(timeout)
+
+
+def _at_exit() -> None:
+    """The process ends: end what is still open (streams, stitched turns: their unanswered
+    calls unserved, the turns unfinished, each with its time until now), then store it all."""
+    for hook in recorder_settings.exit_hooks:
+        try:
+            hook()
+        except Exception:
+            internal_error("exit hook")
+    shutdown()
+
+
+def _close_at_exit() -> None:
+    """Have :func:`_at_exit` run at exit before every exit hook registered so far.
+
+    Exit hooks run last registered first, and the SDK's ``TracerProvider`` registers its
+    own shutdown (which closes the store's processor) when it is made, which is in
+    ``configure()`` when loopscope makes it: a hook registered at import would run after
+    the store was closed, and the turns it ends would be lost. Registered again at every
+    ``configure()``, it stays after the provider's. A SIGTERM, whose default action ends
+    the process without exit hooks, runs it too (see :func:`_on_sigterm`)."""
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+    _catch_sigterm()
+
+
+_EXIT_THREAD_GRACE = 1.0
+"""Seconds beyond the close's own bound a SIGTERM waits for :func:`_at_exit`."""
+
+
+def _catch_sigterm() -> None:
+    """Install :func:`_on_sigterm` for SIGTERM, only where the application has no handler of
+    its own (the default action) and only from the main thread (the only one that may)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no SIGTERM here, or an embedded interpreter's rules
+        pass
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM with no handler of the application's: store what is open, within the exit
+    bound, then die by SIGTERM as the default action would (same exit status).
+
+    The closing runs in a thread of its own: the signal interrupts the main thread
+    anywhere, perhaps holding a lock the closing needs; then the bound passes and the
+    process dies all the same."""
+    closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
+    closer.start()
+    closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+    atexit.unregister(_at_exit)  # done (or given up): not again on the way out
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 recorder_settings.set_tracer(tracer)  # the recorder's spans start on this pipeline's tracer

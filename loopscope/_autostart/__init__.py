@@ -32,13 +32,17 @@ def switches() -> dict[str, bool]:
 
 
 def start() -> list[str]:
-    """Configure the defaults from the environment and turn every adapter on.
+    """Configure the defaults from the environment and turn every adapter on; stitched
+    turns that continue an earlier one's conversation join its session.
 
     Never raises into the starting application: a problem is logged once (and raised in
     strict mode) and the application runs uninstrumented.
     """
     with guard("autostart"):
         from ..instrument import instrument
+        from ..recorder import settings
 
+        # no code names the sessions here: a turn that continues another's conversation joins it
+        settings.find_conversations = True
         return instrument(**switches())
     return []

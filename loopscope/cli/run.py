@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .._autostart import DISABLED_ENV
 from ..instrument import ADAPTERS
-from ..pipeline import DEFAULT_DB
+from ..pipeline import DEFAULT_DB, SESSION_ENV
 from .commands import CommandError
 
 BOOT = Path(__file__).resolve().parent.parent / "_autostart" / "boot"
@@ -47,6 +47,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         action="store_true",
         help="export message text, tool arguments and results over OTLP too (they are always stored locally)",
     )
+    run.add_argument(
+        "--session",
+        metavar="NAME",
+        help="record every turn of the program in session NAME (LOOPSCOPE_SESSION); by default a turn "
+        "that continues an earlier one's conversation joins its session, any other starts one",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the program to run")
     run.set_defaults(handler=run_command)
 
@@ -67,6 +73,9 @@ def child_environment(args: argparse.Namespace, base: dict[str, str] | None = No
         env[DISABLED_ENV] = ",".join(disabled)
     if args.otlp_endpoint:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
+    session = getattr(args, "session", None)
+    if session:
+        env[SESSION_ENV] = session
     if args.capture_content:
         env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
     return env

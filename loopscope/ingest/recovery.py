@@ -38,14 +38,17 @@ def recover(con: duckdb.DuckDBPyConnection) -> int:
     # only the writers with open turns: the others' rows stay as they are (health.py reads
     # their counters), and are not looked up at every open
     writers = con.execute(
-        f"SELECT writer_id, host, boot_id, pid_namespace, pid, process_start FROM {WRITERS} w "
+        f"SELECT writer_id, host, boot_id, pid_namespace, pid, process_start, epoch_us(last_seen) FROM {WRITERS} w "
         f"WHERE EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.writer_id = w.writer_id)"
     ).fetchall()
-    dead = [row[0] for row in writers if is_gone(*row[1:])]
+    dead = [row[0] for row in writers if is_gone(*row[1:6])]
     if not dead:
         return 0
+    # when each dead writer last wrote: its process was alive then, its open turns and calls
+    # were still waiting (the latest time the file proves; a row's own time may be far older)
+    last_seen = {row[0]: row[6] for row in writers}
     opened = con.execute(
-        f"SELECT o.correlation_id, o.session_id, o.trace_id, epoch_us(o.started_at) FROM {OPEN_TURNS} o "
+        f"SELECT o.correlation_id, o.session_id, o.trace_id, epoch_us(o.started_at), o.writer_id FROM {OPEN_TURNS} o "
         "WHERE list_contains(?, o.writer_id) AND NOT EXISTS "
         "(SELECT 1 FROM turns t WHERE t.correlation_id = o.correlation_id AND t.session_id = o.session_id) "
         "ORDER BY o.started_at, o.correlation_id",
@@ -66,10 +69,12 @@ def recover(con: duckdb.DuckDBPyConnection) -> int:
         by_turn: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         for row in rows:
             by_turn.setdefault((row[1], row[0]), []).append(row)
-        for correlation_id, session_id, trace_id, started_us in opened:
+        for correlation_id, session_id, trace_id, started_us, writer_id in opened:
             turn_rows = by_turn.get((correlation_id, session_id))
             if turn_rows:
-                ended, span_id = _closing_spans(correlation_id, session_id, trace_id, started_us, turn_rows)
+                ended, span_id = _closing_spans(
+                    correlation_id, session_id, trace_id, started_us, turn_rows, last_seen.get(writer_id)
+                )
                 spans += ended
                 closed.append(span_id)
     facts = facts_of(spans)
@@ -94,11 +99,23 @@ def _ns(us: int) -> int:
 
 
 def _closing_spans(
-    correlation_id: str, session_id: str, trace_id: str | None, started_us: int, rows: Sequence[tuple[Any, ...]]
+    correlation_id: str,
+    session_id: str,
+    trace_id: str | None,
+    started_us: int,
+    rows: Sequence[tuple[Any, ...]],
+    seen_us: int | None = None,
 ) -> tuple[list[tuple[int, Any]], str]:
     """The ended spans a live shutdown would have written for this turn, from its stored
-    rows (in index order): its pending tool calls ended unserved, then its summary."""
+    rows (in index order): its pending tool calls ended unserved, then its summary.
+
+    They end when the writer last wrote (``seen_us``, its ``last_seen``), or at the turn's
+    last row if that is later: the process was alive and the calls still waiting until
+    then, and nothing in the file says how much longer (a call started in the writer's
+    last batch gets the time that batch took to reach the file, not a guess)."""
     last_us = max(r[3] for r in rows)
+    if seen_us is not None and seen_us > last_us:
+        last_us = seen_us
     end = _ns(last_us)
     common: dict[str, Any] = {a.CONVERSATION_ID: session_id, a.TURN_ID: correlation_id}
     for key, column in ((a.AGENT_NAME, 4), (a.PROVIDER, 5), (a.FRAMEWORK, 6)):

@@ -44,7 +44,8 @@ def _given(value: Any) -> Any:
 
 
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
-    input_text, results, messages = _read_input(_given(r.items(kwargs, "input")))
+    items = _given(r.items(kwargs, "input"))
+    input_text, results, messages = _read_input(items)
     reasoning = _given(kwargs.get("reasoning"))
     request = {
         "temperature": _given(kwargs.get("temperature")),
@@ -66,6 +67,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         stream=_given(kwargs.get("stream")) is True,
         parameters=request,
         input_messages=messages,
+        messages=items if isinstance(items, (list, tuple)) else None,
     )
 
 
@@ -79,6 +81,9 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str
     text = None
     results = []
     messages: list[dict[str, Any]] = []
+    # results without a call id (an OpenAI-compatible server's calls may have none) answer
+    # the last response's calls without one, by position: those after its call items
+    unnamed: list[ToolResult] | None = [] if wants_result("") else None
     for item in items:
         kind = r.get(item, "type")
         if kind in _RESULT_TYPES:
@@ -88,15 +93,24 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str
             if call_id and wants_result(str(call_id)):  # results of calls still open only
                 content = r.text_of(output) if isinstance(output, list) else output
                 results.append(ToolResult(str(call_id), result_value(content)))
+            elif not call_id and unnamed is not None:
+                content = r.text_of(output) if isinstance(output, list) else output
+                unnamed.append(ToolResult("", result_value(content)))
         elif kind in _CALL_TYPES:
             arguments = r.get(item, "arguments") if kind == "function_call" else r.get(item, "input")
             part = {"type": "tool_call", "id": r.get(item, "call_id"), "name": r.get(item, "name"), "arguments": arguments}
             messages.append({"role": "assistant", "parts": [part]})
+            if unnamed:
+                unnamed = []  # a later response's calls: the results before answered an earlier one
         elif kind in (None, "message"):
             role, content = r.get(item, "role"), r.get(item, "content")
             messages.append({"role": role, "parts": r.content_parts(content)})
             if role == "user":
                 text = r.text_of(content)
+            elif unnamed and role == "assistant":
+                unnamed = []
+    if unnamed:
+        results += unnamed
     return text, results, messages
 
 
@@ -162,7 +176,7 @@ def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, st
                 refusals.append(refusal)
         elif kind in _CALL_TYPES:
             arguments = r.arguments(r.get(item, "arguments")) if kind == "function_call" else r.get(item, "input")
-            calls.append(ToolCall(id=str(r.get(item, "call_id")), name=str(r.get(item, "name")), arguments=arguments))
+            calls.append(ToolCall(id=str(r.get(item, "call_id") or ""), name=str(r.get(item, "name")), arguments=arguments))
         elif kind == "reasoning":
             parts = r.get(item, "summary") or r.get(item, "content") or ()
             text = "\n".join(t for t in (r.get(p, "text") for p in parts) if isinstance(t, str) and t)

@@ -9,7 +9,6 @@ ends the round at once.
 
 from __future__ import annotations
 
-import atexit
 from collections.abc import Callable, Iterator
 from time import monotonic_ns
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,7 +21,7 @@ import wrapt
 # 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
-from ..recorder.adapter import ModelCall, ModelResponse
+from ..recorder.adapter import ModelCall, ModelResponse, on_exit
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
@@ -129,9 +128,9 @@ def _end_unfinished() -> None:
             recording.abandon()
 
 
-# registered after the writer's and the stitcher's exit hooks: runs before both, so these
-# rounds end, and their turns with them, while the store still takes rows
-atexit.register(_end_unfinished)
+# run by the pipeline's exit hook before it ends the stitched turns and closes the store:
+# these rounds end, and their turns with them, while the store still takes rows
+on_exit(_end_unfinished)
 
 
 class _Proxy(wrapt.ObjectProxy):  # type: ignore[misc]

@@ -145,6 +145,7 @@ def _request(
         stream=kwargs.get("stream") is True if stream is None else stream,
         parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
         input_messages=messages,
+        messages=_sequence(kwargs.get("messages")),
     )
 
 

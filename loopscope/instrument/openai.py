@@ -24,6 +24,9 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     # the messages in the GenAI schema, as JSON text made in the one pass that reads them
     # anyway (see _read.messages_json: the common shapes without a dict or an encoder walk)
     converted: list[str] = []
+    # results without an id (Gemini's endpoint) answer the last response's calls without
+    # one, by position: only those after the last assistant message are read
+    unnamed: list[ToolResult] | None = [] if wants_result("") else None
     for message in messages:
         plain = type(message) is dict  # the common case: read without r.get's frame
         role = message.get("role") if plain else r.get(message, "role")
@@ -39,6 +42,9 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             if call_id and wants_result(str(call_id)):
                 text = content if type(content) is str else r.text_of(content)
                 results.append(ToolResult(str(call_id), result_value(text or content)))
+            elif not call_id and unnamed is not None:
+                text = content if type(content) is str else r.text_of(content)
+                unnamed.append(ToolResult("", result_value(text or content)))
             continue
         calls = (message.get("tool_calls") if plain else r.get(message, "tool_calls")) if role == "assistant" else None
         if type(content) is str and type(role) is str and not calls:
@@ -47,6 +53,10 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             converted.append(_message_json(role, content, calls))
         if role == "user":
             input_text = content if type(content) is str else r.text_of(content)
+        elif unnamed and role == "assistant":
+            unnamed = []
+    if unnamed:
+        results += unnamed
     request = _parameters(kwargs)
     request.update(r.server(instance))
     return ModelRequest(
@@ -58,6 +68,7 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         bool(kwargs.get("stream")),
         request,
         input_messages=r.messages_json(converted),
+        messages=messages,
     )
 
 
@@ -196,7 +207,7 @@ def _message_calls(message: Any) -> list[ToolCall]:
     for call in r.get(message, "tool_calls") or []:
         function = r.get(call, "function")
         if function is not None:
-            calls.append(ToolCall(id=str(r.get(call, "id")), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
+            calls.append(ToolCall(id=str(r.get(call, "id") or ""), name=str(r.get(function, "name")), arguments=r.arguments(r.get(function, "arguments"))))
     return calls
 
 
@@ -265,7 +276,7 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
                 name, arguments = function.get("name"), function.get("arguments")
             else:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
-            calls.append(ToolCall(id=str(call_id), name=str(name), arguments=r.arguments(arguments)))
+            calls.append(ToolCall(id=str(call_id or ""), name=str(name), arguments=r.arguments(arguments)))
     refusal = getattr(message, "refusal", None)
     usage = _chat_usage(getattr(completion, "usage", None))
     model_call.finish(
@@ -397,7 +408,7 @@ class _ChatChunks:
 
     def finish(self, model_call: ModelCall) -> None:
         calls = [
-            ToolCall(id=str(slot["id"]), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
+            ToolCall(id=str(slot["id"] or ""), name=slot["name"], arguments=r.arguments("".join(slot["arguments"])))
             for _, slot in sorted(self.calls.items())
         ]
         response = self.partial()

@@ -42,6 +42,7 @@ from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
 from .elsewhere import recorded_elsewhere
 from .records import Choice, ModelRequest, ModelResponse, ToolResult
+from .settings import on_exit
 from .stitch import (
     ModelCall,
     StreamClosed,
@@ -285,6 +286,7 @@ __all__ = [
     "last_stitched",
     "leave",
     "new_id",
+    "on_exit",
     "open_round",
     "open_turn",
     "recorded_elsewhere",

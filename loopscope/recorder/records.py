@@ -34,6 +34,9 @@ class ModelRequest:
     ``max_tokens``, ``server_address``..., as :func:`loopscope.semconv.request_attributes`
     names them). ``caller_ends_turn``: a turn this call opens or joins is ended by the
     caller (a framework run that holds several model calls), not by this call's response.
+    ``messages``: the request's messages as the SDK was given them (the same list, not a
+    copy); the recorder looks at a few of them only, to find the conversation a new
+    stitched turn continues (:mod:`loopscope.recorder.conversations`).
     """
 
     provider: str
@@ -52,6 +55,7 @@ class ModelRequest:
     "arguments"}``, ``{"type": "tool_call_response", "id", "response"}``), or that list's
     JSON text already made (an adapter on the hot path): recorded as
     ``gen_ai.input.messages`` (content: exported only with content capture on)."""
+    messages: Sequence[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,21 @@ tracer: Callable[[], trace.Tracer] = _no_pipeline
 """The tracer loopscope's spans start on (the pipeline's, configured with the defaults at
 first use); call it for each span: ``configure()`` may change it."""
 
+session: str | None = None
+"""The session every stitched turn of the process is in when no ``loopscope.session()``
+block names one (``LOOPSCOPE_SESSION``, ``loopscope run --session``; ``configure()`` reads it)."""
+
+find_conversations = False
+"""Whether a new stitched turn that continues an earlier one's conversation joins its
+session (:mod:`loopscope.recorder.conversations`): on in zero-code mode."""
+
 shutdown_hooks: list[Callable[[], None]] = []
 """Run at ``loopscope.shutdown()``, in order, before the store's last flush."""
+
+exit_hooks: list[Callable[[], None]] = []
+"""Run when the process ends (normal end, ``sys.exit``, an uncaught exception, SIGTERM),
+in order, before :data:`shutdown_hooks` and the store's last flush: what only an ending
+process may cut short (streams still open)."""
 
 
 def set_tracer(source: Callable[[], trace.Tracer]) -> None:
@@ -36,4 +49,9 @@ def on_shutdown(hook: Callable[[], None]) -> None:
     shutdown_hooks.append(hook)
 
 
-__all__ = ["on_shutdown", "set_tracer", "shutdown_hooks", "tracer"]
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the process ends, before the shutdown hooks and the store's last flush."""
+    exit_hooks.append(hook)
+
+
+__all__ = ["exit_hooks", "on_exit", "on_shutdown", "set_tracer", "shutdown_hooks", "tracer"]

@@ -10,13 +10,12 @@ Inside ``with loopscope.turn(...)`` the calls join that turn instead, and inside
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
@@ -29,12 +28,13 @@ from .. import _json
 from .._guard import guard, internal_error
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from .._otel_sdk import attach_span
-from ..models import LoopEndReason
+from ..models import LoopEndReason, ToolCall
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
+from .conversations import Boundary, boundary, conversations
 from .declared import tool_set
-from .records import ModelRequest, ModelResponse
-from .turn import Round, Turn, call_owners, served_owners
+from .records import ModelRequest, ModelResponse, ToolResult
+from .turn import Round, Turn, _new_id, _tool_calls, anonymous_owners, call_owners, served_owners
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
@@ -128,8 +128,8 @@ def close_all() -> None:
     stitched.reap(None)
 
 
+# at shutdown() and at exit (the pipeline's exit hook calls shutdown(), before anything closes the store)
 settings.on_shutdown(close_all)
-atexit.register(close_all)  # registered after the writer's: runs before it, so these turns are stored
 
 
 _NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
@@ -138,7 +138,7 @@ _NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
 class ModelCall:
     """One model call as an adapter reports it: delta text, then finish, fail or abandon (once)."""
 
-    __slots__ = ("_done", "_owns_round", "_stitched", "round", "turn")
+    __slots__ = ("_boundary", "_done", "_owns_round", "_stitched", "round", "turn")
 
     def __init__(self, turn: Turn, rnd: Round, owns_round: bool, stitched_turn: bool) -> None:
         self.turn = turn
@@ -146,6 +146,7 @@ class ModelCall:
         self._owns_round = owns_round
         self._stitched = stitched_turn
         self._done = False
+        self._boundary: Boundary | None = None  # the request's, when conversations are looked for
 
     def attach(self) -> object | None:
         """Make the call's ``chat`` span the current span (the SDK's own spans and HTTP
@@ -187,9 +188,12 @@ class ModelCall:
         self._done = True
         try:
             rnd = self.round
+            tool_calls = response.tool_calls
+            if tool_calls:
+                tool_calls = _identified(self.turn, tool_calls)
             rnd.response(
                 response.text,
-                response.tool_calls,
+                tool_calls,
                 response.usage,
                 response.finish_reason,
                 thinking=response.thinking,
@@ -210,6 +214,8 @@ class ModelCall:
                 last_stitched.set(self.turn)
             else:
                 close_turn(self.turn)
+                if self._boundary is not None:  # a request that continues this answer joins its session
+                    conversations.remember(self._boundary, rnd.text, self.turn.session_id)
         except Exception:
             internal_error("generation finish")
 
@@ -261,6 +267,51 @@ class ModelCall:
                 close_turn(self.turn, LoopEndReason.CANCELLED)
 
 
+def _raw_id(call: Any) -> Any:
+    """The id a call came with, before loopscope gives one to a call without."""
+    if isinstance(call, ToolCall):
+        return call.id
+    if isinstance(call, Mapping):
+        return call.get("id") or call.get("call_id")
+    return getattr(call, "id", None)
+
+
+def _identified(turn: Turn, calls: Iterable[Any]) -> Iterable[Any]:
+    """The calls a response asked for, as read for the round; those that came without an
+    id (an empty one, or none) get one, and are noted, in order, for the request that will
+    carry their results without an id either."""
+    calls = list(calls)
+    if all(_raw_id(call) for call in calls):
+        return calls  # the usual case: every call has its id
+    read = _tool_calls(calls)
+    if len(read) == len(calls):
+        # a ToolCall record is taken as it is, an empty id too: it gets one here
+        read = [c if c.id else c.model_copy(update={"id": _new_id()}) for c in read]
+        anonymous = [new.id for old, new in zip(calls, read) if not _raw_id(old)]
+        anonymous_owners.pop(turn, None)  # re-inserted: the most recent last
+        anonymous_owners[turn] = anonymous  # this response's calls replace an earlier one's
+    return read
+
+
+def _anonymous_ids(results: Sequence[ToolResult]) -> list[str | None]:
+    """The ids of the calls a request's results without an id answer, by position: the
+    first such result answers the first call without an id of the response before it, and
+    so on. That response is the latest one of this context's stitched turn, else the
+    latest one of any turn, that asked for calls without an id."""
+    turn = last_stitched.get()
+    ids = anonymous_owners.get(turn) if turn is not None else None  # type: ignore[arg-type]
+    if not ids:
+        turn = next((t for t in reversed(anonymous_owners) if anonymous_owners[t]), None)
+        ids = anonymous_owners[turn] if turn is not None else []
+    out: list[str | None] = []
+    for result in results:
+        if result.call_id:
+            out.append(result.call_id)
+        else:
+            out.append(ids.pop(0) if ids else None)
+    return out
+
+
 def start_model_call(request: ModelRequest) -> ModelCall | None:
     """Place one model call: end the tool calls whose results it carries, find its turn,
     open its round. Returns None only if loopscope itself failed (the call goes on).
@@ -271,12 +322,17 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
     (a framework run that holds several model calls), not by this call's response."""
     try:
         owner: Turn | None = None
-        for result in request.tool_results:
-            turn = call_owners.get(result.call_id)
-            if turn is not None and turn.end_call(result.call_id, result.content, result.is_error):
-                owner = turn
-            elif owner is None:
-                owner = served_owners.get(result.call_id)  # served by a decorated tool already
+        results = request.tool_results
+        if results:
+            ids = _anonymous_ids(results) if anonymous_owners else [result.call_id for result in results]
+            for result, call_id in zip(results, ids):
+                if not call_id:
+                    continue  # a result without an id, and no call without one waiting for it
+                turn = call_owners.get(call_id)
+                if turn is not None and turn.end_call(call_id, result.content, result.is_error):
+                    owner = turn
+                elif owner is None:
+                    owner = served_owners.get(call_id)  # served by a decorated tool already
         tools = request.tools
         if tools is not None:
             tools = tool_set(tools)  # normalised once for the turn and its round
@@ -300,9 +356,14 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             turn = owner
             stitched_turn = True
         else:
+            session_id = None
+            if current_session.get() is None:  # a ``loopscope.session()`` block wins
+                session_id = settings.session
+                if session_id is None and settings.find_conversations and request.messages:
+                    session_id = conversations.find(request.messages)
             turn = Turn(
                 settings.tracer(),
-                session_id=None,
+                session_id=session_id,
                 agent=request.agent,
                 tools=tools,
                 input=request.input_text,
@@ -321,7 +382,10 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             rnd.input_messages = request.input_messages
         rnd.eager = True
         rnd._start(attach=False)
-        return ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
+        call = ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
+        if settings.find_conversations and call._stitched and request.messages:
+            call._boundary = boundary(request.messages)
+        return call
     except Exception:
         internal_error("begin generation")
         return None
@@ -330,7 +394,11 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
 def wants_result(call_id: str) -> bool:
     """Whether a tool result for ``call_id`` in a request would end or join anything: the
     call is open, or a decorated tool served it in a turn that is still open. Adapters read
-    (and parse) only those results; :func:`start_model_call` ignores all others anyway."""
+    (and parse) only those results; :func:`start_model_call` ignores all others anyway.
+    An empty ``call_id`` is wanted while a response's calls without an id wait: such a
+    result is matched by its position among the request's results without an id."""
+    if not call_id:
+        return any(anonymous_owners.values())
     return call_id in call_owners or call_id in served_owners
 
 

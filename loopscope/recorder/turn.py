@@ -49,6 +49,12 @@ served_owners: dict[str, Turn] = {}
 """Calls an adapter started that a decorated tool already served, until their turn ends:
 the request that later carries their results still joins that turn."""
 
+anonymous_owners: dict[Turn, list[str]] = {}
+"""Turns whose last response asked for calls without an id (Gemini's OpenAI-compatible
+endpoint sends ``"id": ""``), most recent last, with the ids loopscope gave those calls in
+the response's order, not yet matched to a result: a request's results without an id are
+matched to them by position (see :func:`loopscope.recorder.stitch.start_model_call`)."""
+
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
 
 
@@ -737,6 +743,8 @@ class Turn:
             self.ended = True
             reason = self._loop_end_reason(exc)
             self._close_unserved()
+            if anonymous_owners:
+                anonymous_owners.pop(self, None)
             for call_id in self._served_ids:
                 if served_owners.get(call_id) is self:
                     del served_owners[call_id]

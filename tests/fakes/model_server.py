@@ -65,7 +65,7 @@ class ToolCall:
 
     name: str
     arguments: Mapping[str, Any] | str = field(default_factory=dict)
-    id: str | None = None  # generated per provider (call_..., toolu_...) when None
+    id: str | None = None  # generated per provider (call_..., toolu_...) when None; "" is sent as "" (Gemini's endpoint)
 
     @property
     def arguments_json(self) -> str:
@@ -437,7 +437,7 @@ class _Renderer:
         n = server._next_id()
         self.n = n
         self.call_ids = [
-            tc.id or (f"toolu_fake_{n:05d}_{i}" if api == MESSAGES else f"call_fake_{n:05d}_{i}")
+            tc.id if tc.id is not None else (f"toolu_fake_{n:05d}_{i}" if api == MESSAGES else f"call_fake_{n:05d}_{i}")
             for i, tc in enumerate(reply.calls)
         ]
 

@@ -133,6 +133,7 @@ def test_turns_open_at_a_sigkill_are_closed_as_unfinished_at_the_next_open(tmp_p
     store = loopscope.Store(str(db))
     before_events, before_turns = snapshot(db)
     assert len(before_turns) == 2  # the two complete turns; three were in flight
+    (last_seen,) = [row[0] for row in sql(db, "SELECT last_seen FROM loopscope_writers")]  # its last batch
     pending = sql(db, "SELECT tool, call_id, session_id FROM tool_calls WHERE status = 'pending' ORDER BY call_id")
     assert pending == [("hang", "h1", "calc"), ("hang", "h2", "search")]
 
@@ -167,7 +168,9 @@ def test_turns_open_at_a_sigkill_are_closed_as_unfinished_at_the_next_open(tmp_p
     assert unserved.content.error == RECOVERED_NOTE
     assert unserved.index == calc[-1].index  # the last row of its session
     assert unserved.source == start.source and unserved.source.channel_id == "calc"
-    assert unserved.content.duration_ms >= 0
+    # waiting from its start until the dead writer last wrote, the latest the file proves it alive
+    assert unserved.content.duration_ms == pytest.approx((last_seen - start.created_at).total_seconds() * 1000, abs=0.01)
+    assert unserved.content.duration_ms > 0
 
     (slow,) = store.list_turns("calc", correlation_id=slow_turn)
     assert slow.loop_end_reason is loopscope.LoopEndReason.UNFINISHED
@@ -179,8 +182,8 @@ def test_turns_open_at_a_sigkill_are_closed_as_unfinished_at_the_next_open(tmp_p
     first = next(e for e in calc if e.correlation_id == slow_turn)
     assert first.content.body == "1+2, slowly?"
     assert slow.span_id == first.span_id and slow.trace_id == first.trace_id  # the turn's own span
-    assert slow.latency_ms == pytest.approx((start.created_at - first.created_at).total_seconds() * 1000, abs=0.01)
-    assert slow.timestamp == start.created_at  # ended at its last stored row
+    assert slow.latency_ms == pytest.approx((last_seen - first.created_at).total_seconds() * 1000, abs=0.01)
+    assert slow.timestamp == last_seen  # ended when its writer last wrote
 
     (lookup,) = store.list_turns("search")
     assert lookup.loop_end_reason is loopscope.LoopEndReason.UNFINISHED
