@@ -263,10 +263,11 @@ def m007_writer_counters() -> list[str]:
 @migration
 def m008_output_tools() -> list[str]:
     """The views again: ``declared_vs_used`` leaves out the output tools a turn declared
-    (origin ``output``, such as pydantic-ai's ``final_result``), whose call is the answer."""
+    (origin ``output``, such as pydantic-ai's ``final_result``), whose call is the answer.
+    Only that view is made again: it reads no view made after it."""
     from .views import create_statements
 
-    return create_statements()
+    return [s for s in create_statements() if s.startswith("CREATE OR REPLACE VIEW declared_vs_used AS")]
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
