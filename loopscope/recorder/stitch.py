@@ -269,10 +269,11 @@ def _anonymous_ids(results: Sequence[ToolResult]) -> list[str | None]:
     so on. That response is the latest one of this context's stitched turn, else the
     latest one of any turn, that asked for calls without an id."""
     turn = last_stitched.get()
-    ids = anonymous_owners.get(turn) if turn is not None else None  # type: ignore[arg-type]
+    ids = anonymous_owners.get(turn) if turn is not None else None
     if not ids:
-        turn = next((t for t in reversed(anonymous_owners) if anonymous_owners[t]), None)
-        ids = anonymous_owners[turn] if turn is not None else []
+        # a copy (made at once, in C): another thread may add or end such a turn meanwhile
+        waiting = [(t, ids) for t, ids in list(anonymous_owners.items()) if ids]
+        ids = waiting[-1][1] if waiting else []
     out: list[str | None] = []
     for result in results:
         if result.call_id:
