@@ -57,6 +57,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         **r.server(instance),
     }
     model = _given(kwargs.get("model"))
+    previous = _given(kwargs.get("previous_response_id"))  # the server keeps the conversation
     return ModelRequest(
         PROVIDER,
         model if isinstance(model, str) else None,
@@ -66,6 +67,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         stream=_given(kwargs.get("stream")) is True,
         parameters=request,
         messages=items if isinstance(items, (list, tuple)) else None,
+        previous_response_id=previous if isinstance(previous, str) else None,
     )
 
 
