@@ -58,6 +58,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         **r.server(instance),
     }
     model = _given(kwargs.get("model"))
+    previous = _given(kwargs.get("previous_response_id"))  # the server keeps the conversation
     return ModelRequest(
         PROVIDER,
         model if isinstance(model, str) else None,
@@ -68,6 +69,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         parameters=request,
         input_messages=messages,
         messages=items if isinstance(items, (list, tuple)) else None,
+        previous_response_id=previous if isinstance(previous, str) else None,
     )
 
 

@@ -9,7 +9,9 @@ that request's first message, of its last one, and of the answer's text). A new 
 looked at only at its boundary, its last assistant message ``j`` (found from the end,
 usually one step): (``j + 1``, its first message, message ``j - 1``, message ``j``'s text).
 A handful of messages are read, however long the conversation: the cost per call is flat
-(``benchmarks/bench_conversations.py`` measures it at 10 and 500 messages).
+(``benchmarks/bench_conversations.py`` measures it at 10 and 500 messages). A request that
+names the answer it continues (OpenAI Responses' ``previous_response_id``: the server keeps
+the history) is matched by that id.
 
 The key proves no prefix; it takes two conversations of the same length with the same first
 message, the same message before the boundary and the same answer at it to be confused.
@@ -121,28 +123,41 @@ class Conversations:
     def __init__(self, max_remembered: int = MAX_REMEMBERED, idle_expiry: float = IDLE_EXPIRY) -> None:
         self.max_remembered = max_remembered
         self.idle_expiry = idle_expiry
-        self._keys: OrderedDict[tuple[int, int, int, int], tuple[str, float]] = OrderedDict()
+        # boundary keys (four ints), and ("response", id) for a server that keeps the
+        # conversation itself (OpenAI Responses' ``previous_response_id``)
+        self._keys: OrderedDict[tuple[Any, ...], tuple[str, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def remember(self, request: Boundary, answer: str | None, session_id: str) -> None:
-        """A stitched turn ended: its last request's boundary and the answer that ended it."""
-        key = (request[0] + 1, request[1], request[2], answer_print(answer))
+    def remember(self, request: Boundary | None, answer: str | None, session_id: str, response_id: str | None = None) -> None:
+        """A stitched turn ended: its last request's boundary and the answer that ended it
+        (and that answer's response id, which a later request may name as its previous)."""
+        found: list[tuple[Any, ...]] = []
+        if request is not None:
+            found.append((request[0] + 1, request[1], request[2], answer_print(answer)))
+        if response_id:
+            found.append(("response", response_id))
         now = time.monotonic()
         with self._lock:
             keys = self._keys
-            keys[key] = (session_id, now)
-            keys.move_to_end(key)
+            for key in found:
+                keys[key] = (session_id, now)
+                keys.move_to_end(key)
             self._forget(now)
 
-    def find(self, messages: Sequence[Any]) -> str | None:
-        """The session of the ended turn this request continues, or None."""
-        try:
-            key = _continued_key(messages)
-        except Exception:
-            return None
+    def find(self, messages: Sequence[Any] | None, previous_response_id: str | None = None) -> str | None:
+        """The session of the ended turn this request continues, or None: the turn whose
+        answer ``previous_response_id`` names, else the one at the messages' boundary."""
+        key: tuple[Any, ...] | None = None
+        if previous_response_id:
+            key = ("response", previous_response_id)
+        elif messages:
+            try:
+                key = _continued_key(messages)
+            except Exception:
+                return None
         if key is None:
             return None
         now = time.monotonic()

@@ -36,7 +36,9 @@ class ModelRequest:
     caller (a framework run that holds several model calls), not by this call's response.
     ``messages``: the request's messages as the SDK was given them (the same list, not a
     copy); the recorder looks at a few of them only, to find the conversation a new
-    stitched turn continues (:mod:`loopscope.recorder.conversations`).
+    stitched turn continues (:mod:`loopscope.recorder.conversations`);
+    ``previous_response_id``: the response a request continues where the server keeps the
+    conversation (OpenAI Responses), for the same purpose.
     """
 
     provider: str
@@ -56,6 +58,7 @@ class ModelRequest:
     JSON text already made (an adapter on the hot path): recorded as
     ``gen_ai.input.messages`` (content: exported only with content capture on)."""
     messages: Sequence[Any] | None = None
+    previous_response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,7 @@ _NO_RESPONSE = ModelResponse()  # read only: a response that reports nothing
 class ModelCall:
     """One model call as an adapter reports it: delta text, then finish, fail or abandon (once)."""
 
-    __slots__ = ("_boundary", "_done", "_owns_round", "_stitched", "round", "turn")
+    __slots__ = ("_boundary", "_done", "_finding", "_owns_round", "_stitched", "round", "turn")
 
     def __init__(self, turn: Turn, rnd: Round, owns_round: bool, stitched_turn: bool) -> None:
         self.turn = turn
@@ -146,7 +146,8 @@ class ModelCall:
         self._owns_round = owns_round
         self._stitched = stitched_turn
         self._done = False
-        self._boundary: Boundary | None = None  # the request's, when conversations are looked for
+        self._finding = False  # conversations are looked for: remember this call's turn when it ends it
+        self._boundary: Boundary | None = None  # the request's, then
 
     def attach(self) -> object | None:
         """Make the call's ``chat`` span the current span (the SDK's own spans and HTTP
@@ -214,8 +215,8 @@ class ModelCall:
                 last_stitched.set(self.turn)
             else:
                 close_turn(self.turn)
-                if self._boundary is not None:  # a request that continues this answer joins its session
-                    conversations.remember(self._boundary, rnd.text, self.turn.session_id)
+                if self._finding:  # a request that continues this answer joins its session
+                    conversations.remember(self._boundary, rnd.text, self.turn.session_id, rnd.response_id)
         except Exception:
             internal_error("generation finish")
 
@@ -299,10 +300,11 @@ def _anonymous_ids(results: Sequence[ToolResult]) -> list[str | None]:
     so on. That response is the latest one of this context's stitched turn, else the
     latest one of any turn, that asked for calls without an id."""
     turn = last_stitched.get()
-    ids = anonymous_owners.get(turn) if turn is not None else None  # type: ignore[arg-type]
+    ids = anonymous_owners.get(turn) if turn is not None else None
     if not ids:
-        turn = next((t for t in reversed(anonymous_owners) if anonymous_owners[t]), None)
-        ids = anonymous_owners[turn] if turn is not None else []
+        # a copy (made at once, in C): another thread may add or end such a turn meanwhile
+        waiting = [(t, ids) for t, ids in list(anonymous_owners.items()) if ids]
+        ids = waiting[-1][1] if waiting else []
     out: list[str | None] = []
     for result in results:
         if result.call_id:
@@ -359,8 +361,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             session_id = None
             if current_session.get() is None:  # a ``loopscope.session()`` block wins
                 session_id = settings.session
-                if session_id is None and settings.find_conversations and request.messages:
-                    session_id = conversations.find(request.messages)
+                if session_id is None and settings.find_conversations:
+                    session_id = conversations.find(request.messages, request.previous_response_id)
             turn = Turn(
                 settings.tracer(),
                 session_id=session_id,
@@ -383,8 +385,10 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         rnd.eager = True
         rnd._start(attach=False)
         call = ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)
-        if settings.find_conversations and call._stitched and request.messages:
-            call._boundary = boundary(request.messages)
+        if settings.find_conversations and call._stitched:
+            call._finding = True
+            if request.messages:
+                call._boundary = boundary(request.messages)
         return call
     except Exception:
         internal_error("begin generation")

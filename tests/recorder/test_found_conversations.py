@@ -76,6 +76,16 @@ def test_openai_responses_turns_of_one_conversation_share_a_session(finding, ser
     assert _sessions(finding.store) == [["Hello.", "Fine.", "Bye."]]
 
 
+def test_openai_responses_continued_by_previous_response_id_share_a_session(finding, server):
+    server.queue(Reply(text="Hello."), Reply(text="Fine."), Reply(text="Bye."))
+    client = server.openai_client()
+    previous = None
+    for question in ("Hi", "How are you?", "Bye"):  # the server keeps the history: only the new question is sent
+        response = client.responses.create(model="m", input=question, previous_response_id=previous)
+        previous = response.id
+    assert _sessions(finding.store) == [["Hello.", "Fine.", "Bye."]]
+
+
 def test_a_new_conversation_and_a_named_session_are_not_joined(finding, server):
     server.queue(Reply(text="One."), Reply(text="Two."), Reply(text="Three."), Reply(text="Four."))
     client = server.openai_client()
