@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import _json, _otel_sdk
+from .. import _json, _otel_sdk, pricing
 from .. import semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
@@ -62,9 +62,10 @@ def _plain(attrs: Any) -> dict[str, Any]:
 
 
 def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]],
-            skip: frozenset[str] = frozenset()) -> int:
+            skip: frozenset[str] = frozenset(), calls: list[tuple[Any, ...]] | None = None) -> int:
     """Append the facts of each ``(kind, span)`` pair (kind 0: started, 1: ended) to
-    ``events`` and ``turns``, in order; rows of the event types in ``skip`` are left out.
+    ``events``, ``turns`` and ``calls`` (a model call per ended ``chat`` span; left out
+    when None), in order; rows of the event types in ``skip`` are left out.
 
     Returns how many rows were left out. A span whose facts cannot be read (a foreign
     span without times or ids, say) yields no row, and the failure is reported.
@@ -145,6 +146,9 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
             elif op == CHAT:
                 if kind != END:
                     continue
+                if calls is not None:
+                    start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
+                    calls.append(_call_fact(span, d, tid, trace_id, sid, start, end))
                 body = get(ROUND_TEXT)
                 if not body:
                     continue
@@ -274,12 +278,165 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
     declared_tools = _declared_text(get(a.DECLARED_TOOLS) or "[]")
     model, provider = get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL), get(a.PROVIDER)
     error = _error_text(span, loop_end_reason, get(a.ERROR_TYPE)) if loop_end_reason == "error" else None
+    model_call_count = get(a.MODEL_CALL_COUNT)
+    if type(model_call_count) is not int:
+        model_call_count = None  # the views count the turn's call rows
+    # what the turn cost by its own usage: the views use it where the turn has no call rows
+    cost_usd, price_source = _price(provider, model, None, input_tokens, output_tokens, cache_read_input_tokens,
+                                    cache_creation_input_tokens, start // 1000)
     # in TurnFact's field order (tests/storage/test_rows.py checks these names against it)
     return (
         trace_id, span_id, correlation_id, session_id, channel_id, parent_correlation_id, response_content, segments,
         tool_calls_count, round_count, input_tokens, output_tokens, cache_read_input_tokens,
         cache_creation_input_tokens, reasoning_tokens, usage, thinking, loop_end_reason, latency_ms, streaming,
-        timestamp_us, declared_tools, model, provider, error,
+        timestamp_us, declared_tools, model, provider, error, model_call_count, cost_usd, price_source,
+    )
+
+
+def _price(provider: Any, model: Any, other_model: Any, input_tokens: Any, output_tokens: Any, cache_read: Any,
+           cache_write: Any, at_us: int) -> tuple[float | None, str | None]:
+    """The cost of a call (or a turn) by the first of its two model names that has a price."""
+    cost, source = _price_of(provider, model, input_tokens, output_tokens, cache_read, cache_write, at_us)
+    if cost is None and other_model and other_model != model:
+        cost, source = _price_of(provider, other_model, input_tokens, output_tokens, cache_read, cache_write, at_us)
+    return cost, source
+
+
+_price_of = pricing.price
+
+# finish reasons that say how a call ended, where the span does not (loopscope.call.outcome)
+_FINISH_OUTCOMES = {
+    "stop": "completed", "tool_calls": "completed", "tool_call": "completed", "end_turn": "completed", "tool_use": "completed",
+    "stop_sequence": "completed", "function_call": "completed", "pause_turn": "completed", "completed": "completed",
+    "length": "truncated", "max_tokens": "truncated", "max_output_tokens": "truncated", "incomplete": "truncated",
+    "content_filter": "content_filter", "refusal": "refusal",
+}
+_REQUEST_PREFIX = "gen_ai.request."
+_PARAMETER_NAMES = {attr: name for name, attr in a.REQUEST_PARAMETERS.items()}
+_NOT_PARAMETERS = frozenset((a.REQUEST_MODEL, a.REQUEST_STREAM))
+
+# Spans of one recorder carry the same attribute names in the same order, call after
+# call: which of them are request parameters is worked out once per such tuple of names.
+_parameter_keys: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+
+
+def _parameter_keys_of(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    found = []
+    names = _PARAMETER_NAMES
+    for key in keys:
+        name = names.get(key)
+        if name is None:
+            if type(key) is not str or not key.startswith(_REQUEST_PREFIX) or key in _NOT_PARAMETERS:
+                continue
+            name = key[len(_REQUEST_PREFIX):]
+        found.append((key, name))
+    if len(_parameter_keys) >= 256:
+        _parameter_keys.clear()
+    made = _parameter_keys[keys] = tuple(found)
+    return made
+
+
+def _parameters(d: dict[str, Any]) -> str | None:
+    """The request parameters of a chat span as JSON: every ``gen_ai.request.*`` attribute
+    (but the model and streaming, which have columns), the tool choice and the server,
+    named as adapters report them (``temperature``, ``max_tokens``, ``tool_choice``, ...)."""
+    keys = tuple(d)
+    wanted = _parameter_keys.get(keys)
+    if wanted is None:
+        wanted = _parameter_keys_of(keys)
+    if not wanted:
+        return None
+    found = {}
+    for key, name in wanted:
+        value = d[key]
+        found[name] = list(value) if type(value) is tuple else value
+    return _json.dumps(found)
+
+
+# finish reasons as their JSON text, by value (a few distinct tuples in all)
+_reasons_json: dict[Any, str] = {}
+
+
+def _finish_reasons(reasons: Any) -> str:
+    text = _reasons_json.get(reasons) if type(reasons) is tuple else None
+    if text is None:
+        listed = [reasons] if isinstance(reasons, str) else list(reasons)
+        text = _json.dumps(listed)
+        if type(reasons) is tuple and len(_reasons_json) < 256:
+            _reasons_json[reasons] = text
+    return text
+
+
+# the names _call_fact reads, bound once (a global is one lookup, a module attribute two)
+_CONVERSATION_ID, _TURN_ID, _AGENT_NAME, _CALL_POSITION = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME, a.CALL_POSITION
+_PROVIDER, _FRAMEWORK, _REQUEST_MODEL, _RESPONSE_MODEL = a.PROVIDER, a.FRAMEWORK, a.REQUEST_MODEL, a.RESPONSE_MODEL
+_RESPONSE_ID, _FINISH_REASONS, _REQUEST_STREAM, _TTFC = a.RESPONSE_ID, a.RESPONSE_FINISH_REASONS, a.REQUEST_STREAM, a.TIME_TO_FIRST_CHUNK
+_USAGE_INPUT, _USAGE_OUTPUT, _USAGE_CACHE_READ = a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ
+_USAGE_CACHE_CREATION, _USAGE_REASONING, _USAGE_PROVIDER = a.USAGE_CACHE_CREATION, a.USAGE_REASONING, a.USAGE_PROVIDER
+_ERROR_TYPE, _CALL_ERROR, _CALL_OUTCOME, _CALL_REFUSAL = a.ERROR_TYPE, a.CALL_ERROR, a.CALL_OUTCOME, a.CALL_REFUSAL
+_INPUT_MESSAGES, _OUTPUT_MESSAGES = a.INPUT_MESSAGES, a.OUTPUT_MESSAGES
+
+
+def _call_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
+    """The model call a ``chat`` span's end stands for (a :class:`~loopscope.storage.rows.CallFact`).
+    Run once per model call on the writer's thread: every value is read once, plainly."""
+    get = d.get
+    session_id = get(_CONVERSATION_ID) or f"{tid:032x}"
+    if type(session_id) is not str:
+        session_id = str(session_id)
+    span_id = sid.to_bytes(8, "big")
+    correlation_id, agent = get(_TURN_ID), get(_AGENT_NAME)
+    position = get(_CALL_POSITION)
+    if type(position) is not int:
+        position = None  # numbered by start time in the view
+    provider, framework = get(_PROVIDER), get(_FRAMEWORK)
+    request_model, response_model, response_id = get(_REQUEST_MODEL), get(_RESPONSE_MODEL), get(_RESPONSE_ID)
+    reasons = get(_FINISH_REASONS)
+    finish_reasons = None if reasons is None else _finish_reasons(reasons)
+    streaming = get(_REQUEST_STREAM)
+    if streaming is not None:
+        streaming = bool(streaming)
+    started_us, ended_us, duration_ms = start // 1000, end // 1000, round((end - start) / 1e6, 3)
+    ttfc = get(_TTFC)
+    time_to_first_chunk_ms = None
+    if ttfc is not None and (type(ttfc) is float or type(ttfc) is int):
+        time_to_first_chunk_ms = round(ttfc * 1000, 3)
+    input_tokens, output_tokens = get(_USAGE_INPUT), get(_USAGE_OUTPUT)
+    cache_read_input_tokens, cache_creation_input_tokens = get(_USAGE_CACHE_READ), get(_USAGE_CACHE_CREATION)
+    reasoning_tokens = get(_USAGE_REASONING)
+    provider_usage = get(_USAGE_PROVIDER)
+    if provider_usage is not None and type(provider_usage) is not str:
+        provider_usage = _text_or_json(provider_usage)
+    parameters = _parameters(d)
+    error_type = get(_ERROR_TYPE)
+    error = get(_CALL_ERROR)
+    if error is None and error_type:
+        error = getattr(span.status, "description", None)
+    if error is not None and type(error) is not str:
+        error = str(error)
+    outcome = get(_CALL_OUTCOME)
+    if outcome is None:  # a span from before the outcome attribute (or a foreign one): what it says
+        if error_type:
+            outcome = "error"
+        elif reasons:
+            outcome = _FINISH_OUTCOMES.get(reasons if type(reasons) is str else str(reasons[0]))
+    refusal = get(_CALL_REFUSAL)
+    input_messages, output_messages = get(_INPUT_MESSAGES), get(_OUTPUT_MESSAGES)
+    if input_messages is not None and type(input_messages) is not str:
+        input_messages = _text_or_json(input_messages)
+    if output_messages is not None and type(output_messages) is not str:
+        output_messages = _text_or_json(output_messages)
+    cost_usd = price_source = None
+    if input_tokens is not None or output_tokens is not None:  # nothing to price without usage
+        cost_usd, price_source = _price(provider, response_model or request_model, request_model, input_tokens,
+                                        output_tokens, cache_read_input_tokens, cache_creation_input_tokens, started_us)
+    # in CallFact's field order (tests/storage/test_rows.py checks these names against it)
+    return (
+        trace_id, span_id, session_id, correlation_id, position, provider, framework, agent, request_model,
+        response_model, response_id, finish_reasons, outcome, streaming, started_us, ended_us, duration_ms,
+        time_to_first_chunk_ms, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens,
+        reasoning_tokens, provider_usage, parameters, error_type, error, refusal, input_messages, output_messages,
+        cost_usd, price_source,
     )
 
 
@@ -395,14 +552,15 @@ def add_spans(facts: Facts, items: list[tuple[int, Any]], skip: frozenset[str] =
     for i in range(0, len(items), CHUNK):
         events: list[tuple[Any, ...]] = []
         turns: list[tuple[Any, ...]] = []
+        calls: list[tuple[Any, ...]] = []
         excluded = 0
         if pause is None:
-            excluded += collect(items[i:i + CHUNK], events, turns, skip)
+            excluded += collect(items[i:i + CHUNK], events, turns, skip, calls)
         else:
             for j in range(i, min(i + CHUNK, len(items)), PAUSE_EVERY):
-                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip)
+                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip, calls)
                 pause()
-        facts.append(events, turns, excluded)
+        facts.append(events, turns, excluded, calls)
 
 
 def facts_of(items: list[tuple[int, Any]]) -> Facts:
