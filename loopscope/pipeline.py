@@ -422,9 +422,14 @@ def _shutdown_locked(timeout: float = CLOSE_TIMEOUT) -> None:
     while _owned_meter_providers:
         provider = _owned_meter_providers.pop()
         closers.append(lambda provider=provider: provider.shutdown(timeout_millis=int(EXPORT_SHUTDOWN_SECONDS * 1000)))
-    threads = [threading.Thread(target=_quietly, args=(closer,), daemon=True) for closer in closers]
-    for thread in threads:
-        thread.start()
+    threads, inline = [], []
+    for closer in closers:
+        thread = threading.Thread(target=_quietly, args=(closer,), daemon=True)
+        try:
+            thread.start()
+            threads.append(thread)
+        except RuntimeError:  # at exit Python 3.12+ starts no thread: run it after the store's close
+            inline.append(closer)
     for processor in pipeline.processors:
         if isinstance(processor, StoreSpanProcessor):
             _quietly(processor.drain)  # foreign spans still waiting for their agent run
@@ -432,6 +437,8 @@ def _shutdown_locked(timeout: float = CLOSE_TIMEOUT) -> None:
     deadline = time.monotonic() + max(timeout, EXPORT_SHUTDOWN_SECONDS)
     if pipeline.writer is not None:
         pipeline.writer.close(timeout)
+    for closer in inline:  # each exporter's own shutdown bounds its wait
+        _quietly(closer)
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
 
