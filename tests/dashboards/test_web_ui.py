@@ -72,7 +72,7 @@ def test_timeline_shows_text_tool_cards_and_turn_summaries(page, dashboard, tmp_
     assert turns.count() == 2
     assert [turns.nth(i).get_attribute("data-state") for i in range(2)] == ["finished", "finished"]
     summary = page.locator(".turn-summary").first.inner_text()
-    assert "completed" in summary and "3 rounds" in summary and "3 tool calls" in summary
+    assert "completed" in summary and "3 tool rounds" in summary and "3 tool calls" in summary
     assert "1,633 in / 144 out tokens" in summary and "latency" in summary
     assert page.locator(".msg.role-user").count() == 2
     assert "Let me check tomorrow's forecast" in page.locator(".msg.role-assistant").first.inner_text()
