@@ -22,6 +22,7 @@ __all__ = [
     "EventStatus",
     "EventType",
     "LoopEndReason",
+    "ModelCall",
     "SessionInfo",
     "TextContent",
     "ToolCall",
@@ -182,3 +183,51 @@ class SessionInfo(BaseModel):
     first_at: datetime | None
     last_at: datetime | None
     agents: list[str] = Field(default_factory=list)
+
+
+class ModelCall(BaseModel):
+    """One model call (a ``chat`` span): a row of the store's ``model_calls``, as
+    :meth:`Store.model_calls` returns it.
+
+    ``position`` is the call's place in its turn, from 1 (numbered by start time where the
+    recording did not say). ``usage`` is keyed as :attr:`AIResponseEvent.usage` is, with
+    input tokens normalized to include cached ones on every provider; ``provider_usage``
+    holds the provider's own figures as it reported them. ``outcome`` is one of
+    ``completed``, ``truncated``, ``refusal``, ``content_filter``, ``error``,
+    ``cancelled`` (None where the recording did not say). ``cost_usd`` is None when no
+    price is known for the model (``price_source`` says where a price came from:
+    ``genai-prices`` or ``override``). ``parameters`` are the request's (``temperature``,
+    ``max_tokens``, ``tool_choice``, ``server_address``, ...). The messages are content,
+    read only when asked for (``with_messages=True``).
+    """
+
+    session_id: str
+    correlation_id: str | None = None
+    position: int | None = None
+    agent: str | None = None
+    provider: str | None = None
+    framework: str | None = None
+    model: str | None = None
+    """The response's model, else the request's."""
+    request_model: str | None = None
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: list[str] = Field(default_factory=list)
+    outcome: str | None = None
+    streaming: bool | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    duration_ms: float | None = None
+    time_to_first_chunk_ms: float | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    provider_usage: Any = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    cost_usd: float | None = None
+    price_source: str | None = None
+    error_type: str | None = None
+    error: str | None = None
+    refusal: str | None = None
+    input_messages: Any = None
+    output_messages: Any = None
+    trace_id: str | None = None
+    span_id: str | None = None

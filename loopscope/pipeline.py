@@ -24,6 +24,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
+from . import pricing
 from ._guard import internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
@@ -204,6 +205,7 @@ def configure(
     capture_content: bool | None = None,
     content_policy: ContentPolicy | None = None,
     meter_provider: MeterProvider | None = None,
+    prices: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -237,8 +239,17 @@ def configure(
 
     Stitching: ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched
     from SDK calls waits for the results of its tool calls before it ends as unfinished.
+
+    Cost: each model call is priced in USD from genai-prices' database as its row is
+    written. ``prices`` sets the prices of models it does not know (custom or
+    self-hosted) or overrides its own, per model name in USD per million tokens:
+    ``{"my-llama": {"input": 0.2, "output": 0.6, "cache_read": 0.05, "cache_write": 0.25}}``
+    (the cache prices default to the input price). They win over genai-prices and over
+    the file ``LOOPSCOPE_PRICES`` names (TOML or JSON, the same tables). A bad entry
+    raises ValueError before anything else changes.
     """
     global _active
+    pricing.set_overrides(prices)  # checked first: a bad entry changes nothing
     with _lock:
         explicit = db not in (None, True, False)
         path = None if db is False else resolve(default_db_path() if not explicit else db)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import _json, _otel_sdk
+from .. import _json, _otel_sdk, pricing
 from .. import semconv as a
 from .._guard import internal_error
 from ..models import RESPONSE_SEGMENT_SEPARATOR
@@ -62,9 +62,10 @@ def _plain(attrs: Any) -> dict[str, Any]:
 
 
 def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]],
-            skip: frozenset[str] = frozenset()) -> int:
+            skip: frozenset[str] = frozenset(), calls: list[tuple[Any, ...]] | None = None) -> int:
     """Append the facts of each ``(kind, span)`` pair (kind 0: started, 1: ended) to
-    ``events`` and ``turns``, in order; rows of the event types in ``skip`` are left out.
+    ``events``, ``turns`` and ``calls`` (a model call per ended ``chat`` span; left out
+    when None), in order; rows of the event types in ``skip`` are left out.
 
     Returns how many rows were left out. A span whose facts cannot be read (a foreign
     span without times or ids, say) yields no row, and the failure is reported.
@@ -145,6 +146,9 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
             elif op == CHAT:
                 if kind != END:
                     continue
+                if calls is not None:
+                    start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
+                    calls.append(_call_fact(span, d, tid, trace_id, sid, start, end))
                 body = get(ROUND_TEXT)
                 if not body:
                     continue
@@ -274,12 +278,118 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
     declared_tools = _declared_text(get(a.DECLARED_TOOLS) or "[]")
     model, provider = get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL), get(a.PROVIDER)
     error = _error_text(span, loop_end_reason, get(a.ERROR_TYPE)) if loop_end_reason == "error" else None
+    model_call_count = get(a.MODEL_CALL_COUNT)
+    if type(model_call_count) is not int:
+        model_call_count = None  # the views count the turn's call rows
+    # what the turn cost by its own usage: the views use it where the turn has no call rows
+    cost_usd, price_source = _price(provider, model, None, input_tokens, output_tokens, cache_read_input_tokens,
+                                    cache_creation_input_tokens, start // 1000)
     # in TurnFact's field order (tests/storage/test_rows.py checks these names against it)
     return (
         trace_id, span_id, correlation_id, session_id, channel_id, parent_correlation_id, response_content, segments,
         tool_calls_count, round_count, input_tokens, output_tokens, cache_read_input_tokens,
         cache_creation_input_tokens, reasoning_tokens, usage, thinking, loop_end_reason, latency_ms, streaming,
-        timestamp_us, declared_tools, model, provider, error,
+        timestamp_us, declared_tools, model, provider, error, model_call_count, cost_usd, price_source,
+    )
+
+
+def _price(provider: Any, model: Any, other_model: Any, input_tokens: Any, output_tokens: Any, cache_read: Any,
+           cache_write: Any, at_us: int) -> tuple[float | None, str | None]:
+    """The cost of a call (or a turn) by the first of its two model names that has a price."""
+    cost, source = _price_of(provider, model, input_tokens, output_tokens, cache_read, cache_write, at_us)
+    if cost is None and other_model and other_model != model:
+        cost, source = _price_of(provider, other_model, input_tokens, output_tokens, cache_read, cache_write, at_us)
+    return cost, source
+
+
+_price_of = pricing.price
+
+# finish reasons that say how a call ended, where the span does not (loopscope.call.outcome)
+_FINISH_OUTCOMES = {
+    "stop": "completed", "tool_calls": "completed", "tool_call": "completed", "end_turn": "completed", "tool_use": "completed",
+    "stop_sequence": "completed", "function_call": "completed", "pause_turn": "completed", "completed": "completed",
+    "length": "truncated", "max_tokens": "truncated", "max_output_tokens": "truncated", "incomplete": "truncated",
+    "content_filter": "content_filter", "refusal": "refusal",
+}
+_REQUEST_PREFIX = "gen_ai.request."
+_PARAMETER_NAMES = {attr: name for name, attr in a.REQUEST_PARAMETERS.items()}
+_NOT_PARAMETERS = frozenset((a.REQUEST_MODEL, a.REQUEST_STREAM))
+
+
+def _parameters(d: dict[str, Any]) -> str | None:
+    """The request parameters of a chat span as JSON: every ``gen_ai.request.*`` attribute
+    (but the model and streaming, which have columns), the tool choice and the server,
+    named as adapters report them (``temperature``, ``max_tokens``, ``tool_choice``, ...)."""
+    found: dict[str, Any] = {}
+    names = _PARAMETER_NAMES
+    for key, value in d.items():
+        name = names.get(key)
+        if name is None:
+            if not key.startswith(_REQUEST_PREFIX) or key in _NOT_PARAMETERS:
+                continue
+            name = key[len(_REQUEST_PREFIX):]
+        found[name] = list(value) if type(value) is tuple else value
+    return _json.dumps(found) if found else None
+
+
+def _call_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
+    """The model call a ``chat`` span's end stands for (a :class:`~loopscope.storage.rows.CallFact`)."""
+    get = d.get
+    session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
+    if type(session_id) is not str:
+        session_id = str(session_id)
+    span_id = sid.to_bytes(8, "big")
+    correlation_id, agent = get(a.TURN_ID), get(a.AGENT_NAME)
+    position = get(a.CALL_POSITION)
+    if type(position) is not int:
+        position = None  # numbered by start time in the view
+    provider, framework = get(a.PROVIDER), get(a.FRAMEWORK)
+    request_model, response_model, response_id = get(a.REQUEST_MODEL), get(a.RESPONSE_MODEL), get(a.RESPONSE_ID)
+    reasons = get(a.RESPONSE_FINISH_REASONS)
+    finish_reasons = None
+    if reasons is not None:
+        reasons = [reasons] if isinstance(reasons, str) else list(reasons)
+        finish_reasons = _json.dumps(reasons)
+    streaming = get(a.REQUEST_STREAM)
+    if streaming is not None:
+        streaming = bool(streaming)
+    started_us, ended_us, duration_ms = start // 1000, end // 1000, round((end - start) / 1e6, 3)
+    ttfc = get(a.TIME_TO_FIRST_CHUNK)
+    time_to_first_chunk_ms = round(ttfc * 1000, 3) if isinstance(ttfc, (float, int)) and ttfc is not True else None
+    input_tokens, output_tokens = get(a.USAGE_INPUT), get(a.USAGE_OUTPUT)
+    cache_read_input_tokens, cache_creation_input_tokens = get(a.USAGE_CACHE_READ), get(a.USAGE_CACHE_CREATION)
+    reasoning_tokens = get(a.USAGE_REASONING)
+    provider_usage = get(a.USAGE_PROVIDER)
+    if provider_usage is not None and type(provider_usage) is not str:
+        provider_usage = _text_or_json(provider_usage)
+    parameters = _parameters(d)
+    error_type = get(a.ERROR_TYPE)
+    error = get(a.CALL_ERROR)
+    if error is None and error_type:
+        error = getattr(span.status, "description", None)
+    if error is not None and type(error) is not str:
+        error = str(error)
+    outcome = get(a.CALL_OUTCOME)
+    if outcome is None:  # a span from before the outcome attribute (or a foreign one): what it says
+        if error_type:
+            outcome = "error"
+        elif reasons:
+            outcome = _FINISH_OUTCOMES.get(str(reasons[0]))
+    refusal = get(a.CALL_REFUSAL)
+    input_messages, output_messages = get(a.INPUT_MESSAGES), get(a.OUTPUT_MESSAGES)
+    if input_messages is not None and type(input_messages) is not str:
+        input_messages = _text_or_json(input_messages)
+    if output_messages is not None and type(output_messages) is not str:
+        output_messages = _text_or_json(output_messages)
+    cost_usd, price_source = _price(provider, response_model or request_model, request_model, input_tokens,
+                                    output_tokens, cache_read_input_tokens, cache_creation_input_tokens, started_us)
+    # in CallFact's field order (tests/storage/test_rows.py checks these names against it)
+    return (
+        trace_id, span_id, session_id, correlation_id, position, provider, framework, agent, request_model,
+        response_model, response_id, finish_reasons, outcome, streaming, started_us, ended_us, duration_ms,
+        time_to_first_chunk_ms, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens,
+        reasoning_tokens, provider_usage, parameters, error_type, error, refusal, input_messages, output_messages,
+        cost_usd, price_source,
     )
 
 
@@ -395,14 +505,15 @@ def add_spans(facts: Facts, items: list[tuple[int, Any]], skip: frozenset[str] =
     for i in range(0, len(items), CHUNK):
         events: list[tuple[Any, ...]] = []
         turns: list[tuple[Any, ...]] = []
+        calls: list[tuple[Any, ...]] = []
         excluded = 0
         if pause is None:
-            excluded += collect(items[i:i + CHUNK], events, turns, skip)
+            excluded += collect(items[i:i + CHUNK], events, turns, skip, calls)
         else:
             for j in range(i, min(i + CHUNK, len(items)), PAUSE_EVERY):
-                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip)
+                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip, calls)
                 pause()
-        facts.append(events, turns, excluded)
+        facts.append(events, turns, excluded, calls)
 
 
 def facts_of(items: list[tuple[int, Any]]) -> Facts:

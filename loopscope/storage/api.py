@@ -3,7 +3,7 @@ engine (ClickHouse, say) would implement beside the DuckDB one.
 
 Two doors, both engine-neutral in what they take and give:
 
-* :class:`StoreReader`: the query API, events, turns and sessions as the public models
+* :class:`StoreReader`: the query API, events, turns, model calls and sessions as the public models
   (:mod:`loopscope.models`), a session's log followed live, read-only SQL. DuckDB's
   :class:`~loopscope.storage.store.Store` implements it (and :class:`~loopscope.storage.store.AsyncStore`
   the same reads for async code).
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from ..models import ActivityEvent, AIResponseEvent, SessionInfo
+from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from .policy import EventFilter
 from .replay import DEFAULT_PAGE, Replay, StopFlag
 from .rows import SpanMapping
@@ -101,6 +101,14 @@ class StoreReader(Protocol):
 
     def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
         """Sessions, most recently active first."""
+        ...
+
+    def model_calls(
+        self, session_id: str | None = None, correlation_id: str | None = None, *, model: str | None = None,
+        provider: str | None = None, failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        with_messages: bool = False,
+    ) -> list[ModelCall]:
+        """Model calls, oldest first (``slowest``: longest first), with their cost."""
         ...
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -6,12 +6,12 @@ between the commit and the answer gets the request again from the sender (OTLP s
 retry what was not acknowledged), after a restart that forgot which spans it had seen.
 Every row's identity comes from its span: an event's id is the span's trace and span ids
 and a letter for the row's kind (as :data:`rows.EVENTS_SQL` makes it), a turn summary is the ``invoke_agent``
-span's, a raw span is its trace and span ids. So a row is left out when the store has
+span's, a model call the ``chat`` span's, a raw span is its trace and span ids. So a row is left out when the store has
 one with the same identity, and so is the second of two in the same batch.
 
 The lookup reads only the part of the table whose times overlap the batch's: a row's
-time comes from its span too (an event's ``created_at``, a turn's ``timestamp``, a raw
-span's ``start_time``), and DuckDB skips the row groups whose min/max exclude the range
+time comes from its span too (an event's ``created_at``, a turn's ``timestamp``, a model
+call's ``ended_at``, a raw span's ``start_time``), and DuckDB skips the row groups whose min/max exclude the range
 (zone maps), so the cost follows the batch's time range, not the table's size. It is
 done before the events are numbered, so the session counters count each row once.
 """
@@ -33,7 +33,7 @@ _SUFFIX = {code: "m" for code in EVENT_TYPES} | {
 
 
 def drop_stored(con: duckdb.DuckDBPyConnection, facts: Facts) -> int:
-    """Leave out of ``facts`` the events and turn summaries the store holds already (and
+    """Leave out of ``facts`` the events, model calls and turn summaries the store holds already (and
     repeats within the batch). Returns how many rows were left out. ``con`` is a write
     block of the store (the file is not written to here)."""
     dropped = 0
@@ -46,6 +46,15 @@ def drop_stored(con: duckdb.DuckDBPyConnection, facts: Facts) -> int:
         if keep is not None:
             facts.events = _kept(events, keep)
             facts.sessions = [s for s, k in zip(facts.sessions, keep) if k]
+            dropped += len(keep) - sum(keep)
+    calls = facts.call_table()
+    if calls is not None:
+        traces, spans = (calls.column(name).to_pylist() for name in ("trace_id", "span_id"))
+        keys = [t.hex() + s.hex() for t, s in zip(traces, spans)]
+        keep = _fresh(con, keys, calls.column("ended_us"), "model_calls", "trace_id || span_id", "ended_at")
+        if keep is not None:
+            facts.calls = _kept(calls, keep)
+            facts.call_rows = sum(keep)
             dropped += len(keep) - sum(keep)
     turns = facts.turn_table()
     if turns is not None:

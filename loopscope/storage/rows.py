@@ -105,10 +105,56 @@ class TurnFact(NamedTuple):
     model: Any
     provider: Any
     error: str | None
+    model_call_count: Any = None  # loopscope.turn.model_call_count as it is (None: the views count the calls)
+    cost_usd: float | None = None  # priced from the turn's own usage and model (the views prefer its calls' sum)
+    price_source: str | None = None
 
 
 TURN_FIELDS: tuple[str, ...] = TurnFact._fields
 _USAGE_KEYS = tuple(a.USAGE_ATTRIBUTES)
+
+# -- model call facts ----------------------------------------------------------------------
+
+
+class CallFact(NamedTuple):
+    """The values a ``model_calls`` row is made from (by :data:`CALLS_SQL`), built by name:
+    one per ``chat`` span's end (a model call)."""
+
+    trace_id: bytes
+    span_id: bytes
+    session_id: str  # final
+    correlation_id: Any  # the turn's id, as it is
+    position: Any  # loopscope.call.position as it is (None: the view numbers the call)
+    provider: Any
+    framework: Any
+    agent: Any
+    request_model: Any
+    response_model: Any
+    response_id: Any
+    finish_reasons: str | None  # JSON text of the list
+    outcome: Any
+    streaming: Any  # gen_ai.request.stream as it is
+    started_us: int
+    ended_us: int
+    duration_ms: float
+    time_to_first_chunk_ms: float | None
+    input_tokens: Any  # the usage values as they are (normalized: input includes cached tokens)
+    output_tokens: Any
+    cache_read_input_tokens: Any
+    cache_creation_input_tokens: Any
+    reasoning_tokens: Any
+    provider_usage: Any  # JSON text (loopscope.usage.provider)
+    parameters: str | None  # JSON text: the request parameters
+    error_type: Any
+    error: str | None  # final text
+    refusal: Any  # text (content)
+    input_messages: Any  # JSON text (content)
+    output_messages: Any  # JSON text (content)
+    cost_usd: float | None
+    price_source: str | None
+
+
+CALL_FIELDS: tuple[str, ...] = CallFact._fields
 assert set(_USAGE_KEYS) <= set(TURN_FIELDS), "a usage value has a field of its own"
 
 # What each field is in Arrow ("us": a UTC timestamp from microseconds) and how _clean
@@ -131,12 +177,27 @@ _TURN_FIELD_TYPES = {
     "usage": ("string", "json"), "thinking": ("string", "text"), "loop_end_reason": ("string", "raw"),
     "latency_ms": ("float64", "float"), "streaming": ("bool", "bool"), "timestamp_us": ("us", "int64"),
     "declared_tools": ("string", "json"), "model": ("string", "raw"), "provider": ("string", "raw"),
-    "error": ("string", "text"),
+    "error": ("string", "text"), "model_call_count": ("int32", "int32"), "cost_usd": ("float64", "float"),
+    "price_source": ("string", "raw"),
+}
+_CALL_FIELD_TYPES = {
+    "trace_id": ("binary16", "bytes"), "span_id": ("binary8", "bytes"), "session_id": ("string", "raw"),
+    "correlation_id": ("string", "raw"), "position": ("int32", "int32"), "provider": ("string", "raw"),
+    "framework": ("string", "raw"), "agent": ("string", "raw"), "request_model": ("string", "raw"),
+    "response_model": ("string", "raw"), "response_id": ("string", "raw"), "finish_reasons": ("string", "json"),
+    "outcome": ("string", "raw"), "streaming": ("bool", "bool"), "started_us": ("us", "int64"),
+    "ended_us": ("us", "int64"), "duration_ms": ("float64", "float"), "time_to_first_chunk_ms": ("float64", "float"),
+    **{key: ("int64", "usage") for key in _USAGE_KEYS},
+    "provider_usage": ("string", "json"), "parameters": ("string", "json"), "error_type": ("string", "raw"),
+    "error": ("string", "text"), "refusal": ("string", "text"), "input_messages": ("string", "json"),
+    "output_messages": ("string", "json"), "cost_usd": ("float64", "float"), "price_source": ("string", "raw"),
 }
 assert set(_EVENT_FIELD_TYPES) == set(EVENT_FIELDS) and set(_TURN_FIELD_TYPES) == set(TURN_FIELDS)
+assert set(_CALL_FIELD_TYPES) == set(CALL_FIELDS)
 _KINDS: dict[type, tuple[str, ...]] = {
     EventFact: tuple(_EVENT_FIELD_TYPES[name][1] for name in EVENT_FIELDS),
     TurnFact: tuple(_TURN_FIELD_TYPES[name][1] for name in TURN_FIELDS),
+    CallFact: tuple(_CALL_FIELD_TYPES[name][1] for name in CALL_FIELDS),
 }
 
 
@@ -155,6 +216,12 @@ def arrow_schemas() -> tuple[Any, Any]:
     """The Arrow types of event facts and turn facts: structs whose fields are the row
     types' fields, in their order (a fact converts to it as the tuple it is)."""
     return _arrow_struct(EVENT_FIELDS, _EVENT_FIELD_TYPES), _arrow_struct(TURN_FIELDS, _TURN_FIELD_TYPES)
+
+
+@functools.cache
+def call_schema() -> Any:
+    """The Arrow type of model call facts (see :func:`arrow_schemas`)."""
+    return _arrow_struct(CALL_FIELDS, _CALL_FIELD_TYPES)
 
 
 # -- from facts to rows, in SQL ------------------------------------------------------------
@@ -184,7 +251,7 @@ def json_text_sql(column: str) -> str:
     )
 
 
-EVENTS_TABLE, TURNS_TABLE = "_loopscope_event_facts", "_loopscope_turn_facts"
+EVENTS_TABLE, TURNS_TABLE, CALLS_TABLE = "_loopscope_event_facts", "_loopscope_turn_facts", "_loopscope_call_facts"
 
 _TOOL_CONTENT = (
     """'{"type":"tool_call","tool_name":' || to_json(tool_name) || ',"tool_id":' || to_json(tool_id)"""
@@ -245,6 +312,7 @@ TURN_COLUMNS = (
     "correlation_id", "session_id", "channel_id", "parent_correlation_id", "response_content", "segments",
     "tool_calls_count", "round_count", "usage", "input_tokens", "output_tokens", "thinking", "loop_end_reason",
     "latency_ms", "streaming", "timestamp", "declared_tools", "model", "provider", "error", "trace_id", "span_id",
+    "model_call_count", "cost_usd", "price_source",
 )
 """The columns :data:`TURNS_SQL` fills, in its order: every column of ``turns``."""
 
@@ -253,11 +321,34 @@ INSERT INTO turns ({", ".join(TURN_COLUMNS)})
 SELECT coalesce(correlation_id, sh), session_id, channel_id, parent_correlation_id, response_content,
   segments, tool_calls_count, round_count,
   coalesce(usage, {_USAGE_SQL}), input_tokens, output_tokens, thinking, loop_end_reason, latency_ms, streaming,
-  timestamp_us, declared_tools, model, provider, error, th, sh
+  timestamp_us, declared_tools, model, provider, error, th, sh, model_call_count, cost_usd, price_source
 FROM (SELECT *, lower(hex(trace_id)) AS th, lower(hex(span_id)) AS sh FROM {TURNS_TABLE})
 """
 """Inserts the rows of the registered table of turn facts (whose JSON texts are JSON
 DuckDB takes: see :func:`_segments` and :func:`_declared_text`)."""
+
+CALL_COLUMNS = (
+    "session_id", "correlation_id", "position", "provider", "framework", "agent", "request_model", "response_model",
+    "response_id", "finish_reasons", "outcome", "streaming", "started_at", "ended_at", "duration_ms",
+    "time_to_first_chunk_ms", *_USAGE_KEYS, "provider_usage", "parameters", "error_type", "error", "refusal",
+    "input_messages", "output_messages", "cost_usd", "price_source", "trace_id", "span_id",
+)
+"""The columns :data:`CALLS_SQL` fills, in its order: every column of ``model_calls``."""
+
+CALLS_SQL = f"""
+INSERT INTO model_calls ({", ".join(CALL_COLUMNS)})
+SELECT session_id, correlation_id, position, provider, framework, agent, request_model, response_model,
+  response_id, finish_reasons, outcome, streaming, started_us, ended_us, duration_ms, time_to_first_chunk_ms,
+  {", ".join(_USAGE_KEYS)}, CASE WHEN provider_usage IS NOT NULL THEN {json_text_sql("provider_usage")} END,
+  parameters, error_type, error, refusal,
+  CASE WHEN input_messages IS NOT NULL THEN {json_text_sql("input_messages")} END,
+  CASE WHEN output_messages IS NOT NULL THEN {json_text_sql("output_messages")} END,
+  cost_usd, price_source, lower(hex(trace_id)), lower(hex(span_id))
+FROM {CALLS_TABLE}
+"""
+"""Inserts the rows of the registered table of model call facts (``finish_reasons`` and
+``parameters`` are JSON made in Python; the messages and the provider's usage are
+attribute text, kept as JSON when they are, as a JSON string otherwise)."""
 
 
 # -- facts as Arrow tables ------------------------------------------------------------------
@@ -281,13 +372,15 @@ class Facts:
     says; a fact that still cannot be stored is dropped and reported.
     """
 
-    __slots__ = ("events", "excluded", "sessions", "turn_rows", "turns")
+    __slots__ = ("call_rows", "calls", "events", "excluded", "sessions", "turn_rows", "turns")
 
     def __init__(self) -> None:
         self.events: list[Any] = []  # pyarrow RecordBatches of event facts
         self.sessions: list[str] = []
         self.turns: list[Any] = []  # pyarrow RecordBatches of turn facts
         self.turn_rows = 0
+        self.calls: list[Any] = []  # pyarrow RecordBatches of model call facts
+        self.call_rows = 0
         self.excluded = 0
 
     @property
@@ -296,18 +389,23 @@ class Facts:
 
     @property
     def rows(self) -> int:
-        return len(self.sessions) + self.turn_rows
+        return len(self.sessions) + self.turn_rows + self.call_rows
 
-    def append(self, events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]], excluded: int = 0) -> None:
-        """Add event facts and turn facts (tuples in the fields' order of :class:`EventFact`
-        and :class:`TurnFact`, or those row types themselves), and ``excluded`` rows
-        left out by policy. A fact Arrow cannot take even once cleaned is dropped and
-        reported."""
+    def append(self, events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]], excluded: int = 0,
+               calls: list[tuple[Any, ...]] | None = None) -> None:
+        """Add event facts, turn facts and model call facts (tuples in the fields' order of
+        :class:`EventFact`, :class:`TurnFact` and :class:`CallFact`, or those row types
+        themselves), and ``excluded`` rows left out by policy. A fact Arrow cannot take
+        even once cleaned is dropped and reported."""
         self.excluded += excluded
         if events:
             events, batch = _record_batch(events, arrow_schemas()[0], EventFact)
             self.events.append(batch)
             self.sessions.extend(map(_session_of, events))
+        if calls:
+            calls, batch = _record_batch(calls, call_schema(), CallFact)
+            self.calls.append(batch)
+            self.call_rows += len(calls)
         if turns:
             turns, batch = _record_batch(turns, arrow_schemas()[1], TurnFact)
             self.turns.append(batch)
@@ -319,17 +417,25 @@ class Facts:
         self.sessions += other.sessions
         self.turns += other.turns
         self.turn_rows += other.turn_rows
+        self.calls += other.calls
+        self.call_rows += other.call_rows
         self.excluded += other.excluded
 
     def drop_oldest(self, count: int) -> None:
-        """Leave out the ``count`` oldest rows: events first, then turn summaries."""
+        """Leave out the ``count`` oldest rows: events first, then model calls, then turn summaries."""
         cut = min(count, self.event_rows)
         if cut:
             self.events = self.event_table().slice(cut).to_batches()  # type: ignore[union-attr]
             self.sessions = self.sessions[cut:]
-        if count > cut and self.turn_rows:
-            self.turns = self.turn_table().slice(count - cut).to_batches()  # type: ignore[union-attr]
-            self.turn_rows = max(0, self.turn_rows - (count - cut))
+        count -= cut
+        cut = min(count, self.call_rows)
+        if cut:
+            self.calls = self.call_table().slice(cut).to_batches()  # type: ignore[union-attr]
+            self.call_rows -= cut
+        count -= cut
+        if count > 0 and self.turn_rows:
+            self.turns = self.turn_table().slice(count).to_batches()  # type: ignore[union-attr]
+            self.turn_rows = max(0, self.turn_rows - count)
 
     def event_table(self) -> Any:
         """The event facts as one pyarrow Table (None without any)."""
@@ -342,6 +448,12 @@ class Facts:
         import pyarrow as pa
 
         return pa.Table.from_batches(self.turns, pa.schema(arrow_schemas()[1])) if self.turns else None
+
+    def call_table(self) -> Any:
+        """The model call facts as one pyarrow Table (None without any)."""
+        import pyarrow as pa
+
+        return pa.Table.from_batches(self.calls, pa.schema(call_schema())) if self.calls else None
 
 
 _MAPPING_GUARD = guard("span mapping")
@@ -398,7 +510,7 @@ def _clean(fact: Any) -> Any:
         elif kind == "usage":
             value = a.usage_value(value)
             if value is not None and not -(1 << 63) <= value < (1 << 63):
-                if usage_json is None:
+                if usage_json is None and "usage" in fact._fields:  # a call's raw figures are in provider_usage
                     usage = {key: a.usage_value(getattr(fact, key)) for key in _USAGE_KEYS}
                     usage_json = _json.dumps({k: v for k, v in usage.items() if v is not None})
                 value = None

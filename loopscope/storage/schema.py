@@ -40,8 +40,9 @@ def _views() -> list[str]:
     # imported when a migration runs
     from .views import create_statements
 
-    # the views as they were then: ``events`` has no tool columns before m004_tool_columns
-    return create_statements(tool_columns=False)
+    # the views as they were then: ``events`` has no tool columns before m004_tool_columns,
+    # and there is no ``model_calls`` table before m008_model_calls
+    return create_statements(tool_columns=False, model_calls=False)
 
 
 TOOL_COLUMN_TYPES = {
@@ -74,7 +75,7 @@ def _tool_columns() -> list[str]:
     return [
         *(f"ALTER TABLE events ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in TOOL_COLUMN_TYPES.items()),
         _TOOL_BACKFILL,
-        *create_statements(),
+        *create_statements(model_calls=False),
     ]
 
 
@@ -260,6 +261,63 @@ def m007_writer_counters() -> list[str]:
     return writer_counters()
 
 
+MODEL_CALLS_DDL = """CREATE TABLE model_calls (
+    session_id VARCHAR NOT NULL,
+    correlation_id VARCHAR,
+    position INTEGER,
+    provider VARCHAR,
+    framework VARCHAR,
+    agent VARCHAR,
+    request_model VARCHAR,
+    response_model VARCHAR,
+    response_id VARCHAR,
+    finish_reasons JSON,
+    outcome VARCHAR,
+    streaming BOOLEAN,
+    started_at TIMESTAMPTZ,
+    ended_at TIMESTAMPTZ,
+    duration_ms DOUBLE,
+    time_to_first_chunk_ms DOUBLE,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    cache_read_input_tokens BIGINT,
+    cache_creation_input_tokens BIGINT,
+    reasoning_tokens BIGINT,
+    provider_usage JSON,
+    parameters JSON,
+    error_type VARCHAR,
+    error VARCHAR,
+    refusal VARCHAR,
+    input_messages JSON,
+    output_messages JSON,
+    cost_usd DOUBLE,
+    price_source VARCHAR,
+    trace_id VARCHAR,
+    span_id VARCHAR
+)"""
+"""The ``model_calls`` table of ``m008_model_calls`` (its columns: :data:`rows.CALL_COLUMNS`)."""
+
+TURN_CALL_COLUMNS = {"model_call_count": "INTEGER", "cost_usd": "DOUBLE", "price_source": "VARCHAR"}
+"""The columns ``m008_model_calls`` adds to ``turns``."""
+
+
+@migration
+def m008_model_calls() -> list[str]:
+    """One row per model call (a ``chat`` span's end) in ``model_calls``: session, turn,
+    position, provider, models, response id, finish reasons, outcome, times, normalized
+    usage and the provider's raw figures, request parameters, error, refusal, messages
+    (content) and the cost in USD with where its price came from. ``turns`` gains the
+    turn's model call count and its own cost (priced from its usage where it has no call
+    rows); the views are made again with the calls and the costs."""
+    from .views import create_statements
+
+    return [
+        MODEL_CALLS_DDL,
+        *(f"ALTER TABLE turns ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in TURN_CALL_COLUMNS.items()),
+        *create_statements(),
+    ]
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 """How many migrations a file of this loopscope has. Kept in ``loopscope_meta`` as
 ``schema_version`` beside the names: the readers' one-query check, ``loopscope status``,
@@ -378,24 +436,45 @@ def check_readable(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """``CREATE TEMP VIEW`` statements for the views an older file lacks.
+    """``CREATE TEMP VIEW`` statements that give an older file this loopscope's views.
 
     A file from an older loopscope (read-only, so not migrated) still answers queries on
     the views when the reading connection runs these first: they live in the
-    connection's temporary catalog and read the file's tables.
+    connection's temporary catalog (hiding the file's own views of the same names) and
+    read the file's tables; a file from before ``m008_model_calls`` is given an empty
+    ``model_calls`` and ``turns`` with the new columns NULL.
     """
     if schema_version(con) >= SCHEMA_VERSION:
         return []
     from .views import views
 
-    definitions = views(tool_columns=has_tool_columns(con))
-    present = {
-        r[0]
+    database = con.execute("SELECT current_database()").fetchall()[0][0]
+    tables = {
+        (r[0], r[1])
         for r in con.execute(
-            "SELECT view_name FROM duckdb_views() WHERE database_name = current_database() AND schema_name = 'main'"
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = 'main' AND table_name IN ('turns', 'model_calls')"
         ).fetchall()
     }
-    return [f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}" for name, sql in definitions.items() if name not in present]
+    statements = []
+    if not any(table == "model_calls" for table, _ in tables):
+        # no model calls were recorded before m008_model_calls: an empty relation of the same columns
+        columns = MODEL_CALLS_DDL.split("(", 1)[1].rsplit(")", 1)[0]
+        typed = ", ".join(
+            f"NULL::{kind} AS {name}" for name, kind, *_ in (line.strip().rstrip(",").split() for line in columns.splitlines() if line.strip())
+        )
+        statements.append(f"CREATE OR REPLACE TEMP VIEW model_calls AS SELECT {typed} WHERE false")
+    missing = [name for name in TURN_CALL_COLUMNS if ("turns", name) not in tables]
+    if missing:
+        added = ", ".join(f"NULL::{TURN_CALL_COLUMNS[name]} AS {name}" for name in missing)
+        statements.append(f"CREATE OR REPLACE TEMP VIEW turns AS SELECT *, {added} FROM {_quoted(database)}.main.turns")
+    # every view, as this loopscope defines it (a temporary view hides the file's own of the same name)
+    definitions = views(tool_columns=has_tool_columns(con))
+    return [*statements, *(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}" for name, sql in definitions.items())]
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def has_tool_columns(con: duckdb.DuckDBPyConnection) -> bool:

@@ -3,7 +3,8 @@
 The writer reduces spans to facts in Arrow record batches (:class:`rows.Facts`);
 before they are written, the columns that carry content (tool arguments, results and
 errors, message text, state rows' content, a turn's response, segments, thinking and
-error) go through the same :class:`~loopscope.content.policy.ContentPolicy` as OTLP
+error, a model call's messages, refusal and error) go through the
+same :class:`~loopscope.content.policy.ContentPolicy` as OTLP
 export: secrets masked, the redaction hook, ``store_max_chars`` per value.
 
 It runs in the writer's thread, once per batch written (never on the calling thread).
@@ -49,6 +50,12 @@ _TURN_COLUMNS = (
     ("segments", a.SEGMENTS, "shape"),
     ("thinking", a.THINKING, "text"),
     ("error", "exception.message", "text"),
+)
+_CALL_COLUMNS = (
+    ("input_messages", a.INPUT_MESSAGES, "json"),
+    ("output_messages", a.OUTPUT_MESSAGES, "json"),
+    ("refusal", a.CALL_REFUSAL, "text"),
+    ("error", a.CALL_ERROR, "text"),
 )
 
 
@@ -114,6 +121,8 @@ class Scrubber:
             facts.events = self._batches(facts.events, _EVENT_COLUMNS)
         if facts.turns:
             facts.turns = self._batches(facts.turns, _TURN_COLUMNS)
+        if facts.calls:
+            facts.calls = self._batches(facts.calls, _CALL_COLUMNS)
 
     def masked(self, column: Any, how: str = "json") -> Any:
         """A string array with secrets masked in the values the prefilter picks (no cap,

@@ -15,17 +15,19 @@ from typing import Any
 
 import duckdb
 
-from ..models import ActivityEvent, AIResponseEvent, SessionInfo
+from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from .connection import open_store, resolve
 from .errors import SQLRefusedError
+from .events import CALL_COLUMNS as _CALL_COLUMNS
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import TURN_COLUMNS as _TURN_COLUMNS
+from .events import call_of as _call
 from .events import event_of as _event
 from .events import turn_of as _turn
 from .policy import RECEIVED, EventFilter
 from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
-from .schema import SCHEMA_VERSION, check_readable, missing_views
+from .schema import SCHEMA_VERSION, check_readable, missing_views, schema_version
 
 _SPAN_SQL = """
     SELECT m.value, s.first_at, s.last_at
@@ -306,6 +308,68 @@ class Store:
             for r in self._query(sql, params)
         ]
 
+    def _view_query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A query of the views: on a file of this schema as :meth:`_query` runs it; on an
+        older one (read, not migrated) in a database of its own given this loopscope's
+        views first (:func:`~loopscope.storage.schema.missing_views`)."""
+        self._flush_own()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+            check_readable(con)
+            if schema_version(con) >= SCHEMA_VERSION:
+                return con.execute(sql, list(params)).fetchall()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, isolated=True) as con:
+            for statement in missing_views(con):
+                con.execute(statement)
+            return con.execute(sql, list(params)).fetchall()
+
+    def model_calls(
+        self,
+        session_id: str | None = None,
+        correlation_id: str | None = None,
+        *,
+        model: str | None = None,
+        provider: str | None = None,
+        failed: bool = False,
+        slowest: bool = False,
+        limit: int | None = 50,
+        with_messages: bool = False,
+    ) -> list[ModelCall]:
+        """Model calls (one per ``chat`` span), oldest first: the most recent ``limit``.
+
+        Filters: the session, the turn (``correlation_id``), the model (the request's or
+        the response's), the provider, and ``failed`` (calls that ended in an error).
+        ``slowest`` orders by duration instead, longest first (the ``limit`` longest).
+        ``with_messages`` reads each call's input and output messages too (content).
+        A file from before model calls were stored has none.
+        """
+        if limit is not None and limit < 0:
+            raise ValueError("limit must not be negative")
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("session_id", session_id), ("turn_id", correlation_id), ("provider", provider)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if model is not None:
+            clauses.append("(request_model = ? OR response_model = ?)")
+            params += [model, model]
+        if failed:
+            clauses.append("(outcome = 'error' OR error_type IS NOT NULL)")
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        columns = _CALL_COLUMNS if with_messages else _CALL_COLUMNS.replace(
+            "input_messages, output_messages", "NULL, NULL")
+        if slowest:
+            order = "duration_ms DESC NULLS LAST, started_at DESC, span_id"
+        else:
+            order = "started_at DESC, position DESC, span_id DESC"
+        sql = f"SELECT {columns} FROM model_call_summaries {where} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self._view_query(sql, params)
+        if not slowest:
+            rows.reverse()
+        return [_call(r) for r in rows]
+
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run read-only SQL on the store: column names and rows.
 
@@ -392,6 +456,9 @@ class AsyncStore:
 
     async def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
         return await asyncio.to_thread(self.sync.list_sessions, limit, search=search)
+
+    async def model_calls(self, session_id: str | None = None, correlation_id: str | None = None, **kwargs: Any) -> list[ModelCall]:
+        return await asyncio.to_thread(self.sync.model_calls, session_id, correlation_id, **kwargs)
 
     async def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         return await asyncio.to_thread(self.sync.sql, query, params)

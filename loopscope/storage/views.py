@@ -147,7 +147,24 @@ GROUP BY session_id, turn_id, call_id
 """
 
 
-TURN_SUMMARIES = """
+# What each turn's model calls add up to (the calls of a turn share its session and correlation id)
+_TURN_CALLS = """
+    SELECT session_id AS call_session, correlation_id AS call_turn, count(*) AS calls, sum(cost_usd) AS calls_cost,
+        count(*) FILTER (WHERE cost_usd IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)) AS unpriced
+    FROM model_calls
+    GROUP BY ALL
+"""
+
+# a turn's cost: the sum of its calls' costs; a turn without call rows (an older writer, a
+# foreign turn) is priced from its own usage and model
+_TURN_COST_COLUMNS = """,
+    coalesce(t.model_call_count, c.calls, 0) AS model_calls,
+    CASE WHEN c.calls > 0 THEN c.calls_cost ELSE t.cost_usd END AS cost_usd,
+    CASE WHEN c.calls > 0 THEN c.unpriced
+         WHEN t.cost_usd IS NULL AND (t.input_tokens IS NOT NULL OR t.output_tokens IS NOT NULL) THEN 1
+         ELSE 0 END AS unpriced_calls"""
+
+_TURN_SUMMARIES = """
 SELECT
     correlation_id AS turn_id,
     session_id,
@@ -174,12 +191,87 @@ SELECT
     coalesce(json_array_length(segments), 0) AS segment_count,
     response_content,
     error,
-    trace_id,
-    span_id
+    t.trace_id,
+    t.span_id{costs}
 FROM (
     SELECT *, json_extract_string(usage, ['$.cache_read_input_tokens', '$.cache_creation_input_tokens', '$.reasoning_tokens']) AS u
     FROM turns
-)
+) t{join}
+"""
+
+
+def _turn_summaries(model_calls: bool) -> str:
+    if not model_calls:
+        return _TURN_SUMMARIES.format(costs="", join="")
+    join = f"\nLEFT JOIN ({_TURN_CALLS}) c ON c.call_session = t.session_id AND c.call_turn = t.correlation_id"
+    return _TURN_SUMMARIES.format(costs=_TURN_COST_COLUMNS, join=join)
+
+
+TURN_SUMMARIES = _turn_summaries(False)
+
+MODEL_CALL_SUMMARIES = """
+SELECT
+    session_id,
+    correlation_id AS turn_id,
+    coalesce(position, CAST(row_number() OVER (
+        PARTITION BY session_id, correlation_id ORDER BY started_at, span_id) AS INTEGER)) AS position,
+    agent,
+    provider,
+    framework,
+    coalesce(response_model, request_model) AS model,
+    request_model,
+    response_model,
+    response_id,
+    finish_reasons,
+    outcome,
+    streaming,
+    started_at,
+    ended_at,
+    duration_ms,
+    time_to_first_chunk_ms,
+    input_tokens,
+    output_tokens,
+    cache_read_input_tokens,
+    cache_creation_input_tokens,
+    reasoning_tokens,
+    CASE WHEN input_tokens IS NULL AND output_tokens IS NULL THEN NULL
+         ELSE coalesce(input_tokens, 0) + coalesce(output_tokens, 0) END AS total_tokens,
+    cost_usd,
+    price_source,
+    cost_usd IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) AS unpriced,
+    error_type,
+    error,
+    refusal,
+    provider_usage,
+    parameters,
+    input_messages,
+    output_messages,
+    trace_id,
+    span_id
+FROM model_calls
+"""
+
+MODEL_USAGE = """
+SELECT
+    provider,
+    model,
+    count(*) AS calls,
+    count(*) FILTER (WHERE outcome = 'error' OR error_type IS NOT NULL) AS failed,
+    sum(input_tokens) AS input_tokens,
+    sum(output_tokens) AS output_tokens,
+    sum(cache_read_input_tokens) AS cache_read_input_tokens,
+    sum(cache_creation_input_tokens) AS cache_creation_input_tokens,
+    sum(reasoning_tokens) AS reasoning_tokens,
+    sum(cost_usd) AS cost_usd,
+    count(*) FILTER (WHERE unpriced) AS unpriced_calls,
+    avg(duration_ms) AS avg_ms,
+    quantile_cont(duration_ms, 0.95) AS p95_ms,
+    avg(time_to_first_chunk_ms) AS avg_ttfc_ms,
+    min(started_at) AS first_at,
+    max(ended_at) AS last_at
+FROM model_call_summaries
+GROUP BY ALL
+ORDER BY calls DESC, provider, model
 """
 
 _OUTCOME_COUNTS = ",\n        ".join(f"count(*) FILTER (WHERE type = 'tool_call_end' AND outcome = '{o}') AS {o}" for o in OUTCOMES)
@@ -275,7 +367,7 @@ GROUP BY ALL
 ORDER BY agent NULLS LAST, use_share NULLS LAST, turns_offered DESC, tool
 """
 
-TOKEN_USAGE = """
+_TOKEN_USAGE = """
 SELECT
     session_id,
     model,
@@ -288,10 +380,27 @@ SELECT
     sum(reasoning_tokens) AS reasoning_tokens,
     sum(total_tokens) AS total_tokens,
     min(started_at) AS first_at,
+    max(ended_at) AS last_at{costs}
+FROM turn_summaries
+GROUP BY session_id, model, provider
+ORDER BY last_at DESC, session_id, model
+"""
+TOKEN_USAGE = _TOKEN_USAGE.format(costs="")
+
+SESSION_COSTS = """
+SELECT
+    session_id,
+    count(*) AS turns,
+    sum(model_calls) AS model_calls,
+    sum(input_tokens) AS input_tokens,
+    sum(output_tokens) AS output_tokens,
+    sum(cost_usd) AS cost_usd,
+    sum(unpriced_calls) AS unpriced_calls,
+    min(started_at) AS first_at,
     max(ended_at) AS last_at
 FROM turn_summaries
-GROUP BY ALL
-ORDER BY last_at DESC, session_id, model
+GROUP BY session_id
+ORDER BY last_at DESC, session_id
 """
 
 SLOWEST_TURNS = """
@@ -303,22 +412,37 @@ FROM turn_summaries
 ORDER BY rank
 """
 
-def views(tool_columns: bool = True) -> dict[str, str]:
+def views(tool_columns: bool = True, model_calls: bool = True) -> dict[str, str]:
     """Every view, by name, as the SELECT that defines it; in creation order.
 
     ``tool_columns=False`` gives the definitions for a file whose ``events`` table lacks
     the :data:`TOOL_COLUMNS` (schema before they were added): the tool fields are then
-    read from the ``content`` JSON alone. Both give the same rows.
+    read from the ``content`` JSON alone. Both give the same rows. ``model_calls=False``
+    gives the views as they were before ``m008_model_calls`` (no ``model_calls`` table,
+    no costs): what the migrations before it create.
     """
-    return {
+    defined = {
         "tool_calls": _tool_calls(tool_columns),
-        "turn_summaries": TURN_SUMMARIES,
+        "turn_summaries": _turn_summaries(model_calls),
         "tool_stats": _tool_stats(tool_columns),
         "loop_end_reasons": LOOP_END_REASONS,
         "declared_vs_used": _declared_vs_used(tool_columns),
-        "token_usage": TOKEN_USAGE,
+        "token_usage": _TOKEN_USAGE.format(costs=_TOKEN_COSTS if model_calls else ""),
         "slowest_turns": SLOWEST_TURNS,
     }
+    if model_calls:
+        defined |= {
+            "model_call_summaries": MODEL_CALL_SUMMARIES,
+            "model_usage": MODEL_USAGE,
+            "session_costs": SESSION_COSTS,
+        }
+    return defined
+
+
+_TOKEN_COSTS = """,
+    sum(model_calls) AS model_calls,
+    sum(cost_usd) AS cost_usd,
+    sum(unpriced_calls) AS unpriced_calls"""
 
 
 VIEWS: dict[str, str] = views()
@@ -329,7 +453,7 @@ TOOL_CALLS = VIEWS["tool_calls"]
 DECLARED_VS_USED = VIEWS["declared_vs_used"]
 
 
-def create_statements(tool_columns: bool = True) -> list[str]:
+def create_statements(tool_columns: bool = True, model_calls: bool = True) -> list[str]:
     """``CREATE OR REPLACE VIEW`` statements for every view, in dependency order (see
-    :func:`views` for ``tool_columns``)."""
-    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in views(tool_columns).items()]
+    :func:`views` for ``tool_columns`` and ``model_calls``)."""
+    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in views(tool_columns, model_calls).items()]

@@ -97,6 +97,8 @@ class WriterStats:
     """The estimated bytes of the spans queued and the rows held (mapped, being written, kept)."""
     lost_from_file: int = 0
     """Events this writer had written that the file no longer holds (its WAL was removed)."""
+    written_calls: int = 0
+    """Model call rows (``model_calls``) written."""
 
 
 class StoreWriter:
@@ -164,6 +166,7 @@ class StoreWriter:
         self._wal_pending = False  # the last batch left its rows in the WAL (see _write)
         self._written_events = 0
         self._written_turns = 0
+        self._written_calls = 0
         self._dropped = 0
         self._excluded = 0
         self._failed_writes = 0
@@ -252,6 +255,7 @@ class StoreWriter:
             last_error=self._last_error,
             queued_bytes=max(0, self._in_bytes - self._out_bytes) + self._held_bytes,
             lost_from_file=self._indices.lost,
+            written_calls=self._written_calls,
         )
 
     def counters(self, facts: rows.Facts | None = None) -> health.Counters:
@@ -530,6 +534,7 @@ class StoreWriter:
             return exc
         self._written_events += written_events
         self._written_turns += written_turns
+        self._written_calls += facts.call_rows
         self._batches += 1
         if self._indices.commit():
             # rows this writer had written are gone from the file (its WAL was removed):
@@ -615,18 +620,29 @@ def _file_error(exc: BaseException) -> bool:
 
 def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
     """``facts`` in two, in order: the first half of the events, then the rest of them with
-    every turn summary (a turn's summary is written with or after its events, so the open
-    turns noted by the recovery tracker close in order); turns alone are halved likewise."""
+    every model call and turn summary (a turn's summary is written with or after its
+    events, so the open turns noted by the recovery tracker close in order); without
+    events, the model calls are halved likewise (the turn summaries after them), then the
+    turn summaries. Each half holds at least one row of ``facts`` (which holds two or more)."""
     first, second = rows.Facts(), rows.Facts()
     events = facts.event_rows
-    if events > 1 or (events == 1 and facts.turn_rows):
+    if events > 1 or (events == 1 and (facts.turn_rows or facts.call_rows)):
         cut = events // 2 if events > 1 else 1
         table = facts.event_table()
         first.events, first.sessions = table.slice(0, cut).to_batches(), facts.sessions[:cut]
         second.events, second.sessions = table.slice(cut).to_batches(), facts.sessions[cut:]
+        second.calls, second.call_rows = list(facts.calls), facts.call_rows
+        second.turns, second.turn_rows = list(facts.turns), facts.turn_rows
+    elif facts.call_rows > 1 or (facts.call_rows == 1 and facts.turn_rows):
+        second.events, second.sessions = list(facts.events), list(facts.sessions)
+        cut = facts.call_rows // 2 if facts.call_rows > 1 else 1
+        table = facts.call_table()
+        first.calls, first.call_rows = table.slice(0, cut).to_batches(), cut
+        second.calls, second.call_rows = table.slice(cut).to_batches(), facts.call_rows - cut
         second.turns, second.turn_rows = list(facts.turns), facts.turn_rows
     else:
         second.events, second.sessions = list(facts.events), list(facts.sessions)
+        second.calls, second.call_rows = list(facts.calls), facts.call_rows
         cut = facts.turn_rows // 2
         table = facts.turn_table()
         first.turns, first.turn_rows = table.slice(0, cut).to_batches(), cut
@@ -636,7 +652,10 @@ def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
 
 def _facts_bytes(facts: rows.Facts) -> int:
     """The Arrow bytes of the rows of ``facts`` (what they hold in memory, about)."""
-    return sum(batch.nbytes for batch in facts.events) + sum(batch.nbytes for batch in facts.turns)
+    return (
+        sum(batch.nbytes for batch in facts.events) + sum(batch.nbytes for batch in facts.turns)
+        + sum(batch.nbytes for batch in facts.calls)
+    )
 
 
 class _SessionIndex:
@@ -763,6 +782,10 @@ def write_batch(
         if counters.num_rows:
             con.register(_NEW_SESSIONS, counters)
             script.append(_SESSIONS_INSERT_SQL)
+    calls = facts.call_table()
+    if calls is not None:
+        con.register(rows.CALLS_TABLE, calls)
+        script.append(rows.CALLS_SQL)
     if turns is not None:
         con.register(rows.TURNS_TABLE, turns)
         script.append(rows.TURNS_SQL)

@@ -70,6 +70,17 @@ def check_weather_loop(db: str, framework: str) -> None:
     assert [t["name"] for t in json.loads(turn[9])] == ["get_weather"]
     assert turn[10:12] == ("gpt-4o-mini", "openai")
     assert turn[12] > 0
+    # each of the two model calls a row of the turn, priced
+    calls = query(db, "SELECT turn_id, session_id, position, provider, framework, agent, request_model, "
+                      "response_model, outcome, input_tokens, output_tokens, price_source, cost_usd, duration_ms "
+                      "FROM model_call_summaries ORDER BY started_at")
+    assert [c[:12] for c in calls] == [
+        (turn[0], turn[1], 1, "openai", framework, "weather-agent", "gpt-4o-mini", "gpt-4o-mini", "completed", 60, 12, "genai-prices"),
+        (turn[0], turn[1], 2, "openai", framework, "weather-agent", "gpt-4o-mini", "gpt-4o-mini", "completed", 95, 11, "genai-prices"),
+    ]
+    assert all(c[12] > 0 and c[13] > 0 for c in calls)
+    (cost,) = query(db, "SELECT cost_usd FROM turn_summaries")
+    assert cost == (pytest.approx(calls[0][12] + calls[1][12]),)
 
 
 def post_json(endpoint: str, body: bytes) -> int:

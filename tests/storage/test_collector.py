@@ -48,6 +48,12 @@ def turns(db: Path | str) -> list[tuple[Any, ...]]:
                     "declared_tools::VARCHAR FROM turns ORDER BY session_id, correlation_id")
 
 
+def model_calls(db: Path | str) -> list[tuple[Any, ...]]:
+    return rows(db, "SELECT * EXCLUDE (finish_reasons, provider_usage, parameters, input_messages, output_messages), "
+                    "finish_reasons::VARCHAR, parameters::VARCHAR, input_messages::VARCHAR, output_messages::VARCHAR "
+                    "FROM model_calls ORDER BY session_id, started_at, span_id")
+
+
 def post(url: str, body: bytes, content_type: str = "application/x-protobuf", **headers: str) -> tuple[int, bytes, dict[str, str]]:
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type, **headers})
     try:
@@ -123,6 +129,9 @@ def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, coll
     assert theirs == mine  # and everything else, content included
     assert turns(collector.db) == turns(local)
     assert len(turns(local)) == 7  # 3 hand turns, 3 nested ones, 1 stitched SDK turn
+    # every model call a row, the same in both (cost included)
+    assert model_calls(collector.db) == model_calls(local)
+    assert len(model_calls(local)) == 11
     # a turn's input message comes first in its session, as in the local store
     first = rows(collector.db, "SELECT type, content->>'role' FROM events WHERE session_id = 'hand' AND idx = 1")
     assert first == [("message", "user")]

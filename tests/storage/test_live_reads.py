@@ -259,7 +259,7 @@ def test_a_held_file_raises_store_locked_error_naming_the_holder(recording, tmp_
     assert loopscope.flush(timeout=10) is False
     stats = recording.pipeline.stats()
     assert stats.failed_writes >= 1
-    assert stats.queued == 3  # two messages and one turn summary, held in memory
+    assert stats.queued == 4  # two messages, one model call and one turn summary, held in memory
     assert stats.dropped == 0
 
     release.write_text("go")
@@ -315,7 +315,7 @@ def test_a_writer_in_another_process_keeps_events_until_the_lock_clears(tmp_path
     holder.finish_ok()
     report = json.loads(writer.finish_ok())
     assert report["flushed_while_held"] is False
-    assert report["queued_while_held"] == 3
+    assert report["queued_while_held"] == 4  # two messages, a model call and a turn summary
     assert report["failed_writes"] >= 1
     assert (report["queued"], report["dropped"], report["written_events"]) == (0, 0, 2)
     store = loopscope.Store(str(db))

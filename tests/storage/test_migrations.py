@@ -85,7 +85,7 @@ def migrate_file(path: Path) -> int:
 
 def test_the_names_are_unique_and_in_order() -> None:
     assert NAMES == sorted(NAMES) and len(set(NAMES)) == len(NAMES) == SCHEMA_VERSION
-    assert NAMES[0] == "m001_activity_log" and NAMES[-1] == "m007_writer_counters"
+    assert NAMES[0] == "m001_activity_log" and NAMES[-1] == "m008_model_calls"
 
 
 @pytest.mark.parametrize("version", [7, 6, 3])
@@ -264,3 +264,36 @@ def test_a_store_from_a_newer_loopscope_is_refused_for_reading(tmp_path: Path) -
         loopscope.Store(str(path)).list_sessions()
     with pytest.raises(StoreError, match="newer loopscope"):
         read_status(str(path))
+
+
+@pytest.mark.parametrize("version", [7, 6, 3])
+def test_an_older_store_gains_model_calls_and_costs(version: int, tmp_path: Path) -> None:
+    """Read as it is (read-only, not migrated), an older file answers the model-call reads
+    and the cost columns of the views (no calls, its turns unpriced); migrated, it has the
+    ``model_calls`` table and the turns' new columns, NULL for the rows it had."""
+    path = unpack(version, tmp_path)
+    store = loopscope.Store(str(path))
+    assert store.model_calls() == []
+    _, rows = store.sql("SELECT model_calls, cost_usd FROM turn_summaries ORDER BY turn_id")
+    assert rows and all(r == (0, None) for r in rows)
+    _, priced = store.sql("SELECT sum(unpriced_calls) FROM session_costs")
+    _, with_usage = store.sql("SELECT count(*) FROM turns WHERE input_tokens IS NOT NULL OR output_tokens IS NOT NULL")
+    assert priced == with_usage  # a turn with usage and no price is counted as a call without one
+    _, none = store.sql("SELECT count(*) FROM model_call_summaries")
+    assert none == [(0,)]
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert schema_version(con) == version  # reading changed nothing
+    finally:
+        con.close()
+
+    migrate_file(path)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM model_calls").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM turns WHERE model_call_count IS NULL AND cost_usd IS NULL").fetchone() == (5,)
+    finally:
+        con.close()
+    assert store.model_calls() == []
+    _, after = store.sql("SELECT model_calls, cost_usd FROM turn_summaries ORDER BY turn_id")
+    assert after == rows

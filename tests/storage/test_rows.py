@@ -36,6 +36,7 @@ def test_the_columns_the_sql_fills_are_the_columns_the_schema_makes(tmp_path):
     with open_store(_store(tmp_path), read_only=True) as con:
         assert _columns(con, "turns") == rows.TURN_COLUMNS
         assert _columns(con, "events") == rows.EVENT_COLUMNS
+        assert _columns(con, "model_calls") == rows.CALL_COLUMNS
 
 
 def test_the_fact_tables_duckdb_reads_have_the_row_types_fields_in_their_order(tmp_path):
@@ -45,12 +46,15 @@ def test_the_fact_tables_duckdb_reads_have_the_row_types_fields_in_their_order(t
                         correlation_id=None, source_channel_id=None, source_provider=None, source_framework=None,
                         blocked=False)],
         [_turn_fact()],
+        calls=[_call_fact()],
     )
     with open_store(_store(tmp_path), read_only=False) as con:
         con.register("e", facts.event_table())
         con.register("t", facts.turn_table())
+        con.register("c", facts.call_table())
         assert _columns(con, "e") == rows.EVENT_FIELDS == rows.EventFact._fields
         assert _columns(con, "t") == rows.TURN_FIELDS == rows.TurnFact._fields
+        assert _columns(con, "c") == rows.CALL_FIELDS == rows.CallFact._fields
 
 
 def _turn_fact() -> rows.TurnFact:
@@ -60,7 +64,21 @@ def _turn_fact() -> rows.TurnFact:
         tool_calls_count=3, round_count=4, input_tokens=11, output_tokens=12, cache_read_input_tokens=13,
         cache_creation_input_tokens=14, reasoning_tokens=15, usage=None, thinking="hmm", loop_end_reason="error",
         latency_ms=1234.5, streaming=True, timestamp_us=AT_US, declared_tools='[{"name":"search"}]',
-        model="model-1", provider="provider-1", error="Boom: it broke",
+        model="model-1", provider="provider-1", error="Boom: it broke", model_call_count=5, cost_usd=0.25,
+        price_source="override",
+    )
+
+
+def _call_fact() -> rows.CallFact:
+    return rows.CallFact(
+        trace_id=TRACE, span_id=SPAN, session_id="session-1", correlation_id="turn-1", position=2, provider="provider-1",
+        framework="framework-1", agent="agent-1", request_model="model-1", response_model="model-1-2025",
+        response_id="resp-1", finish_reasons='["stop","length"]', outcome="truncated", streaming=True,
+        started_us=AT_US - 2_500_000, ended_us=AT_US, duration_ms=2500.0, time_to_first_chunk_ms=120.5,
+        input_tokens=21, output_tokens=22, cache_read_input_tokens=23, cache_creation_input_tokens=24,
+        reasoning_tokens=25, provider_usage='{"input_tokens": 3}', parameters='{"temperature": 0.5}',
+        error_type="Boom", error="it broke", refusal="no", input_messages='[{"role": "user"}]',
+        output_messages='[{"role": "assistant"}]', cost_usd=0.125, price_source="genai-prices",
     )
 
 
@@ -76,7 +94,7 @@ def test_every_field_of_a_fact_reaches_the_column_of_its_name(tmp_path):
         rows.EventFact(code=rows.INPUT_MESSAGE, **common, blocked=True, body="hello"),
     ]
     facts = rows.Facts()
-    facts.append(events, [_turn_fact()])
+    facts.append(events, [_turn_fact()], calls=[_call_fact()])
     path = _store(tmp_path)
     with open_store(path, read_only=False) as con:
         write_batch(con, facts)
@@ -85,6 +103,7 @@ def test_every_field_of_a_fact_reaches_the_column_of_its_name(tmp_path):
             dict(zip(_columns(con, "events"), row)) for row in con.execute("SELECT * FROM events ORDER BY idx").fetchall()
         )
         turn = dict(zip(_columns(con, "turns"), con.execute("SELECT * FROM turns").fetchone()))
+        call = dict(zip(_columns(con, "model_calls"), con.execute("SELECT * FROM model_calls").fetchone()))
     at = datetime.fromtimestamp(AT_US / 1e6, timezone.utc)
     for row in (tool, message):
         assert (row["session_id"], row["correlation_id"], row["source_channel_id"], row["source_provider"],
@@ -105,6 +124,20 @@ def test_every_field_of_a_fact_reaches_the_column_of_its_name(tmp_path):
         "response_content": "the answer", "tool_calls_count": 3, "round_count": 4, "input_tokens": 11, "output_tokens": 12,
         "thinking": "hmm", "loop_end_reason": "error", "latency_ms": 1234.5, "streaming": True, "model": "model-1",
         "provider": "provider-1", "error": "Boom: it broke", "trace_id": TRACE.hex(), "span_id": SPAN.hex(),
+        "model_call_count": 5, "cost_usd": 0.25, "price_source": "override",
+    }
+    json_columns = ("finish_reasons", "provider_usage", "parameters", "input_messages", "output_messages")
+    assert {k: json.loads(v) if k in json_columns else v for k, v in call.items()} == {
+        "session_id": "session-1", "correlation_id": "turn-1", "position": 2, "provider": "provider-1",
+        "framework": "framework-1", "agent": "agent-1", "request_model": "model-1", "response_model": "model-1-2025",
+        "response_id": "resp-1", "finish_reasons": ["stop", "length"], "outcome": "truncated", "streaming": True,
+        "started_at": datetime.fromtimestamp((AT_US - 2_500_000) / 1e6, timezone.utc), "ended_at": at,
+        "duration_ms": 2500.0, "time_to_first_chunk_ms": 120.5, "input_tokens": 21, "output_tokens": 22,
+        "cache_read_input_tokens": 23, "cache_creation_input_tokens": 24, "reasoning_tokens": 25,
+        "provider_usage": {"input_tokens": 3}, "parameters": {"temperature": 0.5}, "error_type": "Boom",
+        "error": "it broke", "refusal": "no", "input_messages": [{"role": "user"}],
+        "output_messages": [{"role": "assistant"}], "cost_usd": 0.125, "price_source": "genai-prices",
+        "trace_id": TRACE.hex(), "span_id": SPAN.hex(),
     }
     assert json.loads(turn["usage"]) == {
         "input_tokens": 11, "output_tokens": 12, "cache_read_input_tokens": 13, "cache_creation_input_tokens": 14,
@@ -154,3 +187,4 @@ def test_the_mapping_builds_each_fact_from_names_that_are_the_row_types_fields_i
     value) of locals named as the fields: a value put in the wrong place fails here."""
     assert _tuples_of_names(mapping.collect, "add") == [rows.EventFact._fields]
     assert _tuples_of_names(mapping._turn_fact, "return") == [rows.TurnFact._fields]
+    assert _tuples_of_names(mapping._call_fact, "return") == [rows.CallFact._fields]

@@ -1,0 +1,272 @@
+"""What a model call cost, in USD: `genai-prices`' dated price database, and the user's overrides.
+
+Used by the span mapping where a ``model_calls`` row (and a turn summary) is made, in the
+store writer's thread: :func:`price` is called once per model call, so it is cheap. For
+each provider, model and UTC day the price is looked up in genai-prices once and reduced
+to four rates (USD per token of uncached input, cache read, cache write and output),
+found by asking genai-prices itself what a million tokens of each cost, so its rules
+(fallbacks for missing cache prices included) are followed exactly; a model with tiered
+prices (the rate depends on the prompt's size) is asked per call. Token counts are the
+normalized ones: input includes cached tokens, as genai-prices expects.
+
+genai-prices' bundled snapshot is used as installed: nothing here ever fetches prices
+(its ``UpdatePrices`` is never started), so a store's costs do not depend on the network.
+
+An unknown model (or a provider genai-prices does not know, such as a self-hosted
+server) costs None: counted by the views as a call without a price, never guessed.
+Overrides, for custom or self-hosted models, win over genai-prices: per model name, USD
+per million tokens of ``input``, ``output``, ``cache_read`` and ``cache_write`` (the
+cache prices default to the input price). They come from ``configure(prices=...)``
+(:func:`set_overrides`) and from a TOML or JSON file named by ``LOOPSCOPE_PRICES`` (or
+``loopscope collect --prices FILE``); ``configure``'s entries win over the file's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ._guard import internal_error, warn_once
+
+__all__ = [
+    "PRICES_ENV",
+    "PriceOverride",
+    "PricesError",
+    "load_prices",
+    "price",
+    "set_overrides",
+    "use_prices_file",
+]
+
+PRICES_ENV = "LOOPSCOPE_PRICES"
+"""Environment variable: a TOML or JSON file of price overrides (see :func:`load_prices`)."""
+
+SOURCE_DATABASE, SOURCE_OVERRIDE = "genai-prices", "override"
+"""The ``price_source`` of a priced call: genai-prices' database, or the user's overrides."""
+
+PriceOverride = Mapping[str, float]
+"""One model's prices: USD per million tokens of ``input``, ``output``, and optionally
+``cache_read`` and ``cache_write`` (default: the input price)."""
+
+_KEYS = ("input", "output", "cache_read", "cache_write")
+
+
+class PricesError(ValueError):
+    """Price overrides that are not prices (a file or ``configure(prices=...)``)."""
+
+# gen_ai.provider.name values whose genai-prices provider id differs
+_PROVIDER_IDS = {
+    "gcp.gemini": "google", "gcp.vertex_ai": "google", "gcp.gen_ai": "google", "google": "google",
+    "aws.bedrock": "aws", "azure.ai.openai": "azure", "azure.ai.inference": "azure",
+    "x_ai": "x-ai", "xai": "x-ai", "mistral_ai": "mistral", "ibm.watsonx.ai": "ibm",
+}
+
+_DAY_US = 86_400_000_000
+
+# -- overrides ------------------------------------------------------------------------------
+
+_configured: dict[str, tuple[float, float, float, float]] = {}
+_from_file: dict[str, tuple[float, float, float, float]] | None = None  # None: not read yet
+_file_path: str | None = None
+
+
+def _rates(name: str, entry: Any) -> tuple[float, float, float, float]:
+    if not isinstance(entry, Mapping):
+        raise PricesError(f"prices for {name!r}: expected a table of USD per million tokens, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - set(_KEYS))
+    if unknown:
+        raise PricesError(f"prices for {name!r}: unknown key(s) {', '.join(map(str, unknown))} (known: {', '.join(_KEYS)})")
+    values: dict[str, float] = {}
+    for key in _KEYS:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            raise PricesError(f"prices for {name!r}: {key} must be a non-negative number (USD per million tokens)")
+        values[key] = float(value)
+    if "input" not in values or "output" not in values:
+        raise PricesError(f"prices for {name!r}: input and output are required (USD per million tokens)")
+    per = 1e-6
+    return (
+        values["input"] * per, values.get("cache_read", values["input"]) * per,
+        values.get("cache_write", values["input"]) * per, values["output"] * per,
+    )
+
+
+def _parsed(prices: Mapping[str, Any]) -> dict[str, tuple[float, float, float, float]]:
+    models = prices["models"] if isinstance(prices.get("models"), Mapping) else prices
+    return {str(name).lower(): _rates(str(name), entry) for name, entry in models.items()}
+
+
+def set_overrides(prices: Mapping[str, PriceOverride] | None) -> None:
+    """Set the prices of models by name (``configure(prices=...)``): ``{"my-llama":
+    {"input": 0.2, "output": 0.6}}`` in USD per million tokens. They win over
+    genai-prices and over the file's; None or ``{}`` removes them. Raises
+    :class:`PricesError` (a ValueError) for an entry that is not prices."""
+    global _configured
+    parsed = _parsed(prices or {})
+    _configured = parsed
+    _cache.clear()
+
+
+def load_prices(path: str | os.PathLike[str]) -> dict[str, PriceOverride]:
+    """Read a prices file: TOML (``.toml``) or JSON, a table per model name (optionally
+    under ``models``) with ``input``, ``output``, ``cache_read``, ``cache_write`` in USD
+    per million tokens. Raises OSError, or ValueError for text that is not TOML / JSON
+    or tables that are not prices (:class:`PricesError`)."""
+    text = Path(path).read_text(encoding="utf-8")
+    data: Any
+    if str(path).endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError as exc:  # Python 3.10
+            raise PricesError("a TOML prices file needs Python 3.11 or later; use JSON") from exc
+        data = tomllib.loads(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, Mapping):
+        raise PricesError(f"{path}: expected a table of models")
+    _parsed(data)  # checked now, so that a bad file is said where it is named
+    models = data["models"] if isinstance(data.get("models"), Mapping) else data
+    return {str(k): dict(v) for k, v in models.items()}
+
+
+def use_prices_file(path: str | os.PathLike[str] | None) -> None:
+    """Use the overrides of the prices file at ``path`` (None: the file ``LOOPSCOPE_PRICES``
+    names, read at the first price). Raises what :func:`load_prices` raises."""
+    global _from_file, _file_path
+    if path is None:
+        _from_file, _file_path = None, None
+    else:
+        _from_file, _file_path = _parsed(load_prices(path)), str(path)
+    _cache.clear()
+
+
+def _file_overrides() -> dict[str, tuple[float, float, float, float]]:
+    global _from_file, _file_path
+    if _from_file is None:
+        _from_file = {}
+        path = os.environ.get(PRICES_ENV)
+        if path:
+            try:
+                _from_file, _file_path = _parsed(load_prices(path)), path
+            except (OSError, ValueError) as exc:  # PricesError, or a file that is not TOML / JSON
+                warn_once(f"prices:{path}", "loopscope: the prices file %s (%s) was not read: %s", path, PRICES_ENV, exc)
+    return _from_file
+
+
+def _override(model: str) -> tuple[float, float, float, float] | None:
+    key = model.lower()
+    found = _configured.get(key)
+    if found is None:
+        found = _file_overrides().get(key)
+    return found
+
+
+# -- genai-prices ------------------------------------------------------------------------------
+
+# (provider, model, day) -> rates, or a ModelPrice to ask per call (tiered), or None: unknown
+_cache: dict[tuple[Any, str, int], Any] = {}
+_CACHE_LIMIT = 4096
+
+
+class _PerCall:
+    """A model genai-prices prices, asked per call through its public ``calc_price``: its
+    prices are tiered, or its internals are not as this module knows them."""
+
+    __slots__ = ("model", "provider_id")
+
+    def __init__(self, model: str, provider_id: str | None) -> None:
+        self.model, self.provider_id = model, provider_id
+
+    def calc_price(self, usage: Any, at_us: int) -> float:
+        from genai_prices import calc_price
+
+        when = datetime.fromtimestamp(at_us / 1e6, tz=timezone.utc)
+        found = calc_price(usage, self.model, provider_id=self.provider_id, genai_request_timestamp=when)
+        return float(found.total_price)
+
+
+def _lookup(provider: str | None, model: str, at_us: int) -> Any:
+    """Rates (uncached input, cache read, cache write, output; USD per token), a
+    :class:`_PerCall` to ask per call, or None for a model genai-prices does not price."""
+    from genai_prices import Usage, data_snapshot
+
+    provider_id = None
+    if provider:
+        provider_id = _PROVIDER_IDS.get(provider, provider)
+    try:
+        snapshot = data_snapshot.get_snapshot()
+        try:
+            found_provider, found_model = snapshot.find_provider_model(model, None, provider_id, None)
+        except LookupError:
+            return None  # a model (or provider) genai-prices does not know: no price, never a guess
+        if provider_id is not None and found_provider.id != provider_id:
+            return None
+        when = datetime.fromtimestamp(at_us / 1e6, tz=timezone.utc)
+        model_price = found_model.get_prices(when)
+        from genai_prices.types import TieredPrices
+
+        if any(isinstance(v, TieredPrices) for v in vars(model_price).values()):
+            return _PerCall(model, provider_id)
+    except (AttributeError, ImportError, TypeError):  # another genai-prices than 0.2's internals
+        return _PerCall(model, provider_id)
+
+    def cost(**tokens: int) -> float:
+        return float(model_price.calc_price(Usage(**tokens))["total_price"])
+
+    million = 1_000_000
+    return (
+        cost(input_tokens=million, output_tokens=0) / million,
+        cost(input_tokens=million, cache_read_tokens=million, output_tokens=0) / million,
+        cost(input_tokens=million, cache_write_tokens=million, output_tokens=0) / million,
+        cost(input_tokens=0, output_tokens=million) / million,
+    )
+
+
+def price(
+    provider: Any, model: Any, input_tokens: Any, output_tokens: Any, cache_read: Any, cache_write: Any, at_us: int,
+) -> tuple[float | None, str | None]:
+    """USD a model call cost and where its price came from (``"override"`` or
+    ``"genai-prices"``); ``(None, None)`` when the model is unknown or the call reported no
+    usage. Token counts are normalized (input includes cache read and cache write);
+    missing ones count 0. Never raises."""
+    if not model or type(model) is not str:
+        return None, None
+    if type(input_tokens) is not int and type(output_tokens) is not int:
+        return None, None  # no usage reported: nothing to price
+    try:
+        inp = input_tokens if type(input_tokens) is int else 0
+        out = output_tokens if type(output_tokens) is int else 0
+        read = cache_read if type(cache_read) is int else 0
+        write = cache_write if type(cache_write) is int else 0
+        rates = _override(model)
+        source = SOURCE_OVERRIDE
+        if rates is None:
+            key = (provider, model, at_us // _DAY_US)
+            rates = _cache.get(key, _cache)
+            if rates is _cache:
+                rates = _lookup(provider if type(provider) is str else None, model, at_us)
+                if len(_cache) >= _CACHE_LIMIT:
+                    _cache.clear()
+                _cache[key] = rates
+            if rates is None:
+                return None, None
+            source = SOURCE_DATABASE
+            if type(rates) is not tuple:  # tiered prices: genai-prices per call
+                from genai_prices import Usage
+
+                usage = Usage(input_tokens=inp, output_tokens=out, cache_read_tokens=read, cache_write_tokens=write)
+                return rates.calc_price(usage, at_us), source
+        uncached = inp - read - write
+        if uncached < 0:
+            return None, None  # counts that contradict each other: no price rather than a wrong one
+        cost = uncached * rates[0] + read * rates[1] + write * rates[2] + out * rates[3]
+        return cost, source
+    except Exception:
+        internal_error("model call pricing")
+        return None, None
