@@ -162,6 +162,7 @@
     for (const bar of bars) {
       const end = bar.end === null ? Math.max(bar.start, until) : bar.end;
       const duration = end - bar.start;
+      const label = bar.end === null ? `running ${fmtMs(duration)}` : fmtMs(bar.duration ?? duration);
       const outcome = bar.outcome || "unknown";
       const track = h("div", { class: "wf-track" });
       const el = h("div", { class: `wf-bar ${bar.kind} o-${outcome}${bar.end === null ? " running" : ""}`, title: bar.title });
@@ -182,21 +183,27 @@
       h("span", { class: "wf-label" },
         h("span", { class: "wf-icon", "aria-hidden": "true", text: bar.kind === "call" ? "◆" : "⚙" }),
         h("span", { class: "wf-name", text: bar.name }),
-        h("span", { class: "wf-duration", text: bar.end === null ? `running ${fmtMs(duration)}` : fmtMs(duration) }),
+        h("span", { class: "wf-duration", text: label }),
         plain ? null : badge(outcome.replace("_", " "), tone || "muted", "wf-outcome"),
       ),
       track));
     }
+    put(box, h("div", { class: "wf-legend muted" },
+      h("span", null, h("span", { class: "wf-icon call", text: "◆" }), " model call"),
+      h("span", null, h("span", { class: "wf-icon", text: "⚙" }), " tool call"),
+      bars.some((b) => b.ttfc !== null && b.ttfc !== undefined) ? h("span", null, h("span", { class: "wf-ttfc-key" }), " first chunk of a stream") : null,
+      h("span", { text: "hover a row for tokens and cost" }),
+    ));
     return box;
   }
 
   // a turn's model calls: the summary's count (older stores: none, so null)
-  const modelCalls = (t) => (t.model_call_count === null || t.model_call_count === undefined ? null : t.model_call_count);
+  const modelCalls = (t) => t.model_calls ?? t.model_call_count ?? null;
   // a store older than cost columns sends no cost_usd at all: nothing to show (null is "no price")
   const turnCost = (t) => ("cost_usd" in t ? costNode(t.cost_usd, t.unpriced_calls, modelCalls(t)) : null);
 
   function costCard(t) {
-    const card = statCard("Cost", "", t.unpriced_calls ? `${plural(t.unpriced_calls, "model call")} without a price` : "USD, priced model calls");
+    const card = statCard("Cost", "", `USD, ${plural(t.model_calls || 0, "model call")}`);
     fill(card.querySelector(".stat-value"), costNode(t.cost_usd, t.unpriced_calls, t.model_calls));
     return card;
   }
@@ -503,12 +510,15 @@
         state.maxIndex = Math.max(state.maxIndex, e.index);
         state.minIndex = state.minIndex === null ? e.index : Math.min(state.minIndex, e.index);
       }
-      for (const t of data.turns) {
-        state.turns.set(t.correlation_id, t);
-        if (t.calls) state.calls.set(t.correlation_id, t.calls);
+      for (const t of data.turns) state.turns.set(t.correlation_id, t);
+      // the page's turns' model calls (finished turns and running ones): each turn's list
+      // in a response is whole, so it replaces the one held
+      const calls = new Map();
+      for (const c of data.model_calls || []) {
+        if (!calls.has(c.turn_id)) calls.set(c.turn_id, []);
+        calls.get(c.turn_id).push(c);
       }
-      // the calls of turns still running (the API sends them apart from the summaries)
-      for (const [id, calls] of Object.entries(data.calls || {})) state.calls.set(id, calls);
+      for (const [id, list] of calls) state.calls.set(id, list);
       // the server's cursor also passes rows the page leaves out (blocked ones), as Store.replay's does
       state.cursor = Math.max(state.cursor, state.maxIndex, data.cursor ?? 0);
       if (direction !== "after") state.moreBefore = !!data.more_before;
@@ -707,7 +717,7 @@
         .filter(([, v]) => v).map(([k, v]) => `${k} ${fmtInt(v)}`);
       const lines = [
         `model call #${c.position ?? "?"}: ${name}${c.provider ? ` (${c.provider})` : ""}`,
-        `${fmtMs(c.end === null ? null : c.end - c.start)}${c.ttfc !== null && c.ttfc !== undefined ? ` · first chunk after ${fmtMs(c.ttfc)}` : ""}${c.streaming ? " · streamed" : ""}`,
+        `${fmtMs(c.end === null ? null : c.duration_ms ?? c.end - c.start)}${c.ttfc !== null && c.ttfc !== undefined ? ` · first chunk after ${fmtMs(c.ttfc)}` : ""}${c.streaming ? " · streamed" : ""}`,
         `tokens: ${tokens.length ? tokens.join(" / ") : "–"}${cache.length ? ` (${cache.join(", ")})` : ""}`,
         `cost: ${c.cost_usd === null || c.cost_usd === undefined ? "— (no price)" : fmtUsd(c.cost_usd)}`,
         `outcome: ${outcome}${c.finish_reasons && c.finish_reasons.length ? ` · finish: ${c.finish_reasons.join(", ")}` : ""}`,
@@ -715,7 +725,7 @@
         c.refusal ? `refusal: ${c.refusal}` : null,
       ];
       return {
-        kind: "call", name, start: c.start, end: c.end, ttfc: c.ttfc, outcome,
+        kind: "call", name, start: c.start, end: c.end, duration: c.duration_ms, ttfc: c.ttfc, outcome,
         title: lines.filter(Boolean).join("\n"),
         attrs: { "data-position": c.position, "data-cost": c.cost_usd ?? "" },
       };
@@ -735,7 +745,7 @@
       }
       const outcome = card.end ? c.outcome || c.status || "ended" : "running";
       const lines = [`tool call: ${c.tool_name} (${c.tool_id})`, end === null ? "running" : fmtMs(end - start), `outcome: ${outcome}`, c.error ? `error: ${c.error}` : null];
-      return { kind: "tool", name: c.tool_name || "(unnamed)", start, end, ttfc: null, outcome, title: lines.filter(Boolean).join("\n"), attrs: { "data-tool-id": c.tool_id } };
+      return { kind: "tool", name: c.tool_name || "(unnamed)", start, end, duration: ms, ttfc: null, outcome, title: lines.filter(Boolean).join("\n"), attrs: { "data-tool-id": c.tool_id } };
     }
 
     function messageRow(e) {
