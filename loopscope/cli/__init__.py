@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, collect, commands, export, run, status, tail, ui
+from . import _args, agui, analytics, calls, collect, commands, export, run, status, tail, ui
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -33,6 +33,8 @@ examples:
   loopscope timeline SESSION --newest --limit 20
   loopscope timeline SESSION --after 40  the events after index 40 (next page)
   loopscope turns --json                 turn summaries as JSON
+  loopscope calls --slowest              model calls, longest first: model, ms, tokens, cost, outcome
+  loopscope calls --failed --session S   the calls of session S that ended in an error
   loopscope stats                        totals: sessions, turns, tool calls, failures, end reasons, tokens
   loopscope tools                        per tool: calls, outcomes, p50/p95/p99 duration
   loopscope tools --declared             per agent: tools offered in its turns vs tools called
@@ -146,9 +148,10 @@ def _sql(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> No
         "sql",
         parents=[common],
         help="run read-only SQL on the store (tables, and views such as tool_calls and tool_stats)",
-        description="Run one read-only SQL query on the store. Tables: events, turns, sessions. Views: "
+        description="Run one read-only SQL query on the store. Tables: events, turns, sessions, model_calls. Views: "
         "tool_calls, turn_summaries, tool_stats, loop_end_reasons, declared_vs_used, token_usage, "
-        "slowest_turns (see docs/sql-views.md for their columns). The SQL reads the store and nothing else: "
+        "slowest_turns, model_call_summaries, model_usage, session_costs, cost_totals "
+        "(see docs/sql-views.md for their columns). The SQL reads the store and nothing else: "
         "other files (COPY TO, EXPORT, read_csv, glob), ATTACH, INSTALL, LOAD, SET and writes are "
         "refused, and the query must fit in memory. To write Parquet files, use `loopscope export --parquet`.",
     )
@@ -162,6 +165,7 @@ COMMANDS: list[Register] = [
     _sessions,
     _timeline,
     _turns,
+    calls.register,
     analytics.register_stats,
     analytics.register_tools,
     tail.register,

@@ -21,10 +21,11 @@ def register_stats(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     stats = sub.add_parser(
         "stats",
         parents=[common],
-        help="totals: sessions, turns, events, tool calls and their failure share, loop end reasons, tokens",
+        help="totals: sessions, turns, events, tool calls and their failure share, loop end reasons, tokens, cost",
         description="An overview of the store: how many sessions, turns, events and tool calls it holds, "
         "how the finished tool calls went (served, failed, refused, ...), why turns ended, and the tokens "
-        "spent per model. Reads the views tool_stats, turn_summaries and loop_end_reasons.",
+        "spent per model, model calls and their cost in USD (with how many calls have no known price). Reads the "
+        "views tool_stats, turn_summaries, loop_end_reasons, model_usage and cost_totals.",
     )
     _args.add_json(stats, "the overview")
     stats.set_defaults(handler=stats_command)
@@ -141,9 +142,20 @@ ORDER BY turns DESC, model NULLS LAST
 """
 
 
+_COSTS = "SELECT model_calls, cost_usd, unpriced_calls FROM cost_totals"
+
+_MODEL_CALLS = """
+SELECT model, provider, calls, failed, cost_usd, unpriced_calls, avg_ms, p95_ms, avg_ttfc_ms
+FROM model_usage
+ORDER BY cost_usd DESC NULLS LAST, calls DESC, model NULLS LAST
+"""
+
+
 def overview(store: Store) -> dict[str, Any]:
     """Everything ``loopscope stats`` shows, as plain values."""
     data = _records(store, _OVERVIEW)[0]
+    data["costs"] = _records(store, _COSTS)[0]
+    data["model_calls"] = _records(store, _MODEL_CALLS)
     data["tool_calls"] = _records(store, _TOOL_TOTALS)[0]
     data["loop_end_reasons"] = _records(store, _REASONS)
     data["tokens"] = _records(store, _TOKENS)[0]
@@ -160,6 +172,7 @@ def stats_command(args: argparse.Namespace) -> int:
     cut = ellipsis()
     calls = data["tool_calls"]
     tokens = data["tokens"]
+    costs = data["costs"]
     span = ""
     if data["first_at"] is not None:
         span = f"{tables.stamp(data['first_at'])} .. {tables.stamp(data['last_at'])}"
@@ -180,6 +193,8 @@ def stats_command(args: argparse.Namespace) -> int:
         ["events", count(data["events"]), ""],
         ["tool calls", count(calls["calls"]), tool_line if calls["calls"] else ""],
         ["tokens", count(tokens["total_tokens"] or 0), "  ".join(f"{label} {count(v)}" for label, v in token_parts)],
+        ["model calls", count(costs["model_calls"]), ""],
+        ["cost", tables.usd(costs["cost_usd"]) or "-", _unpriced(costs["unpriced_calls"])],
     ]
     emit(f"Store {store.path}")
     emit(tables.render([Column(""), Column("", "right"), Column("", shrink=1, min_width=20)], rows, ellipsis=cut).split("\n", 2)[2])
@@ -211,7 +226,26 @@ def stats_command(args: argparse.Namespace) -> int:
               ms(r["avg_latency_ms"])] for r in data["models"]],
             ellipsis=cut,
         ))
+    if data["model_calls"]:
+        emit()
+        emit("Model calls")
+        emit(tables.render(
+            [Column("MODEL", max_width=40, shrink=1), Column("PROVIDER"), Column("CALLS", "right"),
+             Column("FAILED", "right"), Column("COST", "right"), Column("NO PRICE", "right"), Column("AVG MS", "right"),
+             Column("P95 MS", "right"), Column("AVG TTFC", "right")],
+            [[r["model"] or "(none)", r["provider"] or "", count(r["calls"]), count(r["failed"]) if r["failed"] else "",
+              tables.usd(r["cost_usd"]), count(r["unpriced_calls"]) if r["unpriced_calls"] else "", ms(r["avg_ms"]),
+              ms(r["p95_ms"]), ms(r["avg_ttfc_ms"])] for r in data["model_calls"]],
+            ellipsis=cut,
+        ))
     return 0
+
+
+def _unpriced(calls: Any) -> str:
+    """What the cost leaves out: calls (or turns without call rows) whose model has no price."""
+    if not calls:
+        return ""
+    return f"{count(calls)} call{'s' if calls != 1 else ''} without a price (see `loopscope calls`; prices: LOOPSCOPE_PRICES)"
 
 
 # -- tools --------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from .. import pricing
 from .commands import CommandError, db_path
 
 
@@ -80,6 +81,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     collect.add_argument("--idle", type=float, default=60.0, metavar="SECONDS",
                          help="how long another instrumentation's model and tool calls wait for their agent run "
                          "to end before they are stored on their own (default: 60)")
+    collect.add_argument("--prices", metavar="FILE",
+                         help="a TOML or JSON file of model prices (USD per million tokens of input, output, cache_read, "
+                         "cache_write, per model name) for models genai-prices does not know or that you pay otherwise "
+                         "(default: $LOOPSCOPE_PRICES)")
     collect.add_argument("--verbose", action="store_true", help="log every request to stderr")
     collect.set_defaults(handler=run)
 
@@ -94,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_connections < 1 or not args.socket_timeout > 0:
         raise CommandError("--max-connections must be at least 1 and --socket-timeout positive")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    if args.prices is not None:
+        try:
+            pricing.use_prices_file(args.prices)
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"--prices {args.prices}: {exc}") from None
     collector = Collector(
         db_path(args),
         host=args.host,

@@ -225,8 +225,17 @@ def turns(args: argparse.Namespace) -> int:
     if not found:
         emit(f"no turns{f' in session {session}' if session else ''} yet")
         return 0
-    emit(tables.turns_table(found, show_session=session is None, ellipsis=ellipsis()))
+    emit(tables.turns_table(found, show_session=session is None, costs=_turn_costs(store, found), ellipsis=ellipsis()))
     return 0
+
+
+def _turn_costs(store: Store, found: list[Any]) -> dict[tuple[str | None, str | None], float | None]:
+    """What each turn cost in USD (its model calls' sum, else its own price), from turn_summaries."""
+    ids = sorted({t.correlation_id for t in found if t.correlation_id})
+    if not ids:
+        return {}
+    _, rows = store.sql("SELECT session_id, turn_id, cost_usd FROM turn_summaries WHERE list_contains(?, turn_id)", [ids])
+    return {(r[0], r[1]): r[2] for r in rows}
 
 
 def sessions(args: argparse.Namespace) -> int:
@@ -239,7 +248,9 @@ def sessions(args: argparse.Namespace) -> int:
     if not found:
         emit(f"no sessions match {search!r}" if search else "no sessions yet")
         return 0
-    emit(tables.sessions_table(found, ellipsis=ellipsis()))
+    _, costs = store.sql("SELECT session_id, cost_usd FROM session_costs WHERE list_contains(?, session_id)",
+                         [[s.session_id for s in found]])
+    emit(tables.sessions_table(found, costs=dict(costs), ellipsis=ellipsis()))
     return 0
 
 

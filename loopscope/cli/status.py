@@ -22,7 +22,7 @@ from ..dashboards import tables
 from ..dashboards.tables import Column
 from ..storage import health
 from ..storage.connection import open_store
-from ..storage.schema import check_readable, schema_version
+from ..storage.schema import check_readable, has_model_calls, schema_version
 from . import _args
 from .commands import db_path, emit, emit_json
 
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         parents=[common],
         help="the store (size, schema, counts, last event) and what writers dropped or failed to write",
         description="The store file (path, size, schema version), what it holds (sessions, events, turns, "
-        "tool calls, the last event's time), and every process that wrote to it: when it started and was "
+        "tool calls, model calls, the last event's time), and every process that wrote to it: when it started and was "
         "last seen, whether it still runs, how many events it wrote, dropped (its queue was full, or the "
         "file stayed unwritable too long) and failed to write, its last error, and what its OTLP exporter "
         "dropped. A store nothing went missing from says so.",
@@ -52,6 +52,7 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
             "(SELECT count(*) FROM events WHERE type = 'tool_call_start'), (SELECT max(created_at) FROM events)"
         ).fetchall()  # one row: aggregates
         writers = health.writers(con)
+        model_calls = con.execute("SELECT count(*) FROM model_calls").fetchall()[0][0] if has_model_calls(con) else 0
     writers = _with_beside(writers, health.read_beside(path))
     size = sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p))
     for writer in writers:
@@ -69,6 +70,7 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
         "events": events,
         "turns": turns,
         "tool_calls": tool_calls,
+        "model_calls": model_calls,
         "last_event_at": last_event,
         "writers": writers,
         "totals": totals,
@@ -180,7 +182,7 @@ def status_command(args: argparse.Namespace) -> int:
     emit(f"size        {_size(status['size_bytes'])} (schema {status['schema_version']})")
     emit(
         f"holds       {status['sessions']:,} sessions, {status['events']:,} events, {status['turns']:,} turns, "
-        f"{status['tool_calls']:,} tool calls"
+        f"{status['tool_calls']:,} tool calls, {status['model_calls']:,} model calls"
     )
     last = status["last_event_at"]
     if last is not None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .._json import to_jsonable
-from ..models import ActivityEvent, AIResponseEvent, SessionInfo, TextContent, ToolCallContent
+from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo, TextContent, ToolCallContent
 
 ELLIPSIS = "…"
 GAP = "  "
@@ -160,6 +160,27 @@ def millis(value: float | None) -> str:
     return f"{value:,.0f}"
 
 
+def fine_millis(value: float | None) -> str:
+    """Milliseconds with the decimals a short duration needs: ``0.07``, ``12.5``, ``1,204``."""
+    if value is None:
+        return ""
+    return f"{value:.2f}" if value < 1 else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def usd(value: float | None) -> str:
+    """A cost in US dollars, to a precision that shows a single call's: ``$0.000412``,
+    ``$0.0275``, ``$12.40``; empty for None (no price known)."""
+    if value is None:
+        return ""
+    if value == 0:
+        return "$0"
+    if value < 0.001:
+        return f"${value:.6f}"
+    if value < 1:
+        return f"${value:.4f}"
+    return f"${value:,.2f}"
+
+
 # -- the tables ------------------------------------------------------------------------------
 
 EVENT_COLUMNS = (
@@ -220,11 +241,14 @@ def turns_table(
     turns: Sequence[AIResponseEvent],
     *,
     show_session: bool = False,
+    costs: Mapping[tuple[str | None, str | None], float | None] | None = None,
     width: int | None = None,
     ellipsis: str = ELLIPSIS,
 ) -> str:
     """Turn summaries: rounds, tool calls, tokens, latency, why the loop stopped, and its last
-    text segment (the answer, usually), or the error that ended it."""
+    text segment (the answer, usually), or the error that ended it. With ``costs`` (by
+    session and correlation id, in USD), a COST column where some turn has one."""
+    show_cost = bool(costs) and any(v is not None for v in (costs or {}).values())
     columns = [Column("ENDED")]
     if show_session:
         columns.append(Column("SESSION", max_width=20, shrink=1, min_width=10))
@@ -234,6 +258,7 @@ def turns_table(
         Column("ROUNDS", "right"),
         Column("TOOLS", "right"),
         Column("TOKENS IN/OUT", "right"),
+        *([Column("COST", "right")] if show_cost else []),
         Column("MS", "right"),
         Column("END"),
         Column("FINAL SEGMENT", shrink=2, min_width=20),
@@ -252,9 +277,58 @@ def turns_table(
             str(t.round_count),
             str(t.tool_calls_count),
             tokens,
+            *([usd((costs or {}).get((t.session_id, t.correlation_id)))] if show_cost else []),
             millis(t.latency_ms),
             t.loop_end_reason.value if t.loop_end_reason else "",
             t.error or (t.segments[-1] if t.segments else t.response_content),
+        ]
+        rows.append(row)
+    return render(columns, rows, width=width, ellipsis=ellipsis)
+
+
+def calls_table(
+    calls: Sequence[ModelCall],
+    *,
+    show_session: bool = False,
+    width: int | None = None,
+    ellipsis: str = ELLIPSIS,
+) -> str:
+    """Model calls: when, which model, how long (and to the first chunk of a stream), the
+    tokens, the cost (empty: no price known), how the call ended, and its error or finish
+    reasons."""
+    columns = [Column("STARTED")]
+    if show_session:
+        columns.append(Column("SESSION", max_width=20, shrink=1, min_width=10))
+    columns += [
+        Column("POS", "right"),
+        Column("MODEL", max_width=32, shrink=1, min_width=10),
+        Column("MS", "right"),
+        Column("TTFC", "right"),
+        Column("TOKENS IN/OUT", "right"),
+        Column("COST", "right"),
+        Column("OUTCOME"),
+        Column("DETAIL", shrink=2, min_width=12),
+    ]
+    rows = []
+    for c in calls:
+        row = [clock(c.started_at)]
+        if show_session:
+            row.append(c.session_id)
+        tokens = ""
+        if c.usage:
+            tokens = f"{c.usage.get('input_tokens', 0):,}/{c.usage.get('output_tokens', 0):,}"
+        detail = c.error or c.refusal or ", ".join(c.finish_reasons)
+        if c.error_type and c.error and not c.error.startswith(c.error_type):
+            detail = f"{c.error_type}: {c.error}"
+        row += [
+            "" if c.position is None else str(c.position),
+            c.model or "",
+            fine_millis(c.duration_ms),
+            fine_millis(c.time_to_first_chunk_ms),
+            tokens,
+            usd(c.cost_usd),
+            c.outcome or "",
+            detail,
         ]
         rows.append(row)
     return render(columns, rows, width=width, ellipsis=ellipsis)
@@ -270,13 +344,26 @@ SESSION_COLUMNS = (
 )
 
 
-def sessions_table(sessions: Sequence[SessionInfo], *, width: int | None = None, ellipsis: str = ELLIPSIS) -> str:
-    """Sessions, as :meth:`Store.list_sessions` orders them (most recently active first)."""
-    rows = [
-        [s.session_id, str(s.event_count), str(s.turn_count), stamp(s.first_at), stamp(s.last_at), ", ".join(s.agents)]
-        for s in sessions
-    ]
-    return render(SESSION_COLUMNS, rows, width=width, ellipsis=ellipsis)
+def sessions_table(
+    sessions: Sequence[SessionInfo],
+    *,
+    costs: Mapping[str, float | None] | None = None,
+    width: int | None = None,
+    ellipsis: str = ELLIPSIS,
+) -> str:
+    """Sessions, as :meth:`Store.list_sessions` orders them (most recently active first);
+    with ``costs`` (USD by session id), a COST column where some session has one."""
+    show_cost = bool(costs) and any(v is not None for v in (costs or {}).values())
+    columns = list(SESSION_COLUMNS)
+    if show_cost:
+        columns.insert(3, Column("COST", "right"))
+    rows = []
+    for s in sessions:
+        row = [s.session_id, str(s.event_count), str(s.turn_count)]
+        row += [usd((costs or {}).get(s.session_id))] if show_cost else []
+        row += [stamp(s.first_at), stamp(s.last_at), ", ".join(s.agents)]
+        rows.append(row)
+    return render(columns, rows, width=width, ellipsis=ellipsis)
 
 
 def sql_cell(value: Any) -> str:

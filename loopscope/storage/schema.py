@@ -486,3 +486,14 @@ def has_tool_columns(con: duckdb.DuckDBPyConnection) -> bool:
         "AND table_name = 'events' AND column_name = 'tool_name'"
     ).fetchone()
     return bool(row and row[0])
+
+
+def has_model_calls(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the open file (the connection's default database) has the ``model_calls``
+    table and the turns' cost columns of ``m008_model_calls`` (an older file, read without
+    migrating it, has not)."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = 'model_calls'"
+    ).fetchone()
+    return bool(row and row[0])

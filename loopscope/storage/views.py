@@ -387,6 +387,28 @@ ORDER BY last_at DESC, session_id, model
 """
 TOKEN_USAGE = _TOKEN_USAGE.format(costs="")
 
+COST_TOTALS = """
+WITH c AS (
+    SELECT session_id, correlation_id, count(*) AS calls, sum(cost_usd) AS cost,
+        count(*) FILTER (WHERE cost_usd IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)) AS unpriced
+    FROM model_calls
+    GROUP BY ALL
+)
+SELECT
+    (SELECT count(*) FROM model_calls) AS model_calls,
+    sum(cost) AS cost_usd,
+    coalesce(sum(unpriced), 0) AS unpriced_calls,
+    count(*) FILTER (WHERE from_turn) AS turns_priced_alone
+FROM (
+    SELECT cost, unpriced, false AS from_turn FROM c
+    UNION ALL
+    SELECT t.cost_usd,
+        CASE WHEN t.cost_usd IS NULL AND (t.input_tokens IS NOT NULL OR t.output_tokens IS NOT NULL) THEN 1 ELSE 0 END,
+        true
+    FROM turns t ANTI JOIN c ON c.session_id = t.session_id AND c.correlation_id = t.correlation_id
+)
+"""
+
 SESSION_COSTS = """
 SELECT
     session_id,
@@ -435,6 +457,7 @@ def views(tool_columns: bool = True, model_calls: bool = True) -> dict[str, str]
             "model_call_summaries": MODEL_CALL_SUMMARIES,
             "model_usage": MODEL_USAGE,
             "session_costs": SESSION_COSTS,
+            "cost_totals": COST_TOTALS,
         }
     return defined
 

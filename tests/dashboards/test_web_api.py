@@ -377,3 +377,19 @@ def test_loopscope_ui_reports_a_busy_port_in_one_line(sample_db, capsys):
     _out, err = capsys.readouterr()
     assert code == 2 and err.startswith("loopscope: error: cannot listen on 127.0.0.1:")
     assert "Traceback" not in err
+
+
+def test_timeline_has_each_turns_model_calls_for_a_waterfall(store):
+    page = api.timeline(store, "research-7f3a")
+    calls = page["model_calls"]
+    assert calls and {c["turn_id"] for c in calls} == {t["correlation_id"] for t in page["turns"]}
+    for turn in page["turns"]:
+        mine = [c for c in calls if c["turn_id"] == turn["correlation_id"]]
+        assert [c["position"] for c in mine] == list(range(1, len(mine) + 1)) and turn["model_calls"] == len(mine)
+        assert turn["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in mine))  # gpt-4o and gpt-4o-mini have prices
+        for call in mine:  # each call's bar lies within its turn's time
+            assert turn["t"] - turn["latency_ms"] - 1 <= call["started_at"] <= call["ended_at"] <= turn["t"] + 1
+            assert call["duration_ms"] >= 0 and call["model"] in ("gpt-4o", "gpt-4o-mini") and call["input_tokens"] > 0
+    totals = api.overview(store)["totals"]
+    assert totals["model_calls"] >= len(calls) and totals["cost_usd"] > 0
+    json.dumps(page, allow_nan=False)

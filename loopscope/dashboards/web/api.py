@@ -27,7 +27,7 @@ import duckdb
 from ...storage.connection import open_store
 from ...storage.policy import EventFilter
 from ...storage.replay import SessionMark, read_after
-from ...storage.schema import check_readable, has_tool_columns
+from ...storage.schema import check_readable, has_model_calls, has_tool_columns
 from ...storage.store import Store
 from ...storage.views import tool_rows
 
@@ -206,8 +206,11 @@ def overview(store: Store, limit: int = 50) -> dict[str, Any]:
             """SELECT coalesce(loop_end_reason, 'unknown') AS reason, count(*) AS turns
                FROM turns GROUP BY 1 ORDER BY 2 DESC, 1""",
         )
+        costs = _rows(con, _COST_TOTALS_SQL)[0] if has_model_calls(con) else {
+            "model_calls": 0, "cost_usd": None, "unpriced_calls": 0}
         recent, total = _session_page(con, None, limit, 0)
     totals.update(turn_totals)
+    totals.update(costs)
     return {
         "store": store.path,
         "generated_at": _now_ms(),
@@ -216,6 +219,10 @@ def overview(store: Store, limit: int = 50) -> dict[str, Any]:
         "sessions": recent,
         "sessions_total": total,
     }
+
+
+# the store's model calls and what they cost (the view counts a turn without call rows by its own cost)
+_COST_TOTALS_SQL = "SELECT model_calls, cost_usd, unpriced_calls FROM cost_totals"
 
 
 # -- a session's timeline ---------------------------------------------------------------------
@@ -232,6 +239,37 @@ SELECT correlation_id, session_id, channel_id AS agent, parent_correlation_id, t
 FROM turns WHERE session_id = ? AND list_contains(?, correlation_id)
 ORDER BY timestamp, correlation_id
 """
+
+
+_CALLS_SQL = """
+SELECT correlation_id AS turn_id,
+       coalesce(position, CAST(row_number() OVER (PARTITION BY correlation_id ORDER BY started_at, span_id) AS INTEGER))
+           AS position,
+       epoch_ms(started_at) AS started_at, epoch_ms(ended_at) AS ended_at, duration_ms,
+       time_to_first_chunk_ms AS ttfc_ms, coalesce(response_model, request_model) AS model, provider, agent,
+       input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens,
+       cost_usd, outcome, finish_reasons, error_type, error, streaming, response_id, span_id
+FROM model_calls WHERE session_id = ? AND list_contains(?, correlation_id)
+ORDER BY started_at, span_id
+"""
+_TURN_COSTS_SQL = """
+SELECT t.correlation_id, coalesce(t.model_call_count, c.calls, 0) AS model_calls,
+       CASE WHEN c.calls > 0 THEN c.cost ELSE t.cost_usd END AS cost_usd
+FROM turns t LEFT JOIN (
+    SELECT correlation_id, count(*) AS calls, sum(cost_usd) AS cost FROM model_calls
+    WHERE session_id = ? AND list_contains(?, correlation_id) GROUP BY correlation_id
+) c ON c.correlation_id = t.correlation_id
+WHERE t.session_id = ? AND list_contains(?, t.correlation_id)
+"""
+
+
+def _call_row(row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        reasons = json.loads(row["finish_reasons"]) if row["finish_reasons"] else []
+    except ValueError:
+        reasons = []
+    row["finish_reasons"] = reasons if isinstance(reasons, list) else []
+    return row
 
 
 def _clip(value: Any) -> tuple[Any, bool]:
@@ -293,6 +331,22 @@ def timeline(
     finished turns among the page's events and ``turn_ids`` (turns the page still shows
     as running); a running turn has no summary yet.
 
+    ``model_calls`` holds the model calls of the same turns (finished or running), for a
+    waterfall on one time axis beside the tool calls, ordered by start::
+
+        {"turn_id": str, "position": int (1-based in the turn), "started_at": ms,
+         "ended_at": ms, "duration_ms": float, "ttfc_ms": float | None (streams),
+         "model": str | None, "provider": str | None, "agent": str | None,
+         "input_tokens", "output_tokens", "cache_read_input_tokens",
+         "cache_creation_input_tokens", "reasoning_tokens": int | None,
+         "cost_usd": float | None (None: no price known), "outcome": str | None
+         (completed, truncated, refusal, content_filter, error, cancelled),
+         "finish_reasons": [str], "error_type": str | None, "error": str | None,
+         "streaming": bool | None, "response_id": str | None, "span_id": str}
+
+    Each turn summary gains ``model_calls`` (how many) and ``cost_usd`` (their sum; a
+    turn without call rows, its own price). A file from before model calls has none.
+
     ``cursor`` is the ``after_index`` of the next live page (None for a ``before_index``
     page): pages after an index are read with :func:`loopscope.storage.replay.read_after`,
     the query ``Store.replay`` and ``loopscope tail --follow`` follow a log with, so the
@@ -338,6 +392,15 @@ def timeline(
             cursor = (info[0]["last_index"] if info else 0) if before_index is None else None
         wanted = sorted({e["correlation_id"] for e in events if e["correlation_id"]} | set(turn_ids))
         turns = [_turn_row(r) for r in _rows(con, _TURN_SQL, [session_id, wanted])] if wanted else []
+        calls: list[dict[str, Any]] = []
+        if wanted and has_model_calls(con):
+            calls = [_call_row(r) for r in _rows(con, _CALLS_SQL, [session_id, wanted])]
+            costs = {r["correlation_id"]: r for r in _rows(con, _TURN_COSTS_SQL, [session_id, wanted, session_id, wanted])}
+        else:
+            costs = {}
+        for turn in turns:
+            cost = costs.get(turn["correlation_id"], {})
+            turn["model_calls"], turn["cost_usd"] = cost.get("model_calls", 0), cost.get("cost_usd")
     session = info[0] if info else None
     return {
         "session_id": session_id,
@@ -347,6 +410,7 @@ def timeline(
         "last_at": session["last_ms"] if session else None,
         "events": events,
         "turns": turns,
+        "model_calls": calls,
         # more history before the page (newest/before pages) or more events after it (after pages)
         "more_before": more if descending else None,
         "more_after": more if not descending else None,

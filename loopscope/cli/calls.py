@@ -1,0 +1,58 @@
+"""``loopscope calls``: every model call, with its model, timing, tokens, cost and outcome."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..dashboards import tables
+from . import _args
+from .commands import ellipsis, emit, emit_json, open_store, resolve_session
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    calls = sub.add_parser(
+        "calls",
+        parents=[common],
+        help="model calls: model, duration, time to first chunk, tokens, cost, outcome (--slowest, --failed)",
+        description="One line per model call (one per chat span), oldest first: the most recent --limit calls, "
+        "of every session or of --session. POS is the call's place in its turn; TTFC the time to the first "
+        "chunk of a stream; COST is in USD from genai-prices' database or your overrides (configure(prices=...), "
+        "LOOPSCOPE_PRICES), empty when no price is known for the model. --slowest orders by duration instead.",
+    )
+    calls.add_argument("--session", "-s", metavar="SESSION", help="only this session (its id or a unique prefix)")
+    calls.add_argument("--model", metavar="NAME", help="only calls of this model (as requested or as answered)")
+    calls.add_argument("--provider", metavar="NAME", help="only calls to this provider (openai, anthropic, ...)")
+    calls.add_argument("--slowest", action="store_true", help="the longest calls first")
+    calls.add_argument("--failed", action="store_true", help="only calls that ended in an error")
+    calls.add_argument("--limit", type=_args.non_negative_int, default=50, metavar="N",
+                       help="the most recent (or, with --slowest, the longest) N calls (default: 50; 0 = all)")
+    _args.add_json(calls, "the calls (with their parameters and the provider's usage figures)")
+    calls.set_defaults(handler=calls_command)
+
+
+def calls_command(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    session = None
+    if args.session is not None:
+        # a session of model calls alone (no events) is taken as named; else an id or a unique prefix
+        session = args.session if store.model_calls(args.session, limit=1) else resolve_session(store, args.session)
+    found = store.model_calls(
+        session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
+        limit=args.limit or None,
+    )
+    if args.json:
+        emit_json([c.model_dump(mode="json", exclude={"input_messages", "output_messages"}) for c in found])
+        return 0
+    if not found:
+        emit("no model calls match" if any((session, args.model, args.provider, args.failed)) else "no model calls yet")
+        return 0
+    emit(tables.calls_table(found, show_session=session is None, ellipsis=ellipsis()))
+    unpriced = sum(1 for c in found if c.cost_usd is None and c.usage)
+    priced = [c.cost_usd for c in found if c.cost_usd is not None]
+    summary = f"{len(found)} call{'s' if len(found) != 1 else ''}"
+    if priced:
+        summary += f", {tables.usd(sum(priced))}"
+    if unpriced:
+        summary += f"; {unpriced} without a price"
+    emit(f"({summary}; durations in ms)")
+    return 0
