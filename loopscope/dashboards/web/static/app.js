@@ -202,9 +202,12 @@
   // a store older than cost columns sends no cost_usd at all: nothing to show (null is "no price")
   const turnCost = (t) => ("cost_usd" in t ? costNode(t.cost_usd, t.unpriced_calls, modelCalls(t)) : null);
 
+  // the store's cost: the sum on the card, the calls without a price under it
   function costCard(t) {
-    const card = statCard("Cost", "", `USD, ${plural(t.model_calls || 0, "model call")}`);
-    fill(card.querySelector(".stat-value"), costNode(t.cost_usd, t.unpriced_calls, t.model_calls));
+    const missing = t.unpriced_calls || 0;
+    const card = statCard("Cost", "", `${plural(t.model_calls || 0, "model call")}${missing ? `, ${fmtInt(missing)} without a price` : ""}`);
+    const priced = t.cost_usd !== null && t.cost_usd !== undefined;
+    fill(card.querySelector(".stat-value"), priced ? h("span", { class: "cost", text: fmtUsd(t.cost_usd) }) : costNode(null, missing, t.model_calls));
     return card;
   }
 
