@@ -15,7 +15,7 @@ processor would see, in order. Then, timed, with several repeats:
   ``INSERT INTO ... SELECT * FROM`` it, one transaction. The rows are the store's own:
   read back, in the order written, from a store run made before the timed ones.
 
-Rates are rows/s (events + turn summaries). Also shown, each alone on one thread, where
+Rates are rows/s (events + turn summaries + model calls). Also shown, each alone on one thread, where
 the store's time goes: the submit on the application's thread, spans to facts (the
 Python half of the mapping), and ``write_batch`` on the writer's batches (the SQL half
 and the write), with the file opened and closed per batch as the writer does.
@@ -146,7 +146,7 @@ def run_store(items: list[tuple[int, Any]], path: str, via_processor: bool) -> t
     finally:
         writer.close()
     assert ok and stats.dropped == 0 and stats.failed_writes == 0, stats
-    return elapsed, stats.written_events + stats.written_turns
+    return elapsed, stats.written_events + stats.written_turns + stats.written_calls
 
 
 def map_all(items: list[tuple[int, Any]]) -> Facts:
@@ -155,18 +155,23 @@ def map_all(items: list[tuple[int, Any]]) -> Facts:
     return mapping.facts_of(items)
 
 
-def stored_columns(path: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+def stored_columns(path: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]], dict[str, list[Any]]]:
     """The rows a store run wrote, in the order written, as plain Python column lists:
     times as epoch microseconds and JSON as text, as the baseline inserts them."""
     con = duckdb.connect(path, read_only=True)
     try:
         def columns(table: str, times: str, jsons: tuple[str, ...]) -> dict[str, list[Any]]:
             names = [r[0] for r in con.execute(f"SELECT name FROM pragma_table_info('{table}') ORDER BY cid").fetchall()]
-            select = ", ".join(f"epoch_us({n})" if n == times else f"{n}::VARCHAR" if n in jsons else n for n in names)
+            select = ", ".join(f"epoch_us({n})" if n in times.split() else f"{n}::VARCHAR" if n in jsons else n for n in names)
             rows = con.execute(f"SELECT {select} FROM {table} ORDER BY rowid").fetchall()
             return dict(zip(names, map(list, zip(*rows))))
 
-        return columns("events", "created_at", ("content",)), columns("turns", "timestamp", ("segments", "usage", "declared_tools"))
+        return (
+            columns("events", "created_at", ("content",)),
+            columns("turns", "timestamp", ("segments", "usage", "declared_tools")),
+            columns("model_calls", "started_at ended_at", ("finish_reasons", "provider_usage", "parameters", "input_messages",
+                                                  "output_messages")),
+        )
     finally:
         con.close()
 
@@ -175,10 +180,19 @@ _EVENT_TYPES = {"idx": pa.int64(), "created_at": pa.timestamp("us", tz="UTC"), "
 _TURN_TYPES = {
     "tool_calls_count": pa.int32(), "round_count": pa.int32(), "input_tokens": pa.int64(), "output_tokens": pa.int64(),
     "latency_ms": pa.float64(), "streaming": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
+    "model_call_count": pa.int32(), "cost_usd": pa.float64(),
+}
+_CALL_TYPES = {
+    "position": pa.int32(), "streaming": pa.bool_(), "started_at": pa.timestamp("us", tz="UTC"),
+    "ended_at": pa.timestamp("us", tz="UTC"),
+    "duration_ms": pa.float64(), "time_to_first_chunk_ms": pa.float64(), "input_tokens": pa.int64(),
+    "output_tokens": pa.int64(), "cache_read_input_tokens": pa.int64(), "cache_creation_input_tokens": pa.int64(),
+    "reasoning_tokens": pa.int64(), "cost_usd": pa.float64(),
 }
 
 
-def run_baseline(ev_cols: dict[str, list[Any]], tu_cols: dict[str, list[Any]], path: str) -> tuple[float, int]:
+def run_baseline(ev_cols: dict[str, list[Any]], tu_cols: dict[str, list[Any]], ca_cols: dict[str, list[Any]],
+                 path: str) -> tuple[float, int]:
     t0 = time.perf_counter()
     con = duckdb.connect(path)
     con.execute("BEGIN TRANSACTION")
@@ -188,10 +202,13 @@ def run_baseline(ev_cols: dict[str, list[Any]], tu_cols: dict[str, list[Any]], p
     turns = pa.table({k: pa.array(v, _TURN_TYPES.get(k, pa.string())) for k, v in tu_cols.items()})
     con.register("tu", turns)
     con.execute("INSERT INTO turns SELECT * FROM tu")
+    calls = pa.table({k: pa.array(v, _CALL_TYPES.get(k, pa.string())) for k, v in ca_cols.items()})
+    con.register("ca", calls)
+    con.execute("INSERT INTO model_calls SELECT * FROM ca")
     con.execute("COMMIT")
     con.close()
     elapsed = time.perf_counter() - t0
-    return elapsed, events.num_rows + turns.num_rows
+    return elapsed, events.num_rows + turns.num_rows + calls.num_rows
 
 
 def run_write_only(batches: list[Facts], path: str) -> float:
@@ -232,7 +249,7 @@ def writer_batches(items: list[tuple[int, Any]], batch_size: int) -> list[Facts]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=15_000, help="turns recorded (9 rows each)")
+    parser.add_argument("--turns", type=int, default=15_000, help="turns recorded (12 rows each: 3 of them model calls)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
@@ -245,9 +262,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="loopscope-bench-") as tmp:
         reference = fresh_db(Path(tmp), "reference")
         run_store(items, reference, False)  # untimed: the rows the baseline inserts are the store's own
-        ev_cols, tu_cols = stored_columns(reference)
-    assert len(ev_cols["id"]) + len(tu_cols["correlation_id"]) == rows
-    print(f"ingest: {args.turns} turns -> {len(items)} span starts/ends -> {facts.event_rows} events + {facts.turn_rows} turns = {rows} rows "
+        ev_cols, tu_cols, ca_cols = stored_columns(reference)
+    assert len(ev_cols["id"]) + len(tu_cols["correlation_id"]) + len(ca_cols["session_id"]) == rows
+    print(f"ingest: {args.turns} turns -> {len(items)} span starts/ends -> {facts.event_rows} events + {facts.turn_rows} turns "
+          f"+ {facts.call_rows} model calls = {rows} rows "
           f"(recorded in {recorded:.1f}s; python {sys.version.split()[0]}, duckdb {duckdb.__version__}, pyarrow {pa.__version__})")
 
     rates: dict[str, list[float]] = {k: [] for k in ("store", "writer-only", "baseline", "submit", "map", "write_batch")}
@@ -257,7 +275,7 @@ def main() -> int:
             runs = [
                 ("store", lambda r=r: run_store(items, fresh_db(folder, f"store-{r}"), True)),
                 ("writer-only", lambda r=r: run_store(items, fresh_db(folder, f"writer-{r}"), False)),
-                ("baseline", lambda r=r: run_baseline(ev_cols, tu_cols, fresh_db(folder, f"base-{r}"))),
+                ("baseline", lambda r=r: run_baseline(ev_cols, tu_cols, ca_cols, fresh_db(folder, f"base-{r}"))),
             ]
             runs = runs[r % 3:] + runs[: r % 3]  # rotate the order: drift in load hits all alike
             for name, fn in runs:

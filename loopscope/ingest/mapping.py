@@ -315,74 +315,121 @@ _REQUEST_PREFIX = "gen_ai.request."
 _PARAMETER_NAMES = {attr: name for name, attr in a.REQUEST_PARAMETERS.items()}
 _NOT_PARAMETERS = frozenset((a.REQUEST_MODEL, a.REQUEST_STREAM))
 
+# Spans of one recorder carry the same attribute names in the same order, call after
+# call: which of them are request parameters is worked out once per such tuple of names.
+_parameter_keys: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+
+
+def _parameter_keys_of(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    found = []
+    names = _PARAMETER_NAMES
+    for key in keys:
+        name = names.get(key)
+        if name is None:
+            if type(key) is not str or not key.startswith(_REQUEST_PREFIX) or key in _NOT_PARAMETERS:
+                continue
+            name = key[len(_REQUEST_PREFIX):]
+        found.append((key, name))
+    if len(_parameter_keys) >= 256:
+        _parameter_keys.clear()
+    made = _parameter_keys[keys] = tuple(found)
+    return made
+
 
 def _parameters(d: dict[str, Any]) -> str | None:
     """The request parameters of a chat span as JSON: every ``gen_ai.request.*`` attribute
     (but the model and streaming, which have columns), the tool choice and the server,
     named as adapters report them (``temperature``, ``max_tokens``, ``tool_choice``, ...)."""
-    found: dict[str, Any] = {}
-    names = _PARAMETER_NAMES
-    for key, value in d.items():
-        name = names.get(key)
-        if name is None:
-            if not key.startswith(_REQUEST_PREFIX) or key in _NOT_PARAMETERS:
-                continue
-            name = key[len(_REQUEST_PREFIX):]
+    keys = tuple(d)
+    wanted = _parameter_keys.get(keys)
+    if wanted is None:
+        wanted = _parameter_keys_of(keys)
+    if not wanted:
+        return None
+    found = {}
+    for key, name in wanted:
+        value = d[key]
         found[name] = list(value) if type(value) is tuple else value
-    return _json.dumps(found) if found else None
+    return _json.dumps(found)
+
+
+# finish reasons as their JSON text, by value (a few distinct tuples in all)
+_reasons_json: dict[Any, str] = {}
+
+
+def _finish_reasons(reasons: Any) -> str:
+    text = _reasons_json.get(reasons) if type(reasons) is tuple else None
+    if text is None:
+        listed = [reasons] if isinstance(reasons, str) else list(reasons)
+        text = _json.dumps(listed)
+        if type(reasons) is tuple and len(_reasons_json) < 256:
+            _reasons_json[reasons] = text
+    return text
+
+
+# the names _call_fact reads, bound once (a global is one lookup, a module attribute two)
+_CONVERSATION_ID, _TURN_ID, _AGENT_NAME, _CALL_POSITION = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME, a.CALL_POSITION
+_PROVIDER, _FRAMEWORK, _REQUEST_MODEL, _RESPONSE_MODEL = a.PROVIDER, a.FRAMEWORK, a.REQUEST_MODEL, a.RESPONSE_MODEL
+_RESPONSE_ID, _FINISH_REASONS, _REQUEST_STREAM, _TTFC = a.RESPONSE_ID, a.RESPONSE_FINISH_REASONS, a.REQUEST_STREAM, a.TIME_TO_FIRST_CHUNK
+_USAGE_INPUT, _USAGE_OUTPUT, _USAGE_CACHE_READ = a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ
+_USAGE_CACHE_CREATION, _USAGE_REASONING, _USAGE_PROVIDER = a.USAGE_CACHE_CREATION, a.USAGE_REASONING, a.USAGE_PROVIDER
+_ERROR_TYPE, _CALL_ERROR, _CALL_OUTCOME, _CALL_REFUSAL = a.ERROR_TYPE, a.CALL_ERROR, a.CALL_OUTCOME, a.CALL_REFUSAL
+_INPUT_MESSAGES, _OUTPUT_MESSAGES = a.INPUT_MESSAGES, a.OUTPUT_MESSAGES
 
 
 def _call_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int, start: int, end: int) -> tuple[Any, ...]:
-    """The model call a ``chat`` span's end stands for (a :class:`~loopscope.storage.rows.CallFact`)."""
+    """The model call a ``chat`` span's end stands for (a :class:`~loopscope.storage.rows.CallFact`).
+    Run once per model call on the writer's thread: every value is read once, plainly."""
     get = d.get
-    session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
+    session_id = get(_CONVERSATION_ID) or f"{tid:032x}"
     if type(session_id) is not str:
         session_id = str(session_id)
     span_id = sid.to_bytes(8, "big")
-    correlation_id, agent = get(a.TURN_ID), get(a.AGENT_NAME)
-    position = get(a.CALL_POSITION)
+    correlation_id, agent = get(_TURN_ID), get(_AGENT_NAME)
+    position = get(_CALL_POSITION)
     if type(position) is not int:
         position = None  # numbered by start time in the view
-    provider, framework = get(a.PROVIDER), get(a.FRAMEWORK)
-    request_model, response_model, response_id = get(a.REQUEST_MODEL), get(a.RESPONSE_MODEL), get(a.RESPONSE_ID)
-    reasons = get(a.RESPONSE_FINISH_REASONS)
-    finish_reasons = None
-    if reasons is not None:
-        reasons = [reasons] if isinstance(reasons, str) else list(reasons)
-        finish_reasons = _json.dumps(reasons)
-    streaming = get(a.REQUEST_STREAM)
+    provider, framework = get(_PROVIDER), get(_FRAMEWORK)
+    request_model, response_model, response_id = get(_REQUEST_MODEL), get(_RESPONSE_MODEL), get(_RESPONSE_ID)
+    reasons = get(_FINISH_REASONS)
+    finish_reasons = None if reasons is None else _finish_reasons(reasons)
+    streaming = get(_REQUEST_STREAM)
     if streaming is not None:
         streaming = bool(streaming)
     started_us, ended_us, duration_ms = start // 1000, end // 1000, round((end - start) / 1e6, 3)
-    ttfc = get(a.TIME_TO_FIRST_CHUNK)
-    time_to_first_chunk_ms = round(ttfc * 1000, 3) if isinstance(ttfc, (float, int)) and ttfc is not True else None
-    input_tokens, output_tokens = get(a.USAGE_INPUT), get(a.USAGE_OUTPUT)
-    cache_read_input_tokens, cache_creation_input_tokens = get(a.USAGE_CACHE_READ), get(a.USAGE_CACHE_CREATION)
-    reasoning_tokens = get(a.USAGE_REASONING)
-    provider_usage = get(a.USAGE_PROVIDER)
+    ttfc = get(_TTFC)
+    time_to_first_chunk_ms = None
+    if ttfc is not None and (type(ttfc) is float or type(ttfc) is int):
+        time_to_first_chunk_ms = round(ttfc * 1000, 3)
+    input_tokens, output_tokens = get(_USAGE_INPUT), get(_USAGE_OUTPUT)
+    cache_read_input_tokens, cache_creation_input_tokens = get(_USAGE_CACHE_READ), get(_USAGE_CACHE_CREATION)
+    reasoning_tokens = get(_USAGE_REASONING)
+    provider_usage = get(_USAGE_PROVIDER)
     if provider_usage is not None and type(provider_usage) is not str:
         provider_usage = _text_or_json(provider_usage)
     parameters = _parameters(d)
-    error_type = get(a.ERROR_TYPE)
-    error = get(a.CALL_ERROR)
+    error_type = get(_ERROR_TYPE)
+    error = get(_CALL_ERROR)
     if error is None and error_type:
         error = getattr(span.status, "description", None)
     if error is not None and type(error) is not str:
         error = str(error)
-    outcome = get(a.CALL_OUTCOME)
+    outcome = get(_CALL_OUTCOME)
     if outcome is None:  # a span from before the outcome attribute (or a foreign one): what it says
         if error_type:
             outcome = "error"
         elif reasons:
-            outcome = _FINISH_OUTCOMES.get(str(reasons[0]))
-    refusal = get(a.CALL_REFUSAL)
-    input_messages, output_messages = get(a.INPUT_MESSAGES), get(a.OUTPUT_MESSAGES)
+            outcome = _FINISH_OUTCOMES.get(reasons if type(reasons) is str else str(reasons[0]))
+    refusal = get(_CALL_REFUSAL)
+    input_messages, output_messages = get(_INPUT_MESSAGES), get(_OUTPUT_MESSAGES)
     if input_messages is not None and type(input_messages) is not str:
         input_messages = _text_or_json(input_messages)
     if output_messages is not None and type(output_messages) is not str:
         output_messages = _text_or_json(output_messages)
-    cost_usd, price_source = _price(provider, response_model or request_model, request_model, input_tokens,
-                                    output_tokens, cache_read_input_tokens, cache_creation_input_tokens, started_us)
+    cost_usd = price_source = None
+    if input_tokens is not None or output_tokens is not None:  # nothing to price without usage
+        cost_usd, price_source = _price(provider, response_model or request_model, request_model, input_tokens,
+                                        output_tokens, cache_read_input_tokens, cache_creation_input_tokens, started_us)
     # in CallFact's field order (tests/storage/test_rows.py checks these names against it)
     return (
         trace_id, span_id, session_id, correlation_id, position, provider, framework, agent, request_model,

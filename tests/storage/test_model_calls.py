@@ -336,21 +336,26 @@ def test_a_resent_span_adds_no_second_row(tmp_path, provider):
 
 
 def test_messages_go_through_the_content_policy(tmp_path):
+    """Secrets masked in the messages (JSON stays JSON), a refusal cut to the store's cap."""
     tracer_provider = TracerProvider()
     loopscope.configure(tmp_path / "store.duckdb", tracer_provider=tracer_provider, flush_interval=0.05,
-                        content_policy=ContentPolicy(store_max_chars=40))
+                        content_policy=ContentPolicy(store_max_chars=200))
     try:
         secret = "sk-proj-" + "a1B2c3D4e5" * 4
         _chat_span(tracer_provider, {
             a.CONVERSATION_ID: "p", a.INPUT_MESSAGES: json.dumps([{"role": "user", "parts": [{"type": "text", "content": f"key {secret}"}]}]),
-            a.CALL_REFUSAL: "x" * 100,
+            a.OUTPUT_MESSAGES: json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "fine"}]}]),
+            a.CALL_REFUSAL: "x" * 300,
         })
         loopscope.flush()
         (row,) = store(tmp_path).model_calls("p", with_messages=True)
     finally:
         loopscope.shutdown()
-    assert secret not in json.dumps(row.input_messages)
-    assert row.refusal is not None and len(row.refusal) < 100
+    (message,) = row.input_messages
+    text = message["parts"][0]["content"]
+    assert secret not in text and text.startswith("key ") and "REDACTED" in text
+    assert row.output_messages == [{"role": "assistant", "parts": [{"type": "text", "content": "fine"}]}]
+    assert row.refusal is not None and len(row.refusal) < 300 and row.refusal.startswith("x" * 150)
 
 
 def test_filters_and_the_slowest_calls(tmp_path, provider):
@@ -383,3 +388,20 @@ def test_a_turn_without_call_rows_is_priced_from_its_own_usage(tmp_path):
     assert rows == [(0, pytest.approx(genai_price("gpt-4o", "openai", {"input_tokens": 1000, "output_tokens": 100})), 0)]
     with open_store(str(db.resolve()), read_only=True) as con:
         assert con.execute("SELECT price_source FROM turns").fetchall() == [("genai-prices",)]
+
+
+def test_the_turns_model_call_count_comes_from_its_span_else_from_its_call_rows(tmp_path, provider):
+    tracer = provider.get_tracer(OWN_SCOPE)
+    for turn_id, count in (("said", 3), ("counted", None)):
+        attributes = {a.OPERATION: a.OP_INVOKE_AGENT, a.CONVERSATION_ID: "n", a.TURN_ID: turn_id}
+        if count is not None:
+            attributes[a.MODEL_CALL_COUNT] = count
+        with tracer.start_as_current_span("invoke_agent", attributes=attributes):
+            for _ in range(2):
+                _chat_span(provider, {a.CONVERSATION_ID: "n", a.TURN_ID: turn_id}, duration=0)
+    loopscope.flush()
+    _, rows = store(tmp_path).sql("SELECT turn_id, model_calls FROM turn_summaries ORDER BY turn_id")
+    assert rows == [("counted", 2), ("said", 3)]
+    with open_store(str((tmp_path / "store.duckdb").resolve()), read_only=True) as con:
+        assert con.execute("SELECT correlation_id, model_call_count FROM turns ORDER BY 1").fetchall() == [
+            ("counted", None), ("said", 3)]
