@@ -28,6 +28,7 @@ from loopscope.dashboards.web.server import DashboardServer, make_server
 WAIT_MS = 15_000
 PRICED = "gpt-4o-mini"  # in genai-prices' database
 UNPRICED = "house-model-7"  # in no price list
+MARKUP_MODEL = "<img src=x onerror=window.__pwned=5>"  # a model name is data: shown as text, never run
 TOOLS = [
     {
         "type": "function",
@@ -91,6 +92,8 @@ def record(db: Path) -> None:
                         model=PRICED, messages=[{"role": "user", "content": prompt}], stream=True
                     ):
                         pass
+            with loopscope.session("waterfall-markup"):
+                client.chat.completions.create(model=MARKUP_MODEL, messages=[{"role": "user", "content": "[markup]"}])
             with loopscope.session("waterfall-priced"):
                 assert tool_loop(client, PRICED, "[priced] Weather in Paris?") == "21 °C and dry in Paris."
             with loopscope.session("waterfall-unpriced"), pytest.raises(openai.InternalServerError):
@@ -222,9 +225,11 @@ def test_costs_show_where_priced_and_no_price_never_as_zero(page, loop_db, loop_
     assert cost_column["waterfall-unpriced"] == "— no price"
     # the store's total: the priced calls' sum, and the one call with tokens but no price
     card = page.locator(".stat", has_text="Cost")
-    everything = sum(c.cost_usd or 0 for c in store.model_calls(limit=None))
-    assert usd(card.locator(".stat-value").text_content()) == pytest.approx(everything, rel=0.03)
-    assert card.locator(".stat-sub").text_content() == f"{len(store.model_calls(limit=None))} model calls, 1 without a price"
+    every = store.model_calls(limit=None)
+    unpriced = [c for c in every if c.cost_usd is None and c.usage]  # tokens, no price (the house and markup models)
+    assert len(unpriced) == 2
+    assert usd(card.locator(".stat-value").text_content()) == pytest.approx(sum(c.cost_usd or 0 for c in every), rel=0.03)
+    assert card.locator(".stat-sub").text_content() == f"{len(every)} model calls, 2 without a price"
     shoot(page, tmp_path / "sessions-cost.png")
 
 
@@ -244,6 +249,16 @@ def test_how_a_call_ended_is_visible(page, loop_dashboard, tmp_path):
     assert "o-truncated" in shown[0]["bar_class"] and "truncated" in shown[0]["label"]
     assert "o-content_filter" in shown[1]["bar_class"] and "content filter" in shown[1]["label"]
     shoot(page, tmp_path / "outcomes.png")
+
+
+def test_a_model_name_with_markup_shows_as_text(page, loop_dashboard):
+    page.goto(session_url(loop_dashboard, "waterfall-markup"))
+    page.wait_for_selector(".waterfall .wf-row.call", timeout=WAIT_MS)
+    [call] = bars(page)
+    assert call["name"] == MARKUP_MODEL and call["label"].startswith(MARKUP_MODEL)
+    assert MARKUP_MODEL in call["title"]
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("document.querySelectorAll('img[src=x]').length") == 0
 
 
 def test_turns_page_names_tool_rounds_and_model_calls(page, loop_dashboard, tmp_path):

@@ -116,11 +116,12 @@
 
   const plural = (n, word) => `${fmtInt(n)} ${word}${n === 1 ? "" : "s"}`;
 
-  // US dollars: cents for sums of a dollar or more, two significant digits below a cent
+  // US dollars: cents from ten cents up, tenths of a cent from one, two significant digits below
   function fmtUsd(usd) {
-    if (usd >= 1) return `$${usd.toFixed(2)}`;
+    if (usd >= 0.1) return `$${usd.toFixed(2)}`;
     if (usd >= 0.01) return `$${usd.toFixed(3)}`;
-    if (usd > 0) return `$${usd.toPrecision(2)}`;
+    if (usd >= 0.000001) return `$${usd.toPrecision(2)}`;
+    if (usd > 0) return "<$0.000001"; // toPrecision would write 1.2e-7
     return "$0";
   }
 
