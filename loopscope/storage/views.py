@@ -31,8 +31,12 @@ session_id, agent, parent_turn_id, started_at, ended_at, model, provider,
 loop_end_reason, rounds, tool_calls, latency_ms, streaming, input_tokens,
 output_tokens, cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens,
 total_tokens, declared_tool_count, declared_tools`` (the names, a ``VARCHAR[]``),
-``segment_count, response_content, error, trace_id, span_id``. ``agent`` is the turn's
-``channel_id``; ``total_tokens`` is input + output.
+``segment_count, response_content, error, trace_id, span_id, model_calls, cost_usd,
+unpriced_calls``. ``agent`` is the turn's ``channel_id``; ``total_tokens`` is input +
+output. ``model_calls`` is the turn's own count (``loopscope.turn.model_call_count``), else
+its rows in ``model_calls``; ``cost_usd`` (USD) the sum of its calls' costs, or for a turn
+without call rows (an older writer, a foreign turn) its own price from its usage and
+model; ``unpriced_calls`` how many of its calls used tokens and have no price.
 
 ``tool_stats`` -- per tool, most called first: ``tool, calls, pending, finished,
 served, failed, refused, blocked, unserved, cancelled`` (counts), ``served_share,
@@ -55,7 +59,28 @@ turns and never called only makes every prompt longer.
 
 ``token_usage`` -- per session and model: ``session_id, model, provider, turns,
 input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens,
-reasoning_tokens, total_tokens, first_at, last_at``.
+reasoning_tokens, total_tokens, first_at, last_at, model_calls, cost_usd,
+unpriced_calls``.
+
+``model_call_summaries`` -- one row per model call (the ``model_calls`` table, one row per
+``chat`` span): ``session_id, turn_id, position`` (1-based in the turn; numbered by start
+time where the recording did not say), ``agent, provider, framework, model`` (the
+response's, else the request's), ``request_model, response_model, response_id,
+finish_reasons`` (JSON list, one per choice), ``outcome`` (completed, truncated, refusal,
+content_filter, error, cancelled), ``streaming, started_at, ended_at, duration_ms,
+time_to_first_chunk_ms``, the usage (input includes cached tokens) and ``total_tokens``,
+``cost_usd, price_source`` (``genai-prices`` or ``override``), ``unpriced`` (tokens used,
+no price known), ``error_type, error, refusal, provider_usage, parameters`` (JSON),
+``input_messages, output_messages`` (JSON, content), ``trace_id, span_id``.
+
+``model_usage`` -- per provider and model: ``calls, failed``, the token sums,
+``cost_usd, unpriced_calls, avg_ms, p95_ms, avg_ttfc_ms, first_at, last_at``.
+
+``session_costs`` -- per session: ``turns, model_calls, input_tokens, output_tokens,
+cost_usd, unpriced_calls, first_at, last_at``.
+
+``cost_totals`` -- one row: ``model_calls, cost_usd, unpriced_calls`` for the whole store
+(turns without call rows count by their own price), ``turns_priced_alone``.
 
 ``slowest_turns`` -- every turn ranked by latency, slowest first: ``rank, turn_id,
 session_id, agent, model, provider, loop_end_reason, latency_ms, rounds, tool_calls,

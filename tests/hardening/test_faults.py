@@ -360,15 +360,16 @@ def test_a_full_disk_with_some_room_again_writes_what_fits_and_counts_the_rest(t
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     store = loopscope.Store(str(db))
     _, rows = store.sql("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM turns), "
-                        "(SELECT count(DISTINCT id) FROM events)")
-    events, turns, distinct = rows[0]
+                        "(SELECT count(DISTINCT id) FROM events), (SELECT count(*) FROM model_calls)")
+    events, turns, distinct, calls = rows[0]
     # a commit DuckDB made durable before its checkpoint failed counts as written, not retried
     assert distinct == events, f"{events - distinct} events stored twice"
     assert events > report["written_while_full"]  # pieces were written once there was room
     assert (events, turns) == (report["events"], report["turns"])
     status = read_status(str(db))
     lost = status["totals"]["dropped_unwritable"]
-    assert lost > 0 and events + turns + lost == 80 * 6  # 5 events and a summary per turn: each written or counted
+    # 5 events, 2 model calls and a summary per turn: each written or counted
+    assert lost > 0 and events + turns + calls + lost == 80 * 8
     assert not any("written later" in line for line in status["problems"]), status["problems"]
     assert any(f"{lost} events lost" in line for line in status["problems"]), status["problems"]
     # whatever was written of a session is whole from its first event on: no gap
