@@ -393,3 +393,73 @@ def test_timeline_has_each_turns_model_calls_for_a_waterfall(store):
     totals = api.overview(store)["totals"]
     assert totals["model_calls"] >= len(calls) and totals["cost_usd"] > 0
     json.dumps(page, allow_nan=False)
+
+
+def test_costs_per_session_turn_and_model_count_calls_without_a_price(recording):
+    """A turn's cost is its calls' sum; a call with tokens and no price is counted beside
+    it, never priced at $0; a turn of unpriced calls costs None."""
+    store = recording.store
+    usage = {"input_tokens": 1000, "output_tokens": 100}
+    with loopscope.turn(session_id="priced", model="gpt-4o", provider="openai", input="one") as turn:
+        with turn.round("gpt-4o", provider="openai") as rnd:
+            rnd.response("asking", tool_calls=[{"id": "c1", "name": "t", "arguments": {}}], usage=usage)
+        with loopscope.tool("t", call_id="c1") as call:
+            call.set_result(1)
+        turn.generation("done", usage=usage, model="gpt-4o", provider="openai")
+    with loopscope.turn(session_id="mixed", model="gpt-4o", provider="openai", input="two") as turn:
+        turn.generation("house", usage=usage, model="house-model-7", provider="openai")
+        turn.generation("known", usage=usage, model="gpt-4o", provider="openai")
+    with loopscope.turn(session_id="unpriced", model="house-model-7", provider="openai", input="three") as turn:
+        turn.generation("house", usage=usage, model="house-model-7", provider="openai")
+    cost = {s: [c.cost_usd for c in store.model_calls(s)] for s in ("priced", "mixed", "unpriced")}
+    assert cost["priced"][0] and cost["priced"][1] and cost["mixed"][0] is None and cost["mixed"][1]
+    assert cost["unpriced"] == [None]
+    expected = {  # model calls, cost, calls without a price
+        "priced": (2, sum(cost["priced"]), 0),
+        "mixed": (2, cost["mixed"][1], 1),
+        "unpriced": (1, None, 1),
+    }
+
+    def figures(row):
+        return row["model_calls"], row["cost_usd"], row["unpriced_calls"]
+
+    def same(got, want):
+        assert got[0] == want[0] and got[2] == want[2]
+        assert got[1] == (None if want[1] is None else pytest.approx(want[1]))
+
+    for row in api.sessions(store)["sessions"]:
+        same(figures(row), expected[row["session_id"]])
+    for session, want in expected.items():
+        [turn] = api.timeline(store, session)["turns"]
+        same(figures(turn), want)
+    data = api.turn_analytics(store)
+    for row in data["slowest"]:
+        same(figures(row), expected[row["session_id"]])
+    models = {m["model"]: m for m in data["models"]}  # by the turn's model
+    same(figures(models["gpt-4o"]), (4, sum(cost["priced"]) + cost["mixed"][1], 1))
+    same(figures(models["house-model-7"]), expected["unpriced"])
+    assert data["latency"][0]["avg_model_calls"] == pytest.approx(5 / 3)
+    totals = api.overview(store)["totals"]
+    same(figures(totals), (5, sum(cost["priced"]) + cost["mixed"][1], 2))
+    assert api.timeline(store, "priced")["model_calls"][0]["refusal"] is None
+
+
+@pytest.mark.parametrize("version", [7, 3])
+def test_an_older_store_has_no_costs_and_counts_its_turns_unpriced(version, tmp_path):
+    """A file from before model calls (read as it is): every page answers, no cost is $0."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "storage"))
+    from test_migrations import unpack
+
+    store = loopscope.Store(str(unpack(version, tmp_path)))
+    with_usage = store.sql("SELECT count(*) FROM turns WHERE input_tokens IS NOT NULL OR output_tokens IS NOT NULL")[1][0][0]
+    assert with_usage
+    sessions = api.sessions(store)["sessions"]
+    assert sessions and all(s["cost_usd"] is None for s in sessions)
+    assert sum(s["unpriced_calls"] for s in sessions) == with_usage
+    data = api.turn_analytics(store)
+    assert all(t["cost_usd"] is None and t["model_calls"] == 0 for t in data["slowest"])
+    assert all(m["cost_usd"] is None for m in data["models"])
+    for session in sessions:
+        page = api.timeline(store, session["session_id"])
+        assert page["model_calls"] == [] and all(t["cost_usd"] is None for t in page["turns"])
+    json.dumps([sessions, data], allow_nan=False)

@@ -72,7 +72,7 @@ def test_timeline_shows_text_tool_cards_and_turn_summaries(page, dashboard, tmp_
     assert turns.count() == 2
     assert [turns.nth(i).get_attribute("data-state") for i in range(2)] == ["finished", "finished"]
     summary = page.locator(".turn-summary").first.inner_text()
-    assert "completed" in summary and "3 rounds" in summary and "3 tool calls" in summary
+    assert "completed" in summary and "3 tool rounds" in summary and "3 tool calls" in summary
     assert "1,633 in / 144 out tokens" in summary and "latency" in summary
     assert page.locator(".msg.role-user").count() == 2
     assert "Let me check tomorrow's forecast" in page.locator(".msg.role-assistant").first.inner_text()
@@ -182,6 +182,10 @@ def test_a_running_tool_shows_as_running_then_the_turn_finishes(page, tmp_path):
             assert "slow_lookup" in running_card.inner_text() and "running" in running_card.inner_text()
             assert page.locator(".turn").get_attribute("data-state") == "running"
             assert "still running" in page.locator(".turn-summary.pending").inner_text()
+            # the waterfall of the running turn: its first model call, then the tool still running
+            rows = page.locator(".waterfall .wf-row:not(.wf-head)")
+            assert [rows.nth(i).get_attribute("data-outcome") for i in range(rows.count())] == ["completed", "running"]
+            assert "running" in page.locator('.wf-row.tool[data-outcome="running"] .wf-duration').inner_text()
             shoot(page, tmp_path / "running.png")
 
             release.touch()
@@ -192,6 +196,9 @@ def test_a_running_tool_shows_as_running_then_the_turn_finishes(page, tmp_path):
             assert "completed" in page.locator(".turn-summary").inner_text()
             assert page.locator(".tool-card").count() == 1  # the start and the end make one card
             assert '"answer": 42' in page.locator(".tool-card").inner_text()
+            page.wait_for_selector(".waterfall .wf-row.call >> nth=1", timeout=WAIT_MS)
+            assert [rows.nth(i).get_attribute("data-kind") for i in range(rows.count())] == ["call", "tool", "call"]
+            assert page.locator('.wf-row.tool[data-outcome="served"]').count() == 1
             shoot(page, tmp_path / "finished-live.png")
 
             # and a fresh load shows it finished too

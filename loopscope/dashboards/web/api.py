@@ -118,6 +118,41 @@ def _time_clause(since: float | None, column: str = "created_at") -> tuple[str, 
     return f" AND {column} >= to_timestamp(?)", [since]
 
 
+# -- what turns cost ---------------------------------------------------------------------------
+
+# Each turn's model calls, joined to ``turns t`` as ``c``: a turn's cost is the sum of its
+# calls' costs, and a turn without call rows (an older writer, a foreign turn) has its own
+# price, as the ``turn_summaries`` view says. A call with tokens but no price is counted,
+# never priced at $0.
+_CALLS_PER_TURN = """
+LEFT JOIN (
+    SELECT session_id AS c_session, correlation_id AS c_turn, count(*) AS c_calls, sum(cost_usd) AS c_cost,
+           count(*) FILTER (WHERE cost_usd IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL))
+               AS c_unpriced
+    FROM model_calls {where} GROUP BY ALL
+) c ON c.c_session = t.session_id AND c.c_turn = t.correlation_id"""
+
+
+_USAGE_UNPRICED = "CASE WHEN t.input_tokens IS NOT NULL OR t.output_tokens IS NOT NULL THEN 1 ELSE 0 END"
+
+
+def _turn_costs(con: duckdb.DuckDBPyConnection, where: str = "") -> dict[str, str]:
+    """SQL for a turn's model calls, cost and calls without a price (``calls``, ``cost``,
+    ``unpriced``) over ``turns t``, and the ``join`` they need. A file from before model
+    calls were stored has no calls and no prices: a turn with usage counts as one call
+    without a price, as the views read such a file."""
+    if not has_model_calls(con):
+        return {"join": "", "calls": "0", "cost": "CAST(NULL AS DOUBLE)", "unpriced": _USAGE_UNPRICED}
+    return {
+        "join": _CALLS_PER_TURN.format(where=where),
+        "calls": "coalesce(t.model_call_count, c.c_calls, 0)",
+        "cost": "CASE WHEN c.c_calls > 0 THEN c.c_cost ELSE t.cost_usd END",
+        "unpriced": """CASE WHEN c.c_calls > 0 THEN c.c_unpriced
+                    WHEN t.cost_usd IS NULL AND (t.input_tokens IS NOT NULL OR t.output_tokens IS NOT NULL) THEN 1
+                    ELSE 0 END""",
+    }
+
+
 # -- sessions ---------------------------------------------------------------------------------
 
 _SESSION_PAGE_SQL = """
@@ -139,8 +174,11 @@ SELECT
     coalesce(sum(t.output_tokens), 0) AS output_tokens,
     coalesce(sum(t.tool_calls_count), 0) AS tool_calls,
     arg_max(t.loop_end_reason, t.timestamp) AS last_loop_end_reason,
-    count(t.correlation_id) FILTER (WHERE t.loop_end_reason IS DISTINCT FROM 'completed') AS not_completed
-FROM page p LEFT JOIN turns t ON t.session_id = p.session_id
+    count(t.correlation_id) FILTER (WHERE t.loop_end_reason IS DISTINCT FROM 'completed') AS not_completed,
+    sum({calls}) AS model_calls,
+    sum({cost}) AS cost_usd,
+    coalesce(sum({unpriced}), 0) AS unpriced_calls
+FROM page p LEFT JOIN turns t ON t.session_id = p.session_id{join}
 GROUP BY p.session_id, p.last_index, p.first_at, p.last_at
 ORDER BY p.last_at DESC NULLS LAST, p.session_id
 """
@@ -158,7 +196,8 @@ def _session_page(
         )"""
         params = [needle, needle, needle]
     total_row = con.execute(f"SELECT count(*) FROM sessions {where}", params).fetchone()
-    rows = _rows(con, _SESSION_PAGE_SQL.format(where=where), [*params, limit, offset])
+    costs = _turn_costs(con, "WHERE session_id IN (SELECT session_id FROM page)")
+    rows = _rows(con, _SESSION_PAGE_SQL.format(where=where, **costs), [*params, limit, offset])
     live_after = _now_ms() - LIVE_SECONDS * 1000
     for row in rows:
         row["agents"] = [a for a in row["agents"] or [] if a]
@@ -248,15 +287,20 @@ SELECT correlation_id AS turn_id,
        epoch_ms(started_at) AS started_at, epoch_ms(ended_at) AS ended_at, duration_ms,
        time_to_first_chunk_ms AS ttfc_ms, coalesce(response_model, request_model) AS model, provider, agent,
        input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens,
-       cost_usd, outcome, finish_reasons, error_type, error, streaming, response_id, span_id
+       cost_usd, outcome, finish_reasons, error_type, error, refusal, streaming, response_id, span_id
 FROM model_calls WHERE session_id = ? AND list_contains(?, correlation_id)
 ORDER BY started_at, span_id
 """
 _TURN_COSTS_SQL = """
 SELECT t.correlation_id, coalesce(t.model_call_count, c.calls, 0) AS model_calls,
-       CASE WHEN c.calls > 0 THEN c.cost ELSE t.cost_usd END AS cost_usd
+       CASE WHEN c.calls > 0 THEN c.cost ELSE t.cost_usd END AS cost_usd,
+       CASE WHEN c.calls > 0 THEN c.unpriced
+            WHEN t.cost_usd IS NULL AND (t.input_tokens IS NOT NULL OR t.output_tokens IS NOT NULL) THEN 1
+            ELSE 0 END AS unpriced_calls
 FROM turns t LEFT JOIN (
-    SELECT correlation_id, count(*) AS calls, sum(cost_usd) AS cost FROM model_calls
+    SELECT correlation_id, count(*) AS calls, sum(cost_usd) AS cost,
+           count(*) FILTER (WHERE cost_usd IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)) AS unpriced
+    FROM model_calls
     WHERE session_id = ? AND list_contains(?, correlation_id) GROUP BY correlation_id
 ) c ON c.correlation_id = t.correlation_id
 WHERE t.session_id = ? AND list_contains(?, t.correlation_id)
@@ -342,10 +386,11 @@ def timeline(
          "cost_usd": float | None (None: no price known), "outcome": str | None
          (completed, truncated, refusal, content_filter, error, cancelled),
          "finish_reasons": [str], "error_type": str | None, "error": str | None,
-         "streaming": bool | None, "response_id": str | None, "span_id": str}
+         "refusal": str | None, "streaming": bool | None, "response_id": str | None, "span_id": str}
 
-    Each turn summary gains ``model_calls`` (how many) and ``cost_usd`` (their sum; a
-    turn without call rows, its own price). A file from before model calls has none.
+    Each turn summary gains ``model_calls`` (how many), ``cost_usd`` (their sum; a turn
+    without call rows, its own price) and ``unpriced_calls`` (calls with tokens but no
+    price, left out of the sum). A file from before model calls has none.
 
     ``cursor`` is the ``after_index`` of the next live page (None for a ``before_index``
     page): pages after an index are read with :func:`loopscope.storage.replay.read_after`,
@@ -401,6 +446,7 @@ def timeline(
         for turn in turns:
             cost = costs.get(turn["correlation_id"], {})
             turn["model_calls"], turn["cost_usd"] = cost.get("model_calls", 0), cost.get("cost_usd")
+            turn["unpriced_calls"] = cost.get("unpriced_calls", 0)
     session = info[0] if info else None
     return {
         "session_id": session_id,
@@ -515,6 +561,8 @@ def turn_analytics(store: Store, range_: str | None = "all") -> dict[str, Any]:
     where = f"WHERE true{time_sql}"
     with _reading(store) as con:
         width, start = _bucket(con, since)
+        costs = _turn_costs(con)
+        priced = f"turns t{costs['join']} {where}"
         reasons = _rows(
             con,
             f"""SELECT coalesce(loop_end_reason, 'unknown') AS reason, count(*) AS turns,
@@ -535,8 +583,10 @@ def turn_analytics(store: Store, range_: str | None = "all") -> dict[str, Any]:
             con,
             f"""SELECT coalesce(model, '(unknown)') AS model, coalesce(provider, '') AS provider, count(*) AS turns,
                        coalesce(sum(input_tokens), 0) AS input_tokens, coalesce(sum(output_tokens), 0) AS output_tokens,
-                       avg(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) AS avg_tokens
-                FROM turns {where} GROUP BY 1, 2
+                       avg(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) AS avg_tokens,
+                       sum({costs['calls']}) AS model_calls, sum({costs['cost']}) AS cost_usd,
+                       coalesce(sum({costs['unpriced']}), 0) AS unpriced_calls
+                FROM {priced} GROUP BY 1, 2
                 ORDER BY sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) DESC, 1""",
             time_params,
         )
@@ -545,15 +595,17 @@ def turn_analytics(store: Store, range_: str | None = "all") -> dict[str, Any]:
             f"""SELECT coalesce(channel_id, '(no agent)') AS agent, count(*) AS turns,
                        quantile_cont(latency_ms, 0.5) AS p50_ms, quantile_cont(latency_ms, 0.95) AS p95_ms,
                        quantile_cont(latency_ms, 0.99) AS p99_ms, max(latency_ms) AS max_ms,
-                       avg(round_count) AS avg_rounds, avg(tool_calls_count) AS avg_tool_calls
-                FROM turns {where} GROUP BY ROLLUP (channel_id) ORDER BY grouping(channel_id) DESC, turns DESC""",
+                       avg(round_count) AS avg_rounds, avg(tool_calls_count) AS avg_tool_calls,
+                       avg({costs['calls']}) AS avg_model_calls
+                FROM {priced} GROUP BY ROLLUP (channel_id) ORDER BY grouping(channel_id) DESC, turns DESC""",
             time_params,
         )
         slowest = _rows(
             con,
             f"""SELECT correlation_id, session_id, channel_id AS agent, model, loop_end_reason, latency_ms,
-                       round_count, tool_calls_count, input_tokens, output_tokens, epoch_ms(timestamp) AS t
-                FROM turns {where} ORDER BY latency_ms DESC NULLS LAST LIMIT 10""",
+                       round_count, tool_calls_count, input_tokens, output_tokens, epoch_ms(timestamp) AS t,
+                       {costs['calls']} AS model_calls, {costs['cost']} AS cost_usd, {costs['unpriced']} AS unpriced_calls
+                FROM {priced} ORDER BY latency_ms DESC NULLS LAST LIMIT 10""",
             time_params,
         )
     # ROLLUP's grand total comes first: name it

@@ -116,11 +116,101 @@
 
   const plural = (n, word) => `${fmtInt(n)} ${word}${n === 1 ? "" : "s"}`;
 
+  // US dollars: cents from ten cents up, tenths of a cent from one, two significant digits below
+  function fmtUsd(usd) {
+    if (usd >= 0.1) return `$${usd.toFixed(2)}`;
+    if (usd >= 0.01) return `$${usd.toFixed(3)}`;
+    if (usd >= 0.000001) return `$${usd.toPrecision(2)}`;
+    if (usd > 0) return "<$0.000001"; // toPrecision would write 1.2e-7
+    return "$0";
+  }
+
+  // A cost figure. Null means no call had a price: "—", never $0. `unpriced` calls are
+  // left out of a sum that has priced ones, and the figure says so.
+  function costNode(usd, unpriced, calls) {
+    const missing = unpriced || 0;
+    if (usd === null || usd === undefined || (calls && missing >= calls)) {
+      return h("span", { class: "cost none", title: missing ? `${plural(missing, "model call")} without a price` : "no price for this model" },
+        "—", h("span", { class: "cost-hint", text: " no price" }));
+    }
+    return h("span", { class: "cost", title: missing ? `${plural(missing, "model call")} without a price, left out of the sum` : "USD" },
+      fmtUsd(usd), missing ? h("span", { class: "cost-hint", text: ` + ${fmtInt(missing)} without a price` }) : null);
+  }
+
   const REASON_TONE = {
     completed: "ok", max_rounds: "warn", timeout: "warn", budget_exceeded: "warn", truncated: "warn",
-    empty_response: "warn", unfinished: "bad", force_stopped: "bad", cancelled: "muted", error: "bad", refusal: "warn", content_filter: "warn",
+    empty_response: "warn", refusal: "warn", content_filter: "warn", unfinished: "bad", force_stopped: "bad", cancelled: "muted", error: "bad",
   };
   const OUTCOME_TONE = { served: "ok", failed: "bad", refused: "warn", blocked: "warn", cancelled: "muted", unserved: "bad", running: "run" };
+
+  const CALL_TONE = { completed: "ok", truncated: "warn", refusal: "warn", content_filter: "warn", error: "bad", cancelled: "muted", running: "run" };
+
+  // -- the waterfall: a turn's model calls and tool calls on one time axis ---------------------
+
+  // bars: [{kind: "call"|"tool", name, start, end (null: running), ttfc (ms after start),
+  // outcome, title, attrs}], times in epoch ms; origin: the turn's start; until: the axis end
+  function waterfall(bars, origin, until) {
+    const span = Math.max(1, until - origin);
+    const at = (t) => `${Math.max(0, Math.min(100, ((t - origin) / span) * 100))}%`;
+    const box = h("div", { class: "waterfall", role: "group", "aria-label": "model calls and tool calls on one time axis" });
+    const ticks = h("div", { class: "wf-track wf-axis" });
+    for (const frac of [0, 0.25, 0.5, 0.75, 1]) {
+      const tick = h("span", { class: `wf-tick${frac === 1 ? " last" : ""}`, text: frac ? fmtMs(span * frac) : "0" });
+      tick.style.left = `${frac * 100}%`;
+      put(ticks, tick);
+    }
+    put(box, h("div", { class: "wf-row wf-head" }, h("span", { class: "wf-label muted", text: "since the turn started" }), ticks));
+    for (const bar of bars) {
+      const end = bar.end === null ? Math.max(bar.start, until) : bar.end;
+      const duration = end - bar.start;
+      const label = bar.end === null ? `running ${fmtMs(duration)}` : fmtMs(bar.duration ?? duration);
+      const outcome = bar.outcome || "unknown";
+      const track = h("div", { class: "wf-track" });
+      const el = h("div", { class: `wf-bar ${bar.kind} o-${outcome}${bar.end === null ? " running" : ""}`, title: bar.title });
+      el.style.left = at(bar.start);
+      el.style.width = `${Math.max(0, (duration / span) * 100)}%`;
+      put(track, el);
+      if (bar.ttfc !== null && bar.ttfc !== undefined) {
+        const mark = h("span", { class: "wf-ttfc", title: `first chunk after ${fmtMs(bar.ttfc)}` });
+        mark.style.left = at(bar.start + bar.ttfc);
+        put(track, mark);
+      }
+      const tone = bar.kind === "call" ? CALL_TONE[outcome] : OUTCOME_TONE[outcome];
+      const plain = outcome === "completed" || outcome === "served";
+      put(box, h("div", {
+        class: `wf-row ${bar.kind}`, title: bar.title, "data-kind": bar.kind, "data-name": bar.name, "data-outcome": outcome,
+        "data-start": bar.start - origin, "data-end": bar.end === null ? null : bar.end - origin, ...(bar.attrs || {}),
+      },
+      h("span", { class: "wf-label" },
+        h("span", { class: "wf-icon", "aria-hidden": "true", text: bar.kind === "call" ? "◆" : "⚙" }),
+        h("span", { class: "wf-name", text: bar.name }),
+        h("span", { class: "wf-duration", text: label }),
+        plain ? null : badge(outcome.replace("_", " "), tone || "muted", "wf-outcome"),
+      ),
+      track));
+    }
+    put(box, h("div", { class: "wf-legend muted" },
+      h("span", null, h("span", { class: "wf-icon call", text: "◆" }), " model call"),
+      h("span", null, h("span", { class: "wf-icon", text: "⚙" }), " tool call"),
+      bars.some((b) => b.ttfc !== null && b.ttfc !== undefined) ? h("span", null, h("span", { class: "wf-ttfc-key" }), " first chunk of a stream") : null,
+      h("span", { text: "hover a row for tokens and cost" }),
+    ));
+    return box;
+  }
+
+  // a turn's model calls: the summary's count (older stores: none, so null)
+  const modelCalls = (t) => t.model_calls ?? t.model_call_count ?? null;
+  // a store older than cost columns sends no cost_usd at all: nothing to show (null is "no price")
+  const turnCost = (t) => ("cost_usd" in t ? costNode(t.cost_usd, t.unpriced_calls, modelCalls(t)) : null);
+
+  // the store's cost: the sum on the card, the calls without a price under it
+  function costCard(t) {
+    const missing = t.unpriced_calls || 0;
+    const card = statCard("Cost", "", `${plural(t.model_calls || 0, "model call")}${missing ? `, ${fmtInt(missing)} without a price` : ""}`);
+    const priced = t.cost_usd !== null && t.cost_usd !== undefined;
+    fill(card.querySelector(".stat-value"), priced ? h("span", { class: "cost", text: fmtUsd(t.cost_usd) }) : costNode(null, missing, t.model_calls));
+    return card;
+  }
 
   const badge = (text, tone, extra) => h("span", { class: `badge ${tone || "muted"}${extra ? " " + extra : ""}`, text });
   const reasonBadge = (reason) => badge(reason || "unknown", REASON_TONE[reason] || "muted", "reason");
@@ -346,6 +436,7 @@
         statCard("Tool calls", fmtInt(t.tool_calls), "in finished turns"),
         statCard("Tokens", `${fmtInt(t.input_tokens)} / ${fmtInt(t.output_tokens)}`, "input / output"),
         statCard("Turn latency", `${fmtMs(t.latency_p50_ms)} / ${fmtMs(t.latency_p95_ms)}`, "p50 / p95"),
+        costCard(t),
       );
       fill(reasons, h("span", { class: "muted", text: "Loop end reasons:" }),
         o.loop_end_reasons.length ? o.loop_end_reasons.map((r) => h("span", { class: "chip" }, reasonBadge(r.reason), ` ${fmtInt(r.turns)}`)) : h("span", { class: "muted", text: " none yet" }));
@@ -360,6 +451,7 @@
         { label: "Events", num: true, render: (r) => fmtInt(r.event_count) },
         { label: "Tool calls", num: true, render: (r) => fmtInt(r.tool_calls) },
         { label: "Tokens in / out", num: true, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
+        { label: "Cost", num: true, title: "USD, summed over the model calls that have a price", render: (r) => costNode(r.cost_usd, r.unpriced_calls, r.model_calls) },
         { label: "Last loop end", render: (r) => (r.last_loop_end_reason ? reasonBadge(r.last_loop_end_reason) : h("span", { class: "muted", text: r.turns ? "–" : "running" })) },
         { label: "Last active", render: (r) => h("span", { title: fmtTime(r.last_at, true), text: fmtAgo(r.last_at) }) },
       ], rows, { class: "sessions", empty: query ? "no session matches" : "no sessions yet: run an instrumented agent, or `loopscope demo`" });
@@ -378,6 +470,7 @@
       minIndex: null, maxIndex: 0, cursor: 0, moreBefore: false,
       blocked: params.get("blocked") === "1",
       live: true,
+      calls: new Map(), // correlation id -> the turn's model calls, as the API sends them
       open: new Set(), // keys of <details> the user opened
       info: null,
     };
@@ -422,6 +515,14 @@
         state.minIndex = state.minIndex === null ? e.index : Math.min(state.minIndex, e.index);
       }
       for (const t of data.turns) state.turns.set(t.correlation_id, t);
+      // the page's turns' model calls (finished turns and running ones): each turn's list
+      // in a response is whole, so it replaces the one held
+      const calls = new Map();
+      for (const c of data.model_calls || []) {
+        if (!calls.has(c.turn_id)) calls.set(c.turn_id, []);
+        calls.get(c.turn_id).push(c);
+      }
+      for (const [id, list] of calls) state.calls.set(id, list);
       // the server's cursor also passes rows the page leaves out (blocked ones), as Store.replay's does
       state.cursor = Math.max(state.cursor, state.maxIndex, data.cursor ?? 0);
       if (direction !== "after") state.moreBefore = !!data.more_before;
@@ -447,7 +548,9 @@
           }), "after");
         } while (data.more_after);
       }
-      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${state.live}`;
+      let calls = 0;
+      for (const list of state.calls.values()) calls += list.length;
+      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${calls}:${state.live}`;
       if (fingerprint !== lastFingerprint) {
         lastFingerprint = fingerprint;
         render();
@@ -542,6 +645,7 @@
         summary && summary.model ? h("span", { class: "muted", text: summary.model }) : null,
         h("span", { class: "muted", text: fmtTime(firstEvent.t) }),
         h("span", { class: "spacer" }),
+        summary ? h("span", { class: "turn-head-cost" }, turnCost(summary)) : null,
         summary ? reasonBadge(summary.loop_end_reason) : running ? badge("running", "run", "reason") : null,
       ));
       // tool cards: one per call id, placed where the call started
@@ -562,11 +666,90 @@
           items.push({ event: e });
         }
       }
+      const timing = timingBlock(group, summary, cards);
+      if (timing) put(block, timing);
       const list = h("div", { class: "turn-body" });
       for (const item of items) put(list, item.card ? toolCard(item.card) : messageRow(item.event));
       put(block, list);
       put(block, summary ? turnSummary(summary) : running ? h("footer", { class: "turn-summary pending" }, h("span", { class: "spinner" }), " Turn still running — its summary appears when the loop ends.") : null);
       return block;
+    }
+
+    // the turn's model calls (from the API) and tool calls (from their rows) as one waterfall
+    function timingBlock(group, summary, cards) {
+      const calls = group.correlationId ? callsOf(group.correlationId) : [];
+      const bars = calls.map(callBar);
+      for (const card of cards.values()) bars.push(toolBar(card));
+      if (!bars.length) return null;
+      const starts = bars.map((b) => b.start);
+      const ends = bars.map((b) => (b.end === null ? b.start : b.end));
+      let origin = summary && summary.latency_ms !== null ? summary.t - summary.latency_ms : group.events[0].t;
+      origin = Math.min(origin, ...starts);
+      const until = Math.max(summary ? summary.t : Date.now(), ...ends);
+      // start order; a model call before the tool call it asked for when both start in the same ms
+      bars.sort((a, b) => a.start - b.start || (a.kind === b.kind ? 0 : a.kind === "call" ? -1 : 1));
+      const key = `${group.correlationId || group.key}:timing`;
+      const d = h("details", { class: "wf-box", open: !state.open.has(`closed:${key}`) });
+      const tools = bars.length - calls.length;
+      put(d, h("summary", null,
+        h("span", { class: "payload-label", text: "Timing" }),
+        h("span", { class: "muted", text: `${plural(calls.length, "model call")} · ${plural(tools, "tool call")} · ${fmtMs(until - origin)}` }),
+      ));
+      put(d, waterfall(bars, origin, until));
+      d.addEventListener("toggle", () => { if (d.open) state.open.delete(`closed:${key}`); else state.open.add(`closed:${key}`); });
+      return d;
+    }
+
+    // the turn's model calls in the waterfall's terms: epoch ms, position order
+    function callsOf(turnId) {
+      const num = (v) => (v === null || v === undefined ? null : Number(v));
+      return (state.calls.get(turnId) || []).map((c) => {
+        const start = num(c.start_ms ?? c.started_at ?? c.start ?? c.t);
+        let end = num(c.end_ms ?? c.ended_at ?? c.end);
+        if (end === null && c.duration_ms !== null && c.duration_ms !== undefined) end = start + c.duration_ms;
+        return { ...c, start, end, ttfc: num(c.time_to_first_chunk_ms ?? c.ttfc_ms) };
+      }).filter((c) => c.start !== null).sort((a, b) => (a.position ?? 0) - (b.position ?? 0) || a.start - b.start);
+    }
+
+    function callBar(c) {
+      const name = c.response_model || c.request_model || c.model || c.provider || "model";
+      const outcome = c.end === null ? "running" : c.outcome || "completed";
+      const tokens = [];
+      if (c.input_tokens !== null && c.input_tokens !== undefined) tokens.push(`${fmtInt(c.input_tokens)} in`);
+      if (c.output_tokens !== null && c.output_tokens !== undefined) tokens.push(`${fmtInt(c.output_tokens)} out`);
+      const cache = [["cache read", c.cache_read_input_tokens], ["cache write", c.cache_creation_input_tokens], ["reasoning", c.reasoning_tokens]]
+        .filter(([, v]) => v).map(([k, v]) => `${k} ${fmtInt(v)}`);
+      const lines = [
+        `model call #${c.position ?? "?"}: ${name}${c.provider ? ` (${c.provider})` : ""}`,
+        `${fmtMs(c.end === null ? null : c.duration_ms ?? c.end - c.start)}${c.ttfc !== null && c.ttfc !== undefined ? ` · first chunk after ${fmtMs(c.ttfc)}` : ""}${c.streaming ? " · streamed" : ""}`,
+        `tokens: ${tokens.length ? tokens.join(" / ") : "–"}${cache.length ? ` (${cache.join(", ")})` : ""}`,
+        `cost: ${c.cost_usd === null || c.cost_usd === undefined ? "— (no price)" : fmtUsd(c.cost_usd)}`,
+        `outcome: ${outcome}${c.finish_reasons && c.finish_reasons.length ? ` · finish: ${c.finish_reasons.join(", ")}` : ""}`,
+        c.error ? `error: ${c.error_type ? `${c.error_type}: ` : ""}${c.error}` : null,
+        c.refusal ? `refusal: ${c.refusal}` : null,
+      ];
+      return {
+        kind: "call", name, start: c.start, end: c.end, duration: c.duration_ms, ttfc: c.ttfc, outcome,
+        title: lines.filter(Boolean).join("\n"),
+        attrs: { "data-position": c.position, "data-cost": c.cost_usd ?? "" },
+      };
+    }
+
+    function toolBar(card) {
+      const last = card.end || card.start;
+      const c = last.content;
+      const ms = card.end ? card.end.content.duration_ms : null;
+      let start, end;
+      if (card.start) {
+        start = card.start.t;
+        end = card.end ? (ms !== null && ms !== undefined ? start + ms : card.end.t) : null;
+      } else {
+        end = card.end.t;
+        start = ms !== null && ms !== undefined ? end - ms : end;
+      }
+      const outcome = card.end ? c.outcome || c.status || "ended" : "running";
+      const lines = [`tool call: ${c.tool_name} (${c.tool_id})`, end === null ? "running" : fmtMs(end - start), `outcome: ${outcome}`, c.error ? `error: ${c.error}` : null];
+      return { kind: "tool", name: c.tool_name || "(unnamed)", start, end, duration: ms, ttfc: null, outcome, title: lines.filter(Boolean).join("\n"), attrs: { "data-tool-id": c.tool_id } };
     }
 
     function messageRow(e) {
@@ -624,10 +807,12 @@
       const extraUsage = Object.entries(usage).filter(([k]) => k !== "input_tokens" && k !== "output_tokens" && usage[k]);
       return h("footer", { class: "turn-summary" },
         h("span", { class: "sum-item" }, "Loop ended: ", reasonBadge(t.loop_end_reason)),
-        h("span", { class: "sum-item", text: plural(t.round_count, "round") }),
+        modelCalls(t) === null ? null : h("span", { class: "sum-item", title: "model calls the turn made", text: plural(modelCalls(t), "model call") }),
+        h("span", { class: "sum-item", title: "tool rounds: model calls that asked for tools (RoomKit's round count)", text: plural(t.round_count, "tool round") }),
         h("span", { class: "sum-item", text: plural(t.tool_calls_count, "tool call") }),
         h("span", { class: "sum-item", title: extraUsage.map(([k, v]) => `${k}: ${fmtInt(v)}`).join(", ") || null, text: `${fmtInt(t.input_tokens || 0)} in / ${fmtInt(t.output_tokens || 0)} out tokens` }),
         h("span", { class: "sum-item", text: `latency ${fmtMs(t.latency_ms)}` }),
+        "cost_usd" in t ? h("span", { class: "sum-item turn-cost" }, "cost ", turnCost(t)) : null,
         t.declared_tools && t.declared_tools.length ? h("span", { class: "sum-item muted", text: `offered: ${t.declared_tools.join(", ")}` }) : null,
         t.error ? h("span", { class: "sum-item error-text", text: t.error }) : null,
       );
@@ -764,6 +949,7 @@
               { label: "Input", num: true, render: (r) => fmtInt(r.input_tokens) },
               { label: "Output", num: true, render: (r) => fmtInt(r.output_tokens) },
               { label: "Per turn", num: true, render: (r) => fmtInt(r.avg_tokens) },
+              { label: "Cost", num: true, render: (r) => costNode(r.cost_usd, r.unpriced_calls, r.model_calls) },
             ], data.models, { empty: "no turns in this range" }),
           ),
           h("section", { class: "panel" },
@@ -781,7 +967,8 @@
             { label: "p95", num: true, render: (r) => fmtMs(r.p95_ms) },
             { label: "p99", num: true, render: (r) => fmtMs(r.p99_ms) },
             { label: "max", num: true, render: (r) => fmtMs(r.max_ms) },
-            { label: "Rounds / turn", num: true, render: (r) => (r.avg_rounds === null ? "–" : r.avg_rounds.toFixed(1)) },
+            { label: "Model calls / turn", num: true, render: (r) => (r.avg_model_calls === null || r.avg_model_calls === undefined ? "–" : r.avg_model_calls.toFixed(1)) },
+            { label: "Tool rounds / turn", num: true, title: "model calls that asked for tools (RoomKit's round count)", render: (r) => (r.avg_rounds === null ? "–" : r.avg_rounds.toFixed(1)) },
             { label: "Tool calls / turn", num: true, render: (r) => (r.avg_tool_calls === null ? "–" : r.avg_tool_calls.toFixed(1)) },
           ], data.latency, { empty: "no turns in this range" }),
         ),
@@ -793,9 +980,11 @@
             { label: "Model", render: (r) => r.model || "–" },
             { label: "Ended", render: (r) => reasonBadge(r.loop_end_reason) },
             { label: "Latency", num: true, render: (r) => fmtMs(r.latency_ms) },
-            { label: "Rounds", num: true, render: (r) => fmtInt(r.round_count) },
+            { label: "Model calls", num: true, render: (r) => fmtInt(modelCalls(r)) },
+            { label: "Tool rounds", num: true, title: "model calls that asked for tools (RoomKit's round count)", render: (r) => fmtInt(r.round_count) },
             { label: "Tool calls", num: true, render: (r) => fmtInt(r.tool_calls_count) },
             { label: "Tokens in / out", num: true, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
+            { label: "Cost", num: true, render: (r) => turnCost(r) },
             { label: "At", render: (r) => fmtTime(r.t, true) },
           ], data.slowest, { empty: "no turns in this range" }),
         ),
