@@ -49,23 +49,27 @@ def drop_stored(con: duckdb.DuckDBPyConnection, facts: Facts) -> int:
             dropped += len(keep) - sum(keep)
     calls = facts.call_table()
     if calls is not None:
-        traces, spans = (calls.column(name).to_pylist() for name in ("trace_id", "span_id"))
-        keys = [t.hex() + s.hex() for t, s in zip(traces, spans)]
-        keep = _fresh(con, keys, calls.column("ended_us"), "model_calls", "trace_id || span_id", "ended_at")
+        keep = _fresh_by_span(con, calls, "ended_us", "model_calls", "ended_at")
         if keep is not None:
             facts.calls = _kept(calls, keep)
             facts.call_rows = sum(keep)
             dropped += len(keep) - sum(keep)
     turns = facts.turn_table()
     if turns is not None:
-        traces, spans = (turns.column(name).to_pylist() for name in ("trace_id", "span_id"))
-        keys = [t.hex() + s.hex() for t, s in zip(traces, spans)]
-        keep = _fresh(con, keys, turns.column("timestamp_us"), "turns", "trace_id || span_id", "timestamp")
+        keep = _fresh_by_span(con, turns, "timestamp_us", "turns", "timestamp")
         if keep is not None:
             facts.turns = _kept(turns, keep)
             facts.turn_rows = sum(keep)
             dropped += len(keep) - sum(keep)
     return dropped
+
+
+def _fresh_by_span(con: duckdb.DuckDBPyConnection, facts: Any, time_field: str, table: str, time_column: str) -> list[bool] | None:
+    """:func:`_fresh` for facts one span makes one row of (a turn summary, a model call):
+    their identity is the span's trace and span ids."""
+    traces, spans = (facts.column(name).to_pylist() for name in ("trace_id", "span_id"))
+    keys = [t.hex() + s.hex() for t, s in zip(traces, spans)]
+    return _fresh(con, keys, facts.column(time_field), table, "trace_id || span_id", time_column)
 
 
 def _fresh(con: duckdb.DuckDBPyConnection, keys: list[str], times: Any, table: str, key_sql: str, time_column: str) -> list[bool] | None:
