@@ -34,6 +34,7 @@ class Column:
     max_width: int | None = None  # a cell longer than this is cut, even when there is room
     shrink: int = 0  # 0: keeps its width; else gives up width when the table is too wide, higher first
     min_width: int = 8
+    short: str | None = None  # the header when the table is too wide even with every column shrunk
 
 
 def terminal_width() -> int:
@@ -117,8 +118,17 @@ def render(
             step = max(1, min(excess, widths[widest] - runner_up))
             widths[widest] -= step
             excess -= step
+    headers = [c.header for c in columns]
+    # still too wide: the columns as wide as their header (counts under a long name) take a short one
+    for i, col in enumerate(columns):
+        if excess <= 0:
+            break
+        if col.short is not None and widths[i] == text_width(col.header):
+            data = max([0] + [text_width(r[i]) for r in cells])
+            narrower = max(text_width(col.short), min(data, widths[i]))
+            headers[i], excess, widths[i] = col.short, excess - (widths[i] - narrower), narrower
     lines = [
-        GAP.join(_pad(c.header, w, c.align) for c, w in zip(columns, widths)).rstrip(),
+        GAP.join(_pad(h, w, c.align) for c, h, w in zip(columns, headers, widths)).rstrip(),
         GAP.join("-" * w for w in widths).rstrip(),
     ]
     for row in cells:
@@ -245,7 +255,8 @@ def turns_table(
     width: int | None = None,
     ellipsis: str = ELLIPSIS,
 ) -> str:
-    """Turn summaries: rounds, tool calls, tokens, latency, why the loop stopped, and its last
+    """Turn summaries: model calls, tool rounds (RoomKit's ``round_count``: the calls whose
+    tool calls ran), tool calls, tokens, latency, why the loop stopped, and its last
     text segment (the answer, usually), or the error that ended it. With ``costs`` (by
     session and correlation id, in USD), a COST column where some turn has one."""
     show_cost = bool(costs) and any(v is not None for v in (costs or {}).values())
@@ -255,9 +266,10 @@ def turns_table(
     columns += [
         Column("AGENT", max_width=16),
         Column("MODEL", max_width=24, shrink=1, min_width=10),
-        Column("TOOL ROUNDS", "right"),  # RoomKit's round_count: model calls whose tool calls ran
+        Column("MODEL CALLS", "right", short="CALLS"),  # every model call of the turn (a one-call turn has 1)
+        Column("TOOL ROUNDS", "right", short="ROUNDS"),  # RoomKit's round_count: model calls whose tool calls ran
         Column("TOOLS", "right"),
-        Column("TOKENS IN/OUT", "right"),
+        Column("TOKENS IN/OUT", "right", short="IN/OUT"),
         *([Column("COST", "right")] if show_cost else []),
         Column("MS", "right"),
         Column("END"),
@@ -274,6 +286,7 @@ def turns_table(
         row += [
             t.channel_id or "",
             t.model or "",
+            str(t.model_call_count),
             str(t.round_count),
             str(t.tool_calls_count),
             tokens,

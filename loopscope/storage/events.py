@@ -14,12 +14,16 @@ EVENT_COLUMNS = (
     "id, session_id, idx, type, created_at, correlation_id, source_channel_id, source_provider, "
     "source_framework, status, content, trace_id, span_id"
 )
+"""The ``events`` columns :func:`event_of` reads, in its order."""
 TURN_COLUMNS = (
     "channel_id, session_id, correlation_id, parent_correlation_id, response_content, segments, tool_calls_count, "
     "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
-    "provider, error, trace_id, span_id"
+    "provider, error, trace_id, span_id, model_call_count"
 )
-"""The ``events`` columns :func:`event_of` reads, in its order."""
+"""The ``turns`` columns :func:`turn_of` reads, in its order. ``model_call_count`` is last:
+a file from before ``m009_model_calls`` has no such column (the reader selects NULL in
+its place), and a turn whose writer did not count its calls has NULL there (the reader
+counts its ``model_calls`` rows): see :meth:`loopscope.Store.list_turns`."""
 
 
 def _content(text: str | None) -> Any:

@@ -328,6 +328,10 @@ def m009_model_calls() -> list[str]:
     ]
 
 
+MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
+"""The schema version from which a file has ``model_calls`` and the turns'
+``model_call_count`` column (an older file, read without migrating it, has neither)."""
+
 SCHEMA_VERSION = len(MIGRATIONS)
 """How many migrations a file of this loopscope has. Kept in ``loopscope_meta`` as
 ``schema_version`` beside the names: the readers' one-query check, ``loopscope status``,
@@ -432,8 +436,10 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return found
 
 
-def check_readable(con: duckdb.DuckDBPyConnection) -> None:
-    """Refuse to read a file that is not a loopscope store, or one from a newer loopscope."""
+def check_readable(con: duckdb.DuckDBPyConnection) -> int:
+    """Refuse to read a file that is not a loopscope store, or one from a newer loopscope;
+    else its schema version (what an older file, read as it is, lacks: see
+    :data:`MODEL_CALLS_SINCE`)."""
     try:  # one query in the common case (every read runs this)
         row = con.execute("SELECT value FROM main.loopscope_meta WHERE key = 'schema_version'").fetchone()
         found = int(row[0]) if row else 0
@@ -443,6 +449,7 @@ def check_readable(con: duckdb.DuckDBPyConnection) -> None:
         raise StoreError("this file holds no loopscope data yet (no events were written to it)")
     if found > SCHEMA_VERSION:
         raise StoreError(f"this store was written by a newer loopscope (schema {found}); upgrade loopscope to read it")
+    return found
 
 
 def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -27,7 +27,7 @@ from .events import turn_of as _turn
 from .policy import RECEIVED, EventFilter
 from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
-from .schema import SCHEMA_VERSION, check_readable, missing_views, schema_version
+from .schema import MODEL_CALLS_SINCE, SCHEMA_VERSION, check_readable, missing_views, schema_version
 
 _SPAN_SQL = """
     SELECT m.value, s.first_at, s.last_at
@@ -279,7 +279,14 @@ class Store:
         sql = f"SELECT {_TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        rows = self._query(sql, params)
+        self._flush_own()
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+            if check_readable(con) < MODEL_CALLS_SINCE:
+                # an older file read as it is: no model_call_count column, no model_calls rows
+                sql = sql.replace("model_call_count", "NULL AS model_call_count", 1)
+                rows = con.execute(sql, params).fetchall()
+            else:
+                rows = _with_call_counts(con, con.execute(sql, params).fetchall())
         if newest_first:
             rows.reverse()
         return [_turn(r) for r in rows]
@@ -397,6 +404,25 @@ class Store:
                 ) from exc
             names = [d[0] for d in cursor.description] if cursor.description else []
             return names, cursor.fetchall()
+
+
+def _with_call_counts(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``turns`` rows (:data:`~loopscope.storage.events.TURN_COLUMNS`, the count last) with
+    the turns whose writer left no model call count (a foreign turn from collected spans,
+    a turn written before the count was) given the number of their ``model_calls`` rows,
+    as the ``turn_summaries`` view counts them. Only those turns' calls are read, and only
+    when the page has such a turn: the common page costs no second query."""
+    uncounted = {r[2] for r in rows if r[-1] is None and r[2] is not None}
+    if not uncounted:
+        return rows
+    counts = {
+        (session, turn): calls
+        for session, turn, calls in con.execute(
+            "SELECT session_id, correlation_id, count(*) FROM model_calls WHERE list_contains(?, correlation_id) GROUP BY ALL",
+            [sorted(uncounted)],
+        ).fetchall()
+    }
+    return [r if r[-1] is not None else (*r[:-1], counts.get((r[1], r[2]), 0)) for r in rows]
 
 
 class AsyncStore:
