@@ -17,9 +17,10 @@ EVENT_COLUMNS = (
 TURN_COLUMNS = (
     "channel_id, session_id, correlation_id, parent_correlation_id, response_content, segments, tool_calls_count, "
     "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
-    "provider, error, trace_id, span_id"
+    "provider, error, trace_id, span_id, model_call_count"
 )
-"""The ``events`` columns :func:`event_of` reads, in its order."""
+"""The ``turns`` columns :func:`turn_of` reads, in its order (``model_call_count`` is NULL,
+read as 0, in a file from before model calls: read it through the views' query)."""
 
 
 def _content(text: str | None) -> Any:

@@ -279,7 +279,8 @@ class Store:
         sql = f"SELECT {_TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        rows = self._query(sql, params)
+        # as the views are queried: a file from before model calls has no model_call_count column
+        rows = self._view_query(sql, params)
         if newest_first:
             rows.reverse()
         return [_turn(r) for r in rows]
