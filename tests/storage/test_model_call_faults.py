@@ -57,7 +57,8 @@ def call(api: str, mode: str, server: Any, messages: Any = "hi", **extra: Any) -
     if mode == "async":
 
         async def main() -> None:
-            await _create(api, _client(api, server, True), messages, **extra)
+            async with _client(api, server, True) as client:  # closed in its loop, not by the GC after it
+                await _create(api, client, messages, **extra)
 
         asyncio.run(main())
         return
@@ -275,8 +276,8 @@ def test_a_parse_refusal_is_the_rows_outcome_and_the_turns_end(mode, instrumente
     if mode == "async":
 
         async def main() -> Any:
-            completion = await server.async_openai_client().chat.completions.parse(
-                model=MODELS["chat"], messages=messages, response_format=Answer)
+            async with server.async_openai_client() as client:
+                completion = await client.chat.completions.parse(model=MODELS["chat"], messages=messages, response_format=Answer)
             return completion.choices[0].message.refusal
 
         refusal = asyncio.run(main())
@@ -335,13 +336,14 @@ def test_a_stream_closed_early_is_a_cancelled_row_that_keeps_its_id_and_model(ap
     server.queue(Reply(text=LONG, usage=usage, model="served-model"))
 
     async def read_three_async() -> None:
-        stream = await _create(api, _client(api, server, True), [{"role": "user", "content": "hi"}], stream=True)
-        seen = 0
-        async for _ in stream:
-            seen += 1
-            if seen == 3:
-                break
-        await stream.close()
+        async with _client(api, server, True) as client:
+            stream = await _create(api, client, [{"role": "user", "content": "hi"}], stream=True)
+            seen = 0
+            async for _ in stream:
+                seen += 1
+                if seen == 3:
+                    break
+            await stream.close()
 
     if is_async:
         asyncio.run(read_three_async())
