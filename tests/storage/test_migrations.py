@@ -276,6 +276,8 @@ def test_an_older_store_gains_model_calls_and_costs(version: int, tmp_path: Path
     assert store.model_calls() == []
     _, rows = store.sql("SELECT model_calls, cost_usd FROM turn_summaries ORDER BY turn_id")
     assert rows and all(r == (0, None) for r in rows)
+    # its turns list as before, without the model-call count its turns table lacks
+    assert [t.model_call_count for t in store.list_turns()] == [0] * len(rows)
     _, priced = store.sql("SELECT sum(unpriced_calls) FROM session_costs")
     _, with_usage = store.sql("SELECT count(*) FROM turns WHERE input_tokens IS NOT NULL OR output_tokens IS NOT NULL")
     assert priced == with_usage  # a turn with usage and no price is counted as a call without one
