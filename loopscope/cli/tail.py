@@ -116,6 +116,21 @@ def run(args: argparse.Namespace) -> int:
         return _follow(store, args, event_filter, printer)
     except KeyboardInterrupt:
         return 0
+    except Exception as exc:
+        if _interrupted(exc):
+            return 0
+        raise
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C that reached DuckDB first: a query running when SIGINT
+    arrives is interrupted, and DuckDB raises that instead of ``KeyboardInterrupt``
+    (``InterruptException``, or a ``RuntimeError`` "Query interrupted" from a fetch)."""
+    import duckdb
+
+    return isinstance(exc, duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError) and "interrupted" in str(exc).lower()
+    )
 
 
 def _newest(store: Store, session: str | None, lines: int, event_filter: EventFilter) -> list[ActivityEvent]:

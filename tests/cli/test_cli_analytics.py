@@ -244,7 +244,11 @@ class Follower:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:
-            return self.proc.wait(20)
+            code = self.proc.wait(20)
+            time.sleep(0.1)  # the reader threads take the last lines
+            while not self.err_queue.empty():  # what it said, for the failure message
+                self.err.append(self.err_queue.get_nowait())
+            return code
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
