@@ -353,6 +353,15 @@ def test_an_http_200_error_body_to_a_stream_is_an_error_row_and_turn(api, is_asy
     del stream
 
 
+@pytest.mark.parametrize("api", APIS)
+def test_a_json_body_without_an_error_to_a_stream_is_an_error_row_that_says_so(api, instrumented, server):
+    server.queue(Reply(raw_body={"status": "busy"}))  # HTTP 200, application/json, no error object
+    call(api, "stream", server)
+    row = only_row(instrumented)
+    assert (row.outcome, row.error) == ("error", "HTTP 200 with a JSON body, not an event stream")
+    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
+
+
 # -- a stream closed early after some chunks ---------------------------------------------------------
 # only a stream can be closed early; a plain call's body arrives whole
 
