@@ -22,6 +22,7 @@ import wrapt
 # benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
 from ..recorder.adapter import ModelCall, ModelResponse, on_exit
+from ._json_body import JsonBody, watch
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
@@ -59,7 +60,7 @@ class _Recording:
     """What a stream proxy reports to, and the chunks it has not read yet. Kept apart from
     the proxy (which holds it), so the registry of open streams keeps no proxy alive."""
 
-    __slots__ = ("accumulator", "finals", "model_call", "pending", "stamps")
+    __slots__ = ("accumulator", "body", "finals", "model_call", "pending", "stamps")
 
     def __init__(self, model_call: ModelCall, accumulator: Accumulator) -> None:
         self.model_call = model_call
@@ -67,6 +68,7 @@ class _Recording:
         self.finals = _final_events(accumulator)
         self.pending: list[Any] = []
         self.stamps: list[int] = []  # when each pending chunk reached the user (monotonic ns)
+        self.body: JsonBody | None = None  # set for a JSON answer to a streamed request only
 
     def feed(self) -> None:
         """Hand the pending chunks to the accumulator. A round's time to first chunk is the
@@ -94,7 +96,13 @@ class _Recording:
             return
         self.feed()
         try:
-            self.accumulator.finish(self.model_call)
+            body = self.body
+            if body is not None and not body.events:
+                # a JSON body (an HTTP 200 error) where events were asked for: the SDK read
+                # it as an empty stream; the call is the body's error
+                self.model_call.finish(body.response())
+            else:
+                self.accumulator.finish(self.model_call)
         except Exception:
             internal_error("stream end")
 
@@ -147,6 +155,10 @@ class _Proxy(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_recording = recording
         self._self_iterator: Any = None
         _unfinished[id(recording)] = recording
+        try:  # a plain try (see the note at the imports): this runs once per streamed call
+            recording.body = watch(wrapped)
+        except Exception:
+            internal_error("stream body type")
 
     def _self_take(self, item: Any) -> None:
         recording = self._self_recording

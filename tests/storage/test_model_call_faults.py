@@ -325,15 +325,40 @@ def test_an_http_200_error_body_is_an_error_row_and_turn(api, mode, instrumented
     assert summary(instrumented, "loop_end_reason", "error") == ("error", turn.error)
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed yet: a streamed request answered by an HTTP 200 error JSON (no SSE) "
-                   "reads as an empty stream; chat ends 'completed' with no error, responses and messages end their "
-                   "chat span only when the stream object is collected")
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("api", APIS)
-def test_an_http_200_error_body_to_a_stream_is_an_error_row_and_turn(api, instrumented, server):
+def test_an_http_200_error_body_to_a_stream_is_an_error_row_and_turn(api, is_async, instrumented, server):
     server.queue(Reply.error_200("upstream provider timed out", type="upstream_error"))
-    call(api, "stream", server)  # the SDKs raise nothing: the body has no SSE event to read
+    messages = [{"role": "user", "content": "hi"}]
+    # the SDKs raise nothing and yield nothing: the JSON body has no SSE event to read.
+    # The stream is still held while the rows are read: the call ends with its iteration, not when
+    # the stream object is collected
+    if is_async:
+
+        async def read() -> tuple[list[Any], Any]:
+            async with _client(api, server, True) as client:
+                stream = await _create(api, client, messages, stream=True)
+                return [event async for event in stream], stream
+
+        events, stream = asyncio.run(read())
+    else:
+        stream = _create(api, _client(api, server, False), messages, stream=True)
+        events = list(stream)
+    assert events == []
     row = only_row(instrumented)
-    assert (row.outcome, row.error) == ("error", "upstream provider timed out")
+    assert (row.outcome, row.error_type, row.error) == ("error", "upstream_error", "upstream provider timed out")
+    turn = only_turn(instrumented)
+    assert turn.loop_end_reason == LoopEndReason.ERROR
+    assert turn.error == "upstream_error: upstream provider timed out"
+    del stream
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_json_body_without_an_error_to_a_stream_is_an_error_row_that_says_so(api, instrumented, server):
+    server.queue(Reply(raw_body={"status": "busy"}))  # HTTP 200, application/json, no error object
+    call(api, "stream", server)
+    row = only_row(instrumented)
+    assert (row.outcome, row.error) == ("error", "HTTP 200 with a JSON body, not an event stream")
     assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
 
 
