@@ -280,16 +280,13 @@ def turns_table(
         row = [clock(t.timestamp)]
         if show_session:
             row.append(t.session_id or "")
-        tokens = ""
-        if t.usage:
-            tokens = f"{t.usage.get('input_tokens', 0):,}/{t.usage.get('output_tokens', 0):,}"
         row += [
             t.channel_id or "",
             t.model or "",
             str(t.model_call_count),
             str(t.round_count),
             str(t.tool_calls_count),
-            tokens,
+            in_out(t.usage),
             *([usd((costs or {}).get((t.session_id, t.correlation_id)))] if show_cost else []),
             millis(t.latency_ms),
             t.loop_end_reason.value if t.loop_end_reason else "",
@@ -297,6 +294,13 @@ def turns_table(
         ]
         rows.append(row)
     return render(columns, rows, width=width, ellipsis=ellipsis)
+
+
+def in_out(usage: Mapping[str, int] | None) -> str:
+    """A usage's ``input/output`` token cell (``1,633/144``); empty without usage."""
+    if not usage:
+        return ""
+    return f"{usage.get('input_tokens', 0):,}/{usage.get('output_tokens', 0):,}"
 
 
 def calls_table(
@@ -327,9 +331,6 @@ def calls_table(
         row = [clock(c.started_at)]
         if show_session:
             row.append(c.session_id)
-        tokens = ""
-        if c.usage:
-            tokens = f"{c.usage.get('input_tokens', 0):,}/{c.usage.get('output_tokens', 0):,}"
         detail = c.error or c.refusal or ", ".join(c.finish_reasons)
         if c.error_type and c.error and not c.error.startswith(c.error_type):
             detail = f"{c.error_type}: {c.error}"
@@ -338,7 +339,7 @@ def calls_table(
             c.model or "",
             fine_millis(c.duration_ms),
             fine_millis(c.time_to_first_chunk_ms),
-            tokens,
+            in_out(c.usage),
             usd(c.cost_usd),
             c.outcome or "",
             detail,
