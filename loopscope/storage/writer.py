@@ -356,6 +356,7 @@ class StoreWriter:
         are retried every interval, whether more arrive or not."""
         wait = self._wait_after(0.0)
         clock = time.thread_time  # this thread's CPU: a batch stretched by others' GIL is no dearer
+        warm = False
         while True:
             if self._backlog is None:
                 if self._wal_pending and not self._arrived.wait(CHECKPOINT_IDLE):
@@ -378,7 +379,12 @@ class StoreWriter:
                 if self._wal_pending:
                     self._checkpoint()  # a closed store's file holds every row by itself
                 return
-            wait = self._wait_after(clock() - spent)
+            cost = clock() - spent
+            # the first batch pays what is paid once (the schema, pyarrow's import, cold
+            # caches): taken as the writer's cost, it would hold the next batch back for
+            # seconds while the application goes on recording
+            wait = self._wait_after(cost if warm else 0.0)
+            warm = warm or self._batches > 0
 
     def _wait_after(self, cost: float) -> float:
         """How long to wait for the next batch, after one that took ``cost`` seconds of CPU."""
