@@ -45,6 +45,7 @@ from typing import Any
 from .. import _json
 from .. import semconv as a
 from ..models import RESPONSE_SEGMENT_SEPARATOR
+from . import agents_bridges as bridges
 from ..storage.rows import END, START
 from .spans import STATUS_ERROR, SpanRecord, is_own, record_of
 
@@ -747,10 +748,10 @@ def normalize(span: Any) -> SpanRecord | None:
     """
     if is_own(span):
         return record_of(span)
-    role, framework = classify(span)
+    record = bridges.repair(record_of(span))
+    role, framework = classify(record)
     if role is None or role == CONTAINER:
         return None
-    record = record_of(span)
     session = session_of(record.attributes)
     if role == CHAT:
         attrs = chat_attributes(record, read_chat(record), session, None, None, framework)
@@ -813,7 +814,7 @@ class Assembler:
         return self._held
 
     def add(self, span: Any) -> list[tuple[int, Any]]:
-        record = record_of(span)
+        record = bridges.repair(record_of(span))  # openai-agents' OTel bridges: into shapes read below
         tid, sid = record.context.trace_id, record.context.span_id
         parent = record.parent.span_id if record.parent is not None and not record.parent.is_remote else None
         out: list[tuple[int, Any]] = []
@@ -934,6 +935,8 @@ class Assembler:
         requested += [(chat_item.span.end_time, call) for chat_item, chat in chats for call in chat.outputs]
         answered_at: int | None = None  # when the output function that made the run's output ended
         claimed: set[int] = set()
+        echoed: list[tuple[str | None, str, str | None]] | None = None  # calls repeated in later requests, read once if needed
+        echoed_claimed: set[int] = set()
         rounds = set()
         canon_tools = []
         for item, tool in tools:
@@ -953,10 +956,20 @@ class Assembler:
                 elif accepted is not None and requested[match][1] in accepted.outputs:
                     answered_at = item.span.end_time
                 call_id = call_id or requested[match][1][0]
+            else:
+                # no model call's output names it: its id from the requests that followed
+                # (an openai-agents bridge can lose a call from the response that made it),
+                # its round the model call that ended last before it ran
+                if call_id is None:
+                    if echoed is None:
+                        echoed = bridges.echoed_calls([chat_item.span for chat_item, _ in chats])
+                    call_id = _echoed_id(echoed, tool, echoed_claimed)
+                asked = _round_before(chats, item.span.start_time)
+                if asked is not None:
+                    rounds.add(asked)
             canon_tools.append((item, tool_attributes(tool, call_id or f"{item.span.context.span_id:016x}", session, turn_id, name, item.framework)))
-        if tools and not rounds:
-            # tool calls that name no model call: each model call that asked for tools, then ran some
-            rounds = {item.span.end_time for item, chat in chats if chat.tool_calls}
+        for chat_item, chat in chats:
+            chat.finish_reasons = bridges.finish_reasons(chat_item.span, chat.finish_reasons, chat_item.span.end_time in rounds)
         rows: list[tuple[int, int, int, Any]] = []  # (time, order, kind, span)
         order = 0
         agent_attrs = agent_attributes(agent, run, session, turn_id, framework, [c for _, c in chats], [t for _, t in tools], len(rounds))
@@ -972,12 +985,34 @@ class Assembler:
             order += 1
             # the answer an output function made is told after that function ran
             at = max(item.span.end_time, answered_at) if chat is accepted and answered_at is not None else item.span.end_time
-            rows.append((at, order, END, item.span.replace(
-                attributes=chat_attributes(item.span, chat, session, turn_id, name, item.framework))))
+            attrs = chat_attributes(item.span, chat, session, turn_id, name, item.framework)
+            attrs.update(bridges.call_details(item.span))
+            rows.append((at, order, END, item.span.replace(attributes=attrs)))
         rows.sort(key=lambda r: (r[0], r[1]))
         out = [(kind, span) for _, _, kind, span in rows]
         out.append((END, canon_agent))
         return out
+
+
+def _echoed_id(echoed: list[tuple[str | None, str, str | None]], tool: ToolCall, claimed: set[int]) -> str | None:
+    """The id of the unclaimed call of this tool repeated in a later request (the same
+    arguments if they tell), which it then claims."""
+    match = None
+    for index, (cid, cname, carguments) in enumerate(echoed):
+        if index in claimed or cname != tool.name:
+            continue
+        if match is None or (_same_json(carguments, tool.arguments) and not _same_json(echoed[match][2], tool.arguments)):
+            match = index
+    if match is None:
+        return None
+    claimed.add(match)
+    return echoed[match][0]
+
+
+def _round_before(chats: list[tuple[_Buffered, Chat]], start: int) -> int | None:
+    """The end time (a round's key) of the model call that ended last before ``start``."""
+    ends = [item.span.end_time for item, _ in chats if item.span.end_time <= start]
+    return max(ends) if ends else None
 
 
 def _answers(chats: list[Chat], run: AgentRun, agent: Any) -> Chat | None:

@@ -1,0 +1,173 @@
+"""The OpenAI Agents SDK through its two OpenTelemetry bridges, into ``loopscope collect``,
+compared with the same run recorded by loopscope in process.
+
+One real ``agents.Runner`` run (``tests/fixtures/foreign/record_agents.py``: two tool
+rounds, then the answer; the real openai SDK against the fake model server) runs three
+times: under loopscope's own adapter (the project venv), and under each bridge installed
+from PyPI in a pinned version in its own venv (``scripts/peers-agents.sh`` makes them),
+its spans sent over real OTLP/HTTP on loopback to a running collector. The collected rows
+must be loopscope's rows, but for what the bridge's spans do not carry (``MISSING``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopscope.ingest.otlp.collector import Collector
+from loopscope.storage.connection import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "tests" / "fixtures" / "foreign" / "record_agents.py"
+VENVS = {"agents-otel": ROOT / "benchmarks" / ".venv-agents-otel", "agents-oi": ROOT / "benchmarks" / ".venv-agents-oi"}
+FRAMEWORKS = {"agents-otel": "opentelemetry-genai", "agents-oi": "openinference"}
+SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+def query(db: str, sql: str) -> list[tuple[Any, ...]]:
+    with open_store(str(Path(db).resolve()), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def record(lib: str, *args: str) -> None:
+    python = sys.executable if lib == "loopscope" else str(VENVS[lib] / "bin" / "python")
+    if not Path(python).exists():
+        pytest.fail(f"{VENVS[lib].relative_to(ROOT)} does not exist: run scripts/peers-agents.sh (scripts/test.sh does)")
+    done = subprocess.run([python, "-W", "ignore", str(RECORD), "--lib", lib, *args], check=False, capture_output=True,
+                          text=True, timeout=180, cwd=ROOT, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LOOPSCOPE_", "OPENINFERENCE_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def stored(db: str) -> dict[str, Any]:
+    """What a store holds of the one run, without ids and times that differ by nature."""
+    events = []
+    for kind, content in query(db, "SELECT type, content::VARCHAR FROM events ORDER BY session_id, idx"):
+        c = json.loads(content)
+        if kind == "message":
+            events.append((kind, c["role"], c.get("body")))
+        else:
+            events.append((kind, c["tool_name"], c["tool_id"], c["arguments"], c["result"], c["status"], c["outcome"]))
+    turns = query(db, "SELECT channel_id, response_content, segments::VARCHAR, tool_calls_count, round_count, input_tokens, "
+                      "output_tokens, usage::VARCHAR, loop_end_reason, declared_tools::VARCHAR, model, provider, model_call_count "
+                      "FROM turns")
+    assert len(turns) == 1, turns  # one turn per run: no empty turn for the SDK's workflow
+    (agent, response, segments, tools, rounds, tokens_in, tokens_out, usage, reason, declared, model, provider, calls) = turns[0]
+    turn = {
+        "agent": agent, "response": response, "segments": json.loads(segments), "tool_calls": tools, "rounds": rounds,
+        "tokens": (tokens_in, tokens_out), "cache_read": json.loads(usage).get("cache_read_input_tokens") or None,
+        "reason": reason, "declared": [t["name"] for t in json.loads(declared)], "model": model, "provider": provider,
+        "model_calls": calls,
+    }
+    rows = query(db, "SELECT position, provider, agent, request_model, response_id, finish_reasons::VARCHAR, outcome, "
+                     "input_tokens, output_tokens, cache_read_input_tokens, cost_usd > 0, output_messages::VARCHAR "
+                     "FROM model_call_summaries ORDER BY started_at")
+    model_calls = [
+        {"position": r[0], "provider": r[1], "agent": r[2], "model": r[3], "response_id": r[4],
+         "finish_reasons": json.loads(r[5]) if r[5] else None, "outcome": r[6], "tokens": (r[7], r[8]),
+         "cache_read": r[9] or None, "priced": r[10], "output_messages": r[11]}
+        for r in rows
+    ]
+    frameworks = {f for (f,) in query(db, "SELECT DISTINCT source_framework FROM events")}
+    user = [e for e in events if e[:2] == ("message", "user")]
+    return {"events": events, "turn": turn, "model_calls": model_calls, "frameworks": frameworks, "user": user}
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    db = str(tmp_path_factory.mktemp("agents") / "in-process.duckdb")
+    record("loopscope", "--store", db)
+    return stored(db)
+
+
+def collected(tmp_path: Path, lib: str, content: str) -> dict[str, Any]:
+    db = str(tmp_path / f"{lib}-{content}.duckdb")
+    with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as collector:
+        record(lib, "--content", content, "--endpoint", collector.http_endpoint)
+    return stored(db)
+
+
+# -- what each bridge's spans do not carry, so that no collector can store it ------------------
+
+
+def expected(lib: str, content: str, ours: dict[str, Any]) -> dict[str, Any]:
+    """loopscope's in-process rows, less what the bridge does not send."""
+    want = copy.deepcopy(ours)
+    events, turn, calls = want["events"], want["turn"], want["model_calls"]
+    calls_text = [c.pop("output_messages") for c in calls]
+    assert all(calls_text)
+    if content == "off":
+        # no text, no arguments or results, so no call ids either (they travel with the content)
+        events[:] = [(e[0], e[1], None, None, None, e[5], e[6]) for e in events if e[0] != "message"]
+        turn.update(response="", segments=[])
+        if lib == "agents-oi":
+            turn["declared"] = []  # OpenInference hides the tool definitions with the inputs
+            for call in calls:
+                call["response_id"] = None  # and sends the response id inside the hidden output
+    if lib == "agents-otel":
+        # no cached tokens, no tool definitions; finish reasons only where the model asked for tools
+        # (the Responses API has none: loopscope's adapter says "stop" for a completed response)
+        turn.update(cache_read=None, declared=[])
+        for call in calls:
+            call["cache_read"] = None
+            if call["finish_reasons"] == ["stop"]:
+                call.update(finish_reasons=None, outcome=None)
+        if content == "on":
+            # a response with text keeps only its text: the call it made (and its id) is not sent
+            events[:] = [(*e[:2], None, *e[3:]) if e[1] == "get_weather" and e[0] != "message" else e for e in events]
+    return want
+
+
+def check(lib: str, content: str, got: dict[str, Any], ours: dict[str, Any]) -> None:
+    want = expected(lib, content, ours)
+    assert got["frameworks"] == {FRAMEWORKS[lib]}
+    # the message rows: with content off, none carries text (kept without it, or left out)
+    messages = [e for e in got["events"] if e[0] == "message"]
+    tools = [e for e in got["events"] if e[0] != "message"]
+    if content == "off":
+        assert all(not e[2] for e in messages), messages
+    else:
+        assert messages == [e for e in want["events"] if e[0] == "message"]
+        assert got["user"] == ours["user"] != []  # the user's input
+    # tool calls: ids the model gave where the spans carry them, else the span's id
+    assert [(*e[:2], None if e[2] and SPAN_ID.match(e[2]) else e[2], *e[3:]) for e in tools] == [
+        e for e in want["events"] if e[0] != "message"
+    ]
+    assert got["turn"] == want["turn"]
+    for call in got["model_calls"]:
+        text = call.pop("output_messages")
+        assert "ResponseFunctionToolCall(" not in (text or "")  # reprs were parsed, not stored
+    assert got["model_calls"] == want["model_calls"]
+
+
+@pytest.mark.parametrize("content", ["on", "off"])
+def test_official_bridge_stores_what_loopscope_stores(tmp_path, in_process, content):
+    """opentelemetry-instrumentation-openai-agents-v2: one turn (no extra empty turn for the
+    SDK's workflow), the user's input, the tool calls with their arguments and results
+    (the id the model gave where the spans carry it), two rounds, three model-call rows
+    with tokens and response ids, the final answer (no ``ResponseFunctionToolCall(...)``
+    repr as a segment)."""
+    check("agents-otel", content, collected(tmp_path, "agents-otel", content), in_process)
+
+
+@pytest.mark.parametrize("content", ["on", "off"])
+def test_openinference_bridge_stores_what_loopscope_stores(tmp_path, in_process, content):
+    """openinference-instrumentation-openai-agents: one turn (no empty "Agent workflow" turn),
+    the user's input, the tool calls with the model's call ids, arguments and results, two
+    rounds, three model-call rows with tokens (cached ones too) and response ids, the final
+    answer; with content hidden nothing is stored as ``__REDACTED__``."""
+    check("agents-oi", content, collected(tmp_path, "agents-oi", content), in_process)
