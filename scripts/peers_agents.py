@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_openai_overhead import Venv, ensure_venv  # noqa: E402  (benchmarks/ is no package)
+from bench_openai_overhead import Venv, ensure_venv
 
 FOREIGN = ROOT / "tests" / "fixtures" / "foreign"
 VENVS = {

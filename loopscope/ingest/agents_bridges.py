@@ -126,8 +126,8 @@ def _repr_parts(text: str) -> list[dict[str, Any]] | None:
             item = ast.literal_eval(node)
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             return None
-        return _dict_parts(item) if isinstance(item, dict) else None
-    if not isinstance(node, ast.Call):
+        return _dict_parts(item) if isinstance(item, dict) and _printed_item(item) else None
+    if not isinstance(node, ast.Call) or node.args or not isinstance(node.func, ast.Name) or not node.func.id.startswith("Response"):
         return None
     parts: list[dict[str, Any]] = []
     _call_parts(node, parts)
@@ -155,6 +155,14 @@ def _call_parts(node: ast.Call, parts: list[dict[str, Any]]) -> None:
                       "arguments": fields.get("arguments")})
     elif name == "ResponseOutputText" and isinstance(fields.get("text"), str):
         parts.append({"type": "text", "content": fields["text"]})
+
+
+def _printed_item(item: dict[str, Any]) -> bool:
+    """Whether a dict is one the bridge printed (a chat message, an output text), not text
+    that happens to look like a dict (a tool's result, a model's answer)."""
+    if "role" in item:
+        return item["role"] == "assistant" and ("tool_calls" in item or "refusal" in item)
+    return item.get("type") == "output_text" and "text" in item
 
 
 def _dict_parts(item: dict[str, Any]) -> list[dict[str, Any]]:
@@ -252,7 +260,7 @@ def finish_reasons(span: Any, reasons: tuple[str, ...], asked_tools: bool) -> tu
     return reasons
 
 
-def call_details(span: Any) -> dict[str, Any]:
+def call_details(span: Any, finish_reasons: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a bridge's model-call span says of the call beyond what every chat span gives:
     the response id, and the messages in the GenAI schema (the official bridge's, repaired)."""
     scope = bridge_of(span)
@@ -265,10 +273,69 @@ def call_details(span: Any) -> dict[str, Any]:
         response_id = _oi_response_id(attrs.get("output.value"))
     if isinstance(response_id, str) and response_id:
         out[a.RESPONSE_ID] = response_id
-    for key in (a.INPUT_MESSAGES, a.OUTPUT_MESSAGES):
+    for key, prefix in ((a.INPUT_MESSAGES, "llm.input_messages"), (a.OUTPUT_MESSAGES, "llm.output_messages")):
         if isinstance(attrs.get(key), str):
             out[key] = attrs[key]
+        elif scope == OI_BRIDGE and f"{prefix}.0.message.role" in attrs:
+            reason = finish_reasons[0] if finish_reasons else None
+            out[key] = _json.dumps(_oi_messages(attrs, prefix, reason if key == a.OUTPUT_MESSAGES else None))
     return out
+
+
+def _oi_messages(attrs: Mapping[str, Any], prefix: str, reason: str | None) -> list[dict[str, Any]]:
+    """OpenInference's flattened messages (``llm.input_messages.N.message.*``) in the GenAI
+    conventions' schema, as loopscope's adapters store a call's messages: system messages
+    are instructions, not messages (left out); the output (``reason`` given: its finish
+    reason) is one assistant message, as the model gave it (OpenInference splits a
+    response's text and its calls)."""
+    items: dict[int, dict[str, Any]] = {}
+    start = len(prefix) + 1
+    for key, value in attrs.items():
+        if key.startswith(prefix) and key[start - 1:start] == ".":
+            head, _, rest = key[start:].partition(".message.")
+            if head.isdigit() and rest:
+                items.setdefault(int(head), {})[rest] = value
+    output = reason is not None or prefix.endswith("output_messages")
+    messages: list[dict[str, Any]] = []
+    for index in sorted(items):
+        fields = items[index]
+        role = fields.get("role")
+        if not isinstance(role, str) or role == "system":
+            continue
+        parts: list[dict[str, Any]] = []
+        text = fields.get("content")
+        if not isinstance(text, str):
+            text = "".join(str(v) for k, v in sorted(fields.items()) if k.startswith("contents.") and k.endswith(".message_content.text"))
+        if role == "tool":
+            parts.append({"type": "tool_call_response", "id": fields.get("tool_call_id"), "response": text})
+        elif text:
+            parts.append({"type": "text", "content": text})
+        calls: dict[int, dict[str, Any]] = {}
+        for key, value in fields.items():
+            head, _, rest = key.partition(".tool_call.")
+            if head.startswith("tool_calls.") and head[len("tool_calls."):].isdigit():
+                calls.setdefault(int(head[len("tool_calls."):]), {})[rest] = value
+        for _, call in sorted(calls.items()):
+            parts.append({"type": "tool_call", "id": call.get("id"), "name": call.get("function.name"),
+                          "arguments": _loaded(call.get("function.arguments"))})
+        if output and messages and messages[-1]["role"] == role:
+            messages[-1]["parts"] += parts
+            continue
+        messages.append({"role": role, "parts": parts})
+    if output and reason:
+        for message in messages:
+            message["finish_reason"] = reason
+    return messages
+
+
+def _loaded(value: Any) -> Any:
+    """Arguments as the model sent them: JSON text parsed, anything else as it is."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _oi_response_id(value: Any) -> str | None:

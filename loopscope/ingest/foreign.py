@@ -45,8 +45,8 @@ from typing import Any
 from .. import _json
 from .. import semconv as a
 from ..models import RESPONSE_SEGMENT_SEPARATOR
-from . import agents_bridges as bridges
 from ..storage.rows import END, START
+from . import agents_bridges as bridges
 from .spans import STATUS_ERROR, SpanRecord, is_own, record_of
 
 AGENT, CONTAINER, CHAT, TOOL = "agent", "container", "chat", "tool"
@@ -986,7 +986,7 @@ class Assembler:
             # the answer an output function made is told after that function ran
             at = max(item.span.end_time, answered_at) if chat is accepted and answered_at is not None else item.span.end_time
             attrs = chat_attributes(item.span, chat, session, turn_id, name, item.framework)
-            attrs.update(bridges.call_details(item.span))
+            attrs.update(bridges.call_details(item.span, chat.finish_reasons))
             rows.append((at, order, END, item.span.replace(attributes=attrs)))
         rows.sort(key=lambda r: (r[0], r[1]))
         out = [(kind, span) for _, _, kind, span in rows]

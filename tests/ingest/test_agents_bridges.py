@@ -21,7 +21,11 @@ from typing import Any
 
 import pytest
 
+from loopscope import semconv as a
+from loopscope.ingest.agents_bridges import OI_BRIDGE, OTEL_BRIDGE, REDACTED, repair
+from loopscope.ingest.foreign import AGENT, CONTAINER, classify, read_tool
 from loopscope.ingest.otlp.collector import Collector
+from loopscope.ingest.spans import Ctx, Scope, SpanRecord
 from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +83,7 @@ def stored(db: str) -> dict[str, Any]:
     model_calls = [
         {"position": r[0], "provider": r[1], "agent": r[2], "model": r[3], "response_id": r[4],
          "finish_reasons": json.loads(r[5]) if r[5] else None, "outcome": r[6], "tokens": (r[7], r[8]),
-         "cache_read": r[9] or None, "priced": r[10], "output_messages": r[11]}
+         "cache_read": r[9] or None, "priced": r[10], "output_messages": json.loads(r[11]) if r[11] else None}
         for r in rows
     ]
     frameworks = {f for (f,) in query(db, "SELECT DISTINCT source_framework FROM events")}
@@ -108,8 +112,8 @@ def expected(lib: str, content: str, ours: dict[str, Any]) -> dict[str, Any]:
     """loopscope's in-process rows, less what the bridge does not send."""
     want = copy.deepcopy(ours)
     events, turn, calls = want["events"], want["turn"], want["model_calls"]
-    calls_text = [c.pop("output_messages") for c in calls]
-    assert all(calls_text)
+    for call in calls:
+        call.pop("output_messages")
     if content == "off":
         # no text, no arguments or results, so no call ids either (they travel with the content)
         events[:] = [(e[0], e[1], None, None, None, e[5], e[6]) for e in events if e[0] != "message"]
@@ -148,10 +152,16 @@ def check(lib: str, content: str, got: dict[str, Any], ours: dict[str, Any]) -> 
         e for e in want["events"] if e[0] != "message"
     ]
     assert got["turn"] == want["turn"]
-    for call in got["model_calls"]:
-        text = call.pop("output_messages")
-        assert "ResponseFunctionToolCall(" not in (text or "")  # reprs were parsed, not stored
+    outputs = [call.pop("output_messages") for call in got["model_calls"]]
     assert got["model_calls"] == want["model_calls"]
+    # what each model call answered, in the GenAI schema, as loopscope's adapter stores it
+    if content == "off":
+        assert outputs == [None] * 3
+    elif lib == "agents-oi":
+        assert outputs == [c["output_messages"] for c in ours["model_calls"]]
+    else:
+        assert "ResponseFunctionToolCall(" not in json.dumps(outputs)  # reprs were parsed, not stored
+        assert [[p["type"] for m in out for p in m["parts"]] for out in outputs] == [["text"], ["tool_call"], ["text"]]
 
 
 @pytest.mark.parametrize("content", ["on", "off"])
@@ -171,3 +181,64 @@ def test_openinference_bridge_stores_what_loopscope_stores(tmp_path, in_process,
     rounds, three model-call rows with tokens (cached ones too) and response ids, the final
     answer; with content hidden nothing is stored as ``__REDACTED__``."""
     check("agents-oi", content, collected(tmp_path, "agents-oi", content), in_process)
+
+
+# -- the repairs, one span at a time -----------------------------------------------------------
+
+
+def bridge_span(scope: str, attributes: dict[str, Any], parent: int | None = None) -> SpanRecord:
+    return SpanRecord("s", Ctx(5, 9), Ctx(5, parent) if parent else None, 1, 2, attributes, instrumentation_scope=Scope(scope))
+
+
+def output_parts(record: SpanRecord) -> list[dict[str, Any]]:
+    return [p for m in json.loads(record.attributes[a.OUTPUT_MESSAGES]) for p in m["parts"]]
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {a.OPERATION: "chat", a.OUTPUT_MESSAGES: json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}])}
+
+
+def test_the_official_bridges_reprs_are_parsed_never_evaluated(tmp_path):
+    call = ("ResponseFunctionToolCall(arguments='{\"city\": \"Paris\"}', call_id='call_1', name='get_weather', "
+            "type='function_call', id='fc_1', status='completed')")
+    assert output_parts(repair(bridge_span(OTEL_BRIDGE, text_part(call)))) == [
+        {"type": "tool_call", "id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    message = ("ResponseOutputMessage(id='m', content=[ResponseOutputText(annotations=[], text='Hi.', type='output_text')], "
+               "role='assistant', status='completed', type='message')")
+    assert output_parts(repair(bridge_span(OTEL_BRIDGE, text_part(message)))) == [{"type": "text", "content": "Hi."}]
+    reasoning = "ResponseReasoningItem(id='rs_1', summary=[], type='reasoning')"
+    assert output_parts(repair(bridge_span(OTEL_BRIDGE, text_part(reasoning)))) == []
+    chat = ("{'content': None, 'refusal': None, 'role': 'assistant', 'tool_calls': [{'id': 'call_2', "
+            "'function': {'arguments': '{}', 'name': 'local_time'}, 'type': 'function'}]}")
+    assert output_parts(repair(bridge_span(OTEL_BRIDGE, text_part(chat)))) == [
+        {"type": "tool_call", "id": "call_2", "name": "local_time", "arguments": "{}"}]
+    # text that only looks like a repr or a dict is the model's text, kept as it is
+    for text in ("Response times are fine (mostly).", "{'city': 'Paris', 'temp_c': 21}", "ResponseFunctionToolCall(", "plain"):
+        record = bridge_span(OTEL_BRIDGE, text_part(text))
+        assert repair(record) is record
+    # nothing in a repr runs: a call where a literal should be is no tool call
+    marker = tmp_path / "ran"
+    evil = f"ResponseFunctionToolCall(name=open({str(marker)!r}, 'w').write('x'), call_id='c')"
+    assert output_parts(repair(bridge_span(OTEL_BRIDGE, text_part(evil)))) == []
+    assert not marker.exists()
+    # another instrumentation's span with the same text is left alone
+    other = bridge_span("opentelemetry.instrumentation.genai.openai", text_part(call))
+    assert repair(other) is other
+
+
+def test_the_sdks_workflow_root_is_no_agent_run():
+    workflow = repair(bridge_span(OTEL_BRIDGE, {a.OPERATION: "invoke_agent", a.PROVIDER: "openai"}))
+    assert classify(workflow)[0] == CONTAINER
+    run = bridge_span(OTEL_BRIDGE, {a.OPERATION: "invoke_agent", a.AGENT_NAME: "concierge"}, parent=3)
+    assert repair(run) is run and classify(run)[0] == AGENT
+    root = repair(bridge_span(OI_BRIDGE, {"openinference.span.kind": "AGENT"}))
+    assert classify(root)[0] == CONTAINER
+    agent = bridge_span(OI_BRIDGE, {"openinference.span.kind": "AGENT", "agent.name": "concierge"}, parent=3)
+    assert repair(agent) is agent and classify(agent)[0] == AGENT
+
+
+def test_openinference_hidden_values_are_missing_not_stored_as_the_marker():
+    tool = repair(bridge_span(OI_BRIDGE, {"openinference.span.kind": "TOOL", "tool.name": "get_weather",
+                                         "input.value": REDACTED, "output.value": REDACTED}))
+    assert tool.attributes == {"openinference.span.kind": "TOOL", "tool.name": "get_weather"}
+    assert (read_tool(tool).arguments, read_tool(tool).result) == (None, None)
