@@ -98,10 +98,10 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return stored(db)
 
 
-def collected(tmp_path: Path, lib: str, content: str) -> dict[str, Any]:
+def collected(tmp_path: Path, lib: str, content: str, api: str = "responses") -> dict[str, Any]:
     db = str(tmp_path / f"{lib}-{content}.duckdb")
     with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as collector:
-        record(lib, "--content", content, "--endpoint", collector.http_endpoint)
+        record(lib, "--content", content, "--api", api, "--endpoint", collector.http_endpoint)
     return stored(db)
 
 
@@ -172,6 +172,18 @@ def test_official_bridge_stores_what_loopscope_stores(tmp_path, in_process, cont
     with tokens and response ids, the final answer (no ``ResponseFunctionToolCall(...)``
     repr as a segment)."""
     check("agents-otel", content, collected(tmp_path, "agents-otel", content), in_process)
+
+
+def test_official_bridge_with_the_chat_completions_model_keeps_every_call_id(tmp_path, in_process):
+    """With the SDK's Chat Completions model the official bridge loses the calls from the
+    response too (it keeps a message's text), but the next request's input repeats them,
+    with their ids: every tool call has the id the model gave."""
+    got = collected(tmp_path, "agents-otel", "on", api="chat")
+    assert got["events"] == in_process["events"]
+    assert got["user"] == in_process["user"]
+    turn = got["turn"]
+    assert (turn["tool_calls"], turn["rounds"], turn["model_calls"], turn["segments"]) == (2, 2, 3, in_process["turn"]["segments"])
+    assert [c["finish_reasons"] for c in got["model_calls"]] == [["tool_calls"], ["tool_calls"], None]
 
 
 @pytest.mark.parametrize("content", ["on", "off"])
