@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from . import pricing
+from . import pricing, semconv
 from ._guard import internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
@@ -238,6 +238,9 @@ def configure(
     ``none`` turn that signal off (loopscope provides the ``otlp`` exporter only; see
     :mod:`loopscope.export.signals`). An endpoint that refuses metrics (HTTP 404/405) is
     said once, in a warning, and sent no more metrics.
+    Spans and metrics follow the GenAI conventions' version loopscope targets, or the latest
+    experimental one when ``OTEL_SEMCONV_STABILITY_OPT_IN`` names ``gen_ai_latest_experimental``
+    (see :mod:`loopscope.semconv`).
     If the application already has an SDK ``TracerProvider`` (or ``MeterProvider``),
     loopscope adds to it instead of replacing it.
 
@@ -282,6 +285,9 @@ def configure(
         content = content_policy or ContentPolicy(capture=capture_content)
         if content_policy is not None and capture_content is not None:
             content.capture = capture_content
+        # which GenAI conventions the spans and metrics follow (OTEL_SEMCONV_STABILITY_OPT_IN)
+        latest = semconv.latest_experimental()
+        semconv.use_conventions(latest)
         settings = OTLPSettings(otlp_endpoint, otlp_protocol, otlp_headers)
         # per signal: OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER (otlp, none, ...); otlp= wins
         export = (settings.enabled() and signals.exports("traces")) if otlp is None else otlp
@@ -313,7 +319,7 @@ def configure(
         )
         meter = _meter(meter_provider, settings if export_metrics else None, service_name)
         if meter is not None:
-            pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped)
+            pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped, latest=latest)
             targets.append(pipeline.metrics)
         pipeline.processors = tuple(targets)
         dispatch.targets = pipeline.processors

@@ -78,7 +78,7 @@ def http_metric_exporter(endpoint: str | None, headers: Mapping[str, str] | None
     refusal = MetricsRefusal()
 
     class WatchedSession(requests.Session):
-        def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+        def request(self, method: str, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
             response = super().request(method, url, *args, **kwargs)
             if response.status_code in REFUSALS:
                 refusal.refused(response.status_code, url if isinstance(url, str) else url.decode())
