@@ -10,11 +10,11 @@ open-telemetry/semantic-conventions-genai (docs/gen-ai/gen-ai-agent-spans.md, "E
 GenAI instrumentations ... SHOULD NOT change the version of the GenAI conventions that they
 emit by default"):
 
-* by default, the version loopscope has targeted: semantic-conventions v1.37 to v1.39's
-  GenAI pages (``gen_ai.provider.name``, ``gen_ai.input.messages`` / ``gen_ai.output.messages``
-  as JSON text, ``gen_ai.usage.cache_creation.input_tokens``; the metrics
+* by default, the version loopscope has targeted: open-telemetry/semantic-conventions v1.37's
+  GenAI pages, the first with ``gen_ai.provider.name`` and ``gen_ai.input.messages`` /
+  ``gen_ai.output.messages`` (JSON text), with ``gen_ai.usage.cache_creation.input_tokens``; the metrics
   ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``, plus
-  ``gen_ai.execute_tool.duration``);
+  ``gen_ai.execute_tool.duration``;
 * with ``OTEL_SEMCONV_STABILITY_OPT_IN`` naming ``gen_ai_latest_experimental`` (a comma-separated
   list, read as the OpenTelemetry instrumentations read it: :func:`latest_experimental`), the
   latest experimental version, semantic-conventions-genai's main: ``gen_ai.usage.cache_write.input_tokens``

@@ -46,7 +46,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     run.add_argument(
         "--capture-content",
         action="store_true",
-        help="export message text, tool arguments and results over OTLP too (they are always stored locally)",
+        help="export message text, tool arguments and results over OTLP too (they are always stored locally): "
+        "sets OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY, which the official GenAI "
+        "instrumentations in the program read as content on spans too",
     )
     run.add_argument(
         "--session",
