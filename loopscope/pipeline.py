@@ -26,11 +26,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from . import pricing
+from . import pricing, semconv
 from ._guard import internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
 from .content.policy import ContentPolicy
+from .export import signals
 from .export.metrics import MetricsProcessor
 from .export.otlp import (
     CountingBatchProcessor,
@@ -233,12 +234,20 @@ def configure(
     ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).
     ``otlp_protocol`` / ``otlp_headers`` override ``OTEL_EXPORTER_OTLP_PROTOCOL`` /
     ``OTEL_EXPORTER_OTLP_HEADERS``; ``service_name`` overrides ``OTEL_SERVICE_NAME``.
+    With ``otlp`` left ``None``, ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` set to
+    ``none`` turn that signal off (loopscope provides the ``otlp`` exporter only; see
+    :mod:`loopscope.export.signals`). An endpoint that refuses metrics (HTTP 404/405) is
+    said once, in a warning, and sent no more metrics.
+    Spans and metrics follow the GenAI conventions' version loopscope targets, or the latest
+    experimental one when ``OTEL_SEMCONV_STABILITY_OPT_IN`` names ``gen_ai_latest_experimental``
+    (see :mod:`loopscope.semconv`).
     If the application already has an SDK ``TracerProvider`` (or ``MeterProvider``),
     loopscope adds to it instead of replacing it.
 
     Content: message text, tool arguments and results are stored locally, and exported
     only with ``capture_content=True`` (default:
-    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``). ``content_policy`` sets
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``: ``SPAN_ONLY``, ``SPAN_AND_EVENT``
+    or ``true``). ``content_policy`` sets
     size caps (``max_chars`` for export, ``store_max_chars`` for the store), secret
     patterns and a redaction hook for both destinations; the store applies them in its
     writer's thread, before anything reaches the file.
@@ -276,8 +285,13 @@ def configure(
         content = content_policy or ContentPolicy(capture=capture_content)
         if content_policy is not None and capture_content is not None:
             content.capture = capture_content
+        # which GenAI conventions the spans and metrics follow (OTEL_SEMCONV_STABILITY_OPT_IN)
+        latest = semconv.latest_experimental()
+        semconv.use_conventions(latest)
         settings = OTLPSettings(otlp_endpoint, otlp_protocol, otlp_headers)
-        export = settings.enabled() if otlp is None else otlp
+        # per signal: OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER (otlp, none, ...); otlp= wins
+        export = (settings.enabled() and signals.exports("traces")) if otlp is None else otlp
+        export_metrics = (settings.enabled() and signals.exports("metrics")) if otlp is None else otlp
         _shutdown_locked()
         provider = _provider(tracer_provider, service_name)
         dispatch = _dispatchers.get(id(provider))
@@ -303,9 +317,9 @@ def configure(
         pipeline = Pipeline(
             provider, provider.get_tracer("loopscope", __version__), path, writer, content, exporter, policy_exporter
         )
-        meter = _meter(meter_provider, settings if export else None, service_name)
+        meter = _meter(meter_provider, settings if export_metrics else None, service_name)
         if meter is not None:
-            pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped)
+            pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped, latest=latest)
             targets.append(pipeline.metrics)
         pipeline.processors = tuple(targets)
         dispatch.targets = pipeline.processors

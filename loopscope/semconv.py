@@ -3,12 +3,37 @@
 GenAI names follow the OpenTelemetry semantic conventions for generative AI; the
 ``loopscope.*`` names carry what those conventions do not have (yet): why the loop
 ended, the turn's text segments, a tool call's outcome, where a declared tool came from.
+
+Two versions of the GenAI conventions are emitted (spans and metrics), as the conventions'
+transition plan asks of instrumentations that emitted them before they moved to
+open-telemetry/semantic-conventions-genai (docs/gen-ai/gen-ai-agent-spans.md, "Existing
+GenAI instrumentations ... SHOULD NOT change the version of the GenAI conventions that they
+emit by default"):
+
+* by default, the version loopscope has targeted: open-telemetry/semantic-conventions v1.37's
+  GenAI pages, the first with ``gen_ai.provider.name`` and ``gen_ai.input.messages`` /
+  ``gen_ai.output.messages`` (JSON text), with ``gen_ai.usage.cache_creation.input_tokens``; the metrics
+  ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``, plus
+  ``gen_ai.execute_tool.duration``;
+* with ``OTEL_SEMCONV_STABILITY_OPT_IN`` naming ``gen_ai_latest_experimental`` (a comma-separated
+  list, read as the OpenTelemetry instrumentations read it: :func:`latest_experimental`), the
+  latest experimental version, semantic-conventions-genai's main: ``gen_ai.usage.cache_write.input_tokens``
+  (:data:`USAGE_CACHE_WRITE`), token usage as counters (:data:`METRIC_INPUT_TOKENS` ...), the
+  streaming metric :data:`METRIC_TIME_TO_FIRST_CHUNK` and :data:`METRIC_INVOKE_AGENT_DURATION`.
+
+Spans that do not change between them: a turn is an ``invoke_agent`` span of kind INTERNAL
+(the conventions' "invoke agent internal span", an agent run in the same process; the CLIENT
+one is a remote agent service's), never ``invoke_workflow`` (which the conventions reserve
+for instrumentations that can tell a workflow of several agents from an agent). The
+collector reads every version: both usage spellings, ``invoke_agent`` of either kind, and
+``invoke_workflow`` as a container of agent runs.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, SupportsInt, cast
@@ -19,6 +44,11 @@ from . import _json
 OP_INVOKE_AGENT = "invoke_agent"
 OP_CHAT = "chat"
 OP_EXECUTE_TOOL = "execute_tool"
+OP_INVOKE_WORKFLOW = "invoke_workflow"
+"""A workflow of several agents (semantic-conventions-genai gen-ai-agent-spans.md, "Invoke
+workflow span", ``gen_ai.invoke_workflow.internal``): read by the collector as a container of
+agent runs; loopscope does not emit it."""
+WORKFLOW_NAME = "gen_ai.workflow.name"
 
 # GenAI semantic conventions
 OPERATION = "gen_ai.operation.name"
@@ -35,6 +65,11 @@ USAGE_INPUT = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
+USAGE_CACHE_WRITE = "gen_ai.usage.cache_write.input_tokens"
+""":data:`USAGE_CACHE_CREATION` as the latest experimental conventions name it
+(semantic-conventions-genai changelog.d/440.breaking.md: "Rename
+``gen_ai.usage.cache_creation.input_tokens`` to ``gen_ai.usage.cache_write.input_tokens``");
+emitted under the opt-in, read in either spelling."""
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
@@ -123,7 +158,79 @@ USAGE_ATTRIBUTES = {
     "cache_creation_input_tokens": USAGE_CACHE_CREATION,
     "reasoning_tokens": USAGE_REASONING,
 }
-"""Usage keys of :class:`~loopscope.AIResponseEvent` and the span attributes that carry them."""
+"""Usage keys of :class:`~loopscope.AIResponseEvent` and the span attributes that carry them
+(the default conventions; :data:`USAGE_ALIASES` the other spellings read)."""
+USAGE_ALIASES = {USAGE_CACHE_CREATION: USAGE_CACHE_WRITE}
+"""A usage attribute and its other spelling, read when it is absent."""
+USAGE_EMITTED = dict(USAGE_ATTRIBUTES)
+"""The usage attributes the recorder emits: :data:`USAGE_ATTRIBUTES`, or the latest experimental
+spellings after ``use_conventions(latest=True)``."""
+
+# -- which version of the conventions --------------------------------------------------------------
+
+OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
+LATEST_EXPERIMENTAL = "gen_ai_latest_experimental"
+
+
+def latest_experimental(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``OTEL_SEMCONV_STABILITY_OPT_IN`` asks for the latest experimental GenAI conventions:
+    a comma-separated list of category values, each stripped (as opentelemetry-instrumentation's
+    ``_OpenTelemetrySemanticConventionStability`` reads it), compared without regard to case (the
+    SDK configuration spec's rule for enum values); other categories (``http``, ``database/dup``)
+    are other instrumentations' business."""
+    value = (os.environ if environ is None else environ).get(OPT_IN, "")
+    return any(item.strip().lower() == LATEST_EXPERIMENTAL for item in value.split(","))
+
+
+_latest = False
+
+
+def use_conventions(latest: bool) -> None:
+    """Emit the latest experimental conventions from now on (``latest``), or the default version.
+    ``configure()`` calls it with :func:`latest_experimental`."""
+    global _latest
+    _latest = latest
+    USAGE_EMITTED["cache_creation_input_tokens"] = USAGE_CACHE_WRITE if latest else USAGE_CACHE_CREATION
+
+
+def emits_latest() -> bool:
+    """Whether the latest experimental conventions are emitted (:func:`use_conventions`)."""
+    return _latest
+
+
+# -- metric names -----------------------------------------------------------------------------------
+
+METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
+"""Histogram of tokens per operation, by ``gen_ai.token.type`` (``input``/``output``): the
+default conventions (semantic-conventions-genai model/gen-ai/metrics.yaml before
+changelog.d/374.breaking.md replaced it)."""
+METRIC_OPERATION_DURATION = "gen_ai.client.operation.duration"
+"""Histogram, seconds per model call (both versions; model/gen-ai/metrics.yaml)."""
+METRIC_EXECUTE_TOOL_DURATION = "gen_ai.execute_tool.duration"
+"""Histogram, seconds per tool execution (model/gen-ai/metrics.yaml; emitted in both versions)."""
+METRIC_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+"""Histogram, seconds from the request to the first chunk, streamed calls only (latest;
+model/gen-ai/metrics.yaml: "SHOULD be reported for streaming calls and SHOULD NOT be reported
+otherwise"). Its companion ``gen_ai.client.operation.time_per_output_chunk`` (one value per chunk
+after the first) is not emitted: loopscope reads streams in batches and keeps no per-chunk times."""
+METRIC_INVOKE_AGENT_DURATION = "gen_ai.invoke_agent.duration"
+"""Histogram, seconds per agent run (a turn) (latest; model/gen-ai/metrics.yaml)."""
+INVOKE_AGENT_BUCKETS = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4, 204.8, 409.6)
+"""Its bucket boundaries, as opentelemetry-util-genai 1.3 advises them."""
+METRIC_INPUT_TOKENS = "gen_ai.client.inference.usage.input_tokens"
+METRIC_OUTPUT_TOKENS = "gen_ai.client.inference.usage.output_tokens"
+METRIC_CACHE_READ_TOKENS = "gen_ai.client.inference.usage.cache_read.input_tokens"
+METRIC_CACHE_WRITE_TOKENS = "gen_ai.client.inference.usage.cache_write.input_tokens"
+METRIC_REASONING_TOKENS = "gen_ai.client.inference.usage.reasoning.output_tokens"
+"""The latest token usage counters (semantic-conventions-genai model/gen-ai/token-metrics.yaml,
+docs/gen-ai/gen-ai-token-metrics.md: monotonic counters, one per token category, each by
+``gen_ai.token.modality``; cache and reasoning are subsets of input and output), recorded for
+every model call, failed ones too, 0 where the response said nothing (modality ``unknown``)."""
+METRIC_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
+METRIC_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
+"""The latest per-operation token histograms (token-metrics.yaml), not by modality."""
+TOKEN_MODALITY = "gen_ai.token.modality"
+TOKEN_TYPE = "gen_ai.token.type"
 
 
 def turn_summary_attributes(summary: Any) -> dict[str, Any]:
@@ -182,7 +289,7 @@ def turn_attributes(
     if provider:
         attributes[PROVIDER] = provider
     for key, value in usage.items():
-        attr = USAGE_ATTRIBUTES.get(key)
+        attr = USAGE_EMITTED.get(key)
         if attr:
             attributes[attr] = value
     if model_call_count is not None:
@@ -246,6 +353,8 @@ def usage_from_attributes(attributes: Mapping[str, Any]) -> dict[str, int]:
     usage = {}
     for key, attr in USAGE_ATTRIBUTES.items():
         value = usage_value(attributes.get(attr))
+        if value is None and attr in USAGE_ALIASES:
+            value = usage_value(attributes.get(USAGE_ALIASES[attr]))
         if value is not None:
             usage[key] = value
     return usage

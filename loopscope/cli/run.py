@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .._autostart import DISABLED_ENV
+from ..content import capture
 from ..instrument import ADAPTERS
 from ..pipeline import DEFAULT_DB, SESSION_ENV
 from .commands import CommandError
@@ -45,7 +46,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     run.add_argument(
         "--capture-content",
         action="store_true",
-        help="export message text, tool arguments and results over OTLP too (they are always stored locally)",
+        help="export message text, tool arguments and results over OTLP too (they are always stored locally): "
+        "sets OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY, which the official GenAI "
+        "instrumentations in the program read as content on spans too",
     )
     run.add_argument(
         "--session",
@@ -76,8 +79,10 @@ def child_environment(args: argparse.Namespace, base: dict[str, str] | None = No
     session = getattr(args, "session", None)
     if session:
         env[SESSION_ENV] = session
-    if args.capture_content:
-        env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
+    if args.capture_content and not capture.on_spans_for_all(env.get(capture.VARIABLE)):
+        # SPAN_ONLY, not "true": opentelemetry-util-genai's instrumentations read "true" as no
+        # content; a value that already puts content on spans for both (SPAN_AND_EVENT) stays
+        env[capture.VARIABLE] = capture.BOTH_ON
     return env
 
 

@@ -2,8 +2,8 @@
 
 Content (prompts, answers, tool arguments and results) is kept in the local store by
 default and sent over OTLP only when the user opts in, as the GenAI conventions ask
-(``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` or
-``configure(capture_content=True)``). Wherever content goes, it is first scrubbed:
+(``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY`` or ``true``, see
+:mod:`loopscope.content.capture`; or ``configure(capture_content=True)``). Wherever content goes, it is first scrubbed:
 secrets matching the redaction patterns are masked, a user hook may rewrite it, and
 over-long text is cut with a visible marker that states the original size.
 """
@@ -11,7 +11,6 @@ over-long text is cut with a visible marker that states the original size.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 from .. import _json
 from .. import semconv as a
+from . import capture as _capture
 from . import secrets
 from .secrets import REDACTED
 
@@ -56,19 +56,13 @@ Redactor = Callable[[str, str], str]
 """A user hook: ``(attribute_or_field, text) -> text`` applied after the patterns."""
 
 
-def _env_flag(name: str) -> bool | None:
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
 @dataclass
 class ContentPolicy:
     """How content is treated on its way to the store and to OTLP.
 
     ``capture`` (export only; the local store always keeps content) defaults to
-    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``. ``max_chars`` caps each
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (``true``/``false`` or a mode,
+    see :mod:`loopscope.content.capture`). ``max_chars`` caps each
     exported text, ``store_max_chars`` each stored one (0: no cap). ``patterns`` replace
     the default secret patterns; ``key_values`` masks the values of ``password=...``,
     ``"api_key": "..."`` and the like; ``redact`` is a hook run after them. The same
@@ -88,7 +82,7 @@ class ContentPolicy:
 
     def __post_init__(self) -> None:
         if self.capture is None:
-            self.capture = bool(_env_flag("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"))
+            self.capture = _capture.from_environment()  # a flag or a mode: both spellings
         patterns = list(DEFAULT_PATTERNS if self.patterns is None else self.patterns)
         self.patterns = tuple(patterns)
         # one expression for all: a pattern's ``secret`` group (the part it masks) gets a

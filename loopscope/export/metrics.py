@@ -4,6 +4,13 @@ Recorded off the hot path: ``on_end`` only queues GenAI spans; a daemon thread t
 into measurements every half second (and on flush). Bucket boundaries are those the GenAI
 conventions advise, given as advisories so they hold on the application's own
 ``MeterProvider`` too.
+
+Which GenAI metrics: the default conventions' (``gen_ai.client.token.usage``,
+``gen_ai.client.operation.duration``, ``gen_ai.execute_tool.duration``), or with ``latest=True``
+(``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``) the latest experimental ones:
+the token usage counters and per-call token histograms instead of ``gen_ai.client.token.usage``,
+plus ``gen_ai.client.operation.time_to_first_chunk`` and ``gen_ai.invoke_agent.duration``
+(names and sources in :mod:`loopscope.semconv`). ``loopscope.*`` metrics are the same in both.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from .._guard import guard
 TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
 DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
 
-TOKEN_USAGE = "gen_ai.client.token.usage"
-OPERATION_DURATION = "gen_ai.client.operation.duration"
-TOOL_DURATION = "gen_ai.execute_tool.duration"
+TOKEN_USAGE = a.METRIC_TOKEN_USAGE
+OPERATION_DURATION = a.METRIC_OPERATION_DURATION
+TOOL_DURATION = a.METRIC_EXECUTE_TOOL_DURATION
 TOOL_CALLS = "loopscope.tool.calls"
 TURNS = "loopscope.turns"
 DROPPED = "loopscope.dropped"
@@ -36,11 +43,13 @@ _MAX_QUEUE = 100_000
 class MetricsProcessor(SpanProcessor):
     """Turns ended GenAI spans into metric measurements on a background thread."""
 
-    def __init__(self, meter: Meter, dropped: Any = None, interval: float = 0.5) -> None:
+    def __init__(self, meter: Meter, dropped: Any = None, interval: float = 0.5, *, latest: bool = False) -> None:
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._lock = threading.Lock()
         self.skipped = 0
-        self._tokens = meter.create_histogram(
+        self.latest = latest
+        self._latest = _LatestInstruments(meter) if latest else None
+        self._tokens = None if latest else meter.create_histogram(
             TOKEN_USAGE, unit="{token}", description="Tokens used by GenAI operations",
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
@@ -98,10 +107,13 @@ class MetricsProcessor(SpanProcessor):
                 if value is not None:
                     common[key] = value
             self._duration.record(seconds, common)
-            for token_type, key in (("input", a.USAGE_INPUT), ("output", a.USAGE_OUTPUT)):
-                value = attrs.get(key)
-                if isinstance(value, int):
-                    self._tokens.record(value, {**common, "gen_ai.token.type": token_type})
+            if self._latest is not None:
+                self._latest.model_call(attrs, common)
+            elif self._tokens is not None:
+                for token_type, key in (("input", a.USAGE_INPUT), ("output", a.USAGE_OUTPUT)):
+                    value = attrs.get(key)
+                    if isinstance(value, int):
+                        self._tokens.record(value, {**common, a.TOKEN_TYPE: token_type})
         elif op == a.OP_EXECUTE_TOOL:
             tool = {a.TOOL_NAME: attrs.get(a.TOOL_NAME, ""), a.TOOL_OUTCOME: attrs.get(a.TOOL_OUTCOME, "served")}
             if attrs.get(a.ERROR_TYPE):
@@ -113,6 +125,8 @@ class MetricsProcessor(SpanProcessor):
             if attrs.get(a.AGENT_NAME):
                 turn[a.AGENT_NAME] = attrs[a.AGENT_NAME]
             self._turns.add(1, turn)
+            if self._latest is not None:
+                self._latest.agent_run(attrs, seconds)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.drain()
@@ -121,6 +135,70 @@ class MetricsProcessor(SpanProcessor):
     def shutdown(self) -> None:
         self._stop.set()
         self.drain()
+
+
+_USAGE_COUNTERS = (
+    (a.METRIC_INPUT_TOKENS, a.USAGE_INPUT, None, "Input (prompt) tokens used, cached ones included"),
+    (a.METRIC_OUTPUT_TOKENS, a.USAGE_OUTPUT, None, "Output (completion) tokens used, reasoning ones included"),
+    (a.METRIC_CACHE_READ_TOKENS, a.USAGE_CACHE_READ, None, "Input tokens served from a provider-managed cache"),
+    (a.METRIC_CACHE_WRITE_TOKENS, a.USAGE_CACHE_CREATION, a.USAGE_CACHE_WRITE, "Input tokens written to a provider-managed cache"),
+    (a.METRIC_REASONING_TOKENS, a.USAGE_REASONING, None, "Output tokens used for reasoning"),
+)
+
+
+def _tokens(attrs: Any, key: str, alias: str | None) -> int:
+    value = attrs.get(key)
+    if value is None and alias is not None:
+        value = attrs.get(alias)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+class _LatestInstruments:
+    """The latest experimental conventions' GenAI instruments (see :mod:`loopscope.semconv`)."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.counters = [
+            (meter.create_counter(name, unit="{token}", description=description), key, alias)
+            for name, key, alias, description in _USAGE_COUNTERS
+        ]
+        self.input_histogram = meter.create_histogram(
+            a.METRIC_OPERATION_INPUT_TOKENS, unit="{token}", description="Input tokens per model call",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.output_histogram = meter.create_histogram(
+            a.METRIC_OPERATION_OUTPUT_TOKENS, unit="{token}", description="Output tokens per model call",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.first_chunk = meter.create_histogram(
+            a.METRIC_TIME_TO_FIRST_CHUNK, unit="s", description="Time from the request to the first chunk of a streamed answer",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.agent_duration = meter.create_histogram(
+            a.METRIC_INVOKE_AGENT_DURATION, unit="s", description="Duration of agent runs (turns)",
+            explicit_bucket_boundaries_advisory=list(a.INVOKE_AGENT_BUCKETS),
+        )
+
+    def model_call(self, attrs: Any, common: dict[str, Any]) -> None:
+        # every call counts, a failed one too: 0 where the response said nothing (the conventions'
+        # rule), of modality "unknown" (loopscope does not read a per-modality breakdown)
+        # (the counters and the first-chunk histogram have no error.type; the per-call histograms do)
+        plain = {k: v for k, v in common.items() if k != a.ERROR_TYPE}
+        by_modality = {**plain, a.TOKEN_MODALITY: "unknown"}
+        for counter, key, alias in self.counters:
+            counter.add(_tokens(attrs, key, alias), by_modality)
+        self.input_histogram.record(_tokens(attrs, a.USAGE_INPUT, None), common)
+        self.output_histogram.record(_tokens(attrs, a.USAGE_OUTPUT, None), common)
+        first = attrs.get(a.TIME_TO_FIRST_CHUNK)  # set on streamed calls only
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            self.first_chunk.record(float(first), plain)
+
+    def agent_run(self, attrs: Any, seconds: float) -> None:
+        run = {a.OPERATION: a.OP_INVOKE_AGENT}
+        for key in (a.AGENT_NAME, a.PROVIDER, a.REQUEST_MODEL, a.ERROR_TYPE):
+            value = attrs.get(key)
+            if value:
+                run[key] = value
+        self.agent_duration.record(seconds, run)
 
 
 def _observe_dropped(dropped: Any, options: CallbackOptions) -> list[Observation]:

@@ -89,9 +89,9 @@ def metric_exporter(settings: OTLPSettings) -> Any:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
         return GrpcMetrics(endpoint=endpoint, headers=headers)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+    from .refused import http_metric_exporter  # an endpoint without a metrics receiver is said once
 
-    return HttpMetrics(endpoint=endpoint, headers=headers)
+    return http_metric_exporter(endpoint, headers)
 
 
 class PolicyExporter(SpanExporter):

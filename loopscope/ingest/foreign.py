@@ -335,7 +335,8 @@ _USAGE_SOURCES = {
         "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens", "llm.token_count.prompt_details.cache_read",
     ),
     "cache_creation_input_tokens": (
-        "gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_creation_input_tokens", "llm.token_count.prompt_details.cache_write",
+        "gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_write.input_tokens",  # the latest conventions' spelling
+        "gen_ai.usage.cache_creation_input_tokens", "llm.token_count.prompt_details.cache_write",
     ),
     "reasoning_tokens": (
         "gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens", "gen_ai.usage.details.reasoning_tokens",

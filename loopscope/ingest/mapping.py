@@ -269,6 +269,8 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
     # semconv.usage_from_attributes does
     input_tokens, output_tokens = get(a.USAGE_INPUT), get(a.USAGE_OUTPUT)
     cache_read_input_tokens, cache_creation_input_tokens = get(a.USAGE_CACHE_READ), get(a.USAGE_CACHE_CREATION)
+    if cache_creation_input_tokens is None:  # the latest conventions' spelling
+        cache_creation_input_tokens = get(a.USAGE_CACHE_WRITE)
     reasoning_tokens = get(a.USAGE_REASONING)
     usage = None  # made in SQL
     span_id = sid.to_bytes(8, "big")
@@ -373,6 +375,7 @@ _PROVIDER, _FRAMEWORK, _REQUEST_MODEL, _RESPONSE_MODEL = a.PROVIDER, a.FRAMEWORK
 _RESPONSE_ID, _FINISH_REASONS, _REQUEST_STREAM, _TTFC = a.RESPONSE_ID, a.RESPONSE_FINISH_REASONS, a.REQUEST_STREAM, a.TIME_TO_FIRST_CHUNK
 _USAGE_INPUT, _USAGE_OUTPUT, _USAGE_CACHE_READ = a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ
 _USAGE_CACHE_CREATION, _USAGE_REASONING, _USAGE_PROVIDER = a.USAGE_CACHE_CREATION, a.USAGE_REASONING, a.USAGE_PROVIDER
+_USAGE_CACHE_WRITE = a.USAGE_CACHE_WRITE
 _ERROR_TYPE, _CALL_ERROR, _CALL_OUTCOME, _CALL_REFUSAL = a.ERROR_TYPE, a.CALL_ERROR, a.CALL_OUTCOME, a.CALL_REFUSAL
 _INPUT_MESSAGES, _OUTPUT_MESSAGES = a.INPUT_MESSAGES, a.OUTPUT_MESSAGES
 
@@ -403,6 +406,8 @@ def _call_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
         time_to_first_chunk_ms = round(ttfc * 1000, 3)
     input_tokens, output_tokens = get(_USAGE_INPUT), get(_USAGE_OUTPUT)
     cache_read_input_tokens, cache_creation_input_tokens = get(_USAGE_CACHE_READ), get(_USAGE_CACHE_CREATION)
+    if cache_creation_input_tokens is None:  # the latest conventions' spelling
+        cache_creation_input_tokens = get(_USAGE_CACHE_WRITE)
     reasoning_tokens = get(_USAGE_REASONING)
     provider_usage = get(_USAGE_PROVIDER)
     if provider_usage is not None and type(provider_usage) is not str:

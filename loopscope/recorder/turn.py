@@ -366,7 +366,7 @@ class Round:
             if self.provider_usage:
                 attributes[a.USAGE_PROVIDER] = self.provider_usage
             for key, value in self.usage.items():
-                attr = a.USAGE_ATTRIBUTES.get(key)
+                attr = a.USAGE_EMITTED.get(key)  # the conventions' version configure() chose
                 if attr:
                     attributes[attr] = value
             if self.invalid_usage:

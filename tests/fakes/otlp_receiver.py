@@ -43,6 +43,9 @@ class OTLPReceiver:
     headers: list[dict[str, str]] = field(default_factory=list)
     status: int = 200
     delay: float = 0.0
+    # path -> the HTTP status it answers (a backend without that signal's receiver: {"/v1/metrics": 405})
+    refuse: dict[str, int] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)  # every request's path, in order
 
     @property
     def endpoint(self) -> str:
@@ -67,6 +70,13 @@ def start() -> tuple[OTLPReceiver, http.server.ThreadingHTTPServer]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
+            receiver.paths.append(self.path)
+            refused = receiver.refuse.get(self.path)
+            if refused is not None:
+                self.send_response(refused)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
             if receiver.delay:
                 time.sleep(receiver.delay)
             if receiver.status != 200:
