@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_openai_overhead import PEERS, Venv, ensure_venv  # noqa: E402  (benchmarks/ is no package)
+from bench_openai_overhead import PEERS, Venv, ensure_venv  # benchmarks/ is no package: imported by path
 
 PYDANTIC_AI = Venv("peers-pydantic-ai", ROOT / "benchmarks" / ".venv-peers-pydantic-ai",
                    ROOT / "tests" / "fixtures" / "foreign" / "requirements-pydantic-ai.txt")
