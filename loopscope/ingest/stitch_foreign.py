@@ -10,6 +10,11 @@ What ties the calls of a loop together is what they say:
   turn and starts those tool calls; a later request that carries results for those ids
   ends them (their arguments from the response, their results from the request) and joins
   that turn, whatever else arrives in between;
+* by conversation (content capture on): a turn whose first request continues an ended
+  turn's conversation (that turn's last request and answer are where it starts) joins that
+  turn's session; only the boundary is compared, as in-process
+  (:mod:`loopscope.recorder.conversations`); remembered at most ``max_conversations``, each
+  for ``conversation_seconds`` after its last use;
 * by position (content capture off: no messages, no ids): a call that finished asking for
   tools (its finish reason) waits in its process (the resource: ``service.instance.id``, else
   service, host and pid); the next call of that process that started after it ended joins
@@ -61,6 +66,8 @@ from .spans import STATUS_ERROR, Ctx, Scope, SpanRecord, Status
 DEFAULT_IDLE_SECONDS = 300.0
 """How long a stitched turn waits for its next model call (as in-process: recorder/stitch.py)."""
 DEFAULT_MAX_TURNS = 10_000
+DEFAULT_MAX_CONVERSATIONS = 10_000
+DEFAULT_CONVERSATION_SECONDS = 3600.0
 
 # finish reasons that say the model asked for tools (providers' and the GenAI conventions' spellings)
 _ASKED_TOOLS = frozenset({"tool_calls", "tool_call", "tool_use", "function_call"})
@@ -95,6 +102,53 @@ def read_tool_results(span: Any) -> list[tuple[str, str | None]]:
                 if call_id:
                     out.append((str(call_id), _text(body.get("content"))))
     return out
+
+
+Message = tuple[str, str, str]  # (role, text, the call id a tool result answers)
+
+
+def read_request(span: Any) -> list[Message]:
+    """A model call's request messages, as (role, text, call id): what a conversation is
+    recognised by (the GenAI conventions' ``gen_ai.input.messages``, OpenInference's
+    ``llm.input_messages.N``, OpenLLMetry's older ``gen_ai.prompt.N``)."""
+    attrs = span.attributes or {}
+    out: list[Message] = []
+    if a.INPUT_MESSAGES in attrs:
+        for message in _loads(attrs[a.INPUT_MESSAGES]) or ():
+            if isinstance(message, dict):
+                parts = [p for p in message.get("parts") or () if isinstance(p, dict)]
+                text = "".join(str(p.get("content") or p.get("response") or "") for p in parts)
+                call = next((str(p.get("id")) for p in parts if p.get("type") == "tool_call_response"), "")
+                out.append((str(message.get("role") or ""), text, call))
+    elif "llm.input_messages.0.message.role" in attrs:
+        for message in _indexed(attrs, "llm.input_messages"):
+            out.append((str(message.get("message.role") or ""), str(message.get("message.content") or ""),
+                        str(message.get("message.tool_call_id") or "")))
+    elif "gen_ai.prompt.0.role" in attrs:
+        for message in _indexed(attrs, "gen_ai.prompt"):
+            out.append((str(message.get("role") or ""), str(message.get("content") or ""), str(message.get("tool_call_id") or "")))
+    return out
+
+
+def _flat(text: str) -> str:
+    """An answer's text as the model sent it or as the loop sends it back (whitespace aside)."""
+    return "".join(text.split())
+
+
+def _ended_key(request: list[Message], answer: str) -> tuple[Any, ...] | None:
+    """The key a turn leaves when it ends: where a request that continues it has its boundary."""
+    if not request:
+        return None
+    return (len(request) + 1, request[0], request[-1], _flat(answer))
+
+
+def _continued_key(request: list[Message]) -> tuple[Any, ...] | None:
+    """The key of the ended turn a request continues: at its last assistant message."""
+    for j in range(len(request) - 1, 0, -1):
+        role, text, _ = request[j]
+        if role == "assistant":
+            return (j + 1, request[0], request[j - 1], _flat(text))
+    return None
 
 
 def _says_anything(span: Any, chat: Chat, results: list[tuple[str, str | None]]) -> bool:
@@ -162,6 +216,11 @@ class Stitcher:
         self._turns: collections.OrderedDict[int, _Turn] = collections.OrderedDict()  # by span id, least recent first
         self._calls: dict[str, _Turn] = {}  # pending call id -> its open turn
         self._waiting: dict[tuple[Any, ...], list[_Turn]] = {}  # process -> turns waiting by position
+        # ended turns' boundaries -> (their session, when last used): a turn that continues a
+        # conversation joins its session (as recorder/conversations.py does in-process)
+        self._conversations: collections.OrderedDict[tuple[Any, ...], tuple[str, float]] = collections.OrderedDict()
+        self.max_conversations = DEFAULT_MAX_CONVERSATIONS
+        self.conversation_seconds = DEFAULT_CONVERSATION_SECONDS
 
     @property
     def open_turns(self) -> int:
@@ -226,6 +285,8 @@ class Stitcher:
             turn.waiting = True
             self._waiting.setdefault(process, []).append(turn)
         elif not turn.pending:
+            if content and not session_of(record.attributes):
+                self._remember(_ended_key(read_request(record), chat.text), turn.session)
             out += self._close(turn, record.end_time)
         while len(self._turns) > self.max_turns:
             oldest = next(iter(self._turns.values()))
@@ -252,10 +313,13 @@ class Stitcher:
     def _open(self, record: SpanRecord, chat: Chat, framework: str | None, content: bool,
               process: tuple[Any, ...] | None, out: list[tuple[int, Any]]) -> _Turn:
         tid = record.context.trace_id
+        session = session_of(record.attributes)
+        if session is None and content:
+            session = self._continues(_continued_key(read_request(record)))
         turn = _Turn(
             trace_id=tid,
             span_id=_derived_id(tid, record.context.span_id, "turn"),
-            session=session_of(record.attributes) or f"{tid:032x}",
+            session=session or f"{tid:032x}",
             framework=framework,
             started=record.start_time,
             user_input=chat.user_text,
@@ -274,6 +338,33 @@ class Stitcher:
             attrs[a.CONTENT_WITHHELD] = True  # the user's input: a row without its text
         out.append((START, self._turn_span(turn, record.start_time, attrs)))
         return turn
+
+    def _remember(self, key: tuple[Any, ...] | None, session: str) -> None:
+        if key is None:
+            return
+        now = self._clock()
+        keys = self._conversations
+        keys[key] = (session, now)
+        keys.move_to_end(key)
+        while keys:
+            _, (_, used) = next(iter(keys.items()))
+            if len(keys) <= self.max_conversations and now - used <= self.conversation_seconds:
+                break
+            keys.popitem(last=False)
+
+    def _continues(self, key: tuple[Any, ...] | None) -> str | None:
+        if key is None:
+            return None
+        found = self._conversations.get(key)
+        if found is None:
+            return None
+        now = self._clock()
+        if now - found[1] > self.conversation_seconds:
+            del self._conversations[key]
+            return None
+        self._conversations[key] = (found[0], now)
+        self._conversations.move_to_end(key)
+        return found[0]
 
     def _unwait(self, turn: _Turn) -> None:
         turn.waiting = False

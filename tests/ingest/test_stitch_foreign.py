@@ -154,7 +154,7 @@ _ids = iter(range(1, 1 << 30))
 
 def chat(*, out: list[tuple[str, str]] = (), results: list[tuple[str, str]] = (), user: str | None = "hi",
          text: str = "", reason: str = "stop", start: int, end: int, process: str = "p1", content: bool = True,
-         error: str | None = None) -> SpanRecord:
+         error: str | None = None, history: list[dict[str, Any]] = ()) -> SpanRecord:
     """A lone official-GenAI chat span: ``out`` the tool calls it asks for, ``results`` the
     results its request carries (call id, result)."""
     attrs: dict[str, Any] = {
@@ -162,7 +162,7 @@ def chat(*, out: list[tuple[str, str]] = (), results: list[tuple[str, str]] = ()
         "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 2, "gen_ai.response.finish_reasons": (reason,),
     }
     if content:
-        inputs = [{"role": "user", "parts": [{"type": "text", "content": user}]}] if user else []
+        inputs = list(history) + ([{"role": "user", "parts": [{"type": "text", "content": user}]}] if user else [])
         inputs += [{"role": "tool", "parts": [{"type": "tool_call_response", "id": i, "response": r}]} for i, r in results]
         parts = [{"type": "text", "content": text}] if text else []
         parts += [{"type": "tool_call", "id": i, "name": n, "arguments": {"q": i}} for i, n in out]
@@ -286,3 +286,23 @@ def rows_of_spans(spans: list[SpanRecord]) -> list[tuple[int, SpanRecord]]:
     for span in spans:
         out += assembler.add(span)
     return out
+
+
+def test_a_turn_that_continues_a_conversation_joins_its_session():
+    def said(role: str, text: str) -> dict[str, Any]:
+        return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+    stitcher = Stitcher()
+    first = turns_of(rows_of([chat(user="Weather in Paris?", text="Sunny.", start=0, end=1)], stitcher))
+    # the next question sends the conversation so far: it continues the first turn's
+    follow = chat(user="And tomorrow?", text="Rain.", history=[said("user", "Weather in Paris?"), said("assistant", "Sunny.")],
+                  start=2, end=3)
+    second = turns_of(rows_of([follow], stitcher))
+    # another conversation that asks the same first question, answered otherwise, does not
+    other = chat(user="And tomorrow?", text="Snow.", history=[said("user", "Weather in Paris?"), said("assistant", "Cloudy.")],
+                 start=4, end=5)
+    third = turns_of(rows_of([other], stitcher))
+    (one,), (two,), (three,) = first.values(), second.values(), third.values()
+    assert two[a.CONVERSATION_ID] == one[a.CONVERSATION_ID]
+    assert two[a.TURN_INPUT] == "And tomorrow?"
+    assert three[a.CONVERSATION_ID] != one[a.CONVERSATION_ID]
