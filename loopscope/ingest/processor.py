@@ -15,6 +15,7 @@ from .._otel_sdk import attributes_view as _attributes
 from ..storage.rows import END, START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
+from .stitch_foreign import Stitcher
 from .spans import OWN_SCOPE
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
@@ -81,7 +82,8 @@ class StoreSpanProcessor(SpanProcessor):
         if assembler is None:
             with self._lock:
                 if self._assembler is None:
-                    self._assembler = Assembler()
+                    # bare model calls stitched into turns, as the collector does
+                    self._assembler = Assembler(stitcher=Stitcher())
         self._assemble(span)
 
     def _assemble(self, span: ReadableSpan) -> None:

@@ -147,6 +147,20 @@ def test_recorded_bare_loops_are_stitched_into_one_turn(tmp_path, in_process, li
     check(stored(db), expected(in_process, lib, content))
 
 
+def test_the_in_process_store_stitches_a_bare_loop_as_the_collector_does(tmp_path, in_process):
+    """Foreign spans that end in this process go through the store's span processor: the same turn."""
+    from loopscope.ingest.otlp.decode import parse_fixture
+    from loopscope.ingest.processor import StoreSpanProcessor
+    from loopscope.ingest.writer import SpanWriter
+
+    db = tmp_path / "local.duckdb"
+    processor = StoreSpanProcessor(SpanWriter(str(db), flush_interval=0.05))
+    for record in parse_fixture(json.loads((FIXTURES / "otel-genai-bare.json").read_text())):
+        processor.on_end(record)
+    processor.shutdown()
+    check(stored(db), in_process)
+
+
 # -- the stitcher alone ----------------------------------------------------------------------------
 
 _ids = iter(range(1, 1 << 30))
