@@ -15,8 +15,8 @@ from .._otel_sdk import attributes_view as _attributes
 from ..storage.rows import END, START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
-from .stitch_foreign import Stitcher
 from .spans import OWN_SCOPE
+from .stitch_foreign import Stitcher
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
 _ENDS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT, a.OP_CHAT})
