@@ -284,7 +284,7 @@ class Stitcher:
             turn.rounds_with_tools += 1
             turn.waiting = True
             self._waiting.setdefault(process, []).append(turn)
-        elif not turn.pending:
+        else:  # an answer: the turn ends (calls it never answered: unserved, as in-process)
             if content and not session_of(record.attributes):
                 self._remember(_ended_key(read_request(record), chat.text), turn.session)
             out += self._close(turn, record.end_time)

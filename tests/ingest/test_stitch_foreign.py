@@ -320,3 +320,14 @@ def test_a_turn_that_continues_a_conversation_joins_its_session():
     assert two[a.CONVERSATION_ID] == one[a.CONVERSATION_ID]
     assert two[a.TURN_INPUT] == "And tomorrow?"
     assert three[a.CONVERSATION_ID] != one[a.CONVERSATION_ID]
+
+
+def test_an_answer_ends_the_turn_and_its_unanswered_calls_unserved():
+    rows = rows_of([
+        chat(out=[("c1", "t"), ("c2", "t")], reason="tool_calls", start=0, end=1),
+        chat(results=[("c1", "r")], text="Done without c2.", start=2, end=3),
+    ])
+    ends = {r[a.TOOL_CALL_ID]: r[a.TOOL_OUTCOME] for kind, r in rows if kind == 1 and r[a.OPERATION] == a.OP_EXECUTE_TOOL}
+    assert ends == {"c1": "served", "c2": "unserved"}
+    (turn,) = turns_of(rows).values()
+    assert turn[a.LOOP_END_REASON] == "completed" and turn[a.TOOL_CALLS_COUNT] == 2
