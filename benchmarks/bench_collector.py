@@ -26,6 +26,15 @@ repeats; the machine is noisy, compare ratios.
 
     .venv/bin/python benchmarks/bench_collector.py [--turns N] [--repeats R] [--senders 1,4] [--grpc]
 
+``--foreign`` sends instead what a bare instrumented SDK loop exports: the official GenAI
+openai instrumentation's ``chat`` spans (content on, each its own trace, no agent span, no
+pending copies; three calls a turn, two asking for a tool), which the collector stitches
+into turns by tool-call id. ``--baseline PATH`` adds ``collector (baseline)``: the same
+collector run from another checkout (e.g. ``git worktree add /tmp/before main``), timed
+in the same interleaved repeats, so the cost of a change is a ratio measured in one run:
+
+    .venv/bin/python benchmarks/bench_collector.py --foreign --baseline /tmp/before --senders 1
+
 ``--memory`` measures instead the collector's resident memory (RSS, from /proc) while
 ``--requests`` senders each POST one request of ``--request-mb`` MB at once (spans of
 100 KB attributes; a 503 is retried a second later, as OTLP senders do): before, at its
@@ -140,6 +149,45 @@ def record(turns: int) -> list[ReadableSpan]:
     return [filtered_span(s, policy) for s in stream.spans]
 
 
+def record_foreign(turns: int) -> list[ReadableSpan]:
+    """A bare loop's export stream under the official GenAI openai instrumentation: three
+    ``chat`` spans a turn, each the root of its own trace, with the conventions' messages."""
+    import json
+    import uuid
+
+    from opentelemetry.sdk.resources import Resource
+
+    stream = _ExportStream()
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench-bare", "service.instance.id": str(uuid.uuid4())}))
+    provider.add_span_processor(stream)
+    tracer = provider.get_tracer("opentelemetry.instrumentation.genai.openai")
+    steps = (("search", "query", 120, 12), ("fetch", "url", 180, 14), (None, None, 240, 30))
+    for n in range(turns):
+        history: list[dict[str, Any]] = [{"role": "user", "parts": [{"type": "text", "content": f"question {n}: what is new?"}]}]
+        for step, (tool, key, tokens_in, tokens_out) in enumerate(steps):
+            attributes: dict[str, Any] = {
+                "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o-mini",
+                "gen_ai.response.model": "gpt-4o-mini", "gen_ai.response.id": f"chatcmpl-{n}-{step}",
+                "gen_ai.usage.input_tokens": tokens_in, "gen_ai.usage.output_tokens": tokens_out,
+                "server.address": "127.0.0.1", "server.port": 8000,
+                "gen_ai.input.messages": json.dumps(history),
+            }
+            if tool is not None:
+                call_id = f"call_{n}_{step}"
+                output = {"role": "assistant", "parts": [{"type": "tool_call", "id": call_id, "name": tool,
+                                                          "arguments": {key: f"{key}-{n}"}}], "finish_reason": "tool_call"}
+                attributes["gen_ai.response.finish_reasons"] = ("tool_calls",)
+            else:
+                output = {"role": "assistant", "parts": [{"type": "text", "content": f"Here is what is new ({n})."}], "finish_reason": "stop"}
+                attributes["gen_ai.response.finish_reasons"] = ("stop",)
+            attributes["gen_ai.output.messages"] = json.dumps([output])
+            tracer.start_span("chat gpt-4o-mini", attributes=attributes).end()
+            if tool is not None:
+                history += [output, {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id,
+                                                                "response": f"result of {tool} {n}"}]}]
+    return list(stream.spans)
+
+
 def _start(cmd: list[str], env: dict[str, str], grpc: bool) -> tuple[subprocess.Popen[str], str]:
     """Start a sink; its first line of output names its endpoint(s) (the collector's: HTTP, then gRPC)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -149,6 +197,15 @@ def _start(cmd: list[str], env: dict[str, str], grpc: bool) -> tuple[subprocess.
         proc.kill()
         raise RuntimeError(f"{cmd[:4]} did not start: {line}{proc.stderr.read()}")  # type: ignore[union-attr]
     return proc, urls[-1] if grpc else urls[0]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system, all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -185,10 +242,10 @@ def send(spans: list[ReadableSpan], endpoint: str, grpc: bool) -> float:
     return elapsed
 
 
-def sender(turns: int, grpc: bool) -> int:
+def sender(turns: int, grpc: bool, foreign: bool = False) -> int:
     """A sender process: records its spans, says ready, then sends them to each endpoint it
     is given on stdin and answers with the seconds it took."""
-    spans = record(turns)
+    spans = record_foreign(turns) if foreign else record(turns)
     print(f"ready {len(spans)}", flush=True)
     for line in sys.stdin:
         endpoint = line.strip()
@@ -276,13 +333,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--senders", default="1,4", help="comma-separated numbers of concurrent sender processes (default: 1,4)")
     parser.add_argument("--grpc", action="store_true", help="OTLP/gRPC instead of OTLP/HTTP")
+    parser.add_argument("--foreign", action="store_true",
+                        help="send a bare loop's spans (official GenAI openai instrumentation, no agent span) instead")
+    parser.add_argument("--baseline", help="also time the collector of this checkout (a folder holding loopscope/)")
     parser.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory", action="store_true", help="measure the collector's RSS under large concurrent requests")
     parser.add_argument("--requests", type=int, default=20, help="--memory: concurrent requests (default: 20)")
     parser.add_argument("--request-mb", type=float, default=11.0, help="--memory: MB per request (default: 11)")
     args = parser.parse_args()
     if args.sender:
-        return sender(args.turns, args.grpc)
+        return sender(args.turns, args.grpc, args.foreign)
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LOOPSCOPE_STRICT", None)
@@ -292,24 +352,33 @@ def main() -> int:
     protocol = "OTLP/gRPC" if args.grpc else "OTLP/HTTP protobuf"
     folder = Path(tempfile.mkdtemp(prefix="bench-collector-"))
     port_flags = ["--http-port", "0", "--grpc-port", "0"] if args.grpc else ["--http-port", "0", "--no-grpc"]
-    variants = ("null sink", "collector", "collector --no-raw")
+    variants: tuple[str, ...] = ("null sink", "collector", "collector --no-raw")
+    if args.baseline:
+        variants = ("null sink", "collector (baseline)", "collector")
+        baseline_env = {**env, "PYTHONPATH": str(Path(args.baseline).resolve())}
     results: dict[int, dict[str, float]] = {}
+    cpu_medians: dict[int, dict[str, float]] = {}
     for count in counts:
-        senders = [subprocess.Popen([sys.executable, __file__, "--sender", "--turns", str(args.turns)] + (["--grpc"] if args.grpc else []),
+        senders = [subprocess.Popen([sys.executable, __file__, "--sender", "--turns", str(args.turns)] + (["--grpc"] if args.grpc else [])
+                                    + (["--foreign"] if args.foreign else []),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for _ in range(count)]
         per = [int(p.stdout.readline().split()[1]) for p in senders]  # type: ignore[union-attr]
         total = sum(per)
-        print(f"collector ingest: {count} sender(s) x {per[0]} spans ({args.turns} turns each, pending copies included), "
+        what = "a bare loop's chat spans, stitched" if args.foreign else "pending copies included"
+        print(f"collector ingest: {count} sender(s) x {per[0]} spans ({args.turns} turns each, {what}), "
               f"batches of {BATCH}, {protocol}, {args.repeats} interleaved repeats", flush=True)
         times: dict[str, list[float]] = {v: [] for v in variants}
+        cpus: dict[str, list[float]] = {v: [] for v in variants}
         for repeat in range(args.repeats):
             for variant in variants:
                 if variant == "null sink":
                     proc, endpoint = _start([sys.executable, "-c", NULL_GRPC_SINK if args.grpc else NULL_SINK], env, args.grpc)
                 else:
-                    db = folder / f"s{count}-r{repeat}-{variant.replace(' ', '').replace('-', '')}.duckdb"
+                    name = "".join(c for c in variant if c.isalnum())
+                    db = folder / f"s{count}-r{repeat}-{name}.duckdb"
                     flags = port_flags + (["--no-raw"] if "no-raw" in variant else [])
-                    proc, endpoint = _start([sys.executable, "-m", "loopscope", "--db", str(db), "collect", *flags], env, args.grpc)
+                    proc, endpoint = _start([sys.executable, "-m", "loopscope", "--db", str(db), "collect", *flags],
+                                            baseline_env if "baseline" in variant else env, args.grpc)
                 try:
                     started = time.perf_counter()
                     for p in senders:
@@ -318,22 +387,28 @@ def main() -> int:
                     for p in senders:
                         p.stdout.readline()  # type: ignore[union-attr]
                     seconds = time.perf_counter() - started
+                    cpu = _cpu_seconds(proc.pid)  # the receiver's whole process, every thread
                 finally:
                     _stop(proc)
                 times[variant].append(seconds)
-                print(f"  repeat {repeat + 1} {variant:<20} {total / seconds:>10,.0f} spans/s", flush=True)
+                cpus[variant].append(cpu)
+                print(f"  repeat {repeat + 1} {variant:<22} {total / seconds:>10,.0f} spans/s  receiver CPU {cpu:6.2f} s", flush=True)
         for p in senders:
             p.stdin.close()  # type: ignore[union-attr]
             p.wait(timeout=60)
         results[count] = {k: total / statistics.median(v) for k, v in times.items()}
+        cpu_medians[count] = {k: statistics.median(v) for k, v in cpus.items()}
     print()
-    print(f"{'senders':>7}  {'destination':<22} {'median spans/s':>15} {'vs exporter':>12}")
+    print(f"{'senders':>7}  {'destination':<22} {'median spans/s':>15} {'vs exporter':>12} {'receiver CPU s':>15}")
     for count, rates in results.items():
         base = rates["null sink"]
         for name, rate in rates.items():
-            print(f"{count:>7}  {name:<22} {rate:>15,.0f} {rate / base:>11.2f}x")
+            print(f"{count:>7}  {name:<22} {rate:>15,.0f} {rate / base:>11.2f}x {cpu_medians[count][name]:>15.2f}")
     for count, rates in results.items():
         print(f"ratio collector / exporter's own rate, {count} sender(s): {rates['collector'] / rates['null sink']:.2f}x")
+        if "collector (baseline)" in rates:
+            print(f"ratio collector / baseline collector, {count} sender(s): {rates['collector'] / rates['collector (baseline)']:.2f}x "
+                  f"spans/s, {cpu_medians[count]['collector'] / cpu_medians[count]['collector (baseline)']:.2f}x receiver CPU")
     return 0
 
 

@@ -100,6 +100,10 @@ ROUND_BLOCKED = "loopscope.round.blocked"
 TOOL_STATUS = "loopscope.tool.status"
 TOOL_OUTCOME = "loopscope.tool.outcome"
 TOOL_ERROR = "loopscope.tool.error"
+CONTENT_WITHHELD = "loopscope.content.withheld"
+"""On a ``chat`` span without :data:`ROUND_TEXT`, or an ``invoke_agent`` span without
+:data:`TURN_INPUT`: the message was said but its text was not captured (content capture
+off): its row is kept, without text."""
 CALL_POSITION = "loopscope.call.position"
 """On a ``chat`` span: the model call's place in its turn, from 1 (the turn's first model
 call is 1). Not the round count: see :data:`ROUND_COUNT` and :data:`MODEL_CALL_COUNT`."""

@@ -46,7 +46,14 @@ ensure_chromium() {
 
 ensure_venv test
 ensure_chromium
+# the peers' venvs (other instrumentations, pinned, from PyPI) the live foreign-span tests drive;
+# cached: an unchanged one costs nothing
+if ! ./scripts/peers.sh; then
+  _in_ci && _die "scripts/peers.sh could not make the peers' venvs (the live foreign-span tests need them)"
+  _say "the peers' venvs could not be made: the live foreign-span tests will be skipped"
+fi
 if _in_ci; then
   export LOOPSCOPE_REQUIRE_BROWSER=1  # a missing browser fails the browser tests instead of skipping them
+  export LOOPSCOPE_REQUIRE_PEERS=1  # a missing peers' venv fails the live foreign-span tests instead of skipping them
 fi
 exec .venv/bin/python -m pytest -q "$@"

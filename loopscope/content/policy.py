@@ -184,12 +184,17 @@ class ContentPolicy:
         out: dict[str, Any] = {}
         for key, value in attributes.items():
             if key in CONTENT_ATTRIBUTES and not self.capture:
+                if key in _MESSAGE_TEXTS and value:
+                    out[a.CONTENT_WITHHELD] = True  # a collector keeps the message's row, without its text
                 continue
             if key in SCRUBBED_ATTRIBUTES and isinstance(value, str):
                 value = self.scrub_json(value, key)  # JSON attributes stay JSON
             out[key] = value
         return out
 
+
+# the texts a message row is made of (a turn's input, a round's text)
+_MESSAGE_TEXTS = frozenset({a.TURN_INPUT, a.ROUND_TEXT})
 
 _SECRET_GROUP = "(?P<secret>"
 

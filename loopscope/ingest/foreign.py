@@ -797,8 +797,11 @@ class Assembler:
     """
 
     def __init__(self, *, idle_seconds: float = 60.0, max_spans: int = 100_000, max_traces: int = 20_000,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, stitcher: Any = None) -> None:
         self.idle_seconds = idle_seconds
+        # model calls under no agent run go to the stitcher (ingest/stitch_foreign.py), which
+        # makes turns of them; without one each is mapped alone
+        self.stitcher = stitcher
         self.max_spans = max_spans
         self.max_traces = max_traces
         self._clock = clock
@@ -859,6 +862,8 @@ class Assembler:
         now = self._clock()
         for tid in [t for t, s in self._traces.items() if now - s.touched >= self.idle_seconds]:
             out += self._release_trace(tid)
+        if self.stitcher is not None:
+            out += self.stitcher.expire()
         return out
 
     def drain(self) -> list[tuple[int, Any]]:
@@ -866,6 +871,8 @@ class Assembler:
         out: list[tuple[int, Any]] = []
         for tid in list(self._traces):
             out += self._release_trace(tid)
+        if self.stitcher is not None:
+            out += self.stitcher.drain()
         return out
 
     # -- inside ------------------------------------------------------------------------------
@@ -896,6 +903,8 @@ class Assembler:
         return out
 
     def _alone(self, record: SpanRecord, role: str | None, framework: str | None) -> list[tuple[int, Any]]:
+        if role == CHAT and self.stitcher is not None:
+            return self.stitcher.add(record, framework)
         session = session_of(record.attributes)
         if role == CHAT:
             return [(END, record.replace(attributes=chat_attributes(record, read_chat(record), session, None, None, framework)))]

@@ -86,7 +86,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     TOOL_CALL_ARGUMENTS, TOOL_CALL_RESULT = a.TOOL_CALL_ARGUMENTS, a.TOOL_CALL_RESULT
     TOOL_OUTCOME, TOOL_STATUS, TOOL_ERROR = a.TOOL_OUTCOME, a.TOOL_STATUS, a.TOOL_ERROR
     ROUND_TEXT, ROUND_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED
-    TURN_INPUT, TURN_INPUT_BLOCKED = a.TURN_INPUT, a.TURN_INPUT_BLOCKED
+    TURN_INPUT, TURN_INPUT_BLOCKED, CONTENT_WITHHELD = a.TURN_INPUT, a.TURN_INPUT_BLOCKED, a.CONTENT_WITHHELD
     STATE_KIND, STATE_VALUE, STATE_KINDS = a.STATE_KIND, a.STATE_VALUE, a.STATE_KINDS
     last_tid: Any = None
     trace_id = b""
@@ -151,7 +151,9 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     calls.append(_call_fact(span, d, tid, trace_id, sid, start, end))
                 body = get(ROUND_TEXT)
                 if not body:
-                    continue
+                    if not get(CONTENT_WITHHELD):
+                        continue
+                    body = ""  # said, not captured: the row without its text
                 if not keep_message:
                     excluded += 1
                     continue
@@ -168,7 +170,9 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                     turns.append(_turn_fact(span, d, tid, trace_id, sid, start, end))
                     continue
                 if TURN_INPUT not in d:
-                    continue
+                    if not get(CONTENT_WITHHELD):
+                        continue
+                    d = {**d, TURN_INPUT: ""}  # said, not captured: the row without its text
                 if not keep_message:
                     excluded += 1
                     continue

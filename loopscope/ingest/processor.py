@@ -16,6 +16,7 @@ from ..storage.rows import END, START
 from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
 from .spans import OWN_SCOPE
+from .stitch_foreign import Stitcher
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
 _ENDS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT, a.OP_CHAT})
@@ -81,7 +82,8 @@ class StoreSpanProcessor(SpanProcessor):
         if assembler is None:
             with self._lock:
                 if self._assembler is None:
-                    self._assembler = Assembler()
+                    # bare model calls stitched into turns, as the collector does
+                    self._assembler = Assembler(stitcher=Stitcher())
         self._assemble(span)
 
     def _assemble(self, span: ReadableSpan) -> None:

@@ -141,6 +141,26 @@ def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, coll
     assert collector.ingest.stats.pending == 14  # 7 agent runs + 7 tool calls
 
 
+def test_without_content_the_collector_keeps_every_row_without_its_text(tmp_path, collector, model_server):
+    local = tmp_path / "local.duckdb"
+    loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
+                        capture_content=False, flush_interval=0.05)
+    loopscope.instrument(anthropic=False)
+    try:
+        run_scenario(model_server)
+    finally:
+        loopscope.uninstrument()
+        loopscope.shutdown()
+    collector.stop()
+    mine, theirs = events(local), events(collector.db)
+    # the same rows (ids, sessions, indices, types): messages too, kept without their text
+    assert [r[:4] for r in theirs] == [r[:4] for r in mine]
+    messages = [(json.loads(m[10]), json.loads(t[10])) for m, t in zip(mine, theirs) if m[3] == "message"]
+    assert len(messages) > 10 and all(m["body"] for m, _ in messages)
+    assert all(t == {**m, "body": ""} for m, t in messages)
+    assert len(turns(collector.db)) == len(turns(local)) == 7
+
+
 def test_spans_without_pending_copies_still_give_every_row(tmp_path, collector):
     """The application's own exporter (no pending copies): start rows come from the ended span."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

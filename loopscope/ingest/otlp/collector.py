@@ -17,8 +17,10 @@ the pending copy, with the real span's ids (so the event ids match), and only th
 rows when the real span arrives. Spans without pending copies (another exporter, another
 instrumentation) give both from the ended span.
 
-Other instrumentations' GenAI spans are understood too (:mod:`loopscope.ingest.foreign`),
-and every span received is also kept as it came in the ``spans`` table.
+Other instrumentations' GenAI spans are understood too (:mod:`loopscope.ingest.foreign`);
+their model calls under no agent run (a bare instrumented SDK loop) are stitched into
+turns (:mod:`loopscope.ingest.stitch_foreign`). Every span received is also kept as it
+came in the ``spans`` table.
 
 Bad payloads get a 4xx with a reason and change nothing: a payload is decoded and checked
 whole before any of it is written; one that is too large (``max_bytes``, also after

@@ -21,6 +21,7 @@ from ...storage.raw_spans import RawSpanWriter
 from ...storage.schema import migrate
 from ..foreign import AGENT, Assembler, classify
 from ..spans import Ctx, SpanRecord, is_own
+from ..stitch_foreign import Stitcher
 from ..writer import SpanWriter
 from .decode import _KINDS, _STATUS, Received
 
@@ -222,7 +223,8 @@ class Ingest:
             if raw else None
         )
         self.raw_wait = raw_wait
-        self.assembler = Assembler(idle_seconds=idle_seconds)
+        # model calls under no agent run (a bare instrumented SDK loop) are stitched into turns
+        self.assembler = Assembler(idle_seconds=idle_seconds, stitcher=Stitcher(idle_seconds=idle_seconds))
         self.stats = CollectorStats()
         self._pending: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
         # the spans of the latest requests, so that a retried request (a 503, a client that
