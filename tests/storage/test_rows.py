@@ -188,3 +188,17 @@ def test_the_mapping_builds_each_fact_from_names_that_are_the_row_types_fields_i
     assert _tuples_of_names(mapping.collect, "add") == [rows.EventFact._fields]
     assert _tuples_of_names(mapping._turn_fact, "return") == [rows.TurnFact._fields]
     assert _tuples_of_names(mapping._call_fact, "return") == [rows.CallFact._fields]
+
+
+def test_the_json_check_bound_once_for_several_columns_decides_as_the_check_of_each():
+    # EVENTS_SQL and CALLS_SQL check their JSON columns in one lambda (bound once per
+    # statement): it keeps, quotes or nulls each text exactly as the check of one column
+    texts = [None, "", "x", "[1,]", '{"a":1,}', "nan", "NaN", "[NaN]", "[nan]", "-Infinity", "[+1]", "1E+5",
+             '"\\ud800"', '{"a": "NaN, ]"}', "[1, -inf]", "null", "[tru]", " [1] ", "é", '{"k": [1, {"x": null}]}']
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (a VARCHAR, b VARCHAR)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(text, texts[-1 - i]) for i, text in enumerate(texts)])
+    each = con.execute(f"SELECT {rows.json_text_sql('a')}, {rows.json_text_sql('b')} FROM t").fetchall()
+    once = con.execute(f"SELECT j[1], j[2] FROM (SELECT {rows.json_texts_sql(('a', 'b'))} AS j FROM t)").fetchall()
+    assert once == each
+    assert each[3] == ('"[1,]"', each[3][1])  # a trailing comma Python refuses: kept as a JSON string
