@@ -146,9 +146,10 @@ def text_part_json(text: str) -> str:
 # their strings, so a message costs its encoding once, then a lookup (the strings' hashes
 # are kept by the strings themselves): the cost of a call no longer grows with the
 # encoding of its history. Bounded in entries and in characters held.
-MESSAGE_CACHE_ENTRIES = 4096
-MESSAGE_CACHE_CHARS = 4 << 20
-"""The message texts kept at most, and their characters (the strings and their JSON): ~8-16 MB."""
+MESSAGE_CACHE_ENTRIES = 1024
+MESSAGE_CACHE_CHARS = 1 << 20
+"""The message texts kept at most, and their characters (the strings and their JSON): 2-4 MB
+at most (the strings are kept alive by it), well inside issue 19's memory budget."""
 _made: dict[tuple[str, str, str], str] = {}
 _made_chars = 0
 
