@@ -141,14 +141,49 @@ def text_part_json(text: str) -> str:
     return '{"type":"text","content":' + _string(text) + "}"
 
 
+# A request holds the conversation so far: every message of it was in the last request
+# too (the system prompt in every request). The JSON of the two common shapes is kept by
+# their strings, so a message costs its encoding once, then a lookup (the strings' hashes
+# are kept by the strings themselves): the cost of a call no longer grows with the
+# encoding of its history. Bounded in entries and in characters held.
+MESSAGE_CACHE_ENTRIES = 1024
+MESSAGE_CACHE_CHARS = 1 << 20
+"""The message texts kept at most, and their characters (the strings and their JSON): 2-4 MB
+at most (the strings are kept alive by it), well inside issue 19's memory budget."""
+_made: dict[tuple[str, str, str], str] = {}
+_made_chars = 0
+
+
+def _remember(key: tuple[str, str, str], made: str) -> None:
+    global _made_chars
+    size = len(key[1]) + len(key[2]) + len(made)
+    if size > MESSAGE_CACHE_CHARS // 16:
+        return  # one huge message would push out the rest
+    if len(_made) >= MESSAGE_CACHE_ENTRIES or _made_chars + size > MESSAGE_CACHE_CHARS:
+        _made.clear()  # a new conversation, most likely: start again (cheaper than an LRU per call)
+        _made_chars = 0
+    _made[key] = made
+    _made_chars += size
+
+
 def text_message_json(role: str, text: str) -> str:
     """``{"role": role, "parts": [{"type": "text", "content": text}]}`` as JSON text."""
-    return '{"role":' + _string(role) + ',"parts":[{"type":"text","content":' + _string(text) + "}]}"
+    key = ("", role, text)
+    made = _made.get(key)
+    if made is None:
+        made = '{"role":' + _string(role) + ',"parts":[{"type":"text","content":' + _string(text) + "}]}"
+        _remember(key, made)
+    return made
 
 
 def tool_result_json(call_id: str, response: str) -> str:
     """A tool message: ``{"role": "tool", "parts": [{"type": "tool_call_response", "id", "response"}]}``."""
-    return '{"role":"tool","parts":[{"type":"tool_call_response","id":' + _string(call_id) + ',"response":' + _string(response) + "}]}"
+    key = ("tool", call_id, response)
+    made = _made.get(key)
+    if made is None:
+        made = '{"role":"tool","parts":[{"type":"tool_call_response","id":' + _string(call_id) + ',"response":' + _string(response) + "}]}"
+        _remember(key, made)
+    return made
 
 
 def tool_call_json(call_id: str, name: str, arguments: str) -> str:

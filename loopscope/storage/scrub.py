@@ -117,12 +117,12 @@ class Scrubber:
         """Scrub the batches of ``facts`` in place."""
         if self.idle:
             return
-        if facts.events:
-            facts.events = self._batches(facts.events, _EVENT_COLUMNS)
-        if facts.turns:
-            facts.turns = self._batches(facts.turns, _TURN_COLUMNS)
-        if facts.calls:
-            facts.calls = self._batches(facts.calls, _CALL_COLUMNS)
+        kinds = [(name, columns) for name, columns in (("events", _EVENT_COLUMNS), ("turns", _TURN_COLUMNS),
+                                                       ("calls", _CALL_COLUMNS)) if getattr(facts, name)]
+        if kinds:
+            scrubbed = self._batches([(getattr(facts, name), columns) for name, columns in kinds])
+            for (name, _), batches in zip(kinds, scrubbed):
+                setattr(facts, name, batches)
 
     def masked(self, column: Any, how: str = "json") -> Any:
         """A string array with secrets masked in the values the prefilter picks (no cap,
@@ -153,28 +153,40 @@ class Scrubber:
             warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
             return '"[REDACTED]"' if how != "text" else REDACTED
 
-    def _batches(self, batches: list[Any], columns: tuple[tuple[str, str | None, str], ...]) -> list[Any]:
+    def _batches(self, kinds: list[tuple[list[Any], tuple[tuple[str, str | None, str], ...]]]) -> list[list[Any]]:
+        """The batches of each kind of fact (events, turns, calls: its batches and its
+        content columns), scrubbed."""
         import pyarrow as pa
 
-        names = batches[0].schema.names
-        indices = [names.index(name) for name, _, _ in columns]
-        # every content column of every batch end to end: the prefilter's cost is mostly
-        # per call, so it runs once per write (only the content columns are copied)
-        pieces = [batch.column(i) for i in indices for batch in batches]
+        # every content column of every batch of every kind end to end: the prefilter's
+        # cost is mostly per call (its expression compiled), so it runs once per write
+        # (only the content columns are copied)
+        pieces: list[Any] = []
+        where: list[tuple[int, int, int]] = []  # per piece: its kind, its batch, its column (k)
+        indices_of: list[list[int]] = []
+        for g, (batches, columns) in enumerate(kinds):
+            names = batches[0].schema.names
+            indices = [names.index(name) for name, _, _ in columns]
+            indices_of.append(indices)
+            for k, i in enumerate(indices):
+                for j, batch in enumerate(batches):
+                    pieces.append(batch.column(i))
+                    where.append((g, j, k))
         picked = self._pick(pa.concat_arrays(pieces))
+        out = [list(batches) for batches, _ in kinds]
         if not picked:
-            return batches
+            return out
         starts = [0]
         for piece in pieces:
             starts.append(starts[-1] + len(piece))
-        hits: dict[int, dict[int, list[int]]] = {}  # batch -> column (k) -> rows
+        hits: dict[tuple[int, int], dict[int, list[int]]] = {}  # (kind, batch) -> column (k) -> rows
         for position in picked:
             piece = bisect.bisect_right(starts, position) - 1
-            k, j = divmod(piece, len(batches))
-            hits.setdefault(j, {}).setdefault(k, []).append(position - starts[piece])
-        out = list(batches)
-        for j, by_column in hits.items():
-            out[j] = self._batch(batches[j], columns, indices, by_column)
+            g, j, k = where[piece]
+            hits.setdefault((g, j), {}).setdefault(k, []).append(position - starts[piece])
+        for (g, j), by_column in hits.items():
+            batches, columns = kinds[g]
+            out[g][j] = self._batch(batches[j], columns, indices_of[g], by_column)
         return out
 
     def _batch(self, batch: Any, columns: tuple[tuple[str, str | None, str], ...], indices: list[int],

@@ -20,6 +20,7 @@ SMOKE_RUNS = {
     "collector-throughput": ["bench_collector.py", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-foreign": ["bench_collector.py", "--foreign", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-memory": ["bench_collector.py", "--memory", "--requests", "3", "--request-mb", "1"],
+    "batch-cost": ["batch_cost.py", "--smoke"],
 }
 
 

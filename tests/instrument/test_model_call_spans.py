@@ -19,6 +19,7 @@ import loopscope
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
+from loopscope.instrument import _read
 from recorded import only_turn, spans_of
 
 MODEL = "model-under-test"
@@ -258,6 +259,26 @@ def test_every_call_has_its_position_and_outcome(api, mode, instrumented, server
     assert chats[0].attributes[a.REQUEST_TOOL_CHOICE] == ("any" if api == "messages" else "required")
     assert a.REQUEST_TOOL_CHOICE not in chats[1].attributes
     assert turn.response is not None and turn.response.model_call_count == 2
+
+
+def test_a_conversation_past_the_memory_of_message_texts_is_recorded_in_full_on_every_call(instrumented, server, monkeypatch):
+    # the JSON of the messages already sent is remembered (bounded): past its bound, and
+    # with the same message objects again, every call still records its whole history
+    monkeypatch.setattr(_read, "MESSAGE_CACHE_ENTRIES", 3)
+    monkeypatch.setattr(_read, "MESSAGE_CACHE_CHARS", 2000)
+    client = server.openai_client()
+    history: list[Any] = [{"role": "system", "content": "Be brief. " * 20}]
+    expected = [{"role": "system", "parts": [{"type": "text", "content": "Be brief. " * 20}]}]
+    for i in range(6):
+        history.append({"role": "user", "content": f"question {i} é"})
+        expected.append({"role": "user", "parts": [{"type": "text", "content": f"question {i} é"}]})
+        history.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"result {i}"})
+        expected.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": f"call_{i}", "response": f"result {i}"}]})
+        client.chat.completions.create(model=MODEL, messages=history)
+        chats = sorted(spans_of(instrumented, a.OP_CHAT), key=lambda s: s.start_time)
+        assert json.loads(chats[-1].attributes[a.INPUT_MESSAGES]) == expected
+        assert len(_read._made) <= 3
+    assert _read._made_chars <= 2000
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -188,3 +188,48 @@ def test_the_mapping_builds_each_fact_from_names_that_are_the_row_types_fields_i
     assert _tuples_of_names(mapping.collect, "add") == [rows.EventFact._fields]
     assert _tuples_of_names(mapping._turn_fact, "return") == [rows.TurnFact._fields]
     assert _tuples_of_names(mapping._call_fact, "return") == [rows.CallFact._fields]
+
+
+def test_the_json_check_bound_once_for_several_columns_decides_as_the_check_of_each():
+    # EVENTS_SQL and CALLS_SQL check their JSON columns in one lambda (bound once per
+    # statement): it keeps, quotes or nulls each text exactly as the check of one column
+    texts = [None, "", "x", "[1,]", '{"a":1,}', "nan", "NaN", "[NaN]", "[nan]", "-Infinity", "[+1]", "1E+5",
+             '"\\ud800"', '{"a": "NaN, ]"}', "[1, -inf]", "null", "[tru]", " [1] ", "é", '{"k": [1, {"x": null}]}']
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (a VARCHAR, b VARCHAR)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(text, texts[-1 - i]) for i, text in enumerate(texts)])
+    each = con.execute(f"SELECT {rows.json_text_sql('a')}, {rows.json_text_sql('b')} FROM t").fetchall()
+    once = con.execute(f"SELECT j[1], j[2] FROM (SELECT {rows.json_texts_sql(('a', 'b'))} AS j FROM t)").fetchall()
+    assert once == each
+    assert each[3] == ('"[1,]"', each[3][1])  # a trailing comma Python refuses: kept as a JSON string
+
+
+def test_a_batch_without_content_made_in_python_gives_the_rows_the_full_statement_gives(tmp_path, monkeypatch):
+    # write_batch takes a shorter statement when no event fact carries content made in
+    # Python: the same facts through the full one give the very same rows
+    common = {"trace_id": TRACE, "span_id": SPAN, "created_us": AT_US, "session_id": "s", "correlation_id": "t",
+              "source_channel_id": "a", "source_provider": "p", "source_framework": None}
+    events = [
+        rows.EventFact(code=rows.TOOL_START, **common, blocked=False, tool_name="search", tool_id="c1", arguments="{bad"),
+        rows.EventFact(code=rows.TOOL_END, **common, blocked=False, tool_name="search", tool_id="c1", arguments='{"q": 1}',
+                       result="[1,]", tool_status="completed", outcome="served", error=None, duration_ms=1.25),
+        rows.EventFact(code=rows.TOOL_END, **common, blocked=False, tool_name="t", tool_id="c2", arguments=None,
+                       result=None, tool_status="failed", outcome="errored", error="Boom", duration_ms=0.5),
+        rows.EventFact(code=rows.INPUT_MESSAGE, **common, blocked=True, body="hi é"),
+        rows.EventFact(code=rows.ROUND_MESSAGE, **common, blocked=False, body='say "x"'),
+    ]
+
+    def stored(name: str) -> list[tuple]:
+        facts = rows.Facts()
+        facts.append(list(events), [])
+        path = str(tmp_path / name)
+        with open_store(path, read_only=False) as con:
+            migrate(con)
+            write_batch(con, facts)
+        with open_store(path, read_only=True) as con:
+            return con.execute("SELECT * FROM events ORDER BY idx").fetchall()
+
+    plain = stored("plain.duckdb")
+    monkeypatch.setattr(rows, "PLAIN_EVENTS_SQL", rows.EVENTS_SQL)
+    assert stored("full.duckdb") == plain
+    assert [row[-3] for row in plain] == ["pending", "completed", "failed", None, None]  # tool_status

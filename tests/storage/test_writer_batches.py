@@ -59,6 +59,22 @@ def test_a_batch_of_known_and_new_sessions_numbers_each_on_from_its_own_last_ind
     assert _read(recording.db, "SELECT first_at, last_at FROM sessions WHERE session_id = 'known'") == [(first, last)]
 
 
+def test_a_batch_of_known_sessions_only_moves_their_counters_on(recording):
+    # the three ways a batch writes session counters (all new, all known, both) in turn
+    _turn("a", "q1")
+    assert loopscope.flush()
+    _turn("a", "q2")
+    _turn("b", "q1")
+    assert loopscope.flush()
+    _turn("a", "q3")
+    _turn("b", "q2")
+    assert loopscope.flush()
+    loopscope.shutdown()
+    assert _read(recording.db, "SELECT session_id, last_index FROM sessions ORDER BY 1") == [("a", 15), ("b", 10)]
+    spans = _read(recording.db, "SELECT session_id, min(created_at), max(created_at) FROM events GROUP BY 1 ORDER BY 1")
+    assert _read(recording.db, "SELECT session_id, first_at, last_at FROM sessions ORDER BY 1") == spans
+
+
 def test_the_writer_keeps_one_row_of_its_own_up_to_date_across_batches(recording):
     for n in range(3):
         _turn("s", f"q{n}")

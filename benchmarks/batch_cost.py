@@ -1,0 +1,119 @@
+"""What one batch of the store writer costs, phase by phase, and how much of it is fixed.
+
+The spans of the openai tool loop of ``bench_openai_overhead.py`` (in-process transport, store
+on) are captured from the writer's queue, then written again and again the writer's way, in
+batches of ``--calls`` model calls: spans to facts (``map``), the content policy (``scrub``),
+the file attached (``attach``), ``write_batch`` (every statement and the commit), the file let
+go (``detach``). Per phase: the calling thread's CPU (``time.thread_time``; DuckDB runs a
+write on that thread) per batch, median over ``--repeats`` batches, and per model call. Two
+batch sizes give the fixed cost of a batch (the intercept) and the cost of a call (the slope):
+at the rate of ``bench_openai_overhead.py`` (a batch every 30-60 calls) the fixed part is most
+of the writer's CPU.
+
+    .venv/bin/python benchmarks/batch_cost.py                 # ~1 min
+    .venv/bin/python benchmarks/batch_cost.py --calls 10 200  # other batch sizes
+    .venv/bin/python benchmarks/batch_cost.py --smoke         # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_openai_overhead as bench  # the loop, the fake server and the in-process client
+
+PHASES = ("map", "scrub", "attach", "write_batch", "detach", "total")
+
+
+def _capture(calls: int) -> list[Any]:
+    """The ``(kind, span)`` items the writer is handed for ``calls`` model calls of the loop."""
+    import loopscope
+    from loopscope import pipeline
+
+    server, rescript = bench._fake_server()
+    rescript(server, 10 * calls + 100)
+    try:
+        client = bench._inproc_client(server.openai_base_url)
+        with tempfile.TemporaryDirectory(prefix="loopscope-batch-cost-") as tmp:
+            loopscope.configure(str(Path(tmp) / "capture.duckdb"), flush_interval=3600)  # nothing written meanwhile
+            loopscope.instrument()
+            try:
+                bench._tool_loop(client, 8, False, "warm")
+                assert loopscope.flush()
+                writer = pipeline._active.writer  # type: ignore[union-attr]
+                bench._tool_loop(client, calls, False, "capture")
+                return [item for item in list(writer._queue) if type(item) is tuple]
+            finally:
+                loopscope.uninstrument()
+                loopscope.shutdown()
+    finally:
+        server.stop()
+
+
+def _batches(items: list[Any], repeats: int, folder: Path) -> dict[str, float]:
+    """The median thread CPU (seconds) of each phase of writing ``items`` as one batch."""
+    from loopscope.content.policy import ContentPolicy
+    from loopscope.ingest.writer import SPANS
+    from loopscope.storage import rows, scrub
+    from loopscope.storage import writer as w
+    from loopscope.storage.connection import open_store
+
+    clock = time.thread_time
+    scrubber = scrub.scrubber(ContentPolicy())
+    spent: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    path = str(folder / f"batches-{len(items)}.duckdb")
+    for _ in range(repeats + 2):  # the first two warm up (the schema, pyarrow's import)
+        t0 = clock()
+        facts = rows.Facts()
+        SPANS.add(facts, items, frozenset(), None)
+        t1 = clock()
+        scrubber.apply(facts)
+        t2 = clock()
+        # as the writer does: the rows stay in the WAL until it passes WAL_LIMIT
+        with open_store(path, read_only=False, timeout=10, checkpoint=w._wal_size(path) >= w.WAL_LIMIT) as con:
+            w._ensure_schema(path, con)
+            t3 = clock()
+            w.write_batch(con, facts)
+            t4 = clock()
+        t5 = clock()
+        for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)):
+            spent[phase].append(seconds)
+    return {phase: statistics.median(values[2:]) for phase, values in spent.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, nargs=2, default=(10, 120), metavar=("SMALL", "LARGE"),
+                        help="model calls per batch, two sizes (default 10 120)")
+    parser.add_argument("--repeats", type=int, default=15, help="batches per size (default 15)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
+    args = parser.parse_args()
+    sizes, repeats = ((2, 6), 2) if args.smoke else (tuple(args.calls), args.repeats)
+
+    items = _capture(max(sizes))
+    per_call = len(items) / max(sizes)  # spans per model call (the loop's turns are alike)
+    medians = {}
+    with tempfile.TemporaryDirectory(prefix="loopscope-batch-cost-") as tmp:
+        for calls in sizes:
+            medians[calls] = _batches(items[: round(calls * per_call)], repeats, Path(tmp))
+    small, large = sizes
+    print(f"writer CPU per batch (ms, median of {repeats}) and what it is per model call (us), "
+          f"{per_call:.1f} spans a call:")
+    print(f"  {'phase':<12} {small:>5} calls  {large:>5} calls   fixed ms/batch   us per call   fixed share at {small}")
+    for phase in PHASES:
+        a, b = medians[small][phase], medians[large][phase]
+        slope = max(0.0, (b - a) / (large - small))
+        fixed = max(0.0, a - slope * small)
+        share = fixed / a if a else 0.0
+        print(f"  {phase:<12} {a * 1e3:10.2f}  {b * 1e3:10.2f}   {fixed * 1e3:14.2f}   {slope * 1e6:11.1f}   {share:>6.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
