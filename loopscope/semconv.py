@@ -65,6 +65,9 @@ ROUND_BLOCKED = "loopscope.round.blocked"
 TOOL_STATUS = "loopscope.tool.status"
 TOOL_OUTCOME = "loopscope.tool.outcome"
 TOOL_ERROR = "loopscope.tool.error"
+UNSERVED_CUT = "not answered while more stitched turns than loopscope keeps open waited for results"
+"""The error of a call whose stitched turn ended early because more turns than the bound waited
+for tool results (``MAX_OPEN_TURNS``; ``loopscope status`` counts these)."""
 CALL_POSITION = "loopscope.call.position"
 """On a ``chat`` span: the model call's place in its turn, from 1 (the turn's first model
 call is 1). Not the round count: see :data:`ROUND_COUNT` and :data:`MODEL_CALL_COUNT`."""

@@ -29,6 +29,7 @@ from .._guard import guard, internal_error, warn_once
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from .._otel_sdk import attach_span
 from ..models import LoopEndReason, ToolCall
+from ..semconv import UNSERVED_CUT
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .conversations import Boundary, boundary, conversations
@@ -110,6 +111,7 @@ class _Stitched:
         for turn in turns:
             if not turn.ended:
                 self.cut += 1
+                turn._unserved_error = UNSERVED_CUT
             close_turn(turn, LoopEndReason.UNFINISHED)
         warn_once(
             "stitch-max-open",

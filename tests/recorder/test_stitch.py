@@ -7,6 +7,7 @@ import time
 import loopscope
 from loopscope import LoopEndReason
 from loopscope.models import ToolCall
+from loopscope.cli.status import read_status
 from loopscope.recorder import stitch
 from loopscope.recorder.adapter import ModelRequest, ModelResponse, ToolResult, start_model_call
 
@@ -132,6 +133,10 @@ def test_unanswered_turns_past_the_bound_end_unserved_and_counted(recording):
     end = next(e for e in recording.store.get_timeline(calls[0].turn.session_id) if e.type == "tool_call_end")
     assert (end.content.tool_id, end.content.outcome) == ("u0", "unserved")
     assert not stitch.wants_result("u0") and stitch.wants_result("u4")
+    loopscope.shutdown()  # the rest end as the process ends: unserved, not cut
+    status = read_status(str(recording.db))
+    assert status["unserved_cut"] == 2
+    assert any(line.startswith("2 tool calls ended unserved because more stitched turns waited") for line in status["problems"])
 
 
 def test_the_turn_answered_last_is_cut_last(recording):
