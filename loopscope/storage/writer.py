@@ -143,6 +143,7 @@ class StoreWriter:
         self.flush_interval = flush_interval
         self.max_queue = max_queue
         self.max_bytes = max_bytes
+        self._wake_bytes = max_bytes // 2  # queued bytes that wake the writer before its wait is over
         self.batch_size = batch_size
         self.lock_timeout = lock_timeout
         self._queue: collections.deque[Any] = collections.deque()
@@ -192,7 +193,9 @@ class StoreWriter:
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
-        if size >= self.batch_size - 1:
+        if size >= self.batch_size - 1 or (self._in_bytes - self._out_bytes >= self._wake_bytes and self._backlog is None):
+            # a full batch, or half the byte bound: written now rather than dropped after the
+            # wait (not while writes fail: the rows kept are retried at the interval)
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:
