@@ -117,10 +117,10 @@ def _when(seconds: Any) -> datetime | None:
 def _cut_problem(cut: int) -> list[str]:
     if not cut:
         return []
-    return [
+    return [(
         f"{cut:,} tool calls ended unserved because more stitched turns waited for tool results than loopscope keeps "
         "open (loopscope.configure(stitch_max_open=...)); a program that never answers its tool calls ends them so"
-    ]
+    )]
 
 
 def problems(writers: list[dict[str, Any]]) -> list[str]:

@@ -6,8 +6,8 @@ import time
 
 import loopscope
 from loopscope import LoopEndReason
-from loopscope.models import ToolCall
 from loopscope.cli.status import read_status
+from loopscope.models import ToolCall
 from loopscope.recorder import stitch
 from loopscope.recorder.adapter import ModelRequest, ModelResponse, ToolResult, start_model_call
 
