@@ -80,7 +80,7 @@ QUEUE_BYTES = 32 << 20
 estimated from each span's text and a fixed 3 KB for the span itself; past it spans are
 dropped and counted, as past ``max_queue``. The rows kept after failed writes are bounded
 by it too, so a writer that cannot write holds about twice it; a queue half full wakes the
-writer. With the writer held, a flood of small turns peaks ~100 MB over the process's RSS
+writer. With the writer held, a flood of small turns peaks ~120 MB over the process's RSS
 before it (``benchmarks/bench_memory.py``; 64 MiB peaked at ~195 MB)."""
 
 
