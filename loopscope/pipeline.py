@@ -44,7 +44,7 @@ from .export.otlp import (
 from .ingest.processor import StoreSpanProcessor
 from .ingest.writer import SpanWriter
 from .recorder import settings as recorder_settings
-from .recorder.stitch import set_idle_timeout
+from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
 from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
@@ -205,6 +205,7 @@ def configure(
     tracer_provider: TracerProvider | None = None,
     service_name: str | None = None,
     stitch_idle_timeout: float | None = None,
+    stitch_max_open: int | None = None,
     otlp: bool | None = None,
     otlp_endpoint: str | None = None,
     otlp_protocol: str | None = None,
@@ -223,8 +224,9 @@ def configure(
     application records little, and up to five seconds under a steady load, so that the
     store writer's batches take about 5% of one core (``loopscope.flush()`` writes at
     once, whatever the interval). ``queue_size`` (spans) and ``queue_bytes`` (their text
-    content, estimated; default 64 MiB) bound the memory held for events not yet written
-    (past either, events are dropped and counted, in ``loopscope status``). A ``db`` path
+    content and a fixed size a span, estimated; default 32 MiB) bound the memory held for
+    events not yet written (past either, events are dropped and counted, in ``loopscope
+    status``; a writer that cannot write holds about twice ``queue_bytes``). A ``db`` path
     given here that cannot be written raises :class:`StoreError`, once; the default path
     (``LOOPSCOPE_DB`` or ``./loopscope.duckdb``, what ``instrument()`` and the first
     ``turn()`` configure) never raises: recording to the store is then off, said once in
@@ -253,7 +255,10 @@ def configure(
     writer's thread, before anything reaches the file.
 
     Stitching: ``stitch_idle_timeout`` (seconds, default 300) is how long a turn stitched
-    from SDK calls waits for the results of its tool calls before it ends as unfinished.
+    from SDK calls waits for the results of its tool calls before it ends as unfinished;
+    ``stitch_max_open`` (default 1,000) how many such turns wait at once: past it the one
+    idle the longest ends so at once, its calls unserved and counted in ``loopscope status``
+    (a program that never answers tool calls holds bounded memory).
     ``LOOPSCOPE_SESSION`` puts every stitched turn in that session (a ``loopscope.session()``
     block still names its own).
 
@@ -327,6 +332,8 @@ def configure(
         recording.set_current(pipeline)
         if stitch_idle_timeout is not None:
             set_idle_timeout(stitch_idle_timeout)
+        if stitch_max_open is not None:
+            set_max_open(stitch_max_open)
         recorder_settings.session = os.environ.get(SESSION_ENV) or None
         _close_at_exit()
         return pipeline

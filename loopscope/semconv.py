@@ -104,6 +104,9 @@ CONTENT_WITHHELD = "loopscope.content.withheld"
 """On a ``chat`` span without :data:`ROUND_TEXT`, or an ``invoke_agent`` span without
 :data:`TURN_INPUT`: the message was said but its text was not captured (content capture
 off): its row is kept, without text."""
+UNSERVED_CUT = "not answered while more stitched turns than loopscope keeps open waited for results"
+"""The error of a call whose stitched turn ended early because more turns than the bound waited
+for tool results (``MAX_OPEN_TURNS``; ``loopscope status`` counts these)."""
 CALL_POSITION = "loopscope.call.position"
 """On a ``chat`` span: the model call's place in its turn, from 1 (the turn's first model
 call is 1). Not the round count: see :data:`ROUND_COUNT` and :data:`MODEL_CALL_COUNT`."""

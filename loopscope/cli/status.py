@@ -20,6 +20,7 @@ from typing import Any
 from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
+from ..semconv import UNSERVED_CUT
 from ..storage import health
 from ..storage.connection import open_store
 from ..storage.schema import check_readable, has_model_calls, schema_version
@@ -52,6 +53,11 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
             "(SELECT count(*) FROM events WHERE type = 'tool_call_start'), (SELECT max(created_at) FROM events)"
         ).fetchall()  # one row: aggregates
         writers = health.writers(con)
+        # calls whose stitched turn ended early: more turns waited for results than are kept open
+        [(cut,)] = con.execute(
+            "SELECT count(*) FROM events WHERE type = 'tool_call_end' AND json_extract_string(content, '$.error') = ?",
+            [UNSERVED_CUT],
+        ).fetchall()
         model_calls = con.execute("SELECT count(*) FROM model_calls").fetchall()[0][0] if has_model_calls(con) else 0
     writers = _with_beside(writers, health.read_beside(path))
     size = sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p))
@@ -74,7 +80,8 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
         "last_event_at": last_event,
         "writers": writers,
         "totals": totals,
-        "problems": problems(writers),
+        "unserved_cut": cut,
+        "problems": problems(writers) + _cut_problem(cut),
     }
 
 
@@ -105,6 +112,15 @@ def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]
 
 def _when(seconds: Any) -> datetime | None:
     return datetime.fromtimestamp(seconds, timezone.utc) if isinstance(seconds, (int, float)) else None
+
+
+def _cut_problem(cut: int) -> list[str]:
+    if not cut:
+        return []
+    return [(
+        f"{cut:,} tool calls ended unserved because more stitched turns waited for tool results than loopscope keeps "
+        "open (loopscope.configure(stitch_max_open=...)); a program that never answers its tool calls ends them so"
+    )]
 
 
 def problems(writers: list[dict[str, Any]]) -> list[str]:

@@ -37,7 +37,10 @@ TURNS = "loopscope.turns"
 DROPPED = "loopscope.dropped"
 
 _OPS = frozenset({a.OP_CHAT, a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
-_MAX_QUEUE = 100_000
+_MAX_QUEUE = 20_000
+"""Ended spans waiting for the metrics thread (it drains them every half second). A span takes
+~3.5 KB with little content (benchmarks/bench_memory.py): 20,000 are ~70 MB at most, several
+seconds of spans recorded flat out; past it spans are counted as skipped."""
 
 
 class MetricsProcessor(SpanProcessor):

@@ -22,12 +22,19 @@ from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import guard, logger, warn_once
-from .._otel_sdk import queued_spans, shutdown_batch
+from .._otel_sdk import attribute_values, queued_spans, shutdown_batch
 from ..content.policy import ContentPolicy
 
 QUEUE_SIZE = 65_536
 """Spans held for export. The SDK's default (2,048) drops about a third of spans when an
 agent produces them flat out on a two-core machine; this holds bursts of that size."""
+QUEUE_BYTES = 32 << 20
+"""Bytes of spans held for export at most: the spans' text and 3 KB each for the span
+itself (as the store's queue counts them), from a running mean over a sample of the spans
+queued. Past it spans are dropped and counted, as past :data:`QUEUE_SIZE`: 65,536 spans
+of 3.5 KB are 230 MB, while an endpoint that is down holds them all."""
+_SPAN_BYTES = 3_072
+_SAMPLE_EVERY = 16  # spans between two that are measured (a power of two)
 BATCH_SIZE = 2_048
 SHUTDOWN_MILLIS = 3_000
 
@@ -201,9 +208,15 @@ class CountingBatchProcessor(BatchSpanProcessor):
     pending copy of each ``invoke_agent`` and ``execute_tool`` span when it starts
     (:func:`pending_span`) so that the export stream carries the starts in order."""
 
-    def __init__(self, exporter: SpanExporter, *, max_queue_size: int = QUEUE_SIZE, max_export_batch_size: int = BATCH_SIZE) -> None:
+    def __init__(
+        self, exporter: SpanExporter, *, max_queue_size: int = QUEUE_SIZE, max_export_batch_size: int = BATCH_SIZE,
+        max_queue_bytes: int = QUEUE_BYTES,
+    ) -> None:
         super().__init__(exporter, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size)
         self.max_queue_size = max_queue_size
+        self.max_queue_bytes = max_queue_bytes
+        self._seen = 0
+        self._mean_bytes = _SPAN_BYTES  # a queued span's estimated bytes, the mean of a sample
         self.dropped = 0
         self.pending = os.environ.get("LOOPSCOPE_OTLP_PENDING", "1").strip().lower() not in ("0", "false", "no", "off")
         self._lock = threading.Lock()
@@ -223,11 +236,18 @@ class CountingBatchProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         queued = queued_spans(self)
-        if queued is not None and queued >= self.max_queue_size:
-            with self._lock:
-                self.dropped += 1
-            if self.dropped == 1 or self.dropped % 10_000 == 0:
-                logger.warning("loopscope: the OTLP export queue is full; %d spans dropped so far", self.dropped)
+        if queued is not None:
+            over_bytes = queued * self._mean_bytes >= self.max_queue_bytes
+            if over_bytes or queued >= self.max_queue_size:
+                with self._lock:
+                    self.dropped += 1
+                if self.dropped == 1 or self.dropped % 10_000 == 0:
+                    logger.warning("loopscope: the OTLP export queue is full; %d spans dropped so far", self.dropped)
+                if over_bytes:
+                    return  # past the count the SDK's own queue drops one; past the bytes, this one is
+            self._seen = seen = self._seen + 1
+            if not seen & (_SAMPLE_EVERY - 1) or seen == 1:
+                self._mean_bytes = (self._mean_bytes * 7 + _span_bytes(span)) // 8
         super().on_end(span)
 
     def shutdown(self, timeout_millis: int = SHUTDOWN_MILLIS) -> None:
@@ -235,3 +255,14 @@ class CountingBatchProcessor(BatchSpanProcessor):
         must not hold the application's exit hostage."""
         if not shutdown_batch(self, timeout_millis):
             super().shutdown()
+
+
+def _span_bytes(span: ReadableSpan) -> int:
+    """What a span holds, about: its text attributes' lengths and :data:`_SPAN_BYTES`."""
+    size = _SPAN_BYTES
+    values = attribute_values(span)
+    if values is not None:
+        for value in values:
+            if type(value) is str:
+                size += len(value)
+    return size

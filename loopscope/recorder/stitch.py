@@ -25,10 +25,11 @@ from .. import _json
 # nothing until it fails while a with block makes two Python method calls every time (about
 # 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
-from .._guard import guard, internal_error
+from .._guard import guard, internal_error, warn_once
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from .._otel_sdk import attach_span
 from ..models import LoopEndReason, ToolCall
+from ..semconv import UNSERVED_CUT
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .conversations import Boundary, boundary, conversations
@@ -40,6 +41,13 @@ if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
 
 DEFAULT_IDLE_TIMEOUT = 300.0
+MAX_OPEN_TURNS = 1_000
+"""Stitched turns waiting for the results of their tool calls, at most. A program that never
+answers a response's tool calls (a benchmark that scores the first answer, a crash between
+calls) leaves each such turn open until the idle timeout: past this many, the one idle the
+longest ends at once as unfinished, its calls unserved, and is counted (``cut``). Each open
+turn holds its spans and its last call's request and answer (~10-20 KB with a small
+conversation), so this bounds that memory to ~10-20 MB, whatever the timeout."""
 
 
 class StreamClosed(Exception):
@@ -64,18 +72,53 @@ class _Stitched:
 
     def __init__(self) -> None:
         self.turns: weakref.WeakSet[Turn] = weakref.WeakSet()
-        self.strong: set[Turn] = set()  # an open turn is kept alive until it ends
+        # an open turn is kept alive until it ends; in order of last activity, the oldest first
+        self.strong: dict[Turn, None] = {}
         self.lock = threading.Lock()
         self.idle_timeout = DEFAULT_IDLE_TIMEOUT
+        self.max_open = MAX_OPEN_TURNS
+        self.cut = 0  # turns ended early because more than max_open waited
         self._reaper: threading.Thread | None = None
         self._wake = threading.Event()
 
     def add(self, turn: Turn) -> None:
         with self.lock:
-            self.strong.add(turn)
+            strong = self.strong
+            strong[turn] = None
             if self._reaper is None:  # started once; a forked child starts its own (see below)
                 self._reaper = threading.Thread(target=self._reap_loop, name="loopscope-stitch-reaper", daemon=True)
                 self._reaper.start()
+            if len(strong) <= self.max_open:
+                return
+            over: list[Turn] = []
+            for oldest in strong:
+                if len(strong) - len(over) <= self.max_open:
+                    break
+                over.append(oldest)
+        self._cut(over)
+
+    def touch(self, turn: Turn) -> None:
+        """A call joined ``turn``: it is the most recently active now (the last to be cut)."""
+        with self.lock:
+            strong = self.strong
+            if strong.pop(turn, 0) is None:
+                strong[turn] = None
+
+    def _cut(self, turns: list[Turn]) -> None:
+        """End turns beyond :attr:`max_open`, counted; said once in the log."""
+        if not turns:
+            return
+        for turn in turns:
+            if not turn.ended:
+                self.cut += 1
+                turn._unserved_error = UNSERVED_CUT
+            close_turn(turn, LoopEndReason.UNFINISHED)
+        warn_once(
+            "stitch-max-open",
+            "loopscope: more than %d stitched turns waited for the results of their tool calls; the longest "
+            "idle ended as unfinished, their calls unserved (counted in `loopscope status`)",
+            self.max_open,
+        )
 
     def _forked(self) -> None:
         """In a forked child: no thread came along, and the lock may be held by one that did not."""
@@ -84,7 +127,7 @@ class _Stitched:
 
     def discard(self, turn: Turn) -> None:
         with self.lock:
-            self.strong.discard(turn)
+            self.strong.pop(turn, None)
 
     def _reap_loop(self) -> None:
         while True:
@@ -111,6 +154,20 @@ def set_idle_timeout(seconds: float) -> None:
     """How long a turn may wait for the results of its tool calls before it ends unfinished."""
     stitched.idle_timeout = seconds
     stitched._wake.set()
+
+
+def set_max_open(turns: int) -> None:
+    """How many stitched turns may wait for the results of their tool calls at once (see
+    :data:`MAX_OPEN_TURNS`); past it the one idle the longest ends as unfinished."""
+    stitched.max_open = max(1, int(turns))
+    with stitched.lock:
+        over = list(stitched.strong)[: max(0, len(stitched.strong) - stitched.max_open)]
+    stitched._cut(over)
+
+
+def cut_turns() -> int:
+    """Stitched turns ended before their idle timeout because more than the bound waited."""
+    return stitched.cut
 
 
 def close_turn(turn: Turn, reason: LoopEndReason | None = None, exc: BaseException | None = None) -> None:
@@ -357,6 +414,7 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         elif owner is not None and not owner.ended:
             turn = owner
             stitched_turn = True
+            stitched.touch(turn)
         else:
             session_id = None
             if current_session.get() is None:  # a ``loopscope.session()`` block wins

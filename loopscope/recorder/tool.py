@@ -297,7 +297,8 @@ def record_unserved(turn: Any, call: ToolCall | ToolExecution) -> None:
     execution = call if isinstance(call, ToolExecution) else ToolExecution(call.name, call.arguments, call.id)
     if execution._span is None:
         execution._open(turn, turn._context())
-    execution._outcome, execution._error = "unserved", "not executed before the turn ended"
+    execution._outcome = "unserved"
+    execution._error = getattr(turn, "_unserved_error", None) or "not executed before the turn ended"
     execution._turn = None  # it never ran: not counted among the turn's tool calls
     execution._finish(None)
 

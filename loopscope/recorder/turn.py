@@ -498,6 +498,7 @@ class Turn:
     parent: Turn | None = None
     _response: AIResponseEvent | None = None
     _result: _Ended | None = None  # what the response is made of, once the turn has ended
+    _unserved_error: str | None = None  # why its unanswered calls went unserved, if not the usual
     _last_declared: ToolSet | None = None
     _union: ToolSet | None = None  # the one tool set the union is made of, while it is
     _open_segment = ""

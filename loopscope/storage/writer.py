@@ -75,10 +75,13 @@ CLOSE_TIMEOUT = 5.0
 at most for the last rows to be written; what is not written by then is counted as lost.
 Under the 10 s a container gets between SIGTERM and SIGKILL, with room for the OTLP
 exporters' own bound."""
-QUEUE_BYTES = 64 << 20
-"""Bytes of recorded content the queue holds at most by default (``max_bytes``,
-``configure(queue_bytes=...)``); past it spans are dropped and counted, as past
-``max_queue``. The rows kept after failed writes are bounded by it too."""
+QUEUE_BYTES = 32 << 20
+"""Bytes the queue holds at most by default (``max_bytes``, ``configure(queue_bytes=...)``),
+estimated from each span's text and a fixed 3 KB for the span itself; past it spans are
+dropped and counted, as past ``max_queue``. The rows kept after failed writes are bounded
+by it too, so a writer that cannot write holds about twice it; a queue half full wakes the
+writer. With the writer held, a flood of small turns peaks ~120 MB over the process's RSS
+before it (``benchmarks/bench_memory.py``; 64 MiB peaked at ~195 MB)."""
 
 
 @dataclass
@@ -143,6 +146,7 @@ class StoreWriter:
         self.flush_interval = flush_interval
         self.max_queue = max_queue
         self.max_bytes = max_bytes
+        self._wake_bytes = max_bytes // 2  # queued bytes that wake the writer before its wait is over
         self.batch_size = batch_size
         self.lock_timeout = lock_timeout
         self._queue: collections.deque[Any] = collections.deque()
@@ -192,7 +196,9 @@ class StoreWriter:
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
-        if size >= self.batch_size - 1:
+        if size >= self.batch_size - 1 or (self._in_bytes - self._out_bytes >= self._wake_bytes and self._backlog is None):
+            # a full batch, or half the byte bound: written now rather than dropped after the
+            # wait (not while writes fail: the rows kept are retried at the interval)
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:

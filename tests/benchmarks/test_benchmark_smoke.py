@@ -16,6 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SMOKE_RUNS = {
     "conversations": ["bench_conversations.py", "--smoke"],
     "faults": ["bench_faults.py", "--smoke"],
+    "memory": ["bench_memory.py", "--smoke"],
     "ingest": ["bench_ingest.py", "--turns", "100", "--repeats", "1"],
     "collector-throughput": ["bench_collector.py", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-foreign": ["bench_collector.py", "--foreign", "--turns", "40", "--repeats", "1", "--senders", "1"],

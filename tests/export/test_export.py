@@ -192,3 +192,19 @@ def test_unreachable_endpoint_does_not_break_the_app(tmp_path):
     assert t.response.loop_end_reason == loopscope.LoopEndReason.COMPLETED
     loopscope.shutdown()
     assert len(loopscope.Store(str(tmp_path / "d.duckdb")).list_turns("exp")) == 1
+
+
+def test_the_export_queue_is_bounded_in_bytes_and_its_drops_are_counted(tmp_path, receiver):
+    """A slow backend and spans of ~100 KB: the export queue holds about ``max_queue_bytes``
+    of them (not 65,536 spans, 6 GB), the rest are dropped and counted; the store keeps all."""
+    receiver.delay = 2.0  # a slow backend: the queue fills meanwhile
+    pipeline = configure(tmp_path, receiver)
+    pipeline.exporter.max_queue_bytes = 1 << 20
+    big = "x" * (100 << 10)
+    for i in range(60):
+        with loopscope.turn(session_id="big", input=f"{i} {big}") as t:
+            t.generation(big, finish_reason="stop")
+    assert pipeline.dropped()["otlp"] > 60  # of 120 spans, ~10 queued at ~100 KB each
+    loopscope.flush()
+    assert len(loopscope.Store(str(tmp_path / "s.duckdb")).list_turns("big", limit=None)) == 60
+    loopscope.shutdown()

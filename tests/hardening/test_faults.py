@@ -378,6 +378,61 @@ def test_a_full_disk_with_some_room_again_writes_what_fits_and_counts_the_rest(t
     assert all(low == 1 and high == n for _, low, high, n in sessions), [s for s in sessions if s[1] != 1 or s[2] != s[3]][:5]
 
 
+def test_small_spans_with_a_stuck_writer_hold_about_the_byte_bound_in_memory(
+    tmp_path: Path, stuck_writer: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many small turns while the writer cannot write: the spans the queue keeps take about
+    ``queue_bytes`` of memory (what Python allocated for them, not an estimate), not several
+    times it; the rest are refused and counted, and what was kept is written afterwards."""
+    import gc
+    import tracemalloc
+
+    import pyarrow.compute  # noqa: F401 - imported by the writer's first batch: not the queue's memory
+
+    from loopscope.storage import writer as writer_module
+
+    gate, entered = stuck_writer, threading.Event()
+    stuck = writer_module.write_batch
+
+    def entering(*args, **kwargs):
+        entered.set()
+        return stuck(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "write_batch", entering)
+    bound = 2 << 20
+    pipeline = loopscope.configure(tmp_path / "small.duckdb", tracer_provider=TracerProvider(), flush_interval=0.05, queue_bytes=bound)
+    question = "what is the weather in Paris? " * 6
+    try:
+        with loopscope.turn(session_id="warm", input=question) as t:  # the writer's first batch: it stays stuck in it
+            t.generation("a", finish_reason="stop")
+        assert entered.wait(30)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(4_000):  # 12,000 spans of ~0.2 KB of text each
+                with loopscope.turn(session_id=f"s{i}", input=question) as t:
+                    t.generation("It is 21 C and dry.", finish_reason="stop")
+            del t
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        stats = pipeline.stats()
+        assert held < 2 * bound, f"{held / bound:.1f} x the bound held by the queue"
+        assert stats.dropped > 0 and stats.queued < 4_000 * 3
+        gate.set()
+        assert loopscope.flush(timeout=60)
+        stats = pipeline.stats()
+    finally:
+        gate.set()
+        loopscope.shutdown()
+    store = loopscope.Store(str(tmp_path / "small.duckdb"))
+    _, rows = store.sql("SELECT count(*) FROM turns")
+    assert 0 < rows[0][0] < 4_000
+    assert pipeline.dropped()["store"] == stats.dropped
+
+
 def test_one_mib_values_with_a_stuck_writer_stay_within_the_byte_bound_and_drops_are_counted(tmp_path: Path, stuck_writer: threading.Event) -> None:
     """Tool results of 1 MiB while the writer cannot write: the queue and the batch held
     stay within about twice ``queue_bytes`` (not 40 MiB), the rest is dropped and counted,

@@ -6,6 +6,7 @@ import time
 
 import loopscope
 from loopscope import LoopEndReason
+from loopscope.cli.status import read_status
 from loopscope.models import ToolCall
 from loopscope.recorder import stitch
 from loopscope.recorder.adapter import ModelRequest, ModelResponse, ToolResult, start_model_call
@@ -115,3 +116,39 @@ def test_failed_and_abandoned_calls_end_their_turn(recording):
     dropped.abandon()  # once only
     assert dropped.turn.response.loop_end_reason == LoopEndReason.CANCELLED
     assert dropped.turn.response.segments == ["par"]
+
+
+def test_unanswered_turns_past_the_bound_end_unserved_and_counted(recording):
+    """A program that never answers tool calls holds at most ``max_open`` turns: the one idle
+    the longest ends at once, as the idle timeout would end it, and is counted."""
+    before = stitch.cut_turns()
+    stitch.set_max_open(3)
+    try:
+        calls = [call(tool_calls=[ToolCall(id=f"u{i}", name="lookup")]) for i in range(5)]
+    finally:
+        stitch.set_max_open(stitch.MAX_OPEN_TURNS)
+    assert [c.turn.ended for c in calls] == [True, True, False, False, False]
+    assert stitch.cut_turns() - before == 2
+    assert calls[0].turn.response.loop_end_reason == LoopEndReason.UNFINISHED
+    end = next(e for e in recording.store.get_timeline(calls[0].turn.session_id) if e.type == "tool_call_end")
+    assert (end.content.tool_id, end.content.outcome) == ("u0", "unserved")
+    assert not stitch.wants_result("u0") and stitch.wants_result("u4")
+    loopscope.shutdown()  # the rest end as the process ends: unserved, not cut
+    status = read_status(str(recording.db))
+    assert status["unserved_cut"] == 2
+    assert any(line.startswith("2 tool calls ended unserved because more stitched turns waited") for line in status["problems"])
+
+
+def test_the_turn_answered_last_is_cut_last(recording):
+    stitch.set_max_open(2)
+    try:
+        first = call(tool_calls=[ToolCall(id="o1", name="lookup")])
+        second = call(tool_calls=[ToolCall(id="o2", name="lookup")])
+        again = call([ToolResult("o1", "r")], tool_calls=[ToolCall(id="o1b", name="lookup")])  # the first goes on
+        third = call(tool_calls=[ToolCall(id="o3", name="lookup")])
+    finally:
+        stitch.set_max_open(stitch.MAX_OPEN_TURNS)
+    assert again.turn is first.turn
+    assert (first.turn.ended, second.turn.ended, third.turn.ended) == (False, True, False)
+    loopscope.flush()
+    assert second.turn.response.loop_end_reason == LoopEndReason.UNFINISHED

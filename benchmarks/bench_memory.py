@@ -1,0 +1,223 @@
+"""What loopscope costs in memory: the whole process's RSS, side by side with the plain SDK.
+
+Three cases, each in child processes of its own (RSS is a process's), driven by the real
+openai SDK against the fake model server (``tests/fakes/model_server.py``, started here,
+in this process, recording nothing):
+
+* ``loop``: ``--calls`` calls of a two-call tool loop (the model asks for ``get_weather``,
+  the program answers, the model answers), uninstrumented and instrumented
+  (``loopscope.configure(<tmp duckdb>)`` + ``loopscope.instrument()``), the two children
+  at once. Printed: RSS after the calls (the store flushed), its ratio to the plain SDK's
+  (issue 19's goal: at most 1.5x), and the same split into anonymous memory (what the
+  process allocated) and file-backed pages (the code of the libraries it loaded: DuckDB's
+  and Arrow's alone are ~80 MB); and the RSS before the first call (imports, ``configure``).
+* ``unanswered``: every call a new conversation whose tool call the program never answers
+  (a benchmark scoring first answers, a crash between calls): each leaves a stitched turn
+  open, waiting for the idle timeout (300 s). Printed: RSS growth per call over the second
+  half of the calls, instrumented and plain (goal: bounded; ``MAX_OPEN_TURNS`` open turns at
+  most, ~1,000, the rest end as unfinished and are counted).
+* ``flood``: loopscope's hand API records turns flat out (~1 KB of content each) while
+  another process holds the store file (the writer cannot write; it keeps what it mapped
+  and queues the rest, up to ``queue_bytes`` each, and drops and counts the rest). Printed:
+  the peak RSS (``VmHWM``) over the RSS before the flood, against the default bound
+  (``QUEUE_BYTES``; the queue and the rows held are each bounded by it).
+
+    .venv/bin/python benchmarks/bench_memory.py                 # 20,000 calls a case (~15 min on a quiet machine)
+    .venv/bin/python benchmarks/bench_memory.py --calls 4000    # shorter
+    .venv/bin/python benchmarks/bench_memory.py --smoke         # 200 calls, 1,000 turns of flood: seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+
+def memory() -> dict[str, int]:
+    """This process's RSS, its anonymous and file-backed parts and its peak, in KB (Linux)."""
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+# -- the fake model server (this process) --------------------------------------------------------
+
+
+def start_server() -> Any:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fakes.model_server import FakeModelServer, RecordedRequest, Reply, ToolCall, Usage
+
+    tool_reply = Reply(tool_calls=[ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})], usage=Usage(182, 24, cached_tokens=64))
+    final_reply = Reply(text="It is 21 °C and dry in Paris right now, with a light breeze from the west.", usage=Usage(231, 19))
+
+    class Server(FakeModelServer):
+        """Answers a request with a tool result with text, any other with a tool call, and
+        keeps no request (the fake's own record would grow with every call)."""
+
+        def _record(self, api, method, path, query, headers, body, raw):  # type: ignore[no-untyped-def]
+            return RecordedRequest(0, api, method, path, query, headers, body, raw)
+
+        def _next_reply(self, req):  # type: ignore[no-untyped-def]
+            return (final_reply if req.tool_results else tool_reply), "bench"
+
+    return Server().start()
+
+
+# -- the children -------------------------------------------------------------------------------
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def child(case: str, instrumented: bool, calls: int, base_url: str) -> dict[str, Any]:
+    import openai
+
+    folder = tempfile.mkdtemp(prefix="bench-memory-")
+    if instrumented:
+        import loopscope
+
+        loopscope.configure(os.path.join(folder, "memory.duckdb"))
+        loopscope.instrument()
+    client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    before = memory()
+    half: dict[str, int] = {}
+    done = 0
+    i = 0
+    while done < calls:
+        messages: list[Any] = [{"role": "user", "content": f"What is the weather in Paris? ({i}) " + "Answer briefly. " * 8}]
+        first = client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        done += 1
+        if case == "loop":
+            call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+            messages += [first.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": "21 °C, dry, light breeze from the west."}]
+            client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+            done += 1
+        i += 1
+        if not half and done >= calls // 2:
+            half = memory()
+    if instrumented:
+        import loopscope
+
+        loopscope.flush()
+    return {"before": before, "half": half, "after": memory(), "calls": done}
+
+
+def flood_child(turns: int) -> dict[str, Any]:
+    import loopscope
+    from loopscope.storage.writer import QUEUE_BYTES
+
+    path = os.path.join(tempfile.mkdtemp(prefix="bench-memory-"), "flood.duckdb")
+    pipeline = loopscope.configure(path)
+    with loopscope.turn(input="warm") as t:
+        t.generation("warm", finish_reason="stop")
+    loopscope.flush()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('held', flush=True); sys.stdin.read()", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    content = "lorem ipsum dolor sit amet " * 12  # ~320 characters, three times a turn
+    before = memory()
+    try:
+        for i in range(turns):
+            with loopscope.turn(session_id=f"flood-{i % 500}", input=f"{i}: {content}") as t:
+                t.generation(content, finish_reason="stop", usage={"input_tokens": 100, "output_tokens": 20})
+                t.generation(content, finish_reason="stop")
+        time.sleep(1.0)  # the writer's next try (it keeps the rows it mapped, bounded too)
+        stats = pipeline.stats()
+        peak = memory()
+    finally:
+        holder.stdin.close()  # type: ignore[union-attr]
+        holder.wait()
+    loopscope.shutdown()
+    return {"before": before, "after": peak, "turns": turns, "dropped": stats.dropped if stats else 0,
+            "queued_bytes": stats.queued_bytes if stats else 0, "bound": QUEUE_BYTES}
+
+
+def run_children(specs: list[list[str]]) -> list[dict[str, Any]]:
+    """Start the children at once (load that comes and goes hits them alike); their results."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("LOOPSCOPE_STRICT", None)
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", *spec], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for spec in specs]
+    out = []
+    for proc in procs:
+        stdout, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"a child failed ({proc.returncode}): {stdout[-2000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def mb(kb: float) -> str:
+    return f"{kb / 1024:7.1f} MB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=20_000, help="model calls a child makes (loop and unanswered)")
+    parser.add_argument("--flood-turns", type=int, default=60_000, help="turns recorded in the flood case")
+    parser.add_argument("--cases", default="loop,unanswered,flood")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that the benchmark runs")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        case, *rest = args.child
+        if case == "flood":
+            result = flood_child(int(rest[0]))
+        else:
+            result = child(case, rest[0] == "on", int(rest[1]), rest[2])
+        print(json.dumps(result))
+        return
+    if args.smoke:
+        args.calls, args.flood_turns = 200, 1_000
+    cases = args.cases.split(",")
+    server = start_server()
+    try:
+        if "loop" in cases:
+            off, on = run_children([["loop", "off", str(args.calls), server.openai_base_url],
+                                    ["loop", "on", str(args.calls), server.openai_base_url]])
+            print(f"loop: {on['calls']} calls of a two-call tool loop, RSS after the calls (the store flushed)")
+            for name, key in (("RSS", "VmRSS"), ("  anonymous", "RssAnon"), ("  file-backed (code)", "RssFile")):
+                a, b = off["after"][key], on["after"][key]
+                print(f"  {name:<22} plain {mb(a)}  loopscope {mb(b)}  ratio {b / a:.2f}x")
+            a, b = off["before"]["VmRSS"], on["before"]["VmRSS"]
+            print(f"  {'before the first call':<22} plain {mb(a)}  loopscope {mb(b)}  ratio {b / a:.2f}x")
+        if "unanswered" in cases:
+            off, on = run_children([["unanswered", "off", str(args.calls), server.openai_base_url],
+                                    ["unanswered", "on", str(args.calls), server.openai_base_url]])
+            print(f"unanswered: {on['calls']} calls whose tool call is never answered, RSS growth over the second half")
+            for name, r in (("plain", off), ("loopscope", on)):
+                grown = r["after"]["VmRSS"] - r["half"]["VmRSS"]
+                per = grown * 1024 / max(1, r["calls"] - r["calls"] // 2)
+                print(f"  {name:<10} {mb(r['half']['VmRSS'])} -> {mb(r['after']['VmRSS'])}  {per:8.0f} bytes a call")
+        if "flood" in cases:
+            [r] = run_children([["flood", str(args.flood_turns)]])
+            grown = r["after"]["VmHWM"] - r["before"]["VmRSS"]
+            print(f"flood: {r['turns']} turns recorded flat out while another process holds the store")
+            print(f"  peak RSS over the RSS before: {mb(grown)} (queue_bytes {mb(r['bound'] / 1024)}; queue and rows held "
+                  f"each bounded by it); dropped and counted: {r['dropped']} spans; held now {mb(r['queued_bytes'] / 1024)}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

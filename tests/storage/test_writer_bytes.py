@@ -1,0 +1,35 @@
+"""The writer's byte bound: a queue half full in bytes is written at once, not held for the
+flush interval until spans are dropped (issue 19)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.trace import TracerProvider
+
+import loopscope
+
+
+def test_a_queue_half_full_in_bytes_is_written_before_the_interval_and_nothing_is_dropped(tmp_path: Path) -> None:
+    bound = 256 << 10
+    pipeline = loopscope.configure(tmp_path / "bytes.duckdb", tracer_provider=TracerProvider(), flush_interval=120, queue_bytes=bound)
+    text = "It is 21 C and dry in Paris right now. " * 4
+    try:
+        recorded = 0
+        for _ in range(3):  # three bursts of 0.6x the bound each: 1.8x the bound within the interval
+            while pipeline.stats().queued_bytes < bound * 0.6:
+                with loopscope.turn(session_id=f"s{recorded % 7}", input=text) as t:
+                    t.generation(text, finish_reason="stop")
+                recorded += 1
+            deadline = time.monotonic() + 60  # a bound on the wait, not a measurement
+            while pipeline.stats().queued and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pipeline.stats().queued == 0, "the writer waited for its interval with the queue past half its bytes"
+        stats = pipeline.stats()
+        assert stats.dropped == 0
+        assert stats.written_turns == recorded
+    finally:
+        loopscope.shutdown()
+    [(turns,)] = loopscope.Store(str(tmp_path / "bytes.duckdb")).sql("SELECT count(*) FROM turns")[1]
+    assert turns == recorded
