@@ -148,7 +148,10 @@ def generate(path: str, sessions: int = 20_000, *, log=print) -> None:
               {declared}[a + 1],
               {_list_sql(MODELS)}[(a % {len(MODELS)}) + 1], CASE WHEN a % 3 = 1 THEN 'anthropic' ELSE 'openai' END,
               CASE WHEN r >= 900 AND r < 930 THEN 'RateLimitError: slow down' END,
-              md5('trace-' || s || '-' || t), substr(md5('span-' || s || '-' || t || '-turn'), 1, 16)
+              md5('trace-' || s || '-' || t), substr(md5('span-' || s || '-' || t || '-turn'), 1, 16),
+              -- model_call_count, cost_usd, price_source (m009_model_calls): turns of a writer
+              -- without model call rows, priced from their own usage
+              3, round((tin * 2.5 + tout * 10.0) / 1e6, 6), 'genai-prices'
             FROM x ORDER BY ended"""
         )
         con.execute(

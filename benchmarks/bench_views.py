@@ -26,9 +26,12 @@ machine's noise:
   module is importable. Against: the same totals, loop end reasons and recent sessions
   scanned from the raw event log on an open connection.
 
-Goals: timeline page under 10 ms, tool_stats under 1 s, the dashboard's first page under 1 s.
+Goals (issue 19): timeline page under 10 ms, tool_stats under 100 ms, the dashboard's first page under 1 s.
 
-    .venv/bin/python benchmarks/bench_views.py [--sessions N] [--pages N] [--repeats R] [--regenerate]
+    .venv/bin/python benchmarks/bench_views.py [--sessions N] [--pages N] [--repeats R] [--regenerate] [--data DIR] [--smoke]
+
+``--smoke`` runs every measurement once on a store of a few sessions made in a temporary
+folder: it checks that the script runs, and measures nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import random
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,7 +60,7 @@ from loopscope.storage.views import create_statements
 
 DATA = Path(__file__).resolve().parent / ".data"
 TIMELINE_GOAL_MS = 10.0
-TOOL_STATS_GOAL_S = 1.0
+TOOL_STATS_GOAL_S = 0.1
 DASHBOARD_GOAL_S = 1.0
 
 PLAIN_PAGE = "SELECT * FROM events WHERE session_id = ? ORDER BY idx DESC LIMIT 50"
@@ -114,10 +118,10 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - t0, cpu() - c0
 
 
-def prepare(sessions: int, regenerate: bool) -> Path:
+def prepare(sessions: int, regenerate: bool, data: Path = DATA) -> Path:
     """The cached store, generated first if missing (or asked to), brought up to date."""
-    DATA.mkdir(exist_ok=True)
-    path = DATA / f"views-{sessions}.duckdb"
+    data.mkdir(exist_ok=True)
+    path = data / f"views-{sessions}.duckdb"
     if regenerate and path.exists():
         path.unlink()
     if not path.exists():
@@ -222,7 +226,6 @@ def bench_tool_stats(path: Path, repeats: int) -> dict[str, float]:
     store = loopscope.Store(str(path))
     variants: dict[str, Callable[[], Any]] = {
         "tool_stats view, open connection": lambda: con.execute("SELECT * FROM tool_stats").fetchall(),
-        "tool_stats view via Store.sql": lambda: store.sql("SELECT * FROM tool_stats"),
         "baseline: GROUP BY over raw events (JSON)": lambda: con.execute(PLAIN_TOOL_STATS).fetchall(),
         "(ref) the same stats over tool fields as columns": lambda: con.execute(COLUMNS_TOOL_STATS).fetchall(),
     }
@@ -235,6 +238,10 @@ def bench_tool_stats(path: Path, repeats: int) -> dict[str, float]:
         for name in order[i % len(order):] + order[: i % len(order)]:
             samples[name].append(timed(variants[name]))
     con.close()
+    # Store.sql starts a sealed DuckDB of its own, which DuckDB refuses beside another
+    # configuration of the same file in one process: timed apart, once no connection is open
+    name = "tool_stats view via Store.sql"
+    samples[name] = [timed(lambda: store.sql("SELECT * FROM tool_stats")) for _ in range(repeats)]
     return report(f"tool_stats: per tool calls, outcomes, p50/p95/p99 over {sum(v[1] for v in view.values()):,} finished calls"
                   f" ({repeats} repeats)", list(samples.items()), "baseline: GROUP BY over raw events (JSON)")
 
@@ -272,14 +279,22 @@ def main() -> int:
     parser.add_argument("--pages", type=int, default=300, help="timeline pages timed per variant")
     parser.add_argument("--repeats", type=int, default=7, help="repeats of tool_stats and the dashboard page")
     parser.add_argument("--regenerate", action="store_true", help="generate the store again even if cached")
+    parser.add_argument("--data", type=Path, default=DATA, help=f"where the generated store is cached (default {DATA})")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes in a temporary folder: checks that it runs, measures nothing")
     args = parser.parse_args()
-    path = prepare(args.sessions, args.regenerate)
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="loopscope-bench-views-") as folder:
+            return run(prepare(4, True, Path(folder)), pages=3, repeats=1)
+    return run(prepare(args.sessions, args.regenerate, args.data), pages=args.pages, repeats=args.repeats)
+
+
+def run(path: Path, *, pages: int, repeats: int) -> int:
     print(f"Python {sys.version.split()[0]}, DuckDB {duckdb.__version__}, {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
-    timeline = bench_timeline(path, args.pages)
-    tool_stats = bench_tool_stats(path, args.repeats)
-    dashboard = bench_dashboard(path, args.repeats)
+    timeline = bench_timeline(path, pages)
+    tool_stats = bench_tool_stats(path, repeats)
+    dashboard = bench_dashboard(path, repeats)
     print(f"\nGoals ({time.perf_counter() - t0:.0f} s of measuring; load average now {os.getloadavg()[0]:.1f}):")
     for name, label in (("Store.list_events (attach, query, detach)", "timeline page"),
                         ("Store(keep_open=True).list_events (kept attached)", "  keep_open")):
@@ -288,7 +303,7 @@ def main() -> int:
     for name in ("tool_stats view, open connection", "tool_stats view via Store.sql"):
         stats = tool_stats[name]
         label = "tool_stats" if name.endswith("connection") else "  via Store.sql"
-        print(f"  {label:<15} {fmt_ms(stats):>12}  goal < {TOOL_STATS_GOAL_S:g} s: {'met' if stats < TOOL_STATS_GOAL_S else 'NOT met'}")
+        print(f"  {label:<15} {fmt_ms(stats):>12}  goal < {TOOL_STATS_GOAL_S * 1000:g} ms: {'met' if stats < TOOL_STATS_GOAL_S else 'NOT met'}")
     if dashboard is not None:
         first = dashboard["api.overview(store) (attach, queries, detach)"]
         print(f"  dashboard page  {fmt_ms(first):>12}  goal < {DASHBOARD_GOAL_S:g} s: {'met' if first < DASHBOARD_GOAL_S else 'NOT met'}")
