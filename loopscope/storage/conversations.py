@@ -30,11 +30,11 @@ from typing import Any, Protocol, runtime_checkable
 from .. import _json
 from .._json import result_value
 from ..models import ActivityEvent
+from . import tool_totals
 from .connection import open_store, resolve
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import event_of as _event
 from .recording import flush_own
-from . import tool_totals
 from .schema import migrate
 from .store import Store
 from .views import tool_rows

@@ -22,13 +22,13 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from children import HOLDER, Child
-from tool_totals_check import assert_totals_exact
 from loopscope import EventFilter
 from loopscope.cli import main as cli_main
 from loopscope.models import RESPONSE_SEGMENT_SEPARATOR
 from loopscope.storage import recovery
 from loopscope.storage.connection import open_store
 from loopscope.storage.recovery import RECOVERED_NOTE
+from tool_totals_check import assert_totals_exact
 
 EVERY = EventFilter(include_blocked=True)
 STARTUP = 30.0  # seconds a child may take to import loopscope and reach its marker (slow CI)
