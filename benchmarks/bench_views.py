@@ -18,7 +18,9 @@ machine's noise:
   query starting a DuckDB database of its own each time (how ``Store`` read before).
 * **tool_stats** -- ``SELECT * FROM tool_stats`` on an open connection (DuckDB's buffers
   warm, as the baseline's), and through ``Store.sql`` (a database of its own per call, so
-  the file's blocks are read and decompressed again each time). Against: a GROUP BY over the raw ``events`` table computing the same
+  the file's blocks are read and decompressed again each time); the view reads the
+  per-tool totals the writers keep (``m010_tool_totals``). Side by side, the view as it
+  was before them, computed from ``events`` alone. Against: a GROUP BY over the raw ``events`` table computing the same
   per-tool numbers from the tool end rows' JSON. For reference, the same statistics over
   the tool fields stored as plain columns (a side table made once in the cached file):
   what the view would cost if the writer stored them as columns.
@@ -56,7 +58,7 @@ from _gen_views_data import EVENTS_PER_TURN, TURNS_PER_SESSION, generate
 
 import loopscope
 from loopscope.storage.schema import SCHEMA_VERSION, migrate, schema_version
-from loopscope.storage.views import create_statements
+from loopscope.storage.views import create_statements, views
 
 DATA = Path(__file__).resolve().parent / ".data"
 TIMELINE_GOAL_MS = 10.0
@@ -220,12 +222,18 @@ def _connect_and_query(path: Path, session: str) -> Any:
         con.close()
 
 
+# tool_stats as it was before the per-tool totals (m010_tool_totals): what the view reads
+# where the totals do not account for every row
+FROM_EVENTS = views(tool_totals=False)["tool_stats"]
+
+
 def bench_tool_stats(path: Path, repeats: int) -> dict[str, float]:
     con = duckdb.connect(str(path), read_only=True)
     con.execute("SET enable_progress_bar = false")
     store = loopscope.Store(str(path))
     variants: dict[str, Callable[[], Any]] = {
         "tool_stats view, open connection": lambda: con.execute("SELECT * FROM tool_stats").fetchall(),
+        "(before) the view computed from events alone": lambda: con.execute(FROM_EVENTS).fetchall(),
         "baseline: GROUP BY over raw events (JSON)": lambda: con.execute(PLAIN_TOOL_STATS).fetchall(),
         "(ref) the same stats over tool fields as columns": lambda: con.execute(COLUMNS_TOOL_STATS).fetchall(),
     }

@@ -29,6 +29,9 @@ the view compute everything from ``events`` again, as before.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from . import rows
 from .views import OUTCOMES, TOOL_DURATIONS, TOOL_TOTALS
 
@@ -81,6 +84,7 @@ def _with_buckets(source: str) -> str:
     WHERE type IN ('tool_call_start', 'tool_call_end')"""
 
 
+_OUTCOME_AT = {o: 2 + i for i, o in enumerate(OUTCOMES)}  # an outcome's place in a row of totals
 _OUTCOME_COUNTS = ", ".join(f"count(*) FILTER (WHERE type = 'tool_call_end' AND outcome = '{o}')" for o in OUTCOMES)
 _SUMMED = ("started", "finished", *OUTCOMES, "durations")
 
@@ -133,3 +137,80 @@ _FACT_ROWS = f"""
 
 BATCH_SQL: tuple[str, ...] = tuple(batch_statements(_FACT_ROWS))
 """What ``write_batch`` runs after inserting a batch's events (from the same registered table)."""
+
+TOTALS_BATCH, DURATIONS_BATCH = "_loopscope_tool_totals_batch", "_loopscope_tool_durations_batch"
+
+_MERGE_SQL = f"""INSERT INTO {TOTALS} SELECT * FROM {TOTALS_BATCH}
+ON CONFLICT DO UPDATE SET
+    {", ".join(f"{c} = {TOTALS}.{c} + excluded.{c}" for c in _SUMMED)},
+    duration_sum = CASE WHEN {TOTALS}.duration_sum IS NULL THEN excluded.duration_sum
+                        WHEN excluded.duration_sum IS NULL THEN {TOTALS}.duration_sum
+                        ELSE {TOTALS}.duration_sum + excluded.duration_sum END,
+    duration_max = greatest({TOTALS}.duration_max, excluded.duration_max),
+    first_seen = least({TOTALS}.first_seen, excluded.first_seen),
+    last_seen = greatest({TOTALS}.last_seen, excluded.last_seen)"""
+_APPEND_SQL = f"INSERT INTO {DURATIONS} SELECT * FROM {DURATIONS_BATCH}"
+
+
+def bucket_of(ms: float) -> int:
+    """:func:`bucket_sql` in Python (the same C library's ``log2``; NaN is left to the SQL)."""
+    if ms > 0:
+        return int(max(min(math.floor(32 * math.log2(ms)), 4000), -4000)) if ms != math.inf else 4000
+    return -4000
+
+
+def batch_script(con: Any, events: Any) -> tuple[str, ...]:
+    """The statements that add a batch's tool rows (``events``: write_batch's Arrow table of
+    event facts) to the totals, in its transaction: the batch's totals made here and merged
+    by two plain statements (an aggregating statement costs DuckDB several milliseconds to
+    plan and run; a batch holds a few tool rows, added up in Python in microseconds), or
+    :data:`BATCH_SQL` where the rows need DuckDB's reading (a content JSON made in Python,
+    a NaN duration). Registers what the statements read on ``con``; nothing for a batch
+    without tool rows."""
+    import pyarrow as pa  # the writer's batches have it imported already
+
+    codes = events.column("code").to_pylist()
+    picked = [i for i, code in enumerate(codes) if code <= rows.TOOL_END]
+    if not picked:
+        return ()
+    tools = events.take(picked)
+    if tools.column("content").null_count != len(picked):
+        return BATCH_SQL
+    totals: dict[tuple[str, bool, str, bool, int], list[Any]] = {}
+    durations: list[tuple[str, bool, int, float]] = []
+    fields = ("code", "tool_name", "source_channel_id", "outcome", "duration_ms", "created_us")
+    for code, tool, agent, outcome, ms, created in zip(*(tools.column(f).to_pylist() for f in fields), strict=True):
+        end = code == rows.TOOL_END
+        if end and ms is not None:
+            if math.isnan(ms):  # ordered as DuckDB orders NaN, by the SQL
+                return BATCH_SQL
+            bucket = bucket_of(ms)
+            durations.append((tool or "", tool is not None, bucket, ms))
+        else:
+            ms, bucket = None, NO_BUCKET
+        key = (tool or "", tool is not None, "" if agent is None else str(agent), agent is not None, bucket)
+        row = totals.get(key)
+        if row is None:
+            # started, finished, the outcomes, durations, their sum and max, first and last seen
+            row = totals[key] = [0, 0, *(0 for _ in OUTCOMES), 0, None, None, created, created]
+        row[1 if end else 0] += 1
+        if end and outcome in _OUTCOME_AT:
+            row[_OUTCOME_AT[outcome]] += 1
+        if ms is not None:
+            row[-5] += 1
+            row[-4] = ms if row[-4] is None else row[-4] + ms
+            row[-3] = ms if row[-3] is None else max(row[-3], ms)
+        row[-2], row[-1] = min(row[-2], created), max(row[-1], created)
+    names = ["tool", "has_tool", "agent", "has_agent", "bucket", *_SUMMED, "duration_sum", "duration_max", "first_seen", "last_seen"]
+    values = [(*key, *row) for key, row in totals.items()]
+    created_type = events.schema.field("created_us").type
+    types = [pa.string(), pa.bool_(), pa.string(), pa.bool_(), pa.int16(), *(pa.int64() for _ in _SUMMED),
+             pa.float64(), pa.float64(), created_type, created_type]
+    con.register(TOTALS_BATCH, pa.table([pa.array(column, t) for column, t in zip(zip(*values, strict=True), types, strict=True)], names=names))
+    if not durations:
+        return (_MERGE_SQL,)
+    con.register(DURATIONS_BATCH, pa.table(
+        [pa.array(c, t) for c, t in zip(zip(*durations, strict=True), (pa.string(), pa.bool_(), pa.int16(), pa.float64()), strict=True)],
+        names=["tool", "has_tool", "bucket", "duration_ms"],
+    ))
+    return (_MERGE_SQL, _APPEND_SQL)

@@ -771,10 +771,7 @@ def write_batch(
         events = events.append_column("idx", pa.array(indices, pa.int64()))
         con.register(rows.EVENTS_TABLE, events)
         script.append(rows.EVENTS_SQL)
-        # tool_stats's totals, in the rows' transaction (see tool_totals); only for a
-        # batch with tool rows: the statements cost a few planning steps each
-        if pc.min(events.column("code")).as_py() <= rows.TOOL_END:  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
-            script += tool_totals.BATCH_SQL
+        script += tool_totals.batch_script(con, events)  # tool_stats's totals, in the rows' transaction
         # the session counters, made here with Arrow (a statement that aggregates the
         # batch's events costs DuckDB ~2 ms more to plan): an update for the sessions the
         # file has, a plain insert for the new ones (the file is ours meanwhile)
