@@ -12,12 +12,22 @@ from typing import Any
 import duckdb
 
 from loopscope.storage import tool_totals
-from loopscope.storage.views import TOTALS_COVER, tool_rows, views
+from loopscope.storage.views import OUTCOMES, TOTALS_COVER, tool_rows, views
 
 
 def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     # a sum of durations may differ in its last bits with the order it was added in
     return sorted(tuple(round(v, 9) if isinstance(v, float) and math.isfinite(v) else v for v in r) for r in rows)
+
+
+_KEYS = "tool, has_tool, agent, has_agent, bucket"
+# the totals added up per key (batches append theirs; a process folds them now and then)
+_FOLDED = {
+    tool_totals.TOTALS: f"""SELECT {_KEYS}, sum(started), sum(finished), {", ".join(f"sum({o})" for o in OUTCOMES)},
+        sum(durations), sum(duration_sum), max(duration_max), min(first_seen), max(last_seen)
+        FROM {tool_totals.TOTALS} GROUP BY ALL""",
+    tool_totals.DURATIONS: f"SELECT * FROM {tool_totals.DURATIONS}",
+}
 
 
 def kept_and_recomputed(db: str | Path) -> tuple[dict[str, list[tuple[Any, ...]]], dict[str, list[tuple[Any, ...]]]]:
@@ -30,12 +40,12 @@ def kept_and_recomputed(db: str | Path) -> tuple[dict[str, list[tuple[Any, ...]]
         con = duckdb.connect(str(copy))
         try:
             tables = (tool_totals.TOTALS, tool_totals.DURATIONS)
-            kept = {t: _rounded(con.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+            kept = {t: _rounded(con.execute(_FOLDED[t]).fetchall()) for t in tables}
             for table in tables:
                 con.execute(f"DELETE FROM {table}")
             for statement in tool_totals.batch_statements(tool_rows(tool_columns=True)):
                 con.execute(statement)
-            again = {t: _rounded(con.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+            again = {t: _rounded(con.execute(_FOLDED[t]).fetchall()) for t in tables}
         finally:
             con.close()
     return kept, again

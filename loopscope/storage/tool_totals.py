@@ -3,14 +3,16 @@
 ``tool_stats`` over the raw ``events`` grows with the store (0.36 s at 10 M events, about
 1 s near 30 M). Its figures are sums, extremes, a count of distinct agents and three
 quantiles of the durations. Two tables keep what they need, written in the same
-transaction as the rows they count (:func:`batch_statements`, run by ``write_batch`` and
-by the conversation store), so that they hold exactly what ``events`` holds:
+transaction as the rows they count (:func:`batch_script`, run by ``write_batch``, and
+:func:`batch_statements`, by the conversation store and the migration), so that they hold exactly what ``events`` holds:
 
 * :data:`TOTALS` -- one row per tool, agent and duration bucket: counts of start and
   end rows and of each outcome, the count, sum and maximum of the durations, the first
-  and last row's time. Mergeable: a batch adds its own rows (``INSERT ... ON CONFLICT
-  DO UPDATE``), whether it is a whole batch, one of its halves, what is left of a
-  resend, or a dead writer's turns closed by recovery.
+  and last row's time. Mergeable: a batch appends its own (one row per key it has),
+  whether it is a whole batch, one of its halves, what is left of a resend, or a dead
+  writer's turns closed by recovery; the view adds up the rows of a key. A process folds
+  the table back to one row per key once it has appended :data:`COMPACT_AFTER` rows
+  (an upsert per batch cost three times an append).
 * :data:`DURATIONS` -- every finished call's duration with its tool and bucket. A
   quantile needs the values: the bucket counts of :data:`TOTALS` say which bucket holds
   the wanted rank, so only the durations of those few buckets are read and sorted.
@@ -19,8 +21,7 @@ Buckets are 1/32 of an octave of milliseconds (:func:`bucket_sql`), monotone in 
 duration: the values at a rank are found exactly, and ``p50_ms`` / ``p95_ms`` / ``p99_ms``
 interpolate between them as DuckDB's ``quantile_cont`` does.
 
-A tool or agent that is NULL is kept as ``''`` with a flag, as key columns cannot hold
-NULL. ``tool_stats`` uses the totals only while every row of ``events`` was written by a
+A tool or agent that is NULL is kept as ``''`` with a flag (keys compare as plain values). ``tool_stats`` uses the totals only while every row of ``events`` was written by a
 writer that keeps them (:data:`~loopscope.storage.views.TOTALS_COVER`: the table's row
 count, which DuckDB keeps, equals the sum of the sessions' last indices): rows inserted
 by a program that does not keep them (an importer's plain ``INSERT``), or deleted, make
@@ -53,8 +54,7 @@ DDL = (
     duration_sum DOUBLE,
     duration_max DOUBLE,
     first_seen TIMESTAMPTZ,
-    last_seen TIMESTAMPTZ,
-    PRIMARY KEY (tool, has_tool, agent, has_agent, bucket)
+    last_seen TIMESTAMPTZ
 )""",
     f"""CREATE TABLE IF NOT EXISTS {DURATIONS} (
     tool VARCHAR NOT NULL,
@@ -94,7 +94,6 @@ def batch_statements(source: str) -> list[str]:
     tool, outcome, duration_ms, agent, created_at`` over rows being inserted into ``events``
     (the same values the views read from those rows). Run them in the rows' transaction."""
     rows = _with_buckets(source)
-    merge = ",\n    ".join(f"{c} = {TOTALS}.{c} + excluded.{c}" for c in _SUMMED)
     return [
         f"""INSERT INTO {TOTALS}
 SELECT coalesce(tool, ''), tool IS NOT NULL, coalesce(agent, ''), agent IS NOT NULL, bucket,
@@ -103,15 +102,7 @@ SELECT coalesce(tool, ''), tool IS NOT NULL, coalesce(agent, ''), agent IS NOT N
     {_OUTCOME_COUNTS},
     count(duration_ms), sum(duration_ms), max(duration_ms), min(created_at), max(created_at)
 FROM ({rows})
-GROUP BY ALL
-ON CONFLICT DO UPDATE SET
-    {merge},
-    duration_sum = CASE WHEN {TOTALS}.duration_sum IS NULL THEN excluded.duration_sum
-                        WHEN excluded.duration_sum IS NULL THEN {TOTALS}.duration_sum
-                        ELSE {TOTALS}.duration_sum + excluded.duration_sum END,
-    duration_max = greatest({TOTALS}.duration_max, excluded.duration_max),
-    first_seen = least({TOTALS}.first_seen, excluded.first_seen),
-    last_seen = greatest({TOTALS}.last_seen, excluded.last_seen)""",
+GROUP BY ALL""",
         f"""INSERT INTO {DURATIONS}
 SELECT coalesce(tool, ''), tool IS NOT NULL, bucket, duration_ms
 FROM ({rows})
@@ -140,15 +131,25 @@ BATCH_SQL: tuple[str, ...] = tuple(batch_statements(_FACT_ROWS))
 
 TOTALS_BATCH, DURATIONS_BATCH = "_loopscope_tool_totals_batch", "_loopscope_tool_durations_batch"
 
-_MERGE_SQL = f"""INSERT INTO {TOTALS} SELECT * FROM {TOTALS_BATCH}
-ON CONFLICT DO UPDATE SET
-    {", ".join(f"{c} = {TOTALS}.{c} + excluded.{c}" for c in _SUMMED)},
-    duration_sum = CASE WHEN {TOTALS}.duration_sum IS NULL THEN excluded.duration_sum
-                        WHEN excluded.duration_sum IS NULL THEN {TOTALS}.duration_sum
-                        ELSE {TOTALS}.duration_sum + excluded.duration_sum END,
-    duration_max = greatest({TOTALS}.duration_max, excluded.duration_max),
-    first_seen = least({TOTALS}.first_seen, excluded.first_seen),
-    last_seen = greatest({TOTALS}.last_seen, excluded.last_seen)"""
+_MERGE_SQL = f"INSERT INTO {TOTALS} SELECT * FROM {TOTALS_BATCH}"
+COMPACT_AFTER = 20_000
+"""Rows of totals a process appends before a batch of its folds the table to one row per
+key again (in that batch's transaction; a few milliseconds for a table of that size)."""
+_COMPACTED = "_loopscope_tool_totals_compacted"
+_COMPACT_SQL = (
+    f"""CREATE OR REPLACE TEMP TABLE {_COMPACTED} AS
+SELECT tool, has_tool, agent, has_agent, bucket,
+    {", ".join(f"CAST(sum({c}) AS BIGINT) AS {c}" for c in _SUMMED)},
+    sum(duration_sum) AS duration_sum, max(duration_max) AS duration_max,
+    min(first_seen) AS first_seen, max(last_seen) AS last_seen
+FROM {TOTALS}
+GROUP BY ALL""",
+    f"DELETE FROM {TOTALS}",
+    f"INSERT INTO {TOTALS} SELECT * FROM {_COMPACTED}",
+    f"DROP TABLE {_COMPACTED}",
+)
+_appended = 0  # rows of totals this process appended since its last compaction
+
 _APPEND_SQL = f"INSERT INTO {DURATIONS} SELECT * FROM {DURATIONS_BATCH}"
 
 
@@ -207,10 +208,22 @@ def batch_script(con: Any, events: Any) -> tuple[str, ...]:
     types = [pa.string(), pa.bool_(), pa.string(), pa.bool_(), pa.int16(), *(pa.int64() for _ in _SUMMED),
              pa.float64(), pa.float64(), created_type, created_type]
     con.register(TOTALS_BATCH, pa.table([pa.array(column, t) for column, t in zip(zip(*values, strict=True), types, strict=True)], names=names))
+    script: tuple[str, ...] = (_MERGE_SQL, *_compaction(len(values)))
     if not durations:
-        return (_MERGE_SQL,)
+        return script
     con.register(DURATIONS_BATCH, pa.table(
         [pa.array(c, t) for c, t in zip(zip(*durations, strict=True), (pa.string(), pa.bool_(), pa.int16(), pa.float64()), strict=True)],
         names=["tool", "has_tool", "bucket", "duration_ms"],
     ))
-    return (_MERGE_SQL, _APPEND_SQL)
+    return (*script, _APPEND_SQL)
+
+
+def _compaction(appended: int) -> tuple[str, ...]:
+    """The statements that fold the totals again, once this process has appended
+    :data:`COMPACT_AFTER` rows to them since it last did (none before)."""
+    global _appended
+    _appended += appended
+    if _appended < COMPACT_AFTER:
+        return ()
+    _appended = 0
+    return _COMPACT_SQL

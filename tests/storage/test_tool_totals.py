@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 import analytics_store as workload
 import loopscope
 from loopscope.ingest.writer import SpanWriter
+from loopscope.storage import tool_totals
 from loopscope.storage import writer as writer_module
 from loopscope.storage.conversations import DuckDBConversationStore
 from loopscope.storage.rows import END, START
@@ -78,6 +79,20 @@ def test_a_batch_written_in_halves_after_failures(tmp_path: Path, monkeypatch: A
         writer.close()
     assert failed and writer.stats().dropped == 0
     assert_totals_exact(db)
+
+
+def test_folded_back_to_one_row_per_key_now_and_then(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(tool_totals, "COMPACT_AFTER", 3)
+    monkeypatch.setattr(tool_totals, "_appended", 0)
+    db = tmp_path / "store.duckdb"
+    record(db)
+    assert_totals_exact(db)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows, keys = con.execute(f"SELECT count(*), count(DISTINCT (tool, has_tool, agent, has_agent, bucket)) FROM {TOOL_TOTALS}").fetchone()
+    finally:
+        con.close()
+    assert rows < 3 + keys  # folded: at most the rows appended since the last fold are extra
 
 
 def test_spans_sent_again_are_counted_once(tmp_path: Path) -> None:
