@@ -17,8 +17,10 @@ import time
 
 import duckdb
 
+from loopscope.storage import tool_totals
 from loopscope.storage.rows import EVENT_COLUMNS
 from loopscope.storage.schema import migrate
+from loopscope.storage.views import tool_rows
 
 TOOLS = [
     "search_docs", "fetch_url", "run_sql", "send_email", "get_weather", "book_table",
@@ -158,6 +160,9 @@ def generate(path: str, sessions: int = 20_000, *, log=print) -> None:
             """INSERT INTO sessions
             SELECT session_id, max(idx), min(created_at), max(created_at) FROM events GROUP BY session_id"""
         )
+        # tool_stats's per-tool totals, as the writer keeps them with its rows
+        for statement in tool_totals.batch_statements(tool_rows(tool_columns=True)):
+            con.execute(statement)
         con.execute("COMMIT")
         con.execute("CHECKPOINT")
         log(f"  generated in {time.perf_counter() - t0:.1f}s")
