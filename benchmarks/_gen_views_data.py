@@ -17,8 +17,10 @@ import time
 
 import duckdb
 
+from loopscope.storage import tool_totals
 from loopscope.storage.rows import EVENT_COLUMNS
 from loopscope.storage.schema import migrate
+from loopscope.storage.views import tool_rows
 
 TOOLS = [
     "search_docs", "fetch_url", "run_sql", "send_email", "get_weather", "book_table",
@@ -148,13 +150,19 @@ def generate(path: str, sessions: int = 20_000, *, log=print) -> None:
               {declared}[a + 1],
               {_list_sql(MODELS)}[(a % {len(MODELS)}) + 1], CASE WHEN a % 3 = 1 THEN 'anthropic' ELSE 'openai' END,
               CASE WHEN r >= 900 AND r < 930 THEN 'RateLimitError: slow down' END,
-              md5('trace-' || s || '-' || t), substr(md5('span-' || s || '-' || t || '-turn'), 1, 16)
+              md5('trace-' || s || '-' || t), substr(md5('span-' || s || '-' || t || '-turn'), 1, 16),
+              -- model_call_count, cost_usd, price_source (m009_model_calls): turns of a writer
+              -- without model call rows, priced from their own usage
+              3, round((tin * 2.5 + tout * 10.0) / 1e6, 6), 'genai-prices'
             FROM x ORDER BY ended"""
         )
         con.execute(
             """INSERT INTO sessions
             SELECT session_id, max(idx), min(created_at), max(created_at) FROM events GROUP BY session_id"""
         )
+        # tool_stats's per-tool totals, as the writer keeps them with its rows
+        for statement in tool_totals.batch_statements(tool_rows(tool_columns=True)):
+            con.execute(statement)
         con.execute("COMMIT")
         con.execute("CHECKPOINT")
         log(f"  generated in {time.perf_counter() - t0:.1f}s")

@@ -30,12 +30,14 @@ from typing import Any, Protocol, runtime_checkable
 from .. import _json
 from .._json import result_value
 from ..models import ActivityEvent
+from . import tool_totals
 from .connection import open_store, resolve
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import event_of as _event
 from .recording import flush_own
 from .schema import migrate
 from .store import Store
+from .views import tool_rows
 
 __all__ = [
     "CONVERSATION_EVENT",
@@ -544,6 +546,12 @@ class DuckDBConversationStore:
                 ]
             values.append(value)
         con.executemany(f"INSERT INTO events ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values)
+        if any(kind in ("tool_call_start", "tool_call_end") for kind, _, _ in records):
+            # tool_stats's totals, as the writer keeps them (see tool_totals): from the rows
+            # just inserted (their time bounds the scan to the row groups that hold them)
+            inserted = f"SELECT * FROM ({tool_rows(tool_columns)}) WHERE session_id = ? AND idx > ? AND created_at = ?"
+            for statement in tool_totals.batch_statements(inserted):
+                con.execute(statement, [conversation_id, last, now])
         con.execute(
             """INSERT INTO sessions VALUES (?, ?, ?, ?)
                ON CONFLICT (session_id) DO UPDATE SET last_index = excluded.last_index,

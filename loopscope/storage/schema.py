@@ -42,7 +42,7 @@ def _views() -> list[str]:
 
     # the views as they were then: ``events`` has no tool columns before m004_tool_columns,
     # and there is no ``model_calls`` table before m009_model_calls
-    return create_statements(tool_columns=False, model_calls=False)
+    return create_statements(tool_columns=False, model_calls=False, tool_totals=False)
 
 
 TOOL_COLUMN_TYPES = {
@@ -75,7 +75,7 @@ def _tool_columns() -> list[str]:
     return [
         *(f"ALTER TABLE events ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in TOOL_COLUMN_TYPES.items()),
         _TOOL_BACKFILL,
-        *create_statements(model_calls=False),
+        *create_statements(model_calls=False, tool_totals=False),
     ]
 
 
@@ -324,8 +324,20 @@ def m009_model_calls() -> list[str]:
     return [
         MODEL_CALLS_DDL,
         *(f"ALTER TABLE turns ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in TURN_CALL_COLUMNS.items()),
-        *create_statements(),
+        *create_statements(tool_totals=False),
     ]
+
+
+@migration
+def m010_tool_totals() -> list[str]:
+    """Per-tool totals kept by the writers in the rows' transaction (counts, outcomes,
+    durations by bucket, agents, first and last seen) and every finished call's duration,
+    filled here from the tool rows already stored; ``tool_stats`` reads them while they
+    account for every tool row (see :mod:`loopscope.storage.tool_totals`)."""
+    from . import tool_totals
+    from .views import create_statements, tool_rows
+
+    return [*tool_totals.DDL, *tool_totals.batch_statements(tool_rows(tool_columns=True)), *create_statements()]
 
 
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
@@ -486,7 +498,7 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
         added = ", ".join(f"NULL::{TURN_CALL_COLUMNS[name]} AS {name}" for name in missing)
         statements.append(f"CREATE OR REPLACE TEMP VIEW turns AS SELECT *, {added} FROM {_quoted(database)}.main.turns")
     # every view, as this loopscope defines it (a temporary view hides the file's own of the same name)
-    definitions = views(tool_columns=has_tool_columns(con))
+    definitions = views(tool_columns=has_tool_columns(con), tool_totals=has_tool_totals(con))
     return [*statements, *(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}" for name, sql in definitions.items())]
 
 
@@ -503,6 +515,18 @@ def has_tool_columns(con: duckdb.DuckDBPyConnection) -> bool:
         "AND table_name = 'events' AND column_name = 'tool_name'"
     ).fetchone()
     return bool(row and row[0])
+
+
+def has_tool_totals(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the open file (the connection's default database) has the tables of
+    ``m010_tool_totals`` (an older file, read without migrating it, has not)."""
+    from .views import TOOL_DURATIONS, TOOL_TOTALS
+
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        f"AND table_name IN ('{TOOL_TOTALS}', '{TOOL_DURATIONS}')"
+    ).fetchone()
+    return bool(row and row[0] == 2)
 
 
 def has_model_calls(con: duckdb.DuckDBPyConnection) -> bool:

@@ -94,6 +94,16 @@ from __future__ import annotations
 
 OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
 
+TOOL_TOTALS, TOOL_DURATIONS = "loopscope_tool_totals", "loopscope_tool_durations"
+"""The tables of per-tool totals kept by the writers (``m010_tool_totals``, see
+:mod:`loopscope.storage.tool_totals`) that ``tool_stats`` reads."""
+
+TOTALS_COVER = "(SELECT count(*) FROM events) = (SELECT coalesce(sum(last_index), 0) FROM sessions)"
+"""Whether every row of ``events`` was written by a writer that keeps the tool totals: those
+writers number each session's rows 1, 2, ... and keep the last number in ``sessions``, so
+the counts agree (DuckDB counts a table's rows from its metadata). Rows inserted
+otherwise (an importer's plain ``INSERT``), or deleted, make ``tool_stats`` read ``events``."""
+
 TOOL_COLUMNS = ("tool_name", "tool_call_id", "tool_status", "tool_outcome", "tool_duration_ms")
 """The tool fields the writer stores as columns of ``events`` (besides the ``content``
 JSON): reading them is far cheaper than parsing every tool row's JSON. They are NULL on
@@ -108,7 +118,7 @@ _TOOL_KEYS = "session_id, correlation_id AS turn_id, type, idx, created_at, sour
 _TOOL_TYPES = "starts_with(type, 'tool_call_') AND type IN ('tool_call_start', 'tool_call_end')"
 
 
-def tool_rows(tool_columns: bool, content: bool = False) -> str:
+def tool_rows(tool_columns: bool, content: bool = False, unless: str = "") -> str:
     """The tool start and end rows with their fields: ``session_id, turn_id, type, idx,
     created_at, agent, [content,] tool, call_id, status, outcome, duration_ms``.
 
@@ -116,16 +126,28 @@ def tool_rows(tool_columns: bool, content: bool = False) -> str:
     columns, and from the ``content`` JSON only for rows whose ``tool_name`` is NULL: a
     UNION ALL, so that a store whose rows all have the columns never reads ``content``
     here (the second branch's filter skips every row before ``content`` is fetched).
+    ``unless``: a condition without columns under which no row is read: the scans stop
+    at their first tool row. (A condition on the rows themselves would keep a scan going
+    through the whole table when no row passes it, as the second branch's does: so each
+    branch's scan is filtered by type alone, joined to the condition, which DuckDB
+    evaluates first and which stops the scan when it leaves no row, and the branch's own
+    filter is applied after the join, in a form it cannot push below it.)
     """
     extra = ", content" if content else ""
+
+    def where(own: str) -> str:
+        if not unless:
+            return f"FROM events\n        WHERE {_TOOL_TYPES}{f' AND {own}' if own else ''}"
+        kept = f" AND CASE WHEN g.live THEN {own} END" if own else ""
+        return f"FROM events, (SELECT NOT ({unless}) AS live) g\n        WHERE {_TOOL_TYPES} AND g.live{kept}"
+
     parsed = f"""
     SELECT session_id, turn_id, type, idx, created_at, agent{extra},
         f[1] AS tool, f[2] AS call_id, f[3] AS status, f[4] AS outcome, TRY_CAST(f[5] AS DOUBLE) AS duration_ms
     FROM (
         SELECT {_TOOL_KEYS}, content,
             json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.duration_ms']) AS f
-        FROM events
-        WHERE {_TOOL_TYPES}{" AND tool_name IS NULL" if tool_columns else ""}
+        {where("tool_name IS NULL" if tool_columns else "")}
     )"""
     if not tool_columns:
         return parsed
@@ -133,8 +155,7 @@ def tool_rows(tool_columns: bool, content: bool = False) -> str:
     SELECT {_TOOL_KEYS}{extra},
         tool_name AS tool, tool_call_id AS call_id, tool_status AS status, tool_outcome AS outcome,
         tool_duration_ms AS duration_ms
-    FROM events
-    WHERE {_TOOL_TYPES} AND tool_name IS NOT NULL
+    {where("tool_name IS NOT NULL")}
     UNION ALL{parsed}"""
 
 
@@ -307,7 +328,7 @@ _OUTCOME_SHARES = ",\n    ".join(f"{o} / nullif(finished, 0) AS {o}_share" for o
 # One pass over the tool rows, no per-call grouping: a call is counted by its start row,
 # or by its end row where no start rows were stored (a persistence policy can leave them
 # out). In a store that keeps both, calls - finished is exactly the pending calls.
-def _tool_stats(tool_columns: bool) -> str:
+def _tool_stats(tool_columns: bool, unless: str = "") -> str:
     return f"""
 SELECT
     tool,
@@ -331,11 +352,90 @@ FROM (
         count(DISTINCT agent) AS agents,
         min(created_at) AS first_seen,
         max(created_at) AS last_seen
-    FROM ({tool_rows(tool_columns)})
+    FROM ({tool_rows(tool_columns, unless=unless)})
     GROUP BY tool
 )
 ORDER BY calls DESC, tool
 """
+
+def _tool_stats_from_totals(live: str) -> str:
+    """``tool_stats`` from the tool totals (:mod:`loopscope.storage.tool_totals`) while they
+    account for every row of ``events`` (:data:`TOTALS_COVER`), else ``live`` (the SELECT
+    that computes it from ``events``, the same columns, reading nothing while they do)."""
+    quantiles = "(VALUES (1, 0.5::DOUBLE), (2, 0.95::DOUBLE), (3, 0.99::DOUBLE)) qs(i, q)"
+    return f"""
+WITH covered AS MATERIALIZED (SELECT {TOTALS_COVER} AS yes),
+totals AS MATERIALIZED (
+    SELECT t.* FROM {TOOL_TOTALS} t, covered WHERE covered.yes
+),
+per_tool AS (
+    SELECT tool, has_tool,
+        CAST(sum(started) AS BIGINT) AS started, CAST(sum(finished) AS BIGINT) AS finished,
+        {", ".join(f"CAST(sum({o}) AS BIGINT) AS {o}" for o in OUTCOMES)},
+        CAST(sum(durations) AS BIGINT) AS durations, sum(duration_sum) AS duration_sum, max(duration_max) AS max_ms,
+        count(DISTINCT agent) FILTER (WHERE has_agent) AS agents,
+        min(first_seen) AS first_seen, max(last_seen) AS last_seen
+    FROM totals
+    GROUP BY tool, has_tool
+),
+buckets AS (
+    SELECT tool, has_tool, bucket, n,
+        CAST(sum(n) OVER (PARTITION BY tool, has_tool ORDER BY bucket ROWS UNBOUNDED PRECEDING) - n AS BIGINT) AS below
+    FROM (SELECT tool, has_tool, bucket, CAST(sum(durations) AS BIGINT) AS n FROM totals WHERE durations > 0 GROUP BY ALL)
+),
+-- the 0-based ranks quantile_cont interpolates between: floor and ceil of (n - 1) * q
+ranks AS (
+    SELECT p.tool, p.has_tool, qs.i, (p.durations - 1) * qs.q AS rn
+    FROM per_tool p, {quantiles}
+    WHERE p.durations > 0
+),
+wanted AS (
+    SELECT r.tool, r.has_tool, r.i, r.rn, w.hi, w.rank, b.bucket, w.rank - b.below AS offset
+    FROM ranks r,
+        LATERAL (SELECT false AS hi, CAST(floor(r.rn) AS BIGINT) AS rank UNION ALL SELECT true, CAST(ceil(r.rn) AS BIGINT)) w,
+        buckets b
+    WHERE b.tool = r.tool AND b.has_tool = r.has_tool AND w.rank >= b.below AND w.rank < b.below + b.n
+),
+sorted AS (
+    SELECT tool, has_tool, bucket, list_sort(list(duration_ms)) AS values
+    FROM {TOOL_DURATIONS} d
+    SEMI JOIN wanted w ON w.tool = d.tool AND w.has_tool = d.has_tool AND w.bucket = d.bucket
+    GROUP BY ALL
+),
+picked AS (
+    SELECT w.tool, w.has_tool, w.i,
+        any_value(w.rn) AS rn,
+        any_value(s.values[w.offset + 1]) FILTER (WHERE NOT w.hi) AS lo,
+        any_value(s.values[w.offset + 1]) FILTER (WHERE w.hi) AS hi
+    FROM wanted w JOIN sorted s ON s.tool = w.tool AND s.has_tool = w.has_tool AND s.bucket = w.bucket
+    GROUP BY ALL
+),
+-- as quantile_cont: the value at the rank, or between two ranks lo * (1 - d) + hi * d, d the
+-- fraction of the rank (DuckDB's own formula; its build may fuse a multiply-add, so the last bit can differ)
+quantiles AS (
+    SELECT tool, has_tool,
+        list(CASE WHEN floor(rn) = ceil(rn) THEN lo ELSE lo * (1.0 - (rn - floor(rn))) + hi * (rn - floor(rn)) END ORDER BY i) AS q
+    FROM picked
+    GROUP BY ALL
+)
+SELECT * FROM (
+SELECT
+    CASE WHEN p.has_tool THEN p.tool END AS tool,
+    greatest(started, finished) AS calls,
+    greatest(started, finished) - finished AS pending,
+    finished,
+    {", ".join(OUTCOMES)},
+    {", ".join(f"{o} / nullif(finished, 0) AS {o}_share" for o in OUTCOMES)},
+    (finished - served) / nullif(finished, 0) AS failure_share,
+    duration_sum / nullif(durations, 0) AS avg_ms, q.q[1] AS p50_ms, q.q[2] AS p95_ms, q.q[3] AS p99_ms, max_ms,
+    agents, first_seen, last_seen
+FROM per_tool p LEFT JOIN quantiles q ON q.tool = p.tool AND q.has_tool = p.has_tool
+UNION ALL
+{live}
+)
+ORDER BY calls DESC, tool
+"""
+
 
 LOOP_END_REASONS = """
 SELECT
@@ -476,19 +576,21 @@ FROM turn_summaries
 ORDER BY rank
 """
 
-def views(tool_columns: bool = True, model_calls: bool = True) -> dict[str, str]:
+def views(tool_columns: bool = True, model_calls: bool = True, tool_totals: bool = True) -> dict[str, str]:
     """Every view, by name, as the SELECT that defines it; in creation order.
 
     ``tool_columns=False`` gives the definitions for a file whose ``events`` table lacks
     the :data:`TOOL_COLUMNS` (schema before they were added): the tool fields are then
     read from the ``content`` JSON alone. Both give the same rows. ``model_calls=False``
     gives the views as they were before ``m009_model_calls`` (no ``model_calls`` table,
-    no costs): what the migrations before it create.
+    no costs): what the migrations before it create. ``tool_totals=False`` gives
+    ``tool_stats`` computed from ``events`` alone, for a file without the tables of
+    ``m010_tool_totals`` (the migrations before it, an older file read as it is).
     """
     defined = {
         "tool_calls": _tool_calls(tool_columns),
         "turn_summaries": _turn_summaries(model_calls),
-        "tool_stats": _tool_stats(tool_columns),
+        "tool_stats": _tool_stats_from_totals(_tool_stats(tool_columns, unless=TOTALS_COVER)) if tool_totals else _tool_stats(tool_columns),
         "loop_end_reasons": LOOP_END_REASONS,
         "declared_vs_used": _declared_vs_used(tool_columns),
         "token_usage": _TOKEN_USAGE.format(costs=_TOKEN_COSTS if model_calls else ""),
@@ -518,7 +620,8 @@ TOOL_CALLS = VIEWS["tool_calls"]
 DECLARED_VS_USED = VIEWS["declared_vs_used"]
 
 
-def create_statements(tool_columns: bool = True, model_calls: bool = True) -> list[str]:
+def create_statements(tool_columns: bool = True, model_calls: bool = True, tool_totals: bool = True) -> list[str]:
     """``CREATE OR REPLACE VIEW`` statements for every view, in dependency order (see
-    :func:`views` for ``tool_columns`` and ``model_calls``)."""
-    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in views(tool_columns, model_calls).items()]
+    :func:`views` for ``tool_columns``, ``model_calls`` and ``tool_totals``)."""
+    definitions = views(tool_columns, model_calls, tool_totals)
+    return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in definitions.items()]

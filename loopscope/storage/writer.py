@@ -36,7 +36,7 @@ import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from . import health, idempotent, recovery, rows, scrub
+from . import health, idempotent, recovery, rows, scrub, tool_totals
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
@@ -778,6 +778,7 @@ def write_batch(
         # most batches have no content made in Python: a statement without its branches binds faster
         plain = events.column("content").null_count == events.num_rows
         script.append(rows.PLAIN_EVENTS_SQL if plain else rows.EVENTS_SQL)
+        script += tool_totals.batch_script(con, events)  # tool_stats's totals, in the rows' transaction
         # the session counters, made here with Arrow (a statement that aggregates the
         # batch's events costs DuckDB ~2 ms more to plan), in one statement: an update
         # when the file has every session of the batch, a plain insert when it has none

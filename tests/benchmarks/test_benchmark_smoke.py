@@ -22,6 +22,7 @@ SMOKE_RUNS = {
     "collector-foreign": ["bench_collector.py", "--foreign", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-memory": ["bench_collector.py", "--memory", "--requests", "3", "--request-mb", "1"],
     "batch-cost": ["batch_cost.py", "--smoke"],
+    "views": ["bench_views.py", "--smoke"],
 }
 
 

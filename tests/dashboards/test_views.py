@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,10 @@ def query(db: Path, sql: str, params: list[Any] | None = None) -> list[dict[str,
 
 
 # -- every file has them --------------------------------------------------------------------------
+
+
+def rounded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: round(v, 9) if isinstance(v, float) and math.isfinite(v) else v for k, v in r.items()} for r in rows]
 
 
 def test_the_writer_creates_every_view(db: Path) -> None:
@@ -293,7 +298,9 @@ def test_migrating_a_v1_file(db: Path, tmp_path: Path) -> None:
             assert query(old, f"SELECT count(*) AS n FROM {view}") == [{"n": 0}]
         else:  # per session, or one row of totals
             assert query(old, f"SELECT count(*) AS n FROM {view}") == query(db, f"SELECT count(*) AS n FROM {view}")
-    assert query(old, "SELECT * FROM tool_stats") == query(db, "SELECT * FROM tool_stats")
+    # the migrated file's totals were summed in one pass, the writer's batch by batch: an
+    # average may differ in its last bits (as DuckDB's own avg does with the order it sums in)
+    assert rounded(query(old, "SELECT * FROM tool_stats")) == rounded(query(db, "SELECT * FROM tool_stats"))
 
 
 def test_the_writer_migrates_a_v1_file_it_writes_to(db: Path, tmp_path: Path) -> None:

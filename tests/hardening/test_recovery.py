@@ -28,6 +28,7 @@ from loopscope.models import RESPONSE_SEGMENT_SEPARATOR
 from loopscope.storage import recovery
 from loopscope.storage.connection import open_store
 from loopscope.storage.recovery import RECOVERED_NOTE
+from tool_totals_check import assert_totals_exact
 
 EVERY = EventFilter(include_blocked=True)
 STARTUP = 30.0  # seconds a child may take to import loopscope and reach its marker (slow CI)
@@ -204,6 +205,8 @@ def test_turns_open_at_a_sigkill_are_closed_as_unfinished_at_the_next_open(tmp_p
     reasons = dict(sql(db, "SELECT loop_end_reason, count(*) FROM turns GROUP BY 1"))
     assert reasons == {"completed": 2, "unfinished": 3}
     assert sql(db, "SELECT count(*) FROM loopscope_open_turns") == [(0,)]
+    # the closing rows count in tool_stats's totals as any batch's do
+    assert_totals_exact(db)
 
 
 def test_closing_happens_once(tmp_path, spawn, capsys):
