@@ -107,14 +107,26 @@ text. Content: exported only when content capture is on."""
 STATE_KINDS = {"snapshot": "state_snapshot", "delta": "state_delta"}
 """``loopscope.state.kind`` values and the event types (and span names) they make."""
 PENDING_FOR = "loopscope.pending_for"
-"""On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span that the
-OTLP export sends at once (OTLP carries only ended spans): the real span's id, in hex. A
-collector writes the real span's start rows from it, in the order the process saw them."""
+"""On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span made at
+its start (OTLP carries only ended spans): the real span's id, in hex. The exporter sends
+it as a start notice (:data:`NOTICE_EVENT`, a log record); earlier versions sent it as a
+span, which a collector still understands."""
 PENDING_OPERATION = "loopscope.pending.operation"
 """On a pending copy: the real span's ``gen_ai.operation.name``, which the copy does not
 carry itself (a tracing backend must not count it as a second agent run or tool call)."""
 PENDING_SENT = "loopscope.pending_sent"
-"""On a real span whose pending copy was queued for export."""
+"""On a real span whose start notice was queued for export."""
+NOTICE_EVENT = "loopscope.span.start"
+"""The ``event_name`` of an OTLP log record that says a span started (a *start notice*,
+see :mod:`loopscope.export.notices`): its ``trace_id`` / ``span_id`` are the span's, its
+time the span's start, its attributes the span's start attributes."""
+NOTICE_SPAN_NAME = "loopscope.span.name"
+"""On a start notice: the started span's name."""
+NOTICE_AFTER = "loopscope.notice.after"
+"""On a start notice: the span (trace id and span id in hex, 48 digits) that ended just
+before this span started, in the export batch both belong to; none when the notice comes
+first in its batch. A collector writes the start rows right after that span's rows: the
+order the process saw, although notices and spans travel in separate requests."""
 
 USAGE_ATTRIBUTES = {
     "input_tokens": USAGE_INPUT,

@@ -6,6 +6,7 @@ once the rows are in the file; :class:`ByteBudget` bounds the payload bytes held
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -30,6 +31,16 @@ DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
 
 
 _ROUTING_GUARD, _IDLE_GUARD = guard("collector routing"), guard("collector idle traces")
+
+
+def _span_key(text: Any) -> tuple[int, int] | None:
+    """A span named as 48 hex digits (trace id, span id), or None."""
+    if type(text) is not str or len(text) != 48:
+        return None
+    try:
+        return int(text[:32], 16), int(text[32:], 16)
+    except ValueError:
+        return None
 
 
 class StoreUnavailable(Exception):
@@ -225,6 +236,11 @@ class Ingest:
         self.assembler = Assembler(idle_seconds=idle_seconds)
         self.stats = CollectorStats()
         self._pending: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+        # start notices waiting for the span they follow (see notices()), and their count
+        self._held: dict[tuple[int, int], list[tuple[SpanRecord, float]]] = {}
+        self._held_count = 0
+        self.notice_wait = 10.0  # seconds a notice waits for its span; then it is written anyway
+        self.max_held_notices = 100_000
         # the spans of the latest requests, so that a retried request (a 503, a client that
         # gave up waiting) is not written twice: a span id is never sent again otherwise
         self.dedupe_window = dedupe_window
@@ -265,6 +281,45 @@ class Ingest:
                 f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
             )
 
+    def notices(self, spans: Sequence[SpanRecord]) -> None:
+        """Take the start notices of a logs request (already decoded: see
+        :func:`~loopscope.ingest.otlp.decode.notices_of`). A notice that names the span it
+        follows in its batch (:data:`loopscope.semconv.NOTICE_AFTER`) is held until that
+        span arrives (the traces request its exporter sends next) and written right after
+        its rows; the others are written now, and this waits until they are stored.
+        Raises :class:`StoreUnavailable` as :meth:`ingest` does."""
+        if not spans:
+            return
+        if self._closed:
+            raise StoreUnavailable("the collector is shutting down")
+        now = time.monotonic()
+        with self._lock:
+            held = self._held
+            for span in spans:
+                with _ROUTING_GUARD:
+                    after = span.attributes.pop(a.NOTICE_AFTER, None)
+                    key = _span_key(after)
+                    if key is None:
+                        self._start_notice(span)
+                        continue
+                    waiting = held.get(key)
+                    if waiting is None:
+                        held[key] = waiting = []
+                    waiting.append((span, now))
+                    self._held_count += 1
+            if self._held_count > self.max_held_notices:
+                self._release_held()  # memory is bounded: write them in the order held
+        if not self.writer.flush(self.flush_timeout):
+            self.stats.unavailable += 1
+            raise StoreUnavailable(f"could not write to {self.path} within {self.flush_timeout:g}s; the notices are kept and written when it is free")
+
+    def _release_held(self, before: float = math.inf) -> None:
+        """Write the notices held since before ``before`` (monotonic seconds; all by default)."""
+        for key in [k for k, waiting in self._held.items() if waiting[0][1] <= before]:
+            for span, _ in self._held.pop(key):
+                self._held_count -= 1
+                self._start_notice(span)
+
     def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, FlushRequest | None]:
         """Route a request's spans (one request at a time) and queue its raw rows; its share
         of the budget, and the marker to wait for with ``raw_wait``."""
@@ -274,11 +329,14 @@ class Ingest:
             self.stats.requests += 1
             self.stats.spans += len(received)
             seen, order = self._seen, self._seen_order
+            held = self._held
             for item in received:
                 ctx = item.span.context
                 key = ctx.span_id ^ (ctx.trace_id & 0xFFFFFFFFFFFFFFFF) ^ (ctx.trace_id >> 64)
                 if key in seen:
                     self.stats.duplicates += 1
+                    if held:
+                        self._after(ctx.trace_id, ctx.span_id)
                     continue
                 seen.add(key)
                 order.append(key)
@@ -287,6 +345,8 @@ class Ingest:
                 role, framework = None, None
                 with _ROUTING_GUARD:
                     role, framework = self._route(item.span)
+                    if held:
+                        self._after(ctx.trace_id, ctx.span_id)
                 if role != "pending" and self.raw is not None:
                     raw_rows.append(_raw_row(item, role, framework, now_us))
             raw_marker = None
@@ -330,26 +390,41 @@ class Ingest:
             writer.submit(kind, row)
         return role, framework
 
+    def _after(self, trace_id: int, span_id: int) -> None:
+        """Write the start notices held for the span ``(trace_id, span_id)``, whose rows are in."""
+        waiting = self._held.pop((trace_id, span_id), None)
+        if waiting is not None:
+            self._held_count -= len(waiting)
+            for notice, _ in waiting:
+                self._start_notice(notice)
+
     def _pending_start(self, span: SpanRecord, pending_for: Any) -> None:
+        """A pending copy sent as a span (loopscope's exporter before start notices)."""
         try:
             real = int(str(pending_for), 16)
         except ValueError:
             return
         if not 0 < real < (1 << 64):
             return
-        key = (span.context.trace_id, real)
-        if key in self._pending:
-            return  # the same pending copy again (a retried request)
-        self._pending[key] = None
-        if len(self._pending) > self.max_pending_ids:
-            self._pending.popitem(last=False)
-        self.stats.pending += 1
         attributes = dict(span.attributes)
         del attributes[a.PENDING_FOR]
         operation = attributes.pop(a.PENDING_OPERATION, None)
         if operation:
             attributes[a.OPERATION] = operation
-        self.writer.submit_start(span.replace(context=Ctx(span.context.trace_id, real), parent=None, attributes=attributes))
+        self._start_notice(span.replace(context=Ctx(span.context.trace_id, real), parent=None, attributes=attributes))
+
+    def _start_notice(self, span: SpanRecord) -> None:
+        """The start rows of a span that started (its own ids), once per span."""
+        if span.attributes.get(a.OPERATION) not in _STARTS:
+            return
+        key = (span.context.trace_id, span.context.span_id)
+        if key in self._pending:
+            return  # the same notice again (a retried request)
+        self._pending[key] = None
+        if len(self._pending) > self.max_pending_ids:
+            self._pending.popitem(last=False)
+        self.stats.pending += 1
+        self.writer.submit_start(span)
 
     def _start_stored(self, span: SpanRecord) -> bool:
         """Whether the start rows of a span whose pending copy was sent are in the store
@@ -379,6 +454,8 @@ class Ingest:
                     with self._lock:
                         for kind, row in self.assembler.expire():
                             self.writer.submit(kind, row)
+                        if self._held:  # notices whose span never came (its request failed): late, not lost
+                            self._release_held(time.monotonic() - self.notice_wait)
                 if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
                     self.budget.unpark()  # what could not be written in time is now
                 self.budget.trim()
@@ -390,6 +467,7 @@ class Ingest:
         self._stop.set()
         with self._lock:
             self._closed = True
+            self._release_held()
             for kind, row in self.assembler.drain():
                 self.writer.submit(kind, row)
         self.writer.close(timeout)
