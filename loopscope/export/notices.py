@@ -50,7 +50,6 @@ from .._guard import logger
 
 _REFUSED_HTTP = frozenset({404, 405, 415, 501})
 """HTTP answers that say the endpoint takes no OTLP logs (a span-only backend)."""
-_DEBUG = 5  # SEVERITY_NUMBER_DEBUG
 DEFAULT_TIMEOUT = 10.0
 
 
@@ -105,7 +104,7 @@ def _headers(given: Mapping[str, str] | None) -> dict[str, str]:
         return {}
     from opentelemetry.util.re import parse_env_headers
 
-    return parse_env_headers(text, liberal=True)
+    return dict(parse_env_headers(text, liberal=True))
 
 
 def _timeout() -> float:
@@ -151,12 +150,15 @@ def notice_request(notices: Sequence[tuple[ReadableSpan, str | None]]) -> Any:
     """An ``ExportLogsServiceRequest`` with one log record per pending copy in ``notices``,
     each given with the span it follows in its batch (:data:`loopscope.semconv.NOTICE_AFTER`)."""
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+    from opentelemetry.proto.logs.v1.logs_pb2 import SEVERITY_NUMBER_DEBUG, LogRecord
 
     request = ExportLogsServiceRequest()
     has_event_name = "event_name" in LogRecord.DESCRIPTOR.fields_by_name  # OTLP 1.5 on; older packages lack it
     groups: dict[tuple[int, str, str | None], Any] = {}
     for span, after in notices:
+        ctx = span.context
+        if ctx is None:  # a started span has one; a hand-made ReadableSpan may not
+            continue
         resource, scope = span.resource, span.instrumentation_scope
         key = (id(resource), scope.name if scope else "", scope.version if scope else None)
         scope_logs = groups.get(key)
@@ -180,10 +182,9 @@ def notice_request(notices: Sequence[tuple[ReadableSpan, str | None]]) -> Any:
             attributes[a.NOTICE_AFTER] = after
         record = scope_logs.log_records.add()
         record.time_unix_nano = record.observed_time_unix_nano = span.start_time or 0
-        record.severity_number = _DEBUG
+        record.severity_number = SEVERITY_NUMBER_DEBUG
         record.severity_text = "DEBUG"
         record.body.string_value = f"{name} started"
-        ctx = span.context
         record.trace_id = ctx.trace_id.to_bytes(16, "big")
         span_id = int(str(real), 16) if real else ctx.span_id
         record.span_id = span_id.to_bytes(8, "big")
