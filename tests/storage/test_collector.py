@@ -540,3 +540,17 @@ def test_the_collector_shows_a_running_turn_and_tool_from_their_start_notices(tm
     collector.stop()
     assert events(collector.db) == events(tmp_path / "local.duckdb")
     assert collector.ingest.stats.pending == 2  # the turn and the tool call, from their notices
+
+
+def test_other_log_records_are_accepted_and_not_kept(collector):
+    """An application's own log records sent to /v1/logs are answered 200 and stored nowhere;
+    a logs body that is not OTLP is refused with a reason, as a traces body would be."""
+    record = {"timeUnixNano": "1700000000000000000", "severityNumber": 9, "body": {"stringValue": "user logged in"},
+              "traceId": "0" * 31 + "1", "spanId": "0" * 15 + "2",
+              "attributes": [{"key": "loopscope.span.name", "value": {"stringValue": "not a notice"}}]}
+    body = json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [record]}]}]}).encode()
+    status, _, _ = post(collector.http_endpoint + "/v1/logs", body, "application/json")
+    assert status == 200
+    assert collector.ingest.stats.logs_requests == 1 and collector.ingest.stats.pending == 0
+    assert rows(collector.db, "SELECT count(*) FROM events") == [(0,)]
+    assert post(collector.http_endpoint + "/v1/logs", b"\x0a\xff\xff", "application/x-protobuf")[0] == 400

@@ -15,7 +15,9 @@ a *start notice*: an OTLP log record with the span's ids and start attributes
 (``POST /v1/logs`` or the gRPC logs service; see :mod:`loopscope.export.notices`), before
 the batch of spans it belongs to. A log record is what tracing backends do not count as a
 span. The collector writes the span's start rows from the notice (so the event ids match),
-and only the end rows when the span arrives. Spans without notices (another exporter,
+and only the end rows when the span arrives. A notices request is answered once its rows
+are queued, ahead of the spans that follow (not written yet: a lost notice is made good by
+its span). Spans without notices (another exporter,
 another instrumentation) give both from the ended span. A pending copy sent as a span
 (``loopscope.pending_for``, earlier versions' exporter) is understood too.
 

@@ -286,8 +286,11 @@ class Ingest:
         :func:`~loopscope.ingest.otlp.decode.notices_of`). A notice that names the span it
         follows in its batch (:data:`loopscope.semconv.NOTICE_AFTER`) is held until that
         span arrives (the traces request its exporter sends next) and written right after
-        its rows; the others are written now, and this waits until they are stored.
-        Raises :class:`StoreUnavailable` as :meth:`ingest` does."""
+        its rows; the others are queued now. This does not wait for the write: the rows of
+        the spans that follow are queued after them (one writer, in order), and a notice
+        lost with the collector is made good by its span, whose start rows then come from
+        the ended span (see :meth:`_start_stored`). Waiting would hold every exporter's
+        batch for a second write. Raises :class:`StoreUnavailable` once closing."""
         if not spans:
             return
         if self._closed:
@@ -309,9 +312,6 @@ class Ingest:
                     self._held_count += 1
             if self._held_count > self.max_held_notices:
                 self._release_held()  # memory is bounded: write them in the order held
-        if not self.writer.flush(self.flush_timeout):
-            self.stats.unavailable += 1
-            raise StoreUnavailable(f"could not write to {self.path} within {self.flush_timeout:g}s; the notices are kept and written when it is free")
 
     def _release_held(self, before: float = math.inf) -> None:
         """Write the notices held since before ``before`` (monotonic seconds; all by default)."""
