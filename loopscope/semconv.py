@@ -123,11 +123,15 @@ see :mod:`loopscope.export.notices`): its ``trace_id`` / ``span_id`` are the spa
 time the span's start, its attributes the span's start attributes."""
 NOTICE_SPAN_NAME = "loopscope.span.name"
 """On a start notice: the started span's name."""
+NOTICE_BEFORE = "loopscope.notice.before"
+"""On a start notice: the span (trace id and span id in hex, 48 digits) that comes next in
+the export batch both belong to (it ended after this span started); none when no span
+follows it there (the span is still running). A collector writes the start rows right
+before that span's rows, with them: the order the process saw, although notices and spans
+travel in separate requests."""
 NOTICE_AFTER = "loopscope.notice.after"
-"""On a start notice: the span (trace id and span id in hex, 48 digits) that ended just
-before this span started, in the export batch both belong to; none when the notice comes
-first in its batch. A collector writes the start rows right after that span's rows: the
-order the process saw, although notices and spans travel in separate requests."""
+"""On a start notice that no span follows in a batch that has spans: the batch's last span
+(as :data:`NOTICE_BEFORE`). A collector writes the start rows right after that span's."""
 
 USAGE_ATTRIBUTES = {
     "input_tokens": USAGE_INPUT,

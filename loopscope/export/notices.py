@@ -17,10 +17,11 @@ start attributes (after the content policy, as any exported span) plus its name 
 Order. :class:`NoticeSplitter` sits where the span exporter was: a batch from the batch
 processor holds the pending copies (:func:`loopscope.export.otlp.pending_span`) among the
 spans in the order they started and ended. It sends the batch's notices first (one logs
-request), each naming the span that ended just before it in the batch
-(:data:`loopscope.semconv.NOTICE_AFTER`), then the batch's spans (one traces request); a
-collector writes each notice's start rows right after that span's rows, which is the
-order the process saw, in two requests a batch.
+request), each naming the span that comes next in the batch
+(:data:`loopscope.semconv.NOTICE_BEFORE`), then the batch's spans (one traces request); a
+collector writes each notice's start rows right before that span's rows, which is the
+order the process saw, in two requests a batch. A notice no span follows (its span still
+runs) is written at once: that is what shows running turns and tools live.
 
 Refusal. An endpoint that answers that it has no logs receiver (HTTP 404, 405, 415, 501;
 gRPC ``UNIMPLEMENTED``, ``NOT_FOUND``) turns notices off for the rest of the process: one
@@ -148,14 +149,14 @@ def _set_attributes(target: Any, attributes: Mapping[str, Any]) -> None:
 
 def notice_request(notices: Sequence[tuple[ReadableSpan, str | None]]) -> Any:
     """An ``ExportLogsServiceRequest`` with one log record per pending copy in ``notices``,
-    each given with the span it follows in its batch (:data:`loopscope.semconv.NOTICE_AFTER`)."""
+    each given with the span that comes next in its batch (:data:`loopscope.semconv.NOTICE_BEFORE`)."""
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
     from opentelemetry.proto.logs.v1.logs_pb2 import SEVERITY_NUMBER_DEBUG, LogRecord
 
     request = ExportLogsServiceRequest()
     has_event_name = "event_name" in LogRecord.DESCRIPTOR.fields_by_name  # OTLP 1.5 on; older packages lack it
     groups: dict[tuple[int, str, str | None], Any] = {}
-    for span, after in notices:
+    for span, before in notices:
         ctx = span.context
         if ctx is None:  # a started span has one; a hand-made ReadableSpan may not
             continue
@@ -178,8 +179,10 @@ def notice_request(notices: Sequence[tuple[ReadableSpan, str | None]]) -> Any:
             attributes[a.OPERATION] = operation
         name = span.name.removesuffix(" (pending)")
         attributes[a.NOTICE_SPAN_NAME] = name
-        if after is not None:
-            attributes[a.NOTICE_AFTER] = after
+        if before is not None and before.startswith("after:"):
+            attributes[a.NOTICE_AFTER] = before[len("after:"):]
+        elif before is not None:
+            attributes[a.NOTICE_BEFORE] = before
         record = scope_logs.log_records.add()
         record.time_unix_nano = record.observed_time_unix_nano = span.start_time or 0
         record.severity_number = SEVERITY_NUMBER_DEBUG
@@ -220,7 +223,7 @@ class NoticeSender:
         self._stub: Any = None
 
     def send(self, notices: Sequence[tuple[ReadableSpan, str | None]]) -> None:
-        """Send ``notices`` (pending copies, each with the span it follows) as one logs
+        """Send ``notices`` (pending copies, each with the span that comes next) as one logs
         request; never raises."""
         if not notices:
             return
@@ -316,18 +319,24 @@ class NoticeSplitter(SpanExporter):
         self.notices = notices
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not any(is_notice(span) for span in spans):
+            return self.inner.export(spans)
         starts: list[tuple[ReadableSpan, str | None]] = []
         rest: list[ReadableSpan] = []
-        last: ReadableSpan | None = None  # the batch's latest span that is no notice
-        for span in spans:
+        following: str | None = None  # the next span of the batch that is no notice, walking back
+        for span in reversed(spans):
             if is_notice(span):
-                ctx = last.context if last is not None else None
-                starts.append((span, f"{ctx.trace_id:032x}{ctx.span_id:016x}" if ctx is not None else None))
+                starts.append((span, following))
             else:
                 rest.append(span)
-                last = span
-        if not starts:
-            return self.inner.export(spans)
+                ctx = span.context
+                following = f"{ctx.trace_id:032x}{ctx.span_id:016x}" if ctx is not None else None
+        starts.reverse()
+        rest.reverse()
+        if rest:  # notices after the batch's last span go right after it, not ahead of the batch
+            ctx = rest[-1].context
+            last = f"after:{ctx.trace_id:032x}{ctx.span_id:016x}" if ctx is not None else None
+            starts = [(span, before if before is not None else last) for span, before in starts]
         self.notices.send(starts)
         return self.inner.export(rest) if rest else SpanExportResult.SUCCESS
 

@@ -170,6 +170,7 @@ def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
 
 
 _PENDING_OPS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
+_OWN_SCOPE = "loopscope"  # the tracer name loopscope's spans are made with (ingest.spans.OWN_SCOPE)
 _random = random.Random()
 
 
@@ -241,6 +242,9 @@ class CountingBatchProcessor(BatchSpanProcessor):
             # (the SDK's read-only view of them, typed as an optional Mapping)
             attributes = cast("MappingProxyType[str, Any]", span.attributes).copy()
             if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.get_span_context().trace_flags.sampled:
+                return
+            scope = span.instrumentation_scope
+            if scope is None or scope.name != _OWN_SCOPE:  # another instrumentation's (pydantic-ai's): no start rows of its own
                 return
             pending = pending_span(span, attributes)
             span.set_attribute(a.PENDING_SENT, True)

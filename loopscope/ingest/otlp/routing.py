@@ -237,7 +237,7 @@ class Ingest:
         self.stats = CollectorStats()
         self._pending: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
         # start notices waiting for the span they follow (see notices()), and their count
-        self._held: dict[tuple[int, int], list[tuple[SpanRecord, float]]] = {}
+        self._held: dict[tuple[int, ...], list[tuple[SpanRecord, float]]] = {}  # (trace, span) before it, (trace, span, 1) after
         self._held_count = 0
         self.notice_wait = 10.0  # seconds a notice waits for its span; then it is written anyway
         self.max_held_notices = 100_000
@@ -283,10 +283,11 @@ class Ingest:
 
     def notices(self, spans: Sequence[SpanRecord]) -> None:
         """Take the start notices of a logs request (already decoded: see
-        :func:`~loopscope.ingest.otlp.decode.notices_of`). A notice that names the span it
-        follows in its batch (:data:`loopscope.semconv.NOTICE_AFTER`) is held until that
-        span arrives (the traces request its exporter sends next) and written right after
-        its rows; the others are queued now. This does not wait for the write: the rows of
+        :func:`~loopscope.ingest.otlp.decode.notices_of`). A notice that names the span
+        that comes next in its batch (:data:`loopscope.semconv.NOTICE_BEFORE`) is held until
+        that span arrives (the traces request its exporter sends next) and queued right
+        before it, so that the writer maps them in one batch; the others (their span still
+        runs) are queued now. This does not wait for the write: the rows of
         the spans that follow are queued after them (one writer, in order), and a notice
         lost with the collector is made good by its span, whose start rows then come from
         the ended span (see :meth:`_start_stored`). Waiting would hold every exporter's
@@ -300,8 +301,10 @@ class Ingest:
             held = self._held
             for span in spans:
                 with _ROUTING_GUARD:
-                    after = span.attributes.pop(a.NOTICE_AFTER, None)
-                    key = _span_key(after)
+                    key = _span_key(span.attributes.pop(a.NOTICE_BEFORE, None))
+                    after = _span_key(span.attributes.pop(a.NOTICE_AFTER, None))
+                    if key is None and after is not None:
+                        key = (after[0], after[1], 1)  # right after that span
                     if key is None:
                         self._start_notice(span)
                         continue
@@ -336,7 +339,8 @@ class Ingest:
                 if key in seen:
                     self.stats.duplicates += 1
                     if held:
-                        self._after(ctx.trace_id, ctx.span_id)
+                        self._before(ctx.trace_id, ctx.span_id)
+                        self._release((ctx.trace_id, ctx.span_id, 1))
                     continue
                 seen.add(key)
                 order.append(key)
@@ -344,9 +348,11 @@ class Ingest:
                     seen.discard(order.popleft())
                 role, framework = None, None
                 with _ROUTING_GUARD:
+                    if held:
+                        self._before(ctx.trace_id, ctx.span_id)
                     role, framework = self._route(item.span)
                     if held:
-                        self._after(ctx.trace_id, ctx.span_id)
+                        self._release((ctx.trace_id, ctx.span_id, 1))
                 if role != "pending" and self.raw is not None:
                     raw_rows.append(_raw_row(item, role, framework, now_us))
             raw_marker = None
@@ -390,9 +396,12 @@ class Ingest:
             writer.submit(kind, row)
         return role, framework
 
-    def _after(self, trace_id: int, span_id: int) -> None:
-        """Write the start notices held for the span ``(trace_id, span_id)``, whose rows are in."""
-        waiting = self._held.pop((trace_id, span_id), None)
+    def _before(self, trace_id: int, span_id: int) -> None:
+        """Queue the start notices held for the span ``(trace_id, span_id)``, about to be routed."""
+        self._release((trace_id, span_id))
+
+    def _release(self, key: tuple[int, ...]) -> None:
+        waiting = self._held.pop(key, None)
         if waiting is not None:
             self._held_count -= len(waiting)
             for notice, _ in waiting:
@@ -414,8 +423,10 @@ class Ingest:
         self._start_notice(span.replace(context=Ctx(span.context.trace_id, real), parent=None, attributes=attributes))
 
     def _start_notice(self, span: SpanRecord) -> None:
-        """The start rows of a span that started (its own ids), once per span."""
-        if span.attributes.get(a.OPERATION) not in _STARTS:
+        """The start rows of a span that started (its own ids), once per span. Only
+        loopscope's own: another instrumentation's agent run or tool call (pydantic-ai's,
+        named alike) is assembled with its run when that ends."""
+        if span.attributes.get(a.OPERATION) not in _STARTS or not is_own(span):
             return
         key = (span.context.trace_id, span.context.span_id)
         if key in self._pending:
