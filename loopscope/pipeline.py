@@ -40,6 +40,7 @@ from .export.otlp import (
     filtered_span,
     metric_exporter,
     span_exporter,
+    with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
 from .ingest.writer import SpanWriter
@@ -314,8 +315,9 @@ def configure(
             targets.append(StoreSpanProcessor(writer))
         exporter = policy_exporter = None
         if export:
-            policy_exporter = PolicyExporter(span_exporter(settings), content)
-            exporter = CountingBatchProcessor(policy_exporter)
+            spans_out, notices = with_notices(span_exporter(settings), settings)
+            policy_exporter = PolicyExporter(spans_out, content)
+            exporter = CountingBatchProcessor(policy_exporter, notices=notices)
             targets.append(exporter)
             if writer is not None:  # the store keeps the exporter's drops too (loopscope status)
                 writer.report.otlp = lambda e=exporter, p=policy_exporter: (e.dropped, p.failed_spans)

@@ -74,6 +74,7 @@ USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
@@ -149,14 +150,30 @@ text. Content: exported only when content capture is on."""
 STATE_KINDS = {"snapshot": "state_snapshot", "delta": "state_delta"}
 """``loopscope.state.kind`` values and the event types (and span names) they make."""
 PENDING_FOR = "loopscope.pending_for"
-"""On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span that the
-OTLP export sends at once (OTLP carries only ended spans): the real span's id, in hex. A
-collector writes the real span's start rows from it, in the order the process saw them."""
+"""On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span made at
+its start (OTLP carries only ended spans): the real span's id, in hex. The exporter sends
+it as a start notice (:data:`NOTICE_EVENT`, a log record); earlier versions sent it as a
+span, which a collector still understands."""
 PENDING_OPERATION = "loopscope.pending.operation"
 """On a pending copy: the real span's ``gen_ai.operation.name``, which the copy does not
 carry itself (a tracing backend must not count it as a second agent run or tool call)."""
 PENDING_SENT = "loopscope.pending_sent"
-"""On a real span whose pending copy was queued for export."""
+"""On a real span whose start notice was queued for export."""
+NOTICE_EVENT = "loopscope.span.start"
+"""The ``event_name`` of an OTLP log record that says a span started (a *start notice*,
+see :mod:`loopscope.export.notices`): its ``trace_id`` / ``span_id`` are the span's, its
+time the span's start, its attributes the span's start attributes."""
+NOTICE_SPAN_NAME = "loopscope.span.name"
+"""On a start notice: the started span's name."""
+NOTICE_BEFORE = "loopscope.notice.before"
+"""On a start notice: the span (trace id and span id in hex, 48 digits) that comes next in
+the export batch both belong to (it ended after this span started); none when no span
+follows it there (the span is still running). A collector writes the start rows right
+before that span's rows, with them: the order the process saw, although notices and spans
+travel in separate requests."""
+NOTICE_AFTER = "loopscope.notice.after"
+"""On a start notice that no span follows in a batch that has spans: the batch's last span
+(as :data:`NOTICE_BEFORE`). A collector writes the start rows right after that span's."""
 
 USAGE_ATTRIBUTES = {
     "input_tokens": USAGE_INPUT,
@@ -275,8 +292,13 @@ def turn_attributes(
     usage: Mapping[str, int],
     *,
     model_call_count: int | None = None,
+    input_messages_json: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`turn_summary_attributes` from the summary's plain values (the JSON ones encoded)."""
+    """:func:`turn_summary_attributes` from the summary's plain values (the JSON ones encoded).
+
+    ``input_messages_json``: what the agent was given, as ``gen_ai.input.messages``. The
+    response is the output message, its ``finish_reason`` said by the loop end reason
+    (:func:`turn_finish_reason`), as the GenAI message schema requires."""
     attributes: dict[str, Any] = {
         LOOP_END_REASON: loop_end_reason,
         SEGMENTS: segments_json,
@@ -287,8 +309,10 @@ def turn_attributes(
     }
     if tool_definitions_json is not None:
         attributes[TOOL_DEFINITIONS] = tool_definitions_json
+    if input_messages_json is not None:
+        attributes[INPUT_MESSAGES] = input_messages_json
     if response_content:
-        attributes[OUTPUT_MESSAGES] = _output_text_json(response_content)
+        attributes[OUTPUT_MESSAGES] = _output_text_json(response_content, turn_finish_reason(loop_end_reason))
     if thinking:
         attributes[THINKING] = thinking
     if model:
@@ -304,8 +328,39 @@ def turn_attributes(
     return attributes
 
 
-def _output_text_json(text: str) -> str:
-    return _json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}])
+_TURN_FINISH = {"completed": "stop", "truncated": "length", "content_filter": "content_filter", "error": "error"}
+
+
+def turn_finish_reason(loop_end_reason: str) -> str:
+    """A turn's output message's ``finish_reason``: the GenAI value where one fits the
+    loop end reason (``completed`` -> ``stop``, ``truncated`` -> ``length``,
+    ``content_filter``, ``error``), else the loop end reason itself (``max_rounds``...)."""
+    return _TURN_FINISH.get(loop_end_reason) or loop_end_reason or "stop"
+
+
+def _output_text_json(text: str, finish_reason: str) -> str:
+    return _json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": finish_reason}])
+
+
+def user_text_json(text: Any) -> str:
+    """``gen_ai.input.messages`` of one user message with ``text`` (a turn's input)."""
+    return _json.dumps([{"role": "user", "parts": [{"type": "text", "content": text if isinstance(text, str) else _json.to_text(text)}]}])
+
+
+def system_instructions_json(value: Any) -> str | None:
+    """``gen_ai.system_instructions`` (a list of parts) from a request's separate system
+    prompt: a text (OpenAI Responses' ``instructions``, Anthropic's ``system``) or a list
+    of text blocks (``{"type": "text", "text": ...}``); None when there is none."""
+    if isinstance(value, str):
+        return _json.dumps([{"type": "text", "content": value}]) if value else None
+    if isinstance(value, (list, tuple)):
+        parts = []
+        for block in value:
+            text = block.get("text") if isinstance(block, Mapping) else getattr(block, "text", block if isinstance(block, str) else None)
+            if isinstance(text, str):
+                parts.append({"type": "text", "content": text})
+        return _json.dumps(parts) if parts else None
+    return None
 
 
 MAX_COUNT = (1 << 63) - 1
@@ -394,6 +449,10 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
             continue
         attr = REQUEST_PARAMETERS.get(key)
         if attr is None:
+            if key == "system_instructions":  # content (under the content policy), in the GenAI schema
+                instructions = system_instructions_json(value)
+                if instructions is not None:
+                    out[SYSTEM_INSTRUCTIONS] = instructions
             continue
         if isinstance(value, int) and not isinstance(value, bool) and not -MAX_COUNT - 1 <= value <= MAX_COUNT:
             out[attr] = _json.to_text(value)  # an OTLP integer is an int64: past it, the number as text

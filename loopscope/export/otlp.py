@@ -24,6 +24,7 @@ from .. import semconv as a
 from .._guard import guard, logger, warn_once
 from .._otel_sdk import attribute_values, queued_spans, shutdown_batch
 from ..content.policy import ContentPolicy
+from .notices import NoticeSender, NoticeSplitter, logs_endpoint, notices_wanted
 
 QUEUE_SIZE = 65_536
 """Spans held for export. The SDK's default (2,048) drops about a third of spans when an
@@ -86,6 +87,16 @@ def span_exporter(settings: OTLPSettings) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
     return HttpExporter(endpoint=endpoint, headers=headers)
+
+
+def with_notices(exporter: SpanExporter, settings: OTLPSettings) -> tuple[SpanExporter, NoticeSender | None]:
+    """``exporter`` with start notices sent beside it (to the same endpoint's logs
+    receiver), and their sender; as it is, and None, when notices are off."""
+    if not notices_wanted():
+        return exporter, None
+    protocol = settings.resolved_protocol("logs")
+    sender = NoticeSender(logs_endpoint(settings.endpoint, protocol), protocol, settings.headers)
+    return NoticeSplitter(exporter, sender), sender
 
 
 def metric_exporter(settings: OTLPSettings) -> Any:
@@ -166,23 +177,23 @@ def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
 
 
 _PENDING_OPS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
+_OWN_SCOPE = "loopscope"  # the tracer name loopscope's spans are made with (ingest.spans.OWN_SCOPE)
 _random = random.Random()
 
 
 def pending_span(span: Span, attributes: dict[str, Any] | None = None) -> ReadableSpan:
-    """A zero-duration copy of a span that just started, to export at once.
+    """A zero-duration copy of a span that just started, queued for export at once.
 
     OTLP carries spans when they end; loopscope's store writes a tool call's start row
     when the tool starts and a turn's input message when the turn starts. The copy lets
     a collector (``loopscope collect``) write those rows in the same order the
-    in-process store does, as Logfire's pending spans do for its live view: same trace,
-    a new span id, the real span as parent, the start attributes as they are now, and
-    ``loopscope.pending_for`` = the real span's id in hex. The content policy applies to
-    it on export like to any span. So that a tracing backend does not count it as one
-    more agent run or tool call, its name ends in ``(pending)`` and its operation is in
-    ``loopscope.pending.operation`` instead of ``gen_ai.operation.name``.
-    ``LOOPSCOPE_OTLP_PENDING=0`` turns the copies off (then a collector writes start
-    rows when the spans end).
+    in-process store does: the start attributes as they are now (the content policy
+    applies on export as to any span) and ``loopscope.pending_for`` = the real span's id
+    in hex. It never leaves as a span: :class:`loopscope.export.notices.NoticeSplitter`
+    takes it out of the batch and sends it as an OTLP log record (a *start notice*),
+    which tracing backends do not count as a span, an agent run or a tool call.
+    ``LOOPSCOPE_OTLP_PENDING=0`` turns them off (then a collector writes start rows when
+    the spans end).
     """
     ctx = span.get_span_context()  # a started span's context is set
     if attributes is None:
@@ -204,13 +215,20 @@ def pending_span(span: Span, attributes: dict[str, Any] | None = None) -> Readab
 
 
 class CountingBatchProcessor(BatchSpanProcessor):
-    """A batch processor that counts the spans its full queue had to drop, and sends a
+    """A batch processor that counts the spans its full queue had to drop, and queues a
     pending copy of each ``invoke_agent`` and ``execute_tool`` span when it starts
-    (:func:`pending_span`) so that the export stream carries the starts in order."""
+    (:func:`pending_span`), sent as a start notice by ``notices`` (see
+    :mod:`loopscope.export.notices`), so that the export stream carries the starts in
+    order. Without ``notices``, or once they are refused, no copies are made."""
 
     def __init__(
-        self, exporter: SpanExporter, *, max_queue_size: int = QUEUE_SIZE, max_export_batch_size: int = BATCH_SIZE,
+        self,
+        exporter: SpanExporter,
+        *,
+        max_queue_size: int = QUEUE_SIZE,
+        max_export_batch_size: int = BATCH_SIZE,
         max_queue_bytes: int = QUEUE_BYTES,
+        notices: NoticeSender | None = None,
     ) -> None:
         super().__init__(exporter, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size)
         self.max_queue_size = max_queue_size
@@ -218,17 +236,26 @@ class CountingBatchProcessor(BatchSpanProcessor):
         self._seen = 0
         self._mean_bytes = _SPAN_BYTES  # a queued span's estimated bytes, the mean of a sample
         self.dropped = 0
-        self.pending = os.environ.get("LOOPSCOPE_OTLP_PENDING", "1").strip().lower() not in ("0", "false", "no", "off")
+        self.notices = notices
         self._lock = threading.Lock()
 
+    @property
+    def pending(self) -> bool:
+        """Whether started spans get a start notice (sent, or wanted and not refused yet)."""
+        return self.notices is not None and self.notices.enabled
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if not self.pending:
+        notices = self.notices
+        if notices is None or not notices.enabled:
             return
         with guard("export pending span"):
             # a live span's attributes: copy() is one dict copy, get() on them runs Python frames
             # (the SDK's read-only view of them, typed as an optional Mapping)
             attributes = cast("MappingProxyType[str, Any]", span.attributes).copy()
             if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.get_span_context().trace_flags.sampled:
+                return
+            scope = span.instrumentation_scope
+            if scope is None or scope.name != _OWN_SCOPE:  # another instrumentation's (pydantic-ai's): no start rows of its own
                 return
             pending = pending_span(span, attributes)
             span.set_attribute(a.PENDING_SENT, True)

@@ -134,6 +134,7 @@ def _request(
         "stop": list(stop) if isinstance(stop, (list, tuple)) else None,
         "service_tier": params.get("service_tier"),
         "tool_choice": r.tool_choice(params.get("tool_choice")),
+        "system_instructions": kwargs.get("system"),  # gen_ai.system_instructions: apart from the messages
         **r.server(instance),
     }
     return ModelRequest(

@@ -333,10 +333,17 @@ class Round:
                 late[a.TOOL_DEFINITIONS] = tools.definitions()
             if self._request:
                 late.update(a.request_attributes(self._request))
+            self.position = position = late[a.CALL_POSITION] = next(turn._positions)
             messages = self.input_messages
             if messages is not None:  # C-encoded in one call, unless the adapter made the text
                 late[a.INPUT_MESSAGES] = messages if type(messages) is str else _json.dumps(messages)
-            self.position = late[a.CALL_POSITION] = next(turn._positions)
+            else:
+                # a hand round (no request seen): it was given at least the turn's input and what
+                # the turn's rounds and tools said so far; an SDK call that fills the round
+                # later says what it really sent (add_input_messages)
+                turn._hand = True
+                if position > 1 or turn.input is not None:
+                    late[a.INPUT_MESSAGES] = turn._conversation()
             self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
             self._start_ns = time.monotonic_ns()
@@ -376,9 +383,9 @@ class Round:
             if self.blocked:
                 attributes[a.ROUND_BLOCKED] = True
             if choices:
-                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self), *(_choice_message(c) for c in choices)])
+                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self, exc), *(_choice_message(c) for c in choices)])
             elif self.text or self.tool_calls:
-                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self)])
+                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self, exc)])
             if self._first_chunk_ns is not None:
                 attributes[a.TIME_TO_FIRST_CHUNK] = (self._first_chunk_ns - self._start_ns) / 1e9
             self.outcome = outcome = self._outcome(exc)
@@ -432,16 +439,19 @@ def _error_text(result: Any) -> str:
     return text if len(text) <= 500 else text[:500] + "…"
 
 
-def _output_message(rnd: Round) -> dict[str, Any]:
+def _output_message(rnd: Round, exc: BaseException | None = None) -> dict[str, Any]:
+    """The round's answer as a GenAI output message. ``finish_reason`` is required there
+    (backends drop a message without one): the provider's, else what the round shows
+    (``error``, ``tool_call``, ``stop``) for a round whose reporter gave none."""
     parts: list[dict[str, Any]] = []
     if rnd.text:
         parts.append({"type": "text", "content": rnd.text})
     for call in rnd.tool_calls:
         parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments})
-    message: dict[str, Any] = {"role": "assistant", "parts": parts}
-    if rnd.finish_reason:
-        message["finish_reason"] = rnd.finish_reason
-    return message
+    reason = rnd.finish_reason or (
+        "error" if exc is not None or rnd.error is not None else "tool_call" if rnd.tool_calls else "stop"
+    )
+    return {"role": "assistant", "parts": parts, "finish_reason": reason}
 
 
 def _choice_reason(choice: Any) -> str:
@@ -455,13 +465,11 @@ def _choice_message(choice: Any) -> dict[str, Any]:
     text = getattr(choice, "text", None)
     if text:
         parts.append({"type": "text", "content": text if type(text) is str else _values.text(text)})
-    for call in _tool_calls(getattr(choice, "tool_calls", None) or ()):
+    calls = _tool_calls(getattr(choice, "tool_calls", None) or ())
+    for call in calls:
         parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments})
-    message: dict[str, Any] = {"role": "assistant", "parts": parts}
-    reason = _choice_reason(choice)
-    if reason:
-        message["finish_reason"] = reason
-    return message
+    reason = _choice_reason(choice) or ("tool_call" if calls else "stop")
+    return {"role": "assistant", "parts": parts, "finish_reason": reason}
 
 
 class _Ended(NamedTuple):
@@ -513,6 +521,9 @@ class Turn:
     _token: object | None = None
     _turn_token: object | None = None
     _started = 0.0
+    _first_messages: list[dict[str, Any]] | str | None = None  # the first model call's input messages
+    _hand = False  # a round started without the request's messages: keep what was said (_history)
+    _history: list[dict[str, Any]] | None = None
     ended = False
 
     def __init__(
@@ -794,6 +805,7 @@ class Turn:
                 provider,
                 usage,
                 model_call_count=model_call_count,
+                input_messages_json=self._input_messages_json(),
             )
             if self._invalid_usage:
                 summary[a.USAGE_INVALID] = _json.dumps(self._invalid_usage)
@@ -814,6 +826,25 @@ class Turn:
             internal_error("turn end")
         finally:
             self._release_context()  # whatever failed above, later calls must not land in this turn
+
+    def _conversation(self) -> str:
+        """What a hand round was given, as ``gen_ai.input.messages`` JSON: the turn's input
+        as a user message, then each earlier round's answer and each tool result since."""
+        messages: list[dict[str, Any]] = [] if self.input is None else [
+            {"role": "user", "parts": [{"type": "text", "content": self.input if isinstance(self.input, str) else _json.to_text(self.input)}]}
+        ]
+        with self._lock:
+            messages.extend(self._history or ())
+        return _json.dumps(messages)
+
+    def _input_messages_json(self) -> str | None:
+        """What the agent was given (``gen_ai.input.messages`` on its span): its first model
+        call's messages when an SDK call said them (the history the agent started from),
+        else its input as a user message; None when neither is known."""
+        first = self._first_messages
+        if first is not None:
+            return first if type(first) is str else _json.dumps(first)
+        return a.user_text_json(self.input) if self.input is not None else None
 
     def _release_context(self) -> None:
         """Undo what :meth:`_start` attached, once (a later call does nothing)."""
@@ -887,6 +918,8 @@ class Turn:
 
     def _round_done(self, rnd: Round, exc: BaseException | None) -> None:
         with self._lock:
+            if not self._round_no and rnd.input_messages is not None:
+                self._first_messages = rnd.input_messages
             self._round_no += 1
             self._last_round = rnd
             if rnd.text:
@@ -904,6 +937,12 @@ class Turn:
             if rnd._stream:
                 self.streaming = True
             self.last_activity = time.monotonic()
+            if self._hand and (rnd.text or rnd.tool_calls):
+                history = self._history if self._history is not None else []
+                said = _output_message(rnd, exc)
+                del said["finish_reason"]  # an input message has none
+                history.append(said)
+                self._history = history
             if rnd.tool_calls:
                 # a tool call is a segment boundary: the text so far is one stretch
                 self._close_segment()
@@ -958,9 +997,13 @@ class Turn:
         call._finish(None)
         return True
 
-    def _tool_done(self) -> None:
+    def _tool_done(self, call_id: str | None = None, result: Any = None) -> None:
         with self._lock:
             self._tool_calls_count += 1
+            if self._hand:  # the next hand round was given this result
+                history = self._history if self._history is not None else []
+                history.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": result}]})
+                self._history = history
 
     def _close_unserved(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -37,8 +38,11 @@ class ReceivedSpan:
 class OTLPReceiver:
     port: int = 0
     spans: list[ReceivedSpan] = field(default_factory=list)
-    # loopscope's pending copies of started spans (loopscope.pending_for), kept apart
+    # pending copies sent as spans (loopscope.pending_for): loopscope no longer sends any
     pending: list[ReceivedSpan] = field(default_factory=list)
+    # loopscope's start notices (log records on /v1/logs), as the spans they announce
+    notices: list[ReceivedSpan] = field(default_factory=list)
+    logs_status: int = 200  # what /v1/logs answers (404: a backend without a logs receiver)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     status: int = 200
@@ -72,6 +76,8 @@ def start() -> tuple[OTLPReceiver, http.server.ThreadingHTTPServer]:
             receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
             receiver.paths.append(self.path)
             refused = receiver.refuse.get(self.path)
+            if refused is None and self.path.endswith("/v1/logs") and receiver.logs_status != 200:
+                refused = receiver.logs_status
             if refused is not None:
                 self.send_response(refused)
                 self.send_header("content-length", "0")
@@ -95,6 +101,19 @@ def start() -> tuple[OTLPReceiver, http.server.ThreadingHTTPServer]:
                                 s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                             )
                             (receiver.pending if "loopscope.pending_for" in span.attributes else receiver.spans).append(span)
+            elif self.path.endswith("/v1/logs"):
+                logs = ExportLogsServiceRequest()
+                logs.ParseFromString(body)
+                for rl in logs.resource_logs:
+                    resource = {a.key: _value(a.value) for a in rl.resource.attributes}
+                    for sl in rl.scope_logs:
+                        for record in sl.log_records:
+                            attributes = {a.key: _value(a.value) for a in record.attributes}
+                            attributes["event_name"] = record.event_name
+                            receiver.notices.append(ReceivedSpan(
+                                str(attributes.get("loopscope.span.name")), attributes, resource,
+                                record.trace_id.hex(), record.span_id.hex(), "",
+                            ))
             elif self.path.endswith("/v1/metrics"):
                 request = ExportMetricsServiceRequest()
                 request.ParseFromString(body)

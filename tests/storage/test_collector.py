@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -448,7 +449,9 @@ def test_odd_values_in_spans_that_claim_to_be_ours_do_not_stop_the_collector(col
     assert rows(collector.db, "SELECT count(*) FROM spans") == [(8,)]
 
 
-def test_pending_copies_are_sent_at_start_and_do_not_look_like_operations(tmp_path, monkeypatch):
+def test_starts_leave_as_log_record_notices_never_as_spans(tmp_path, monkeypatch):
+    """A started agent run or tool call is announced as an OTLP log record (a start notice),
+    before the spans of its batch; no span a tracing backend would count is added."""
     from fakes import otlp_receiver
 
     receiver, server = otlp_receiver.start()
@@ -464,24 +467,110 @@ def test_pending_copies_are_sent_at_start_and_do_not_look_like_operations(tmp_pa
             noop()
             t.generation("ok", finish_reason="stop")
         loopscope.shutdown()
-        assert receiver.wait_for(lambda r: len(r.spans) >= 4 and len(r.pending) >= 2)
+        assert receiver.wait_for(lambda r: len(r.spans) >= 4 and len(r.notices) >= 2)
+        assert receiver.pending == []  # no span copies
+        assert sorted(s.name for s in receiver.spans) == ["chat", "chat", "execute_tool noop", "invoke_agent pa"]
         real = {s.span_id: s for s in receiver.spans}
-        assert sorted(p.name for p in receiver.pending) == ["execute_tool noop (pending)", "invoke_agent pa (pending)"]
-        for copy in receiver.pending:
-            assert "gen_ai.operation.name" not in copy.attributes  # a backend does not count it as an operation
-            target = real[copy.attributes["loopscope.pending_for"]]
-            assert copy.parent_span_id == target.span_id and copy.trace_id == target.trace_id
-            assert copy.attributes["loopscope.pending.operation"] == target.attributes["gen_ai.operation.name"]
+        assert sorted(n.name for n in receiver.notices) == ["execute_tool noop", "invoke_agent pa"]
+        for notice in receiver.notices:
+            target = real[notice.span_id]  # the log record names the span it announces
+            assert notice.trace_id == target.trace_id
+            assert notice.attributes["event_name"] == "loopscope.span.start"
+            assert notice.attributes["gen_ai.operation.name"] == target.attributes["gen_ai.operation.name"]
             assert target.attributes["loopscope.pending_sent"] is True
+        assert receiver.paths.index("/v1/logs") < receiver.paths.index("/v1/traces")  # notices first
 
         monkeypatch.setenv("LOOPSCOPE_OTLP_PENDING", "0")
         receiver.spans.clear()
-        receiver.pending.clear()
+        receiver.notices.clear()
         loopscope.configure(tmp_path / "p.duckdb", tracer_provider=TracerProvider(), otlp_endpoint=receiver.endpoint, flush_interval=0.05)
         with loopscope.turn(session_id="p2", agent="pb") as t:
             t.generation("ok", finish_reason="stop")
         loopscope.shutdown()
         assert receiver.wait_for(lambda r: len(r.spans) >= 2)
-        assert receiver.pending == []
+        assert receiver.notices == [] and receiver.pending == []
     finally:
         server.shutdown()
+
+
+def test_an_endpoint_without_logs_is_asked_once_and_the_spans_still_go(tmp_path, caplog):
+    """A span-only backend refuses /v1/logs: notices stop after the first refusal (counted,
+    one INFO line, nothing retried) and every span is sent and counted as sent."""
+    from fakes import otlp_receiver
+
+    receiver, server = otlp_receiver.start()
+    receiver.logs_status = 404
+    try:
+        pipeline = loopscope.configure(tmp_path / "r.duckdb", tracer_provider=TracerProvider(), otlp_endpoint=receiver.endpoint, flush_interval=0.05)
+        assert pipeline.exporter is not None and pipeline.exporter.notices is not None
+        for n in range(3):
+            with loopscope.turn(session_id="r", agent="ra") as t:
+                t.generation(f"ok {n}", finish_reason="stop")
+            pipeline.exporter.force_flush()
+        notices = pipeline.exporter.notices
+        loopscope.shutdown()
+        assert receiver.wait_for(lambda r: len(r.spans) >= 6)
+        assert receiver.paths.count("/v1/logs") == 1  # refused once, never asked again
+        # the first turn's notice was refused; the next turns made none
+        assert not notices.enabled and notices.refused == 1 and notices.sent == 0 and notices.failed == 0
+        assert pipeline.dropped()["otlp"] == 0  # the spans all went
+        assert not [r for r in caplog.records if r.levelno >= 30 and "loopscope" in r.getMessage()]
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_the_collector_shows_a_running_turn_and_tool_from_their_start_notices(tmp_path, collector, monkeypatch, protocol):
+    """While a tool runs, the collector's store already holds the turn's input and the tool
+    call's start row (status pending): the start notices brought them, the spans have not ended."""
+    import contextvars
+    import threading
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # export batches every 50 ms
+    endpoint = collector.http_endpoint if protocol == "http/protobuf" else collector.grpc_endpoint
+    loopscope.configure(tmp_path / "local.duckdb", tracer_provider=TracerProvider(), otlp_endpoint=endpoint, otlp_protocol=protocol,
+                        capture_content=True, flush_interval=0.05)
+    running, release = threading.Event(), threading.Event()
+
+    @loopscope.tool
+    def slow(n: int) -> int:
+        running.set()
+        release.wait(30)
+        return n
+
+    def seen() -> list[tuple[Any, ...]]:
+        return rows(collector.db, "SELECT type, content->>'status' FROM events WHERE session_id = 'live' ORDER BY idx")
+
+    try:
+        with loopscope.turn(session_id="live", agent="a", input="go") as t:
+            t.generation("", tool_calls=[{"id": "w1", "name": "slow", "arguments": {"n": 1}}])
+            worker = threading.Thread(target=contextvars.copy_context().run, args=(slow, 1))  # in the turn
+            worker.start()
+            assert running.wait(10)
+            deadline = time.monotonic() + 20
+            while seen() != [("message", None), ("tool_call_start", "pending")] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert seen() == [("message", None), ("tool_call_start", "pending")]
+            release.set()
+            worker.join()
+            t.generation("done", finish_reason="stop")
+    finally:
+        release.set()
+        loopscope.shutdown()
+    collector.stop()
+    assert events(collector.db) == events(tmp_path / "local.duckdb")
+    assert collector.ingest.stats.pending == 2  # the turn and the tool call, from their notices
+
+
+def test_other_log_records_are_accepted_and_not_kept(collector):
+    """An application's own log records sent to /v1/logs are answered 200 and stored nowhere;
+    a logs body that is not OTLP is refused with a reason, as a traces body would be."""
+    record = {"timeUnixNano": "1700000000000000000", "severityNumber": 9, "body": {"stringValue": "user logged in"},
+              "traceId": "0" * 31 + "1", "spanId": "0" * 15 + "2",
+              "attributes": [{"key": "loopscope.span.name", "value": {"stringValue": "not a notice"}}]}
+    body = json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [record]}]}]}).encode()
+    status, _, _ = post(collector.http_endpoint + "/v1/logs", body, "application/json")
+    assert status == 200
+    assert collector.ingest.stats.logs_requests == 1 and collector.ingest.stats.pending == 0
+    assert rows(collector.db, "SELECT count(*) FROM events") == [(0,)]
+    assert post(collector.http_endpoint + "/v1/logs", b"\x0a\xff\xff", "application/x-protobuf")[0] == 400

@@ -11,11 +11,15 @@ half a second, see :class:`Ingest`).
 Order. OTLP carries spans when they end, but loopscope writes a tool call's start row
 when the tool starts and a turn's input message when the turn starts. loopscope's own
 exporter therefore also sends, when an ``invoke_agent`` or ``execute_tool`` span starts,
-a zero-duration *pending* copy of it (``loopscope.pending_for`` = the real span's id;
-see :mod:`loopscope.export.otlp`). The collector writes the real span's start rows from
-the pending copy, with the real span's ids (so the event ids match), and only the end
-rows when the real span arrives. Spans without pending copies (another exporter, another
-instrumentation) give both from the ended span.
+a *start notice*: an OTLP log record with the span's ids and start attributes
+(``POST /v1/logs`` or the gRPC logs service; see :mod:`loopscope.export.notices`), before
+the batch of spans it belongs to. A log record is what tracing backends do not count as a
+span. The collector writes the span's start rows from the notice (so the event ids match),
+and only the end rows when the span arrives. A notices request is answered once its rows
+are queued, ahead of the spans that follow (not written yet: a lost notice is made good by
+its span). Spans without notices (another exporter,
+another instrumentation) give both from the ended span. A pending copy sent as a span
+(``loopscope.pending_for``, earlier versions' exporter) is understood too.
 
 Other instrumentations' GenAI spans are understood too (:mod:`loopscope.ingest.foreign`);
 their model calls under no agent run (a bare instrumented SDK loop) are stitched into
@@ -25,8 +29,8 @@ came in the ``spans`` table.
 Bad payloads get a 4xx with a reason and change nothing: a payload is decoded and checked
 whole before any of it is written; one that is too large (``max_bytes``, also after
 decompression) is refused with 413, a wrong content type with 415, garbage (JSON nested
-too deeply too) with 400. Metrics and logs (``/v1/metrics``, ``/v1/logs`` and their gRPC
-services) are accepted when well-formed and not stored.
+too deeply too) with 400. Metrics and other log records (``/v1/metrics``, ``/v1/logs`` and
+their gRPC services) are accepted when well-formed and not stored.
 
 Who may write. A request whose ``Host`` names another machine gets 421 and one whose
 ``Origin`` names another site 403, so that a web page the user visits cannot write here

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import _json
+from ...semconv import NOTICE_EVENT, NOTICE_SPAN_NAME, OPERATION
 from ..spans import Ctx, Scope, SpanEvent, SpanRecord, Status
 
 PROTOBUF = "application/x-protobuf"
@@ -202,6 +203,48 @@ def received_of(request: Any) -> list[Received]:
                     instrumentation_scope=scope,
                 )
                 add(Received(span, resource_json, service))
+    return out
+
+
+def decode_logs(body: bytes, content_type: str) -> Any:
+    """An OTLP logs export request (protobuf or JSON body); :class:`PayloadError` if it is not one."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    return decode_json(body, ExportLogsServiceRequest()) if content_type == JSON else decode_protobuf(body, ExportLogsServiceRequest())
+
+
+def notices_of(request: Any) -> list[SpanRecord]:
+    """The start notices (see :mod:`loopscope.export.notices`) of a logs export request, as
+    zero-duration records of the started spans (their own ids, their start attributes);
+    other log records and notices with bad ids are left out. Never raises on content."""
+    out: list[SpanRecord] = []
+    for rl in request.resource_logs:
+        resource: dict[str, Any] | None = None
+        for sl in rl.scope_logs:
+            scope: Scope | None = None
+            for record in sl.log_records:
+                event = getattr(record, "event_name", "")
+                if event and event != NOTICE_EVENT:
+                    continue
+                attributes = _attributes(record.attributes)
+                if not event and attributes.pop("event.name", None) != NOTICE_EVENT:
+                    continue
+                raw_tid, raw_sid = record.trace_id, record.span_id
+                if len(raw_tid) != 16 or len(raw_sid) != 8:
+                    continue
+                tid, sid = _from_bytes(raw_tid, "big"), _from_bytes(raw_sid, "big")
+                if not tid or not sid:
+                    continue
+                name = attributes.pop(NOTICE_SPAN_NAME, None)
+                if resource is None:
+                    resource = _attributes(rl.resource.attributes)
+                if scope is None:
+                    scope = Scope(sl.scope.name, sl.scope.version or None)
+                at = record.time_unix_nano or record.observed_time_unix_nano
+                out.append(SpanRecord(
+                    name if isinstance(name, str) else str(attributes.get(OPERATION) or ""),
+                    Ctx(tid, sid), None, at, at, attributes, resource=resource, instrumentation_scope=scope,
+                ))
     return out
 
 

@@ -1,12 +1,12 @@
-"""The collector's OTLP/gRPC server: the trace, metrics and logs services, the bearer token
-as ``authorization`` metadata."""
+"""The collector's OTLP/gRPC server: the trace, metrics and logs services (loopscope's start
+notices are written, other log records not kept), the bearer token as ``authorization`` metadata."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ..._http import token_ok
-from .decode import PayloadError, received_of
+from .decode import PayloadError, notices_of, received_of
 from .routing import CollectorStats, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -57,6 +57,10 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
     class Logs(logs_service_pb2_grpc.LogsServiceServicer):
         def Export(self, request: Any, context: Any) -> Any:
             collector.ingest.stats.logs_requests += 1
+            try:
+                collector.ingest.notices(notices_of(request))  # loopscope's start notices; other records are not kept
+            except StoreUnavailable as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return logs_service_pb2.ExportLogsServiceResponse()
 
     interceptors = [_token_interceptor(collector.token, collector.ingest.stats)] if collector.token is not None else []

@@ -1,5 +1,6 @@
-"""The collector's OTLP/HTTP server: ``POST /v1/traces`` (and metrics and logs, accepted and
-not stored), the Host/Origin rule or bearer token, request bytes bounded."""
+"""The collector's OTLP/HTTP server: ``POST /v1/traces``, ``/v1/logs`` (loopscope's start
+notices are written, other records not kept) and ``/v1/metrics`` (accepted, not stored),
+the Host/Origin rule or bearer token, request bytes bounded."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from .decode import (
     _check_other_signal,
     _decompress,
     decode_json,
+    decode_logs,
     decode_protobuf,
+    notices_of,
     received_of,
 )
 from .routing import ByteBudget, StoreUnavailable
@@ -145,12 +148,19 @@ class _Handler(BoundedHandler):
             if encoding in ("gzip", "x-gzip", "deflate"):
                 body = _decompress(body, encoding, collector.max_bytes)
                 take(max(0, len(body) - held[0]))  # decoded, it is this large
-            if signal != "traces":
+            if signal == "metrics":
                 _check_other_signal(signal, body, content_type)
-                if signal == "metrics":
-                    collector.ingest.stats.metrics_requests += 1
-                else:
-                    collector.ingest.stats.logs_requests += 1
+                collector.ingest.stats.metrics_requests += 1
+                self._send_empty(signal, answer_type)
+                return
+            if signal == "logs":  # loopscope's start notices are written; other records are not kept
+                notices = notices_of(decode_logs(body, content_type))
+                collector.ingest.stats.logs_requests += 1
+                try:
+                    collector.ingest.notices(notices)
+                except StoreUnavailable as exc:
+                    self._fail(503, str(exc), answer_type, retry_after=1)
+                    return
                 self._send_empty(signal, answer_type)
                 return
             request = decode_json(body) if content_type == JSON else decode_protobuf(body)

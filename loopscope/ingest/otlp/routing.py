@@ -6,6 +6,7 @@ once the rows are in the file; :class:`ByteBudget` bounds the payload bytes held
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -31,6 +32,16 @@ DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
 
 
 _ROUTING_GUARD, _IDLE_GUARD = guard("collector routing"), guard("collector idle traces")
+
+
+def _span_key(text: Any) -> tuple[int, int] | None:
+    """A span named as 48 hex digits (trace id, span id), or None."""
+    if type(text) is not str or len(text) != 48:
+        return None
+    try:
+        return int(text[:32], 16), int(text[32:], 16)
+    except ValueError:
+        return None
 
 
 class StoreUnavailable(Exception):
@@ -227,6 +238,11 @@ class Ingest:
         self.assembler = Assembler(idle_seconds=idle_seconds, stitcher=Stitcher(idle_seconds=idle_seconds))
         self.stats = CollectorStats()
         self._pending: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+        # start notices waiting for the span they follow (see notices()), and their count
+        self._held: dict[tuple[int, ...], list[tuple[SpanRecord, float]]] = {}  # (trace, span) before it, (trace, span, 1) after
+        self._held_count = 0
+        self.notice_wait = 10.0  # seconds a notice waits for its span; then it is written anyway
+        self.max_held_notices = 100_000
         # the spans of the latest requests, so that a retried request (a 503, a client that
         # gave up waiting) is not written twice: a span id is never sent again otherwise
         self.dedupe_window = dedupe_window
@@ -267,6 +283,48 @@ class Ingest:
                 f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
             )
 
+    def notices(self, spans: Sequence[SpanRecord]) -> None:
+        """Take the start notices of a logs request (already decoded: see
+        :func:`~loopscope.ingest.otlp.decode.notices_of`). A notice that names the span
+        that comes next in its batch (:data:`loopscope.semconv.NOTICE_BEFORE`) is held until
+        that span arrives (the traces request its exporter sends next) and queued right
+        before it, so that the writer maps them in one batch; the others (their span still
+        runs) are queued now. This does not wait for the write: the rows of
+        the spans that follow are queued after them (one writer, in order), and a notice
+        lost with the collector is made good by its span, whose start rows then come from
+        the ended span (see :meth:`_start_stored`). Waiting would hold every exporter's
+        batch for a second write. Raises :class:`StoreUnavailable` once closing."""
+        if not spans:
+            return
+        if self._closed:
+            raise StoreUnavailable("the collector is shutting down")
+        now = time.monotonic()
+        with self._lock:
+            held = self._held
+            for span in spans:
+                with _ROUTING_GUARD:
+                    key = _span_key(span.attributes.pop(a.NOTICE_BEFORE, None))
+                    after = _span_key(span.attributes.pop(a.NOTICE_AFTER, None))
+                    if key is None and after is not None:
+                        key = (after[0], after[1], 1)  # right after that span
+                    if key is None:
+                        self._start_notice(span)
+                        continue
+                    waiting = held.get(key)
+                    if waiting is None:
+                        held[key] = waiting = []
+                    waiting.append((span, now))
+                    self._held_count += 1
+            if self._held_count > self.max_held_notices:
+                self._release_held()  # memory is bounded: write them in the order held
+
+    def _release_held(self, before: float = math.inf) -> None:
+        """Write the notices held since before ``before`` (monotonic seconds; all by default)."""
+        for key in [k for k, waiting in self._held.items() if waiting[0][1] <= before]:
+            for span, _ in self._held.pop(key):
+                self._held_count -= 1
+                self._start_notice(span)
+
     def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, FlushRequest | None]:
         """Route a request's spans (one request at a time) and queue its raw rows; its share
         of the budget, and the marker to wait for with ``raw_wait``."""
@@ -276,11 +334,15 @@ class Ingest:
             self.stats.requests += 1
             self.stats.spans += len(received)
             seen, order = self._seen, self._seen_order
+            held = self._held
             for item in received:
                 ctx = item.span.context
                 key = ctx.span_id ^ (ctx.trace_id & 0xFFFFFFFFFFFFFFFF) ^ (ctx.trace_id >> 64)
                 if key in seen:
                     self.stats.duplicates += 1
+                    if held:
+                        self._before(ctx.trace_id, ctx.span_id)
+                        self._release((ctx.trace_id, ctx.span_id, 1))
                     continue
                 seen.add(key)
                 order.append(key)
@@ -288,7 +350,11 @@ class Ingest:
                     seen.discard(order.popleft())
                 role, framework = None, None
                 with _ROUTING_GUARD:
+                    if held:
+                        self._before(ctx.trace_id, ctx.span_id)
                     role, framework = self._route(item.span)
+                    if held:
+                        self._release((ctx.trace_id, ctx.span_id, 1))
                 if role != "pending" and self.raw is not None:
                     raw_rows.append(_raw_row(item, role, framework, now_us))
             raw_marker = None
@@ -332,26 +398,46 @@ class Ingest:
             writer.submit(kind, row)
         return role, framework
 
+    def _before(self, trace_id: int, span_id: int) -> None:
+        """Queue the start notices held for the span ``(trace_id, span_id)``, about to be routed."""
+        self._release((trace_id, span_id))
+
+    def _release(self, key: tuple[int, ...]) -> None:
+        waiting = self._held.pop(key, None)
+        if waiting is not None:
+            self._held_count -= len(waiting)
+            for notice, _ in waiting:
+                self._start_notice(notice)
+
     def _pending_start(self, span: SpanRecord, pending_for: Any) -> None:
+        """A pending copy sent as a span (loopscope's exporter before start notices)."""
         try:
             real = int(str(pending_for), 16)
         except ValueError:
             return
         if not 0 < real < (1 << 64):
             return
-        key = (span.context.trace_id, real)
-        if key in self._pending:
-            return  # the same pending copy again (a retried request)
-        self._pending[key] = None
-        if len(self._pending) > self.max_pending_ids:
-            self._pending.popitem(last=False)
-        self.stats.pending += 1
         attributes = dict(span.attributes)
         del attributes[a.PENDING_FOR]
         operation = attributes.pop(a.PENDING_OPERATION, None)
         if operation:
             attributes[a.OPERATION] = operation
-        self.writer.submit_start(span.replace(context=Ctx(span.context.trace_id, real), parent=None, attributes=attributes))
+        self._start_notice(span.replace(context=Ctx(span.context.trace_id, real), parent=None, attributes=attributes))
+
+    def _start_notice(self, span: SpanRecord) -> None:
+        """The start rows of a span that started (its own ids), once per span. Only
+        loopscope's own: another instrumentation's agent run or tool call (pydantic-ai's,
+        named alike) is assembled with its run when that ends."""
+        if span.attributes.get(a.OPERATION) not in _STARTS or not is_own(span):
+            return
+        key = (span.context.trace_id, span.context.span_id)
+        if key in self._pending:
+            return  # the same notice again (a retried request)
+        self._pending[key] = None
+        if len(self._pending) > self.max_pending_ids:
+            self._pending.popitem(last=False)
+        self.stats.pending += 1
+        self.writer.submit_start(span)
 
     def _start_stored(self, span: SpanRecord) -> bool:
         """Whether the start rows of a span whose pending copy was sent are in the store
@@ -381,6 +467,8 @@ class Ingest:
                     with self._lock:
                         for kind, row in self.assembler.expire():
                             self.writer.submit(kind, row)
+                        if self._held:  # notices whose span never came (its request failed): late, not lost
+                            self._release_held(time.monotonic() - self.notice_wait)
                 if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
                     self.budget.unpark()  # what could not be written in time is now
                 self.budget.trim()
@@ -392,6 +480,7 @@ class Ingest:
         self._stop.set()
         with self._lock:
             self._closed = True
+            self._release_held()
             for kind, row in self.assembler.drain():
                 self.writer.submit(kind, row)
         self.writer.close(timeout)
