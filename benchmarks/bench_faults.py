@@ -26,7 +26,7 @@ each return 1 MiB:
 
 * ``1 MiB, no byte bound`` -- ``queue_bytes`` so large it never binds: the baseline, what
   the queue held before it was bounded in bytes;
-* ``1 MiB, byte bound``    -- the default ``queue_bytes`` (``QUEUE_BYTES``: 32 MiB).
+* ``1 MiB, byte bound``    -- the default ``queue_bytes`` (``QUEUE_BYTES``: 64 MiB).
 
 For each: the per-call median and the whole process's CPU per call during the loop, the
 growth of peak RSS over the process's RSS before the loop, what was dropped (counted),

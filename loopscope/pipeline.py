@@ -225,7 +225,7 @@ def configure(
     application records little, and up to five seconds under a steady load, so that the
     store writer's batches take about 5% of one core (``loopscope.flush()`` writes at
     once, whatever the interval). ``queue_size`` (spans) and ``queue_bytes`` (their text
-    content and a fixed size a span, estimated; default 32 MiB) bound the memory held for
+    content and a fixed size a span, estimated; default 64 MiB) bound the memory held for
     events not yet written (past either, events are dropped and counted, in ``loopscope
     status``; a writer that cannot write holds about twice ``queue_bytes``). A ``db`` path
     given here that cannot be written raises :class:`StoreError`, once; the default path

@@ -29,7 +29,7 @@ from .notices import NoticeSender, NoticeSplitter, logs_endpoint, notices_wanted
 QUEUE_SIZE = 65_536
 """Spans held for export. The SDK's default (2,048) drops about a third of spans when an
 agent produces them flat out on a two-core machine; this holds bursts of that size."""
-QUEUE_BYTES = 32 << 20
+QUEUE_BYTES = 64 << 20
 """Bytes of spans held for export at most: the spans' text and 3 KB each for the span
 itself (as the store's queue counts them), from a running mean over a sample of the spans
 queued. Past it spans are dropped and counted, as past :data:`QUEUE_SIZE`: 65,536 spans

@@ -75,13 +75,14 @@ CLOSE_TIMEOUT = 5.0
 at most for the last rows to be written; what is not written by then is counted as lost.
 Under the 10 s a container gets between SIGTERM and SIGKILL, with room for the OTLP
 exporters' own bound."""
-QUEUE_BYTES = 32 << 20
+QUEUE_BYTES = 64 << 20
 """Bytes the queue holds at most by default (``max_bytes``, ``configure(queue_bytes=...)``),
 estimated from each span's text and a fixed 3 KB for the span itself; past it spans are
 dropped and counted, as past ``max_queue``. The rows kept after failed writes are bounded
 by it too, so a writer that cannot write holds about twice it; a queue half full wakes the
-writer. With the writer held, a flood of small turns peaks ~120 MB over the process's RSS
-before it (``benchmarks/bench_memory.py``; 64 MiB peaked at ~195 MB)."""
+writer. With the writer held, a flood of small turns peaks ~195 MB over the process's RSS
+before it (``benchmarks/bench_memory.py``). 32 MiB peaked at ~120 MB, but left no room for
+the rest of a turn after one 50 MB tool result (values are capped only when written)."""
 
 
 @dataclass
