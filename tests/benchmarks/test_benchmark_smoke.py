@@ -19,6 +19,7 @@ SMOKE_RUNS = {
     "ingest": ["bench_ingest.py", "--turns", "100", "--repeats", "1"],
     "collector-throughput": ["bench_collector.py", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-memory": ["bench_collector.py", "--memory", "--requests", "3", "--request-mb", "1"],
+    "startup": ["bench_startup.py", "--smoke"],
 }
 
 
