@@ -7,29 +7,80 @@ loop stopped and which tools the model was offered.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .instrument import instrument, uninstrument
-from .models import (
-    RESPONSE_SEGMENT_SEPARATOR,
-    ActivityEvent,
-    AIResponseEvent,
-    DeclaredTool,
-    EventSource,
-    EventStatus,
-    EventType,
-    LoopEndReason,
-    ModelCall,
-    SessionInfo,
-    TextContent,
-    ToolCall,
-    ToolCallContent,
-)
-from .pipeline import Pipeline, configure, flush, shutdown
-from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
-from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
-from .storage.errors import SQLRefusedError, StoreError, StoreLockedError
-from .storage.policy import EventFilter, PersistencePolicy
-from .storage.store import AsyncStore, Store
+from .instrument import instrument, uninstrument  # light: it imports no SDK, no store, no OTel SDK
+
+if TYPE_CHECKING:
+    from .models import (
+        RESPONSE_SEGMENT_SEPARATOR,
+        ActivityEvent,
+        AIResponseEvent,
+        DeclaredTool,
+        EventSource,
+        EventStatus,
+        EventType,
+        LoopEndReason,
+        ModelCall,
+        SessionInfo,
+        TextContent,
+        ToolCall,
+        ToolCallContent,
+    )
+    from .pipeline import Pipeline, configure, flush, shutdown
+    from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
+    from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
+    from .storage.errors import SQLRefusedError, StoreError, StoreLockedError
+    from .storage.policy import EventFilter, PersistencePolicy
+    from .storage.store import AsyncStore, Store
+
+# The rest of the public API is imported at its first use, so that ``import loopscope``
+# costs next to nothing (no pydantic, DuckDB or OpenTelemetry SDK until they are needed):
+# each name -> the module that defines it.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "RESPONSE_SEGMENT_SEPARATOR",
+            "AIResponseEvent",
+            "ActivityEvent",
+            "DeclaredTool",
+            "EventSource",
+            "EventStatus",
+            "EventType",
+            "LoopEndReason",
+            "ModelCall",
+            "SessionInfo",
+            "TextContent",
+            "ToolCall",
+            "ToolCallContent",
+        ],
+        ".models",
+    ),
+    **dict.fromkeys(["Pipeline", "configure", "flush", "shutdown"], ".pipeline"),
+    **dict.fromkeys(
+        ["Round", "ToolExecution", "Turn", "session", "state_delta", "state_snapshot", "tool", "turn"], ".recorder"
+    ),
+    **dict.fromkeys(["ConversationStore", "DuckDBConversationStore", "InMemoryConversationStore"], ".storage.conversations"),
+    **dict.fromkeys(["SQLRefusedError", "StoreError", "StoreLockedError"], ".storage.errors"),
+    **dict.fromkeys(["EventFilter", "PersistencePolicy"], ".storage.policy"),
+    **dict.fromkeys(["AsyncStore", "Store"], ".storage.store"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "RESPONSE_SEGMENT_SEPARATOR",

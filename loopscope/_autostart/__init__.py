@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 
-from .._guard import guard
-
 DISABLED_ENV = "LOOPSCOPE_DISABLED_ADAPTERS"
 """Comma-separated adapter names to leave alone (``anthropic,mcp``)."""
 
@@ -38,6 +36,8 @@ def start() -> list[str]:
     Never raises into the starting application: a problem is logged once (and raised in
     strict mode) and the application runs uninstrumented.
     """
+    from .._guard import guard  # here: ``loopscope run``'s parser reads DISABLED_ENV and nothing else
+
     with guard("autostart"):
         from ..instrument import instrument
         from ..recorder import settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..pipeline import DEFAULT_DB
+from ..storage.recording import DEFAULT_DB
 
 
 def common() -> argparse.ArgumentParser:

@@ -7,12 +7,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
-
-from ..storage.store import Store
 from . import _args
 from .commands import CommandError, db_path, emit, emit_json, open_store, resolve_session
+
+if TYPE_CHECKING:
+    from ..storage.store import Store
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -119,6 +120,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _session(store: Store, requested: str) -> str:
     """The session named (or uniquely prefixed); one that only has imported events counts too."""
+    import duckdb  # loaded already: the store is open
+
     try:
         return resolve_session(store, requested)
     except CommandError:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
-from ..storage.store import Store
 from ..storage.views import OUTCOMES
 from . import _args
 from .commands import ellipsis, emit, emit_json, open_store
+
+if TYPE_CHECKING:
+    from ..storage.store import Store
 
 # -- registration ------------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 
-from .. import pricing
 from .commands import CommandError, db_path
 
 
@@ -34,7 +33,7 @@ def _size(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from ..ingest.otlp.collector import (
+    from ..ingest.otlp import (  # the defaults alone: the receiver is imported when it runs
         DEFAULT_GRPC_PORT,
         DEFAULT_HOST,
         DEFAULT_HTTP_PORT,
@@ -92,6 +91,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from .. import pricing
     from ..ingest.otlp.collector import TOKEN_ENV, Collector, serve
 
     if args.verbose:

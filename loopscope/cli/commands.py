@@ -7,17 +7,19 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
-
-import duckdb
+from typing import TYPE_CHECKING, Any
 
 from .._json import to_jsonable
 from ..dashboards import tables
-from ..models import ToolCallContent
-from ..pipeline import default_db_path
 from ..storage.errors import StoreError
 from ..storage.policy import EventFilter
-from ..storage.store import Store
+from ..storage.recording import default_db_path
+
+if TYPE_CHECKING:
+    from ..storage.store import Store
+
+# DuckDB, pydantic (the public models) and the store are imported by the commands that read
+# the store, not here: ``loopscope --help`` and ``loopscope run`` need none of them.
 
 
 class CommandError(Exception):
@@ -71,7 +73,8 @@ def describe(exc: BaseException) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if isinstance(exc, (StoreError, ValueError, CommandError)) and first:
         return first
-    if isinstance(exc, duckdb.Error):
+    duckdb = sys.modules.get("duckdb")  # not imported: the error is not DuckDB's
+    if duckdb is not None and isinstance(exc, duckdb.Error):
         return f"SQL failed: {first}" if first else f"SQL failed: {type(exc).__name__}"
     if isinstance(exc, OSError) and first:
         return first
@@ -87,6 +90,8 @@ def db_path(args: argparse.Namespace) -> str:
 
 
 def open_store(args: argparse.Namespace) -> Store:
+    from ..storage.store import Store
+
     return Store(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
 
 
@@ -118,6 +123,8 @@ def resolve_session(store: Store, requested: str | None) -> str:
 
 def _running_ids(events: list[Any]) -> set[str]:
     """Tool calls whose start is on the page and whose end is not (yet) anywhere."""
+    from ..models import ToolCallContent
+
     started: dict[str, None] = {}
     for e in events:
         if isinstance(e.content, ToolCallContent):
@@ -133,6 +140,7 @@ def _running_ids(events: list[Any]) -> set[str]:
 
 def demo(args: argparse.Namespace) -> int:
     from .. import demo as demo_module
+    from ..storage.store import Store
 
     result = demo_module.run(db_path(args), session_id=args.session)
     store = Store(result.db_path, lock_timeout=getattr(args, "wait", 10.0))

@@ -17,14 +17,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
-
-from ..storage.connection import open_store
-from ..storage.schema import check_readable, missing_views
 from . import _args, agui
 from .commands import CommandError, db_path, emit, emit_json
+
+if TYPE_CHECKING:
+    import duckdb
 
 EXPORTS: dict[str, str] = {
     "events": """SELECT * REPLACE (content::VARCHAR AS content),
@@ -76,6 +75,9 @@ def _tables(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..storage.connection import open_store
+    from ..storage.schema import check_readable, missing_views
+
     if args.agui is not None:
         return agui.run_export(args)
     agui.refuse_agui_flags(args)
@@ -120,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _copy(con: duckdb.DuckDBPyConnection, query: str, target: Path, label: str | None) -> int:
     """Write one table; with a label, draw a progress bar while DuckDB works."""
+    import duckdb  # loaded already: the store is open
+
     statement = f"COPY ({query}) TO '{_quote(str(target))}' (FORMAT parquet, PARTITION_BY (date))"
     if label is None:
         row = con.execute(statement).fetchone()

@@ -17,7 +17,7 @@ from pathlib import Path
 from .._autostart import DISABLED_ENV
 from ..content import capture
 from ..instrument import ADAPTERS
-from ..pipeline import DEFAULT_DB, SESSION_ENV
+from ..storage.recording import DEFAULT_DB
 from .commands import CommandError
 
 BOOT = Path(__file__).resolve().parent.parent / "_autostart" / "boot"
@@ -78,6 +78,8 @@ def child_environment(args: argparse.Namespace, base: dict[str, str] | None = No
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
     session = getattr(args, "session", None)
     if session:
+        from ..pipeline import SESSION_ENV
+
         env[SESSION_ENV] = session
     if args.capture_content and not capture.on_spans_for_all(env.get(capture.VARIABLE)):
         # SPAN_ONLY, not "true": opentelemetry-util-genai's instrumentations read "true" as no

@@ -21,9 +21,6 @@ from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
 from ..semconv import UNSERVED_CUT
-from ..storage import health
-from ..storage.connection import open_store
-from ..storage.schema import check_readable, has_model_calls, schema_version
 from . import _args
 from .commands import db_path, emit, emit_json
 
@@ -45,6 +42,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     """The status of the store at ``path`` as plain values (what ``--json`` prints)."""
+    from ..storage import health  # DuckDB: imported when a command reads, not for ``--help``
+    from ..storage.connection import open_store
+    from ..storage.schema import check_readable, has_model_calls, schema_version
+
     with open_store(path, read_only=True, timeout=wait) as con:
         check_readable(con)
         version = schema_version(con)
@@ -88,6 +89,8 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
 def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The store's writer rows with what the file beside the store adds: to the row of
     the same writer, or as a row of its own for a writer the store has no row of."""
+    from ..storage import health
+
     by_id = {w["writer_id"]: w for w in writers}
     for writer_id, entry in beside.items():
         row = by_id.get(writer_id)

@@ -16,15 +16,17 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..dashboards import tables
-from ..models import ActivityEvent
 from ..storage.errors import StoreError, StoreLockedError
 from ..storage.policy import EventFilter
-from ..storage.replay import Follower
-from ..storage.store import Store
 from . import _args
 from .commands import CommandError, ellipsis, emit, open_store, resolve_session
+
+if TYPE_CHECKING:
+    from ..models import ActivityEvent
+    from ..storage.store import Store
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -149,6 +151,8 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
     session = _session(store, args.session, follow=True)
     # the newest lines and the cursors come from one read of the file: the first poll
     # goes on right after what was printed, with nothing repeated or skipped between
+    from ..storage.replay import Follower
+
     follower = Follower(store, session, event_filter=event_filter)
     printer(follower.start(args.lines))
     where = f" (session {session})" if session else ""

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import webbrowser
 
-from ..dashboards.web.server import DEFAULT_HOST, DEFAULT_PORT, make_server
+from ..dashboards.web import DEFAULT_HOST, DEFAULT_PORT
 from .commands import CommandError, open_store
 
 
@@ -58,6 +57,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..dashboards.web.server import make_server  # the store and DuckDB: not for ``--help``
+
     store = open_store(args)
     store.keep_open = True  # a dashboard reads often and never writes: see Store
     try:
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.open:
+            import webbrowser
+
             webbrowser.open(server.url)
         server.serve_forever(poll_interval=0.25)
     except KeyboardInterrupt:

@@ -14,10 +14,12 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._json import to_jsonable
-from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo, TextContent, ToolCallContent
+
+if TYPE_CHECKING:  # the rows are the public models; pydantic is imported by what reads them, not by ``--help``
+    from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 
 ELLIPSIS = "…"
 GAP = "  "
@@ -206,6 +208,8 @@ EVENT_COLUMNS = (
 
 def event_row(event: ActivityEvent, running: bool = False) -> list[str]:
     """One timeline line: who or which tool, how it went, and what it said or returned."""
+    from ..models import TextContent, ToolCallContent
+
     content = event.content
     name = outcome = ms = detail = ""
     if isinstance(content, TextContent):
@@ -237,6 +241,8 @@ def events_table(
     ellipsis: str = ELLIPSIS,
 ) -> str:
     """A session's timeline; ``running`` names the tool call ids still without an end."""
+    from ..models import ToolCallContent
+
     open_ids = set(running)
     rows = [
         event_row(

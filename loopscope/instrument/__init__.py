@@ -13,10 +13,7 @@ import sys
 import threading
 from typing import Any, NamedTuple
 
-import wrapt
-
-from .._guard import guard
-from ._patch import Patch, Registration, restore
+from ._patch import Patch, Registration, on_import, restore
 
 
 class Adapter(NamedTuple):
@@ -45,6 +42,8 @@ _hooked: set[str] = set()
 
 
 def _activate(name: str) -> None:
+    from .._guard import guard  # here: ``import loopscope`` (and the command line) never needs it
+
     with _lock:
         if name not in _wanted or name in _patches:
             return
@@ -80,7 +79,7 @@ def instrument(**switches: bool) -> list[str]:
             if adapter.target in sys.modules:
                 _activate(name)
             elif name not in _hooked:
-                wrapt.register_post_import_hook(_hook(name), adapter.target)
+                on_import(adapter.target, _hook(name))
                 _hooked.add(name)
         return sorted(_wanted)
 

@@ -15,7 +15,7 @@ from ..models import ToolCall
 from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
-from ._patch import Patch, wrap
+from ._patch import Patch, Registration, when_imported, wrap
 from ._streams import closes_inner_stream
 
 PROVIDER = "openai"
@@ -317,26 +317,29 @@ class _ResponseEvents:
 # -- patching -------------------------------------------------------------------------
 
 
-def patch(deliver: Callable[[Any, ModelCall, Any, Any], Any]) -> list[Patch | None]:
-    """Wrap the Responses resource; ``deliver(result, model_call, finish_one, chunks)`` is
-    the openai adapter's delivery (stream proxy, raw response, or a plain response)."""
-    from openai.resources.responses import responses
+def patch(deliver: Callable[[Any, ModelCall, Any, Any], Any]) -> list[Registration]:
+    """Wrap the Responses resource when the SDK imports it; ``deliver(result, model_call,
+    finish_one, chunks)`` is the openai adapter's delivery (stream proxy, raw response, or a
+    plain response)."""
 
     def deliver_response(result: Any, model_call: ModelCall) -> Any:
         return deliver(result, model_call, _finish_one, _ResponseEvents)
 
-    patches: list[Patch | None] = [
-        wrap(responses.Responses, "create", sync_call(_request, deliver_response, mark=False)),
-        wrap(responses.Responses, "parse", sync_call(_request, deliver_response, mark=False)),
-        wrap(responses.AsyncResponses, "create", async_call(_request, deliver_response, mark=False)),
-        wrap(responses.AsyncResponses, "parse", async_call(_request, deliver_response, mark=False)),
+    def resource(responses: Any) -> list[Patch | None]:
+        return [
+            wrap(responses.Responses, "create", sync_call(_request, deliver_response, mark=False)),
+            wrap(responses.Responses, "parse", sync_call(_request, deliver_response, mark=False)),
+            wrap(responses.AsyncResponses, "create", async_call(_request, deliver_response, mark=False)),
+            wrap(responses.AsyncResponses, "parse", async_call(_request, deliver_response, mark=False)),
+        ]
+
+    def helpers(module: Any) -> list[Patch | None]:  # an SDK without the stream() helper never imports it
+        return [
+            wrap(module.ResponseStream, "close", closes_inner_stream("_raw_stream")),
+            wrap(module.AsyncResponseStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
+        ]
+
+    return [
+        when_imported("openai.resources.responses.responses", resource, "instrument openai"),
+        when_imported("openai.lib.streaming.responses._responses", helpers, "instrument openai"),
     ]
-    try:
-        from openai.lib.streaming.responses import _responses as helpers
-    except ImportError:  # an SDK without the stream() helper
-        return patches
-    patches += [
-        wrap(helpers.ResponseStream, "close", closes_inner_stream("_raw_stream")),
-        wrap(helpers.AsyncResponseStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
-    ]
-    return patches

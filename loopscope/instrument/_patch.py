@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
-
-import wrapt
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Registration:
 
 def wrap(owner: type, name: str, wrapper: Callable[..., Any]) -> Patch | None:
     """Wrap ``owner.name`` (looked up in the class itself, not its bases); None if absent."""
+    import wrapt  # here: ``import loopscope`` and ``instrument()`` before any SDK is imported do not need it
+
     original = owner.__dict__.get(name)
     if original is None:
         return None
@@ -41,3 +44,43 @@ def restore(patches: list[Patch | Registration]) -> None:
     for patch in reversed(patches):
         patch.undo()
     patches.clear()
+
+
+def on_import(module: str, hook: Callable[[ModuleType], object]) -> None:
+    """Call ``hook(module)`` once ``module`` is imported: now if it is already."""
+    found = sys.modules.get(module)
+    if found is not None:
+        hook(found)
+        return
+    import wrapt
+
+    wrapt.register_post_import_hook(hook, module)
+
+
+def when_imported(
+    module: str, patch: Callable[[ModuleType], Sequence[Patch | Registration | None]], where: str
+) -> Registration:
+    """Patch ``module`` now if it is imported, else as soon as it is: an adapter's heavy
+    submodules (a resource, a tracer) are left unread until the application uses them.
+
+    The returned registration undoes the patches, or makes a hook that has not fired inert
+    (an import hook cannot be taken back)."""
+    from .._guard import guard
+
+    lock = threading.Lock()
+    applied: list[Patch | Registration] = []
+    state = {"live": True, "done": False}
+
+    def apply(found: ModuleType) -> None:
+        with lock, guard(where):
+            if state["live"] and not state["done"]:
+                state["done"] = True
+                applied.extend(p for p in patch(found) if p is not None)
+
+    def undo() -> None:
+        with lock:
+            state["live"] = False
+            restore(applied)
+
+    on_import(module, apply)
+    return Registration(undo)

@@ -66,7 +66,7 @@ from ..recorder.adapter import (
     tool_turn,
     wants_result,
 )
-from ._patch import Registration
+from ._patch import Registration, when_imported
 
 FRAMEWORK = "langchain"
 
@@ -501,8 +501,12 @@ def _finish(generation: ModelCall, response: Any) -> None:
 
 
 def patch() -> list[Registration]:
-    from langchain_core.tracers import context as lc_context
+    # LangChain imports its tracers' context (and LangSmith with it, ~0.5 s) at its first
+    # run, not at import: the handler is registered then, just before that run reads it.
+    return [when_imported("langchain_core.tracers.context", _register, "instrument langchain")]
 
+
+def _register(lc_context: Any) -> list[Registration]:
     handler = LoopscopeCallbackHandler()
     # a context variable whose default is the handler: every run in every thread and task
     # gets it, and it is inheritable, so child runs keep it

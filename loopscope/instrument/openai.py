@@ -8,7 +8,7 @@ from ..models import ToolCall
 from ..recorder.adapter import Choice, ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
 from . import _read as r
 from ._calls import async_call, sync_call
-from ._patch import Patch, wrap
+from ._patch import Patch, Registration, when_imported, wrap
 from ._streams import AsyncStream, SyncStream, closes_inner_stream
 
 PROVIDER = "openai"
@@ -473,29 +473,35 @@ def _raw_response(result: Any, model_call: ModelCall, finish_one: Any, chunks: A
 # -- patching -------------------------------------------------------------------------
 
 
-def patch() -> list[Patch]:
-    from openai.resources.chat.completions import completions as chat
+def patch() -> list[Registration]:
+    # The SDK imports a resource at its first use (``client.chat``, ``client.responses``),
+    # some at a cost (~0.3 s for the Responses stream events): each is wrapped then.
+    registrations = [
+        when_imported("openai.resources.chat.completions.completions", _patch_chat, "instrument openai"),
+        # the stream() helpers read our stream proxy but close the HTTP response directly
+        when_imported("openai.lib.streaming.chat._completions", _patch_chat_helpers, "instrument openai"),
+    ]
+    try:
+        from . import _openai_responses
+    except ImportError:  # the Responses adapter is optional
+        pass
+    else:
+        registrations += _openai_responses.patch(_deliver)
+    return registrations
 
-    patches = [
+
+def _patch_chat(chat: Any) -> list[Patch | None]:
+    return [
         # the openai SDK emits no spans of its own: nothing needs the call marked
         wrap(chat.Completions, "create", sync_call(_chat_request, _deliver_chat, mark=False)),
         wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat, mark=False)),
         wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat, mark=False)),
         wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat, mark=False)),
     ]
-    try:  # the stream() helpers read our stream proxy but close the HTTP response directly
-        from openai.lib.streaming.chat import _completions as helpers
-    except ImportError:
-        pass
-    else:
-        patches += [
-            wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream")),
-            wrap(helpers.AsyncChatCompletionStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
-        ]
-    try:
-        from . import _openai_responses
-    except ImportError:  # the Responses adapter is optional
-        pass
-    else:
-        patches += _openai_responses.patch(_deliver)
-    return [p for p in patches if p is not None]
+
+
+def _patch_chat_helpers(helpers: Any) -> list[Patch | None]:
+    return [
+        wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream")),
+        wrap(helpers.AsyncChatCompletionStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
+    ]

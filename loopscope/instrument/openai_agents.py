@@ -468,10 +468,9 @@ def _read_generation(output: Any) -> tuple[str | None, list[ToolCall], str | Non
 
 
 def patch() -> list[Patch | Registration]:
-    import agents
     from agents.agent import AgentBase
     from agents.run import AgentRunner
-    from agents.tracing import get_trace_provider
+    from agents.tracing import setup
 
     patches: list[Patch | Registration | None] = [
         wrap(AgentRunner, "run", _run_wrapper),
@@ -479,14 +478,34 @@ def patch() -> list[Patch | Registration]:
         wrap(AgentBase, "get_all_tools", _all_tools_wrapper),
     ]
     processor = LoopscopeProcessor()
-    agents.add_trace_processor(processor)
+    patches.append(_join_provider(setup, processor))
 
     def unregister() -> None:
         processor.active = False  # inert even if the provider below is not the SDK's own
-        provider = get_trace_provider()
+        provider = setup.GLOBAL_TRACE_PROVIDER  # none yet: there is nothing to leave
         registered = getattr(getattr(provider, "_multi_processor", None), "_processors", None)
-        if registered is not None and processor in registered:
+        if provider is not None and registered is not None and processor in registered:
             provider.set_processors([p for p in registered if p is not processor])
 
     patches.append(Registration(unregister))
     return [p for p in patches if p is not None]
+
+
+def _join_provider(setup: Any, processor: LoopscopeProcessor) -> Patch | None:
+    """Register the processor with the SDK's trace provider. The SDK makes its default
+    provider at its first trace (with its exporter's HTTP client: certificates read, ~10
+    ms), so when there is none yet, the processor joins the provider as it is made."""
+    if setup.GLOBAL_TRACE_PROVIDER is not None:
+        setup.get_trace_provider().register_processor(processor)
+        return None
+    from agents.tracing.provider import DefaultTraceProvider
+
+    def joined(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        wrapped(*args, **kwargs)
+        if processor.active:
+            instance.register_processor(processor)
+
+    patched = wrap(DefaultTraceProvider, "__init__", joined)
+    if patched is None:  # a provider without an ``__init__`` of its own: join it now
+        setup.get_trace_provider().register_processor(processor)
+    return patched

@@ -18,7 +18,6 @@ the writer in the agent's process keeps its turn.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import heapq
 import threading
@@ -39,6 +38,8 @@ from .policy import RECEIVED, EventFilter
 from .schema import check_readable
 
 if TYPE_CHECKING:
+    import asyncio  # imported where an async replay runs (on an event loop, it is loaded already)
+
     from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
     from .store import Store
@@ -339,6 +340,8 @@ class AsyncReplay:
         self._state.stop_flag.set()
         wake = self._wake
         if wake is not None:
+            import asyncio
+
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
@@ -352,6 +355,8 @@ class AsyncReplay:
         return self
 
     async def __anext__(self) -> ActivityEvent:
+        import asyncio
+
         state = self._state
         while True:
             if state.stopped():
@@ -367,6 +372,8 @@ class AsyncReplay:
             await asyncio.to_thread(state.read)
 
     async def _sleep(self, seconds: float) -> None:
+        import asyncio
+
         if self._wake is None:
             self._wake = asyncio.Event()
         try:

@@ -8,7 +8,6 @@ agent keeps writing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -425,6 +424,12 @@ def _with_call_counts(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]
     return [r if r[-1] is not None else (*r[:-1], counts.get((r[1], r[2]), 0)) for r in rows]
 
 
+async def _to_thread(function: Any, /, *args: Any, **kwargs: Any) -> Any:
+    import asyncio  # here, not at the top: a command that reads the store does not need it (~20 ms)
+
+    return await asyncio.to_thread(function, *args, **kwargs)
+
+
 class AsyncStore:
     """The same reads as :class:`Store`, for async code: each runs in a worker thread
     so the event loop never waits on the file."""
@@ -434,25 +439,25 @@ class AsyncStore:
         self.path = self.sync.path
 
     async def list_events(self, session_id: str, offset: int = 0, limit: int | None = 50, **kwargs: Any) -> list[ActivityEvent]:
-        return await asyncio.to_thread(self.sync.list_events, session_id, offset, limit, **kwargs)
+        return await _to_thread(self.sync.list_events, session_id, offset, limit, **kwargs)
 
     async def get_timeline(self, session_id: str, offset: int = 0, limit: int | None = None, **kwargs: Any) -> list[ActivityEvent]:
-        return await asyncio.to_thread(self.sync.get_timeline, session_id, offset, limit, **kwargs)
+        return await _to_thread(self.sync.get_timeline, session_id, offset, limit, **kwargs)
 
     async def get_conversation(self, session_id: str, limit: int = 50, after_index: int | None = None) -> list[ActivityEvent]:
-        return await asyncio.to_thread(self.sync.get_conversation, session_id, limit, after_index)
+        return await _to_thread(self.sync.get_conversation, session_id, limit, after_index)
 
     async def get_event(self, event_id: str) -> ActivityEvent | None:
-        return await asyncio.to_thread(self.sync.get_event, event_id)
+        return await _to_thread(self.sync.get_event, event_id)
 
     async def get_event_count(self, session_id: str, event_filter: EventFilter | None = None) -> int:
-        return await asyncio.to_thread(self.sync.get_event_count, session_id, event_filter)
+        return await _to_thread(self.sync.get_event_count, session_id, event_filter)
 
     async def list_recent_events(self, limit: int = 10, **kwargs: Any) -> list[ActivityEvent]:
-        return await asyncio.to_thread(self.sync.list_recent_events, limit, **kwargs)
+        return await _to_thread(self.sync.list_recent_events, limit, **kwargs)
 
     async def last_indices(self) -> dict[str, int]:
-        return await asyncio.to_thread(self.sync.last_indices)
+        return await _to_thread(self.sync.last_indices)
 
     def replay(
         self,
@@ -475,16 +480,16 @@ class AsyncStore:
         ))
 
     async def derive_state(self, session_id: str, *, at_index: int | None = None) -> Any | None:
-        return await asyncio.to_thread(self.sync.derive_state, session_id, at_index=at_index)
+        return await _to_thread(self.sync.derive_state, session_id, at_index=at_index)
 
     async def list_turns(self, session_id: str | None = None, limit: int | None = 50, **kwargs: Any) -> list[AIResponseEvent]:
-        return await asyncio.to_thread(self.sync.list_turns, session_id, limit, **kwargs)
+        return await _to_thread(self.sync.list_turns, session_id, limit, **kwargs)
 
     async def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
-        return await asyncio.to_thread(self.sync.list_sessions, limit, search=search)
+        return await _to_thread(self.sync.list_sessions, limit, search=search)
 
     async def model_calls(self, session_id: str | None = None, correlation_id: str | None = None, **kwargs: Any) -> list[ModelCall]:
-        return await asyncio.to_thread(self.sync.model_calls, session_id, correlation_id, **kwargs)
+        return await _to_thread(self.sync.model_calls, session_id, correlation_id, **kwargs)
 
     async def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
-        return await asyncio.to_thread(self.sync.sql, query, params)
+        return await _to_thread(self.sync.sql, query, params)

@@ -23,6 +23,7 @@ SMOKE_RUNS = {
     "collector-memory": ["bench_collector.py", "--memory", "--requests", "3", "--request-mb", "1"],
     "batch-cost": ["batch_cost.py", "--smoke"],
     "views": ["bench_views.py", "--smoke"],
+    "startup": ["bench_startup.py", "--smoke"],
 }
 
 

@@ -32,12 +32,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ..._http import BoundedHandler, BoundedHTTPServer, HostRule
 from ...storage.errors import StoreError
 from ...storage.store import Store
-from . import api
+from . import DEFAULT_HOST, DEFAULT_PORT, api  # the defaults live in the package, which ``loopscope ui``'s parser reads
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DashboardServer", "make_server", "serve"]
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8765
 MAX_CONNECTIONS = 32
 """Connections served at once; more wait in the listen queue (a browser opens about six)."""
 SOCKET_TIMEOUT = 15.0

@@ -59,6 +59,18 @@ from typing import TYPE_CHECKING, Any
 from ..._http import HostRule
 from ...storage.connection import open_store, resolve
 from ...storage.schema import migrate
+
+# the defaults live in the package, where ``loopscope collect``'s parser reads them without
+# importing the receiver
+from . import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SOCKET_TIMEOUT,
+    TOKEN_ENV,
+)
 from .decode import PayloadError, decode_json, decode_protobuf, received_of, records_of
 from .grpc_server import _grpc_server
 from .http_server import _Server
@@ -67,14 +79,6 @@ from .routing import DEFAULT_MAX_QUEUED_BYTES, ByteBudget, CollectorStats, Inges
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from 3.11; only read by type checkers here
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 4318
-DEFAULT_GRPC_PORT = 4317
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_CONNECTIONS = 64
-DEFAULT_SOCKET_TIMEOUT = 15.0
-TOKEN_ENV = "LOOPSCOPE_COLLECT_TOKEN"
-"""The environment variable ``loopscope collect`` reads its bearer token from."""
 
 
 # -- the collector --------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""Start-up stays light (issue 19): what a fresh process imports, not how long it takes
+(the times are benchmarks/bench_startup.py's business). Each check runs in a child
+interpreter and asserts on its ``sys.modules``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEAVY = ["duckdb", "pydantic", "pyarrow", "wrapt", "opentelemetry.sdk.trace", "opentelemetry.sdk.metrics"]
+RECORDING = ["loopscope.recorder", "loopscope.pipeline", "loopscope.export", "loopscope.pricing", "loopscope._otel_sdk"]
+
+CLI = "from loopscope.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+
+
+def loaded(code: str, names: list[str], cwd: Path | None = None) -> dict[str, bool]:
+    """Run ``code`` in a fresh interpreter; which of ``names`` it imported."""
+    report = f"\nimport json as _j, sys as _s\nprint(_j.dumps({{n: n in _s.modules for n in {names!r}}}))\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", code + report], cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_loopscope_imports_no_store_no_pydantic_no_otel_sdk():
+    found = loaded("import loopscope", HEAVY + RECORDING + ["loopscope.models", "asyncio"])
+    assert not any(found.values()), [name for name, is_in in found.items() if is_in]
+
+
+def test_every_public_name_is_there_when_asked_for():
+    code = (
+        "import loopscope\n"
+        "missing = [n for n in loopscope.__all__ if getattr(loopscope, n, None) is None]\n"
+        "assert not missing, missing\n"
+        "assert set(loopscope.__all__) <= set(dir(loopscope))\n"
+        "import loopscope.instrument.openai  # a submodule import must not hide the function\n"
+        "assert callable(loopscope.instrument) and loopscope.instrument.__module__ == 'loopscope.instrument'\n"
+        "from loopscope import *  # noqa: F403\n"
+        "assert Store is loopscope.storage.store.Store and turn is loopscope.recorder.turn\n"
+        "try:\n"
+        "    loopscope.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    assert 'no_such_name' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    loaded(code, [])
+
+
+def test_help_imports_no_store_no_models_no_otel_sdk():
+    found = loaded(CLI.format(argv=["--help"]), HEAVY + RECORDING + ["loopscope.models", "asyncio", "opentelemetry"])
+    assert not any(found.values()), [name for name, is_in in found.items() if is_in]
+
+
+def test_turns_reads_the_store_without_the_recorder_or_exporters(tmp_path):
+    db = str(tmp_path / "demo.duckdb")
+    loaded(CLI.format(argv=["--db", db, "demo"]), [])
+    found = loaded(CLI.format(argv=["--db", db, "turns"]), ["duckdb", *RECORDING, "pyarrow", "opentelemetry.sdk.trace"])
+    assert found.pop("duckdb")
+    assert not any(found.values()), [name for name, is_in in found.items() if is_in]
+
+
+def test_instrument_reads_no_heavy_module_of_an_imported_library():
+    """With each library imported as an application imports it, ``instrument()`` leaves
+    alone what the application has not used yet: LangChain's tracer context (LangSmith),
+    the openai resources, the Agents SDK's trace provider (its exporter's HTTP client)."""
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("agents")
+    code = (
+        "import openai, langchain_core, agents\n"
+        "import loopscope\n"
+        "loopscope.configure(False)\n"
+        "on = loopscope.instrument()\n"
+        "assert {'openai', 'langchain', 'openai_agents'} <= set(on), on\n"
+        "from agents.tracing import setup\n"
+        "provider_made = setup.GLOBAL_TRACE_PROVIDER is not None\n"
+    )
+    found = loaded(code + "assert not provider_made\n", [
+        "langchain_core.tracers.context", "langsmith.client",
+        "openai.resources.chat.completions.completions", "openai.resources.responses.responses",
+    ])
+    assert not any(found.values()), [name for name, is_in in found.items() if is_in]
+
+
+def test_a_library_module_imported_later_is_patched_then():
+    pytest.importorskip("langchain_core")
+    code = (
+        "import openai, langchain_core, agents\n"
+        "import loopscope\n"
+        "loopscope.configure(False)\n"
+        "loopscope.instrument()\n"
+        "import wrapt\n"
+        "from openai.resources.chat.completions import completions\n"
+        "from openai.resources.responses import responses\n"
+        "assert isinstance(completions.Completions.__dict__['create'], wrapt.FunctionWrapper)\n"
+        "assert isinstance(responses.AsyncResponses.__dict__['create'], wrapt.FunctionWrapper)\n"
+        "from langchain_core.tracers import context\n"
+        "assert any(type(var.get()).__name__ == 'LoopscopeCallbackHandler' for var, *_ in context._configure_hooks)\n"
+        "import agents.tracing\n"
+        "from loopscope.instrument.openai_agents import LoopscopeProcessor\n"
+        "processors = agents.tracing.get_trace_provider()._multi_processor._processors\n"
+        "assert sum(isinstance(p, LoopscopeProcessor) for p in processors) == 1, processors\n"
+        "loopscope.uninstrument()\n"
+        "assert not isinstance(completions.Completions.__dict__['create'], wrapt.FunctionWrapper)\n"
+        "assert not any(type(var.get()).__name__ == 'LoopscopeCallbackHandler' for var, *_ in context._configure_hooks)\n"
+        "processors = agents.tracing.get_trace_provider()._multi_processor._processors\n"
+        "assert not any(isinstance(p, LoopscopeProcessor) for p in processors), processors\n"
+    )
+    loaded(code, [])
+
+
+def test_after_uninstrument_a_later_import_is_left_alone():
+    code = (
+        "import openai\n"
+        "import loopscope\n"
+        "loopscope.configure(False)\n"
+        "loopscope.instrument()\n"
+        "loopscope.uninstrument()\n"
+        "import wrapt\n"
+        "from openai.resources.chat.completions import completions\n"
+        "assert not isinstance(completions.Completions.__dict__['create'], wrapt.FunctionWrapper)\n"
+    )
+    loaded(code, [])
