@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -121,10 +122,10 @@ def load_prices(path: str | os.PathLike[str]) -> dict[str, PriceOverride]:
     text = Path(path).read_text(encoding="utf-8")
     data: Any
     if str(path).endswith(".toml"):
-        try:
-            import tomllib
-        except ImportError as exc:  # Python 3.10
-            raise PricesError("a TOML prices file needs Python 3.11 or later; use JSON") from exc
+        if sys.version_info < (3, 11):  # tomllib is 3.11's; a check pyright understands
+            raise PricesError("a TOML prices file needs Python 3.11 or later; use JSON")
+        import tomllib
+
         data = tomllib.loads(text)
     else:
         data = json.loads(text)
