@@ -508,6 +508,13 @@ def _entity_arguments(value: Any) -> str | None:
     return _text(value)
 
 
+_REDACTED = "__REDACTED__"
+"""OpenInference's stand-in for an input or output its TraceConfig hides (``OPENINFERENCE_HIDE_INPUTS``
+/ ``_OUTPUTS``): content switched off, not the user's text."""
+def _unredacted(value: Any) -> Any:
+    return None if value == _REDACTED else value
+
+
 def read_tool(span: Any) -> ToolCall:
     attrs = span.attributes or {}
     name = _first(attrs, a.TOOL_NAME, "tool.name", "traceloop.entity.name")
@@ -527,8 +534,8 @@ def read_tool(span: Any) -> ToolCall:
     elif "traceloop.entity.input" in attrs:
         arguments = _entity_arguments(attrs["traceloop.entity.input"])
     else:
-        arguments = _text(attrs.get("input.value"))
-    result = _first(attrs, a.TOOL_CALL_RESULT, "tool_response", "traceloop.entity.output", "output.value")
+        arguments = _text(_unredacted(attrs.get("input.value")))
+    result = _unredacted(_first(attrs, a.TOOL_CALL_RESULT, "tool_response", "traceloop.entity.output", "output.value"))
     failed = _failed(span)
     return ToolCall(
         name=str(name),
@@ -559,6 +566,58 @@ def session_of(attrs: Mapping[str, Any]) -> str | None:
     return str(value) if value is not None else None
 
 
+_MESSAGE_KEYS = (
+    a.INPUT_MESSAGES, a.OUTPUT_MESSAGES, "llm.input_messages.0.message.role", "llm.input_messages.0.message.content",
+    "llm.output_messages.0.message.role", "llm.output_messages.0.message.content",
+    "gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role", "gen_ai.completion.0.content",
+)
+_MESSAGE_EVENTS = frozenset({
+    "gen_ai.user.message", "gen_ai.system.message", "gen_ai.assistant.message", "gen_ai.tool.message",
+    "gen_ai.choice", "gen_ai.content.prompt", "gen_ai.content.completion",
+})
+
+
+def _captured(span: Any, chat: Chat) -> bool:
+    """Whether a model call's messages were captured at all: any text or call read from it, or
+    any attribute or event that holds messages (an instrumentation with content off sets none)."""
+    if chat.text or chat.tool_calls or chat.outputs or chat.user_text is not None:
+        return True
+    attrs = span.attributes or {}
+    if any(key in attrs for key in _MESSAGE_KEYS):
+        return True
+    return any(event.name in _MESSAGE_EVENTS for event in getattr(span, "events", None) or ())
+
+
+def _user_text_withheld(attrs: Mapping[str, Any]) -> bool:
+    """Whether a call's ``gen_ai.input.messages`` hold a user message whose parts are there
+    without their content (pydantic-ai with ``include_content=False``: ``{"type": "text"}``)."""
+    messages = _loads(attrs.get(a.INPUT_MESSAGES))
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            parts = message.get("parts")
+            if isinstance(parts, list) and parts and all(isinstance(p, dict) and "content" not in p for p in parts):
+                return True
+    return False
+
+
+def input_withheld(run: AgentRun, calls: list[tuple[Any, Chat]]) -> bool:
+    """Whether an agent run had a user input its instrumentation did not capture (content
+    off): a model call's input messages hold a user message without its content, or the run
+    says nothing of its input or output and made model calls (each was asked something),
+    none of which carries any message. Then its input is kept as a message row without
+    text, as loopscope's own spans do (:data:`loopscope.semconv.CONTENT_WITHHELD`); a run
+    with content on but no user text in it keeps no such row."""
+    if run.input is not None or not calls:
+        return False
+    if any(_user_text_withheld(span.attributes or {}) for span, _ in calls):
+        return True
+    if run.output is not None:
+        return False
+    return not any(_captured(span, chat) for span, chat in calls)
+
+
 def read_agent(span: Any) -> AgentRun:
     attrs = span.attributes or {}
     name = _first(attrs, a.AGENT_NAME, "agent_name", "agent.name", "traceloop.entity.name")
@@ -577,7 +636,8 @@ def read_agent(span: Any) -> AgentRun:
             text_in = _text(attrs["traceloop.entity.input"])
     elif "input.value" in attrs:
         value = attrs["input.value"]
-        text_in = value if attrs.get("input.mime_type") != "application/json" else _text(value)
+        if value != _REDACTED:
+            text_in = value if attrs.get("input.mime_type") != "application/json" else _text(value)
     text_out: str | None = None
     if a.OUTPUT_MESSAGES in attrs:
         out = Messages()
@@ -588,7 +648,7 @@ def read_agent(span: Any) -> AgentRun:
         if isinstance(value, str) and "traceloop.entity.output" in attrs and value is attrs.get("traceloop.entity.output"):
             decoded = _loads(value)
             value = decoded if isinstance(decoded, str) else value
-        text_out = _text(value)
+        text_out = _text(value) if value != _REDACTED else None
     usage = _usage(attrs) or _usage(attrs, "gen_ai.aggregated_usage.")
     return AgentRun(
         name=str(name) if name is not None else None,
@@ -664,9 +724,11 @@ _TRUNCATED = {"length", "max_tokens", "max_output_tokens", "model_length"}
 
 
 def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str, framework: str | None,
-                     chats: list[Chat], tools: list[ToolCall], rounds_with_tools: int) -> dict[str, Any]:
+                     chats: list[Chat], tools: list[ToolCall], rounds_with_tools: int, *,
+                     withheld: bool = False) -> dict[str, Any]:
     """The ``invoke_agent`` attributes of an agent run, with its turn summary made from the
-    model calls and tool calls under it (in time order)."""
+    model calls and tool calls under it (in time order); ``withheld``: its user input was
+    not captured (:func:`input_withheld`)."""
     segments = [c.said for c in chats if c.said]
     if not segments and run.output:
         segments = [run.output]
@@ -709,6 +771,8 @@ def agent_attributes(span: Any, run: AgentRun, session: str | None, turn_id: str
     user_input = run.input if run.input is not None else next((c.user_text for c in chats if c.user_text), None)
     if user_input is not None:
         attrs[a.TURN_INPUT] = user_input
+    elif withheld:
+        attrs[a.CONTENT_WITHHELD] = True  # the user's input: a row without its text
     if failed:
         attrs[a.ERROR_TYPE] = (span.attributes or {}).get(a.ERROR_TYPE) or "error"
     return attrs
@@ -982,7 +1046,8 @@ class Assembler:
             chat.finish_reasons = bridges.finish_reasons(chat_item.span, chat.finish_reasons, chat_item.span.end_time in rounds)
         rows: list[tuple[int, int, int, Any]] = []  # (time, order, kind, span)
         order = 0
-        agent_attrs = agent_attributes(agent, run, session, turn_id, framework, [c for _, c in chats], [t for _, t in tools], len(rounds))
+        agent_attrs = agent_attributes(agent, run, session, turn_id, framework, [c for _, c in chats], [t for _, t in tools], len(rounds),
+                                       withheld=input_withheld(run, [(item.span, chat) for item, chat in chats]))
         canon_agent = agent.replace(attributes=agent_attrs)
         rows.append((agent.start_time, -1, START, canon_agent))
         for item, attrs in canon_tools:

@@ -103,6 +103,28 @@ def test_recorded_spans_map_to_tool_calls_and_turns(tmp_path, lib):
 
 
 @pytest.mark.parametrize("lib", sorted(FRAMEWORKS))
+def test_an_agent_run_collected_with_content_off_keeps_its_input_row_without_text(tmp_path, lib):
+    """``<lib>-no-content.json``: the same loop recorded with each library's content capture off
+    (``record.py --lib <lib> --no-content``). The user's input is a message row, without its
+    text where the instrumentation did not capture it (OpenLLMetry's agent decorator still
+    does); the tool call and the two model calls keep their rows, tokens and all."""
+    db = str(tmp_path / f"{lib}-no-content.duckdb")
+    with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as collector:
+        assert post_json(collector.http_endpoint, (FIXTURES / f"{lib}-no-content.json").read_bytes()) == 200
+    events = query(db, "SELECT idx, type, content::VARCHAR FROM events ORDER BY idx")
+    assert [(e[0], e[1]) for e in events[:3]] == [(1, "message"), (2, "tool_call_start"), (3, "tool_call_end")]
+    said = {"type": "text", "body": PROMPT if lib == "openllmetry" else "", "role": "user"}
+    assert json.loads(events[0][2]) == said
+    end = json.loads(events[2][2])
+    assert (end["tool_name"], end["status"]) == ("get_weather", "completed")
+    # what the instrumentation withheld is not stored as if it were the text (OpenInference's mask)
+    assert "__REDACTED__" not in json.dumps([e[2] for e in events])
+    (turn,) = query(db, "SELECT input_tokens, output_tokens, tool_calls_count, loop_end_reason FROM turns")
+    assert turn == (155, 23, 1, "completed")
+    assert query(db, "SELECT count(*) FROM model_call_summaries") == [(2,)]
+
+
+@pytest.mark.parametrize("lib", sorted(FRAMEWORKS))
 def test_live_spans_from_the_real_instrumentation(tmp_path, lib):
     python = PEERS[lib] / "bin" / "python"
     if not python.exists():
@@ -200,6 +222,23 @@ def test_a_failed_agent_run_ends_in_error():
     (_start, end) = collect_rows([agent])
     assert end[1].attributes[a.LOOP_END_REASON] == "error"
     assert end[1].attributes[a.TURN_INPUT] == "x"
+
+
+def test_an_agent_run_with_content_on_but_no_user_message_keeps_no_input_row():
+    """Content captured (the call's messages are there) with no user message among them: no
+    input was given, so no row without text is made up; nor is one for a run without calls."""
+    agent = span("invoke_agent planner", {"gen_ai.operation.name": "invoke_agent"}, start=0, end=3)
+    chat = span("chat gpt-4o-mini", {
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini", "gen_ai.usage.input_tokens": 12,
+        a.INPUT_MESSAGES: json.dumps([{"role": "system", "parts": [{"type": "text", "content": "Plan the day."}]}]),
+        a.OUTPUT_MESSAGES: json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "Done."}], "finish_reason": "stop"}]),
+    }, agent, start=1, end=2)
+    rows = collect_rows([chat, agent])
+    run_start = next(r for kind, r in rows if r.attributes.get(a.OPERATION) == "invoke_agent")
+    assert a.TURN_INPUT not in run_start.attributes and a.CONTENT_WITHHELD not in run_start.attributes
+    lonely = span("invoke_agent idle", {"gen_ai.operation.name": "invoke_agent"}, start=0, end=1, trace=8)
+    (start, _end) = collect_rows([lonely])
+    assert a.CONTENT_WITHHELD not in start[1].attributes
 
 
 def test_model_calls_without_an_agent_run_are_stored_alone():
