@@ -602,6 +602,29 @@ def _user_text_withheld(attrs: Mapping[str, Any]) -> bool:
     return False
 
 
+ASKED_TOOLS = frozenset({"tool_calls", "tool_call", "tool_use", "function_call"})
+"""Finish reasons of a model call that asked for tools (each provider's spelling)."""
+
+
+def answer_withheld(span: Any, chat: Chat) -> bool:
+    """Whether a model call answered (it asked for no tool and did not fail) with a text its
+    instrumentation did not capture: no message read from it at all, or an assistant message
+    whose parts are there without their content (pydantic-ai with ``include_content=False``).
+    Its row is then kept without text, as loopscope's own spans do."""
+    if chat.said or chat.tool_calls or chat.outputs or set(chat.finish_reasons) & ASKED_TOOLS or _failed(span):
+        return False
+    if not _captured(span, chat):
+        return True
+    messages = _loads((span.attributes or {}).get(a.OUTPUT_MESSAGES))
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(m, dict) and m.get("role", "assistant") == "assistant" and isinstance(m.get("parts"), list) and m["parts"]
+        and all(isinstance(p, dict) and p.get("type") == "text" and "content" not in p for p in m["parts"])
+        for m in messages
+    )
+
+
 def input_withheld(run: AgentRun, calls: list[tuple[Any, Chat]]) -> bool:
     """Whether an agent run had a user input its instrumentation did not capture (content
     off): a model call's input messages hold a user message without its content, or the run
@@ -1056,12 +1079,15 @@ class Assembler:
             rows.append((item.span.start_time, order, START, canon))
             order += 1
             rows.append((item.span.end_time, order, END, canon))
+        last_chat = chats[-1][1] if chats and not _failed(agent) else None
         for item, chat in chats:
             order += 1
             # the answer an output function made is told after that function ran
             at = max(item.span.end_time, answered_at) if chat is accepted and answered_at is not None else item.span.end_time
             attrs = chat_attributes(item.span, chat, session, turn_id, name, item.framework)
             attrs.update(bridges.call_details(item.span, chat.finish_reasons))
+            if chat is last_chat and answer_withheld(item.span, chat):
+                attrs[a.CONTENT_WITHHELD] = True  # the run's answer: a row without its text
             rows.append((at, order, END, item.span.replace(attributes=attrs)))
         rows.sort(key=lambda r: (r[0], r[1]))
         out = [(kind, span) for _, _, kind, span in rows]

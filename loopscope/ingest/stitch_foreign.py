@@ -48,6 +48,7 @@ from typing import Any
 from .. import semconv as a
 from ..storage.rows import END, START
 from .foreign import (
+    ASKED_TOOLS,
     AgentRun,
     Chat,
     ToolCall,
@@ -70,7 +71,7 @@ DEFAULT_MAX_CONVERSATIONS = 10_000
 DEFAULT_CONVERSATION_SECONDS = 3600.0
 
 # finish reasons that say the model asked for tools (providers' and the GenAI conventions' spellings)
-_ASKED_TOOLS = frozenset({"tool_calls", "tool_call", "tool_use", "function_call"})
+_ASKED_TOOLS = ASKED_TOOLS
 
 
 def read_tool_results(span: Any) -> list[tuple[str, str | None]]:

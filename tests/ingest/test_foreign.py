@@ -103,18 +103,20 @@ def test_recorded_spans_map_to_tool_calls_and_turns(tmp_path, lib):
 
 
 @pytest.mark.parametrize("lib", sorted(FRAMEWORKS))
-def test_an_agent_run_collected_with_content_off_keeps_its_input_row_without_text(tmp_path, lib):
+def test_an_agent_run_collected_with_content_off_keeps_its_message_rows_without_text(tmp_path, lib):
     """``<lib>-no-content.json``: the same loop recorded with each library's content capture off
-    (``record.py --lib <lib> --no-content``). The user's input is a message row, without its
-    text where the instrumentation did not capture it (OpenLLMetry's agent decorator still
-    does); the tool call and the two model calls keep their rows, tokens and all."""
+    (``record.py --lib <lib> --no-content``). The user's input and the answer are message rows,
+    without their text where the instrumentation did not capture it (OpenLLMetry's agent
+    decorator still captures the input); the tool call and the two model calls keep their
+    rows, tokens and all."""
     db = str(tmp_path / f"{lib}-no-content.duckdb")
     with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         assert post_json(collector.http_endpoint, (FIXTURES / f"{lib}-no-content.json").read_bytes()) == 200
     events = query(db, "SELECT idx, type, content::VARCHAR FROM events ORDER BY idx")
-    assert [(e[0], e[1]) for e in events[:3]] == [(1, "message"), (2, "tool_call_start"), (3, "tool_call_end")]
+    assert [(e[0], e[1]) for e in events] == [(1, "message"), (2, "tool_call_start"), (3, "tool_call_end"), (4, "message")]
     said = {"type": "text", "body": PROMPT if lib == "openllmetry" else "", "role": "user"}
     assert json.loads(events[0][2]) == said
+    assert json.loads(events[3][2]) == {"type": "text", "body": "", "role": "assistant"}
     end = json.loads(events[2][2])
     assert (end["tool_name"], end["status"]) == ("get_weather", "completed")
     # what the instrumentation withheld is not stored as if it were the text (OpenInference's mask)
@@ -236,6 +238,8 @@ def test_an_agent_run_with_content_on_but_no_user_message_keeps_no_input_row():
     rows = collect_rows([chat, agent])
     run_start = next(r for kind, r in rows if r.attributes.get(a.OPERATION) == "invoke_agent")
     assert a.TURN_INPUT not in run_start.attributes and a.CONTENT_WITHHELD not in run_start.attributes
+    answer = next(r for kind, r in rows if r.attributes.get(a.OPERATION) == "chat")
+    assert answer.attributes[a.ROUND_TEXT] == "Done." and a.CONTENT_WITHHELD not in answer.attributes
     lonely = span("invoke_agent idle", {"gen_ai.operation.name": "invoke_agent"}, start=0, end=1, trace=8)
     (start, _end) = collect_rows([lonely])
     assert a.CONTENT_WITHHELD not in start[1].attributes
