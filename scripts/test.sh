@@ -52,11 +52,6 @@ if ! ./scripts/peers.sh; then
   _in_ci && _die "scripts/peers.sh could not make the peers' venvs (the live foreign-span tests need them)"
   _say "the peers' venvs could not be made: the live foreign-span tests will be skipped"
 fi
-# the OpenAI Agents SDK's two OTel bridges, each in its own venv (tests/ingest/test_agents_bridges.py)
-if ! ./scripts/peers-agents.sh; then
-  _in_ci && _die "scripts/peers-agents.sh could not make the agents bridges' venvs"
-  _say "the agents bridges' venvs could not be made: their tests will fail"
-fi
 if _in_ci; then
   export LOOPSCOPE_REQUIRE_BROWSER=1  # a missing browser fails the browser tests instead of skipping them
   export LOOPSCOPE_REQUIRE_PEERS=1  # a missing peers' venv fails the live foreign-span tests instead of skipping them

@@ -4,7 +4,7 @@ compared with the same run recorded by loopscope in process.
 One real ``agents.Runner`` run (``tests/fixtures/foreign/record_agents.py``: two tool
 rounds, then the answer; the real openai SDK against the fake model server) runs three
 times: under loopscope's own adapter (the project venv), and under each bridge installed
-from PyPI in a pinned version in its own venv (``scripts/peers-agents.sh`` makes them),
+from PyPI in a pinned version in its own venv (``scripts/peers.sh`` makes them),
 its spans sent over real OTLP/HTTP on loopback to a running collector. The collected rows
 must be loopscope's rows, but for what the bridge's spans do not carry (``MISSING``).
 """
@@ -43,7 +43,7 @@ def query(db: str, sql: str) -> list[tuple[Any, ...]]:
 def record(lib: str, *args: str) -> None:
     python = sys.executable if lib == "loopscope" else str(VENVS[lib] / "bin" / "python")
     if not Path(python).exists():
-        pytest.fail(f"{VENVS[lib].relative_to(ROOT)} does not exist: run scripts/peers-agents.sh (scripts/test.sh does)")
+        pytest.fail(f"{VENVS[lib].relative_to(ROOT)} does not exist: run scripts/peers.sh agents-otel agents-oi (scripts/test.sh runs scripts/peers.sh)")
     done = subprocess.run([python, "-W", "ignore", str(RECORD), "--lib", lib, *args], check=False, capture_output=True,
                           text=True, timeout=180, cwd=ROOT, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
