@@ -328,6 +328,8 @@ def configure(
         if meter is not None:
             pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped, latest=latest)
             targets.append(pipeline.metrics)
+        # streamed calls' chunk gaps (time_per_output_chunk, latest conventions only): kept only then
+        recorder_settings.chunk_gaps = pipeline.metrics.chunk_gaps if pipeline.metrics is not None and latest else None
         pipeline.processors = tuple(targets)
         dispatch.targets = pipeline.processors
         _active = pipeline
@@ -439,6 +441,7 @@ def _shutdown_locked(timeout: float = CLOSE_TIMEOUT) -> None:
     dispatch = _dispatchers.get(id(pipeline.tracer_provider))
     if dispatch is not None:
         dispatch.targets = ()
+    recorder_settings.chunk_gaps = None
     closers: list[Callable[[], object]] = [
         p.shutdown for p in pipeline.processors if p is not None and not isinstance(p, StoreSpanProcessor)
     ]

@@ -19,7 +19,8 @@ emit by default"):
   list, read as the OpenTelemetry instrumentations read it: :func:`latest_experimental`), the
   latest experimental version, semantic-conventions-genai's main: ``gen_ai.usage.cache_write.input_tokens``
   (:data:`USAGE_CACHE_WRITE`), token usage as counters (:data:`METRIC_INPUT_TOKENS` ...), the
-  streaming metric :data:`METRIC_TIME_TO_FIRST_CHUNK` and :data:`METRIC_INVOKE_AGENT_DURATION`.
+  streaming metrics :data:`METRIC_TIME_TO_FIRST_CHUNK` and :data:`METRIC_TIME_PER_OUTPUT_CHUNK`,
+  and :data:`METRIC_INVOKE_AGENT_DURATION`.
 
 Spans that do not change between them: a turn is an ``invoke_agent`` span of kind INTERNAL
 (the conventions' "invoke agent internal span", an agent run in the same process; the CLIENT
@@ -235,8 +236,16 @@ METRIC_EXECUTE_TOOL_DURATION = "gen_ai.execute_tool.duration"
 METRIC_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
 """Histogram, seconds from the request to the first chunk, streamed calls only (latest;
 model/gen-ai/metrics.yaml: "SHOULD be reported for streaming calls and SHOULD NOT be reported
-otherwise"). Its companion ``gen_ai.client.operation.time_per_output_chunk`` (one value per chunk
-after the first) is not emitted: loopscope reads streams in batches and keeps no per-chunk times."""
+otherwise")."""
+METRIC_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
+"""Histogram, seconds, streamed calls only (latest; model/gen-ai/metrics.yaml: "recorded for each
+chunk received after the first one, measured as the time elapsed from the end of the previous
+chunk to the end of the current chunk"; the same attributes and bucket advice as
+:data:`METRIC_TIME_TO_FIRST_CHUNK`). One value per gap between two chunks as they reached the
+application, from the first output chunk on (the one :data:`TIME_TO_FIRST_CHUNK` measures): a
+stream of n such chunks gives n - 1 values, summing to the time from the first to the last.
+Past :data:`loopscope.recorder.chunks.CAP` gaps in one call, a uniform sample of them stands for
+all (the count stays exact). No span attribute carries the gaps."""
 METRIC_INVOKE_AGENT_DURATION = "gen_ai.invoke_agent.duration"
 """Histogram, seconds per agent run (a turn) (latest; model/gen-ai/metrics.yaml)."""
 INVOKE_AGENT_BUCKETS = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4, 204.8, 409.6)

@@ -9,15 +9,20 @@ Which GenAI metrics: the default conventions' (``gen_ai.client.token.usage``,
 ``gen_ai.client.operation.duration``, ``gen_ai.execute_tool.duration``), or with ``latest=True``
 (``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``) the latest experimental ones:
 the token usage counters and per-call token histograms instead of ``gen_ai.client.token.usage``,
-plus ``gen_ai.client.operation.time_to_first_chunk`` and ``gen_ai.invoke_agent.duration``
-(names and sources in :mod:`loopscope.semconv`). ``loopscope.*`` metrics are the same in both.
+plus ``gen_ai.client.operation.time_to_first_chunk``, ``gen_ai.client.operation.time_per_output_chunk``
+and ``gen_ai.invoke_agent.duration`` (names and sources in :mod:`loopscope.semconv`).
+``loopscope.*`` metrics are the same in both.
+
+Chunk gaps (time_per_output_chunk) do not travel on the span: the recorder hands each streamed
+call's stamps to :meth:`MetricsProcessor.chunk_gaps` as its span ends (a dict entry, on the
+calling thread); this thread computes the gaps when it measures the span.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -43,6 +48,12 @@ _MAX_QUEUE = 20_000
 seconds of spans recorded flat out; past it spans are counted as skipped."""
 
 
+class ChunkGaps(Protocol):
+    """A streamed call's chunk gaps as the recorder keeps them (:mod:`loopscope.recorder.chunks`)."""
+
+    def weighted(self) -> list[tuple[float, int]]: ...
+
+
 class MetricsProcessor(SpanProcessor):
     """Turns ended GenAI spans into metric measurements on a background thread."""
 
@@ -51,6 +62,8 @@ class MetricsProcessor(SpanProcessor):
         self._lock = threading.Lock()
         self.skipped = 0
         self.latest = latest
+        # span id -> its chunk gaps, from the span's end until this thread measures the span
+        self._gaps: dict[int, ChunkGaps] = {}
         self._latest = _LatestInstruments(meter) if latest else None
         self._tokens = None if latest else meter.create_histogram(
             TOKEN_USAGE, unit="{token}", description="Tokens used by GenAI operations",
@@ -79,11 +92,19 @@ class MetricsProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
 
+    def chunk_gaps(self, span: Any, gaps: ChunkGaps) -> None:
+        """A streamed call's chunk gaps, given as its ``chat`` span ends (before ``on_end``)."""
+        if self._latest is None or len(self._gaps) >= _MAX_QUEUE or not span.is_recording():
+            return  # not measured (an unsampled span never reaches on_end); past the bound, skipped
+        self._gaps[span.get_span_context().span_id] = gaps
+
     def on_end(self, span: ReadableSpan) -> None:
         attrs: Any = span.attributes
         if attrs and attrs.get(a.OPERATION) in _OPS:
             if len(self._queue) >= _MAX_QUEUE:
                 self.skipped += 1
+                if self._gaps and span.context is not None:
+                    self._gaps.pop(span.context.span_id, None)
                 return
             self._queue.append(span)
 
@@ -111,7 +132,8 @@ class MetricsProcessor(SpanProcessor):
                     common[key] = value
             self._duration.record(seconds, common)
             if self._latest is not None:
-                self._latest.model_call(attrs, common)
+                gaps = self._gaps.pop(span.context.span_id, None) if self._gaps and span.context is not None else None
+                self._latest.model_call(attrs, common, gaps)
             elif self._tokens is not None:
                 for token_type, key in (("input", a.USAGE_INPUT), ("output", a.USAGE_OUTPUT)):
                     value = attrs.get(key)
@@ -176,12 +198,17 @@ class _LatestInstruments:
             a.METRIC_TIME_TO_FIRST_CHUNK, unit="s", description="Time from the request to the first chunk of a streamed answer",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
+        self.per_chunk = meter.create_histogram(
+            a.METRIC_TIME_PER_OUTPUT_CHUNK, unit="s",
+            description="Time per output chunk of a streamed answer, after the first (from the previous chunk)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
         self.agent_duration = meter.create_histogram(
             a.METRIC_INVOKE_AGENT_DURATION, unit="s", description="Duration of agent runs (turns)",
             explicit_bucket_boundaries_advisory=list(a.INVOKE_AGENT_BUCKETS),
         )
 
-    def model_call(self, attrs: Any, common: dict[str, Any]) -> None:
+    def model_call(self, attrs: Any, common: dict[str, Any], gaps: ChunkGaps | None = None) -> None:
         # every call counts, a failed one too: 0 where the response said nothing (the conventions'
         # rule), of modality "unknown" (loopscope does not read a per-modality breakdown)
         # (the counters and the first-chunk histogram have no error.type; the per-call histograms do)
@@ -194,6 +221,11 @@ class _LatestInstruments:
         first = attrs.get(a.TIME_TO_FIRST_CHUNK)  # set on streamed calls only
         if isinstance(first, (int, float)) and not isinstance(first, bool):
             self.first_chunk.record(float(first), plain)
+            if gaps is not None:  # one value per gap; a sampled gap (a very long stream) stands for several
+                record = self.per_chunk.record
+                for seconds, weight in gaps.weighted():
+                    for _ in range(weight):
+                        record(seconds, plain)
 
     def agent_run(self, attrs: Any, seconds: float) -> None:
         run = {a.OPERATION: a.OP_INVOKE_AGENT}

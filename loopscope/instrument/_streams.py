@@ -79,6 +79,7 @@ class _Recording:
         model_call = self.model_call
         add = self.accumulator.add
         first_unset = not model_call.chunk_seen()
+        start = -1 if first_unset else 0  # the first of these chunks from the first output chunk on
         for item, stamp in zip(pending, stamps):
             # a plain try (see the note at the imports): this runs once per chunk
             try:
@@ -88,6 +89,14 @@ class _Recording:
             if first_unset and model_call.chunk_seen():
                 model_call.date_first_chunk(stamp)
                 first_unset = False
+                start = stamps.index(stamp)  # once a call
+        if start >= 0:
+            # the gaps between chunks (time_per_output_chunk), a batch at a time: the recorder
+            # keeps them, bounded, only while metrics want them, and computes nothing here
+            try:
+                model_call.chunk_times(stamps, start)
+            except Exception:
+                internal_error("stream chunk times")
         pending.clear()
         stamps.clear()
 

@@ -10,7 +10,8 @@ Model calls (an SDK adapter; ``instrument/_calls.py`` is the one generic patcher
     the ids :func:`wants_result` asks for, their content through :func:`result_value`),
     joins the current round, the current turn, or the turn that asked for those calls,
     or opens a stitched turn. The :class:`ModelCall` it returns takes streamed text
-    (``delta``, ``first_chunk``) and ends once: ``finish(ModelResponse(...))``,
+    (``delta``, ``first_chunk``; a stream proxy dates chunks with ``date_first_chunk`` and
+    ``chunk_times``) and ends once: ``finish(ModelResponse(...))``,
     ``fail(exc)``, or ``abandon()`` for a stream let go before its end. While the SDK
     method runs, ``ModelCall.attach()`` makes its span current (:func:`detach` undoes it).
     :func:`recorded_elsewhere` says a framework records the call about to be made.

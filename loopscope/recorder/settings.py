@@ -9,8 +9,14 @@ modules register here when it shuts down.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from .chunks import ChunkGaps
 
 
 def _no_pipeline() -> trace.Tracer:
@@ -28,6 +34,11 @@ block names one (``LOOPSCOPE_SESSION``, ``loopscope run --session``; ``configure
 find_conversations = False
 """Whether a new stitched turn that continues an earlier one's conversation joins its
 session (:mod:`loopscope.recorder.conversations`): on in zero-code mode."""
+
+chunk_gaps: Callable[[Span, ChunkGaps], None] | None = None
+"""Who takes a streamed call's chunk gaps (:mod:`loopscope.recorder.chunks`) as its ``chat``
+span ends: the metrics side, when it records ``gen_ai.client.operation.time_per_output_chunk``
+(``configure()`` sets it). ``None``: stream proxies' stamps are not kept at all."""
 
 shutdown_hooks: list[Callable[[], None]] = []
 """Run at ``loopscope.shutdown()``, in order, before the store's last flush."""

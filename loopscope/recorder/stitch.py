@@ -31,6 +31,7 @@ from .._otel_sdk import attach_span
 from ..models import LoopEndReason, ToolCall
 from ..semconv import UNSERVED_CUT
 from . import settings
+from .chunks import ChunkGaps
 from .context import current_round, current_session, current_turn, last_stitched
 from .conversations import Boundary, boundary, conversations
 from .declared import tool_set
@@ -238,6 +239,19 @@ class ModelCall:
         """The first chunk reached the application at ``monotonic_ns`` (``time.monotonic_ns``),
         not when the adapter read it: a stream proxy that reads chunks in batches says so."""
         self.round._first_chunk_ns = monotonic_ns
+
+    def chunk_times(self, stamps: Sequence[int], start: int = 0) -> None:
+        """``stamps[start:]`` (``time.monotonic_ns``) are when the next streamed chunks reached the
+        application, from the first output chunk on (the one that set the time to first
+        chunk): a stream proxy says so a batch at a time. Kept, bounded, only while metrics
+        record the gaps between them (:mod:`loopscope.recorder.chunks`)."""
+        if settings.chunk_gaps is None:
+            return
+        rnd = self.round
+        gaps = rnd._chunk_gaps
+        if gaps is None:
+            gaps = rnd._chunk_gaps = ChunkGaps()
+        gaps.add(stamps, start)
 
     def finish(self, response: ModelResponse = _NO_RESPONSE) -> None:
         """The response is complete: end the round, start the calls it asked for, or end the turn."""

@@ -33,7 +33,8 @@ from .. import semconv as a
 from .._guard import internal_error, warn_once
 from .._otel_sdk import end_span, start_span
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
-from . import _values
+from . import _values, settings
+from .chunks import ChunkGaps
 from .context import current_round, current_session, current_turn
 from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
 from .declared import declared_tools as declared_tools_of
@@ -154,6 +155,7 @@ class Round:
     _round_token: object | None = None
     _late: dict[str, Any] | None = None  # set at the start, with the span
     _first_chunk_ns: int | None = None
+    _chunk_gaps: ChunkGaps | None = None  # streamed chunks' arrival times, while metrics want them
     _start_ns = 0
     eager = False  # start the requested tool calls when the round ends (adapters)
     ended = False
@@ -402,6 +404,13 @@ class Round:
                 attributes[a.CALL_ERROR] = self.error
                 span.set_status(Status(StatusCode.ERROR, self.error))
             self._release_context()
+            gaps, take = self._chunk_gaps, settings.chunk_gaps
+            if gaps is not None and take is not None:  # before the end: the metrics side sees the span after
+                self._chunk_gaps = None
+                try:  # a plain try: the span must end whatever the metrics side does
+                    take(span, gaps)
+                except Exception:
+                    internal_error("chunk gaps")
             end_span(span, self._end_time, attributes)  # set_attributes, then the end
             self._turn._round_done(self, exc)
         except Exception:

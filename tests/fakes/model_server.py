@@ -141,7 +141,8 @@ class Reply:
     - ``fail_after=N``: a stream stops after N SSE frames, with the provider's in-stream error event
       (``fail_mode="error"``) or by dropping the connection mid-body (``fail_mode="abort"``). For a non-streaming
       request, ``"error"`` becomes an HTTP 500 and ``"abort"`` closes the connection without a response.
-    - ``delay``: seconds before the response starts; ``chunk_delay``: seconds before each SSE frame.
+    - ``delay``: seconds before the response starts; ``chunk_delay``: seconds before each SSE frame;
+      ``pauses``: further seconds before given frames (``{3: 0.4}``: frame 3, the first being 0), for uneven pacing.
     """
 
     text: str | None = None
@@ -161,6 +162,7 @@ class Reply:
 
     delay: float = 0.0
     chunk_delay: float | None = None  # None: the server's default
+    pauses: Mapping[int, float] = field(default_factory=dict)  # frame index -> extra seconds before it
     chunk_size: int | None = None  # characters per text/argument delta; None: words for text, 12 for arguments
 
     refusal: str | None = None  # the model refuses: Chat ``message.refusal`` (content null), Responses a refusal part
@@ -901,7 +903,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Abort
                 self._write_chunk(_sse(*r.stream_error_frame(i)), end=True)
                 return
-            if delay and owner._sleep(delay):
+            wait = delay + reply.pauses.get(i, 0.0)
+            if wait and owner._sleep(wait):
                 raise _Abort
             # the last frame goes out in one write with the terminating chunk, so a client that stops reading at
             # `data: [DONE]` (the sync openai Stream) still sees a complete body and can reuse the connection

@@ -1,0 +1,128 @@
+"""gen_ai.client.operation.time_per_output_chunk: one value per gap between a streamed answer's
+chunks (the latest experimental conventions only), from the real openai SDK streaming from the
+fake server with paced chunks, exported as real OTLP metrics to a receiver on loopback by a
+program that exits; and the bound on what one call keeps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes import otlp_receiver
+from fakes.model_server import Reply
+from loopscope.recorder.chunks import CAP, ChunkGaps
+
+PER_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
+FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+DURATION = "gen_ai.client.operation.duration"
+PACE = 0.04  # seconds before every SSE frame
+PAUSE = 0.4  # and this much more before the third content chunk
+WORDS = "one two three four five"
+
+
+@pytest.fixture
+def receiver() -> Iterator[otlp_receiver.OTLPReceiver]:
+    rec, server = otlp_receiver.start()
+    yield rec
+    server.shutdown()
+
+
+def run_program(tmp_path: Path, receiver: otlp_receiver.OTLPReceiver, model_server: Any, **env: str) -> None:
+    """One streamed call (model gpt-stream) read to its end, then one plain call (gpt-plain), through
+    the real openai SDK; metrics go over OTLP/HTTP to ``receiver`` (sent at exit)."""
+    # chat frames: the role chunk (0), one per word (1-5), the finish chunk (6): the first output
+    # chunk is frame 1, so the stream has 5 gaps; the one before frame 3 is paused
+    model_server.queue(
+        Reply(text=WORDS, chunk_delay=PACE, pauses={3: PAUSE}),
+        Reply(text="plain answer"),
+    )
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(f"""
+        import loopscope
+        from openai import OpenAI
+        loopscope.configure({str(tmp_path / "a.duckdb")!r}, flush_interval=0.05)
+        loopscope.instrument(anthropic=False)
+        client = OpenAI(base_url={model_server.openai_base_url!r}, api_key="k", max_retries=0)
+        messages = [{{"role": "user", "content": "count"}}]
+        for chunk in client.chat.completions.create(model="gpt-stream", messages=messages, stream=True):
+            pass
+        client.chat.completions.create(model="gpt-plain", messages=messages)
+    """))
+    full = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    full.update({"LOOPSCOPE_STRICT": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **env})
+    done = subprocess.run([sys.executable, str(script)], env=full, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert receiver.wait_for(lambda r: any(_points(r, DURATION))), "metrics are sent at exit"
+
+
+def _points(receiver: otlp_receiver.OTLPReceiver, name: str) -> list[dict[str, Any]]:
+    """The data points of metric ``name`` in the last export that has it (cumulative)."""
+    for request in reversed(receiver.metrics):
+        found = [
+            point
+            for rm in request.get("resourceMetrics", [])
+            for sm in rm.get("scopeMetrics", [])
+            for metric in sm.get("metrics", [])
+            if metric["name"] == name
+            for point in metric.get("histogram", {}).get("dataPoints", [])
+        ]
+        if found:
+            return found
+    return []
+
+
+def _attributes(point: dict[str, Any]) -> dict[str, Any]:
+    return {kv["key"]: next(iter(kv["value"].values())) for kv in point.get("attributes", [])}
+
+
+def test_each_gap_between_streamed_chunks_is_one_value(tmp_path, receiver, model_server):
+    run_program(tmp_path, receiver, model_server, OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental")
+    (point,) = _points(receiver, PER_CHUNK)  # the streamed call's only: the plain call has none
+    attributes = _attributes(point)
+    assert attributes["gen_ai.request.model"] == "gpt-stream"
+    assert attributes["gen_ai.operation.name"] == "chat" and attributes["gen_ai.provider.name"] == "openai"
+    assert "error.type" not in attributes
+    words = len(WORDS.split())
+    assert int(point["count"]) == words  # 5 content chunks and the finish chunk after the first: 5 gaps
+    # the server waited PACE before each frame after the first output chunk, and PAUSE more before
+    # one: the gaps add up to at least that, less what the client was late reading the first
+    assert point["sum"] >= 0.8 * (words * PACE + PAUSE)
+    # one gap holds the pause: real gaps, not the call's mean gap (about 0.12 s here)
+    assert point["max"] >= 0.8 * (PACE + PAUSE)
+    assert point["explicitBounds"][:3] == [0.01, 0.02, 0.04]
+    (first,) = _points(receiver, FIRST_CHUNK)
+    assert int(first["count"]) == 1
+
+
+def test_without_the_opt_in_no_chunk_metrics_are_sent(tmp_path, receiver, model_server):
+    run_program(tmp_path, receiver, model_server)
+    assert _points(receiver, DURATION)  # metrics were sent
+    assert not _points(receiver, PER_CHUNK) and not _points(receiver, FIRST_CHUNK)
+
+
+def test_a_call_keeps_a_bounded_uniform_sample_of_its_gaps_and_their_exact_count():
+    gaps = ChunkGaps()
+    # 3 * CAP gaps alternating 1 ms and 100 ms, handed over in batches of 32 as a stream proxy does
+    stamps, now = [], 0
+    for i in range(3 * CAP + 1):
+        stamps.append(now)
+        now += 1_000_000 if i % 2 else 100_000_000
+    for at in range(0, len(stamps), 32):
+        gaps.add(stamps[at : at + 32])
+    weighted = gaps.weighted()
+    assert gaps.count() == 3 * CAP and sum(w for _, w in weighted) == 3 * CAP
+    assert len(weighted) == CAP  # the bound: what the call holds does not grow with the stream
+    values = [round(v, 3) for v, _ in weighted]
+    assert set(values) == {0.001, 0.1}  # real gaps of the stream, both kinds
+    assert 0.4 < values.count(0.1) / CAP < 0.6  # a uniform sample: about half are the long ones
+    # under the cap every gap is kept as it was, from the given start on
+    small = ChunkGaps()
+    small.add([5, 10, 30, 70], start=1)
+    assert small.weighted() == [(20e-9, 1), (40e-9, 1)] and small.count() == 2
