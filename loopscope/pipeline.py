@@ -321,6 +321,9 @@ def configure(
             targets.append(exporter)
             if writer is not None:  # the store keeps the exporter's drops too (loopscope status)
                 writer.report.otlp = lambda e=exporter, p=policy_exporter: (e.dropped, p.failed_spans)
+                if notices is not None:  # and what became of the start notices
+                    writer.report.notices = lambda n=notices: (
+                        n.sent, n.refused, n.failed, None if n.enabled else n.last_error)
         pipeline = Pipeline(
             provider, provider.get_tracer("loopscope", __version__), path, writer, content, exporter, policy_exporter
         )
@@ -462,6 +465,18 @@ def _shutdown_locked(timeout: float = CLOSE_TIMEOUT) -> None:
     # one deadline for all of it: the exporters send meanwhile, in their threads
     deadline = time.monotonic() + max(timeout, EXPORT_SHUTDOWN_SECONDS)
     if pipeline.writer is not None:
+
+        def exporters_done(wait: float | None) -> None:
+            # the store's rows are written by now; the writer's last counters wait for the
+            # exporters' last sends (what they drop, fail or have refused at exit), within
+            # the same deadline: shutdown waits for those threads below anyway
+            end = deadline if wait is None else min(deadline, time.monotonic() + wait)
+            while inline and time.monotonic() < end:  # at exit: no threads, so run them here
+                _quietly(inline.pop(0))
+            for thread in threads:
+                thread.join(max(0.0, end - time.monotonic()))
+
+        pipeline.writer.report.before_stop = exporters_done
         pipeline.writer.close(timeout)
     for closer in inline:  # each exporter's own shutdown bounds its wait
         _quietly(closer)

@@ -8,6 +8,11 @@ writer could not say in the store (it was held by another process or full when t
 writer stopped, or a write never ended) is counted in the file beside it
 (:func:`health.beside_path`); this command adds both. It reads them from any process,
 while agents keep writing, and writes nothing.
+
+Start notices (OTLP log records that tell ``loopscope collect`` of a turn or tool call as it
+starts, loopscope/export/notices.py) are counted by each writer's process too: sent, refused
+by an endpoint that takes no logs (then off for good, with the reason), failed. They lose
+nothing (the spans carry it all), so they are notes, not problems.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "tool calls, model calls, the last event's time), and every process that wrote to it: when it started and was "
         "last seen, whether it still runs, how many events it wrote, dropped (its queue was full, or the "
         "file stayed unwritable too long) and failed to write, its last error, and what its OTLP exporter "
-        "dropped. A store nothing went missing from says so.",
+        "dropped, and its start notices (sent; refused, then off for good, by an endpoint that takes no OTLP "
+        "logs; failed). A store nothing went missing from says so.",
     )
     _args.add_json(status, "the status")
     status.set_defaults(handler=status_command)
@@ -69,6 +75,7 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
         name: sum(int(w[name]) for w in writers)
         for name in ("dropped_queue_full", "dropped_unwritable", "failed_writes", "otlp_dropped", "otlp_failed")
     }
+    notices = {kind: sum(int(w.get(f"notices_{kind}") or 0) for w in writers) for kind in ("sent", "refused", "failed")}
     return {
         "path": path,
         "size_bytes": size,
@@ -82,7 +89,9 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
         "writers": writers,
         "totals": totals,
         "unserved_cut": cut,
+        "notices": notices,
         "problems": problems(writers) + _cut_problem(cut),
+        "notes": notes(writers),
     }
 
 
@@ -161,6 +170,27 @@ def problems(writers: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def notes(writers: list[dict[str, Any]]) -> list[str]:
+    """One line per writer whose start notices were turned off for good or failed: what
+    a collector did not hear of as it started (it still stores all of it when it ends)."""
+    lines = []
+    for w in writers:
+        who = f"pid {w['pid']} on {w['host']}"
+        refused, failed, off = int(w.get("notices_refused") or 0), int(w.get("notices_failed") or 0), w.get("notices_off")
+        if off or refused:
+            lines.append(
+                f"start notices off for good ({who}, {int(w.get('notices_sent') or 0):,} sent, {refused:,} refused): "
+                f"the endpoint takes no OTLP logs ({off or 'refused'}); only `loopscope collect` reads them, "
+                "the spans were sent as usual"
+            )
+        if failed:
+            lines.append(
+                f"{failed:,} start notices not sent ({who}): the endpoint did not answer or failed; "
+                "a collector writes those turns' and tool calls' start rows when their spans end"
+            )
+    return lines
+
+
 _STORE_OFF = "recording to the store was off"
 
 
@@ -187,8 +217,19 @@ def _size(n: int) -> str:
 _WRITER_COLUMNS = [
     Column("host", max_width=24, shrink=1), Column("pid", "right"), Column("started"), Column("last seen"),
     Column("alive"), Column("written", "right"), Column("dropped", "right"), Column("failed writes", "right"),
-    Column("otlp dropped", "right"), Column("last error", shrink=2),
+    Column("otlp dropped", "right"), Column("notices", "right"), Column("last error", shrink=2),
 ]
+
+
+def _notice_cell(w: dict[str, Any]) -> str:
+    """Start notices sent, and refused or failed when any: ``12``, ``3 + 9 refused``."""
+    sent, refused, failed = (int(w.get(f"notices_{kind}") or 0) for kind in ("sent", "refused", "failed"))
+    cell = f"{sent:,}"
+    if refused:
+        cell += f" + {refused:,} refused"
+    if failed:
+        cell += f" + {failed:,} failed"
+    return cell
 
 
 def status_command(args: argparse.Namespace) -> int:
@@ -218,7 +259,8 @@ def status_command(args: argparse.Namespace) -> int:
             [
                 w["host"], w["pid"], tables.stamp(w["started_at"]), tables.stamp(w["last_seen"]), w["alive"],
                 f"{w['events_written']:,}", f"{w['dropped_queue_full'] + w['dropped_unwritable']:,}",
-                f"{w['failed_writes']:,}", f"{w['otlp_dropped'] + w['otlp_failed']:,}", w["last_error"] or "",
+                f"{w['failed_writes']:,}", f"{w['otlp_dropped'] + w['otlp_failed']:,}", _notice_cell(w),
+                w["last_error"] or "",
             ]
             for w in writers
         ]
@@ -228,6 +270,8 @@ def status_command(args: argparse.Namespace) -> int:
         emit(line)
     if not status["problems"]:
         emit("nothing was dropped and no write failed" if writers else "no writer left counters here (written before loopscope kept them)")
+    for line in status["notes"]:
+        emit(line)
     return 0
 
 

@@ -50,10 +50,26 @@ COUNTER_COLUMNS = {
 }
 """The columns migration ``m007_writer_counters`` adds to ``loopscope_writers``."""
 
+NOTICE_COLUMNS = {
+    "notices_sent": "BIGINT",
+    "notices_refused": "BIGINT",
+    "notices_failed": "BIGINT",
+    "notices_off": "VARCHAR",
+}
+"""The columns migration ``m011_notice_counters`` adds: the start notices (OTLP log records,
+loopscope/export/notices.py) the process's exporter sent, had refused or failed to send,
+and why they were turned off for good (the endpoint takes no OTLP logs). No loss: the spans
+carry all of it; they say why a collector saw turns and tools only when they ended."""
+
 
 def migration() -> list[str]:
     """The statements of ``m007_writer_counters``: the counters of each writer (see the module's docstring)."""
     return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in COUNTER_COLUMNS.items()]
+
+
+def notice_migration() -> list[str]:
+    """The statements of ``m011_notice_counters`` (:data:`NOTICE_COLUMNS`)."""
+    return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in NOTICE_COLUMNS.items()]
 
 
 def _text(value: str | None) -> str:
@@ -85,6 +101,10 @@ class Counters:
     otlp_dropped: int = 0
     otlp_failed: int = 0
     queue_size: int = 0
+    notices_sent: int = 0
+    notices_refused: int = 0
+    notices_failed: int = 0
+    notices_off: str | None = None  # why start notices were turned off for good
 
     def since(self, before: Counters | None) -> Counters:
         """What these counters add to ``before`` (the losses and failures; the written
@@ -104,6 +124,9 @@ class Counters:
 
 OtlpCounts = Callable[[], tuple[int, int]]
 """What the process's OTLP exporter dropped (its queue was full) and failed to send."""
+NoticeCounts = Callable[[], tuple[int, int, int, str | None]]
+"""The start notices the process's exporter sent, had refused, failed to send, and why they
+are off for good (None while they are on)."""
 
 
 class Report:
@@ -113,6 +136,11 @@ class Report:
         self.writer_id = os.urandom(16).hex()
         self.started = time.time()
         self.otlp: OtlpCounts | None = None
+        self.notices: NoticeCounts | None = None
+        self.before_stop: Callable[[float | None], None] | None = None
+        """Run (with the seconds left) before the writer's last counters are written: the
+        pipeline lets its exporters finish their last sends there, so that what they
+        count at exit is in the store."""
         self.persisted: Counters | None = None
         self._stored: set[str] = set()  # the ids whose row a committed batch made
 
@@ -134,8 +162,10 @@ class Report:
         values = {
             **{name: str(int(getattr(counters, name))) for name in (
                 "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
-                "failed_writes", "otlp_dropped", "otlp_failed", "queue_size")},
+                "failed_writes", "otlp_dropped", "otlp_failed", "queue_size",
+                "notices_sent", "notices_refused", "notices_failed")},
             "last_error": _text(counters.last_error),
+            "notices_off": _text(counters.notices_off),
             "last_error_at": _time(counters.last_error_at),
             "stopped_at": "now()" if stopped else "NULL",
             "last_seen": "now()",
@@ -164,11 +194,12 @@ class Report:
 # -- reading it back -----------------------------------------------------------------------------
 
 
-def has_counters(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the open file's ``loopscope_writers`` has the counters (``m007_writer_counters``)."""
+def has_counters(con: duckdb.DuckDBPyConnection, column: str = "dropped_queue_full") -> bool:
+    """Whether the open file's ``loopscope_writers`` has the counters (``m007_writer_counters``;
+    with ``column="notices_sent"``, the notice counters of ``m011_notice_counters``)."""
     row = con.execute(
         "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
-        f"AND table_name = '{WRITERS}' AND column_name = 'dropped_queue_full'"
+        f"AND table_name = '{WRITERS}' AND column_name = ?", [column],
     ).fetchone()
     return bool(row and row[0])
 
@@ -181,12 +212,17 @@ def writers(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         return []
     from .recovery import is_gone
 
-    names = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", "last_seen", *COUNTER_COLUMNS]
-    rows = con.execute(f"SELECT {', '.join(names)} FROM {WRITERS} ORDER BY started_at, writer_id").fetchall()
+    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS}
+    # a file from before m011_notice_counters (read, never migrated, here) has no notice counters: NULL
+    notices = has_counters(con, "notices_sent")
+    selected = [*COUNTER_COLUMNS, *(NOTICE_COLUMNS if notices else (f"NULL AS {name}" for name in NOTICE_COLUMNS))]
+    fixed = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", "last_seen"]
+    names = [*fixed, *columns]
+    rows = con.execute(f"SELECT {', '.join([*fixed, *selected])} FROM {WRITERS} ORDER BY started_at, writer_id").fetchall()
     out = []
     for row in rows:
         record = dict(zip(names, row))
-        for name, kind in COUNTER_COLUMNS.items():
+        for name, kind in columns.items():
             if kind == "BIGINT" and record[name] is None:
                 record[name] = 0
         if record["stopped_at"] is not None:

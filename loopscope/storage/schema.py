@@ -340,6 +340,16 @@ def m010_tool_totals() -> list[str]:
     return [*tool_totals.DDL, *tool_totals.batch_statements(tool_rows(tool_columns=True)), *create_statements()]
 
 
+@migration
+def m011_notice_counters() -> list[str]:
+    """Each writer's start notice counters in its loopscope_writers row (storage/health.py):
+    notices its process's OTLP exporter sent, had refused, failed to send, and why they
+    were turned off for good."""
+    from .health import notice_migration
+
+    return notice_migration()
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""

@@ -246,6 +246,11 @@ class StoreWriter:
         else:
             self._give_up_backlog()
             lost = self._dropped
+            before_stop = self.report.before_stop
+            if before_stop is not None:  # the exporters' last sends, counted in the last report
+                with guard("writer before stop"):
+                    wait = left()
+                    before_stop(None if wait is None else wait / 2)  # half: the report needs its turn
             self._report_stop(left())
         if lost:
             logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
@@ -267,8 +272,9 @@ class StoreWriter:
 
     def counters(self, facts: rows.Facts | None = None) -> health.Counters:
         """The counters kept in the store; with ``facts``, as they are once those are written."""
-        otlp = self.report.otlp
+        otlp, notices = self.report.otlp, self.report.notices
         otlp_dropped, otlp_failed = otlp() if otlp is not None else (0, 0)
+        sent, refused, failed, off = notices() if notices is not None else (0, 0, 0, None)
         return health.Counters(
             events_written=self._written_events + (facts.event_rows if facts is not None else 0),
             turns_written=self._written_turns + (facts.turn_rows if facts is not None else 0),
@@ -281,6 +287,10 @@ class StoreWriter:
             otlp_dropped=otlp_dropped,
             otlp_failed=otlp_failed,
             queue_size=self.max_queue,
+            notices_sent=sent,
+            notices_refused=refused,
+            notices_failed=failed,
+            notices_off=off,
         )
 
     def _row_id(self) -> str | None:

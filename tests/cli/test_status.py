@@ -235,3 +235,66 @@ def test_a_killed_writer_shows_as_gone(tmp_path):
     [writer] = status_json(db)["writers"]
     assert writer["alive"] == "gone" and writer["stopped_at"] is None
     assert writer["pid"] == proc.pid and writer["events_written"] == 2
+
+
+NOTICES = """
+    import sys
+    import loopscope
+
+    loopscope.configure(sys.argv[1], flush_interval=0.05)  # OTLP to OTEL_EXPORTER_OTLP_ENDPOINT
+
+    @loopscope.tool
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    for i in range(2):  # each turn and each tool call sends a start notice as it starts
+        with loopscope.turn(session_id="n", agent="calc", input=f"{i} + 1?") as t:
+            t.generation("adding", tool_calls=[{"id": f"c{i}", "name": "add", "arguments": {"x": i, "y": 1}}])
+            add(i, 1)
+            t.generation(str(i + 1), finish_reason="stop")
+    # no shutdown(): the process ends, and loopscope closes at exit
+"""
+
+
+def run_with_endpoint(tmp_path: Path, name: str, endpoint: str) -> Path:
+    db = tmp_path / f"{name}.duckdb"
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(NOTICES))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"LOOPSCOPE_STRICT": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    env.pop("LOOPSCOPE_DB", None)
+    done = subprocess.run([sys.executable, str(script), str(db)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    return db
+
+
+@pytest.mark.parametrize("logs_status", [200, 404, 405])
+def test_start_notices_sent_or_refused_show_in_status(tmp_path, logs_status):
+    from fakes import otlp_receiver
+
+    receiver, server = otlp_receiver.start()
+    receiver.logs_status = logs_status  # 404/405: a span-only backend (Phoenix, a collector without logs)
+    try:
+        db = run_with_endpoint(tmp_path, "agent", receiver.endpoint)
+    finally:
+        server.shutdown()
+    assert len([s for s in receiver.spans if s.name.startswith(("invoke_agent", "execute_tool"))]) == 4
+    report = status_json(db)
+    [writer] = report["writers"]
+    out = status(db).stdout
+    assert report["problems"] == [] and "nothing was dropped and no write failed" in out  # notices lose nothing
+    if logs_status == 200:
+        # 2 turns and 2 tool calls: 4 notices, every one of them sent (the last ones at exit)
+        assert len(receiver.notices) == 4
+        assert (writer["notices_sent"], writer["notices_refused"], writer["notices_failed"]) == (4, 0, 0)
+        assert writer["notices_off"] is None and report["notices"] == {"sent": 4, "refused": 0, "failed": 0}
+        assert report["notes"] == [] and "start notices" not in out
+    else:
+        # the first request is refused: notices are off for good, no more are made
+        assert receiver.paths.count("/v1/logs") == 1 and not receiver.notices
+        assert writer["notices_sent"] == 0 and writer["notices_refused"] >= 1 and writer["notices_failed"] == 0
+        assert writer["notices_off"] == f"refused: HTTP {logs_status}"
+        [note] = report["notes"]
+        assert f"start notices off for good (pid {writer['pid']}" in note and f"HTTP {logs_status}" in note
+        assert note in out and f"0 + {writer['notices_refused']} refused" in out
