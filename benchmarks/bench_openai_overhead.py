@@ -13,6 +13,9 @@ app runs it and sends the result back; the model answers) runs under each varian
 * ``openinference``     -- Arize's ``openinference-instrumentation-openai``;
 * ``loopscope-nostore`` -- (reference, on request with ``--variants``) loopscope with
   ``configure(False)``: recording without the store.
+* ``loopscope-metrics`` -- (reference, on request) loopscope with the store and its GenAI
+  metrics under ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``, read in memory:
+  the metrics thread's work, one histogram value per gap between streamed chunks included.
 
 Each peer runs with its default settings under an SDK ``TracerProvider`` with a
 ``BatchSpanProcessor`` into an exporter that counts and drops the spans, so every peer pays
@@ -107,6 +110,7 @@ VARIANTS = [
     Variant("uninstrumented", "uninstrumented openai", PROJECT),
     Variant("loopscope", "loopscope (store on)", PROJECT, dist="loopscope"),
     Variant("loopscope-nostore", "(ref) loopscope, no store", PROJECT, dist="loopscope"),
+    Variant("loopscope-metrics", "(ref) with metrics", PROJECT, dist="loopscope"),
     Variant("otel-openai-v2", "OTel openai-v2", PEERS_V2, "opentelemetry.instrumentation.openai_v2",
             "opentelemetry-instrumentation-openai-v2"),
     Variant("otel-genai-openai", "OTel genai-openai", PEERS, "opentelemetry.instrumentation.genai.openai",
@@ -117,7 +121,8 @@ VARIANTS = [
             "openinference-instrumentation-openai"),
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
-DEFAULT_VARIANTS = [v for v in VARIANTS if v.key != "loopscope-nostore"]  # the reference runs on request
+REFERENCES = ("loopscope-nostore", "loopscope-metrics")
+DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in REFERENCES]  # the references run on request
 MODES = ("nonstream", "stream")
 TRANSPORTS = ("server", "inproc")
 SERIES = tuple(f"{t}/{m}" for t in TRANSPORTS for m in MODES)
@@ -332,10 +337,21 @@ def worker(args: argparse.Namespace) -> int:
     db = os.path.join(tmp, "bench.duckdb")
     settle = None
     peer = None
+    metrics_reader = None
     if variant.key.startswith("loopscope"):
         import loopscope
 
-        loopscope.configure(db if variant.key == "loopscope" else False)
+        meter_provider = None
+        if variant.key == "loopscope-metrics":
+            # the latest conventions' metrics (time_per_output_chunk: a value per chunk gap),
+            # recorded by loopscope's metrics thread into an SDK MeterProvider read in memory
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+            os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
+            metrics_reader = InMemoryMetricReader()
+            meter_provider = MeterProvider(metric_readers=[metrics_reader])
+        loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider)
         loopscope.instrument()
         settle = loopscope.flush
     elif variant.module:
@@ -378,7 +394,7 @@ def worker(args: argparse.Namespace) -> int:
         send({"samples": samples})
 
     check = ""
-    if variant.key == "loopscope":
+    if variant.key in ("loopscope", "loopscope-metrics"):
         import duckdb
 
         import loopscope
@@ -391,6 +407,12 @@ def worker(args: argparse.Namespace) -> int:
         con.close()
         check = (f"stored {turns} turns, {rounds} rounds, {tool_calls} tool calls; events: "
                  + ", ".join(f"{k} {v}" for k, v in sorted(events.items())) + f" (for {total} calls)")
+        if metrics_reader is not None:
+            data = metrics_reader.get_metrics_data()
+            gaps = sum(p.count for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
+                       for m in sm.metrics if m.name == "gen_ai.client.operation.time_per_output_chunk"
+                       for p in m.data.data_points)
+            check += f"; {gaps} chunk gaps measured (time_per_output_chunk)"
     elif peer is not None:
         provider, exporter = peer
         provider.force_flush()
@@ -677,7 +699,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24} {extra_cpu:>+11.0f}")
 
     _say("")
-    peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", "loopscope-nostore")]
+    peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", *REFERENCES)]
     if "loopscope" in added[series_list[0]] and peers:
         verdicts = {}
         for series in series_list:

@@ -78,6 +78,11 @@ class _Recording:
             return
         model_call = self.model_call
         add = self.accumulator.add
+        finals = self.finals
+        # an event that ends the round (Anthropic's message_stop, the Responses API's completed)
+        # is the batch's last (the proxy feeds at once after it): it is added after the batch's
+        # chunk times reach the round, which hands them over as it ends
+        last = pending.pop() if finals and _is_final(pending[-1], finals) else None
         first_unset = not model_call.chunk_seen()
         start = -1 if first_unset else 0  # the first of these chunks from the first output chunk on
         for item, stamp in zip(pending, stamps):
@@ -97,6 +102,13 @@ class _Recording:
                 model_call.chunk_times(stamps, start)
             except Exception:
                 internal_error("stream chunk times")
+        if last is not None:
+            try:
+                add(last, model_call)
+            except Exception:
+                internal_error("stream chunk")
+            if first_unset and model_call.chunk_seen():
+                model_call.date_first_chunk(stamps[-1])
         pending.clear()
         stamps.clear()
 

@@ -34,26 +34,42 @@ def receiver() -> Iterator[otlp_receiver.OTLPReceiver]:
     server.shutdown()
 
 
-def run_program(tmp_path: Path, receiver: otlp_receiver.OTLPReceiver, model_server: Any, **env: str) -> None:
-    """One streamed call (model gpt-stream) read to its end, then one plain call (gpt-plain), through
-    the real openai SDK; metrics go over OTLP/HTTP to ``receiver`` (sent at exit)."""
-    # chat frames: the role chunk (0), one per word (1-5), the finish chunk (6): the first output
-    # chunk is frame 1, so the stream has 5 gaps; the one before frame 3 is paused
+STREAMS = {
+    # api: (how the program streams, the frame paused before (the third content chunk), the gaps:
+    # the chunks from the first output chunk to the last, less one)
+    # chat: role (0), a chunk per word (1-5), finish (6): from frame 1
+    "chat": ("for _ in client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True): pass", 3, 5),
+    # responses: created, in_progress, output_item.added (2, the first: output begins), content_part.added,
+    # a delta per word (4-8), output_text.done, content_part.done, output_item.done, completed (12)
+    "responses": ("for _ in client.responses.create(model=MODEL, input='count', stream=True): pass", 6, 10),
+    # messages: message_start, ping, content_block_start, a delta per word (3-7), content_block_stop,
+    # message_delta, message_stop (10): the round ends at message_stop, the last gap is counted too
+    "messages": ("for _ in anthropic_client.messages.create(model=MODEL, max_tokens=64, messages=MESSAGES, stream=True): pass",
+                 5, 7),
+}
+
+
+def run_program(tmp_path: Path, receiver: otlp_receiver.OTLPReceiver, model_server: Any, api: str = "chat",
+                **env: str) -> None:
+    """One streamed call (model gpt-stream) read to its end through the real SDK of ``api``, then
+    one plain chat call (gpt-plain); metrics go over OTLP/HTTP to ``receiver`` (sent at exit)."""
+    stream, paused, _gaps = STREAMS[api]
     model_server.queue(
-        Reply(text=WORDS, chunk_delay=PACE, pauses={3: PAUSE}),
+        Reply(text=WORDS, chunk_delay=PACE, pauses={paused: PAUSE}),
         Reply(text="plain answer"),
     )
     script = tmp_path / "agent.py"
     script.write_text(textwrap.dedent(f"""
         import loopscope
+        from anthropic import Anthropic
         from openai import OpenAI
         loopscope.configure({str(tmp_path / "a.duckdb")!r}, flush_interval=0.05)
-        loopscope.instrument(anthropic=False)
+        loopscope.instrument()
         client = OpenAI(base_url={model_server.openai_base_url!r}, api_key="k", max_retries=0)
-        messages = [{{"role": "user", "content": "count"}}]
-        for chunk in client.chat.completions.create(model="gpt-stream", messages=messages, stream=True):
-            pass
-        client.chat.completions.create(model="gpt-plain", messages=messages)
+        anthropic_client = Anthropic(base_url={model_server.anthropic_base_url!r}, api_key="k", max_retries=0)
+        MODEL, MESSAGES = "gpt-stream", [{{"role": "user", "content": "count"}}]
+        {stream}
+        client.chat.completions.create(model="gpt-plain", messages=MESSAGES)
     """))
     full = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     full.update({"LOOPSCOPE_STRICT": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **env})
@@ -82,23 +98,29 @@ def _attributes(point: dict[str, Any]) -> dict[str, Any]:
     return {kv["key"]: next(iter(kv["value"].values())) for kv in point.get("attributes", [])}
 
 
-def test_each_gap_between_streamed_chunks_is_one_value(tmp_path, receiver, model_server):
-    run_program(tmp_path, receiver, model_server, OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental")
+@pytest.mark.parametrize("api", sorted(STREAMS))
+def test_each_gap_between_streamed_chunks_is_one_value(tmp_path, receiver, model_server, api):
+    run_program(tmp_path, receiver, model_server, api, OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental")
     (point,) = _points(receiver, PER_CHUNK)  # the streamed call's only: the plain call has none
     attributes = _attributes(point)
     assert attributes["gen_ai.request.model"] == "gpt-stream"
-    assert attributes["gen_ai.operation.name"] == "chat" and attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == ("anthropic" if api == "messages" else "openai")
     assert "error.type" not in attributes
-    words = len(WORDS.split())
-    assert int(point["count"]) == words  # 5 content chunks and the finish chunk after the first: 5 gaps
-    # the server waited PACE before each frame after the first output chunk, and PAUSE more before
-    # one: the gaps add up to at least that, less what the client was late reading the first
-    assert point["sum"] >= 0.8 * (words * PACE + PAUSE)
-    # one gap holds the pause: real gaps, not the call's mean gap (about 0.12 s here)
-    assert point["max"] >= 0.8 * (PACE + PAUSE)
-    assert point["explicitBounds"][:3] == [0.01, 0.02, 0.04]
+    gaps = STREAMS[api][2]
+    assert int(point["count"]) == gaps
     (first,) = _points(receiver, FIRST_CHUNK)
     assert int(first["count"]) == 1
+    ttfc = first["sum"]
+    # The server waited PACE before each frame, PAUSE more before one. The last chunk cannot reach
+    # the application earlier than the server sent it, so the time to first chunk and the gaps add
+    # up to at least that, however late the client read (a client held off the CPU reads piled up
+    # chunks in a burst: that time shows in the gap it spans, or before the first chunk).
+    assert ttfc + point["sum"] >= 0.8 * ((gaps + 1) * PACE + PAUSE)
+    # One gap holds the pause (or, read late, the time before the first chunk does): real gaps,
+    # not the call's mean gap, which is a fifth of that or less here.
+    assert max(point["max"], ttfc) >= 0.8 * (PACE + PAUSE)
+    assert point["explicitBounds"][:3] == [0.01, 0.02, 0.04]
 
 
 def test_without_the_opt_in_no_chunk_metrics_are_sent(tmp_path, receiver, model_server):
