@@ -9,21 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, ModelCall, TextContent, ToolCallContent
+from .reads import TURN_NAMES
 
 EVENT_COLUMNS = (
     "id, session_id, idx, type, created_at, correlation_id, source_channel_id, source_provider, "
     "source_framework, status, content, trace_id, span_id"
 )
 """The ``events`` columns :func:`event_of` reads, in its order."""
-TURN_COLUMNS = (
-    "channel_id, session_id, correlation_id, parent_correlation_id, response_content, segments, tool_calls_count, "
-    "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
-    "provider, error, trace_id, span_id, model_call_count"
-)
-"""The ``turns`` columns :func:`turn_of` reads, in its order. ``model_call_count`` is last:
-a file from before ``m009_model_calls`` has no such column (the reader selects NULL in
-its place), and a turn whose writer did not count its calls has NULL there (the reader
-counts its ``model_calls`` rows): see :meth:`loopscope.Store.list_turns`."""
 
 
 def _content(text: str | None) -> Any:
@@ -54,9 +46,8 @@ def event_of(row: Sequence[Any]) -> ActivityEvent:
 
 
 def turn_of(row: Sequence[Any]) -> AIResponseEvent:
-    """A ``turns`` row (:data:`TURN_COLUMNS`) as an :class:`AIResponseEvent`."""
-    names = [c.strip() for c in TURN_COLUMNS.split(",")]
-    data = dict(zip(names, row))
+    """A ``turns`` row (:data:`~loopscope.storage.reads.TURN_COLUMNS`) as an :class:`AIResponseEvent`."""
+    data = dict(zip(TURN_NAMES, row))
     for key in ("segments", "usage", "declared_tools"):
         data[key] = json.loads(data[key]) if data[key] else None
     return AIResponseEvent.model_validate({k: v for k, v in data.items() if v is not None})
