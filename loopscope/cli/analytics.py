@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from ..dashboards import tables
 from ..dashboards.tables import Column
 from . import _args
-from .commands import ellipsis, emit, emit_json, open_store
+from .commands import ellipsis, emit, emit_json, open_views
 
 if TYPE_CHECKING:
-    from ..storage.store import Store
+    from ..storage.reads import ViewReader
 
 # -- registration ------------------------------------------------------------------------------
 
@@ -58,7 +58,7 @@ def register_tools(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _records(store: Store, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+def _records(store: ViewReader, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
     names, rows = store.sql(sql, params or [])
     return [dict(zip(names, row)) for row in rows]
 
@@ -159,7 +159,7 @@ ORDER BY cost_usd DESC NULLS LAST, calls DESC, model NULLS LAST
 """
 
 
-def overview(store: Store) -> dict[str, Any]:
+def overview(store: ViewReader) -> dict[str, Any]:
     """Everything ``loopscope stats`` shows, as plain values."""
     data = _records(store, _OVERVIEW)[0]
     data["costs"] = _records(store, _COSTS)[0]
@@ -173,7 +173,7 @@ def overview(store: Store) -> dict[str, Any]:
 
 
 def stats_command(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_views(args)
     data = overview(store)
     if args.json:
         from .._json import to_jsonable
@@ -276,7 +276,7 @@ def tools_command(args: argparse.Namespace) -> int:
         from .commands import CommandError
 
         raise CommandError("--agent goes with --declared (tool_stats counts every agent's calls together)")
-    store = open_store(args)
+    store = open_views(args)
     sql = f"SELECT * FROM tool_stats ORDER BY {_ORDER[args.sort]}"
     if args.limit:
         sql += f" LIMIT {int(args.limit)}"
@@ -311,7 +311,7 @@ def tools_command(args: argparse.Namespace) -> int:
 
 
 def _declared(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_views(args)
     sql, params = "SELECT * FROM declared_vs_used", []
     if args.agent:
         sql += " WHERE agent = ?"

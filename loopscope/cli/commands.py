@@ -15,6 +15,7 @@ from ..storage.recording import default_db_path, flush_own
 
 if TYPE_CHECKING:
     from ..storage.engine import duckdb
+    from ..storage.reads import ViewReader
     from ..storage.store import Store
 
 # DuckDB, pydantic (the public models) and the store are imported by the commands that read
@@ -92,6 +93,14 @@ def open_store(args: argparse.Namespace) -> Store:
     from ..storage.store import Store
 
     return Store(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
+
+
+def open_views(args: argparse.Namespace) -> ViewReader:
+    """What the analytics commands read the views through: one attachment for their queries, no pydantic."""
+    from ..storage.connection import resolve
+    from ..storage.reads import ViewReader
+
+    return ViewReader(resolve(db_path(args)), lock_timeout=getattr(args, "wait", 10.0))
 
 
 def resolve_session(store: Store, requested: str | None) -> str:
@@ -237,7 +246,8 @@ def turns(args: argparse.Namespace) -> int:
     flush_own(path)
     with connect(path, read_only=True, timeout=wait) as con:
         session = resolve_session_on(con, path, args.session) if args.session is not None else None
-        found = [reads.turn_row(r) for r in reads.turn_rows(con, session, args.limit or None, newest_first=True)]
+        rows = reads.turn_rows(con, session, args.limit or None, newest_first=True, utc_naive=True)
+        found = [reads.turn_row(r) for r in rows]
         ids = sorted({t.correlation_id for t in found if t.correlation_id})
         cost_rows = reads.view_rows_on(con, _TURN_COSTS, [ids]) if ids else []
     if not found:

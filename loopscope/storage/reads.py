@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from .connection import open_store
@@ -27,6 +27,10 @@ counts its ``model_calls`` rows)."""
 TURN_NAMES = tuple(c.strip() for c in TURN_COLUMNS.split(","))
 TURN_JSON = ("segments", "usage", "declared_tools")
 """The ``turns`` columns stored as JSON text."""
+# ``timestamp`` as UTC wall time (a plain TIMESTAMP), made aware again in Python: DuckDB
+# hands a TIMESTAMPTZ to Python with a ``zoneinfo`` zone, and importing ``zoneinfo`` and
+# reading the zone's file cost ``loopscope turns`` ~10 ms (a third of its reads)
+_NAIVE_COLUMNS = TURN_COLUMNS.replace(", timestamp,", ", timezone('UTC', timestamp) AS timestamp,", 1)
 
 
 class TurnRow(NamedTuple):
@@ -78,7 +82,7 @@ def turn_row(row: Sequence[Any]) -> TurnRow:
         loop_end_reason=data["loop_end_reason"],
         latency_ms=data["latency_ms"] or 0,
         streaming=bool(data["streaming"]),
-        timestamp=data["timestamp"],
+        timestamp=_aware(data["timestamp"]),
         declared_tools=_json(data["declared_tools"]) or [],
         model=data["model"],
         provider=data["provider"],
@@ -87,6 +91,10 @@ def turn_row(row: Sequence[Any]) -> TurnRow:
         span_id=data["span_id"],
         model_call_count=data["model_call_count"] or 0,
     )
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
 
 
 def turn_rows(
@@ -99,9 +107,12 @@ def turn_rows(
     loop_end_reason: str | None = None,
     after_time: datetime | None = None,
     newest_first: bool = False,
+    utc_naive: bool = False,
 ) -> list[tuple[Any, ...]]:
     """``turns`` rows (:data:`TURN_COLUMNS`), oldest first (``newest_first`` picks the most
-    recent ``limit``): what :meth:`~loopscope.storage.store.Store.list_turns` reads."""
+    recent ``limit``): what :meth:`~loopscope.storage.store.Store.list_turns` reads.
+    ``utc_naive`` reads ``timestamp`` as UTC without a zone (no ``zoneinfo``), as
+    :func:`turn_row` takes it."""
     clauses: list[str] = []
     params: list[Any] = []
     for column, value in (
@@ -116,7 +127,7 @@ def turn_rows(
         params.append(after_time)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     order = "DESC" if newest_first else "ASC"
-    sql = f"SELECT {TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
+    sql = f"SELECT {_NAIVE_COLUMNS if utc_naive else TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     if check_readable(con) < MODEL_CALLS_SINCE:
@@ -163,14 +174,42 @@ def view_rows(
     """A query of the views: on a file of this schema, on the shared read-only attachment;
     on an older one, in a database of its own given this loopscope's views first
     (:func:`~loopscope.storage.schema.missing_views`)."""
+    return view_query(path, sql, params, timeout=timeout, keep=keep)[1]
+
+
+def view_query(
+    path: str, sql: str, params: Sequence[Any] = (), *, timeout: float = 10.0, keep: bool = False
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """:func:`view_rows` with the column names: ``(names, rows)``. For our own SQL (the
+    attachment is not sealed as :meth:`~loopscope.storage.store.Store.sql` is)."""
     with open_store(path, read_only=True, timeout=timeout, keep=keep) as con:
-        rows = view_rows_on(con, sql, params)
-        if rows is not None:
-            return rows
+        if check_readable(con) >= SCHEMA_VERSION:
+            cursor = con.execute(sql, list(params))
+            return [d[0] for d in cursor.description or []], cursor.fetchall()
     with open_store(path, read_only=True, timeout=timeout, isolated=True) as con:
         for statement in missing_views(con):
             con.execute(statement)
-        return con.execute(sql, list(params)).fetchall()
+        cursor = con.execute(sql, list(params))
+        return [d[0] for d in cursor.description or []], cursor.fetchall()
+
+
+class ViewReader:
+    """Our own queries of one store's views, as the terminal commands run several in a row
+    (``loopscope stats``, ``tools``): on the shared read-only attachment, kept between
+    them (:func:`~loopscope.storage.connection.open_store`'s ``keep``), where
+    :meth:`Store.sql <loopscope.storage.store.Store.sql>` starts a sealed DuckDB of its
+    own per query (~20 ms each); rows as tuples, no pydantic."""
+
+    def __init__(self, path: str, *, lock_timeout: float = 10.0) -> None:
+        self.path = path
+        self.lock_timeout = lock_timeout
+
+    def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Column names and rows of ``query`` (ours: not sealed)."""
+        from .recording import flush_own
+
+        flush_own(self.path)  # what this process recorded is read too
+        return view_query(self.path, query, params, timeout=self.lock_timeout, keep=True)
 
 
 def session_of(con: duckdb.DuckDBPyConnection, requested: str | None) -> str | list[str]:
