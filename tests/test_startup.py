@@ -70,15 +70,19 @@ def test_turns_reads_the_store_without_the_recorder_or_exporters(tmp_path):
     assert not any(found.values()), [name for name, is_in in found.items() if is_in]
 
 
-def test_turns_prints_plain_rows_without_pydantic_or_opentelemetry(tmp_path):
-    """``loopscope turns`` (the table) reads plain rows: no pydantic, no public models, no
-    OpenTelemetry, and of DuckDB the engine alone where it is a module of its own (the
-    ``duckdb`` package's Python layer costs ~4x a bare interpreter's start)."""
+@pytest.mark.parametrize(("command", "shown"), [
+    ("turns", "concierge"), ("stats", "loop end reasons"), ("tools", "get_weather"), ("status", "schema"),
+])
+def test_terminal_reads_print_plain_rows_without_pydantic_or_opentelemetry(tmp_path, command, shown):
+    """The common terminal reads (``turns``, ``stats``, ``tools``, ``status``) print plain
+    rows: no pydantic, no public models, no OpenTelemetry, and of DuckDB the engine alone
+    where it is a module of its own (the ``duckdb`` package's Python layer costs ~4x a
+    bare interpreter's start)."""
     db = str(tmp_path / "demo.duckdb")
     loaded(CLI.format(argv=["--db", db, "demo"]), [])
     code = "import io, contextlib\nout = io.StringIO()\nwith contextlib.redirect_stdout(out):\n" + "".join(
-        "    " + line + "\n" for line in CLI.format(argv=["--db", db, "turns"]).splitlines()
-    ) + "assert 'completed' in out.getvalue() and 'concierge' in out.getvalue(), out.getvalue()\n"
+        "    " + line + "\n" for line in CLI.format(argv=["--db", db, command]).splitlines()
+    ) + f"assert {shown!r} in out.getvalue().lower(), out.getvalue()\n"
     heavy = ["pydantic", "pydantic_core", "loopscope.models", "loopscope.storage.store", "opentelemetry", "pyarrow"]
     found = loaded(code, [*heavy, "duckdb", "_duckdb"])
     engine_alone = importlib.util.find_spec("_duckdb") is not None
