@@ -71,10 +71,11 @@ def test_turns_reads_the_store_without_the_recorder_or_exporters(tmp_path):
 
 
 @pytest.mark.parametrize(("command", "shown"), [
-    ("turns", "concierge"), ("stats", "loop end reasons"), ("tools", "get_weather"), ("status", "schema"),
+    ("turns", "concierge"), ("calls", "scripted-concierge"), ("stats", "loop end reasons"), ("tools", "get_weather"),
+    ("status", "schema"),
 ])
 def test_terminal_reads_print_plain_rows_without_pydantic_or_opentelemetry(tmp_path, command, shown):
-    """The common terminal reads (``turns``, ``stats``, ``tools``, ``status``) print plain
+    """The common terminal reads (``turns``, ``calls``, ``stats``, ``tools``, ``status``) print plain
     rows: no pydantic, no public models, no OpenTelemetry, and of DuckDB the engine alone
     where it is a module of its own (the ``duckdb`` package's Python layer costs ~4x a
     bare interpreter's start)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # the rows are the public models; pydantic is imported by what reads them, not by ``--help``
     from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
-    from ..storage.reads import TurnRow  # a turn as a plain row (``loopscope turns``: no pydantic)
+    from ..storage.reads import CallRow, TurnRow  # plain rows (``loopscope turns``, ``calls``: no pydantic)
 
 ELLIPSIS = "…"
 GAP = "  "
@@ -317,7 +317,7 @@ def in_out(usage: Mapping[str, int] | None) -> str:
 
 
 def calls_table(
-    calls: Sequence[ModelCall],
+    calls: Sequence[ModelCall | CallRow],
     *,
     show_session: bool = False,
     width: int | None = None,

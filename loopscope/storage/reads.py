@@ -232,3 +232,155 @@ def session_of(con: duckdb.DuckDBPyConnection, requested: str | None) -> str | l
     if requested in matches or len(matches) == 1:
         return requested if requested in matches else matches[0]
     return matches
+
+
+CALL_COLUMNS = (
+    "session_id, turn_id, position, agent, provider, framework, model, request_model, response_model, response_id, "
+    "finish_reasons, outcome, streaming, started_at, ended_at, duration_ms, time_to_first_chunk_ms, input_tokens, "
+    "output_tokens, cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, provider_usage, "
+    "parameters, cost_usd, price_source, error_type, error, refusal, input_messages, output_messages, trace_id, span_id"
+)
+"""The ``model_call_summaries`` columns a model call read selects, in :func:`call_row`'s order."""
+CALL_NAMES = tuple(c.strip() for c in CALL_COLUMNS.split(","))
+USAGE_NAMES = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "reasoning_tokens")
+"""The token counts a call's ``usage`` holds (those stored)."""
+CALL_JSON = ("finish_reasons", "provider_usage", "parameters", "input_messages", "output_messages")
+"""The ``model_call_summaries`` columns stored as JSON text."""
+# the times as UTC wall time, made aware again in Python (see _NAIVE_COLUMNS)
+_NAIVE_CALL_COLUMNS = CALL_COLUMNS.replace(
+    "started_at, ended_at", "timezone('UTC', started_at) AS started_at, timezone('UTC', ended_at) AS ended_at", 1
+)
+
+
+class CallRow(NamedTuple):
+    """A model call with the fields of :class:`~loopscope.models.ModelCall`, by the same
+    names and with the same defaults for NULL, unvalidated (the model validates these)."""
+
+    session_id: str
+    correlation_id: str | None
+    position: int | None
+    agent: str | None
+    provider: str | None
+    framework: str | None
+    model: str | None
+    request_model: str | None
+    response_model: str | None
+    response_id: str | None
+    finish_reasons: list[str]
+    outcome: str | None
+    streaming: bool | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_ms: float | None
+    time_to_first_chunk_ms: float | None
+    usage: dict[str, int]
+    provider_usage: Any
+    parameters: dict[str, Any]
+    cost_usd: float | None
+    price_source: str | None
+    error_type: str | None
+    error: str | None
+    refusal: str | None
+    input_messages: Any
+    output_messages: Any
+    trace_id: str | None
+    span_id: str | None
+
+
+def _loaded(text: Any) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def call_row(row: Sequence[Any]) -> CallRow:
+    """A ``model_call_summaries`` row (:data:`CALL_COLUMNS`) as a :class:`CallRow`: the JSON
+    columns parsed (text that is not JSON kept as it is), the stored token counts as one
+    ``usage``, the finish reasons as text."""
+    data = dict(zip(CALL_NAMES, row, strict=True))
+    for key in CALL_JSON:
+        data[key] = _loaded(data[key])
+    reasons, parameters = data["finish_reasons"], data["parameters"]
+    return CallRow(
+        session_id=data["session_id"],
+        correlation_id=data["turn_id"],
+        position=data["position"],
+        agent=data["agent"],
+        provider=data["provider"],
+        framework=data["framework"],
+        model=data["model"],
+        request_model=data["request_model"],
+        response_model=data["response_model"],
+        response_id=data["response_id"],
+        finish_reasons=[str(r) for r in reasons] if isinstance(reasons, list) else [],
+        outcome=data["outcome"],
+        streaming=data["streaming"],
+        started_at=_aware(data["started_at"]),
+        ended_at=_aware(data["ended_at"]),
+        duration_ms=data["duration_ms"],
+        time_to_first_chunk_ms=data["time_to_first_chunk_ms"],
+        usage={key: data[key] for key in USAGE_NAMES if data[key] is not None},
+        provider_usage=data["provider_usage"],
+        parameters=parameters if isinstance(parameters, dict) else {},
+        cost_usd=data["cost_usd"],
+        price_source=data["price_source"],
+        error_type=data["error_type"],
+        error=data["error"],
+        refusal=data["refusal"],
+        input_messages=data["input_messages"],
+        output_messages=data["output_messages"],
+        trace_id=data["trace_id"],
+        span_id=data["span_id"],
+    )
+
+
+def call_rows(
+    path: str,
+    session_id: str | None = None,
+    correlation_id: str | None = None,
+    *,
+    model: str | None = None,
+    provider: str | None = None,
+    failed: bool = False,
+    slowest: bool = False,
+    limit: int | None = 50,
+    with_messages: bool = False,
+    timeout: float = 10.0,
+    keep: bool = False,
+    utc_naive: bool = False,
+) -> list[tuple[Any, ...]]:
+    """``model_call_summaries`` rows (:data:`CALL_COLUMNS`) of the store at ``path``: what
+    :meth:`~loopscope.storage.store.Store.model_calls` reads (its filters, its order).
+    ``utc_naive`` reads the times as UTC without a zone (no ``zoneinfo``), as
+    :func:`call_row` takes them."""
+    if limit is not None and limit < 0:
+        raise ValueError("limit must not be negative")
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in (("session_id", session_id), ("turn_id", correlation_id), ("provider", provider)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if model is not None:
+        clauses.append("(request_model = ? OR response_model = ?)")
+        params += [model, model]
+    if failed:
+        clauses.append("(outcome = 'error' OR error_type IS NOT NULL)")
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    columns = _NAIVE_CALL_COLUMNS if utc_naive else CALL_COLUMNS
+    if not with_messages:
+        columns = columns.replace("input_messages, output_messages", "NULL, NULL")
+    if slowest:
+        order = "duration_ms DESC NULLS LAST, started_at DESC, span_id"
+    else:
+        order = "started_at DESC, position DESC, span_id DESC"
+    sql = f"SELECT {columns} FROM model_call_summaries {where} ORDER BY {order}"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    rows = view_rows(path, sql, params, timeout=timeout, keep=keep)
+    if not slowest:
+        rows.reverse()
+    return rows

@@ -16,13 +16,12 @@ from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from .connection import open_store, resolve
 from .engine import duckdb
 from .errors import SQLRefusedError
-from .events import CALL_COLUMNS as _CALL_COLUMNS
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import call_of as _call
 from .events import event_of as _event
 from .events import turn_of as _turn
 from .policy import RECEIVED, EventFilter
-from .reads import turn_rows, view_rows
+from .reads import call_rows, turn_rows, view_rows
 from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views
@@ -319,32 +318,11 @@ class Store:
         ``with_messages`` reads each call's input and output messages too (content).
         A file from before model calls were stored has none.
         """
-        if limit is not None and limit < 0:
-            raise ValueError("limit must not be negative")
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("session_id", session_id), ("turn_id", correlation_id), ("provider", provider)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if model is not None:
-            clauses.append("(request_model = ? OR response_model = ?)")
-            params += [model, model]
-        if failed:
-            clauses.append("(outcome = 'error' OR error_type IS NOT NULL)")
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        columns = _CALL_COLUMNS if with_messages else _CALL_COLUMNS.replace(
-            "input_messages, output_messages", "NULL, NULL")
-        if slowest:
-            order = "duration_ms DESC NULLS LAST, started_at DESC, span_id"
-        else:
-            order = "started_at DESC, position DESC, span_id DESC"
-        sql = f"SELECT {columns} FROM model_call_summaries {where} ORDER BY {order}"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        rows = self._view_query(sql, params)
-        if not slowest:
-            rows.reverse()
+        self._flush_own()
+        rows = call_rows(
+            self.path, session_id, correlation_id, model=model, provider=provider, failed=failed, slowest=slowest,
+            limit=limit, with_messages=with_messages, timeout=self.lock_timeout, keep=self.keep_open,
+        )
         return [_call(r) for r in rows]
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
