@@ -74,7 +74,9 @@ def _session(path: str, wait: float, requested: str | None) -> str | None:
         return None
     from ..storage import reads
     from ..storage.connection import open_store as connect
+    from ..storage.recording import flush_own
 
+    flush_own(path)  # what this process recorded is read too
     if reads.call_rows(path, requested, limit=1, timeout=wait, keep=True):
         return requested
     with connect(path, read_only=True, timeout=wait, keep=True) as con:

@@ -188,10 +188,10 @@ def timeline(args: argparse.Namespace) -> int:
         raise CommandError(
             "--after and --before cannot be used together (page forwards with --after, backwards with --before)"
         )
-    store = open_store(args)
-    session = resolve_session(store, args.session)
     from ..storage.policy import EventFilter
 
+    store = open_store(args)
+    session = resolve_session(store, args.session)
     event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
     events = store.get_timeline(
         session,
