@@ -10,6 +10,9 @@ the median CPU the child spent, all threads, user + system (``RUSAGE_CHILDREN``)
 * ``import loopscope``;
 * ``loopscope --help``;
 * ``loopscope turns``                 -- on a small store (``loopscope demo`` made it, untimed);
+* ``import duckdb`` and ``duckdb engine``  -- for reference, what DuckDB alone costs a command that
+  reads: the ``duckdb`` package, and its compiled engine alone (``import _duckdb`` and an
+  in-memory database started, as ``loopscope turns`` reads through ``storage/engine.py``);
 * ``instrument()``                    -- in a process that imported every supported library
   (``openai``, ``anthropic``, ``roomkit``, ``agents``, ``toolnexus``, ``pydantic_ai``,
   ``langchain_core``, ``mcp``: each package as an application imports it) and
@@ -47,6 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ["openai", "anthropic", "roomkit", "agents", "toolnexus", "pydantic_ai", "langchain_core", "mcp"]
 
 CLI = "import sys; from loopscope.cli import main; sys.argv[0] = 'loopscope'; raise SystemExit(main(sys.argv[1:]))"
+
+# DuckDB's compiled engine without the package's Python layer, a database started (the
+# package itself on a release without the engine as a module of its own)
+ENGINE = (
+    "try:\n    import _duckdb as duckdb\nexcept ImportError:\n    import duckdb\n"
+    "duckdb.connect(':memory:').execute('SELECT 1').fetchall()"
+)
 
 INSTRUMENT = """
 import importlib, json, sys, time
@@ -92,6 +102,8 @@ def commands(store: Path, libraries: list[str]) -> list[Command]:
         Command("import loopscope", [py, "-c", "import loopscope"]),
         Command("loopscope --help", [py, "-c", CLI, "--help"]),
         Command("loopscope turns", [py, "-c", CLI, "--db", str(store), "turns"]),
+        Command("import duckdb", [py, "-c", "import duckdb"], needs_root=False),
+        Command("duckdb engine", [py, "-c", ENGINE], needs_root=False),
         Command("instrument() cold", [py, "-c", INSTRUMENT.format(libraries=libraries, configure=False)], inner=True),
         Command("instrument() adapters", [py, "-c", INSTRUMENT.format(libraries=libraries, configure=True)], inner=True),
     ]
@@ -151,6 +163,9 @@ def report(results: dict[tuple[str, str], Samples], roots: list[tuple[str, Path]
             (w, c), (bw, bc) = median(what), median(against)
             verdict = "met" if w / bw <= goal else "NOT met"
             print(f"[{label}] {what}: {w / bw:.2f}x {against} (CPU {c / bc:.2f}x); goal <= {goal:g}x: {verdict}")
+        for what in ("import duckdb", "duckdb engine"):  # what DuckDB alone takes of a reading command
+            (w, c), (bw, bc) = median(what), median("python -c pass")
+            print(f"[{label}] (ref) {what}: {w / bw:.2f}x python -c pass (CPU {c / bc:.2f}x)")
         for what, bound in ABSOLUTE_MS.items():
             w, c = median(what)
             verdict = "met" if w <= bound else "NOT met"

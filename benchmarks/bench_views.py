@@ -16,6 +16,9 @@ machine's noise:
   stays attached between reads that follow each other closely). Against: the plain query ``SELECT * FROM events WHERE session_id = ? ORDER BY
   idx DESC LIMIT 50`` on a connection kept open (the baseline); and, timed apart, the same
   query starting a DuckDB database of its own each time (how ``Store`` read before).
+  Where a plain ``Store``'s page goes, in the same interleaved run: the file's attach and
+  detach alone (an empty read), and the page query bounded by the session's span (as
+  ``Store`` runs it) on the connection kept open: the query's own floor.
 * **tool_stats** -- ``SELECT * FROM tool_stats`` on an open connection (DuckDB's buffers
   warm, as the baseline's), and through ``Store.sql`` (a database of its own per call, so
   the file's blocks are read and decompressed again each time); the view reads the
@@ -66,6 +69,7 @@ TOOL_STATS_GOAL_S = 0.1
 DASHBOARD_GOAL_S = 1.0
 
 PLAIN_PAGE = "SELECT * FROM events WHERE session_id = ? ORDER BY idx DESC LIMIT 50"
+SPAN_PAGE = "SELECT * FROM events WHERE session_id = ? AND created_at BETWEEN ? AND ? ORDER BY idx DESC LIMIT 50"
 PLAIN_TOOL_STATS = """
 SELECT tool, count(*) AS finished,
     count(*) FILTER (WHERE outcome = 'served') AS served,
@@ -186,9 +190,12 @@ def bench_timeline(path: Path, pages: int) -> dict[str, float]:
     picks = [rng.choice(sessions) for _ in range(pages)]
     store = loopscope.Store(str(path))
     kept = loopscope.Store(str(path), keep_open=True)
+    spans = {s: con.execute("SELECT first_at, last_at FROM sessions WHERE session_id = ?", [s]).fetchone() for s in picks}
     variants: dict[str, Callable[[str], Any]] = {
         "Store.list_events (attach, query, detach)": lambda s: store.list_events(s, limit=50, newest_first=True),
         "baseline: plain query, connection kept open": lambda s: con.execute(PLAIN_PAGE, [s]).fetchall(),
+        "part: the file's attach and detach alone": lambda s: _attach_alone(path),
+        "part: the query within the session's span, kept open": lambda s: con.execute(SPAN_PAGE, [s, *spans[s]]).fetchall(),
     }
     for s in picks[:5]:  # warm the OS page cache and DuckDB
         for fn in variants.values():
@@ -212,6 +219,13 @@ def bench_timeline(path: Path, pages: int) -> dict[str, float]:
     samples[old] = [timed(lambda s=s: _connect_and_query(path, s)) for s in picks[: max(20, pages // 3)]]
     return report(f"Timeline page: the newest 50 events of a session ({pages} random sessions)",
                   list(samples.items()), "baseline: plain query, connection kept open")
+
+
+def _attach_alone(path: Path) -> None:
+    from loopscope.storage.connection import open_store
+
+    with open_store(str(path), read_only=True):
+        pass
 
 
 def _connect_and_query(path: Path, session: str) -> Any:

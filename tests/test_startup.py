@@ -4,6 +4,7 @@ interpreter and asserts on its ``sys.modules``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -65,8 +66,30 @@ def test_help_imports_no_store_no_models_no_otel_sdk():
 def test_turns_reads_the_store_without_the_recorder_or_exporters(tmp_path):
     db = str(tmp_path / "demo.duckdb")
     loaded(CLI.format(argv=["--db", db, "demo"]), [])
-    found = loaded(CLI.format(argv=["--db", db, "turns"]), ["duckdb", *RECORDING, "pyarrow", "opentelemetry.sdk.trace"])
-    assert found.pop("duckdb")
+    found = loaded(CLI.format(argv=["--db", db, "turns"]), [*RECORDING, "pyarrow", "opentelemetry.sdk.trace"])
+    assert not any(found.values()), [name for name, is_in in found.items() if is_in]
+
+
+@pytest.mark.parametrize(("command", "shown"), [
+    ("turns", "concierge"), ("calls", "scripted-concierge"), ("stats", "loop end reasons"), ("tools", "get_weather"),
+    ("status", "schema"),
+])
+def test_terminal_reads_print_plain_rows_without_pydantic_or_opentelemetry(tmp_path, command, shown):
+    """The common terminal reads (``turns``, ``calls``, ``stats``, ``tools``, ``status``) print plain
+    rows: no pydantic, no public models, no OpenTelemetry, and of DuckDB the engine alone
+    where it is a module of its own (the ``duckdb`` package's Python layer costs ~4x a
+    bare interpreter's start)."""
+    db = str(tmp_path / "demo.duckdb")
+    loaded(CLI.format(argv=["--db", db, "demo"]), [])
+    code = "import io, contextlib\nout = io.StringIO()\nwith contextlib.redirect_stdout(out):\n" + "".join(
+        "    " + line + "\n" for line in CLI.format(argv=["--db", db, command]).splitlines()
+    ) + f"assert {shown!r} in out.getvalue().lower(), out.getvalue()\n"
+    heavy = ["pydantic", "pydantic_core", "loopscope.models", "loopscope.storage.store", "opentelemetry", "pyarrow"]
+    found = loaded(code, [*heavy, "duckdb", "_duckdb"])
+    engine_alone = importlib.util.find_spec("_duckdb") is not None
+    assert found.pop("_duckdb" if engine_alone else "duckdb")  # it did read the store
+    if not engine_alone:
+        found.pop("_duckdb")
     assert not any(found.values()), [name for name, is_in in found.items() if is_in]
 
 

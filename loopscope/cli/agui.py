@@ -120,7 +120,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _session(store: Store, requested: str) -> str:
     """The session named (or uniquely prefixed); one that only has imported events counts too."""
-    import duckdb  # loaded already: the store is open
+    from ..storage.engine import duckdb  # loaded already: the store is open
 
     try:
         return resolve_session(store, requested)

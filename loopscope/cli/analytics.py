@@ -6,15 +6,13 @@ import argparse
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
-from ..storage.views import OUTCOMES
 from . import _args
-from .commands import ellipsis, emit, emit_json, open_store
+from .commands import ellipsis, emit, emit_json, open_views
 
 if TYPE_CHECKING:
-    from ..storage.store import Store
+    from ..storage.reads import ViewReader
 
 # -- registration ------------------------------------------------------------------------------
 
@@ -60,12 +58,20 @@ def register_tools(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _records(store: Store, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+def _records(store: ViewReader, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
     names, rows = store.sql(sql, params or [])
     return [dict(zip(names, row)) for row in rows]
 
 
+def _outcomes() -> tuple[str, ...]:
+    from ..storage.views import OUTCOMES  # here: the views' SQL is not for ``--help``
+
+    return OUTCOMES
+
+
 def _jsonable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from .._json import to_jsonable
+
     return [{k: to_jsonable(v) for k, v in r.items()} for r in records]
 
 
@@ -107,12 +113,12 @@ SELECT
     (SELECT max(last_at) FROM sessions) AS last_at
 """
 
-_TOOL_TOTALS = f"""
+_TOOL_TOTALS = """
 SELECT
     coalesce(sum(calls), 0) AS calls,
     coalesce(sum(pending), 0) AS pending,
     coalesce(sum(finished), 0) AS finished,
-    {", ".join(f"coalesce(sum({o}), 0) AS {o}" for o in OUTCOMES)},
+    {outcomes},
     (sum(finished) - sum(served)) / nullif(sum(finished), 0) AS failure_share,
     count(*) AS tools
 FROM tool_stats
@@ -153,12 +159,13 @@ ORDER BY cost_usd DESC NULLS LAST, calls DESC, model NULLS LAST
 """
 
 
-def overview(store: Store) -> dict[str, Any]:
+def overview(store: ViewReader) -> dict[str, Any]:
     """Everything ``loopscope stats`` shows, as plain values."""
     data = _records(store, _OVERVIEW)[0]
     data["costs"] = _records(store, _COSTS)[0]
     data["model_calls"] = _records(store, _MODEL_CALLS)
-    data["tool_calls"] = _records(store, _TOOL_TOTALS)[0]
+    outcomes = ", ".join(f"coalesce(sum({o}), 0) AS {o}" for o in _outcomes())
+    data["tool_calls"] = _records(store, _TOOL_TOTALS.format(outcomes=outcomes))[0]
     data["loop_end_reasons"] = _records(store, _REASONS)
     data["tokens"] = _records(store, _TOKENS)[0]
     data["models"] = _records(store, _MODELS)
@@ -166,9 +173,11 @@ def overview(store: Store) -> dict[str, Any]:
 
 
 def stats_command(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_views(args)
     data = overview(store)
     if args.json:
+        from .._json import to_jsonable
+
         emit_json({"db": store.path, **to_jsonable(data)})
         return 0
     cut = ellipsis()
@@ -206,7 +215,7 @@ def stats_command(args: argparse.Namespace) -> int:
         finished = calls["finished"]
         emit(tables.render(
             [Column("OUTCOME"), Column("CALLS", "right"), Column("SHARE", "right")],
-            [[o, count(calls[o]), share(calls[o] / finished)] for o in OUTCOMES if calls[o]],
+            [[o, count(calls[o]), share(calls[o] / finished)] for o in _outcomes() if calls[o]],
             ellipsis=cut,
         ))
     if data["loop_end_reasons"]:
@@ -267,7 +276,7 @@ def tools_command(args: argparse.Namespace) -> int:
         from .commands import CommandError
 
         raise CommandError("--agent goes with --declared (tool_stats counts every agent's calls together)")
-    store = open_store(args)
+    store = open_views(args)
     sql = f"SELECT * FROM tool_stats ORDER BY {_ORDER[args.sort]}"
     if args.limit:
         sql += f" LIMIT {int(args.limit)}"
@@ -279,7 +288,7 @@ def tools_command(args: argparse.Namespace) -> int:
         emit("no tool calls yet")
         return 0
     # outcome columns (and RUNNING) only where some tool has one: the table stays narrow
-    shown = [o for o in OUTCOMES if any(r[o] for r in records)]
+    shown = [o for o in _outcomes() if any(r[o] for r in records)]
     running = any(r["pending"] for r in records)
     columns = [Column("TOOL", max_width=32, shrink=1, min_width=12), Column("CALLS", "right")]
     columns += [Column("RUNNING", "right")] if running else []
@@ -302,7 +311,7 @@ def tools_command(args: argparse.Namespace) -> int:
 
 
 def _declared(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_views(args)
     sql, params = "SELECT * FROM declared_vs_used", []
     if args.agent:
         sql += " WHERE agent = ?"

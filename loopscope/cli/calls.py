@@ -6,7 +6,7 @@ import argparse
 
 from ..dashboards import tables
 from . import _args
-from .commands import ellipsis, emit, emit_json, open_store, resolve_session
+from .commands import db_path, ellipsis, emit, emit_json, open_store, resolve_session_on
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -31,18 +31,27 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def calls_command(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    session = None
-    if args.session is not None:
-        # a session of model calls alone (no events) is taken as named; else an id or a unique prefix
-        session = args.session if store.model_calls(args.session, limit=1) else resolve_session(store, args.session)
-    found = store.model_calls(
-        session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
-        limit=args.limit or None,
-    )
-    if args.json:
+    if args.json:  # the public models' JSON
+        store = open_store(args)
+        session = _session(store.path, store.lock_timeout, args.session)
+        found = store.model_calls(
+            session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
+            limit=args.limit or None,
+        )
         emit_json([c.model_dump(mode="json", exclude={"input_messages", "output_messages"}) for c in found])
         return 0
+    # the table from plain rows: no pydantic, no models
+    from ..storage import reads
+    from ..storage.connection import resolve
+    from ..storage.recording import flush_own
+
+    path, wait = resolve(db_path(args)), getattr(args, "wait", 10.0)
+    flush_own(path)
+    session = _session(path, wait, args.session)
+    found = [reads.call_row(r) for r in reads.call_rows(
+        path, session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
+        limit=args.limit or None, timeout=wait, keep=True, utc_naive=True,
+    )]
     if not found:
         emit("no model calls match" if any((session, args.model, args.provider, args.failed)) else "no model calls yet")
         return 0
@@ -56,3 +65,19 @@ def calls_command(args: argparse.Namespace) -> int:
         summary += f"; {unpriced} without a price"
     emit(f"({summary}; durations in ms)")
     return 0
+
+
+def _session(path: str, wait: float, requested: str | None) -> str | None:
+    """The session asked for: one of model calls alone (no events) is taken as named; else
+    an id or a unique prefix (None: every session)."""
+    if requested is None:
+        return None
+    from ..storage import reads
+    from ..storage.connection import open_store as connect
+    from ..storage.recording import flush_own
+
+    flush_own(path)  # what this process recorded is read too
+    if reads.call_rows(path, requested, limit=1, timeout=wait, keep=True):
+        return requested
+    with connect(path, read_only=True, timeout=wait, keep=True) as con:
+        return resolve_session_on(con, path, requested)

@@ -9,13 +9,13 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._json import to_jsonable
 from ..dashboards import tables
 from ..storage.errors import StoreError
-from ..storage.policy import EventFilter
-from ..storage.recording import default_db_path
+from ..storage.recording import default_db_path, flush_own
 
 if TYPE_CHECKING:
+    from ..storage.engine import duckdb
+    from ..storage.reads import ViewReader
     from ..storage.store import Store
 
 # DuckDB, pydantic (the public models) and the store are imported by the commands that read
@@ -95,29 +95,35 @@ def open_store(args: argparse.Namespace) -> Store:
     return Store(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
 
 
+def open_views(args: argparse.Namespace) -> ViewReader:
+    """What the analytics commands read the views through: one attachment for their queries, no pydantic."""
+    from ..storage.connection import resolve
+    from ..storage.reads import ViewReader
+
+    return ViewReader(resolve(db_path(args)), lock_timeout=getattr(args, "wait", 10.0))
+
+
 def resolve_session(store: Store, requested: str | None) -> str:
     """The session a command is about: the one named (or uniquely prefixed), else the most recent."""
+    from ..storage.connection import open_store as connect
+
+    flush_own(store.path)  # what this process recorded (a test, a notebook) is read too
+    with connect(store.path, read_only=True, timeout=store.lock_timeout) as con:
+        return resolve_session_on(con, store.path, requested)
+
+
+def resolve_session_on(con: duckdb.DuckDBPyConnection, path: str, requested: str | None) -> str:
+    """:func:`resolve_session` on a connection to the store at ``path`` that is open already."""
+    from ..storage.reads import session_of
+
+    found = session_of(con, requested)
+    if isinstance(found, str):
+        return found
     if requested is None:
-        recent = store.list_sessions(limit=1)
-        if not recent:
-            raise CommandError(
-                f"the store {store.path} holds no sessions yet (run an instrumented agent, or `loopscope demo`)"
-            )
-        return recent[0].session_id
-    if store.get_event_count(requested) > 0:
-        return requested
-    _, rows = store.sql(
-        """SELECT session_id FROM (
-               SELECT session_id FROM sessions UNION SELECT session_id FROM turns WHERE session_id IS NOT NULL
-           ) WHERE starts_with(session_id, ?) ORDER BY session_id LIMIT 6""",
-        [requested],
-    )
-    matches = [r[0] for r in rows]
-    if requested in matches or len(matches) == 1:
-        return requested if requested in matches else matches[0]
-    if not matches:
-        raise CommandError(f"no session {requested!r} in {store.path} (list them with `loopscope sessions`)")
-    shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise CommandError(f"the store {path} holds no sessions yet (run an instrumented agent, or `loopscope demo`)")
+    if not found:
+        raise CommandError(f"no session {requested!r} in {path} (list them with `loopscope sessions`)")
+    shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
     raise CommandError(f"{requested!r} matches several sessions ({shown}); give more of the id")
 
 
@@ -182,6 +188,8 @@ def timeline(args: argparse.Namespace) -> int:
         raise CommandError(
             "--after and --before cannot be used together (page forwards with --after, backwards with --before)"
         )
+    from ..storage.policy import EventFilter
+
     store = open_store(args)
     session = resolve_session(store, args.session)
     event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
@@ -224,26 +232,36 @@ def timeline(args: argparse.Namespace) -> int:
 
 
 def turns(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    session = resolve_session(store, args.session) if args.session is not None else None
-    found = store.list_turns(session, limit=args.limit or None, newest_first=True)
-    if args.json:
-        emit_json([t.model_dump(mode="json") for t in found])
+    if args.json:  # the public models' JSON
+        store = open_store(args)
+        session = resolve_session(store, args.session) if args.session is not None else None
+        emit_json([t.model_dump(mode="json") for t in store.list_turns(session, limit=args.limit or None, newest_first=True)])
         return 0
+    # the table from plain rows: no pydantic, no models (``loopscope turns`` starts in a third of the time)
+    from ..storage import reads
+    from ..storage.connection import open_store as connect
+    from ..storage.connection import resolve
+
+    path, wait = resolve(db_path(args)), getattr(args, "wait", 10.0)
+    flush_own(path)
+    with connect(path, read_only=True, timeout=wait) as con:
+        session = resolve_session_on(con, path, args.session) if args.session is not None else None
+        rows = reads.turn_rows(con, session, args.limit or None, newest_first=True, utc_naive=True)
+        found = [reads.turn_row(r) for r in rows]
+        ids = sorted({t.correlation_id for t in found if t.correlation_id})
+        cost_rows = reads.view_rows_on(con, _TURN_COSTS, [ids]) if ids else []
     if not found:
         emit(f"no turns{f' in session {session}' if session else ''} yet")
         return 0
-    emit(tables.turns_table(found, show_session=session is None, costs=_turn_costs(store, found), ellipsis=ellipsis()))
+    if cost_rows is None:  # an older file: the view is given to a database of its own
+        cost_rows = reads.view_rows(path, _TURN_COSTS, [ids], timeout=wait)
+    costs = {(r[0], r[1]): r[2] for r in cost_rows}
+    emit(tables.turns_table(found, show_session=session is None, costs=costs, ellipsis=ellipsis()))
     return 0
 
 
-def _turn_costs(store: Store, found: list[Any]) -> dict[tuple[str | None, str | None], float | None]:
-    """What each turn cost in USD (its model calls' sum, else its own price), from turn_summaries."""
-    ids = sorted({t.correlation_id for t in found if t.correlation_id})
-    if not ids:
-        return {}
-    _, rows = store.sql("SELECT session_id, turn_id, cost_usd FROM turn_summaries WHERE list_contains(?, turn_id)", [ids])
-    return {(r[0], r[1]): r[2] for r in rows}
+# what each turn cost in USD (its model calls' sum, else its own price)
+_TURN_COSTS = "SELECT session_id, turn_id, cost_usd FROM turn_summaries WHERE list_contains(?, turn_id)"
 
 
 def sessions(args: argparse.Namespace) -> int:
@@ -290,4 +308,6 @@ def sql(args: argparse.Namespace) -> int:
 
 def _json_value(value: Any) -> Any:
     """A SQL value as JSON: timestamps as ISO text, decimals and UUIDs as text, NaN as "nan"."""
+    from .._json import to_jsonable
+
     return to_jsonable(value)

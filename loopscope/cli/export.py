@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _copy(con: duckdb.DuckDBPyConnection, query: str, target: Path, label: str | None) -> int:
     """Write one table; with a label, draw a progress bar while DuckDB works."""
-    import duckdb  # loaded already: the store is open
+    from ..storage.engine import duckdb  # loaded already: the store is open
 
     statement = f"COPY ({query}) TO '{_quote(str(target))}' (FORMAT parquet, PARTITION_BY (date))"
     if label is None:

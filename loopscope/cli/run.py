@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from .._autostart import DISABLED_ENV
-from ..content import capture
 from ..instrument import ADAPTERS
 from ..storage.recording import DEFAULT_DB
 from .commands import CommandError
@@ -81,6 +80,8 @@ def child_environment(args: argparse.Namespace, base: dict[str, str] | None = No
         from ..pipeline import SESSION_ENV
 
         env[SESSION_ENV] = session
+    from ..content import capture  # here: --help needs none of it
+
     if args.capture_content and not capture.on_spans_for_all(env.get(capture.VARIABLE)):
         # SPAN_ONLY, not "true": opentelemetry-util-genai's instrumentations read "true" as no
         # content; a value that already puts content on spans for both (SPAN_AND_EVENT) stays

@@ -22,10 +22,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from .._json import to_jsonable
 from ..dashboards import tables
 from ..dashboards.tables import Column
-from ..semconv import UNSERVED_CUT
 from . import _args
 from .commands import db_path, emit, emit_json
 
@@ -48,6 +46,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     """The status of the store at ``path`` as plain values (what ``--json`` prints)."""
+    from ..semconv import UNSERVED_CUT
     from ..storage import health  # DuckDB: imported when a command reads, not for ``--help``
     from ..storage.connection import open_store
     from ..storage.schema import check_readable, has_model_calls, schema_version
@@ -236,6 +235,8 @@ def status_command(args: argparse.Namespace) -> int:
     path = db_path(args)
     status = read_status(path, getattr(args, "wait", 10.0))
     if args.json:
+        from .._json import to_jsonable
+
         emit_json(to_jsonable(status))
         return 0
     emit(f"store       {status['path']}")

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from ..dashboards import tables
 from ..storage.errors import StoreError, StoreLockedError
-from ..storage.policy import EventFilter
 from . import _args
 from .commands import CommandError, ellipsis, emit, open_store, resolve_session
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent
+    from ..storage.policy import EventFilter
     from ..storage.store import Store
 
 
@@ -107,6 +107,8 @@ def _ready(store: Store) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..storage.policy import EventFilter
+
     store = open_store(args)
     event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
     printer = _Printer(args.json, show_session=args.session is None)
@@ -128,7 +130,7 @@ def _interrupted(exc: BaseException) -> bool:
     """Whether ``exc`` is Ctrl-C that reached DuckDB first: a query running when SIGINT
     arrives is interrupted, and DuckDB raises that instead of ``KeyboardInterrupt``
     (``InterruptException``, or a ``RuntimeError`` "Query interrupted" from a fetch)."""
-    import duckdb
+    from ..storage.engine import duckdb
 
     return isinstance(exc, duckdb.InterruptException) or (
         isinstance(exc, RuntimeError) and "interrupted" in str(exc).lower()

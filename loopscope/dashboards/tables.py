@@ -12,14 +12,13 @@ import json
 import shutil
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-from .._json import to_jsonable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # the rows are the public models; pydantic is imported by what reads them, not by ``--help``
     from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
+    from ..storage.reads import CallRow, TurnRow  # plain rows (``loopscope turns``, ``calls``: no pydantic)
 
 ELLIPSIS = "…"
 GAP = "  "
@@ -27,8 +26,7 @@ MIN_WIDTH = 60
 DEFAULT_WIDTH = 120
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):  # not a dataclass: ``loopscope turns`` imports no ``dataclasses`` (nor ``inspect``)
     """How one column is laid out."""
 
     header: str
@@ -149,6 +147,8 @@ def compact_json(value: Any) -> str:
         return ""
     if isinstance(value, str):
         return value
+    from .._json import to_jsonable  # here: the turns table needs none of it
+
     return json.dumps(to_jsonable(value), ensure_ascii=False, separators=(", ", ": "))
 
 
@@ -254,7 +254,7 @@ def events_table(
 
 
 def turns_table(
-    turns: Sequence[AIResponseEvent],
+    turns: Sequence[AIResponseEvent | TurnRow],
     *,
     show_session: bool = False,
     costs: Mapping[tuple[str | None, str | None], float | None] | None = None,
@@ -295,11 +295,18 @@ def turns_table(
             in_out(t.usage),
             *([usd((costs or {}).get((t.session_id, t.correlation_id)))] if show_cost else []),
             millis(t.latency_ms),
-            t.loop_end_reason.value if t.loop_end_reason else "",
+            _text(t.loop_end_reason),
             t.error or (t.segments[-1] if t.segments else t.response_content),
         ]
         rows.append(row)
     return render(columns, rows, width=width, ellipsis=ellipsis)
+
+
+def _text(value: str | Enum | None) -> str:
+    """A text or a text enum's value (a model's ``LoopEndReason``, a plain row's text)."""
+    if value is None:
+        return ""
+    return str(value.value) if isinstance(value, Enum) else value
 
 
 def in_out(usage: Mapping[str, int] | None) -> str:
@@ -310,7 +317,7 @@ def in_out(usage: Mapping[str, int] | None) -> str:
 
 
 def calls_table(
-    calls: Sequence[ModelCall],
+    calls: Sequence[ModelCall | CallRow],
     *,
     show_session: bool = False,
     width: int | None = None,

@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass
-class Patch:
+# named tuples, not dataclasses: ``import loopscope`` imports no ``dataclasses`` (nor ``inspect``)
+class Patch(NamedTuple):
     owner: type
     name: str
     original: Any
@@ -21,8 +20,7 @@ class Patch:
         setattr(self.owner, self.name, self.original)
 
 
-@dataclass
-class Registration:
+class Registration(NamedTuple):
     """A registration with a library whose extension point is a registration (a tracing
     processor, a global callback handler) rather than a method to wrap: ``undo`` takes it back."""
 

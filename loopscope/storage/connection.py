@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-import duckdb
-
+from .engine import duckdb
 from .errors import StoreError, StoreLockedError
 
 _gates: dict[str, threading.Lock] = {}

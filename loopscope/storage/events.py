@@ -9,21 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, ModelCall, TextContent, ToolCallContent
+from .reads import TURN_NAMES, call_row
 
 EVENT_COLUMNS = (
     "id, session_id, idx, type, created_at, correlation_id, source_channel_id, source_provider, "
     "source_framework, status, content, trace_id, span_id"
 )
 """The ``events`` columns :func:`event_of` reads, in its order."""
-TURN_COLUMNS = (
-    "channel_id, session_id, correlation_id, parent_correlation_id, response_content, segments, tool_calls_count, "
-    "round_count, usage, thinking, loop_end_reason, latency_ms, streaming, timestamp, declared_tools, model, "
-    "provider, error, trace_id, span_id, model_call_count"
-)
-"""The ``turns`` columns :func:`turn_of` reads, in its order. ``model_call_count`` is last:
-a file from before ``m009_model_calls`` has no such column (the reader selects NULL in
-its place), and a turn whose writer did not count its calls has NULL there (the reader
-counts its ``model_calls`` rows): see :meth:`loopscope.Store.list_turns`."""
 
 
 def _content(text: str | None) -> Any:
@@ -54,46 +46,14 @@ def event_of(row: Sequence[Any]) -> ActivityEvent:
 
 
 def turn_of(row: Sequence[Any]) -> AIResponseEvent:
-    """A ``turns`` row (:data:`TURN_COLUMNS`) as an :class:`AIResponseEvent`."""
-    names = [c.strip() for c in TURN_COLUMNS.split(",")]
-    data = dict(zip(names, row))
+    """A ``turns`` row (:data:`~loopscope.storage.reads.TURN_COLUMNS`) as an :class:`AIResponseEvent`."""
+    data = dict(zip(TURN_NAMES, row))
     for key in ("segments", "usage", "declared_tools"):
         data[key] = json.loads(data[key]) if data[key] else None
     return AIResponseEvent.model_validate({k: v for k, v in data.items() if v is not None})
 
 
-CALL_COLUMNS = (
-    "session_id, turn_id, position, agent, provider, framework, model, request_model, response_model, response_id, "
-    "finish_reasons, outcome, streaming, started_at, ended_at, duration_ms, time_to_first_chunk_ms, input_tokens, "
-    "output_tokens, cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, provider_usage, "
-    "parameters, cost_usd, price_source, error_type, error, refusal, input_messages, output_messages, trace_id, span_id"
-)
-"""The ``model_call_summaries`` columns :func:`call_of` reads, in its order."""
-_CALL_NAMES = [c.strip() for c in CALL_COLUMNS.split(",")]
-_USAGE_NAMES = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "reasoning_tokens")
-_CALL_JSON = ("finish_reasons", "provider_usage", "parameters", "input_messages", "output_messages")
-
-
-def _loaded(text: Any) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def call_of(row: Sequence[Any]) -> ModelCall:
-    """A ``model_call_summaries`` row (:data:`CALL_COLUMNS`) as a :class:`ModelCall`."""
-    data = dict(zip(_CALL_NAMES, row))
-    data["correlation_id"] = data.pop("turn_id")
-    for key in _CALL_JSON:
-        data[key] = _loaded(data[key])
-    data["usage"] = {key: data.pop(key) for key in _USAGE_NAMES if data[key] is not None}
-    reasons = data["finish_reasons"]
-    data["finish_reasons"] = [str(r) for r in reasons] if isinstance(reasons, list) else []
-    if not isinstance(data["parameters"], dict):
-        data["parameters"] = {}
-    for key in _USAGE_NAMES:
-        data.pop(key, None)
-    return ModelCall.model_validate({k: v for k, v in data.items() if v is not None})
+    """A ``model_call_summaries`` row (:data:`~loopscope.storage.reads.CALL_COLUMNS`) as a
+    :class:`ModelCall`: :func:`~loopscope.storage.reads.call_row`'s fields, validated."""
+    return ModelCall.model_validate({k: v for k, v in call_row(row)._asdict().items() if v is not None})

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
+from .engine import duckdb
 
 WRITERS = "loopscope_writers"
 

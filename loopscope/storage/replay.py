@@ -28,10 +28,9 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-import duckdb
-
 from ..models import ActivityEvent
 from .connection import open_store
+from .engine import duckdb
 from .errors import StoreLockedError
 from .events import EVENT_COLUMNS, event_of
 from .policy import RECEIVED, EventFilter

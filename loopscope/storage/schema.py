@@ -31,8 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-import duckdb
-
+from .engine import duckdb
 from .errors import StoreError
 
 

@@ -12,21 +12,19 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import duckdb
-
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from .connection import open_store, resolve
+from .engine import duckdb
 from .errors import SQLRefusedError
-from .events import CALL_COLUMNS as _CALL_COLUMNS
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
-from .events import TURN_COLUMNS as _TURN_COLUMNS
 from .events import call_of as _call
 from .events import event_of as _event
 from .events import turn_of as _turn
 from .policy import RECEIVED, EventFilter
+from .reads import call_rows, turn_rows, view_rows
 from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
-from .schema import MODEL_CALLS_SINCE, SCHEMA_VERSION, check_readable, missing_views, schema_version
+from .schema import SCHEMA_VERSION, check_readable, missing_views
 
 _SPAN_SQL = """
     SELECT m.value, s.first_at, s.last_at
@@ -261,33 +259,12 @@ class Store:
         newest_first: bool = False,
     ) -> list[AIResponseEvent]:
         """Turn summaries, oldest first (``newest_first`` picks the most recent ``limit``)."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (
-            ("session_id", session_id), ("correlation_id", correlation_id),
-            ("channel_id", channel_id), ("loop_end_reason", loop_end_reason),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if after_time is not None:
-            clauses.append("timestamp > ?")
-            params.append(after_time)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        order = "DESC" if newest_first else "ASC"
-        sql = f"SELECT {_TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
         self._flush_own()
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
-            if check_readable(con) < MODEL_CALLS_SINCE:
-                # an older file read as it is: no model_call_count column, no model_calls rows
-                sql = sql.replace("model_call_count", "NULL AS model_call_count", 1)
-                rows = con.execute(sql, params).fetchall()
-            else:
-                rows = _with_call_counts(con, con.execute(sql, params).fetchall())
-        if newest_first:
-            rows.reverse()
+            rows = turn_rows(
+                con, session_id, limit, correlation_id=correlation_id, channel_id=channel_id,
+                loop_end_reason=loop_end_reason, after_time=after_time, newest_first=newest_first,
+            )
         return [_turn(r) for r in rows]
 
     def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
@@ -319,14 +296,7 @@ class Store:
         older one (read, not migrated) in a database of its own given this loopscope's
         views first (:func:`~loopscope.storage.schema.missing_views`)."""
         self._flush_own()
-        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
-            check_readable(con)
-            if schema_version(con) >= SCHEMA_VERSION:
-                return con.execute(sql, list(params)).fetchall()
-        with open_store(self.path, read_only=True, timeout=self.lock_timeout, isolated=True) as con:
-            for statement in missing_views(con):
-                con.execute(statement)
-            return con.execute(sql, list(params)).fetchall()
+        return view_rows(self.path, sql, params, timeout=self.lock_timeout, keep=self.keep_open)
 
     def model_calls(
         self,
@@ -348,32 +318,11 @@ class Store:
         ``with_messages`` reads each call's input and output messages too (content).
         A file from before model calls were stored has none.
         """
-        if limit is not None and limit < 0:
-            raise ValueError("limit must not be negative")
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("session_id", session_id), ("turn_id", correlation_id), ("provider", provider)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if model is not None:
-            clauses.append("(request_model = ? OR response_model = ?)")
-            params += [model, model]
-        if failed:
-            clauses.append("(outcome = 'error' OR error_type IS NOT NULL)")
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        columns = _CALL_COLUMNS if with_messages else _CALL_COLUMNS.replace(
-            "input_messages, output_messages", "NULL, NULL")
-        if slowest:
-            order = "duration_ms DESC NULLS LAST, started_at DESC, span_id"
-        else:
-            order = "started_at DESC, position DESC, span_id DESC"
-        sql = f"SELECT {columns} FROM model_call_summaries {where} ORDER BY {order}"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        rows = self._view_query(sql, params)
-        if not slowest:
-            rows.reverse()
+        self._flush_own()
+        rows = call_rows(
+            self.path, session_id, correlation_id, model=model, provider=provider, failed=failed, slowest=slowest,
+            limit=limit, with_messages=with_messages, timeout=self.lock_timeout, keep=self.keep_open,
+        )
         return [_call(r) for r in rows]
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -403,25 +352,6 @@ class Store:
                 ) from exc
             names = [d[0] for d in cursor.description] if cursor.description else []
             return names, cursor.fetchall()
-
-
-def _with_call_counts(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``turns`` rows (:data:`~loopscope.storage.events.TURN_COLUMNS`, the count last) with
-    the turns whose writer left no model call count (a foreign turn from collected spans,
-    a turn written before the count was) given the number of their ``model_calls`` rows,
-    as the ``turn_summaries`` view counts them. Only those turns' calls are read, and only
-    when the page has such a turn: the common page costs no second query."""
-    uncounted = {r[2] for r in rows if r[-1] is None and r[2] is not None}
-    if not uncounted:
-        return rows
-    counts = {
-        (session, turn): calls
-        for session, turn, calls in con.execute(
-            "SELECT session_id, correlation_id, count(*) FROM model_calls WHERE list_contains(?, correlation_id) GROUP BY ALL",
-            [sorted(uncounted)],
-        ).fetchall()
-    }
-    return [r if r[-1] is not None else (*r[:-1], counts.get((r[1], r[2]), 0)) for r in rows]
 
 
 async def _to_thread(function: Any, /, *args: Any, **kwargs: Any) -> Any:

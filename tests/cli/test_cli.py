@@ -399,3 +399,31 @@ def test_python_dash_m_loopscope_error_is_one_line(tmp_path):
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "no loopscope store" in result.stderr
+
+
+def test_turns_table_from_plain_rows_is_the_models_table(recording, capsys):
+    """``loopscope turns`` prints plain rows (no pydantic): the same table the public models
+    make, for turns that ended every way (completed, failed, stopped at a reason, usage or not)."""
+    from loopscope.dashboards import tables
+    from loopscope.storage.reads import TURN_NAMES, TurnRow
+
+    assert TurnRow._fields == TURN_NAMES
+    with loopscope.turn(session_id="plain", agent="a", input="hello", model="m-1") as t:
+        t.generation("hi", usage={"input_tokens": 12, "output_tokens": 3})
+    with pytest.raises(RuntimeError), loopscope.turn(session_id="plain", agent="b", input="boom"):
+        raise RuntimeError("it broke")
+    with loopscope.turn(session_id="other", agent="a", input="stop") as t:
+        t.generation("enough")
+        t.end("max_rounds")
+    code, out, _ = run(capsys, "turns", "--db", recording.db)
+    assert code == 0, out
+    store = loopscope.Store(recording.db)
+    models = store.list_turns(None, limit=50, newest_first=True)
+    assert {t.loop_end_reason.value for t in models if t.loop_end_reason} >= {"error", "max_rounds", "completed"}
+    _, costs = store.sql("SELECT session_id, turn_id, cost_usd FROM turn_summaries")
+    expected = tables.turns_table(models, show_session=True, costs={(r[0], r[1]): r[2] for r in costs})
+    assert out.rstrip("\n") == expected
+    code, out, _ = run(capsys, "turns", "pla", "--db", recording.db)  # a session by its prefix
+    assert code == 0
+    expected = tables.turns_table([t for t in models if t.session_id == "plain"], costs={(r[0], r[1]): r[2] for r in costs})
+    assert out.rstrip("\n") == expected
