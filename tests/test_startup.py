@@ -21,10 +21,10 @@ RECORDING = ["loopscope.recorder", "loopscope.pipeline", "loopscope.export", "lo
 CLI = "from loopscope.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
 
 
-def loaded(code: str, names: list[str], cwd: Path | None = None) -> dict[str, bool]:
+def loaded(code: str, names: list[str], cwd: Path | None = None, env_extra: dict[str, str] | None = None) -> dict[str, bool]:
     """Run ``code`` in a fresh interpreter; which of ``names`` it imported."""
     report = f"\nimport json as _j, sys as _s\nprint(_j.dumps({{n: n in _s.modules for n in {names!r}}}))\n"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env_extra or {})}
     done = subprocess.run(
         [sys.executable, "-c", code + report], cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300,
         check=False,
@@ -91,6 +91,19 @@ def test_terminal_reads_print_plain_rows_without_pydantic_or_opentelemetry(tmp_p
     if not engine_alone:
         found.pop("_duckdb")
     assert not any(found.values()), [name for name, is_in in found.items() if is_in]
+
+
+def test_with_the_engine_switch_off_terminal_reads_use_the_duckdb_package(tmp_path):
+    """``LOOPSCOPE_DUCKDB_ENGINE=0`` turns off the one use of DuckDB's private engine module:
+    the reads then go through the public ``duckdb`` package and print the same table."""
+    db = str(tmp_path / "demo.duckdb")
+    loaded(CLI.format(argv=["--db", db, "demo"]), [])
+    code = "import io, contextlib\nout = io.StringIO()\nwith contextlib.redirect_stdout(out):\n" + "".join(
+        "    " + line + "\n" for line in CLI.format(argv=["--db", db, "turns"]).splitlines()
+    ) + "assert 'concierge' in out.getvalue().lower(), out.getvalue()\n"
+    code += "import loopscope.storage.engine as _e, duckdb as _d\nassert _e.duckdb is _d, _e.duckdb\n"
+    found = loaded(code, ["duckdb"], env_extra={"LOOPSCOPE_DUCKDB_ENGINE": "0"})
+    assert found["duckdb"]
 
 
 def test_instrument_reads_no_heavy_module_of_an_imported_library():

@@ -8,17 +8,19 @@ start, the engine alone about 0.7x (``benchmarks/bench_startup.py``): a command 
 connects, runs SQL and fetches rows needs nothing more, so the store's connections use the
 engine, and ``loopscope turns`` does not pay for the rest.
 
-This is the one module that names ``_duckdb``. Where the engine is no module of its own
-(older ``duckdb`` releases), ``duckdb`` is the package itself. Code that hands DuckDB
+This is the one module that names ``_duckdb``, and ``LOOPSCOPE_DUCKDB_ENGINE=0`` turns it off
+(the package itself then, as for a ``duckdb`` release whose engine is no module of its own). Code that hands DuckDB
 Arrow tables (the writers) imports the package: it registers the Arrow sources with the
 engine as it loads.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+# the switch off (or type checking): the public package
+if TYPE_CHECKING or os.environ.get("LOOPSCOPE_DUCKDB_ENGINE", "1").strip() == "0":
     import duckdb
 else:
     try:
