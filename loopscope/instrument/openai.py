@@ -107,6 +107,9 @@ _PARAMETERS = (  # the request's parameters, in the order their span attributes 
     ("service_tier", "service_tier"),
 )
 _PARAMETER_KEYS = frozenset({key for _, key in _PARAMETERS} | {"max_completion_tokens"})
+# the parameters a call sets -> those of _PARAMETERS to read, in order: a program sets the
+# same few on every call (at most 2**12 sets of them, each a few entries)
+_plans: dict[frozenset[str], tuple[tuple[str, str], ...]] = {}
 
 
 def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -115,17 +118,23 @@ def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
     request: dict[str, Any] = {}
     if not present:
         return request
-    for name, key in _PARAMETERS:
-        if key in present or (name == "max_tokens" and "max_completion_tokens" in present):
-            if name == "max_tokens":
-                request[name] = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
-            elif name == "stop":
-                stop = kwargs["stop"]
-                request[name] = [stop] if isinstance(stop, str) else stop
-            elif name == "tool_choice":
-                request[name] = r.tool_choice(kwargs[key])
-            else:
-                request[name] = kwargs[key]
+    plan = _plans.get(present)
+    if plan is None:
+        plan = _plans[present] = tuple(
+            (name, key)
+            for name, key in _PARAMETERS
+            if key in present or (name == "max_tokens" and "max_completion_tokens" in present)
+        )
+    for name, key in plan:
+        if name == "max_tokens":
+            request[name] = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+        elif name == "stop":
+            stop = kwargs["stop"]
+            request[name] = [stop] if isinstance(stop, str) else stop
+        elif name == "tool_choice":
+            request[name] = r.tool_choice(kwargs[key])
+        else:
+            request[name] = kwargs[key]
     return request
 
 
@@ -229,7 +238,7 @@ def _other_choices(choices: Any) -> list[Choice]:
 
 
 def _finish_completion(completion: Any, model_call: ModelCall) -> None:
-    if isinstance(completion, r.BaseModel):
+    if r.is_model(completion):
         return _finish_model(completion, model_call)
     choices = r.get(completion, "choices") or []
     if not choices and r.get(completion, "error"):
@@ -448,7 +457,7 @@ def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
 
 
 def _deliver(result: Any, model_call: ModelCall, finish_one: Any, chunks: Any) -> Any:
-    if isinstance(result, r.BaseModel):  # a parsed response: by far the most common (and
+    if r.is_model(result):  # a parsed response: by far the most common (and
         finish_one(result, model_call)  # ``hasattr`` on a model for what it lacks is slow)
         return result
     import openai
