@@ -317,34 +317,43 @@ class _ChatChunks:
 
     def add(self, chunk: Any, model_call: ModelCall) -> None:
         """One chunk; the SDK's own chunk model read directly, without a further frame per
-        chunk (its fields are attributes: ``r.get`` is ``getattr`` for them)."""
+        chunk: its fields are read as attributes (loads, not ``getattr`` calls: every chunk
+        of every stream passes here), all of them before any is used. The SDK builds
+        chunks without validation, so a field a provider left out can be missing: then the
+        chunk (or the choice) is read the general way, which gives what ``getattr`` with a
+        default would."""
         if type(chunk) is not _chunk_type:
             return self._add_general(chunk, model_call)
+        try:
+            response_id, model, usage, choices = chunk.id, chunk.model, chunk.usage, chunk.choices
+        except AttributeError:
+            return self._add_general(chunk, model_call)
         if not self.response_id:
-            self.response_id = getattr(chunk, "id", None)
+            self.response_id = response_id
         if not self.model:
-            self.model = getattr(chunk, "model", None)
-        usage = getattr(chunk, "usage", None)
+            self.model = model
         if usage is not None:
             self.usage = _chat_usage(usage)
-        for choice in getattr(chunk, "choices", None) or ():
-            delta = getattr(choice, "delta", None)
-            if type(choice) is dict or type(delta) is dict:
+        for choice in choices or ():
+            if type(choice) is not _choice_type:
+                self._add_choice(choice, model_call)  # a dict, or another object: the general way
+                continue
+            try:
+                delta, index, reason = choice.delta, choice.index, choice.finish_reason
+                content, refusal, calls = delta.content, delta.refusal, delta.tool_calls
+            except AttributeError:  # a field left out, or a delta of another kind (a dict)
                 self._add_choice(choice, model_call)
                 continue
-            if getattr(choice, "index", 0) != 0:
+            if index != 0:
                 self._add_other(choice)
                 continue
-            content = getattr(delta, "content", None)
             if content:
                 model_call.round.text_delta(content)  # ModelCall.delta without its frame
-            refusal = getattr(delta, "refusal", None)
             if refusal:
                 self.refusal.append(refusal)
                 model_call.delta(refusal)  # a refusal is what the model said (as a parsed one's text)
-            if getattr(delta, "tool_calls", None):
+            if calls:
                 self._add_choice_calls(delta, model_call)
-            reason = getattr(choice, "finish_reason", None)
             if reason:
                 self.finish_reason = reason
 
@@ -445,8 +454,9 @@ class _ChatChunks:
 
 try:
     from openai.types.chat import ChatCompletionChunk as _chunk_type
-except ImportError:  # pragma: no cover - an SDK without it: every chunk the general way
-    _chunk_type = None
+    from openai.types.chat.chat_completion_chunk import Choice as _choice_type
+except ImportError:  # pragma: no cover - an SDK without them: every chunk the general way
+    _chunk_type = _choice_type = None
 
 
 def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
