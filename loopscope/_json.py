@@ -75,6 +75,24 @@ def dumps(value: Any) -> str:
     return text if text.isascii() or _encodable(text) else _encode(to_jsonable(value))
 
 
+def plain(value: Any) -> str | None:
+    """The JSON text :func:`dumps` gives ``value`` when it needs none of its fallbacks (no
+    value the encoder refuses, no lone surrogate), else None. For text assembled from parts
+    encoded once each (an answer's tool-call arguments, kept for their ``execute_tool``
+    spans): the parts joined are the whole's :func:`dumps`, since the encoder writes a
+    value the same wherever it sits, and only a fallback (which converts the whole) differs."""
+    try:
+        if type(value) is str:
+            text = _encode_str(value)
+        elif _iterencode is not None:
+            text = _join(_iterencode(value, 0))
+        else:
+            text = _encode(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return text if text.isascii() or _encodable(text) else None
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")

@@ -302,10 +302,12 @@ def turn_attributes(
     *,
     model_call_count: int | None = None,
     input_messages_json: str | None = None,
+    content_json: str | None = None,
 ) -> dict[str, Any]:
     """:func:`turn_summary_attributes` from the summary's plain values (the JSON ones encoded).
 
-    ``input_messages_json``: what the agent was given, as ``gen_ai.input.messages``. The
+    ``input_messages_json``: what the agent was given, as ``gen_ai.input.messages``;
+    ``content_json``: ``response_content`` as JSON text, when the caller made it already. The
     response is the output message, its ``finish_reason`` said by the loop end reason
     (:func:`turn_finish_reason`), as the GenAI message schema requires."""
     attributes: dict[str, Any] = {
@@ -321,7 +323,7 @@ def turn_attributes(
     if input_messages_json is not None:
         attributes[INPUT_MESSAGES] = input_messages_json
     if response_content:
-        attributes[OUTPUT_MESSAGES] = _output_text_json(response_content, turn_finish_reason(loop_end_reason))
+        attributes[OUTPUT_MESSAGES] = _output_text_json(response_content, turn_finish_reason(loop_end_reason), content_json)
     if thinking:
         attributes[THINKING] = thinking
     if model:
@@ -347,8 +349,14 @@ def turn_finish_reason(loop_end_reason: str) -> str:
     return _TURN_FINISH.get(loop_end_reason) or loop_end_reason or "stop"
 
 
-def _output_text_json(text: str, finish_reason: str) -> str:
-    return _json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": finish_reason}])
+def _output_text_json(text: str, finish_reason: str, text_json: str | None = None) -> str:
+    """One assistant message of ``text``, as ``_json.dumps`` gives it, assembled from its
+    parts' JSON text (the same text, see ``_json.plain``): ``text_json`` when made already."""
+    content = text_json if text_json is not None else _json.plain(text)
+    reason = _json.plain(finish_reason)
+    if content is None or reason is None:  # a part that needs a fallback: the whole, as before
+        return _json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": finish_reason}])
+    return '[{"role": "assistant", "parts": [{"type": "text", "content": ' + content + '}], "finish_reason": ' + reason + "}]"
 
 
 def user_text_json(text: Any) -> str:
@@ -463,7 +471,10 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
                 if instructions is not None:
                     out[SYSTEM_INSTRUCTIONS] = instructions
             continue
-        if isinstance(value, int) and not isinstance(value, bool) and not -MAX_COUNT - 1 <= value <= MAX_COUNT:
+        kind = type(value)
+        if kind is str or kind is float or kind is bool or (kind is int and -MAX_COUNT - 1 <= value <= MAX_COUNT):
+            out[attr] = value  # the common values, without the isinstance checks below
+        elif isinstance(value, int) and not isinstance(value, bool) and not -MAX_COUNT - 1 <= value <= MAX_COUNT:
             out[attr] = _json.to_text(value)  # an OTLP integer is an int64: past it, the number as text
         elif isinstance(value, (str, bool, int, float)):
             out[attr] = value

@@ -339,7 +339,7 @@ class _Events:
 
 
 def _deliver(result: Any, model_call: ModelCall) -> Any:
-    if isinstance(result, r.BaseModel):  # a parsed message (``hasattr`` on a model is slow)
+    if r.is_model(result):  # a parsed message (``hasattr`` on a model is slow)
         _finish_message(result, model_call)
         return result
     import anthropic

@@ -107,6 +107,9 @@ _PARAMETERS = (  # the request's parameters, in the order their span attributes 
     ("service_tier", "service_tier"),
 )
 _PARAMETER_KEYS = frozenset({key for _, key in _PARAMETERS} | {"max_completion_tokens"})
+# the parameters a call sets -> those of _PARAMETERS to read, in order: a program sets the
+# same few on every call (at most 2**12 sets of them, each a few entries)
+_plans: dict[frozenset[str], tuple[tuple[str, str], ...]] = {}
 
 
 def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -115,17 +118,23 @@ def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
     request: dict[str, Any] = {}
     if not present:
         return request
-    for name, key in _PARAMETERS:
-        if key in present or (name == "max_tokens" and "max_completion_tokens" in present):
-            if name == "max_tokens":
-                request[name] = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
-            elif name == "stop":
-                stop = kwargs["stop"]
-                request[name] = [stop] if isinstance(stop, str) else stop
-            elif name == "tool_choice":
-                request[name] = r.tool_choice(kwargs[key])
-            else:
-                request[name] = kwargs[key]
+    plan = _plans.get(present)
+    if plan is None:
+        plan = _plans[present] = tuple(
+            (name, key)
+            for name, key in _PARAMETERS
+            if key in present or (name == "max_tokens" and "max_completion_tokens" in present)
+        )
+    for name, key in plan:
+        if name == "max_tokens":
+            request[name] = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+        elif name == "stop":
+            stop = kwargs["stop"]
+            request[name] = [stop] if isinstance(stop, str) else stop
+        elif name == "tool_choice":
+            request[name] = r.tool_choice(kwargs[key])
+        else:
+            request[name] = kwargs[key]
     return request
 
 
@@ -229,7 +238,7 @@ def _other_choices(choices: Any) -> list[Choice]:
 
 
 def _finish_completion(completion: Any, model_call: ModelCall) -> None:
-    if isinstance(completion, r.BaseModel):
+    if r.is_model(completion):
         return _finish_model(completion, model_call)
     choices = r.get(completion, "choices") or []
     if not choices and r.get(completion, "error"):
@@ -308,34 +317,43 @@ class _ChatChunks:
 
     def add(self, chunk: Any, model_call: ModelCall) -> None:
         """One chunk; the SDK's own chunk model read directly, without a further frame per
-        chunk (its fields are attributes: ``r.get`` is ``getattr`` for them)."""
+        chunk: its fields are read as attributes (loads, not ``getattr`` calls: every chunk
+        of every stream passes here), all of them before any is used. The SDK builds
+        chunks without validation, so a field a provider left out can be missing: then the
+        chunk (or the choice) is read the general way, which gives what ``getattr`` with a
+        default would."""
         if type(chunk) is not _chunk_type:
             return self._add_general(chunk, model_call)
+        try:
+            response_id, model, usage, choices = chunk.id, chunk.model, chunk.usage, chunk.choices
+        except AttributeError:
+            return self._add_general(chunk, model_call)
         if not self.response_id:
-            self.response_id = getattr(chunk, "id", None)
+            self.response_id = response_id
         if not self.model:
-            self.model = getattr(chunk, "model", None)
-        usage = getattr(chunk, "usage", None)
+            self.model = model
         if usage is not None:
             self.usage = _chat_usage(usage)
-        for choice in getattr(chunk, "choices", None) or ():
-            delta = getattr(choice, "delta", None)
-            if type(choice) is dict or type(delta) is dict:
+        for choice in choices or ():
+            if type(choice) is not _choice_type:
+                self._add_choice(choice, model_call)  # a dict, or another object: the general way
+                continue
+            try:
+                delta, index, reason = choice.delta, choice.index, choice.finish_reason
+                content, refusal, calls = delta.content, delta.refusal, delta.tool_calls
+            except AttributeError:  # a field left out, or a delta of another kind (a dict)
                 self._add_choice(choice, model_call)
                 continue
-            if getattr(choice, "index", 0) != 0:
+            if index != 0:
                 self._add_other(choice)
                 continue
-            content = getattr(delta, "content", None)
             if content:
                 model_call.round.text_delta(content)  # ModelCall.delta without its frame
-            refusal = getattr(delta, "refusal", None)
             if refusal:
                 self.refusal.append(refusal)
                 model_call.delta(refusal)  # a refusal is what the model said (as a parsed one's text)
-            if getattr(delta, "tool_calls", None):
+            if calls:
                 self._add_choice_calls(delta, model_call)
-            reason = getattr(choice, "finish_reason", None)
             if reason:
                 self.finish_reason = reason
 
@@ -436,8 +454,9 @@ class _ChatChunks:
 
 try:
     from openai.types.chat import ChatCompletionChunk as _chunk_type
-except ImportError:  # pragma: no cover - an SDK without it: every chunk the general way
-    _chunk_type = None
+    from openai.types.chat.chat_completion_chunk import Choice as _choice_type
+except ImportError:  # pragma: no cover - an SDK without them: every chunk the general way
+    _chunk_type = _choice_type = None
 
 
 def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
@@ -448,7 +467,7 @@ def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
 
 
 def _deliver(result: Any, model_call: ModelCall, finish_one: Any, chunks: Any) -> Any:
-    if isinstance(result, r.BaseModel):  # a parsed response: by far the most common (and
+    if r.is_model(result):  # a parsed response: by far the most common (and
         finish_one(result, model_call)  # ``hasattr`` on a model for what it lacks is slow)
         return result
     import openai

@@ -353,7 +353,12 @@ def _identified(turn: Turn, calls: Iterable[Any]) -> Iterable[Any]:
     id (an empty one, or none) get one, and are noted, in order, for the request that will
     carry their results without an id either."""
     calls = list(calls)
-    if all(_raw_id(call) for call in calls):
+    for call in calls:  # a loop, not all(...): no generator frame
+        if type(call) is ToolCall and call.id:
+            continue  # what the SDK adapters hand over, without _raw_id's frame
+        if not _raw_id(call):
+            break
+    else:
         return calls  # the usual case: every call has its id
     read = _tool_calls(calls)
     if len(read) == len(calls):

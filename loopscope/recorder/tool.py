@@ -190,8 +190,11 @@ class ToolExecution:
         self._duration_ms = _values.duration_ms(duration_ms)
         self._finish(None)
 
-    def _open(self, turn: Any, parent: otel_context.Context | None, start_time: int | None = None) -> None:
-        """Start the ``execute_tool`` span (under ``parent``, else the current span)."""
+    def _open(
+        self, turn: Any, parent: otel_context.Context | None, start_time: int | None = None, arguments_json: str | None = None
+    ) -> None:
+        """Start the ``execute_tool`` span (under ``parent``, else the current span);
+        ``arguments_json``: the arguments' JSON text, when the caller made it already."""
         attributes: dict[str, Any] = {a.OPERATION: a.OP_EXECUTE_TOOL, a.TOOL_NAME: self.name, a.TOOL_TYPE: "function"}
         if turn is not None:
             attributes[a.CONVERSATION_ID] = turn.session_id
@@ -205,7 +208,7 @@ class ToolExecution:
             self.call_id = os.urandom(16).hex()
         attributes[a.TOOL_CALL_ID] = self.call_id
         if self.arguments is not None:
-            attributes[a.TOOL_CALL_ARGUMENTS] = _json.dumps(self.arguments)
+            attributes[a.TOOL_CALL_ARGUMENTS] = arguments_json if arguments_json is not None else _json.dumps(self.arguments)
         if self.description:
             attributes[a.TOOL_DESCRIPTION] = self.description
         self._span = start_span(settings.tracer(), f"{a.OP_EXECUTE_TOOL} {self.name}", parent, attributes, start_time)
@@ -278,17 +281,18 @@ def running_tool() -> str | None:
     return name if isinstance(name, str) else None
 
 
-def start_requested(turn: Any, call: ToolCall, start_time: int | None = None) -> ToolExecution:
+def start_requested(turn: Any, call: ToolCall, start_time: int | None = None, arguments_json: str | None = None) -> ToolExecution:
     """Start a call the model just asked for, as a sibling of the round that asked.
 
     Adapters that see a response, not the tool run, use this: the call is pending from
     the moment the response is complete until a later request carries its result, or a
     decorated tool serves it. ``start_time`` (ns since the epoch) dates a call learned of
-    after it started.
+    after it started; ``arguments_json``: the call's arguments as JSON text, made already
+    (for the answer's output message).
     """
     execution = ToolExecution(call.name, call.arguments, call.id)
     execution._turn = turn
-    execution._open(turn, turn._context(), start_time)
+    execution._open(turn, turn._context(), start_time, arguments_json)
     return execution
 
 

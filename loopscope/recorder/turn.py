@@ -182,6 +182,9 @@ class Round:
     set before the end only to say ``cancelled``."""
     position = 0
     """The call's place in its turn, from 1 (set when the round starts)."""
+    _arguments_json: list[str] | tuple[()] = ()
+    """Each tool call's arguments as JSON text, in order, made once for the answer's output
+    message (see :func:`_output_json`) and given to the call's ``execute_tool`` span."""
 
     def __init__(
         self,
@@ -387,7 +390,7 @@ class Round:
             if choices:
                 attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self, exc), *(_choice_message(c) for c in choices)])
             elif self.text or self.tool_calls:
-                attributes[a.OUTPUT_MESSAGES] = _json.dumps([_output_message(self, exc)])
+                attributes[a.OUTPUT_MESSAGES] = _output_json(self, exc)
             if self._first_chunk_ns is not None:
                 attributes[a.TIME_TO_FIRST_CHUNK] = (self._first_chunk_ns - self._start_ns) / 1e9
             self.outcome = outcome = self._outcome(exc)
@@ -403,7 +406,8 @@ class Round:
                 attributes[a.ERROR_TYPE] = self.error_type or "error_response"
                 attributes[a.CALL_ERROR] = self.error
                 span.set_status(Status(StatusCode.ERROR, self.error))
-            self._release_context()
+            if self._token is not None or self._round_token is not None:  # an adapter's round attached nothing
+                self._release_context()
             gaps, take = self._chunk_gaps, settings.chunk_gaps
             if gaps is not None and take is not None:  # before the end: the metrics side sees the span after
                 self._chunk_gaps = None
@@ -416,7 +420,8 @@ class Round:
         except Exception:
             internal_error("round end")
         finally:
-            self._release_context()  # whatever failed above, the caller's context is put back
+            if self._token is not None or self._round_token is not None:
+                self._release_context()  # whatever failed above, the caller's context is put back
 
     def _outcome(self, exc: BaseException | None) -> str:
         """How the call ended (see :data:`loopscope.semconv.CALL_OUTCOMES`)."""
@@ -461,6 +466,37 @@ def _output_message(rnd: Round, exc: BaseException | None = None) -> dict[str, A
         "error" if exc is not None or rnd.error is not None else "tool_call" if rnd.tool_calls else "stop"
     )
     return {"role": "assistant", "parts": parts, "finish_reason": reason}
+
+
+def _output_json(rnd: Round, exc: BaseException | None) -> str:
+    """``_json.dumps([_output_message(rnd, exc)])``, assembled from its parts' JSON text
+    (the same text: see :func:`loopscope._json.plain`), so that each tool call's arguments
+    are encoded once, for this message and for the call's ``execute_tool`` span (kept in
+    :attr:`Round._arguments_json`). A part that needs a fallback encodes the whole as before."""
+    plain = _json.plain
+    parts: list[str] = []
+    text = rnd.text
+    if text:
+        encoded = plain(text)
+        if encoded is None:
+            return _json.dumps([_output_message(rnd, exc)])
+        parts.append('{"type": "text", "content": ' + encoded + "}")
+    calls = rnd.tool_calls
+    if calls:
+        made: list[str] = []
+        for call in calls:
+            arguments, call_id, name = plain(call.arguments), plain(call.id), plain(call.name)
+            if arguments is None or call_id is None or name is None:
+                return _json.dumps([_output_message(rnd, exc)])
+            made.append(arguments)
+            parts.append('{"type": "tool_call", "id": ' + call_id + ', "name": ' + name + ', "arguments": ' + arguments + "}")
+        rnd._arguments_json = made
+    reason = plain(
+        rnd.finish_reason or ("error" if exc is not None or rnd.error is not None else "tool_call" if calls else "stop")
+    )
+    if reason is None:
+        return _json.dumps([_output_message(rnd, exc)])
+    return '[{"role": "assistant", "parts": [' + ", ".join(parts) + '], "finish_reason": ' + reason + "}]"
 
 
 def _choice_reason(choice: Any) -> str:
@@ -780,7 +816,7 @@ class Turn:
                 self._close_segment()
                 segments = list(self._segments)
                 response_content = RESPONSE_SEGMENT_SEPARATOR.join(segments)
-                round_count = sum(1 for ran in self._rounds_with_tools.values() if ran)
+                round_count = sum(self._rounds_with_tools.values())  # the rounds one of whose calls ran (bools)
                 usage = dict(self._usage)
                 thinking = "\n".join(self._thinking)
                 model_call_count = self._round_no
@@ -800,9 +836,11 @@ class Turn:
                     if "declared" in facts:
                         declared, union = facts["declared"], None
             timestamp = time.time()
+            # one segment (the usual turn) is the response content too: its JSON is made once
+            content_json = _json.plain(segments[0]) if len(segments) == 1 and type(segments[0]) is str else None
             summary = a.turn_attributes(
                 reason.value,
-                _json.dumps(segments),
+                "[" + content_json + "]" if content_json is not None else _json.dumps(segments),
                 round_count,
                 tool_calls_count,
                 streaming,
@@ -815,13 +853,15 @@ class Turn:
                 usage,
                 model_call_count=model_call_count,
                 input_messages_json=self._input_messages_json(),
+                content_json=content_json,
             )
             if self._invalid_usage:
                 summary[a.USAGE_INVALID] = _json.dumps(self._invalid_usage)
             if error is not None:
                 summary[a.ERROR_TYPE] = error_type  # set after the summary, as set_attribute would
                 span.set_status(Status(StatusCode.ERROR, error))
-            self._release_context()
+            if self._token is not None or self._turn_token is not None:  # a stitched turn attached nothing
+                self._release_context()
             end_span(span, None, summary)  # set_attributes, then the end
             self._last_round = None  # the round points at its turn: no cycle left for the GC to find
             self._result = _Ended(
@@ -834,7 +874,8 @@ class Turn:
         except Exception:
             internal_error("turn end")
         finally:
-            self._release_context()  # whatever failed above, later calls must not land in this turn
+            if self._token is not None or self._turn_token is not None:
+                self._release_context()  # whatever failed above, later calls must not land in this turn
 
     def _conversation(self) -> str:
         """What a hand round was given, as ``gen_ai.input.messages`` JSON: the turn's input
@@ -956,9 +997,11 @@ class Turn:
                 # a tool call is a segment boundary: the text so far is one stretch
                 self._close_segment()
                 self._rounds_with_tools[self._round_no] = False
-                for call in rnd.tool_calls:
+                made = rnd._arguments_json  # the arguments' JSON, when the round's answer made it
+                for index, call in enumerate(rnd.tool_calls):
                     if rnd.eager:
-                        self._pending[call.id] = (start_requested(self, call), self._round_no)
+                        arguments = made[index] if index < len(made) else None
+                        self._pending[call.id] = (start_requested(self, call, arguments_json=arguments), self._round_no)
                         call_owners[call.id] = self
                     else:
                         self._pending[call.id] = (call, self._round_no)
