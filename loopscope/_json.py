@@ -63,16 +63,8 @@ _join = "".join
 
 def dumps(value: Any) -> str:
     """JSON text for ``value``; the fast path is plain ``json.dumps``."""
-    try:
-        if type(value) is str:
-            text = _encode_str(value)
-        elif _iterencode is not None:
-            text = _join(_iterencode(value, 0))
-        else:
-            text = _encode(value)
-    except (TypeError, ValueError, RecursionError):
-        return _encode(to_jsonable(value))
-    return text if text.isascii() or _encodable(text) else _encode(to_jsonable(value))
+    text = plain(value)
+    return text if text is not None else _encode(to_jsonable(value))
 
 
 def plain(value: Any) -> str | None:
