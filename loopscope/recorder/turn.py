@@ -462,10 +462,15 @@ def _output_message(rnd: Round, exc: BaseException | None = None) -> dict[str, A
         parts.append({"type": "text", "content": rnd.text})
     for call in rnd.tool_calls:
         parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments})
-    reason = rnd.finish_reason or (
+    reason = _finish_reason(rnd, exc)
+    return {"role": "assistant", "parts": parts, "finish_reason": reason}
+
+
+def _finish_reason(rnd: Round, exc: BaseException | None) -> str:
+    """The provider's finish reason, else what the round shows (``error``, ``tool_call``, ``stop``)."""
+    return rnd.finish_reason or (
         "error" if exc is not None or rnd.error is not None else "tool_call" if rnd.tool_calls else "stop"
     )
-    return {"role": "assistant", "parts": parts, "finish_reason": reason}
 
 
 def _output_json(rnd: Round, exc: BaseException | None) -> str:
@@ -491,9 +496,7 @@ def _output_json(rnd: Round, exc: BaseException | None) -> str:
             made.append(arguments)
             parts.append('{"type": "tool_call", "id": ' + call_id + ', "name": ' + name + ', "arguments": ' + arguments + "}")
         rnd._arguments_json = made
-    reason = plain(
-        rnd.finish_reason or ("error" if exc is not None or rnd.error is not None else "tool_call" if calls else "stop")
-    )
+    reason = plain(_finish_reason(rnd, exc))
     if reason is None:
         return _json.dumps([_output_message(rnd, exc)])
     return '[{"role": "assistant", "parts": [' + ", ".join(parts) + '], "finish_reason": ' + reason + "}]"

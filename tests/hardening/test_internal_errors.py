@@ -107,7 +107,7 @@ FAULTS: list[tuple[str, Any, str, tuple[str, ...]]] = [
     ("request reading", _calls, "start_model_call", ("openai", "anthropic")),
     ("response reading", stitch.ModelCall, "finish", ("openai", "anthropic")),
     ("span start", TRACER, "start_span", ("openai", "anthropic")),
-    ("round end", turn_module, "_output_message", ("openai", "anthropic")),
+    ("round end", turn_module, "_output_json", ("openai", "anthropic")),
     ("turn summary", semconv, "turn_attributes", ("openai", "anthropic")),
     ("span end", SPAN_END, "", ("openai", "anthropic")),
     ("json", _json, "dumps", ("openai", "anthropic")),
