@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,6 +219,25 @@ class StoreWriter:
         self._wake.set()
         self._arrived.set()
         return request.wait(timeout)
+
+    def flush_then(self, then: Callable[[bool], None]) -> None:
+        """Queue a flush without waiting for it: the writer's thread calls ``then(ok)`` once
+        what was queued before it reached the file (``ok``) or failed to (a writer process
+        answers its application's flush so, while it goes on reading spans)."""
+        request = FlushRequest(then)
+        if not self._thread.is_alive():
+            settle([request], not self._queue, "store writer")
+            return
+        self._queue.append(request)
+        self._wake.set()
+        self._arrived.set()
+
+    def count_dropped(self, count: int) -> None:
+        """Count ``count`` spans dropped before they reached this writer (a writer process's
+        application, whose queue was full) as dropped by this writer's full queue, so that
+        the store's health record says so."""
+        if count > 0:
+            self._dropped += count
 
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Flush, then stop the thread; returns within ``timeout`` seconds (``None``: once
