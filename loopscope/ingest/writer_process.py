@@ -319,6 +319,10 @@ class ProcessSpanWriter:
             self._record_beside()
             logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
         if proc is not None:
+            try:
+                proc.wait(min(KILL_WAIT, left() or 0.0) if deadline is not None else KILL_WAIT)  # it exits right after its answer
+            except subprocess.TimeoutExpired:
+                pass  # reaped by Python's subprocess bookkeeping later, or at exit
             for stream in (proc.stdin, proc.stdout):
                 try:
                     if stream is not None:
