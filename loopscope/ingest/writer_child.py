@@ -3,7 +3,7 @@
 Started by :class:`~loopscope.ingest.writer_process.ProcessSpanWriter` (``python -I -c``,
 the application's import path, a session of its own). Its first message is the writer's
 options; then spans, as the plain tuples :func:`~loopscope.ingest.writer_process.shipped`
-made, go to the same :class:`~loopscope.ingest.writer.SpanWriter` the thread mode runs in
+made, go to the same :class:`~loopscope.storage.writer.StoreWriter` and mapping the thread mode runs in
 the application (same mapping, same batches, same health row and turn recovery); a flush
 is answered once its writer wrote what came before it; its counters go back now and then.
 At a close message, or when stdin ends (the application died), it closes the writer
@@ -19,11 +19,14 @@ import sys
 import threading
 from typing import IO, Any
 
+import duckdb
+
 from .. import pricing, semconv
-from ..storage.writer import CLOSE_TIMEOUT
+from .._guard import logger
+from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
 from .spans import Ctx, Status
-from .writer import SpanWriter
-from .writer_process import ACK, CLOSE, CONFIG, DONE, FLUSH, SPANS, STATS, receive, send
+from .writer import SPANS as SPAN_MAPPING
+from .writer_process import ACK, ASK, CLOSE, CONFIG, DONE, FLUSH, SPANS, STATS, receive, send
 
 STATS_EVERY = 0.5
 """Seconds between two reports of the writer's counters to the application (when they changed)."""
@@ -33,14 +36,30 @@ class _Span:
     """A shipped span as the mapping reads it (like :class:`~loopscope.ingest.spans.SpanRecord`,
     with only what the mapping reads)."""
 
-    __slots__ = ("attributes", "context", "end_time", "start_time", "status")
+    __slots__ = ("attributes", "context", "end_time", "size", "start_time", "status")
 
-    def __init__(self, attributes: dict[str, Any], context: Ctx, start_time: int, end_time: int | None, status: Status) -> None:
+    def __init__(self, attributes: dict[str, Any], context: Ctx, start_time: int, end_time: int | None, status: Status,
+                 size: int) -> None:
         self.attributes = attributes
         self.context = context
         self.start_time = start_time
         self.end_time = end_time
         self.status = status
+        self.size = size
+
+
+class _Shipped:
+    """loopscope's span mapping (:data:`~loopscope.ingest.writer.SPANS`), a shipped span's
+    size being what the application's byte bound counted for it."""
+
+    __slots__ = ()
+
+    add = staticmethod(SPAN_MAPPING.add)
+    recover = staticmethod(SPAN_MAPPING.recover)
+
+    @staticmethod
+    def size(span: _Span) -> int:
+        return span.size
 
 
 _OK = Status()
@@ -49,7 +68,7 @@ _OK = Status()
 class _Answers:
     """Messages to the application, from any thread, one at a time; a gone reader is ignored."""
 
-    def __init__(self, stream: IO[bytes], writer: SpanWriter) -> None:
+    def __init__(self, stream: IO[bytes], writer: StoreWriter) -> None:
         self._stream = stream
         self._writer = writer
         self._lock = threading.Lock()
@@ -86,6 +105,27 @@ class _Answers:
                 self.send(STATS, counters)
 
 
+def _prepare(path: str, recover: bool) -> None:
+    """What ``configure()`` does in thread mode, before the first batch: the schema made or
+    migrated, the turns of dead writers closed, in a connection of its own (whose close
+    checkpoints, so the first batch's rows alone go to the WAL). A store held by another
+    process, or one that cannot be written, is left to the writer (it retries, says why,
+    and counts what it loses)."""
+    from ..storage.connection import open_store
+    from ..storage.errors import StoreError
+    from ..storage.schema import migrate
+    from .recovery import recover as close_dead_turns
+
+    try:
+        with open_store(path, read_only=False, timeout=0.5) as con:
+            migrate(con)
+            if recover:
+                close_dead_turns(con)
+    except (StoreError, OSError, duckdb.Error) as exc:
+        logger.warning("loopscope: the store %s cannot be prepared now (%s); the writer will retry", path,
+                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
 def main() -> None:
     """Run the writer until the application says close or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the application's to handle; its end reaches us as EOF
@@ -94,10 +134,11 @@ def main() -> None:
     if first is None or first[0] != CONFIG:
         return
     config = pickle.loads(first[1])  # noqa: S301  # from the process that started this one, over its pipe
+    _prepare(config["path"], config["track_turns"])
     pricing.set_overrides(config["prices"])
     semconv.use_conventions(config["latest"])
-    writer = SpanWriter(
-        config["path"], policy=config["policy"], flush_interval=config["flush_interval"], max_queue=config["max_queue"],
+    writer = StoreWriter(
+        config["path"], mapping=_Shipped(), policy=config["policy"], flush_interval=config["flush_interval"], max_queue=config["max_queue"],
         max_bytes=config["max_bytes"], batch_size=config["batch_size"], lock_timeout=config["lock_timeout"],
         track_turns=config["track_turns"], content=config["content"],
     )
@@ -118,17 +159,22 @@ def main() -> None:
             parent_dropped, otlp[0], otlp[1], spans = marshal.loads(payload)
             writer.count_dropped(parent_dropped - dropped)
             dropped = parent_dropped
-            for span_kind, trace_id, span_id, start, end, attributes, description in spans:
+            for span_kind, trace_id, span_id, start, end, attributes, description, size in spans:
                 status = _OK if description is None else Status(2, description)
-                submit(span_kind, _Span(attributes, Ctx(trace_id, span_id), start, end, status))
+                submit(span_kind, _Span(attributes, Ctx(trace_id, span_id), start, end, status, size))
             answers.received += len(spans)
         elif kind == FLUSH:
             number = marshal.loads(payload)
+            if not number:  # write now, unanswered (the application's queue was half full in bytes)
+                writer.flush_then(lambda ok: None)
+                continue
 
             def answer(ok: bool, number: int = number) -> None:
                 answers.send(ACK, (number, ok, answers.counters()))
 
             writer.flush_then(answer)
+        elif kind == ASK:
+            answers.send(STATS, answers.counters())
         elif kind == CLOSE:
             timeout = marshal.loads(payload)
             break

@@ -27,8 +27,8 @@ The writer's promises hold across the pipe:
   has and closes its writer. It runs in a session of its own (a Ctrl-C in the terminal
   is the application's to handle), with ``-I`` and the application's ``sys.path``, so no
   ``sitecustomize`` (``loopscope run``'s, ``opentelemetry-instrument``'s) instruments it.
-* The child starts at the first span, from the sender thread: ``configure()`` does not
-  wait for it, and an application that records nothing starts none.
+* The child starts from the sender thread, at once: ``configure()`` does not wait for it
+  (its imports and the store's check take ~0.5 s, over by the time rows come).
 * A fork of the application: the child process of the fork closes its copy of the pipe
   (never writes into the parent's stream) and starts a writer process of its own when it
   records.
@@ -84,7 +84,9 @@ KILL_WAIT = 0.5
 
 # the messages, each a kind byte and the length of its payload, then the payload
 HEADER = struct.Struct("<cI")
-CONFIG, SPANS, FLUSH, CLOSE = b"C", b"S", b"F", b"Q"  # application -> child
+CONFIG, SPANS, FLUSH, CLOSE, ASK = b"C", b"S", b"F", b"Q", b"K"  # application -> child
+STATS_WAIT = 1.0
+"""Seconds ``stats()`` waits for the child's counters as they are now (else: its last ones)."""
 ACK, STATS, DONE = b"A", b"T", b"D"  # child -> application
 
 
@@ -136,27 +138,28 @@ def _plain_dict(attributes: Any) -> dict[str, Any]:
     return attributes if type(attributes) is dict else dict(attributes)
 
 
-def shipped(items: list[tuple[int, Any]]) -> list[tuple[Any, ...]]:
+def shipped(items: list[tuple[int, Any]], sizes: list[int]) -> list[tuple[Any, ...]]:
     """What the mapping reads of each ``(kind, span)``, as plain tuples: kind, trace id, span
     id, start, end, attributes (the span's own dict: read by ``marshal`` right after), status
-    text. Runs on the application's sender thread, once per span."""
+    text, and the size the byte bound counted (``sizes``, one per item). Runs on the
+    application's sender thread, once per span."""
     fields = _otel_sdk.span_fields()  # an SDK span's fields without its properties' frames
     fast, bounded, bounded_dict = fields.types, fields.bounded, fields.bounded_dict
     attributes_of, context_of, start_of, end_of = fields.attributes, fields.context, fields.start_time, fields.end_time
     out: list[tuple[Any, ...]] = []
     add = out.append
-    for kind, span in items:
+    for (kind, span), size in zip(items, sizes):
         try:
             if type(span) in fast:
                 attrs = attributes_of(span)
                 d = bounded_dict(attrs) if type(attrs) is bounded else _plain_dict(attrs)
                 ctx = context_of(span)
-                add((kind, ctx[0], ctx[1], start_of(span), end_of(span), d, span.status.description))
+                add((kind, ctx[0], ctx[1], start_of(span), end_of(span), d, span.status.description, size))
             else:
                 ctx = span.context
                 status = getattr(span, "status", None)
                 add((kind, ctx.trace_id, ctx.span_id, span.start_time, span.end_time, _plain_dict(span.attributes),
-                     getattr(status, "description", None)))
+                     getattr(status, "description", None), size))
         except Exception:
             internal_error("writer process: read span")
     return out
@@ -167,11 +170,12 @@ def _dumps(payload: tuple[Any, ...]) -> bytes:
         return marshal.dumps(payload)
     except ValueError:  # a value marshal does not take (a foreign span's object): its text instead
         head, spans = payload[:-1], payload[-1]
-        clean = [(*span[:5], {k: _marshalable(v) for k, v in span[5].items()}, span[6]) for span in spans]
+        clean = [(*span[:5], {k: _marshalable(v) for k, v in span[5].items()}, *span[6:]) for span in spans]
         return marshal.dumps((*head, clean))
 
 
 _CLOSE_MARK = object()  # queued by close(): the sender ships the rest, then tells the child to close
+_ASK_MARK = object()  # queued by stats(): the child answers with its counters as they are
 
 
 class _Pending:
@@ -223,8 +227,10 @@ class ProcessSpanWriter:
         self._reset()
         _live_writers.add(self)
 
-    def _reset(self) -> None:
-        """The state of a writer with no child yet (at the start, and in the child of a fork)."""
+    def _reset(self, eager: bool = True) -> None:
+        """The state of a writer with no child yet (at the start, and in the child of a fork,
+        which starts its writer process at its first span rather than at once: a fork that
+        never records, a pool's worker say, starts none)."""
         self._queue: collections.deque[Any] = collections.deque()
         self._arrived = threading.Event()
         self._wake = threading.Event()
@@ -232,6 +238,7 @@ class ProcessSpanWriter:
         self._closed = False
         self._gone = False  # the child ended (or never started): nothing more reaches the file
         self._done = threading.Event()  # the child answered the close, or is gone
+        self._answered = threading.Event()  # counters came from the child
         self._in_bytes = 0
         self._out_bytes = 0
         self._dropped = 0  # spans this side dropped (queue full, closed, child gone)
@@ -247,7 +254,7 @@ class ProcessSpanWriter:
         self._last_error: str | None = None
         self._beside = False
         self._close_timeout: float | None = CLOSE_TIMEOUT
-        self._thread = threading.Thread(target=self._run, name=f"loopscope-sender {self.path}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(eager,), name=f"loopscope-sender {self.path}", daemon=True)
         self._thread.start()
 
     # -- the hot path --------------------------------------------------------------------
@@ -331,6 +338,14 @@ class ProcessSpanWriter:
                     pass
 
     def stats(self) -> WriterStats:
+        """The counters: this side's, and the child's as it says them now (its last ones
+        when it does not answer within :data:`STATS_WAIT`)."""
+        if self._proc is not None and not self._closed and self._thread.is_alive():
+            self._answered.clear()
+            self._queue.append(_ASK_MARK)
+            self._wake.set()
+            self._arrived.set()
+            self._answered.wait(STATS_WAIT)
         child = self._child
         queued = sum(1 for item in list(self._queue) if type(item) is tuple) + max(0, self._sent - self._settled)
         return WriterStats(
@@ -354,7 +369,13 @@ class ProcessSpanWriter:
 
     # -- the sender thread ---------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, eager: bool = True) -> None:
+        if eager:
+            # at once, in the background: its imports and the store's check (~0.5 s) are over
+            # by the time the first rows come, and configure() does not wait for them
+            with guard("store writer process"):
+                if self._proc is None and not self._closed:
+                    self._start()
         while True:
             self._arrived.wait()
             self._arrived.clear()
@@ -376,34 +397,41 @@ class ProcessSpanWriter:
         assert stdin is not None
         queue, popleft = self._queue, self._queue.popleft
         left = len(queue)
+        # half the byte bound queued: the child's writer writes at once too (a flush it does
+        # not answer), as the thread writer would, rather than at its interval
+        urgent = self._in_bytes - self._out_bytes + self._child.get("queued_bytes", 0) >= self._wake_bytes
         while left > 0:
             spans: list[tuple[int, Any]] = []
+            sizes: list[int] = []
             mark: Any = None
-            taken = 0
             while left > 0 and len(spans) < SEND_CHUNK:
                 item = popleft()
                 left -= 1
                 if type(item) is tuple:
                     spans.append(item)
-                    if item[0]:
-                        taken += span_size(item[1])
+                    sizes.append(span_size(item[1]) if item[0] else 0)  # as submit() counted it
                 else:
                     mark = item
                     break
-            self._out_bytes += taken
+            self._out_bytes += sum(sizes)
             try:
                 if spans:
                     otlp = self.report.otlp
                     otlp_dropped, otlp_failed = otlp() if otlp is not None else (0, 0)
                     dropped = self._dropped
-                    send(stdin, SPANS, _dumps((dropped, otlp_dropped, otlp_failed, shipped(spans))))
+                    send(stdin, SPANS, _dumps((dropped, otlp_dropped, otlp_failed, shipped(spans, sizes))))
                     self._forwarded = dropped
                     self._sent += len(spans)
+                    if urgent and not self._closed:
+                        send(stdin, FLUSH, marshal.dumps(0))  # number 0: not answered
+                        urgent = False
                 if type(mark) is FlushRequest:
                     with self._lock:
                         number = self._next_flush = self._next_flush + 1
                         self._pending[number] = _Pending(mark, self._sent)
                     send(stdin, FLUSH, marshal.dumps(number))
+                elif mark is _ASK_MARK:
+                    send(stdin, ASK, b"")
                 elif mark is _CLOSE_MARK:
                     timeout = self._close_timeout
                     # the child closes its writer within a little less than what this side waits
@@ -458,12 +486,14 @@ class ProcessSpanWriter:
                     self._child = counters
                     with self._lock:
                         pending = self._pending.pop(number, None)
+                    self._answered.set()
                     if pending is not None:
                         self._settled = max(self._settled, pending.sent)
                         settle([pending.request], ok, "store writer process")
                 elif kind == STATS:
                     self._child = counters = marshal.loads(payload)
                     self._settled = max(self._settled, counters.get("settled", 0))
+                    self._answered.set()
                 elif kind == DONE:
                     self._child = counters = marshal.loads(payload)
                     self._settled = max(self._settled, counters.get("settled", 0))
@@ -534,7 +564,7 @@ class ProcessSpanWriter:
                         pass
             proc.returncode = 0  # not this process's child: never waited for here
         closed = self._closed
-        self._reset()
+        self._reset(eager=False)
         self._closed = closed
 
 
