@@ -216,6 +216,10 @@ class ProcessSpanWriter:
         self.max_bytes = max_bytes
         self.batch_size = batch_size
         self._wake_bytes = max_bytes // 2
+        hook = getattr(content, "redact", None)
+        if hook is not None and getattr(hook, "__module__", None) in (None, "__main__"):
+            # pickled by reference, a function of the application's script is not found in the child
+            raise pickle.PicklingError(f"the content hook {hook!r} is defined in the application's main script")
         self._config = pickle.dumps({
             "path": path, "policy": policy, "flush_interval": flush_interval, "max_queue": max_queue,
             "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
@@ -235,7 +239,8 @@ class ProcessSpanWriter:
         self._arrived = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = False  # spans are no longer taken (close() was called, or the child is gone)
+        self._stopped = False  # close() was called
         self._gone = False  # the child ended (or never started): nothing more reaches the file
         self._done = threading.Event()  # the child answered the close, or is gone
         self._answered = threading.Event()  # counters came from the child
@@ -296,8 +301,9 @@ class ProcessSpanWriter:
         """Ship the rest, have the child close its writer, and wait for it: within
         ``timeout`` seconds in all, after which a child still at work is killed. What was
         not written is counted as lost (beside the store). Later spans are counted as dropped."""
-        if self._closed:
+        if self._stopped:
             return
+        self._stopped = True
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
@@ -340,7 +346,7 @@ class ProcessSpanWriter:
     def stats(self) -> WriterStats:
         """The counters: this side's, and the child's as it says them now (its last ones
         when it does not answer within :data:`STATS_WAIT`)."""
-        if self._proc is not None and not self._closed and self._thread.is_alive():
+        if not self._closed and self._thread.is_alive():  # the child answers once it started
             self._answered.clear()
             self._queue.append(_ASK_MARK)
             self._wake.set()
@@ -563,9 +569,9 @@ class ProcessSpanWriter:
                     except OSError:
                         pass
             proc.returncode = 0  # not this process's child: never waited for here
-        closed = self._closed
+        stopped = self._stopped
         self._reset(eager=False)
-        self._closed = closed
+        self._closed = self._stopped = stopped
 
 
 def _child_path() -> list[str]:
