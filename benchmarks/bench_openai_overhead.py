@@ -337,7 +337,7 @@ def worker(args: argparse.Namespace) -> int:
     db = os.path.join(tmp, "bench.duckdb")
     settle = None
     peer = None
-    writer_cpu = lambda: 0  # noqa: E731  # the CPU of a writer process (loopscope-process's), ns
+    writer_cpu = lambda: 0  # the CPU of a writer process (loopscope-process's), ns
     if variant.key.startswith("loopscope"):
         import loopscope
         import loopscope.pipeline
@@ -347,7 +347,7 @@ def worker(args: argparse.Namespace) -> int:
         loopscope.configure(db if variant.key != "loopscope-nostore" else False)
         loopscope.instrument()
         settle = loopscope.flush
-        writer_cpu = lambda: _process_cpu_ns(getattr(loopscope.pipeline.active().writer, "child_pid", lambda: None)())  # noqa: E731
+        writer_cpu = lambda: _process_cpu_ns(getattr(loopscope.pipeline.active().writer, "child_pid", lambda: None)())
     elif variant.module:
         peer = _setup_peer(variant)
         settle = peer[0].force_flush

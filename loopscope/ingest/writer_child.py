@@ -133,7 +133,7 @@ def main() -> None:
     first = receive(stdin)
     if first is None or first[0] != CONFIG:
         return
-    config = pickle.loads(first[1])  # noqa: S301  # from the process that started this one, over its pipe
+    config = pickle.loads(first[1])  # from the process that started this one, over its pipe
     _prepare(config["path"], config["track_turns"])
     pricing.set_overrides(config["prices"])
     semconv.use_conventions(config["latest"])

@@ -60,7 +60,6 @@ from ..content.policy import ContentPolicy
 from ..storage import health
 from ..storage.flush import FlushRequest, settle
 from ..storage.policy import PersistencePolicy
-from ..storage.rows import CHUNK
 from ..storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .mapping import span_size
 
@@ -458,7 +457,7 @@ class ProcessSpanWriter:
         try:
             if not sys.executable:
                 raise OSError("no Python executable to run the writer process (sys.executable is empty)")
-            proc = subprocess.Popen(  # noqa: S603  # this interpreter, a fixed module
+            proc = subprocess.Popen(  # this interpreter, a fixed module
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True,
             )
             assert proc.stdin is not None

@@ -4,8 +4,6 @@ where both apply. Real processes, real DuckDB files, real kills."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
