@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
@@ -44,16 +43,20 @@ from .export.otlp import (
     with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
-from .ingest.writer import SpanWriter
 from .ingest.writer_process import ProcessSpanWriter, writer_mode
 from .recorder import settings as recorder_settings
 from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
-from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
+from .storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .storage.policy import PersistencePolicy
-from .storage.schema import migrate
-from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
+from .storage.recording import resolve
+
+if TYPE_CHECKING:
+    from .storage.writer import StoreWriter
+
+# DuckDB (and the writer, the schema) are imported where the thread writer or the store's
+# check needs them: an application whose writer is a process of its own never loads them
 
 SESSION_ENV = "LOOPSCOPE_SESSION"
 """The session every stitched turn of the process is in (read by ``configure()``), unless a
@@ -161,6 +164,11 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
         raise StoreError(f"cannot write the loopscope store {path}: permission denied")
     if not open_it:
         return
+    import duckdb
+
+    from .storage.connection import open_store
+    from .storage.schema import migrate
+
     try:
         with open_store(path, read_only=False, timeout=0.5) as con:
             migrate(con)
@@ -190,6 +198,8 @@ def _store_off(path: str, exc: BaseException) -> None:
 def _recover(con: Any) -> None:
     """Close the turns a process that died left open (the writer tries again at its first
     batch if this cannot be done now)."""
+    import duckdb
+
     from .ingest.recovery import recover
 
     try:
@@ -344,6 +354,8 @@ def configure(
             if mode == "process":
                 store_writer = _process_writer(path, options, prices, latest)
             if store_writer is None:
+                from .ingest.writer import SpanWriter
+
                 store_writer = SpanWriter(path, **options)
             targets.append(StoreSpanProcessor(store_writer))
         exporter = policy_exporter = None

@@ -14,12 +14,12 @@ from .._guard import internal_error
 from .._otel_sdk import attributes_if_from
 from .._otel_sdk import attributes_view as _attributes
 from ..storage.rows import END, START
-from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
 from .spans import OWN_SCOPE
 from .stitch_foreign import Stitcher
 
 if TYPE_CHECKING:
+    from ..storage.writer import StoreWriter
     from .writer_process import ProcessSpanWriter
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})

@@ -59,8 +59,8 @@ from .._guard import guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
 from ..storage import health
 from ..storage.flush import FlushRequest, settle
+from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.policy import PersistencePolicy
-from ..storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .mapping import span_size
 
 __all__ = ["ENV", "MODES", "ProcessSpanWriter", "writer_mode"]
