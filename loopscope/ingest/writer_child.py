@@ -86,6 +86,7 @@ class _Answers:
             "written_calls": stats.written_calls, "dropped": stats.dropped, "excluded": stats.excluded,
             "failed_writes": stats.failed_writes, "batches": stats.batches, "last_error": stats.last_error,
             "queued_bytes": stats.queued_bytes, "lost_from_file": stats.lost_from_file, "settled": self.settled,
+            "received": received,
             "writer_id": self._writer._row_id() or self._writer.report.writer_id,
         }
 

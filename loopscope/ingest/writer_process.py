@@ -352,7 +352,9 @@ class ProcessSpanWriter:
             self._arrived.set()
             self._answered.wait(STATS_WAIT)
         child = self._child
-        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + max(0, self._sent - self._settled)
+        # spans queued here, in the pipe, and what the child holds (spans and rows not written)
+        in_pipe = max(0, self._sent - child.get("received", 0))
+        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + in_pipe + child.get("queued", 0)
         return WriterStats(
             queued=0 if self._gone else queued,
             written_events=child.get("written_events", 0),
@@ -493,7 +495,8 @@ class ProcessSpanWriter:
                         pending = self._pending.pop(number, None)
                     self._answered.set()
                     if pending is not None:
-                        self._settled = max(self._settled, pending.sent)
+                        if ok:  # every span sent before it is written
+                            self._settled = max(self._settled, pending.sent)
                         settle([pending.request], ok, "store writer process")
                 elif kind == STATS:
                     self._child = counters = marshal.loads(payload)
