@@ -4,6 +4,9 @@ where both apply. Real processes, real DuckDB files, real kills."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -226,3 +229,44 @@ def test_a_fork_of_the_application_gets_a_writer_process_of_its_own(tmp_path: Pa
     con.close()
     assert sessions == sorted([f"parent-{i}" for i in range(4)] + [f"fork-{i}" for i in range(3)])
     assert _count(db) == 14
+
+
+ZERO_CODE_APP = """
+import os
+import loopscope
+import loopscope.pipeline
+
+with loopscope.turn(session_id="zero-code", input="q") as t:
+    t.generation("a", finish_reason="stop")
+assert loopscope.flush()
+writer = loopscope.pipeline.active().writer
+pid = writer.child_pid()
+children = []
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append(entry)
+        except OSError:
+            pass
+print(type(writer).__name__, len(children))
+"""
+
+
+def test_loopscope_run_does_not_instrument_the_writer_process(tmp_path: Path) -> None:
+    """Zero-code mode puts its ``sitecustomize`` on PYTHONPATH: the writer process (run with
+    ``-I``) must not start loopscope in itself (a writer of its own, a writer process of its
+    own's, and so on)."""
+    script = tmp_path / "app.py"
+    script.write_text(ZERO_CODE_APP)
+    db = tmp_path / "zero.duckdb"
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LOOPSCOPE_"))}
+    env.update(LOOPSCOPE_WRITER="process", LOOPSCOPE_DB=str(db), PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-m", "loopscope", "run", "--", sys.executable, str(script)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["ProcessSpanWriter", "0"]
+    assert _count(db, "turns") == 1
+    assert _count(db, "loopscope_writers") == 1  # the writer process's row alone
