@@ -129,7 +129,10 @@ def _prepare(path: str, recover: bool) -> None:
 
 def main() -> None:
     """Run the writer until the application says close or goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the application's to handle; its end reaches us as EOF
+    # a Ctrl-C or a SIGTERM (a container's stop) is the application's to handle: its close, or
+    # its end (EOF on stdin), tells this process to write what it has and go
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     first = receive(stdin)
     if first is None or first[0] != CONFIG:

@@ -566,9 +566,15 @@ class ProcessSpanWriter:
         if proc is not None:
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
+                    # the parent's pipe let go of (its writer process sees EOF once the parent
+                    # ends, whatever this process does), and /dev/null in its place: the stale
+                    # file object may still close its descriptor some day, which must not be
+                    # a file this process opened meanwhile
                     try:
-                        os.close(stream.fileno())
-                    except OSError:
+                        null = os.open(os.devnull, os.O_RDWR)
+                        os.dup2(null, stream.fileno())
+                        os.close(null)
+                    except (OSError, ValueError):
                         pass
             proc.returncode = 0  # not this process's child: never waited for here
         stopped = self._stopped
