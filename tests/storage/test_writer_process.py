@@ -103,6 +103,24 @@ def test_a_content_hook_a_process_cannot_take_keeps_the_thread(tmp_path: Path, c
     assert bodies == ["my [gone]", "ok"]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_full_queue_drops_spans_and_status_counts_them(tmp_path: Path, mode: str) -> None:
+    """The application's queue is bounded as the thread writer's is (``queue_size``): past
+    it spans are dropped, and the store's health record says how many."""
+    db = tmp_path / "full.duckdb"
+    pipeline = loopscope.configure(db, tracer_provider=TracerProvider(), writer=mode, queue_size=10, flush_interval=3600)
+    try:
+        _turns(40)  # ~80 spans at once: the sender ships after a quarter second, the thread writer after an hour
+        assert loopscope.flush()
+        stats = pipeline.stats()
+        assert stats is not None and stats.dropped > 0
+        dropped = stats.dropped
+    finally:
+        loopscope.shutdown()
+    status = read_status(str(db))
+    assert status["totals"]["dropped_queue_full"] == dropped, status["writers"]
+
+
 EXIT_WITHOUT_SHUTDOWN = """
     import sys
     import loopscope
