@@ -398,8 +398,18 @@ class ProcessSpanWriter:
         """Send what is queued now, in chunks, flushes and the close in their places."""
         if self._gone:
             return
-        if self._proc is None and not self._start():
-            return
+        if self._proc is None:
+            if not any(type(item) is tuple for item in list(self._queue)):
+                # nothing to write (a fork that never recorded, closing): no process for it
+                marks = [self._queue.popleft() for _ in range(len(self._queue))]
+                settle([m for m in marks if type(m) is FlushRequest], True, "store writer process")
+                if _CLOSE_MARK in marks:
+                    self._done.set()
+                if _ASK_MARK in marks:
+                    self._answered.set()
+                return
+            if not self._start():
+                return
         stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
         assert stdin is not None
         queue, popleft = self._queue, self._queue.popleft
