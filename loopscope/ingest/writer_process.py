@@ -549,16 +549,17 @@ class ProcessSpanWriter:
         warn_once(f"writer-process:{self.path}", "loopscope: %s; events for %s are dropped and counted", reason, self.path)
 
     def _record_beside(self) -> None:
-        """Count beside the store what the child's row in it lacks: what this side dropped
-        and did not hand on, and what was lost with the child."""
+        """Count beside the store what the child's row in it cannot hold: what this side
+        dropped and did not hand on, and what was lost with the child."""
         counters = health.Counters(
             dropped_queue_full=self._dropped - self._forwarded, dropped_unwritable=self._lost,
             last_error=self._last_error, last_error_at=time.time() if self._last_error else None, queue_size=self.max_queue,
         )
         if not (counters.dropped_queue_full or counters.dropped_unwritable or self._beside):
             return
-        writer_id = self._child.get("writer_id") or self.report.writer_id
-        if health.record_beside(self.path, writer_id, counters):
+        # an entry of its own (the child's writer keeps one under its id, which this must not replace):
+        # `status` shows it as a row of the application's pid
+        if health.record_beside(self.path, self.report.writer_id, counters):
             self._beside = True
 
     @staticmethod
