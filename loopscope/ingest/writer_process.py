@@ -393,6 +393,10 @@ class ProcessSpanWriter:
                 self._ship()
             if closing or self._gone:
                 return
+            if self._queue:
+                # queued while it shipped (submit() wakes this thread only for a first span
+                # in an empty queue): their wait starts now
+                self._arrived.set()
 
     def _ship(self) -> None:
         """Send what is queued now, in chunks, flushes and the close in their places."""
@@ -473,6 +477,7 @@ class ProcessSpanWriter:
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True,
             )
             assert proc.stdin is not None
+            _widen(proc.stdin)
             send(proc.stdin, CONFIG, self._config)
         except (OSError, ValueError) as exc:
             self._last_error = f"cannot start the writer process: {exc}"
@@ -591,6 +596,21 @@ class ProcessSpanWriter:
         stopped = self._stopped
         self._reset(eager=False)
         self._closed = self._stopped = stopped
+
+
+PIPE_BYTES = 1 << 20
+"""The pipe's buffer asked for (Linux's default is 64 KiB, its default ceiling 1 MiB): a chunk
+of spans (up to ~300 KB) then goes in one write, where 64 KiB took several, each taking the
+application's GIL back once the child had drained the pipe."""
+
+
+def _widen(stream: IO[bytes]) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # pyright: ignore[reportAttributeAccessIssue]  # Linux only
+    except (ImportError, AttributeError, OSError):
+        pass  # another platform, or a lower ceiling: the default buffer works, in more writes
 
 
 def _child_path() -> list[str]:

@@ -72,6 +72,31 @@ def test_flush_returns_once_the_rows_are_in_the_file(tmp_path: Path, mode: str) 
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_rows_recorded_without_a_pause_reach_the_file_without_a_flush(tmp_path: Path, mode: str) -> None:
+    """Spans queued while the sender (or the thread writer) is at work are sent in their
+    turn, not only at the next flush: another process sees every row, with no flush asked."""
+    db = tmp_path / "stream.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider(), writer=mode)
+    try:
+        started, n = time.monotonic(), 0
+        while time.monotonic() - started < 2.0:  # a steady stream: the queue is seldom empty
+            _turns(1, prefix=f"t{n}-")
+            n += 1
+            time.sleep(0.002)
+        deadline = time.monotonic() + 30  # a bound on the wait, not a measurement
+        count = 0
+        while count < 2 * n and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                count = _count(db)
+            except duckdb.Error:
+                count = 0  # the writer holds the file this moment
+        assert count == 2 * n
+    finally:
+        loopscope.shutdown()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_the_mode_comes_from_the_environment(tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOOPSCOPE_WRITER", mode)
     pipeline = loopscope.configure(tmp_path / "env.duckdb", tracer_provider=TracerProvider())
