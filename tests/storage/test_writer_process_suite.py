@@ -17,7 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 MODULES = {
-    "tests/storage/test_writer_process.py": None,
     "tests/storage/test_model_calls.py": None,
     "tests/storage/test_writer_losses.py": None,
     "tests/storage/test_writer_bytes.py": None,
