@@ -6,8 +6,9 @@ in this process, recording nothing):
 
 * ``loop``: ``--calls`` calls of a two-call tool loop (the model asks for ``get_weather``,
   the program answers, the model answers), uninstrumented and instrumented
-  (``loopscope.configure(<tmp duckdb>)`` + ``loopscope.instrument()``), the two children
-  at once. Printed: RSS after the calls (the store flushed), its ratio to the plain SDK's
+  (``loopscope.configure(<tmp duckdb>)`` + ``loopscope.instrument()``), with the store's
+  writer a thread and a process of its own (``writer="process"``: the application's
+  process and the two together), the three children at once. Printed: RSS after the calls (the store flushed), its ratio to the plain SDK's
   (issue 19's goal: at most 1.5x), and the same split into anonymous memory (what the
   process allocated) and file-backed pages (the code of the libraries it loaded: DuckDB's
   and Arrow's alone are ~80 MB); and the RSS before the first call (imports, ``configure``).
@@ -45,10 +46,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- measuring ----------------------------------------------------------------------------------
 
 
-def memory() -> dict[str, int]:
-    """This process's RSS, its anonymous and file-backed parts and its peak, in KB (Linux)."""
+def memory(pid: int | str = "self") -> dict[str, int]:
+    """A process's (this one's by default) RSS, its anonymous and file-backed parts and its
+    peak, in KB (Linux)."""
     out: dict[str, int] = {}
-    with open("/proc/self/status") as status:
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             key, _, value = line.partition(":")
             if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
@@ -86,14 +88,17 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-def child(case: str, instrumented: bool, calls: int, base_url: str) -> dict[str, Any]:
+def child(case: str, mode: str, calls: int, base_url: str) -> dict[str, Any]:
+    """``mode``: ``off`` (plain), ``on`` (loopscope, its writer a thread) or ``process``
+    (loopscope, its writer a process of its own: measured too, as ``writer``)."""
     import openai
 
     folder = tempfile.mkdtemp(prefix="bench-memory-")
+    instrumented = mode != "off"
     if instrumented:
         import loopscope
 
-        loopscope.configure(os.path.join(folder, "memory.duckdb"))
+        loopscope.configure(os.path.join(folder, "memory.duckdb"), writer="process" if mode == "process" else "thread")
         loopscope.instrument()
     client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0)
     before = memory()
@@ -113,11 +118,16 @@ def child(case: str, instrumented: bool, calls: int, base_url: str) -> dict[str,
         i += 1
         if not half and done >= calls // 2:
             half = memory()
+    writer: dict[str, int] = {}
     if instrumented:
         import loopscope
+        import loopscope.pipeline
 
         loopscope.flush()
-    return {"before": before, "half": half, "after": memory(), "calls": done}
+        pid = getattr(loopscope.pipeline.active().writer, "child_pid", lambda: None)()
+        if pid is not None:
+            writer = memory(pid)
+    return {"before": before, "half": half, "after": memory(), "writer": writer, "calls": done}
 
 
 def flood_child(turns: int) -> dict[str, Any]:
@@ -184,7 +194,7 @@ def main() -> None:
         if case == "flood":
             result = flood_child(int(rest[0]))
         else:
-            result = child(case, rest[0] == "on", int(rest[1]), rest[2])
+            result = child(case, rest[0], int(rest[1]), rest[2])
         print(json.dumps(result))
         return
     if args.smoke:
@@ -193,14 +203,22 @@ def main() -> None:
     server = start_server()
     try:
         if "loop" in cases:
-            off, on = run_children([["loop", "off", str(args.calls), server.openai_base_url],
-                                    ["loop", "on", str(args.calls), server.openai_base_url]])
-            print(f"loop: {on['calls']} calls of a two-call tool loop, RSS after the calls (the store flushed)")
+            off, on, proc = run_children([["loop", mode, str(args.calls), server.openai_base_url]
+                                          for mode in ("off", "on", "process")])
+            print(f"loop: {on['calls']} calls of a two-call tool loop, RSS after the calls (the store flushed); "
+                  "loopscope's writer a thread, and a process of its own (writer=\"process\")")
             for name, key in (("RSS", "VmRSS"), ("  anonymous", "RssAnon"), ("  file-backed (code)", "RssFile")):
-                a, b = off["after"][key], on["after"][key]
-                print(f"  {name:<22} plain {mb(a)}  loopscope {mb(b)}  ratio {b / a:.2f}x")
-            a, b = off["before"]["VmRSS"], on["before"]["VmRSS"]
-            print(f"  {'before the first call':<22} plain {mb(a)}  loopscope {mb(b)}  ratio {b / a:.2f}x")
+                a, b, c = off["after"][key], on["after"][key], proc["after"][key]
+                print(f"  {name:<22} plain {mb(a)}  loopscope {mb(b)}  ratio {b / a:.2f}x   "
+                      f"writer process: app {mb(c)}  ratio {c / a:.2f}x")
+            a, b, c = off["before"]["VmRSS"], on["before"]["VmRSS"], proc["before"]["VmRSS"]
+            print(f"  {'before the first call':<22} plain {mb(a)}  loopscope {mb(b)}  ratio {b / a:.2f}x   "
+                  f"writer process: app {mb(c)}  ratio {c / a:.2f}x")
+            if proc["writer"]:
+                w = proc["writer"]["VmRSS"]
+                a, c = off["after"]["VmRSS"], proc["after"]["VmRSS"]
+                print(f"  {'app + writer process':<22} {mb(c + w)} (the writer {mb(w)})  ratio {(c + w) / a:.2f}x "
+                      "(shared library pages counted in both)")
         if "unanswered" in cases:
             off, on = run_children([["unanswered", "off", str(args.calls), server.openai_base_url],
                                     ["unanswered", "on", str(args.calls), server.openai_base_url]])

@@ -16,6 +16,9 @@ app runs it and sends the result back; the model answers) runs under each varian
 * ``loopscope-metrics`` -- (reference, on request) loopscope with the store and its GenAI
   metrics under ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``, read in memory:
   the metrics thread's work, one histogram value per gap between streamed chunks included.
+* ``loopscope-process`` -- (on request with ``--variants``) loopscope with the store's writer in
+  a process of its own (``LOOPSCOPE_WRITER=process``); its CPU column counts the writer
+  process's CPU as well (``app cpu``: the application's process alone).
 
 Each peer runs with its default settings under an SDK ``TracerProvider`` with a
 ``BatchSpanProcessor`` into an exporter that counts and drops the spans, so every peer pays
@@ -111,6 +114,7 @@ VARIANTS = [
     Variant("loopscope", "loopscope (store on)", PROJECT, dist="loopscope"),
     Variant("loopscope-nostore", "(ref) loopscope, no store", PROJECT, dist="loopscope"),
     Variant("loopscope-metrics", "(ref) with metrics", PROJECT, dist="loopscope"),
+    Variant("loopscope-process", "loopscope (writer proc)", PROJECT, dist="loopscope"),
     Variant("otel-openai-v2", "OTel openai-v2", PEERS_V2, "opentelemetry.instrumentation.openai_v2",
             "opentelemetry-instrumentation-openai-v2"),
     Variant("otel-genai-openai", "OTel genai-openai", PEERS, "opentelemetry.instrumentation.genai.openai",
@@ -122,7 +126,8 @@ VARIANTS = [
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 REFERENCES = ("loopscope-nostore", "loopscope-metrics")
-DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in REFERENCES]  # the references run on request
+ON_REQUEST = (*REFERENCES, "loopscope-process")
+DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in ON_REQUEST]  # the references run on request
 MODES = ("nonstream", "stream")
 TRANSPORTS = ("server", "inproc")
 SERIES = tuple(f"{t}/{m}" for t in TRANSPORTS for m in MODES)
@@ -338,8 +343,10 @@ def worker(args: argparse.Namespace) -> int:
     settle = None
     peer = None
     metrics_reader = None
+    writer_cpu = lambda: 0  # the CPU of a writer process (loopscope-process's), ns
     if variant.key.startswith("loopscope"):
         import loopscope
+        import loopscope.pipeline
 
         meter_provider = None
         if variant.key == "loopscope-metrics":
@@ -351,9 +358,12 @@ def worker(args: argparse.Namespace) -> int:
             os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
             metrics_reader = InMemoryMetricReader()
             meter_provider = MeterProvider(metric_readers=[metrics_reader])
+        if variant.key == "loopscope-process":
+            os.environ["LOOPSCOPE_WRITER"] = "process"
         loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider)
         loopscope.instrument()
         settle = loopscope.flush
+        writer_cpu = lambda: _process_cpu_ns(getattr(loopscope.pipeline.active().writer, "child_pid", lambda: None)())
     elif variant.module:
         peer = _setup_peer(variant)
         settle = peer[0].force_flush
@@ -375,7 +385,7 @@ def worker(args: argparse.Namespace) -> int:
 
     # the CPU of every thread of the process from one settle to the next (the background
     # work the settle waited for included), per call made meanwhile
-    period_cpu, period_calls = time.process_time_ns(), 0
+    period_cpu, period_child, period_calls = time.process_time_ns(), writer_cpu(), 0
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("finish"):
@@ -383,9 +393,11 @@ def worker(args: argparse.Namespace) -> int:
         if command.get("settle"):
             if settle is not None:
                 settle()  # untimed: this variant's background work is done before the next period
-            now = time.process_time_ns()
-            send({"cpu_ns_per_call": (now - period_cpu) / max(period_calls, 1), "calls": period_calls})
-            period_cpu, period_calls = now, 0
+            now, child = time.process_time_ns(), writer_cpu()
+            calls = max(period_calls, 1)
+            send({"cpu_ns_per_call": (now - period_cpu + child - period_child) / calls,
+                  "app_cpu_ns_per_call": (now - period_cpu) / calls, "calls": period_calls})
+            period_cpu, period_child, period_calls = now, child, 0
             continue
         transport, mode = command["series"].split("/")
         samples = _tool_loop(clients[transport], command["calls"], mode == "stream", command["tag"])
@@ -394,7 +406,7 @@ def worker(args: argparse.Namespace) -> int:
         send({"samples": samples})
 
     check = ""
-    if variant.key in ("loopscope", "loopscope-metrics"):
+    if variant.key in ("loopscope", "loopscope-metrics", "loopscope-process"):
         import duckdb
 
         import loopscope
@@ -421,6 +433,19 @@ def worker(args: argparse.Namespace) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     send({"check": check})
     return 0
+
+
+def _process_cpu_ns(pid: int | None) -> int:
+    """The CPU (user + system) another process of ours has spent so far, in ns (0: no such
+    process, or no ``/proc``): a writer process's, read while it runs."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -544,14 +569,17 @@ def _ask(w: Worker, command: dict, failed: dict[str, str]) -> dict | None:
         return None
 
 
-def _settle(live: list[Worker], failed: dict[str, str], series: str, cpu: dict[str, dict[str, list[float]]]) -> None:
-    """Have every variant flush its background work (untimed); note its CPU per call since its last settle."""
+def _settle(live: list[Worker], failed: dict[str, str], series: str, cpu: dict[str, dict[str, list[float]]],
+            app_cpu: dict[str, dict[str, list[float]]]) -> None:
+    """Have every variant flush its background work (untimed); note its CPU per call since its
+    last settle: all of it (a writer process's included), and its own process's alone."""
     for w in live:
         if w.variant.key in failed:
             continue
         answer = _ask(w, {"settle": True}, failed)
         if answer is not None and answer["calls"]:
             cpu[w.variant.key][series].append(answer["cpu_ns_per_call"] / 1000)
+            app_cpu[w.variant.key][series].append(answer.get("app_cpu_ns_per_call", answer["cpu_ns_per_call"]) / 1000)
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -580,6 +608,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     samples: dict[str, dict[str, list[int]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     per_round: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     cpu: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
+    app_cpu: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     versions: dict[str, dict[str, str]] = {}
     checks: dict[str, str] = {}
     failed: dict[str, str] = {}
@@ -630,7 +659,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     # store writer's batches, the span processors' exports), wherever it falls:
                     # with the variants taking turns, its effect on the others' timing hits
                     # all alike; what is left of it is flushed now, untimed, and its CPU counted
-                    _settle(live, failed, series, cpu)
+                    _settle(live, failed, series, cpu, app_cpu)
                     for w in live:
                         key = w.variant.key
                         if key not in failed and got_round[key]:
@@ -676,13 +705,14 @@ def orchestrate(args: argparse.Namespace) -> int:
     _say("per round = the median [min..max] over the rounds of (the variant's block median - the baseline's block "
          "median in that round)")
     _say("cpu = the CPU of all the variant's threads per call, its untimed flush after each block included (median "
-         "over the rounds), minus the baseline's: what its background work costs shows here")
+         "over the rounds), minus the baseline's: what its background work costs shows here; app cpu = the same for "
+         "the application's process alone (it differs only with a writer process)")
     added: dict[str, dict[str, float]] = {s: {} for s in series_list}
     for series in series_list:
         _say("")
         _say(f"{TITLES[series]} ({args.rounds * blocks[series]}+ calls per variant):")
         _say(f"{'variant':<22} {'median ms/call':>14} {'added us/call':>14} {'ratio':>7}   {'per round, us':<24} "
-             f"{'cpu us/call':>11}")
+             f"{'cpu us/call':>11} {'app cpu':>8}")
         base = _median_us(samples["uninstrumented"][series])
         base_rounds = per_round["uninstrumented"][series]
         base_cpu = statistics.median(cpu["uninstrumented"][series])
@@ -696,10 +726,12 @@ def orchestrate(args: argparse.Namespace) -> int:
             diffs = [x - y for x, y in zip(per_round[v.key][series], base_rounds)]
             spread = f"{statistics.median(diffs):.0f} [{min(diffs):.0f}..{max(diffs):.0f}]"
             extra_cpu = statistics.median(cpu[v.key][series]) - base_cpu
-            _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24} {extra_cpu:>+11.0f}")
+            extra_app = statistics.median(app_cpu[v.key][series]) - base_cpu
+            _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24} {extra_cpu:>+11.0f} "
+                 f"{extra_app:>+8.0f}")
 
     _say("")
-    peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", *REFERENCES)]
+    peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", *ON_REQUEST)]
     if "loopscope" in added[series_list[0]] and peers:
         verdicts = {}
         for series in series_list:

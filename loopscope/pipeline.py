@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -17,9 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
@@ -43,15 +43,20 @@ from .export.otlp import (
     with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
-from .ingest.writer import SpanWriter
+from .ingest.writer_process import ProcessSpanWriter, writer_mode
 from .recorder import settings as recorder_settings
 from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
-from .storage.connection import open_store, resolve
 from .storage.errors import StoreError, StoreLockedError
+from .storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .storage.policy import PersistencePolicy
-from .storage.schema import migrate
-from .storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES, StoreWriter, WriterStats
+from .storage.recording import resolve
+
+if TYPE_CHECKING:
+    from .storage.writer import StoreWriter
+
+# DuckDB (and the writer, the schema) are imported where the thread writer or the store's
+# check needs them: an application whose writer is a process of its own never loads them
 
 SESSION_ENV = "LOOPSCOPE_SESSION"
 """The session every stitched turn of the process is in (read by ``configure()``), unless a
@@ -109,7 +114,7 @@ class Pipeline:
     tracer_provider: TracerProvider
     tracer: trace.Tracer
     db_path: str | None
-    writer: StoreWriter | None
+    writer: StoreWriter | ProcessSpanWriter | None
     content: ContentPolicy = field(default_factory=ContentPolicy)
     exporter: CountingBatchProcessor | None = None
     policy_exporter: PolicyExporter | None = None
@@ -134,8 +139,22 @@ _lock = threading.RLock()
 _dispatchers: dict[int, _Dispatch] = {}
 
 
-def _check_db(path: str) -> None:
-    """Fail at configuration time, clearly, when the store cannot be written at all."""
+def _process_writer(
+    path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool
+) -> ProcessSpanWriter | None:
+    """The writer process for ``path``; None (the thread writer then) when its options cannot
+    be sent to a process (a content hook that is a lambda or a local function)."""
+    try:
+        return ProcessSpanWriter(path, prices=prices, latest=latest, **options)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        warn_once("writer-process-options", "loopscope: the store's writer runs in a thread: its options cannot go to a "
+                  "process (%s)", exc)
+        return None
+
+
+def _check_db(path: str, *, open_it: bool = True) -> None:
+    """Fail at configuration time, clearly, when the store cannot be written at all (with
+    ``open_it`` false, without opening it: the writer process does that, and says so)."""
     target = Path(path)
     if target.is_dir():
         raise StoreError(f"loopscope store path {path} is a directory; give a file path such as {target / DEFAULT_DB}")
@@ -143,6 +162,13 @@ def _check_db(path: str) -> None:
         raise StoreError(f"cannot create the loopscope store {path}: folder {target.parent} does not exist")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise StoreError(f"cannot write the loopscope store {path}: permission denied")
+    if not open_it:
+        return
+    import duckdb
+
+    from .storage.connection import open_store
+    from .storage.schema import migrate
+
     try:
         with open_store(path, read_only=False, timeout=0.5) as con:
             migrate(con)
@@ -172,6 +198,8 @@ def _store_off(path: str, exc: BaseException) -> None:
 def _recover(con: Any) -> None:
     """Close the turns a process that died left open (the writer tries again at its first
     batch if this cannot be done now)."""
+    import duckdb
+
     from .ingest.recovery import recover
 
     try:
@@ -215,6 +243,7 @@ def configure(
     content_policy: ContentPolicy | None = None,
     meter_provider: MeterProvider | None = None,
     prices: Mapping[str, Mapping[str, float]] | None = None,
+    writer: str | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -232,6 +261,15 @@ def configure(
     (``LOOPSCOPE_DB`` or ``./loopscope.duckdb``, what ``instrument()`` and the first
     ``turn()`` configure) never raises: recording to the store is then off, said once in
     a warning, and the rest (OTLP export) works. A missing folder is never created.
+
+    Writer: ``writer="process"`` (or ``LOOPSCOPE_WRITER=process``) runs the store's writer in
+    a child process of its own: the application only ships the spans' fields over a pipe,
+    and the mapping, Arrow and DuckDB (their CPU, their memory, their hold on the GIL) are
+    the child's; ``"thread"`` (the default) runs it in a background thread. The promises
+    are the same (``flush()`` waits for the rows, the close is bounded, losses are counted).
+    A content policy that cannot be sent to a process (a hook that is a lambda) keeps the
+    thread, with a warning. In process mode the store is checked (migrated, its dead
+    writers' turns closed) by the child, so a file that is no store is said in a warning.
 
     Export: spans and metrics go over OTLP when ``otlp`` is true, or when it is left
     ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).
@@ -280,9 +318,10 @@ def configure(
     with _lock:
         explicit = db not in (None, True, False)
         path = None if db is False else resolve(default_db_path() if not explicit else db)  # type: ignore[arg-type]
+        mode = writer_mode(writer)  # a bad value raises before anything changes
         if path is not None:
             try:
-                _check_db(path)
+                _check_db(path, open_it=mode == "thread")
             except StoreError as exc:
                 if explicit:
                     raise
@@ -306,26 +345,32 @@ def configure(
             _guard_foreign_processors(provider, content)
             provider.add_span_processor(dispatch)
         targets: list[SpanProcessor] = []
-        writer = None
+        store_writer: StoreWriter | ProcessSpanWriter | None = None
         if path is not None:
-            writer = SpanWriter(
-                path, policy=policy, flush_interval=flush_interval, max_queue=queue_size, max_bytes=queue_bytes,
-                track_turns=True, content=content,
-            )
-            targets.append(StoreSpanProcessor(writer))
+            options: dict[str, Any] = {
+                "policy": policy, "flush_interval": flush_interval, "max_queue": queue_size, "max_bytes": queue_bytes,
+                "track_turns": True, "content": content,
+            }
+            if mode == "process":
+                store_writer = _process_writer(path, options, prices, latest)
+            if store_writer is None:
+                from .ingest.writer import SpanWriter
+
+                store_writer = SpanWriter(path, **options)
+            targets.append(StoreSpanProcessor(store_writer))
         exporter = policy_exporter = None
         if export:
             spans_out, notices = with_notices(span_exporter(settings), settings)
             policy_exporter = PolicyExporter(spans_out, content)
             exporter = CountingBatchProcessor(policy_exporter, notices=notices)
             targets.append(exporter)
-            if writer is not None:  # the store keeps the exporter's drops too (loopscope status)
-                writer.report.otlp = lambda e=exporter, p=policy_exporter: (e.dropped, p.failed_spans)
+            if store_writer is not None:  # the store keeps the exporter's drops too (loopscope status)
+                store_writer.report.otlp = lambda e=exporter, p=policy_exporter: (e.dropped, p.failed_spans)
                 if notices is not None:  # and what became of the start notices
-                    writer.report.notices = lambda n=notices: (
+                    store_writer.report.notices = lambda n=notices: (
                         n.sent, n.refused, n.failed, None if n.enabled else n.last_error)
         pipeline = Pipeline(
-            provider, provider.get_tracer("loopscope", __version__), path, writer, content, exporter, policy_exporter
+            provider, provider.get_tracer("loopscope", __version__), path, store_writer, content, exporter, policy_exporter
         )
         meter = _meter(meter_provider, settings if export_metrics else None, service_name)
         if meter is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -13,10 +14,13 @@ from .._guard import internal_error
 from .._otel_sdk import attributes_if_from
 from .._otel_sdk import attributes_view as _attributes
 from ..storage.rows import END, START
-from ..storage.writer import StoreWriter
 from .foreign import Assembler, classify
 from .spans import OWN_SCOPE
 from .stitch_foreign import Stitcher
+
+if TYPE_CHECKING:
+    from ..storage.writer import StoreWriter
+    from .writer_process import ProcessSpanWriter
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})
 _ENDS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT, a.OP_CHAT})
@@ -39,7 +43,7 @@ class StoreSpanProcessor(SpanProcessor):
     hold the same rows.
     """
 
-    def __init__(self, writer: StoreWriter) -> None:
+    def __init__(self, writer: StoreWriter | ProcessSpanWriter) -> None:
         self.writer = writer
         self._submit = writer.submit  # bound once: this runs twice per recorded span
         self._assembler: Assembler | None = None  # made at the first foreign GenAI span

@@ -38,6 +38,7 @@ from typing import TypeVar
 
 from .engine import duckdb
 from .errors import StoreError, StoreLockedError
+from .recording import resolve  # noqa: F401  # re-exported: defined where configure() reads it without DuckDB
 
 _gates: dict[str, threading.Lock] = {}
 _gates_lock = threading.Lock()
@@ -86,10 +87,6 @@ def command_line(pid: int) -> str | None:
         return None
     text = shlex.join(args)
     return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 3] + "..."
-
-
-def resolve(path: str | os.PathLike[str]) -> str:
-    return str(Path(path).expanduser().resolve())
 
 
 def _locked(path: str, exc: BaseException, timeout: float) -> StoreLockedError:

@@ -28,9 +28,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .engine import duckdb
+if TYPE_CHECKING:
+    import duckdb
 
 WRITERS = "loopscope_writers"
 

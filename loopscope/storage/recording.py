@@ -8,9 +8,15 @@ recorded, so that it sees its own rows. The pipeline says which store that is
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Protocol
 
 DEFAULT_DB = "loopscope.duckdb"
+
+
+def resolve(path: str | os.PathLike[str]) -> str:
+    """A store's path as every part of loopscope names it: absolute, ``~`` expanded, links resolved."""
+    return str(Path(path).expanduser().resolve())
 
 
 def default_db_path() -> str:

@@ -28,8 +28,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -40,6 +39,7 @@ from . import health, idempotent, recovery, rows, scrub, tool_totals
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
+from .limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .policy import PersistencePolicy
 from .rows import END, START, SpanMapping
 from .schema import migrate
@@ -69,41 +69,6 @@ checkpoint per batch; 64 KB and 512 KB less than that."""
 CHECKPOINT_IDLE = 5.0
 """Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
 so that the file alone holds every row again while the application records nothing."""
-
-CLOSE_TIMEOUT = 5.0
-"""Seconds :meth:`StoreWriter.close` (``loopscope.shutdown()``, and the close at exit) waits
-at most for the last rows to be written; what is not written by then is counted as lost.
-Under the 10 s a container gets between SIGTERM and SIGKILL, with room for the OTLP
-exporters' own bound."""
-QUEUE_BYTES = 64 << 20
-"""Bytes the queue holds at most by default (``max_bytes``, ``configure(queue_bytes=...)``),
-estimated from each span's text and a fixed 3 KB for the span itself; past it spans are
-dropped and counted, as past ``max_queue``. The rows kept after failed writes are bounded
-by it too, so a writer that cannot write holds about twice it; a queue half full wakes the
-writer. With the writer held, a flood of small turns peaks ~195 MB over the process's RSS
-before it (``benchmarks/bench_memory.py``). 32 MiB peaked at ~120 MB, but left no room for
-the rest of a turn after one 50 MB tool result (values are capped only when written)."""
-
-
-@dataclass
-class WriterStats:
-    """Counters of a writer, for ``loopscope status`` and for tests."""
-
-    queued: int
-    written_events: int
-    written_turns: int
-    dropped: int
-    excluded: int
-    failed_writes: int
-    batches: int
-    last_error: str | None
-    queued_bytes: int = 0
-    """The estimated bytes of the spans queued and the rows held (mapped, being written, kept)."""
-    lost_from_file: int = 0
-    """Events this writer had written that the file no longer holds (its WAL was removed)."""
-    written_calls: int = 0
-    """Model call rows (``model_calls``) written."""
-
 
 class StoreWriter:
     """Writes the rows of recorded spans to one DuckDB file from a background thread."""
@@ -219,6 +184,25 @@ class StoreWriter:
         self._wake.set()
         self._arrived.set()
         return request.wait(timeout)
+
+    def flush_then(self, then: Callable[[bool], None]) -> None:
+        """Queue a flush without waiting for it: the writer's thread calls ``then(ok)`` once
+        what was queued before it reached the file (``ok``) or failed to (a writer process
+        answers its application's flush so, while it goes on reading spans)."""
+        request = FlushRequest(then)
+        if not self._thread.is_alive():
+            settle([request], not self._queue, "store writer")
+            return
+        self._queue.append(request)
+        self._wake.set()
+        self._arrived.set()
+
+    def count_dropped(self, count: int) -> None:
+        """Count ``count`` spans dropped before they reached this writer (a writer process's
+        application, whose queue was full) as dropped by this writer's full queue, so that
+        the store's health record says so."""
+        if count > 0:
+            self._dropped += count
 
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Flush, then stop the thread; returns within ``timeout`` seconds (``None``: once

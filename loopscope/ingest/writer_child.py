@@ -1,0 +1,194 @@
+"""The writer process (``configure(writer="process")``): spans in on stdin, rows out to the store.
+
+Started by :class:`~loopscope.ingest.writer_process.ProcessSpanWriter` (``python -I -c``,
+the application's import path, a session of its own). Its first message is the writer's
+options; then spans, as the plain tuples :func:`~loopscope.ingest.writer_process.shipped`
+made, go to the same :class:`~loopscope.storage.writer.StoreWriter` and mapping the thread mode runs in
+the application (same mapping, same batches, same health row and turn recovery); a flush
+is answered once its writer wrote what came before it; its counters go back now and then.
+At a close message, or when stdin ends (the application died), it closes the writer
+(writing what it has, within the close's bound) and exits.
+"""
+
+from __future__ import annotations
+
+import marshal
+import pickle
+import signal
+import sys
+import threading
+from typing import IO, Any
+
+import duckdb
+
+from .. import pricing, semconv
+from .._guard import logger
+from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
+from .spans import Ctx, Status
+from .writer import SPANS as SPAN_MAPPING
+from .writer_process import ACK, ASK, CLOSE, CONFIG, DONE, FLUSH, SPANS, STATS, receive, send
+
+STATS_EVERY = 0.5
+"""Seconds between two reports of the writer's counters to the application (when they changed)."""
+
+
+class _Span:
+    """A shipped span as the mapping reads it (like :class:`~loopscope.ingest.spans.SpanRecord`,
+    with only what the mapping reads)."""
+
+    __slots__ = ("attributes", "context", "end_time", "size", "start_time", "status")
+
+    def __init__(self, attributes: dict[str, Any], context: Ctx, start_time: int, end_time: int | None, status: Status,
+                 size: int) -> None:
+        self.attributes = attributes
+        self.context = context
+        self.start_time = start_time
+        self.end_time = end_time
+        self.status = status
+        self.size = size
+
+
+class _Shipped:
+    """loopscope's span mapping (:data:`~loopscope.ingest.writer.SPANS`), a shipped span's
+    size being what the application's byte bound counted for it."""
+
+    __slots__ = ()
+
+    add = staticmethod(SPAN_MAPPING.add)
+    recover = staticmethod(SPAN_MAPPING.recover)
+
+    @staticmethod
+    def size(span: _Span) -> int:
+        return span.size
+
+
+_OK = Status()
+
+
+class _Answers:
+    """Messages to the application, from any thread, one at a time; a gone reader is ignored."""
+
+    def __init__(self, stream: IO[bytes], writer: StoreWriter) -> None:
+        self._stream = stream
+        self._writer = writer
+        self._lock = threading.Lock()
+        self.received = 0
+        self.settled = 0
+        self._last: dict[str, Any] | None = None
+
+    def counters(self) -> dict[str, Any]:
+        received = self.received  # read before the queue: all of these are settled when it is empty
+        stats = self._writer.stats()
+        if stats.queued == 0:
+            self.settled = max(self.settled, received)
+        return {
+            "queued": stats.queued, "written_events": stats.written_events, "written_turns": stats.written_turns,
+            "written_calls": stats.written_calls, "dropped": stats.dropped, "excluded": stats.excluded,
+            "failed_writes": stats.failed_writes, "batches": stats.batches, "last_error": stats.last_error,
+            "queued_bytes": stats.queued_bytes, "lost_from_file": stats.lost_from_file, "settled": self.settled,
+            "received": received,
+            "writer_id": self._writer._row_id() or self._writer.report.writer_id,
+        }
+
+    def send(self, kind: bytes, payload: Any) -> None:
+        data = marshal.dumps(payload)
+        with self._lock:
+            try:
+                send(self._stream, kind, data)
+            except (OSError, ValueError):
+                pass  # the application is gone: the rows are written all the same
+
+    def stats_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(STATS_EVERY):
+            counters = self.counters()
+            if counters != self._last:
+                self._last = counters
+                self.send(STATS, counters)
+
+
+def _prepare(path: str, recover: bool) -> None:
+    """What ``configure()`` does in thread mode, before the first batch: the schema made or
+    migrated, the turns of dead writers closed, in a connection of its own (whose close
+    checkpoints, so the first batch's rows alone go to the WAL). A store held by another
+    process, or one that cannot be written, is left to the writer (it retries, says why,
+    and counts what it loses)."""
+    from ..storage.connection import open_store
+    from ..storage.errors import StoreError
+    from ..storage.schema import migrate
+    from .recovery import recover as close_dead_turns
+
+    try:
+        with open_store(path, read_only=False, timeout=0.5) as con:
+            migrate(con)
+            if recover:
+                close_dead_turns(con)
+    except (StoreError, OSError, duckdb.Error) as exc:
+        logger.warning("loopscope: the store %s cannot be prepared now (%s); the writer will retry", path,
+                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def main() -> None:
+    """Run the writer until the application says close or goes away."""
+    # a Ctrl-C or a SIGTERM (a container's stop) is the application's to handle: its close, or
+    # its end (EOF on stdin), tells this process to write what it has and go
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    first = receive(stdin)
+    if first is None or first[0] != CONFIG:
+        return
+    config = pickle.loads(first[1])  # from the process that started this one, over its pipe
+    _prepare(config["path"], config["track_turns"])
+    pricing.set_overrides(config["prices"])
+    semconv.use_conventions(config["latest"])
+    writer = StoreWriter(
+        config["path"], mapping=_Shipped(), policy=config["policy"], flush_interval=config["flush_interval"], max_queue=config["max_queue"],
+        max_bytes=config["max_bytes"], batch_size=config["batch_size"], lock_timeout=config["lock_timeout"],
+        track_turns=config["track_turns"], content=config["content"],
+    )
+    otlp = [0, 0]
+    writer.report.otlp = lambda: (otlp[0], otlp[1])
+    notices: list[Any] = [None]  # the application's start notices: (sent, refused, failed, off) once it sends any
+    writer.report.notices = lambda: notices[0] or (0, 0, 0, None)
+    answers = _Answers(stdout, writer)
+    stop = threading.Event()
+    threading.Thread(target=answers.stats_loop, args=(stop,), name="loopscope-stats", daemon=True).start()
+    submit = writer.submit
+    dropped = 0
+    timeout: float | None = CLOSE_TIMEOUT
+    while True:
+        message = receive(stdin)
+        if message is None:
+            break  # the application ended: write what we have
+        kind, payload = message
+        if kind == SPANS:
+            parent_dropped, otlp[0], otlp[1], notices[0], spans = marshal.loads(payload)
+            writer.count_dropped(parent_dropped - dropped)
+            dropped = parent_dropped
+            for span_kind, trace_id, span_id, start, end, attributes, description, size in spans:
+                status = _OK if description is None else Status(2, description)
+                submit(span_kind, _Span(attributes, Ctx(trace_id, span_id), start, end, status, size))
+            answers.received += len(spans)
+        elif kind == FLUSH:
+            number = marshal.loads(payload)
+            if not number:  # write now, unanswered (the application's queue was half full in bytes)
+                writer.flush_then(lambda ok: None)
+                continue
+
+            def answer(ok: bool, number: int = number) -> None:
+                answers.send(ACK, (number, ok, answers.counters()))
+
+            writer.flush_then(answer)
+        elif kind == ASK:
+            answers.send(STATS, answers.counters())
+        elif kind == CLOSE:  # with the application's last counts
+            timeout, parent_dropped, otlp[0], otlp[1], notices[0], _ = marshal.loads(payload)
+            writer.count_dropped(parent_dropped - dropped)
+            break
+    writer.close(timeout)
+    stop.set()
+    answers.send(DONE, answers.counters())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,661 @@
+"""The store's writer in a process of its own (``configure(writer="process")``,
+``LOOPSCOPE_WRITER=process``): the application ships spans, the child maps and writes them.
+
+In the application (this module's :class:`ProcessSpanWriter`) a span costs what it costs
+the thread writer: one deque append on the recording thread. A sender thread wakes every
+:data:`SEND_WAIT` (sooner for a flush, a close, or a queue half full), reads each queued
+span's fields once (kind, trace and span ids, times, the attribute dict, the status
+text: what the mapping reads) into plain tuples, and writes them, ``marshal``-ed a chunk
+at a time, to the child's stdin. That is all the Python the application runs for the
+store: the mapping, Arrow, DuckDB and their GIL hand-offs (see ``connection._Home``) run
+in the child (:mod:`loopscope.ingest.writer_child`), which feeds the same
+:class:`~loopscope.ingest.writer.SpanWriter` the thread mode runs in the application, so
+the rows are the same.
+
+The writer's promises hold across the pipe:
+
+* ``flush()`` sends a flush behind the spans it waits for; the child answers once its
+  writer wrote them (a :class:`~loopscope.storage.flush.FlushRequest` there too).
+* The queue here is bounded in spans and bytes as the thread writer's; what it drops is
+  sent along with the next spans and counted in the child's health row (``loopscope status``).
+* ``close()`` returns within its timeout: the child is told to close (it closes its writer
+  within what is left), and one that does not answer in time is killed. What it had not
+  written, and whatever this side still held, is counted as lost beside the store
+  (:func:`~loopscope.storage.health.record_beside`), as it is when the child dies while
+  the application goes on (spans then are dropped and counted, never queued for good).
+* The child exits by itself when the application dies: its stdin ends, it writes what it
+  has and closes its writer. It runs in a session of its own (a Ctrl-C in the terminal
+  is the application's to handle), with ``-I`` and the application's ``sys.path``, so no
+  ``sitecustomize`` (``loopscope run``'s, ``opentelemetry-instrument``'s) instruments it.
+* The child starts from the sender thread, at once: ``configure()`` does not wait for it
+  (its imports and the store's check take ~0.5 s, over by the time rows come).
+* A fork of the application: the child process of the fork closes its copy of the pipe
+  (never writes into the parent's stream) and starts a writer process of its own when it
+  records.
+* Turn recovery: the child's writer notes the turns it opens under its own process
+  identity; it outlives the application long enough to write their ends (its stdin's EOF
+  comes first), so a turn is taken for abandoned only once both are gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import marshal
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import IO, Any
+
+from .. import _json, _otel_sdk
+from .._guard import guard, internal_error, logger, warn_once
+from ..content.policy import ContentPolicy
+from ..storage import health
+from ..storage.flush import FlushRequest, settle
+from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
+from ..storage.policy import PersistencePolicy
+from .mapping import span_size
+
+__all__ = ["ENV", "MODES", "ProcessSpanWriter", "writer_mode"]
+
+ENV = "LOOPSCOPE_WRITER"
+"""``process`` or ``thread`` (the default): where the store's writer runs, when
+``configure(writer=...)`` does not say."""
+MODES = ("thread", "process")
+
+SEND_WAIT = 0.25
+"""Seconds the first span queued waits before the sender ships what is queued (a flush, a
+close or a queue half full ships at once): each wake costs the application's GIL a little,
+so spans travel in batches; the child's writer then batches its writes as the thread
+writer does."""
+SEND_CHUNK = 256
+"""Spans per message to the child: the sender holds the GIL for one chunk's reading and
+``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
+KILL_WAIT = 0.5
+"""Seconds a killed child gets to go away before its pipes are let go regardless."""
+
+# the messages, each a kind byte and the length of its payload, then the payload
+HEADER = struct.Struct("<cI")
+CONFIG, SPANS, FLUSH, CLOSE, ASK = b"C", b"S", b"F", b"Q", b"K"  # application -> child
+STATS_WAIT = 1.0
+"""Seconds ``stats()`` waits for the child's counters as they are now (else: its last ones)."""
+ACK, STATS, DONE = b"A", b"T", b"D"  # child -> application
+
+
+def writer_mode(asked: str | None) -> str:
+    """The writer mode: ``asked`` (``configure(writer=)``, checked: a ValueError for
+    anything but :data:`MODES`), else :data:`ENV` (a bad value is said once and the thread
+    writer runs), else ``thread``."""
+    if asked is not None:
+        if asked not in MODES:
+            raise ValueError(f"writer must be 'thread' or 'process', not {asked!r}")
+        return asked
+    value = os.environ.get(ENV, "").strip().lower()
+    if value and value not in MODES:
+        warn_once(f"writer-env:{value}", "loopscope: %s=%s is neither 'thread' nor 'process'; the writer runs in a thread", ENV, value)
+        return "thread"
+    return value or "thread"
+
+
+def send(stream: IO[bytes], kind: bytes, payload: bytes) -> None:
+    """Write one message to ``stream`` (its buffer flushed)."""
+    stream.write(HEADER.pack(kind, len(payload)) + payload)
+    stream.flush()
+
+
+def receive(stream: IO[bytes]) -> tuple[bytes, bytes] | None:
+    """Read one message from ``stream``; None at its end (or a torn message)."""
+    head = stream.read(HEADER.size)
+    if len(head) < HEADER.size:
+        return None
+    kind, size = HEADER.unpack(head)
+    payload = stream.read(size) if size else b""
+    if len(payload) < size:
+        return None
+    return kind, payload
+
+
+def _marshalable(value: Any) -> Any:
+    """A value ``marshal`` refuses as the mapping would write it: text (JSON)."""
+    try:
+        marshal.dumps(value)
+        return value
+    except ValueError:
+        return _json.dumps(value)
+
+
+def _plain_dict(attributes: Any) -> dict[str, Any]:
+    if not attributes:
+        return {}
+    return attributes if type(attributes) is dict else dict(attributes)
+
+
+def shipped(items: list[tuple[int, Any]], sizes: list[int]) -> list[tuple[Any, ...]]:
+    """What the mapping reads of each ``(kind, span)``, as plain tuples: kind, trace id, span
+    id, start, end, attributes (the span's own dict: read by ``marshal`` right after), status
+    text, and the size the byte bound counted (``sizes``, one per item). Runs on the
+    application's sender thread, once per span."""
+    fields = _otel_sdk.span_fields()  # an SDK span's fields without its properties' frames
+    fast, bounded, bounded_dict = fields.types, fields.bounded, fields.bounded_dict
+    attributes_of, context_of, start_of, end_of = fields.attributes, fields.context, fields.start_time, fields.end_time
+    out: list[tuple[Any, ...]] = []
+    add = out.append
+    for (kind, span), size in zip(items, sizes):
+        try:
+            if type(span) in fast:
+                attrs = attributes_of(span)
+                d = bounded_dict(attrs) if type(attrs) is bounded else _plain_dict(attrs)
+                ctx = context_of(span)
+                add((kind, ctx[0], ctx[1], start_of(span), end_of(span), d, span.status.description, size))
+            else:
+                ctx = span.context
+                status = getattr(span, "status", None)
+                add((kind, ctx.trace_id, ctx.span_id, span.start_time, span.end_time, _plain_dict(span.attributes),
+                     getattr(status, "description", None), size))
+        except Exception:
+            internal_error("writer process: read span")
+    return out
+
+
+def _dumps(payload: tuple[Any, ...]) -> bytes:
+    try:
+        return marshal.dumps(payload)
+    except ValueError:  # a value marshal does not take (a foreign span's object): its text instead
+        head, spans = payload[:-1], payload[-1]
+        clean = [(*span[:5], {k: _marshalable(v) for k, v in span[5].items()}, *span[6:]) for span in spans]
+        return marshal.dumps((*head, clean))
+
+
+_CLOSE_MARK = object()  # queued by close(): the sender ships the rest, then tells the child to close
+_ASK_MARK = object()  # queued by stats(): the child answers with its counters as they are
+
+
+class _Pending:
+    """A flush sent to the child: the request waiting for its answer, and how many spans
+    had been sent before it (all of them written once it is answered)."""
+
+    __slots__ = ("request", "sent")
+
+    def __init__(self, request: FlushRequest, sent: int) -> None:
+        self.request = request
+        self.sent = sent
+
+
+class ProcessSpanWriter:
+    """The store's writer for this process's spans, run in a child process: the same
+    options and methods as :class:`~loopscope.ingest.writer.SpanWriter` (``submit``,
+    ``flush``, ``close``, ``stats``, ``report.otlp``). Raises ``pickle.PicklingError`` (or
+    the error pickling raised) when the options cannot be sent to a child (a content hook
+    that is a lambda, say): the caller runs the thread writer instead."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        policy: PersistencePolicy | None = None,
+        flush_interval: float | None = None,
+        max_queue: int = 200_000,
+        max_bytes: int = QUEUE_BYTES,
+        batch_size: int = 100_000,
+        lock_timeout: float = 2.0,
+        track_turns: bool = False,
+        content: ContentPolicy | None = None,
+        prices: Mapping[str, Any] | None = None,
+        latest: bool = False,
+    ) -> None:
+        self.path = path
+        self.max_queue = max_queue
+        self.max_bytes = max_bytes
+        self.batch_size = batch_size
+        self._wake_bytes = max_bytes // 2
+        hook = getattr(content, "redact", None)
+        if hook is not None and getattr(hook, "__module__", None) in (None, "__main__"):
+            # pickled by reference, a function of the application's script is not found in the child
+            raise pickle.PicklingError(f"the content hook {hook!r} is defined in the application's main script")
+        self._config = pickle.dumps({
+            "path": path, "policy": policy, "flush_interval": flush_interval, "max_queue": max_queue,
+            "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
+            "content": content, "prices": dict(prices) if prices else None, "latest": latest,
+        })
+        # the counters kept in the store come from the child's writer; the pipeline sets
+        # report.otlp here (the exporter is this process's), sent along with the spans
+        self.report = health.Report()
+        self._reset()
+        _live_writers.add(self)
+
+    def _reset(self, eager: bool = True) -> None:
+        """The state of a writer with no child yet (at the start, and in the child of a fork,
+        which starts its writer process at its first span rather than at once: a fork that
+        never records, a pool's worker say, starts none)."""
+        self._queue: collections.deque[Any] = collections.deque()
+        self._arrived = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False  # spans are no longer taken (close() was called, or the child is gone)
+        self._stopped = False  # close() was called
+        self._gone = False  # the child ended (or never started): nothing more reaches the file
+        self._done = threading.Event()  # the child answered the close, or is gone
+        self._answered = threading.Event()  # counters came from the child
+        self._in_bytes = 0
+        self._out_bytes = 0
+        self._dropped = 0  # spans this side dropped (queue full, closed, child gone)
+        self._forwarded = 0  # of those, sent to the child to count in the store
+        self._lost = 0  # spans sent or queued that the child ended without writing
+        self._sent = 0
+        self._settled = 0  # spans sent that the child has written (or dropped and counted)
+        self._child: dict[str, Any] = {}  # the child's last counters
+        self._pending: dict[int, _Pending] = {}
+        self._next_flush = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._last_error: str | None = None
+        self._beside = False
+        self._close_timeout: float | None = CLOSE_TIMEOUT
+        self._thread = threading.Thread(target=self._run, args=(eager,), name=f"loopscope-sender {self.path}", daemon=True)
+        self._thread.start()
+
+    # -- the hot path --------------------------------------------------------------------
+
+    def submit(self, kind: int, span: Any) -> None:
+        """Queue a span (``START`` or ``END``) for the child. Never blocks."""
+        queue = self._queue
+        size = len(queue)
+        if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
+            self._dropped += 1
+            return
+        if kind:  # an ended span: its content is final (a started one's is counted at its end)
+            self._in_bytes += span_size(span)
+        queue.append((kind, span))
+        if not size:
+            self._arrived.set()
+        if size >= self.batch_size - 1 or self._in_bytes - self._out_bytes >= self._wake_bytes:
+            self._wake.set()
+
+    def submit_start(self, span: Any) -> None:
+        self.submit(0, span)
+
+    def submit_end(self, span: Any) -> None:
+        self.submit(1, span)
+
+    def _exporter_counts(self) -> tuple[int, int, tuple[int, int, int, str | None] | None]:
+        """What this process's exporter counted (the child keeps it in the store): the
+        spans it dropped and failed to send, and its start notices (None: no notices)."""
+        otlp, notices = self.report.otlp, self.report.notices
+        otlp_dropped, otlp_failed = otlp() if otlp is not None else (0, 0)
+        return otlp_dropped, otlp_failed, notices() if notices is not None else None
+
+    # -- control -------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Have the child write everything queued so far; True when it reached the file."""
+        if self._gone or not self._thread.is_alive():
+            return not self._queue and not self._gone
+        request = FlushRequest()
+        self._queue.append(request)
+        self._wake.set()
+        self._arrived.set()
+        return request.wait(timeout)
+
+    def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
+        """Ship the rest, have the child close its writer, and wait for it: within
+        ``timeout`` seconds in all, after which a child still at work is killed. What was
+        not written is counted as lost (beside the store). Later spans are counted as dropped."""
+        if self._stopped:
+            return
+        self._stopped = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        before_stop = self.report.before_stop
+        if before_stop is not None and not self._gone:  # the exporters' last sends, counted in the child's last report
+            with guard("writer before stop"):
+                wait = left()
+                before_stop(None if wait is None else wait / 2)  # half: the child's close needs its turn
+        self._close_timeout = left()
+        self._queue.append(_CLOSE_MARK)
+        self._closed = True
+        self._wake.set()
+        self._arrived.set()
+        if self._proc is not None or self._sent or self._queue:
+            self._done.wait(left())
+        self._thread.join(left())
+        _live_writers.discard(self)
+        proc = self._proc
+        if not self._done.is_set() and proc is not None:
+            self._kill(proc)
+            self._child_gone("still writing when the store was closed")
+        unsent = 0
+        while self._queue:  # the sender did not get to them in time
+            if type(self._queue.popleft()) is tuple:
+                unsent += 1
+        self._lost += unsent
+        lost = self._dropped - self._forwarded + self._lost
+        if lost:
+            self._record_beside()
+            logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
+        if proc is not None:
+            try:
+                proc.wait(min(KILL_WAIT, left() or 0.0) if deadline is not None else KILL_WAIT)  # it exits right after its answer
+            except subprocess.TimeoutExpired:
+                pass  # reaped by Python's subprocess bookkeeping later, or at exit
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:
+                    pass
+
+    def stats(self) -> WriterStats:
+        """The counters: this side's, and the child's as it says them now (its last ones
+        when it does not answer within :data:`STATS_WAIT`)."""
+        if not self._closed and self._thread.is_alive():  # the child answers once it started
+            self._answered.clear()
+            self._queue.append(_ASK_MARK)
+            self._wake.set()
+            self._arrived.set()
+            self._answered.wait(STATS_WAIT)
+        child = self._child
+        # spans queued here, in the pipe, and what the child holds (spans and rows not written)
+        in_pipe = max(0, self._sent - child.get("received", 0))
+        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + in_pipe + child.get("queued", 0)
+        return WriterStats(
+            queued=0 if self._gone else queued,
+            written_events=child.get("written_events", 0),
+            written_turns=child.get("written_turns", 0),
+            dropped=child.get("dropped", 0) + self._dropped - self._forwarded + self._lost,
+            excluded=child.get("excluded", 0),
+            failed_writes=child.get("failed_writes", 0),
+            batches=child.get("batches", 0),
+            last_error=self._last_error or child.get("last_error"),
+            queued_bytes=max(0, self._in_bytes - self._out_bytes) + child.get("queued_bytes", 0),
+            lost_from_file=child.get("lost_from_file", 0),
+            written_calls=child.get("written_calls", 0),
+        )
+
+    def child_pid(self) -> int | None:
+        """The writer process's pid (None before it started)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    # -- the sender thread ---------------------------------------------------------------
+
+    def _run(self, eager: bool = True) -> None:
+        if eager:
+            # at once, in the background: its imports and the store's check (~0.5 s) are over
+            # by the time the first rows come, and configure() does not wait for them
+            with guard("store writer process"):
+                if self._proc is None and not self._closed:
+                    self._start()
+        while True:
+            self._arrived.wait()
+            self._arrived.clear()
+            self._wake.wait(SEND_WAIT)
+            self._wake.clear()
+            closing = self._closed
+            with guard("store writer process"):
+                self._ship()
+            if closing or self._gone:
+                return
+            if self._queue:
+                # queued while it shipped (submit() wakes this thread only for a first span
+                # in an empty queue): their wait starts now
+                self._arrived.set()
+
+    def _ship(self) -> None:
+        """Send what is queued now, in chunks, flushes and the close in their places."""
+        if self._gone:
+            return
+        if self._proc is None:
+            if not any(type(item) is tuple for item in list(self._queue)):
+                # nothing to write (a fork that never recorded, closing): no process for it
+                marks = [self._queue.popleft() for _ in range(len(self._queue))]
+                settle([m for m in marks if type(m) is FlushRequest], True, "store writer process")
+                if _CLOSE_MARK in marks:
+                    self._done.set()
+                if _ASK_MARK in marks:
+                    self._answered.set()
+                return
+            if not self._start():
+                return
+        stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
+        assert stdin is not None
+        queue, popleft = self._queue, self._queue.popleft
+        left = len(queue)
+        # half the byte bound queued: the child's writer writes at once too (a flush it does
+        # not answer), as the thread writer would, rather than at its interval
+        urgent = self._in_bytes - self._out_bytes + self._child.get("queued_bytes", 0) >= self._wake_bytes
+        while left > 0:
+            spans: list[tuple[int, Any]] = []
+            sizes: list[int] = []
+            mark: Any = None
+            while left > 0 and len(spans) < SEND_CHUNK:
+                item = popleft()
+                left -= 1
+                if type(item) is tuple:
+                    spans.append(item)
+                    sizes.append(span_size(item[1]) if item[0] else 0)  # as submit() counted it
+                else:
+                    mark = item
+                    break
+            self._out_bytes += sum(sizes)
+            try:
+                if spans:
+                    dropped = self._dropped
+                    send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), shipped(spans, sizes))))
+                    self._forwarded = dropped
+                    self._sent += len(spans)
+                    if urgent and not self._closed:
+                        send(stdin, FLUSH, marshal.dumps(0))  # number 0: not answered
+                        urgent = False
+                if type(mark) is FlushRequest:
+                    with self._lock:
+                        number = self._next_flush = self._next_flush + 1
+                        self._pending[number] = _Pending(mark, self._sent)
+                    send(stdin, FLUSH, marshal.dumps(number))
+                elif mark is _ASK_MARK:
+                    send(stdin, ASK, b"")
+                elif mark is _CLOSE_MARK:
+                    timeout = self._close_timeout
+                    # the child closes its writer within a little less than what this side waits
+                    # with the exporters' last counts (their last sends ran in close())
+                    send(stdin, CLOSE, _dumps((None if timeout is None else max(0.0, timeout * 0.8), self._dropped,
+                                               *self._exporter_counts(), [])))
+                    if self._reader is None:
+                        self._read(self._proc)  # type: ignore[arg-type]  # started above
+                    return
+            except (OSError, ValueError):  # a broken pipe: the child is gone
+                self._lost += len(spans)  # this chunk, sent in part at most
+                if type(mark) is FlushRequest:
+                    settle([mark], False, "store writer process")
+                self._child_gone("the writer process ended")
+                return
+
+    def _start(self) -> bool:
+        """Start the child (from the sender thread, at the first span); False when it cannot."""
+        command = [sys.executable, "-I", "-c", _CHILD_CODE, json.dumps(_child_path())]
+        try:
+            if not sys.executable:
+                raise OSError("no Python executable to run the writer process (sys.executable is empty)")
+            proc = subprocess.Popen(  # this interpreter, a fixed module
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True,
+            )
+            assert proc.stdin is not None
+            _widen(proc.stdin)
+            send(proc.stdin, CONFIG, self._config)
+        except (OSError, ValueError) as exc:
+            self._last_error = f"cannot start the writer process: {exc}"
+            self._child_gone(self._last_error)
+            return False
+        self._proc = proc
+        reader = threading.Thread(target=self._read, args=(proc,), name=f"loopscope-answers {self.path}", daemon=True)
+        try:
+            reader.start()
+            self._reader = reader
+        except RuntimeError:  # at exit Python 3.12+ starts no thread: the answers are read after the close
+            self._reader = None
+        return True
+
+    # -- the answers thread --------------------------------------------------------------
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        stdout = proc.stdout
+        assert stdout is not None
+        try:
+            while True:
+                message = receive(stdout)
+                if message is None:
+                    break
+                kind, payload = message
+                if kind == ACK:
+                    number, ok, counters = marshal.loads(payload)
+                    self._child = counters
+                    with self._lock:
+                        pending = self._pending.pop(number, None)
+                    self._answered.set()
+                    if pending is not None:
+                        if ok:  # every span sent before it is written
+                            self._settled = max(self._settled, pending.sent)
+                        settle([pending.request], ok, "store writer process")
+                elif kind == STATS:
+                    self._child = counters = marshal.loads(payload)
+                    self._settled = max(self._settled, counters.get("settled", 0))
+                    self._answered.set()
+                elif kind == DONE:
+                    self._child = counters = marshal.loads(payload)
+                    self._settled = max(self._settled, counters.get("settled", 0))
+                    self._done.set()
+                    return
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+        code = proc.poll()
+        self._child_gone("the writer process ended" + (f" (exit status {code})" if code is not None else ""))
+
+    # -- losses --------------------------------------------------------------------------
+
+    def _child_gone(self, reason: str) -> None:
+        """The child ended without closing (killed, crashed, never started): what it had not
+        written is lost, and so is everything from now on; counted, beside the store."""
+        with self._lock:
+            if self._gone:
+                return
+            self._gone = True
+            self._closed = True  # later spans are dropped and counted
+            pending, self._pending = list(self._pending.values()), {}
+        self._lost += max(0, self._sent - self._settled)
+        self._settled = self._sent
+        queued = [item for item in list(self._queue) if type(item) is not tuple]
+        unsent = 0
+        while self._queue:
+            item = self._queue.popleft()
+            if type(item) is tuple:
+                unsent += 1
+        self._lost += unsent
+        self._last_error = reason
+        settle([p.request for p in pending] + [m for m in queued if type(m) is FlushRequest], False, "store writer process")
+        self._done.set()
+        self._record_beside()
+        warn_once(f"writer-process:{self.path}", "loopscope: %s; events for %s are dropped and counted", reason, self.path)
+
+    def _record_beside(self) -> None:
+        """Count beside the store what the child's row in it cannot hold: what this side
+        dropped and did not hand on, and what was lost with the child."""
+        counters = health.Counters(
+            dropped_queue_full=self._dropped - self._forwarded, dropped_unwritable=self._lost,
+            last_error=self._last_error, last_error_at=time.time() if self._last_error else None, queue_size=self.max_queue,
+        )
+        if not (counters.dropped_queue_full or counters.dropped_unwritable or self._beside):
+            return
+        # an entry of its own (the child's writer keeps one under its id, which this must not replace):
+        # `status` shows it as a row of the application's pid
+        if health.record_beside(self.path, self.report.writer_id, counters):
+            self._beside = True
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            proc.kill()
+            proc.wait(KILL_WAIT)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _forked(self) -> None:
+        """In the child of a fork: let go of the parent's pipes (without writing into them)
+        and start afresh; a writer process of its own starts at its first span."""
+        proc = self._proc
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    # the parent's pipe let go of (its writer process sees EOF once the parent
+                    # ends, whatever this process does), and /dev/null in its place: the stale
+                    # file object may still close its descriptor some day, which must not be
+                    # a file this process opened meanwhile
+                    try:
+                        null = os.open(os.devnull, os.O_RDWR)
+                        os.dup2(null, stream.fileno())
+                        os.close(null)
+                    except (OSError, ValueError):
+                        pass
+            proc.returncode = 0  # not this process's child: never waited for here
+        stopped = self._stopped
+        self._reset(eager=False)
+        self._closed = self._stopped = stopped
+
+
+PIPE_BYTES = 1 << 20
+"""The pipe's buffer asked for (Linux's default is 64 KiB, its default ceiling 1 MiB): a chunk
+of spans (up to ~300 KB) then goes in one write, where 64 KiB took several, each taking the
+application's GIL back once the child had drained the pipe."""
+
+
+def _widen(stream: IO[bytes]) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # pyright: ignore[reportAttributeAccessIssue]  # Linux only
+    except (ImportError, AttributeError, OSError):
+        pass  # another platform, or a lower ceiling: the default buffer works, in more writes
+
+
+def _child_path() -> list[str]:
+    """The application's import path for the child (which runs with ``-I``): loopscope's own
+    folder first, so it is the same loopscope, then the rest but the ``sitecustomize``
+    folders ``loopscope run`` puts first."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(package)
+    boot = os.path.join(package, "_autostart", "boot")
+    return [root, *(p for p in sys.path if p and os.path.abspath(p) not in (boot, root))]
+
+
+_CHILD_CODE = "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); from loopscope.ingest.writer_child import main; main()"
+
+_live_writers: weakref.WeakSet[ProcessSpanWriter] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for writer in list(_live_writers):
+        try:
+            writer._forked()
+        except Exception:
+            internal_error("writer process: fork")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+@atexit.register
+def _close_all() -> None:
+    for writer in list(_live_writers):
+        try:
+            writer.close()
+        except Exception:
+            logger.warning("loopscope: could not flush %s at exit", writer.path, exc_info=True)
