@@ -122,7 +122,9 @@ WRITER = """
     with loopscope.turn(session_id="held", agent="a", input="while held") as t:
         t.generation("answer")
     assert loopscope.flush(timeout=10) is False
-    recorded.write_text(str(pipeline.stats().failed_writes))
+    part = recorded.with_name("recorded.part")  # the test reads it as soon as it exists: write it whole
+    part.write_text(str(pipeline.stats().failed_writes))
+    part.replace(recorded)
     deadline = time.monotonic() + 30
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
