@@ -333,11 +333,7 @@ class ProcessSpanWriter:
         if not self._done.is_set() and proc is not None:
             self._kill(proc)
             self._child_gone("still writing when the store was closed")
-        unsent = 0
-        while self._queue:  # the sender did not get to them in time
-            if type(self._queue.popleft()) is tuple:
-                unsent += 1
-        self._lost += unsent
+        self._drain()  # what the sender did not get to in time
         lost = self._dropped - self._forwarded + self._lost
         if lost:
             self._record_beside()
@@ -552,18 +548,27 @@ class ProcessSpanWriter:
             pending, self._pending = list(self._pending.values()), {}
         self._lost += max(0, self._sent - self._settled)
         self._settled = self._sent
-        queued = [item for item in list(self._queue) if type(item) is not tuple]
-        unsent = 0
-        while self._queue:
-            item = self._queue.popleft()
-            if type(item) is tuple:
-                unsent += 1
-        self._lost += unsent
+        self._drain()
         self._last_error = reason
-        settle([p.request for p in pending] + [m for m in queued if type(m) is FlushRequest], False, "store writer process")
+        settle([p.request for p in pending], False, "store writer process")
         self._done.set()
         self._record_beside()
         warn_once(f"writer-process:{self.path}", "loopscope: %s; events for %s are dropped and counted", reason, self.path)
+
+    def _drain(self) -> None:
+        """Empty the queue for good: its spans counted as lost, its flushes answered as failed.
+        One pass that pops each item once, so a flush queued meanwhile is answered too."""
+        unsent = 0
+        flushes: list[FlushRequest] = []
+        queue = self._queue
+        while queue:
+            item = queue.popleft()
+            if type(item) is tuple:
+                unsent += 1
+            elif type(item) is FlushRequest:
+                flushes.append(item)
+        self._lost += unsent
+        settle(flushes, False, "store writer process")
 
     def _record_beside(self) -> None:
         """Count beside the store what the child's row in it cannot hold: what this side
