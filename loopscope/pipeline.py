@@ -43,7 +43,7 @@ from .export.otlp import (
     with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
-from .ingest.writer_process import ProcessSpanWriter, writer_mode
+from .ingest.writer_process import ProcessSpanWriter, unavailable, writer_mode
 from .recorder import settings as recorder_settings
 from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
@@ -124,6 +124,16 @@ class Pipeline:
     def stats(self) -> WriterStats | None:
         return self.writer.stats() if self.writer else None
 
+    @property
+    def writer_mode(self) -> str | None:
+        """Where the store's writer runs: ``process`` (a writer process of its own),
+        ``thread`` (a thread of this process; also where the writer process could not start),
+        ``starting`` (a writer process that may yet fall back to the thread), None (no store)."""
+        writer = self.writer
+        if writer is None:
+            return None
+        return writer.mode if isinstance(writer, ProcessSpanWriter) else "thread"
+
     def dropped(self) -> dict[str, int]:
         """What had to be dropped so far, by destination (also the ``loopscope.dropped`` metric)."""
         out = {"store": self.writer.stats().dropped if self.writer else 0}
@@ -140,12 +150,26 @@ _dispatchers: dict[int, _Dispatch] = {}
 
 
 def _process_writer(
-    path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool
+    path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool, *, auto: bool = False
 ) -> ProcessSpanWriter | None:
     """The writer process for ``path``; None (the thread writer then) when its options cannot
-    be sent to a process (a content hook that is a lambda or a local function)."""
+    be sent to a process (a content hook that is a lambda or a local function), or, with
+    ``auto``, when no writer process can run here (said once in a warning). With ``auto`` a
+    child that cannot start hands its spans to the thread writer."""
+    if auto:
+        reason = unavailable()
+        if reason is not None:
+            warn_once("writer-process-unavailable", "loopscope: the store's writer runs in a thread: %s", reason)
+            return None
+
+    def thread_writer() -> StoreWriter:
+        from .ingest.writer import SpanWriter
+
+        return SpanWriter(path, **options)
+
+    fallback = thread_writer if auto else None
     try:
-        return ProcessSpanWriter(path, prices=prices, latest=latest, **options)
+        return ProcessSpanWriter(path, prices=prices, latest=latest, fallback=fallback, **options)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         warn_once("writer-process-options", "loopscope: the store's writer runs in a thread: its options cannot go to a "
                   "process (%s)", exc)
@@ -265,7 +289,11 @@ def configure(
     Writer: ``writer="process"`` (or ``LOOPSCOPE_WRITER=process``) runs the store's writer in
     a child process of its own: the application only ships the spans' fields over a pipe,
     and the mapping, Arrow and DuckDB (their CPU, their memory, their hold on the GIL) are
-    the child's; ``"thread"`` (the default) runs it in a background thread. The promises
+    the child's; ``"thread"`` (the default) runs it in a background thread; ``"auto"`` runs
+    the process where one can run and the thread where it cannot (a frozen executable,
+    ``sys.executable`` no Python, a child that dies at once or is not ready within 30 s: its
+    spans then go to the thread writer, none lost), said once in a warning.
+    ``Pipeline.writer_mode`` and ``loopscope status`` say which runs. The promises
     are the same (``flush()`` waits for the rows, the close is bounded, losses are counted).
     A content policy that cannot be sent to a process (a hook that is a lambda) keeps the
     thread, with a warning. In process mode the store is checked (migrated, its dead
@@ -321,7 +349,7 @@ def configure(
         mode = writer_mode(writer)  # a bad value raises before anything changes
         if path is not None:
             try:
-                _check_db(path, open_it=mode == "thread")
+                _check_db(path, open_it=mode == "thread" or (mode == "auto" and unavailable() is not None))
             except StoreError as exc:
                 if explicit:
                     raise
@@ -351,8 +379,8 @@ def configure(
                 "policy": policy, "flush_interval": flush_interval, "max_queue": queue_size, "max_bytes": queue_bytes,
                 "track_turns": True, "content": content,
             }
-            if mode == "process":
-                store_writer = _process_writer(path, options, prices, latest)
+            if mode != "thread":
+                store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto")
             if store_writer is None:
                 from .ingest.writer import SpanWriter
 

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         parents=[common],
         help="the store (size, schema, counts, last event) and what writers dropped or failed to write",
         description="The store file (path, size, schema version), what it holds (sessions, events, turns, "
-        "tool calls, model calls, the last event's time), and every process that wrote to it: when it started and was "
+        "tool calls, model calls, the last event's time), and every process that wrote to it: where its writer ran (a "
+        "thread of the process, or a writer process of its own: 'process of' the application's pid), when it started and was "
         "last seen, whether it still runs, how many events it wrote, dropped (its queue was full, or the "
         "file stayed unwritable too long) and failed to write, its last error, and what its OTLP exporter "
         "dropped, and its start notices (sent; refused, then off for good, by an endpoint that takes no OTLP "
@@ -214,10 +215,19 @@ def _size(n: int) -> str:
 
 
 _WRITER_COLUMNS = [
-    Column("host", max_width=24, shrink=1), Column("pid", "right"), Column("started"), Column("last seen"),
+    Column("host", max_width=24, shrink=1), Column("pid", "right"), Column("writer"), Column("started"), Column("last seen"),
     Column("alive"), Column("written", "right"), Column("dropped", "right"), Column("failed writes", "right"),
     Column("otlp dropped", "right"), Column("notices", "right"), Column("last error", shrink=2),
 ]
+
+
+def _writer_cell(w: dict[str, Any]) -> str:
+    """Where the writer ran: ``thread`` (in the pid's process), ``process of 1234`` (a writer
+    process, the row's pid, for the application 1234); empty for a row of an older loopscope."""
+    mode = w.get("writer_mode")
+    if mode == "process" and w.get("app_pid") is not None:
+        return f"process of {w['app_pid']}"
+    return mode or ""
 
 
 def _notice_cell(w: dict[str, Any]) -> str:
@@ -258,7 +268,7 @@ def status_command(args: argparse.Namespace) -> int:
         emit(f"writers ({len(writers)})")
         rows = [
             [
-                w["host"], w["pid"], tables.stamp(w["started_at"]), tables.stamp(w["last_seen"]), w["alive"],
+                w["host"], w["pid"], _writer_cell(w), tables.stamp(w["started_at"]), tables.stamp(w["last_seen"]), w["alive"],
                 f"{w['events_written']:,}", f"{w['dropped_queue_full'] + w['dropped_unwritable']:,}",
                 f"{w['failed_writes']:,}", f"{w['otlp_dropped'] + w['otlp_failed']:,}", _notice_cell(w),
                 w["last_error"] or "",

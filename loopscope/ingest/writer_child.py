@@ -26,7 +26,7 @@ from .._guard import logger
 from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
 from .spans import Ctx, Status
 from .writer import SPANS as SPAN_MAPPING
-from .writer_process import ACK, ASK, CLOSE, CONFIG, DONE, FLUSH, SPANS, STATS, receive, send
+from .writer_process import ACK, ASK, CLOSE, CONFIG, DONE, FLUSH, READY, SPANS, STATS, receive, send
 
 STATS_EVERY = 0.5
 """Seconds between two reports of the writer's counters to the application (when they changed)."""
@@ -148,10 +148,12 @@ def main() -> None:
     )
     otlp = [0, 0]
     writer.report.otlp = lambda: (otlp[0], otlp[1])
+    writer.report.mode, writer.report.app_pid = "process", config.get("app_pid")  # what `loopscope status` shows
     notices: list[Any] = [None]  # the application's start notices: (sent, refused, failed, off) once it sends any
     writer.report.notices = lambda: notices[0] or (0, 0, 0, None)
     answers = _Answers(stdout, writer)
     stop = threading.Event()
+    answers.send(READY, None)  # the first message: from now on the application ships its spans here
     threading.Thread(target=answers.stats_loop, args=(stop,), name="loopscope-stats", daemon=True).start()
     submit = writer.submit
     dropped = 0

@@ -32,6 +32,11 @@ The writer's promises hold across the pipe:
 * A fork of the application: the child process of the fork closes its copy of the pipe
   (never writes into the parent's stream) and starts a writer process of its own when it
   records.
+* Where the child cannot run (``writer="auto"``: a frozen executable, no Python at
+  ``sys.executable``, a child that cannot start, dies before it says it is ready, or says
+  nothing for :data:`READY_WAIT`), the writer given as ``fallback`` (the thread writer) takes
+  over, with a warning once: no span is shipped before the child said it is ready, so the
+  queued ones go to that writer, in their order, and nothing is lost.
 * Turn recovery: the child's writer notes the turns it opens under its own process
   identity; it outlives the application long enough to write their ends (its stdin's EOF
   comes first), so a turn is taken for abandoned only once both are gone.
@@ -51,7 +56,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from .. import _json, _otel_sdk
@@ -63,12 +68,16 @@ from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.policy import PersistencePolicy
 from .mapping import span_size
 
-__all__ = ["ENV", "MODES", "ProcessSpanWriter", "writer_mode"]
+__all__ = ["DEFAULT_MODE", "ENV", "MODES", "ProcessSpanWriter", "unavailable", "writer_mode"]
 
 ENV = "LOOPSCOPE_WRITER"
-"""``process`` or ``thread`` (the default): where the store's writer runs, when
-``configure(writer=...)`` does not say."""
-MODES = ("thread", "process")
+"""``auto``, ``process`` or ``thread``: where the store's writer runs, when
+``configure(writer=...)`` does not say (default :data:`DEFAULT_MODE`)."""
+MODES = ("auto", "thread", "process")
+"""``process``: a writer process, come what may (a child that cannot start: its spans are
+dropped and counted); ``thread``: a thread of the application; ``auto``: the process where it
+can run, else the thread (:func:`unavailable`, and a child that cannot start), with a warning."""
+DEFAULT_MODE = "thread"
 
 SEND_WAIT = 0.25
 """Seconds the first span queued waits before the sender ships what is queued (a flush, a
@@ -84,24 +93,46 @@ KILL_WAIT = 0.5
 # the messages, each a kind byte and the length of its payload, then the payload
 HEADER = struct.Struct("<cI")
 CONFIG, SPANS, FLUSH, CLOSE, ASK = b"C", b"S", b"F", b"Q", b"K"  # application -> child
+READY_WAIT = 30.0
+"""Seconds a started child has to say it is ready (its imports, the store's check; ~0.5 s, a few
+seconds on a loaded machine) before it is taken for one that cannot start: killed, and its
+spans, none shipped yet, go to the fallback writer (or are counted as lost without one)."""
 STATS_WAIT = 1.0
 """Seconds ``stats()`` waits for the child's counters as they are now (else: its last ones)."""
-ACK, STATS, DONE = b"A", b"T", b"D"  # child -> application
+ACK, STATS, DONE, READY = b"A", b"T", b"D", b"R"  # child -> application
 
 
 def writer_mode(asked: str | None) -> str:
     """The writer mode: ``asked`` (``configure(writer=)``, checked: a ValueError for
-    anything but :data:`MODES`), else :data:`ENV` (a bad value is said once and the thread
-    writer runs), else ``thread``."""
+    anything but :data:`MODES`), else :data:`ENV` (a bad value is said once and the default
+    runs), else :data:`DEFAULT_MODE`."""
     if asked is not None:
         if asked not in MODES:
-            raise ValueError(f"writer must be 'thread' or 'process', not {asked!r}")
+            raise ValueError(f"writer must be 'auto', 'thread' or 'process', not {asked!r}")
         return asked
     value = os.environ.get(ENV, "").strip().lower()
     if value and value not in MODES:
-        warn_once(f"writer-env:{value}", "loopscope: %s=%s is neither 'thread' nor 'process'; the writer runs in a thread", ENV, value)
-        return "thread"
-    return value or "thread"
+        warn_once(f"writer-env:{value}", "loopscope: %s=%s is not 'auto', 'thread' or 'process'; the default (%s) runs",
+                  ENV, value, DEFAULT_MODE)
+        return DEFAULT_MODE
+    return value or DEFAULT_MODE
+
+
+def unavailable() -> str | None:
+    """Why no writer process can run here (None: it can): a frozen application (PyInstaller,
+    cx_Freeze, ...: ``sys.executable`` is the application, not a Python), no executable
+    ``sys.executable``, or a platform without subprocesses. A Python that is there but does
+    not start the child (an embedding program's binary) is found when the child dies at once."""
+    if getattr(sys, "frozen", False):
+        return "the application is a frozen executable (sys.frozen): sys.executable is not a Python to run it with"
+    if sys.platform in ("emscripten", "wasi"):
+        return f"{sys.platform} runs no subprocess"
+    executable = sys.executable
+    if not executable:
+        return "there is no Python executable to run it with (sys.executable is empty)"
+    if not os.access(executable, os.X_OK) or os.path.isdir(executable):
+        return f"sys.executable ({executable}) is not an executable file"
+    return None
 
 
 def send(stream: IO[bytes], kind: bytes, payload: bytes) -> None:
@@ -209,8 +240,11 @@ class ProcessSpanWriter:
         content: ContentPolicy | None = None,
         prices: Mapping[str, Any] | None = None,
         latest: bool = False,
+        fallback: Callable[[], Any] | None = None,
     ) -> None:
         self.path = path
+        self._fallback = fallback  # makes the writer that takes over from a child that cannot start
+        self._delegate: Any = None  # that writer, once it took over
         self.max_queue = max_queue
         self.max_bytes = max_bytes
         self.batch_size = batch_size
@@ -222,7 +256,7 @@ class ProcessSpanWriter:
         self._config = pickle.dumps({
             "path": path, "policy": policy, "flush_interval": flush_interval, "max_queue": max_queue,
             "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
-            "content": content, "prices": dict(prices) if prices else None, "latest": latest,
+            "content": content, "prices": dict(prices) if prices else None, "latest": latest, "app_pid": os.getpid(),
         })
         # the counters kept in the store come from the child's writer; the pipeline sets
         # report.otlp here (the exporter is this process's), sent along with the spans
@@ -243,6 +277,9 @@ class ProcessSpanWriter:
         self._gone = False  # the child ended (or never started): nothing more reaches the file
         self._done = threading.Event()  # the child answered the close, or is gone
         self._answered = threading.Event()  # counters came from the child
+        self._ready = threading.Event()  # the child said it is ready: spans are shipped from now on
+        self._start_settled = threading.Event()  # ... or it ended (or failed to start) before
+        self._start_error: str | None = None  # why it did not start (a fallback follows)
         self._in_bytes = 0
         self._out_bytes = 0
         self._dropped = 0  # spans this side dropped (queue full, closed, child gone)
@@ -268,6 +305,10 @@ class ProcessSpanWriter:
         queue = self._queue
         size = len(queue)
         if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
+            delegate = self._delegate
+            if delegate is not None:  # the writer that took over from a child that could not start
+                delegate.submit(kind, span)
+                return
             self._dropped += 1
             return
         if kind:  # an ended span: its content is final (a started one's is counted at its end)
@@ -295,6 +336,8 @@ class ProcessSpanWriter:
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Have the child write everything queued so far; True when it reached the file."""
+        if self._delegate is not None:
+            return self._took_over().flush(timeout)
         if self._gone or not self._thread.is_alive():
             return not self._queue and not self._gone
         request = FlushRequest()
@@ -311,6 +354,10 @@ class ProcessSpanWriter:
             return
         self._stopped = True
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._delegate is not None:
+            _live_writers.discard(self)
+            self._took_over(timeout).close(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            return
 
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -353,6 +400,8 @@ class ProcessSpanWriter:
     def stats(self) -> WriterStats:
         """The counters: this side's, and the child's as it says them now (its last ones
         when it does not answer within :data:`STATS_WAIT`)."""
+        if self._delegate is not None:
+            return self._took_over(STATS_WAIT).stats()
         if not self._closed and self._thread.is_alive():  # the child answers once it started
             self._answered.clear()
             self._queue.append(_ASK_MARK)
@@ -378,9 +427,31 @@ class ProcessSpanWriter:
         )
 
     def child_pid(self) -> int | None:
-        """The writer process's pid (None before it started)."""
+        """The writer process's pid (None before it started, or when the thread took over)."""
         proc = self._proc
-        return proc.pid if proc is not None else None
+        return proc.pid if proc is not None and self._delegate is None else None
+
+    @property
+    def mode(self) -> str:
+        """``process``, or ``thread`` once the fallback writer took over from a child that
+        could not start (``starting`` while a child that may yet fail starts)."""
+        if self._delegate is not None:
+            return "thread"
+        return "process" if self._ready.is_set() or self._fallback is None else "starting"
+
+    def wait_started(self, timeout: float | None = None) -> str:
+        """Wait until the child said it is ready, or the fallback took over; the mode then."""
+        self._start_settled.wait(timeout)
+        if self._delegate is not None:
+            self._thread.join(timeout)  # the sender hands its queue over, then ends
+        return self.mode
+
+    def _took_over(self, timeout: float | None = None) -> Any:
+        """The fallback writer, once the sender handed it what was queued here (a flush,
+        a close or the counters must come after those spans)."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        return self._delegate
 
     # -- the sender thread ---------------------------------------------------------------
 
@@ -391,6 +462,8 @@ class ProcessSpanWriter:
             with guard("store writer process"):
                 if self._proc is None and not self._closed:
                     self._start()
+            if self._delegate is not None:
+                return  # no child could start: the thread writer took over, and the queue
         while True:
             self._arrived.wait()
             self._arrived.clear()
@@ -399,7 +472,7 @@ class ProcessSpanWriter:
             closing = self._closed
             with guard("store writer process"):
                 self._ship()
-            if closing or self._gone:
+            if closing or self._gone or self._delegate is not None:
                 return
             if self._queue:
                 # queued while it shipped (submit() wakes this thread only for a first span
@@ -422,6 +495,8 @@ class ProcessSpanWriter:
                 return
             if not self._start():
                 return
+        if not self._ready.is_set() and not self._wait_ready():
+            return
         stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
         assert stdin is not None
         queue, popleft = self._queue, self._queue.popleft
@@ -475,9 +550,78 @@ class ProcessSpanWriter:
                 self._child_gone("the writer process ended")
                 return
 
+    def _wait_ready(self) -> bool:
+        """Wait (on the sender thread) for the child to say it is ready; False when it will not
+        be (the fallback writer then took over, or the child is gone), or the writer was closed
+        meanwhile and the child is not ready yet."""
+        proc = self._proc
+        if self._reader is None and proc is not None and proc.stdout is not None:
+            # no answers thread (at exit, where no thread starts): its first message, here
+            first = receive(proc.stdout)
+            if first is not None and first[0] == READY:
+                self._ready.set()
+            else:
+                self._start_error = "the writer process ended before it was ready"
+            self._start_settled.set()
+        if not self._start_settled.wait(READY_WAIT) and proc is not None:
+            self._start_error = f"the writer process said nothing for {READY_WAIT:.0f} s after its start"
+            self._kill(proc)
+            self._start_settled.wait(KILL_WAIT)  # its EOF, read by the answers thread
+        if self._ready.is_set():
+            return True
+        reason = self._start_error or "the writer process did not start"
+        if self._fallback is not None:
+            self._fall_back(reason)
+        else:
+            self._child_gone(reason)
+        return False
+
+    def _fall_back(self, reason: str) -> None:
+        """The child cannot run: the fallback writer (the thread writer) gets what is queued,
+        in its order, and every span from now on; said once in a warning. Runs on the sender
+        thread, which ends after it."""
+        fallback, self._fallback = self._fallback, None
+        assert fallback is not None
+        self._proc = None
+        try:
+            delegate = fallback()
+        except Exception as exc:  # the thread writer cannot run either: spans are dropped and counted
+            internal_error("writer process: fallback")
+            self._child_gone(f"{reason}; the thread writer could not start either ({exc})")
+            return
+        report = delegate.report
+        report.otlp, report.notices, report.before_stop = self.report.otlp, self.report.notices, self.report.before_stop
+        self.report = report
+        delegate.count_dropped(self._dropped)  # this side's queue was full: said in the store's row
+        self._dropped = self._forwarded = 0
+        closing = False
+        # the queue handed over; spans submitted meanwhile see _closed (set right after the
+        # first pass) and go to the new writer directly: a second pass takes what came between
+        self._delegate = delegate
+        for _ in range(2):
+            queue = self._queue
+            while queue:
+                item = queue.popleft()
+                if type(item) is tuple:
+                    delegate.submit(*item)
+                elif type(item) is FlushRequest:
+                    delegate.flush_then(lambda ok, request=item: settle([request], ok, "store writer"))
+                elif item is _ASK_MARK:
+                    self._answered.set()
+                elif item is _CLOSE_MARK:
+                    closing = True
+            self._closed = True
+        self._in_bytes = self._out_bytes = 0
+        warn_once("writer-fallback", "loopscope: the store's writer runs in a thread: %s", reason)
+        if closing:  # close() was called meanwhile, and waits: the new writer closes in what is left
+            timeout = self._close_timeout
+            delegate.close(timeout)
+        self._done.set()
+
     def _start(self) -> bool:
         """Start the child (from the sender thread, at the first span); False when it cannot."""
         command = [sys.executable, "-I", "-c", _CHILD_CODE, json.dumps(_child_path())]
+        proc = None
         try:
             if not sys.executable:
                 raise OSError("no Python executable to run the writer process (sys.executable is empty)")
@@ -488,7 +632,14 @@ class ProcessSpanWriter:
             _widen(proc.stdin)
             send(proc.stdin, CONFIG, self._config)
         except (OSError, ValueError) as exc:
-            self._last_error = f"cannot start the writer process: {exc}"
+            reason = f"cannot start the writer process: {exc}"
+            if proc is not None:  # it started, and ended before it read its options
+                code = self._exit_status(proc)
+                reason = f"the writer process ended at once ({sys.executable}: exit status {code})"
+            if self._fallback is not None:
+                self._fall_back(reason)
+                return False
+            self._last_error = reason
             self._child_gone(self._last_error)
             return False
         self._proc = proc
@@ -511,7 +662,10 @@ class ProcessSpanWriter:
                 if message is None:
                     break
                 kind, payload = message
-                if kind == ACK:
+                if kind == READY:
+                    self._ready.set()
+                    self._start_settled.set()
+                elif kind == ACK:
                     number, ok, counters = marshal.loads(payload)
                     self._child = counters
                     with self._lock:
@@ -532,8 +686,15 @@ class ProcessSpanWriter:
                     return
         except (OSError, ValueError, EOFError, TypeError):
             pass
-        code = proc.poll()
-        self._child_gone("the writer process ended" + (f" (exit status {code})" if code is not None else ""))
+        code = self._exit_status(proc) if not self._ready.is_set() else proc.poll()
+        reason = "the writer process ended" + (f" (exit status {code})" if code is not None else "")
+        if not self._ready.is_set() and self._fallback is not None:
+            # before it was ready: the sender hands the spans to the fallback writer
+            self._start_error = self._start_error or f"the writer process ended at once ({sys.executable}: exit status {code})"
+            self._start_settled.set()
+            return
+        self._start_settled.set()
+        self._child_gone(reason)
 
     # -- losses --------------------------------------------------------------------------
 
@@ -585,6 +746,13 @@ class ProcessSpanWriter:
             self._beside = True
 
     @staticmethod
+    def _exit_status(proc: subprocess.Popen[bytes]) -> int | None:
+        try:
+            return proc.wait(KILL_WAIT)
+        except subprocess.TimeoutExpired:
+            return None
+
+    @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
         try:
             proc.kill()
@@ -595,6 +763,8 @@ class ProcessSpanWriter:
     def _forked(self) -> None:
         """In the child of a fork: let go of the parent's pipes (without writing into them)
         and start afresh; a writer process of its own starts at its first span."""
+        if self._delegate is not None:
+            return  # the thread writer that took over sees the fork itself
         proc = self._proc
         if proc is not None:
             for stream in (proc.stdin, proc.stdout):

@@ -62,6 +62,14 @@ loopscope/export/notices.py) the process's exporter sent, had refused or failed 
 and why they were turned off for good (the endpoint takes no OTLP logs). No loss: the spans
 carry all of it; they say why a collector saw turns and tools only when they ended."""
 
+MODE_COLUMNS = {
+    "writer_mode": "VARCHAR",
+    "app_pid": "BIGINT",
+}
+"""The columns migration ``m012_writer_mode`` adds: where the writer runs (``thread``: in the
+process that records, whose pid the row has; ``process``: a writer process of its own, the row's
+pid, for the application ``app_pid``), so ``loopscope status`` says which writer a process ran."""
+
 
 def migration() -> list[str]:
     """The statements of ``m007_writer_counters``: the counters of each writer (see the module's docstring)."""
@@ -71,6 +79,11 @@ def migration() -> list[str]:
 def notice_migration() -> list[str]:
     """The statements of ``m011_notice_counters`` (:data:`NOTICE_COLUMNS`)."""
     return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in NOTICE_COLUMNS.items()]
+
+
+def mode_migration() -> list[str]:
+    """The statements of ``m012_writer_mode`` (:data:`MODE_COLUMNS`)."""
+    return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in MODE_COLUMNS.items()]
 
 
 def _text(value: str | None) -> str:
@@ -143,6 +156,10 @@ class Report:
         pipeline lets its exporters finish their last sends there, so that what they
         count at exit is in the store."""
         self.persisted: Counters | None = None
+        self.mode = "thread"
+        """Where the writer runs: ``thread`` (in the process that records) or ``process``
+        (a writer process of its own, for the application whose pid is :attr:`app_pid`)."""
+        self.app_pid: int | None = None
         self._stored: set[str] = set()  # the ids whose row a committed batch made
 
     def stored(self, writer_id: str | None = None) -> None:
@@ -180,9 +197,10 @@ class Report:
         from .recovery import this_process  # what tells this process from a later one with its pid
 
         me = this_process()
-        columns = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", *values]
+        columns = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", *values,
+                   *MODE_COLUMNS]
         row = [wid, _text(me.host), _text(me.boot_id), _text(me.pid_namespace), str(me.pid), _text(me.start), started,
-               *values.values()]
+               *values.values(), _text(self.mode), "NULL" if self.app_pid is None else str(int(self.app_pid))]
         return [
             update,
             (
@@ -213,10 +231,13 @@ def writers(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         return []
     from .recovery import is_gone
 
-    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS}
-    # a file from before m011_notice_counters (read, never migrated, here) has no notice counters: NULL
-    notices = has_counters(con, "notices_sent")
-    selected = [*COUNTER_COLUMNS, *(NOTICE_COLUMNS if notices else (f"NULL AS {name}" for name in NOTICE_COLUMNS))]
+    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS, **MODE_COLUMNS}
+    # a file from before m011_notice_counters (m012_writer_mode), read, never migrated, here,
+    # has no notice counters (no writer modes): NULL
+    selected = [*COUNTER_COLUMNS]
+    for added, probe in ((NOTICE_COLUMNS, "notices_sent"), (MODE_COLUMNS, "writer_mode")):
+        present = has_counters(con, probe)
+        selected += [name if present else f"NULL AS {name}" for name in added]
     fixed = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", "last_seen"]
     names = [*fixed, *columns]
     rows = con.execute(f"SELECT {', '.join([*fixed, *selected])} FROM {WRITERS} ORDER BY started_at, writer_id").fetchall()
@@ -224,7 +245,7 @@ def writers(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     for row in rows:
         record = dict(zip(names, row))
         for name, kind in columns.items():
-            if kind == "BIGINT" and record[name] is None:
+            if kind == "BIGINT" and record[name] is None and name != "app_pid":
                 record[name] = 0
         if record["stopped_at"] is not None:
             alive = "stopped"

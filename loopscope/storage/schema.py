@@ -349,6 +349,15 @@ def m011_notice_counters() -> list[str]:
     return notice_migration()
 
 
+@migration
+def m012_writer_mode() -> list[str]:
+    """Where each writer ran in its loopscope_writers row (storage/health.py): in a thread
+    of the recording process, or in a writer process of its own (and for which application)."""
+    from .health import mode_migration
+
+    return mode_migration()
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""
