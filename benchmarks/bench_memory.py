@@ -8,7 +8,8 @@ in this process, recording nothing):
   the program answers, the model answers), uninstrumented and instrumented
   (``loopscope.configure(<tmp duckdb>)`` + ``loopscope.instrument()``), with the store's
   writer a thread and a process of its own (``writer="process"``: the application's
-  process and the two together), the three children at once. Printed: RSS after the calls (the store flushed), its ratio to the plain SDK's
+  process and the two together), and as the default sets it up (no ``writer=``), the four
+  children at once. Printed: RSS after the calls (the store flushed), its ratio to the plain SDK's
   (issue 19's goal: at most 1.5x), and the same split into anonymous memory (what the
   process allocated) and file-backed pages (the code of the libraries it loaded: DuckDB's
   and Arrow's alone are ~80 MB); and the RSS before the first call (imports, ``configure``).
@@ -89,8 +90,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 def child(case: str, mode: str, calls: int, base_url: str) -> dict[str, Any]:
-    """``mode``: ``off`` (plain), ``on`` (loopscope, its writer a thread) or ``process``
-    (loopscope, its writer a process of its own: measured too, as ``writer``)."""
+    """``mode``: ``off`` (plain), ``on`` (loopscope, its writer a thread), ``process``
+    (loopscope, its writer a process of its own: measured too, as ``writer``) or ``default``
+    (loopscope as ``configure()`` sets it up with no ``writer=``)."""
     import openai
 
     folder = tempfile.mkdtemp(prefix="bench-memory-")
@@ -98,7 +100,8 @@ def child(case: str, mode: str, calls: int, base_url: str) -> dict[str, Any]:
     if instrumented:
         import loopscope
 
-        loopscope.configure(os.path.join(folder, "memory.duckdb"), writer="process" if mode == "process" else "thread")
+        writer = {"process": "process", "default": None}.get(mode, "thread")
+        loopscope.configure(os.path.join(folder, "memory.duckdb"), writer=writer)
         loopscope.instrument()
     client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0)
     before = memory()
@@ -203,8 +206,8 @@ def main() -> None:
     server = start_server()
     try:
         if "loop" in cases:
-            off, on, proc = run_children([["loop", mode, str(args.calls), server.openai_base_url]
-                                          for mode in ("off", "on", "process")])
+            off, on, proc, default = run_children([["loop", mode, str(args.calls), server.openai_base_url]
+                                                   for mode in ("off", "on", "process", "default")])
             print(f"loop: {on['calls']} calls of a two-call tool loop, RSS after the calls (the store flushed); "
                   "loopscope's writer a thread, and a process of its own (writer=\"process\")")
             for name, key in (("RSS", "VmRSS"), ("  anonymous", "RssAnon"), ("  file-backed (code)", "RssFile")):
@@ -219,6 +222,9 @@ def main() -> None:
                 a, c = off["after"]["VmRSS"], proc["after"]["VmRSS"]
                 print(f"  {'app + writer process':<22} {mb(c + w)} (the writer {mb(w)})  ratio {(c + w) / a:.2f}x "
                       "(shared library pages counted in both)")
+            a, d = off["after"]["VmRSS"], default["after"]["VmRSS"]
+            print(f"  {'default (no writer=)':<22} app {mb(d)}  ratio {d / a:.2f}x "
+                  f"({'a writer process' if default['writer'] else 'the thread writer'})")
         if "unanswered" in cases:
             off, on = run_children([["unanswered", "off", str(args.calls), server.openai_base_url],
                                     ["unanswered", "on", str(args.calls), server.openai_base_url]])

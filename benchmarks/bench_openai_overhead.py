@@ -18,7 +18,10 @@ app runs it and sends the result back; the model answers) runs under each varian
   the metrics thread's work, one histogram value per gap between streamed chunks included.
 * ``loopscope-process`` -- (on request with ``--variants``) loopscope with the store's writer in
   a process of its own (``LOOPSCOPE_WRITER=process``); its CPU column counts the writer
-  process's CPU as well (``app cpu``: the application's process alone).
+  process's CPU as well (``app cpu``: the application's process alone). ``loopscope`` runs
+  the default: the same writer process where one can run.
+* ``loopscope-thread`` -- (on request) loopscope with the store's writer a thread of the
+  application (``LOOPSCOPE_WRITER=thread``).
 
 Each peer runs with its default settings under an SDK ``TracerProvider`` with a
 ``BatchSpanProcessor`` into an exporter that counts and drops the spans, so every peer pays
@@ -115,6 +118,7 @@ VARIANTS = [
     Variant("loopscope-nostore", "(ref) loopscope, no store", PROJECT, dist="loopscope"),
     Variant("loopscope-metrics", "(ref) with metrics", PROJECT, dist="loopscope"),
     Variant("loopscope-process", "loopscope (writer proc)", PROJECT, dist="loopscope"),
+    Variant("loopscope-thread", "loopscope (writer thr)", PROJECT, dist="loopscope"),
     Variant("otel-openai-v2", "OTel openai-v2", PEERS_V2, "opentelemetry.instrumentation.openai_v2",
             "opentelemetry-instrumentation-openai-v2"),
     Variant("otel-genai-openai", "OTel genai-openai", PEERS, "opentelemetry.instrumentation.genai.openai",
@@ -126,7 +130,7 @@ VARIANTS = [
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 REFERENCES = ("loopscope-nostore", "loopscope-metrics")
-ON_REQUEST = (*REFERENCES, "loopscope-process")
+ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in ON_REQUEST]  # the references run on request
 MODES = ("nonstream", "stream")
 TRANSPORTS = ("server", "inproc")
@@ -358,8 +362,8 @@ def worker(args: argparse.Namespace) -> int:
             os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
             metrics_reader = InMemoryMetricReader()
             meter_provider = MeterProvider(metric_readers=[metrics_reader])
-        if variant.key == "loopscope-process":
-            os.environ["LOOPSCOPE_WRITER"] = "process"
+        if variant.key in ("loopscope-process", "loopscope-thread"):
+            os.environ["LOOPSCOPE_WRITER"] = variant.key.rsplit("-", 1)[1]
         loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider)
         loopscope.instrument()
         settle = loopscope.flush
@@ -406,7 +410,7 @@ def worker(args: argparse.Namespace) -> int:
         send({"samples": samples})
 
     check = ""
-    if variant.key in ("loopscope", "loopscope-metrics", "loopscope-process"):
+    if variant.key in ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread"):
         import duckdb
 
         import loopscope
