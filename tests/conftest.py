@@ -41,14 +41,19 @@ class Recording:
         return self.exporter.get_finished_spans()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "thread_writer: the test's `recording` pipeline runs the thread writer (a test of its insides)")
+
+
 @pytest.fixture
-def recording(tmp_path: Path) -> Iterator[Recording]:
+def recording(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Recording]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     db = tmp_path / "store.duckdb"
     # the exporter here checks the span tree against the rows: it may see content
-    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05, capture_content=True)
+    writer = "thread" if request.node.get_closest_marker("thread_writer") else None  # else the default's
+    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05, capture_content=True, writer=writer)
     try:
         yield Recording(db, exporter, pipeline)
     finally:

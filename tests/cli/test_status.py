@@ -220,7 +220,8 @@ KILLED = """
     import loopscope
     from opentelemetry.sdk.trace import TracerProvider
 
-    loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), flush_interval=0.05)
+    # the thread writer, killed with its process (a writer process would close cleanly: stopped)
+    loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), flush_interval=0.05, writer="thread")
     with loopscope.turn(session_id="k", input="hi") as t:
         t.generation("hello", finish_reason="stop")
     assert loopscope.flush(timeout=20)

@@ -139,6 +139,7 @@ def test_a_given_interval_is_kept_whatever_a_batch_costs(tmp_path):
         w.close()
 
 
+@pytest.mark.thread_writer  # its batches counted in this process
 def test_rows_reach_the_file_while_the_application_records_without_a_pause(recording):
     # a steady stream of turns: the queue is seldom empty when the writer looks, and each
     # batch ends with what was queued when it began, not with a pause in the stream
@@ -158,7 +159,7 @@ def test_rows_reach_the_file_while_the_application_records_without_a_pause(recor
 
 def test_a_full_batch_is_written_without_waiting_for_the_interval(tmp_path):
     db = tmp_path / "full.duckdb"
-    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=3600)
+    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=3600, writer="thread")
     writer = loopscope.pipeline._active.writer
     writer.batch_size = 5  # a turn queues more than that
     try:
@@ -206,6 +207,7 @@ def test_an_idle_writer_checkpoints_what_it_left_in_the_wal(recording, monkeypat
     assert _count_elsewhere(recording.db) == 10
 
 
+@pytest.mark.thread_writer  # WAL_LIMIT patched in this process
 def test_a_commit_checkpoints_once_the_wal_has_grown_past_its_limit(recording, monkeypatch):
     monkeypatch.setattr(writer, "WAL_LIMIT", 1)
     after = []
