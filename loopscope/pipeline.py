@@ -43,7 +43,7 @@ from .export.otlp import (
     with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
-from .ingest.writer_process import ProcessSpanWriter, unavailable, writer_mode
+from .ingest.writer_process import QUIET, ProcessSpanWriter, unavailable, writer_mode
 from .recorder import settings as recorder_settings
 from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
@@ -159,7 +159,8 @@ def _process_writer(
     if auto:
         reason = unavailable()
         if reason is not None:
-            warn_once("writer-process-unavailable", "loopscope: the store's writer runs in a thread: %s", reason)
+            warn_once("writer-process-unavailable", "loopscope: the store's writer runs in a thread: %s (%s)", reason,
+                      QUIET)
             return None
 
     def thread_writer() -> StoreWriter:

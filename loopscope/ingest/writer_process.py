@@ -93,6 +93,7 @@ KILL_WAIT = 0.5
 # the messages, each a kind byte and the length of its payload, then the payload
 HEADER = struct.Struct("<cI")
 CONFIG, SPANS, FLUSH, CLOSE, ASK = b"C", b"S", b"F", b"Q", b"K"  # application -> child
+QUIET = f"{ENV}=thread, or configure(writer='thread'), runs it there without this warning"
 READY_WAIT = 30.0
 """Seconds a started child has to say it is ready (its imports, the store's check; ~0.5 s, a few
 seconds on a loaded machine) before it is taken for one that cannot start: killed, and its
@@ -121,8 +122,9 @@ def writer_mode(asked: str | None) -> str:
 def unavailable() -> str | None:
     """Why no writer process can run here (None: it can): a frozen application (PyInstaller,
     cx_Freeze, ...: ``sys.executable`` is the application, not a Python), no executable
-    ``sys.executable``, or a platform without subprocesses. A Python that is there but does
-    not start the child (an embedding program's binary) is found when the child dies at once."""
+    ``sys.executable``, one not named ``python*``/``pypy*`` (a program that embeds Python), or
+    a platform without subprocesses. A Python that is there but does not start the child is
+    found when the child dies at once, or says nothing for :data:`READY_WAIT`."""
     if getattr(sys, "frozen", False):
         return "the application is a frozen executable (sys.frozen): sys.executable is not a Python to run it with"
     if sys.platform in ("emscripten", "wasi"):
@@ -132,6 +134,10 @@ def unavailable() -> str | None:
         return "there is no Python executable to run it with (sys.executable is empty)"
     if not os.access(executable, os.X_OK) or os.path.isdir(executable):
         return f"sys.executable ({executable}) is not an executable file"
+    if not os.path.basename(executable).lower().startswith(("python", "pypy")):
+        # a program that embeds Python (uWSGI, Blender, ...) would be started with the
+        # child's arguments: never, it may do anything with them
+        return f"sys.executable ({executable}) is no Python interpreter by its name (an embedding program?)"
     return None
 
 
@@ -612,7 +618,7 @@ class ProcessSpanWriter:
                     closing = True
             self._closed = True
         self._in_bytes = self._out_bytes = 0
-        warn_once("writer-fallback", "loopscope: the store's writer runs in a thread: %s", reason)
+        warn_once("writer-fallback", "loopscope: the store's writer runs in a thread: %s (%s)", reason, QUIET)
         if closing:  # close() was called meanwhile, and waits: the new writer closes in what is left
             timeout = self._close_timeout
             delegate.close(timeout)

@@ -79,12 +79,32 @@ def test_a_frozen_application_records_with_the_thread_writer_and_says_so_once(tm
     assert app.err.read_text().count("the store's writer runs in a thread: the application is a frozen executable") == 1
 
 
+def _fake_python(tmp_path: Path, body: str) -> Path:
+    """An executable named as a Python is, that is none (a broken or foreign interpreter)."""
+    path = tmp_path / "python-fake"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_an_executable_that_is_no_python_by_its_name_is_not_started(tmp_path: Path, spawn) -> None:
+    """``sys.executable`` a program that embeds Python (uWSGI, Blender): never run with the
+    child's arguments; the thread writer runs, said once."""
+    db = tmp_path / "embedded.duckdb"
+    app = spawn("app", _script("sys.executable = '/usr/bin/env'"), db)
+    assert app.finish_ok(90).split()[0] == "thread"
+    assert _rows(db) == (40, 20)
+    err = app.err.read_text()
+    assert err.count("runs in a thread: sys.executable (/usr/bin/env) is no Python interpreter by its name") == 1, err
+    assert "LOOPSCOPE_WRITER=thread" in err  # how to ask for it without the warning
+
+
 def test_a_writer_process_that_dies_at_once_hands_every_span_to_the_thread_writer(tmp_path: Path, spawn) -> None:
-    """``sys.executable`` an embedding program's binary that is no Python (``/bin/false``
-    here: it exits at once): the spans recorded before that was known are written by the
-    thread writer, none lost, with one warning."""
+    """``sys.executable`` a Python that cannot start the child (it exits at once): the spans
+    recorded before that was known are written by the thread writer, none lost, with one
+    warning."""
     db = tmp_path / "dies.duckdb"
-    app = spawn("app", _script("sys.executable = '/bin/false'"), db)
+    app = spawn("app", _script(f"sys.executable = {str(_fake_python(tmp_path, 'exit 3'))!r}"), db)
     assert app.finish_ok(90).split()[0] == "thread"
     assert _rows(db) == (40, 20)
     assert _writer_rows(db) == [("thread", None)]
@@ -92,12 +112,11 @@ def test_a_writer_process_that_dies_at_once_hands_every_span_to_the_thread_write
     assert status["totals"]["dropped_queue_full"] == status["totals"]["dropped_unwritable"] == 0
     err = app.err.read_text()
     assert err.count("the store's writer runs in a thread: the writer process ended at once") == 1, err
+    assert "exit status 3" in err
 
 
 def test_a_writer_process_that_never_says_it_is_ready_is_replaced_by_the_thread_writer(tmp_path: Path, spawn) -> None:
-    silent = tmp_path / "silent-python"
-    silent.write_text("#!/bin/sh\nexec sleep 120\n")  # starts, reads nothing, says nothing
-    silent.chmod(0o755)
+    silent = _fake_python(tmp_path, "exec sleep 120")  # starts, reads nothing, says nothing
     setup = f"sys.executable = {str(silent)!r}; writer_process.READY_WAIT = 1.0"
     db = tmp_path / "silent.duckdb"
     app = spawn("app", _script(setup), db)
