@@ -43,7 +43,7 @@ from .export.otlp import (
     with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
-from .ingest.writer_process import QUIET, ProcessSpanWriter, unavailable, writer_mode
+from .ingest.writer_process import QUIET, READY_WAIT, ProcessSpanWriter, unavailable, writer_mode
 from .recorder import settings as recorder_settings
 from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
@@ -203,6 +203,17 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
         return
     except (duckdb.Error, OSError) as exc:  # a read-only disk met while migrating, say
         raise StoreError(f"cannot write the loopscope store {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def _checked_by_child(writer: ProcessSpanWriter) -> None:
+    """A ``db`` given to ``configure()`` that cannot be written raises, whichever writer the
+    default picked: wait for the writer process's own check of the store (its DuckDB import
+    and the check, what the thread writer's configure() spends in the application)."""
+    writer.wait_started(READY_WAIT)
+    problem = writer.store_problem
+    if problem is not None:
+        writer.close()
+        raise StoreError(problem)
 
 
 def _store_off(path: str, exc: BaseException) -> None:
@@ -382,6 +393,8 @@ def configure(
             }
             if mode != "thread":
                 store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto")
+                if explicit and mode == "auto" and isinstance(store_writer, ProcessSpanWriter):
+                    _checked_by_child(store_writer)
             if store_writer is None:
                 from .ingest.writer import SpanWriter
 

@@ -26,7 +26,7 @@ from .._guard import logger
 from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
 from .spans import Ctx, Status
 from .writer import SPANS as SPAN_MAPPING
-from .writer_process import ACK, ASK, CLOSE, CONFIG, DONE, FLUSH, READY, SPANS, STATS, receive, send
+from .writer_process import ACK, ANSWER, ASK, CLOSE, CONFIG, DONE, FLUSH, READY, SPANS, STATS, receive, send
 
 STATS_EVERY = 0.5
 """Seconds between two reports of the writer's counters to the application (when they changed)."""
@@ -106,14 +106,15 @@ class _Answers:
                 self.send(STATS, counters)
 
 
-def _prepare(path: str, recover: bool) -> None:
+def _prepare(path: str, recover: bool) -> str | None:
     """What ``configure()`` does in thread mode, before the first batch: the schema made or
     migrated, the turns of dead writers closed, in a connection of its own (whose close
     checkpoints, so the first batch's rows alone go to the WAL). A store held by another
     process, or one that cannot be written, is left to the writer (it retries, says why,
-    and counts what it loses)."""
+    and counts what it loses). Returns why the store cannot be written (None: it can, or
+    another process holds it now), which the ready message tells the application."""
     from ..storage.connection import open_store
-    from ..storage.errors import StoreError
+    from ..storage.errors import StoreError, StoreLockedError
     from ..storage.schema import migrate
     from .recovery import recover as close_dead_turns
 
@@ -123,8 +124,12 @@ def _prepare(path: str, recover: bool) -> None:
             if recover:
                 close_dead_turns(con)
     except (StoreError, OSError, duckdb.Error) as exc:
-        logger.warning("loopscope: the store %s cannot be prepared now (%s); the writer will retry", path,
-                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        logger.warning("loopscope: the store %s cannot be prepared now (%s); the writer will retry", path, first)
+        if isinstance(exc, StoreLockedError):
+            return None
+        return str(exc) if isinstance(exc, StoreError) else f"cannot write the loopscope store {path}: {first}"
+    return None
 
 
 def main() -> None:
@@ -138,7 +143,7 @@ def main() -> None:
     if first is None or first[0] != CONFIG:
         return
     config = pickle.loads(first[1])  # from the process that started this one, over its pipe
-    _prepare(config["path"], config["track_turns"])
+    problem = _prepare(config["path"], config["track_turns"])
     pricing.set_overrides(config["prices"])
     semconv.use_conventions(config["latest"])
     writer = StoreWriter(
@@ -153,7 +158,7 @@ def main() -> None:
     writer.report.notices = lambda: notices[0] or (0, 0, 0, None)
     answers = _Answers(stdout, writer)
     stop = threading.Event()
-    answers.send(READY, None)  # the first message: from now on the application ships its spans here
+    answers.send(READY, problem)  # the first message: from now on the application ships its spans here
     threading.Thread(target=answers.stats_loop, args=(stop,), name="loopscope-stats", daemon=True).start()
     submit = writer.submit
     dropped = 0
@@ -182,7 +187,7 @@ def main() -> None:
 
             writer.flush_then(answer)
         elif kind == ASK:
-            answers.send(STATS, answers.counters())
+            answers.send(ANSWER, answers.counters())
         elif kind == CLOSE:  # with the application's last counts
             timeout, parent_dropped, otlp[0], otlp[1], notices[0], _ = marshal.loads(payload)
             writer.count_dropped(parent_dropped - dropped)

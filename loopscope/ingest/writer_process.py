@@ -100,7 +100,9 @@ seconds on a loaded machine) before it is taken for one that cannot start: kille
 spans, none shipped yet, go to the fallback writer (or are counted as lost without one)."""
 STATS_WAIT = 1.0
 """Seconds ``stats()`` waits for the child's counters as they are now (else: its last ones)."""
-ACK, STATS, DONE, READY = b"A", b"T", b"D", b"R"  # child -> application
+ACK, STATS, DONE, READY, ANSWER = b"A", b"T", b"D", b"R", b"N"  # child -> application
+# (STATS: the counters now and then; ANSWER: the same, the answer to an ASK, behind every span
+# sent before it: stats() waits for that one, not for a STATS that was on its way meanwhile)
 
 
 def writer_mode(asked: str | None) -> str:
@@ -286,6 +288,9 @@ class ProcessSpanWriter:
         self._ready = threading.Event()  # the child said it is ready: spans are shipped from now on
         self._start_settled = threading.Event()  # ... or it ended (or failed to start) before
         self._start_error: str | None = None  # why it did not start (a fallback follows)
+        self.store_problem: str | None = None
+        """Why the child found the store cannot be written (a newer loopscope's, no store, a
+        read-only disk), said in its ready message; None: it can (or is held by another now)."""
         self._in_bytes = 0
         self._out_bytes = 0
         self._dropped = 0  # spans this side dropped (queue full, closed, child gone)
@@ -669,6 +674,7 @@ class ProcessSpanWriter:
                     break
                 kind, payload = message
                 if kind == READY:
+                    self.store_problem = marshal.loads(payload)
                     self._ready.set()
                     self._start_settled.set()
                 elif kind == ACK:
@@ -676,15 +682,15 @@ class ProcessSpanWriter:
                     self._child = counters
                     with self._lock:
                         pending = self._pending.pop(number, None)
-                    self._answered.set()
                     if pending is not None:
                         if ok:  # every span sent before it is written
                             self._settled = max(self._settled, pending.sent)
                         settle([pending.request], ok, "store writer process")
-                elif kind == STATS:
+                elif kind in (STATS, ANSWER):
                     self._child = counters = marshal.loads(payload)
                     self._settled = max(self._settled, counters.get("settled", 0))
-                    self._answered.set()
+                    if kind == ANSWER:  # to stats()'s question: every span queued before it counted
+                        self._answered.set()
                 elif kind == DONE:
                     self._child = counters = marshal.loads(payload)
                     self._settled = max(self._settled, counters.get("settled", 0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import duckdb
+import pytest
 
 import loopscope
 from loopscope.storage import recovery
@@ -35,6 +36,7 @@ def _spy(monkeypatch) -> list[list[str]]:
     return seen
 
 
+@pytest.mark.thread_writer  # its batches spied on in this process
 def test_a_turn_that_ends_within_its_batch_is_never_listed_nor_looked_up(recording, monkeypatch):
     seen = _spy(monkeypatch)
     with loopscope.turn(session_id="s", agent="a", input="q") as t:
@@ -44,6 +46,7 @@ def test_a_turn_that_ends_within_its_batch_is_never_listed_nor_looked_up(recordi
     assert _open_turns(recording.db) == []
 
 
+@pytest.mark.thread_writer  # its batches spied on in this process
 def test_a_turn_across_batches_is_listed_until_its_summary_is_written(recording, monkeypatch):
     seen = _spy(monkeypatch)
     with loopscope.turn(session_id="s", agent="a", input="q", correlation_id="c-1") as t:
@@ -76,6 +79,7 @@ def _held_turn(correlation_id: str, session: str, go: threading.Event) -> thread
     return thread
 
 
+@pytest.mark.thread_writer  # its batches spied on in this process
 def test_a_batch_that_opens_one_turn_and_ends_another_does_both(recording, monkeypatch):
     seen = _spy(monkeypatch)
     end_first, end_second = threading.Event(), threading.Event()
@@ -93,6 +97,7 @@ def test_a_batch_that_opens_one_turn_and_ends_another_does_both(recording, monke
     assert seen == [["open"], ["open", "close"], ["close"]]
 
 
+@pytest.mark.thread_writer  # its batches spied on in this process
 def test_a_batch_that_could_not_be_written_notes_its_turns_when_it_is(recording, monkeypatch):
     writer = recording.pipeline.writer
     seen = _spy(monkeypatch)

@@ -11,9 +11,13 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
 
+import loopscope
 from loopscope.cli.status import read_status
 from loopscope.storage import health
+from loopscope.storage.errors import StoreError
 
 RECORDS = """
     import sys
@@ -22,8 +26,10 @@ RECORDS = """
     from loopscope.ingest import writer_process
 
     {setup}
-    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer={writer!r})
-    # at once, before a child could have said it is ready (or been found unable to start)
+    # the default store (./loopscope.duckdb): configure() does not wait for the writer process,
+    # so the turns below are recorded before a child could have said it is ready (or been
+    # found unable to start)
+    pipeline = loopscope.configure(tracer_provider=TracerProvider(), writer={writer!r})
     for i in range(20):
         with loopscope.turn(session_id=f"s{{i}}", input="q") as t:
             t.generation("a", finish_reason="stop")
@@ -59,8 +65,8 @@ def _status_text(db: Path) -> str:
 
 
 def test_auto_runs_the_writer_process_where_it_can_and_status_names_it(tmp_path: Path, spawn) -> None:
-    db = tmp_path / "auto.duckdb"
-    app = spawn("app", _script(), db)
+    db = tmp_path / "loopscope.duckdb"
+    app = spawn("app", _script())
     assert app.finish_ok(90).split() == ["process", "False"]  # DuckDB never loaded by the application
     assert _rows(db) == (40, 20)
     assert _writer_rows(db) == [("process", app.pid)]
@@ -69,8 +75,8 @@ def test_auto_runs_the_writer_process_where_it_can_and_status_names_it(tmp_path:
 
 
 def test_a_frozen_application_records_with_the_thread_writer_and_says_so_once(tmp_path: Path, spawn) -> None:
-    db = tmp_path / "frozen.duckdb"
-    app = spawn("app", _script("sys.frozen = True  # as PyInstaller sets it"), db)
+    db = tmp_path / "loopscope.duckdb"
+    app = spawn("app", _script("sys.frozen = True  # as PyInstaller sets it"))
     assert app.finish_ok(90).split() == ["thread", "True"]
     assert _rows(db) == (40, 20)
     assert _writer_rows(db) == [("thread", None)]
@@ -90,8 +96,8 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 def test_an_executable_that_is_no_python_by_its_name_is_not_started(tmp_path: Path, spawn) -> None:
     """``sys.executable`` a program that embeds Python (uWSGI, Blender): never run with the
     child's arguments; the thread writer runs, said once."""
-    db = tmp_path / "embedded.duckdb"
-    app = spawn("app", _script("sys.executable = '/usr/bin/env'"), db)
+    db = tmp_path / "loopscope.duckdb"
+    app = spawn("app", _script("sys.executable = '/usr/bin/env'"))
     assert app.finish_ok(90).split()[0] == "thread"
     assert _rows(db) == (40, 20)
     err = app.err.read_text()
@@ -103,8 +109,8 @@ def test_a_writer_process_that_dies_at_once_hands_every_span_to_the_thread_write
     """``sys.executable`` a Python that cannot start the child (it exits at once): the spans
     recorded before that was known are written by the thread writer, none lost, with one
     warning."""
-    db = tmp_path / "dies.duckdb"
-    app = spawn("app", _script(f"sys.executable = {str(_fake_python(tmp_path, 'exit 3'))!r}"), db)
+    db = tmp_path / "loopscope.duckdb"
+    app = spawn("app", _script(f"sys.executable = {str(_fake_python(tmp_path, 'exit 3'))!r}"))
     assert app.finish_ok(90).split()[0] == "thread"
     assert _rows(db) == (40, 20)
     assert _writer_rows(db) == [("thread", None)]
@@ -118,8 +124,8 @@ def test_a_writer_process_that_dies_at_once_hands_every_span_to_the_thread_write
 def test_a_writer_process_that_never_says_it_is_ready_is_replaced_by_the_thread_writer(tmp_path: Path, spawn) -> None:
     silent = _fake_python(tmp_path, "exec sleep 120")  # starts, reads nothing, says nothing
     setup = f"sys.executable = {str(silent)!r}; writer_process.READY_WAIT = 1.0"
-    db = tmp_path / "silent.duckdb"
-    app = spawn("app", _script(setup), db)
+    db = tmp_path / "loopscope.duckdb"
+    app = spawn("app", _script(setup))
     assert app.finish_ok(90).split()[0] == "thread"
     assert _rows(db) == (40, 20)
     assert "said nothing for 1 s after its start" in app.err.read_text()
@@ -128,12 +134,23 @@ def test_a_writer_process_that_never_says_it_is_ready_is_replaced_by_the_thread_
 def test_writer_process_asked_for_explicitly_does_not_fall_back(tmp_path: Path, spawn) -> None:
     """``writer="process"`` keeps its meaning: no thread writer (no DuckDB in the
     application); a child that cannot start costs the spans, dropped and counted."""
-    db = tmp_path / "explicit.duckdb"
+    db = tmp_path / "loopscope.duckdb"
     code = _script("sys.executable = '/bin/false'", writer="process").replace("assert loopscope.flush(60)",
                                                                                "assert not loopscope.flush(60)")
-    app = spawn("app", code, db)
+    app = spawn("app", code)
     assert app.finish_ok(90).split() == ["process", "False"]
     assert "runs in a thread" not in app.err.read_text()
     assert not db.exists()  # no writer ever opened it
     [lost] = health.read_beside(str(db)).values()  # counted beside it, where `loopscope status` reads
     assert lost["dropped_unwritable"] + lost["dropped_queue_full"] == 60  # a turn's start and end, its generation
+
+
+def test_a_db_given_to_configure_that_is_no_store_raises_with_the_writer_process_too(tmp_path: Path) -> None:
+    """``configure(db=...)`` raises for a file it cannot write, as with the thread writer:
+    the writer process's own check of the store is waited for (the default path is not)."""
+    notes = tmp_path / "notes.duckdb"
+    notes.write_text("my notes, not a database\n" * 200)
+    with pytest.raises(StoreError, match="loopscope store"):
+        loopscope.configure(notes, tracer_provider=TracerProvider(), writer="auto")
+    loopscope.shutdown()
+    assert notes.read_text() == "my notes, not a database\n" * 200
