@@ -30,7 +30,8 @@ DISK_FULL = textwrap.dedent(
     logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
     import loopscope
     db = sys.argv[1]
-    pipeline = loopscope.configure(db, flush_interval=0.05)
+    # the thread writer: the file-size limit below is this process's (a writer process has its own)
+    pipeline = loopscope.configure(db, flush_interval=0.05, writer="thread")
     loopscope.flush()
     limit = os.path.getsize(db) + 64 * 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -58,9 +59,25 @@ DISK_FULL = textwrap.dedent(
     """
 )
 
+@pytest.fixture(autouse=True)
+def _thread_writer() -> Iterator[None]:
+    """The faults here are injected into the store's writer in the test's process (patched
+    writes and mappings, file-size limits, stuck writes): the thread writer, in this process
+    and in the children it starts. The writer process's own faults (a child that dies, is
+    killed, cannot start): tests/storage/test_writer_process.py and test_writer_fallback.py."""
+    # not monkeypatch: asked for here, its undoing would come after the tests' own fixtures'
+    before = os.environ.get("LOOPSCOPE_WRITER")
+    os.environ["LOOPSCOPE_WRITER"] = "thread"
+    yield
+    if before is None:
+        os.environ.pop("LOOPSCOPE_WRITER", None)
+    else:
+        os.environ["LOOPSCOPE_WRITER"] = before
+
 
 def _child(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPSCOPE_")}
+    env["LOOPSCOPE_WRITER"] = "thread"  # see _thread_writer
     return subprocess.run([sys.executable, "-c", script, *args], check=False, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -275,7 +292,7 @@ def _default_store_child(cwd: Path | str, endpoint: str, **env: str) -> subproce
         """
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPSCOPE_", "OTEL_"))}
-    base.update(LOOPSCOPE_STRICT="1", PYTHONPATH=str(ROOT), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env)
+    base.update(LOOPSCOPE_STRICT="1", LOOPSCOPE_WRITER="thread", PYTHONPATH=str(ROOT), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env)
     return subprocess.run([sys.executable, "-c", script], check=False, env=base, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
