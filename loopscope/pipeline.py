@@ -298,18 +298,23 @@ def configure(
     ``turn()`` configure) never raises: recording to the store is then off, said once in
     a warning, and the rest (OTLP export) works. A missing folder is never created.
 
-    Writer: ``writer="process"`` (or ``LOOPSCOPE_WRITER=process``) runs the store's writer in
-    a child process of its own: the application only ships the spans' fields over a pipe,
-    and the mapping, Arrow and DuckDB (their CPU, their memory, their hold on the GIL) are
-    the child's; ``"thread"`` (the default) runs it in a background thread; ``"auto"`` runs
-    the process where one can run and the thread where it cannot (a frozen executable,
+    Writer: by default (``writer=None``, ``LOOPSCOPE_WRITER`` unset, or ``"auto"``) the store's
+    writer runs in a child process of its own where one can run: the application only ships
+    the spans' fields over a pipe, and the mapping, Arrow and DuckDB (their CPU, their memory,
+    their hold on the GIL) are the child's. Where it cannot (a frozen executable,
     ``sys.executable`` no Python, a child that dies at once or is not ready within 30 s: its
-    spans then go to the thread writer, none lost), said once in a warning.
+    spans then go to the thread writer, none lost) it runs in a background thread, said once
+    in a warning. ``writer="thread"`` (or ``LOOPSCOPE_WRITER=thread``) always runs the thread
+    (one process; DuckDB in it); ``"process"`` always the child (one that cannot start costs
+    the spans, counted).
     ``Pipeline.writer_mode`` and ``loopscope status`` say which runs. The promises
     are the same (``flush()`` waits for the rows, the close is bounded, losses are counted).
     A content policy that cannot be sent to a process (a hook that is a lambda) keeps the
-    thread, with a warning. In process mode the store is checked (migrated, its dead
-    writers' turns closed) by the child, so a file that is no store is said in a warning.
+    thread, with a warning. With a writer process the store is checked (migrated, its dead
+    writers' turns closed) by the child: ``configure(db=...)`` waits for that check (and
+    raises as above); the default path's is not waited for (``instrument()`` returns at
+    once), and ``writer="process"``'s neither: a file there that is no store is said in a
+    warning and its events counted as lost.
 
     Export: spans and metrics go over OTLP when ``otlp`` is true, or when it is left
     ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).

@@ -1,5 +1,6 @@
-"""The store's writer in a process of its own (``configure(writer="process")``,
-``LOOPSCOPE_WRITER=process``): the application ships spans, the child maps and writes them.
+"""The store's writer in a process of its own (the default where one can run: ``writer="auto"``;
+``configure(writer="process")``, ``LOOPSCOPE_WRITER=process`` asks for it come what may):
+the application ships spans, the child maps and writes them.
 
 In the application (this module's :class:`ProcessSpanWriter`) a span costs what it costs
 the thread writer: one deque append on the recording thread. A sender thread wakes every
@@ -77,7 +78,10 @@ MODES = ("auto", "thread", "process")
 """``process``: a writer process, come what may (a child that cannot start: its spans are
 dropped and counted); ``thread``: a thread of the application; ``auto``: the process where it
 can run, else the thread (:func:`unavailable`, and a child that cannot start), with a warning."""
-DEFAULT_MODE = "thread"
+DEFAULT_MODE = "auto"
+"""The writer process where one can run: the application then holds neither DuckDB nor Arrow
+(its RSS after 20k calls ~1.2x the uninstrumented one's, against ~4.4x with the thread) and
+its calls cost less wall time; ``thread`` keeps everything in one process."""
 
 SEND_WAIT = 0.25
 """Seconds the first span queued waits before the sender ships what is queued (a flush, a
