@@ -526,7 +526,7 @@ class StoreWriter:
                     self._recover(con)
                 if self.skip_stored:
                     self.already_stored += idempotent.drop_stored(con, facts)
-                extra = self._tracker.statements(facts) if self._tracker is not None else []
+                extra = self._tracker.statements(facts, con) if self._tracker is not None else []
                 report, counters = self._report_statements(facts)
                 written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
                 if self._tracker is not None:
