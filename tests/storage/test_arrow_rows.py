@@ -128,7 +128,7 @@ def test_rows_made_in_arrow_are_the_rows_the_sql_makes(tmp_path, monkeypatch):
         assert arrow[table] == sql[table], table
 
 
-@pytest.mark.parametrize("kind", ["lone surrogate", "tiny duration", "huge duration", "NaN duration", "content", "deep"])
+@pytest.mark.parametrize("kind", ["lone surrogate", "tiny duration", "huge duration", "NaN duration", "content", "deep", "long"])
 def test_a_value_only_duckdb_makes_sends_the_batch_to_the_sql(tmp_path, monkeypatch, kind):
     common = {"trace_id": bytes(16), "span_id": bytes(8), "created_us": AT_US, "session_id": "s", "correlation_id": "t",
               "source_channel_id": None, "source_provider": None, "source_framework": None, "blocked": False}
@@ -138,6 +138,7 @@ def test_a_value_only_duckdb_makes_sends_the_batch_to_the_sql(tmp_path, monkeypa
         "lone surrogate": {"arguments": '{"a": "\\udc00"}'}, "tiny duration": {"duration_ms": 1e-7},
         "huge duration": {"duration_ms": 1e17}, "NaN duration": {"duration_ms": float("nan")},
         "content": {}, "deep": {"result": "[" * 5000 + "]" * 5000},
+        "long": {"result": '"' + "x" * arrow_rows.JSON_TEXT_LIMIT + '"'},  # the SQL checks it faster than Python
     }[kind]
     fact = rows.EventFact(code=rows.TOOL_END, **common, **end, content='{"type":"state"}' if kind == "content" else None)
     assert arrow_rows.event_rows(_with_idx(_facts([fact]).event_table())) is None
