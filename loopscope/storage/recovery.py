@@ -231,11 +231,12 @@ class Tracker:
         self._opened: set[tuple[Any, Any]] = set()  # (correlation id, session id) of its open rows, committed
         self._after: set[tuple[Any, Any]] | None = None  # what they are once the pending batch commits
 
-    def statements(self, facts: rows.Facts, con: Any = None) -> list[str]:
+    def statements(self, facts: rows.Facts, tables: Any = None) -> list[str]:
         """SQL for :func:`writer.write_batch`'s ``extra``: note the turns these facts open
-        and end. With ``con`` (the batch's connection) the statements read tables of those
-        turns registered on it here; without, the facts' tables, which write_batch
-        registers for the statements that read them. The writer's
+        and end. With ``tables`` (what has ``register(name, table)``: the batch's
+        :class:`writer.Tables`, or its connection) the statements read tables of those
+        turns made and registered here; without, the facts' tables, which write_batch
+        registers. The writer's
         own row (host, pid, start, last seen) comes from :meth:`health.Report.statements`
         in the same transaction, under :attr:`writer_id`, which is made here. Call
         :meth:`committed` once the batch is written."""
@@ -254,13 +255,13 @@ class Tracker:
         listed = opened | started if inserting else opened
         out = []
         if inserting:
-            if con is not None:
-                con.register(_OPENED, _opened_table(facts, str(self.writer_id)))
-            out.append(self._open if con is None else _OPEN_TABLE_SQL)
+            if tables is not None:
+                tables.register(_OPENED, _opened_table(facts, str(self.writer_id)))
+            out.append(self._open if tables is None else _OPEN_TABLE_SQL)
         if not ended.isdisjoint(listed):
-            if con is not None:
-                con.register(_ENDED, _ended_table(ended))
-            out.append(_CLOSE_SQL if con is None else _CLOSE_TABLE_SQL)
+            if tables is not None:
+                tables.register(_ENDED, _ended_table(ended))
+            out.append(_CLOSE_SQL if tables is None else _CLOSE_TABLE_SQL)
         self._after = (opened | started) - ended
         return out
 

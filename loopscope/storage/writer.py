@@ -749,8 +749,9 @@ def write_batch(
     its own table with them, so that all of it or none of it is stored). ``con`` is a
     write block of :func:`~loopscope.storage.connection.open_store`, whose settings say
     whether the commit checkpoints. ``seen``, a writer's memory of the indices it gave,
-    is shown the file's (:meth:`_SessionIndex.check`). Returns how many events and turn
-    summaries were written.
+    is shown the file's (:meth:`_SessionIndex.check`). ``tables`` holds the Arrow tables
+    that the ``extra`` statements read (see :func:`scanning`); tables registered on ``con``
+    are read too. Returns how many events and turn summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
 
@@ -816,14 +817,13 @@ def write_batch(
     script += extra
     script.append("COMMIT")
     # the tables of facts, for the statements that read them (the SQL that makes rows where
-    # the Arrow rows could not, the tool totals' and the recovery tracker's): a register()
-    # costs ~0.4 ms, so only those read
-    text = ";\n".join(script)
+    # the Arrow rows could not, the tool totals' and the recovery tracker's); a table no
+    # statement names costs nothing
     for name, table in ((rows.EVENTS_TABLE, events), (rows.CALLS_TABLE, calls), (rows.TURNS_TABLE, turns)):
-        if table is not None and name in text:
+        if table is not None:
             tables.register(name, table)
     try:
-        scanning(con, text, tables.by_name)
+        scanning(con, ";\n".join(script), tables.by_name)
     except BaseException as exc:
         if committed_anyway(exc):
             # the transaction is in the WAL and only DuckDB's automatic checkpoint after it

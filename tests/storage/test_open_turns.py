@@ -26,8 +26,8 @@ def _spy(monkeypatch) -> list[list[str]]:
     seen: list[list[str]] = []
     statements = recovery.Tracker.statements
 
-    def spy(self, facts, con=None):
-        out = statements(self, facts, con)
+    def spy(self, facts, tables=None):
+        out = statements(self, facts, tables)
         # the statements read the batch's turns (tables made of them, or the facts)
         seen.append([
             "open" if s.lstrip().startswith(f"INSERT INTO {recovery.OPEN_TURNS}")
