@@ -2,9 +2,11 @@
 
 The spans of the openai tool loop of ``bench_openai_overhead.py`` (in-process transport, store
 on) are captured from the writer's queue, then written again and again the writer's way, in
-batches of ``--calls`` model calls: spans to facts (``map``), the content policy (``scrub``),
-the file attached (``attach``), ``write_batch`` (every statement and the commit), the file let
-go (``detach``). Per phase: the calling thread's CPU (``time.thread_time``; DuckDB runs a
+consecutive batches of ``--calls`` model calls (cut mid-turn too, as the writer's interval
+cuts them), through a ``StoreWriter`` as the in-process pipeline makes it: spans to facts
+(``map``), the content policy (``scrub``), the file attached (``attach``), ``write_batch``
+(every statement and the commit, with the recovery tracker's and the writer report's), the
+file let go (``detach``). Per phase: the calling thread's CPU (``time.thread_time``; DuckDB runs a
 write on that thread) per batch, median over ``--repeats`` batches, and per model call. Two
 batch sizes give the fixed cost of a batch (the intercept) and the cost of a call (the slope):
 at the rate of ``bench_openai_overhead.py`` (a batch every 30-60 calls) the fixed part is most
@@ -28,7 +30,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_openai_overhead as bench  # the loop, the fake server and the in-process client
 
-PHASES = ("map", "scrub", "attach", "write_batch", "detach", "total")
+PHASES = ("map", "scrub", "attach", "write_batch", "detach", "total", "process")
+"""The phases, the whole of the batch on the calling thread (``total``), and the whole process's
+CPU meanwhile, every thread (``process``: DuckDB's and the writer's own included)."""
 
 
 def _capture(calls: int) -> list[Any]:
@@ -56,35 +60,68 @@ def _capture(calls: int) -> list[Any]:
         server.stop()
 
 
-def _batches(items: list[Any], repeats: int, folder: Path) -> dict[str, float]:
-    """The median thread CPU (seconds) of each phase of writing ``items`` as one batch."""
-    from loopscope.content.policy import ContentPolicy
+def _batches(items: list[Any], size: int, repeats: int, folder: Path) -> dict[str, float]:
+    """The median thread CPU (seconds) of each phase of writing ``items`` in consecutive
+    batches of ``size`` spans, as the in-process writer does (its recovery tracker's and its
+    report's statements included): batches cut wherever ``size`` falls, mid-turn as well."""
+    import contextlib
+
     from loopscope.ingest.writer import SPANS
-    from loopscope.storage import rows, scrub
+    from loopscope.storage import rows
     from loopscope.storage import writer as w
-    from loopscope.storage.connection import open_store
 
     clock = time.thread_time
-    scrubber = scrub.scrubber(ContentPolicy())
     spent: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    path = str(folder / f"batches-{len(items)}.duckdb")
-    for _ in range(repeats + 2):  # the first two warm up (the schema, pyarrow's import)
+    opened: list[float] = []  # attach and detach of each open_store block, as the writer enters and leaves it
+    real_open = w.open_store
+
+    @contextlib.contextmanager
+    def timed_open(*args: Any, **kwargs: Any) -> Any:
         t0 = clock()
-        facts = rows.Facts()
-        SPANS.add(facts, items, frozenset(), None)
-        t1 = clock()
-        scrubber.apply(facts)
-        t2 = clock()
-        # as the writer does: the rows stay in the WAL until it passes WAL_LIMIT
-        with open_store(path, read_only=False, timeout=10, checkpoint=w._wal_size(path) >= w.WAL_LIMIT) as con:
-            w._ensure_schema(path, con)
-            t3 = clock()
-            w.write_batch(con, facts)
+        with real_open(*args, **kwargs) as con:
+            opened.append(clock() - t0)
+            yield con
+            t1 = clock()
+        opened.append(clock() - t1)
+
+    writer = w.StoreWriter(str(folder / f"batches-{size}.duckdb"), mapping=SPANS, track_turns=True)
+    w.open_store = timed_open  # type: ignore[assignment]
+    try:
+        for i in range(repeats + 2):  # the first two warm up (the schema, pyarrow's import)
+            chunk = items[i * size:(i + 1) * size]
+            p0 = time.process_time()
+            t0 = clock()
+            facts = rows.Facts()
+            SPANS.add(facts, chunk, frozenset(), None)
+            t1 = clock()
+            scrub_and_write(writer, facts)  # the writer's _write: the content policy, then the piece
             t4 = clock()
-        t5 = clock()
-        for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)):
-            spent[phase].append(seconds)
+            process = time.process_time() - p0
+            attach, detach = opened[-2:]
+            del opened[:]
+            scrubbing = writer_scrub[-1]
+            statements = t4 - t1 - scrubbing - attach - detach
+            for phase, seconds in zip(PHASES, (t1 - t0, scrubbing, attach, statements, detach, t4 - t0, process)):
+                spent[phase].append(seconds)
+    finally:
+        w.open_store = real_open
+        writer.close()
     return {phase: statistics.median(values[2:]) for phase, values in spent.items()}
+
+
+writer_scrub: list[float] = []
+
+
+def scrub_and_write(writer: Any, facts: Any) -> None:
+    """What the writer's ``_write`` does with one batch, the content policy timed apart."""
+    from loopscope.storage import scrub
+
+    t0 = time.thread_time()
+    scrub.scrubber(writer.content).apply(facts)
+    writer_scrub.append(time.thread_time() - t0)
+    failure = writer._write_piece(facts)
+    if failure is not None:
+        raise failure
 
 
 def main() -> int:
@@ -96,12 +133,13 @@ def main() -> int:
     args = parser.parse_args()
     sizes, repeats = ((2, 6), 2) if args.smoke else (tuple(args.calls), args.repeats)
 
-    items = _capture(max(sizes))
-    per_call = len(items) / max(sizes)  # spans per model call (the loop's turns are alike)
+    items = _capture((repeats + 2) * max(sizes) + 8)
+    per_call = len(items) / ((repeats + 2) * max(sizes) + 8)  # spans per model call (the loop's turns are alike)
     medians = {}
     with tempfile.TemporaryDirectory(prefix="loopscope-batch-cost-") as tmp:
         for calls in sizes:
-            medians[calls] = _batches(items[: round(calls * per_call)], repeats, Path(tmp))
+            # an odd number of spans: the batches end mid-turn (the tracker lists and closes turns)
+            medians[calls] = _batches(items, round(calls * per_call) | 1, repeats, Path(tmp))
     small, large = sizes
     print(f"writer CPU per batch (ms, median of {repeats}) and what it is per model call (us), "
           f"{per_call:.1f} spans a call:")

@@ -178,16 +178,18 @@ class Report:
         wid = _text(writer_id or self.writer_id)
         update_only = (writer_id or self.writer_id) in self._stored
         values = {
-            **{name: str(int(getattr(counters, name))) for name in (
-                "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
-                "failed_writes", "otlp_dropped", "otlp_failed", "queue_size",
-                "notices_sent", "notices_refused", "notices_failed")},
-            "last_error": _text(counters.last_error),
-            "notices_off": _text(counters.notices_off),
-            "last_error_at": _time(counters.last_error_at),
+            **_counts(counters),
             "stopped_at": "now()" if stopped else "NULL",
             "last_seen": "now()",
         }
+        if update_only and self.persisted is not None:
+            # the row holds what the last committed batch wrote (persisted), started_at
+            # included: only what changed since is set (DuckDB binds each assignment
+            # afresh at every batch: all of them cost ~1.2 ms, the two or three that
+            # change ~0.5)
+            before = _counts(self.persisted)
+            assignments = ", ".join(f"{k} = {v}" for k, v in values.items() if before.get(k) != v)
+            return [f"UPDATE {WRITERS} SET {assignments} WHERE writer_id = {wid}"]
         started = _time(self.started)
         # the recovery tracker's row says when the first batch was written: the writer started earlier
         assignments = ", ".join([f"{k} = {v}" for k, v in values.items()] + [f"started_at = least(coalesce(started_at, {started}), {started})"])
@@ -208,6 +210,19 @@ class Report:
                 f"WHERE NOT EXISTS (SELECT 1 FROM {WRITERS} WHERE writer_id = {wid})"
             ),
         ]
+
+
+def _counts(counters: Counters) -> dict[str, str]:
+    """The columns of a writer's row that hold ``counters``, as SQL values."""
+    return {
+        **{name: str(int(getattr(counters, name))) for name in (
+            "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
+            "failed_writes", "otlp_dropped", "otlp_failed", "queue_size",
+            "notices_sent", "notices_refused", "notices_failed")},
+        "last_error": _text(counters.last_error),
+        "notices_off": _text(counters.notices_off),
+        "last_error_at": _time(counters.last_error_at),
+    }
 
 
 # -- reading it back -----------------------------------------------------------------------------

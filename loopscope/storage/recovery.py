@@ -154,6 +154,68 @@ WHERE o.correlation_id = coalesce(t.correlation_id, lower(hex(t.span_id))) AND o
 """
 
 
+# The same statements over tables made here: the batch's turns to list, with their values,
+# and the turns it ends. The statements above cost DuckDB 2-3 ms each to bind (a group by,
+# any_value, hex, coalesce over the facts); these bind a plain anti join and a plain join.
+_OPENED, _ENDED = "_loopscope_opened_turns", "_loopscope_ended_turns"
+_OPEN_TABLE_SQL = (
+    f"INSERT INTO {OPEN_TURNS} SELECT v.* FROM {_OPENED} v"
+    f" ANTI JOIN {OPEN_TURNS} o ON o.correlation_id = v.correlation_id AND o.session_id = v.session_id"
+)
+_CLOSE_TABLE_SQL = (
+    f"DELETE FROM {OPEN_TURNS} o USING {_ENDED} t WHERE o.correlation_id = t.correlation_id AND o.session_id = t.session_id"
+)
+
+
+def _opened_table(facts: rows.Facts, writer_id: str) -> Any:
+    """The rows :data:`_OPEN_SQL` would list for ``facts`` (before its anti join): one per
+    turn with event rows, with the first row's trace and agent where the SQL takes any
+    row's (DuckDB's any_value is the first it reads), and the earliest time."""
+    import pyarrow as pa
+
+    groups: dict[tuple[Any, Any], list[Any]] = {}
+    at = 0
+    for batch in facts.events:
+        sessions = facts.sessions[at:at + batch.num_rows]
+        at += batch.num_rows
+        for correlation, session, trace, created, agent in zip(
+            batch.column("correlation_id").to_pylist(), sessions, batch.column("trace_id").to_pylist(),
+            batch.column("created_us").cast(pa.int64()).to_pylist(), batch.column("source_channel_id").to_pylist(),
+            strict=True,
+        ):
+            if correlation is None:
+                continue
+            group = groups.get((correlation, session))
+            if group is None:
+                groups[(correlation, session)] = [trace, created, agent]
+                continue
+            if group[0] is None:
+                group[0] = trace
+            if created is not None and (group[1] is None or created < group[1]):
+                group[1] = created
+            if group[2] is None:
+                group[2] = agent
+    keys, values = list(groups), list(groups.values())
+    return pa.table({
+        "correlation_id": pa.array([k[0] for k in keys], pa.string()),
+        "session_id": pa.array([k[1] for k in keys], pa.string()),
+        "writer_id": pa.array([writer_id] * len(keys), pa.string()),
+        "trace_id": pa.array([None if v[0] is None else v[0].hex() for v in values], pa.string()),
+        "started_at": pa.array([v[1] for v in values], pa.timestamp("us", tz="UTC")),
+        "agent": pa.array([v[2] for v in values], pa.string()),
+    })
+
+
+def _ended_table(ended: set[tuple[Any, Any]]) -> Any:
+    import pyarrow as pa
+
+    pairs = list(ended)
+    return pa.table({
+        "correlation_id": pa.array([p[0] for p in pairs], pa.string()),
+        "session_id": pa.array([p[1] for p in pairs], pa.string()),
+    })
+
+
 class Tracker:
     """The open-turn bookkeeping of one in-process writer.
 
@@ -169,9 +231,12 @@ class Tracker:
         self._opened: set[tuple[Any, Any]] = set()  # (correlation id, session id) of its open rows, committed
         self._after: set[tuple[Any, Any]] | None = None  # what they are once the pending batch commits
 
-    def statements(self, facts: rows.Facts) -> list[str]:
+    def statements(self, facts: rows.Facts, tables: Any = None) -> list[str]:
         """SQL for :func:`writer.write_batch`'s ``extra``: note the turns these facts open
-        and end (the facts' tables are registered on the connection by then). The writer's
+        and end. With ``tables`` (what has ``register(name, table)``: the batch's
+        :class:`writer.Tables`, or its connection) the statements read tables of those
+        turns made and registered here; without, the facts' tables, which write_batch
+        registers. The writer's
         own row (host, pid, start, last seen) comes from :meth:`health.Report.statements`
         in the same transaction, under :attr:`writer_id`, which is made here. Call
         :meth:`committed` once the batch is written."""
@@ -188,9 +253,15 @@ class Tracker:
         # the insert lists every started turn not listed yet, the ended ones too: the
         # delete then has those to remove as well
         listed = opened | started if inserting else opened
-        out = [self._open] if inserting else []
+        out = []
+        if inserting:
+            if tables is not None:
+                tables.register(_OPENED, _opened_table(facts, str(self.writer_id)))
+            out.append(self._open if tables is None else _OPEN_TABLE_SQL)
         if not ended.isdisjoint(listed):
-            out.append(_CLOSE_SQL)
+            if tables is not None:
+                tables.register(_ENDED, _ended_table(ended))
+            out.append(_CLOSE_SQL if tables is None else _CLOSE_TABLE_SQL)
         self._after = (opened | started) - ended
         return out
 

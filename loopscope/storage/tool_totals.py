@@ -166,7 +166,8 @@ def batch_script(con: Any, events: Any) -> tuple[str, ...]:
     by two plain statements (an aggregating statement costs DuckDB several milliseconds to
     plan and run; a batch holds a few tool rows, added up in Python in microseconds), or
     :data:`BATCH_SQL` where the rows need DuckDB's reading (a content JSON made in Python,
-    a NaN duration). Registers what the statements read on ``con``; nothing for a batch
+    a NaN duration). Registers what the statements read on ``con`` (a connection, or
+    the batch's :class:`~loopscope.storage.writer.Tables`); nothing for a batch
     without tool rows."""
     import pyarrow as pa  # the writer's batches have it imported already
 

@@ -35,7 +35,7 @@ import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from . import health, idempotent, recovery, rows, scrub, tool_totals
+from . import arrow_rows, health, idempotent, recovery, rows, scrub, tool_totals
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
@@ -526,9 +526,12 @@ class StoreWriter:
                     self._recover(con)
                 if self.skip_stored:
                     self.already_stored += idempotent.drop_stored(con, facts)
-                extra = self._tracker.statements(facts) if self._tracker is not None else []
+                tables = Tables()
+                extra = self._tracker.statements(facts, tables) if self._tracker is not None else []
                 report, counters = self._report_statements(facts)
-                written_events, written_turns = write_batch(con, facts, extra=[*extra, *report], seen=self._indices)
+                written_events, written_turns = write_batch(
+                    con, facts, extra=[*extra, *report], seen=self._indices, tables=tables
+                )
                 if self._tracker is not None:
                     self._tracker.committed()
             # whether rows wait in the WAL, read from the file: a commit meant to checkpoint
@@ -732,11 +735,13 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
 
 
 def write_batch(
-    con: duckdb.DuckDBPyConnection, facts: rows.Facts, *, extra: Sequence[str] = (), seen: _SessionIndex | None = None
+    con: duckdb.DuckDBPyConnection, facts: rows.Facts, *, extra: Sequence[str] = (), seen: _SessionIndex | None = None,
+    tables: Tables | None = None,
 ) -> tuple[int, int]:
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
-    The rows are made from the facts in SQL (:data:`rows.EVENTS_SQL`,
+    The rows are made from the facts in Arrow (:mod:`arrow_rows`: each insert then binds
+    no expression), or in SQL where only DuckDB makes them the same (:data:`rows.EVENTS_SQL`,
     :data:`rows.TURNS_SQL`), the session counters too, all in one script of as few
     statements as it takes: every statement has DuckDB's Python client take the GIL back
     from the application's threads at each of its steps (see ``connection._Home``).
@@ -744,11 +749,13 @@ def write_batch(
     its own table with them, so that all of it or none of it is stored). ``con`` is a
     write block of :func:`~loopscope.storage.connection.open_store`, whose settings say
     whether the commit checkpoints. ``seen``, a writer's memory of the indices it gave,
-    is shown the file's (:meth:`_SessionIndex.check`). Returns how many events and turn
-    summaries were written.
+    is shown the file's (:meth:`_SessionIndex.check`). ``tables`` holds the Arrow tables
+    that the ``extra`` statements read (see :func:`scanning`); tables registered on ``con``
+    are read too. Returns how many events and turn summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
 
+    tables = tables if tables is not None else Tables()
     events, turns = facts.event_table(), facts.turn_table()
     script = ["BEGIN TRANSACTION"]
     if events is not None:
@@ -757,8 +764,8 @@ def write_batch(
         # each session's events are numbered on from its last index (read to the end:
         # DuckDB 2 refuses a register() while a result is open); a lookup and numbering
         # here cost less than doing it in EVENTS_SQL (a join and a window)
-        con.register(_SESSION_IDS, pa.table({"session_id": pa.array(distinct, pa.string())}))
-        known = dict(con.execute(_SESSIONS_LOOKUP_SQL).fetchall())
+        ids = {_SESSION_IDS: pa.table({"session_id": pa.array(distinct, pa.string())})}
+        known = dict(scanning(con, _SESSIONS_LOOKUP_SQL, ids).fetchall())
         next_index = {s: known.get(s, 0) for s in distinct}
         if seen is not None:
             seen.check(known, next_index)  # the dict is numbered on below: its last indices then
@@ -769,11 +776,15 @@ def write_batch(
             next_index[session] = value
             add(value)
         events = events.append_column("idx", pa.array(indices, pa.int64()))
-        con.register(rows.EVENTS_TABLE, events)
-        # most batches have no content made in Python: a statement without its branches binds faster
-        plain = events.column("content").null_count == events.num_rows
-        script.append(rows.PLAIN_EVENTS_SQL if plain else rows.EVENTS_SQL)
-        script += tool_totals.batch_script(con, events)  # tool_stats's totals, in the rows' transaction
+        made = arrow_rows.event_rows(events)  # the rows themselves: a plain insert binds in a quarter of the time
+        if made is not None:
+            tables.register(arrow_rows.EVENT_ROWS, made)
+            script.append(arrow_rows.EVENTS_INSERT)
+        else:
+            # most batches have no content made in Python: a statement without its branches binds faster
+            plain = events.column("content").null_count == events.num_rows
+            script.append(rows.PLAIN_EVENTS_SQL if plain else rows.EVENTS_SQL)
+        script += tool_totals.batch_script(tables, events)  # tool_stats's totals, in the rows' transaction
         # the session counters, made here with Arrow (a statement that aggregates the
         # batch's events costs DuckDB ~2 ms more to plan), in one statement: an update
         # when the file has every session of the batch, a plain insert when it has none
@@ -785,7 +796,7 @@ def write_batch(
             .aggregate([("idx", "max"), ("created_us", "min"), ("created_us", "max")])
             .rename_columns(["session_id", "last_index", "first_at", "last_at"])
         )
-        con.register(_SESSION_COUNTERS, counters)
+        tables.register(_SESSION_COUNTERS, counters)
         if not known:
             script.append(_SESSIONS_INSERT_SQL)
         elif len(known) == len(distinct):
@@ -794,15 +805,25 @@ def write_batch(
             script.append(_SESSIONS_UPSERT_SQL)
     calls = facts.call_table()
     if calls is not None:
-        con.register(rows.CALLS_TABLE, calls)
-        script.append(rows.CALLS_SQL)
+        made = arrow_rows.call_rows(calls)
+        if made is not None:
+            tables.register(arrow_rows.CALL_ROWS, made)
+        script.append(rows.CALLS_SQL if made is None else arrow_rows.CALLS_INSERT)
     if turns is not None:
-        con.register(rows.TURNS_TABLE, turns)
-        script.append(rows.TURNS_SQL)
+        made = arrow_rows.turn_rows(turns)
+        if made is not None:
+            tables.register(arrow_rows.TURN_ROWS, made)
+        script.append(rows.TURNS_SQL if made is None else arrow_rows.TURNS_INSERT)
     script += extra
     script.append("COMMIT")
+    # the tables of facts, for the statements that read them (the SQL that makes rows where
+    # the Arrow rows could not, the tool totals' and the recovery tracker's); a table no
+    # statement names costs nothing
+    for name, table in ((rows.EVENTS_TABLE, events), (rows.CALLS_TABLE, calls), (rows.TURNS_TABLE, turns)):
+        if table is not None:
+            tables.register(name, table)
     try:
-        con.execute(";\n".join(script))
+        scanning(con, ";\n".join(script), tables.by_name)
     except BaseException as exc:
         if committed_anyway(exc):
             # the transaction is in the WAL and only DuckDB's automatic checkpoint after it
@@ -815,6 +836,34 @@ def write_batch(
             pass  # no transaction left to roll back
         raise
     return facts.event_rows, facts.turn_rows
+
+
+class Tables:
+    """The Arrow tables a batch's statements read, by the names the statements use (what
+    ``write_batch``'s ``extra`` statements read is registered here too, by whoever makes
+    them: ``register(name, table)``, as on a connection)."""
+
+    __slots__ = ("by_name",)
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Any] = {}
+
+    def register(self, name: str, table: Any) -> None:
+        self.by_name[name] = table
+
+
+_SCAN = compile("result = con.execute(sql)", "<loopscope batch>", "exec")
+
+
+def scanning(con: duckdb.DuckDBPyConnection, sql: str, tables: dict[str, Any]) -> duckdb.DuckDBPyConnection:
+    """``con.execute(sql)`` where the names of ``tables`` are those tables: DuckDB reads a
+    Python variable that a statement names (its replacement scan, in the frame that runs
+    the statement: here the namespace the statement runs in). A ``con.register()`` costs
+    ~0.4 ms for each table (it makes a view: a statement of its own), the replacement
+    scan next to nothing more than the statement's binding of the table."""
+    scope = {"con": con, "sql": sql, **tables}
+    exec(_SCAN, scope)  # noqa: S102  # a constant statement; the namespace is what DuckDB looks names up in
+    return scope["result"]  # type: ignore[no-any-return]
 
 
 _SESSION_IDS, _SESSION_COUNTERS = "_loopscope_session_ids", "_loopscope_session_counters"

@@ -27,9 +27,14 @@ def _spy(monkeypatch) -> list[list[str]]:
     seen: list[list[str]] = []
     statements = recovery.Tracker.statements
 
-    def spy(self, facts):
-        out = statements(self, facts)
-        seen.append(["open" if s == self._open else "close" if s == recovery._CLOSE_SQL else s for s in out])
+    def spy(self, facts, tables=None):
+        out = statements(self, facts, tables)
+        # the statements read the batch's turns (tables made of them, or the facts)
+        seen.append([
+            "open" if s.lstrip().startswith(f"INSERT INTO {recovery.OPEN_TURNS}")
+            else "close" if s.lstrip().startswith(f"DELETE FROM {recovery.OPEN_TURNS}") else s
+            for s in out
+        ])
         return out
 
     monkeypatch.setattr(recovery.Tracker, "statements", spy)
@@ -114,3 +119,63 @@ def test_a_batch_that_could_not_be_written_notes_its_turns_when_it_is(recording,
     assert loopscope.flush()
     assert _open_turns(recording.db) == []
     assert seen[-2:] == [["open"], ["close"]]
+
+
+def _event(correlation, session, at, agent, trace=b"\x01" * 16):
+    from loopscope.storage import rows
+
+    return rows.EventFact(code=rows.INPUT_MESSAGE, trace_id=trace, span_id=bytes(8), created_us=at, session_id=session,
+                          correlation_id=correlation, source_channel_id=agent, source_provider=None,
+                          source_framework=None, blocked=False, body="b")
+
+
+def _summary(correlation, session):
+    from loopscope.storage import rows
+
+    return rows.TurnFact(
+        trace_id=b"\x01" * 16, span_id=bytes(8), correlation_id=correlation, session_id=session, channel_id=None,
+        parent_correlation_id=None, response_content="", segments="[]", tool_calls_count=0, round_count=1,
+        input_tokens=None, output_tokens=None, cache_read_input_tokens=None, cache_creation_input_tokens=None,
+        reasoning_tokens=None, usage=None, thinking="", loop_end_reason="final_answer", latency_ms=1.0, streaming=False,
+        timestamp_us=100, declared_tools="[]", model=None, provider=None, error=None,
+    )
+
+
+def _listed_after(path, batches, *, made: bool) -> list[tuple]:
+    """loopscope_open_turns after ``batches`` (lists of event facts, and of (correlation,
+    session) turns to end) went through a tracker's statements and write_batch: over the
+    tables of turns the tracker ``made``, or over the facts."""
+    from loopscope.storage import rows
+    from loopscope.storage.connection import open_store
+    from loopscope.storage.schema import migrate
+    from loopscope.storage.writer import write_batch
+
+    tracker = recovery.Tracker()
+    with open_store(path, read_only=False) as con:
+        migrate(con)
+        con.execute(f"INSERT INTO {recovery.OPEN_TURNS} VALUES ('theirs', 's', 'other', NULL, NULL, NULL)")
+    for events, ended in batches:
+        facts = rows.Facts()
+        facts.append(events, [_summary(c, s) for c, s in ended])
+        with open_store(path, read_only=False) as con:
+            write_batch(con, facts, extra=tracker.statements(facts, con if made else None))
+        tracker.committed()
+    with open_store(path, read_only=True) as con:
+        return con.execute(f"SELECT correlation_id, session_id, trace_id, started_at, agent, writer_id = 'other' "
+                           f"FROM {recovery.OPEN_TURNS} ORDER BY ALL").fetchall()
+
+
+def test_the_turns_listed_from_the_tables_made_of_them_are_the_turns_the_statements_over_the_facts_list(tmp_path):
+    # quotes, a turn whose first row has no agent, an earlier row later in the batch, a turn
+    # another writer listed already, a NUL character, many turns in one batch
+    batches = [
+        ([_event("it's", "s", 20, None), _event("it's", "s", 10, "a'gent"), _event("theirs", "s", 5, "x"),
+          _event("c2", "s'2", 7, "b", trace=b"\x02" * 16), _event(None, "s", 1, "z")], []),
+        ([_event("c3", "s", 30, "c"), _event("c2", "s'2", 31, "b")], [("it's", "s")]),
+        ([_event("nul\0", "s", 40, "d")], [("c2", "s'2")]),
+        ([_event(f"many-{i}", "s", 50 + i, None) for i in range(300)], [("c3", "s"), ("many-7", "s")]),
+    ]
+    made = _listed_after(str(tmp_path / "made.duckdb"), batches, made=True)
+    read = _listed_after(str(tmp_path / "read.duckdb"), batches, made=False)
+    assert made == read
+    assert len(made) == 1 + 1 + 299  # theirs, the NUL one, the many but one
