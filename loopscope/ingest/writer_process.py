@@ -70,11 +70,16 @@ ENV = "LOOPSCOPE_WRITER"
 ``configure(writer=...)`` does not say."""
 MODES = ("thread", "process")
 
-SEND_WAIT = 0.25
+SEND_WAIT = 0.02
 """Seconds the first span queued waits before the sender ships what is queued (a flush, a
 close or a queue half full ships at once): each wake costs the application's GIL a little,
 so spans travel in batches; the child's writer then batches its writes as the thread
-writer does."""
+writer does. Short, because a queued span's objects (the span, its attribute dict, event
+and link lists: ~8 containers) that are still here at the collector's second generation
+are promoted to the oldest, and those promotions are what trigger full collections of the
+whole heap: at 0.25 s the openai tool loop of bench_openai_overhead.py paid ~26 us a call
+of garbage collection on the calling thread (one ~40 ms full collection every ~1,500
+calls), at 0.02 s ~2 us (none), for some 50 wakes a second while spans come."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
@@ -137,17 +142,17 @@ def _plain_dict(attributes: Any) -> dict[str, Any]:
     return attributes if type(attributes) is dict else dict(attributes)
 
 
-def shipped(items: list[tuple[int, Any]], sizes: list[int]) -> list[tuple[Any, ...]]:
-    """What the mapping reads of each ``(kind, span)``, as plain tuples: kind, trace id, span
-    id, start, end, attributes (the span's own dict: read by ``marshal`` right after), status
-    text, and the size the byte bound counted (``sizes``, one per item). Runs on the
-    application's sender thread, once per span."""
+def shipped(items: list[tuple[int, Any, int]]) -> list[tuple[Any, ...]]:
+    """What the mapping reads of each ``(kind, span, size)``, as plain tuples: kind, trace id,
+    span id, start, end, attributes (the span's own dict: read by ``marshal`` right after),
+    status text, and the size the byte bound counted. Runs on the application's sender
+    thread, once per span."""
     fields = _otel_sdk.span_fields()  # an SDK span's fields without its properties' frames
     fast, bounded, bounded_dict = fields.types, fields.bounded, fields.bounded_dict
     attributes_of, context_of, start_of, end_of = fields.attributes, fields.context, fields.start_time, fields.end_time
     out: list[tuple[Any, ...]] = []
     add = out.append
-    for (kind, span), size in zip(items, sizes):
+    for kind, span, size in items:
         try:
             if type(span) in fast:
                 attrs = attributes_of(span)
@@ -270,9 +275,11 @@ class ProcessSpanWriter:
         if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
             self._dropped += 1
             return
-        if kind:  # an ended span: its content is final (a started one's is counted at its end)
-            self._in_bytes += span_size(span)
-        queue.append((kind, span))
+        # an ended span: its content is final (a started one's is counted at its end); the
+        # size travels with it, so the sender does not measure the span again
+        counted = span_size(span) if kind else 0
+        self._in_bytes += counted
+        queue.append((kind, span, counted))
         if not size:
             self._arrived.set()
         if size >= self.batch_size - 1 or self._in_bytes - self._out_bytes >= self._wake_bytes:
@@ -430,23 +437,21 @@ class ProcessSpanWriter:
         # not answer), as the thread writer would, rather than at its interval
         urgent = self._in_bytes - self._out_bytes + self._child.get("queued_bytes", 0) >= self._wake_bytes
         while left > 0:
-            spans: list[tuple[int, Any]] = []
-            sizes: list[int] = []
+            spans: list[tuple[int, Any, int]] = []
             mark: Any = None
             while left > 0 and len(spans) < SEND_CHUNK:
                 item = popleft()
                 left -= 1
                 if type(item) is tuple:
                     spans.append(item)
-                    sizes.append(span_size(item[1]) if item[0] else 0)  # as submit() counted it
                 else:
                     mark = item
                     break
-            self._out_bytes += sum(sizes)
+            self._out_bytes += sum([item[2] for item in spans])  # as submit() counted them
             try:
                 if spans:
                     dropped = self._dropped
-                    send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), shipped(spans, sizes))))
+                    send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), shipped(spans))))
                     self._forwarded = dropped
                     self._sent += len(spans)
                     if urgent and not self._closed:
