@@ -3,9 +3,9 @@
 
 In the application (this module's :class:`ProcessSpanWriter`) a span costs what it costs
 the thread writer: one deque append on the recording thread. A sender thread wakes every
-:data:`SEND_WAIT` (sooner for :data:`SEND_COUNT` spans, a flush, a close, or a queue half
-full), reads each queued span's fields once (kind, trace and span ids, times, the
-attribute dict, the status text: what the mapping reads) into plain tuples, and writes them, ``marshal``-ed a chunk
+:data:`SEND_WAIT` (sooner for a flush, a close, or a queue half full), reads each queued
+span's fields once (kind, trace and span ids, times, the attribute dict, the status
+text: what the mapping reads) into plain tuples, and writes them, ``marshal``-ed a chunk
 at a time, to the child's stdin. That is all the Python the application runs for the
 store: the mapping, Arrow, DuckDB and their GIL hand-offs (see ``connection._Home``) run
 in the child (:mod:`loopscope.ingest.writer_child`), which feeds the same
@@ -70,20 +70,14 @@ ENV = "LOOPSCOPE_WRITER"
 ``configure(writer=...)`` does not say."""
 MODES = ("thread", "process")
 
-SEND_WAIT = 0.05
-"""Seconds the first span queued waits before the sender ships what is queued (sooner
-for :data:`SEND_COUNT` spans, a flush, a close or a queue half full): each wake costs the
-application's GIL a little, so spans travel in batches; the child's writer then batches
-its writes as the thread writer does."""
-SEND_COUNT = 64
-"""Spans queued that wake the sender before :data:`SEND_WAIT`. The hand-off is prompt in
-allocations, not only in time, because of the garbage collector: a queued span's objects
-(the span, its attribute dict, its event and link lists: ~8 containers) still here at the
-collector's second generation are promoted to the oldest, and those promotions are what
-trigger full collections of the whole heap. The openai tool loop of bench_openai_overhead.py
-(in-process, ~3 spans queued a call) paid ~26 us a call of garbage collection on the
-calling thread with a 0.25 s wait alone (a ~40 ms full collection every ~1,500 calls), ~1-4
-us so (none)."""
+SEND_WAIT = 0.25
+"""Seconds the first span queued waits before the sender ships what is queued (a flush, a
+close or a queue half full ships at once): each wake costs the application's GIL a little,
+so spans travel in batches; the child's writer then batches its writes as the thread
+writer does. Shorter waits (0.02-0.05 s, or a wake every 64 spans) spare the calling
+thread most of its garbage collection (queued spans are what gets promoted to the oldest
+generation), but ship in more, smaller messages: under a CPU-bound burst (~15k spans a
+second) the child then fell behind and spans were dropped, which 0.25 s never did."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
@@ -286,7 +280,7 @@ class ProcessSpanWriter:
         queue.append((kind, span, counted))
         if not size:
             self._arrived.set()
-        if size == SEND_COUNT or size >= self.batch_size - 1 or self._in_bytes - self._out_bytes >= self._wake_bytes:
+        if size >= self.batch_size - 1 or self._in_bytes - self._out_bytes >= self._wake_bytes:
             self._wake.set()
 
     def submit_start(self, span: Any) -> None:
