@@ -78,6 +78,16 @@ writer does. Shorter waits (0.02-0.05 s, or a wake every 64 spans) spare the cal
 thread most of its garbage collection (queued spans are what gets promoted to the oldest
 generation), but ship in more, smaller messages: under a CPU-bound burst (~15k spans a
 second) the child then fell behind and spans were dropped, which 0.25 s never did."""
+CONVERT_EVERY = 0.02
+"""Seconds between the sender's readings of the spans queued while they wait for
+:data:`SEND_WAIT`: each is read into the plain tuple the child gets (what shipping does
+anyway, only sooner), so the span's own objects (the span, its attributes and event and
+link lists: ~6-8 containers) are let go within ~20 ms, not ~250. The garbage collector
+promotes what is still held at its second generation to the oldest, and those promotions
+trigger full collections of the whole heap: in the in-process openai tool loop of
+bench_openai_overhead.py they cost the calling thread ~20-30 us a call. The messages to
+the child stay as large and as few as before (shipping sooner in small messages dropped
+spans under a CPU-bound burst: the child fell behind)."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
@@ -238,6 +248,7 @@ class ProcessSpanWriter:
         which starts its writer process at its first span rather than at once: a fork that
         never records, a pool's worker say, starts none)."""
         self._queue: collections.deque[Any] = collections.deque()
+        self._converted: list[tuple[Any, ...]] = []  # queued spans read already (_convert), in order
         self._arrived = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -367,7 +378,7 @@ class ProcessSpanWriter:
         child = self._child
         # spans queued here, in the pipe, and what the child holds (spans and rows not written)
         in_pipe = max(0, self._sent - child.get("received", 0))
-        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + in_pipe + child.get("queued", 0)
+        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + len(self._converted) + in_pipe + child.get("queued", 0)
         return WriterStats(
             queued=0 if self._gone else queued,
             written_events=child.get("written_events", 0),
@@ -399,7 +410,12 @@ class ProcessSpanWriter:
         while True:
             self._arrived.wait()
             self._arrived.clear()
-            self._wake.wait(SEND_WAIT)
+            deadline = time.monotonic() + SEND_WAIT
+            while not self._wake.wait(min(CONVERT_EVERY, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    break
+                with guard("store writer process"):
+                    self._convert()
             self._wake.clear()
             closing = self._closed
             with guard("store writer process"):
@@ -410,6 +426,22 @@ class ProcessSpanWriter:
                 # queued while it shipped (submit() wakes this thread only for a first span
                 # in an empty queue): their wait starts now
                 self._arrived.set()
+
+    def _convert(self) -> None:
+        """Read the spans at the head of the queue (up to its first mark: a flush, the
+        close) into :attr:`_converted`, the tuples the child gets, ahead of shipping them."""
+        if self._proc is None or self._gone:
+            return  # before the child runs, _ship decides whether one is needed at all
+        queue, popleft = self._queue, self._queue.popleft
+        items: list[tuple[int, Any, int]] = []
+        while queue:
+            item = popleft()
+            if type(item) is not tuple:
+                queue.appendleft(item)  # a mark: it and what follows wait for _ship, in order
+                break
+            items.append(item)
+        if items:
+            self._converted += shipped(items)
 
     def _ship(self) -> None:
         """Send what is queued now, in chunks, flushes and the close in their places."""
@@ -429,6 +461,19 @@ class ProcessSpanWriter:
                 return
         stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
         assert stdin is not None
+        converted, self._converted = self._converted, []  # read already: they go first
+        for first in range(0, len(converted), SEND_CHUNK):
+            part = converted[first : first + SEND_CHUNK]
+            self._out_bytes += sum([span[7] for span in part])  # as submit() counted them
+            try:
+                dropped = self._dropped
+                send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), part)))
+                self._forwarded = dropped
+                self._sent += len(part)
+            except (OSError, ValueError):  # a broken pipe: the child is gone
+                self._lost += len(converted) - first
+                self._child_gone("the writer process ended")
+                return
         queue, popleft = self._queue, self._queue.popleft
         left = len(queue)
         # half the byte bound queued: the child's writer writes at once too (a flush it does
@@ -561,7 +606,8 @@ class ProcessSpanWriter:
     def _drain(self) -> None:
         """Empty the queue for good: its spans counted as lost, its flushes answered as failed.
         One pass that pops each item once, so a flush queued meanwhile is answered too."""
-        unsent = 0
+        unsent = len(self._converted)
+        self._converted = []
         flushes: list[FlushRequest] = []
         queue = self._queue
         while queue:
