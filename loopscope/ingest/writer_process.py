@@ -78,16 +78,18 @@ writer does. Shorter waits (0.02-0.05 s, or a wake every 64 spans) spare the cal
 thread most of its garbage collection (queued spans are what gets promoted to the oldest
 generation), but ship in more, smaller messages: under a CPU-bound burst (~15k spans a
 second) the child then fell behind and spans were dropped, which 0.25 s never did."""
-CONVERT_EVERY = 0.02
+CONVERT_EVERY = 0.05
 """Seconds between the sender's readings of the spans queued while they wait for
 :data:`SEND_WAIT`: each is read into the plain tuple the child gets (what shipping does
 anyway, only sooner), so the span's own objects (the span, its attributes and event and
-link lists: ~6-8 containers) are let go within ~20 ms, not ~250. The garbage collector
+link lists: ~6-8 containers) are let go within ~50 ms, not ~250. The garbage collector
 promotes what is still held at its second generation to the oldest, and those promotions
 trigger full collections of the whole heap: in the in-process openai tool loop of
-bench_openai_overhead.py they cost the calling thread ~20-30 us a call. The messages to
-the child stay as large and as few as before (shipping sooner in small messages dropped
-spans under a CPU-bound burst: the child fell behind)."""
+bench_openai_overhead.py they cost the calling thread ~20-35 us a call at 557b776, ~15 us
+so, ~1 us at 0.02 s, where the wakes (each a GIL hand-off while the application runs)
+cost the calls' median more than they saved. The messages to the child stay as large and
+as few as before (shipping sooner in small messages dropped spans under a CPU-bound
+burst: the child fell behind)."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
