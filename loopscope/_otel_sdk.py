@@ -350,12 +350,31 @@ def _fast_end(span: Any, end_time: int | None, attributes: Mapping[str, Any] | N
     readable._start_time = span._start_time
     readable._end_time = end
     readable._attributes = span._attributes
-    readable._events = span._events
-    readable._links = span._links
+    # a span that had no events (or links) shares one empty list (as long, never written:
+    # a ReadableSpan has no writers and an ended span takes no more): two containers fewer
+    # for the collector to look at while the store's queue holds the span, and to promote
+    events, links = span._events, span._links
+    readable._events = events if events._dq or events.dropped else _empty_list(events._dq.maxlen)
+    readable._links = links if links._dq or links.dropped else _empty_list(links._dq.maxlen)
     readable._resource = span._resource
     readable._status = span._status
     processor.on_end(readable)
     return True
+
+
+_EMPTY_LISTS: dict[int | None, Any] = {}
+
+
+def _empty_list(maxlen: int | None) -> Any:
+    """One shared, empty ``BoundedList(maxlen)`` per limit, made as :func:`_fast_start` makes them."""
+    empty = _EMPTY_LISTS.get(maxlen)
+    if empty is None:
+        empty = _new(_BOUNDED_LIST)
+        empty.dropped = 0
+        empty._dq = deque((), maxlen)
+        empty._lock = _Lock()
+        empty = _EMPTY_LISTS.setdefault(maxlen, empty)
+    return empty
 
 
 def attach_span(span: Any) -> object:

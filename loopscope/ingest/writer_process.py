@@ -87,7 +87,22 @@ SEND_WAIT = 0.25
 """Seconds the first span queued waits before the sender ships what is queued (a flush, a
 close or a queue half full ships at once): each wake costs the application's GIL a little,
 so spans travel in batches; the child's writer then batches its writes as the thread
-writer does."""
+writer does. Shorter waits (0.02-0.05 s, or a wake every 64 spans) spare the calling
+thread most of its garbage collection (queued spans are what gets promoted to the oldest
+generation), but ship in more, smaller messages: under a CPU-bound burst (~15k spans a
+second) the child then fell behind and spans were dropped, which 0.25 s never did."""
+CONVERT_EVERY = 0.05
+"""Seconds between the sender's readings of the spans queued while they wait for
+:data:`SEND_WAIT`: each is read into the plain tuple the child gets (what shipping does
+anyway, only sooner), so the span's own objects (the span, its attributes and event and
+link lists: ~6-8 containers) are let go within ~50 ms, not ~250. The garbage collector
+promotes what is still held at its second generation to the oldest, and those promotions
+trigger full collections of the whole heap: in the in-process openai tool loop of
+bench_openai_overhead.py they cost the calling thread ~20-35 us a call at 557b776, ~15 us
+so, ~1 us at 0.02 s, where the wakes (each a GIL hand-off while the application runs)
+cost the calls' median more than they saved. The messages to the child stay as large and
+as few as before (shipping sooner in small messages dropped spans under a CPU-bound
+burst: the child fell behind)."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
@@ -180,17 +195,17 @@ def _plain_dict(attributes: Any) -> dict[str, Any]:
     return attributes if type(attributes) is dict else dict(attributes)
 
 
-def shipped(items: list[tuple[int, Any]], sizes: list[int]) -> list[tuple[Any, ...]]:
-    """What the mapping reads of each ``(kind, span)``, as plain tuples: kind, trace id, span
-    id, start, end, attributes (the span's own dict: read by ``marshal`` right after), status
-    text, and the size the byte bound counted (``sizes``, one per item). Runs on the
-    application's sender thread, once per span."""
+def shipped(items: list[tuple[int, Any, int]]) -> list[tuple[Any, ...]]:
+    """What the mapping reads of each ``(kind, span, size)``, as plain tuples: kind, trace id,
+    span id, start, end, attributes (the span's own dict: read by ``marshal`` right after),
+    status text, and the size the byte bound counted. Runs on the application's sender
+    thread, once per span."""
     fields = _otel_sdk.span_fields()  # an SDK span's fields without its properties' frames
     fast, bounded, bounded_dict = fields.types, fields.bounded, fields.bounded_dict
     attributes_of, context_of, start_of, end_of = fields.attributes, fields.context, fields.start_time, fields.end_time
     out: list[tuple[Any, ...]] = []
     add = out.append
-    for (kind, span), size in zip(items, sizes):
+    for kind, span, size in items:
         try:
             if type(span) in fast:
                 attrs = attributes_of(span)
@@ -281,6 +296,7 @@ class ProcessSpanWriter:
         which starts its writer process at its first span rather than at once: a fork that
         never records, a pool's worker say, starts none)."""
         self._queue: collections.deque[Any] = collections.deque()
+        self._converted: list[tuple[Any, ...]] = []  # queued spans read already (_convert), in order
         self._arrived = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -326,9 +342,11 @@ class ProcessSpanWriter:
                 return
             self._dropped += 1
             return
-        if kind:  # an ended span: its content is final (a started one's is counted at its end)
-            self._in_bytes += span_size(span)
-        queue.append((kind, span))
+        # an ended span: its content is final (a started one's is counted at its end); the
+        # size travels with it, so the sender does not measure the span again
+        counted = span_size(span) if kind else 0
+        self._in_bytes += counted
+        queue.append((kind, span, counted))
         if not size:
             self._arrived.set()
         if size >= self.batch_size - 1 or self._in_bytes - self._out_bytes >= self._wake_bytes:
@@ -426,7 +444,7 @@ class ProcessSpanWriter:
         child = self._child
         # spans queued here, in the pipe, and what the child holds (spans and rows not written)
         in_pipe = max(0, self._sent - child.get("received", 0))
-        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + in_pipe + child.get("queued", 0)
+        queued = sum(1 for item in list(self._queue) if type(item) is tuple) + len(self._converted) + in_pipe + child.get("queued", 0)
         return WriterStats(
             queued=0 if self._gone else queued,
             written_events=child.get("written_events", 0),
@@ -482,7 +500,12 @@ class ProcessSpanWriter:
         while True:
             self._arrived.wait()
             self._arrived.clear()
-            self._wake.wait(SEND_WAIT)
+            deadline = time.monotonic() + SEND_WAIT
+            while not self._wake.wait(min(CONVERT_EVERY, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    break
+                with guard("store writer process"):
+                    self._convert()
             self._wake.clear()
             closing = self._closed
             with guard("store writer process"):
@@ -493,6 +516,22 @@ class ProcessSpanWriter:
                 # queued while it shipped (submit() wakes this thread only for a first span
                 # in an empty queue): their wait starts now
                 self._arrived.set()
+
+    def _convert(self) -> None:
+        """Read the spans at the head of the queue (up to its first mark: a flush, the
+        close) into :attr:`_converted`, the tuples the child gets, ahead of shipping them."""
+        if self._proc is None or self._gone:
+            return  # before the child runs, _ship decides whether one is needed at all
+        queue, popleft = self._queue, self._queue.popleft
+        items: list[tuple[int, Any, int]] = []
+        while queue:
+            item = popleft()
+            if type(item) is not tuple:
+                queue.appendleft(item)  # a mark: it and what follows wait for _ship, in order
+                break
+            items.append(item)
+        if items:
+            self._converted += shipped(items)
 
     def _ship(self) -> None:
         """Send what is queued now, in chunks, flushes and the close in their places."""
@@ -514,29 +553,40 @@ class ProcessSpanWriter:
             return
         stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
         assert stdin is not None
+        converted, self._converted = self._converted, []  # read already: they go first
+        for first in range(0, len(converted), SEND_CHUNK):
+            part = converted[first : first + SEND_CHUNK]
+            self._out_bytes += sum([span[7] for span in part])  # as submit() counted them
+            try:
+                dropped = self._dropped
+                send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), part)))
+                self._forwarded = dropped
+                self._sent += len(part)
+            except (OSError, ValueError):  # a broken pipe: the child is gone
+                self._lost += len(converted) - first
+                self._child_gone("the writer process ended")
+                return
         queue, popleft = self._queue, self._queue.popleft
         left = len(queue)
         # half the byte bound queued: the child's writer writes at once too (a flush it does
         # not answer), as the thread writer would, rather than at its interval
         urgent = self._in_bytes - self._out_bytes + self._child.get("queued_bytes", 0) >= self._wake_bytes
         while left > 0:
-            spans: list[tuple[int, Any]] = []
-            sizes: list[int] = []
+            spans: list[tuple[int, Any, int]] = []
             mark: Any = None
             while left > 0 and len(spans) < SEND_CHUNK:
                 item = popleft()
                 left -= 1
                 if type(item) is tuple:
                     spans.append(item)
-                    sizes.append(span_size(item[1]) if item[0] else 0)  # as submit() counted it
                 else:
                     mark = item
                     break
-            self._out_bytes += sum(sizes)
+            self._out_bytes += sum([item[2] for item in spans])  # as submit() counted them
             try:
                 if spans:
                     dropped = self._dropped
-                    send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), shipped(spans, sizes))))
+                    send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), shipped(spans))))
                     self._forwarded = dropped
                     self._sent += len(spans)
                     if urgent and not self._closed:
@@ -735,7 +785,8 @@ class ProcessSpanWriter:
     def _drain(self) -> None:
         """Empty the queue for good: its spans counted as lost, its flushes answered as failed.
         One pass that pops each item once, so a flush queued meanwhile is answered too."""
-        unsent = 0
+        unsent = len(self._converted)
+        self._converted = []
         flushes: list[FlushRequest] = []
         queue = self._queue
         while queue:
