@@ -150,12 +150,14 @@ _dispatchers: dict[int, _Dispatch] = {}
 
 
 def _process_writer(
-    path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool, *, auto: bool = False
+    path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool, *, auto: bool = False,
+    default_path: bool = False,
 ) -> ProcessSpanWriter | None:
     """The writer process for ``path``; None (the thread writer then) when its options cannot
     be sent to a process (a content hook that is a lambda or a local function), or, with
     ``auto``, when no writer process can run here (said once in a warning). With ``auto`` a
-    child that cannot start hands its spans to the thread writer."""
+    child that cannot start hands its spans to the thread writer. With ``default_path``, a store
+    the child finds it cannot write turns recording to it off, as :func:`_check_db` does."""
     if auto:
         reason = unavailable()
         if reason is not None:
@@ -170,7 +172,8 @@ def _process_writer(
 
     fallback = thread_writer if auto else None
     try:
-        return ProcessSpanWriter(path, prices=prices, latest=latest, fallback=fallback, **options)
+        off = (lambda problem: _store_off(path, StoreError(problem))) if default_path else None
+        return ProcessSpanWriter(path, prices=prices, latest=latest, fallback=fallback, on_store_off=off, **options)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         warn_once("writer-process-options", "loopscope: the store's writer runs in a thread: its options cannot go to a "
                   "process (%s)", exc)
@@ -397,7 +400,7 @@ def configure(
                 "track_turns": True, "content": content,
             }
             if mode != "thread":
-                store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto")
+                store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto", default_path=not explicit)
                 if explicit and mode == "auto" and isinstance(store_writer, ProcessSpanWriter):
                     _checked_by_child(store_writer)
             if store_writer is None:

@@ -268,8 +268,12 @@ class ProcessSpanWriter:
         prices: Mapping[str, Any] | None = None,
         latest: bool = False,
         fallback: Callable[[], Any] | None = None,
+        on_store_off: Callable[[str], None] | None = None,
     ) -> None:
         self.path = path
+        # the default store: when the child finds it cannot be written, recording to it is off
+        # (said by this callback), as the thread writer's configure() turns it off
+        self._on_store_off = on_store_off
         self._fallback = fallback  # makes the writer that takes over from a child that cannot start
         self._delegate: Any = None  # that writer, once it took over
         self.max_queue = max_queue
@@ -303,6 +307,7 @@ class ProcessSpanWriter:
         self._closed = False  # spans are no longer taken (close() was called, or the child is gone)
         self._stopped = False  # close() was called
         self._gone = False  # the child ended (or never started): nothing more reaches the file
+        self._off = False  # the default store cannot be written: recording to it is off, nothing counted
         self._done = threading.Event()  # the child answered the close, or is gone
         self._answered = threading.Event()  # counters came from the child
         self._ready = threading.Event()  # the child said it is ready: spans are shipped from now on
@@ -339,6 +344,8 @@ class ProcessSpanWriter:
             delegate = self._delegate
             if delegate is not None:  # the writer that took over from a child that could not start
                 delegate.submit(kind, span)
+                return
+            if self._off:  # recording to the store is off (said once): nothing is lost
                 return
             self._dropped += 1
             return
@@ -624,7 +631,7 @@ class ProcessSpanWriter:
             # no answers thread (at exit, where no thread starts): its first message, here
             first = receive(proc.stdout)
             if first is not None and first[0] == READY:
-                self._ready.set()
+                self._said_ready(first[1])
             else:
                 self._start_error = "the writer process ended before it was ready"
             self._start_settled.set()
@@ -633,13 +640,38 @@ class ProcessSpanWriter:
             self._kill(proc)
             self._start_settled.wait(KILL_WAIT)  # its EOF, read by the answers thread
         if self._ready.is_set():
-            return True
+            return not self._off
         reason = self._start_error or "the writer process did not start"
         if self._fallback is not None:
             self._fall_back(reason)
         else:
             self._child_gone(reason)
         return False
+
+    def _said_ready(self, payload: bytes) -> None:
+        """The child's ready message, with its check of the store."""
+        self.store_problem = problem = marshal.loads(payload)
+        if problem is not None and self._on_store_off is not None:
+            self._switch_off(problem)  # before the sender sees it ready: it ships nothing then
+        self._ready.set()
+        self._start_settled.set()
+
+    def _switch_off(self, problem: str) -> None:
+        """The default store cannot be written (the child's check says why): recording to it
+        is off, said once by ``on_store_off``, as with the thread writer, whose configure()
+        finds it; the child, which has nothing it can do, is stopped, and what was queued is let
+        go uncounted (no event was ever recorded to this store) and its flushes answered."""
+        with self._lock:
+            self._off = self._gone = self._closed = True
+        with guard("writer process: store off"):
+            assert self._on_store_off is not None
+            self._on_store_off(problem)
+        self._drain()
+        self._in_bytes = self._out_bytes = 0
+        self._done.set()
+        self._answered.set()
+        if self._proc is not None:
+            self._kill(self._proc)
 
     def _fall_back(self, reason: str) -> None:
         """The child cannot run: the fallback writer (the thread writer) gets what is queued,
@@ -728,9 +760,7 @@ class ProcessSpanWriter:
                     break
                 kind, payload = message
                 if kind == READY:
-                    self.store_problem = marshal.loads(payload)
-                    self._ready.set()
-                    self._start_settled.set()
+                    self._said_ready(payload)
                 elif kind == ACK:
                     number, ok, counters = marshal.loads(payload)
                     self._child = counters
@@ -783,8 +813,9 @@ class ProcessSpanWriter:
         warn_once(f"writer-process:{self.path}", "loopscope: %s; events for %s are dropped and counted", reason, self.path)
 
     def _drain(self) -> None:
-        """Empty the queue for good: its spans counted as lost, its flushes answered as failed.
-        One pass that pops each item once, so a flush queued meanwhile is answered too."""
+        """Empty the queue for good: its spans counted as lost, its flushes answered as failed
+        (with recording to the store off: nothing lost, flushes done). One pass that pops each
+        item once, so a flush queued meanwhile is answered too."""
         unsent = len(self._converted)
         self._converted = []
         flushes: list[FlushRequest] = []
@@ -795,8 +826,9 @@ class ProcessSpanWriter:
                 unsent += 1
             elif type(item) is FlushRequest:
                 flushes.append(item)
-        self._lost += unsent
-        settle(flushes, False, "store writer process")
+        if not self._off:
+            self._lost += unsent
+        settle(flushes, self._off, "store writer process")
 
     def _record_beside(self) -> None:
         """Count beside the store what the child's row in it cannot hold: what this side

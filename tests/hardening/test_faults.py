@@ -292,12 +292,15 @@ def _default_store_child(cwd: Path | str, endpoint: str, **env: str) -> subproce
         """
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPSCOPE_", "OTEL_"))}
-    base.update(LOOPSCOPE_STRICT="1", LOOPSCOPE_WRITER="thread", PYTHONPATH=str(ROOT), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env)
+    base.update(LOOPSCOPE_STRICT="1", PYTHONPATH=str(ROOT), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env)
     return subprocess.run([sys.executable, "-c", script], check=False, env=base, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.parametrize("writer", ["default writer", "thread writer"])
 @pytest.mark.parametrize("where", ["read-only working directory", "LOOPSCOPE_DB in a missing folder", "LOOPSCOPE_DB under a file"])
-def test_a_default_store_that_cannot_be_written_turns_recording_off_once_and_export_still_works(tmp_path: Path, where: str) -> None:
+def test_a_default_store_that_cannot_be_written_turns_recording_off_once_and_export_still_works(
+    tmp_path: Path, where: str, writer: str
+) -> None:
     """instrument() and turn() with a default store that cannot be written: no exception
     reaches the app, one warning on stderr says recording to the store is off, and the
     spans still reach the OTLP receiver. (Tests run as root, whom permission bits do not
@@ -305,15 +308,18 @@ def test_a_default_store_that_cannot_be_written_turns_recording_off_once_and_exp
     no folder.)"""
     from fakes import otlp_receiver
 
+    # the default writer (a process of its own) finds it in its child; the thread at configure()
+    chosen = {"LOOPSCOPE_WRITER": "thread"} if writer == "thread writer" else {}
     receiver, server = otlp_receiver.start()
     try:
         if where == "read-only working directory":
-            proc = _default_store_child("/proc", receiver.endpoint)
+            proc = _default_store_child("/proc", receiver.endpoint, **chosen)
         elif where == "LOOPSCOPE_DB in a missing folder":
-            proc = _default_store_child(tmp_path, receiver.endpoint, LOOPSCOPE_DB=str(tmp_path / "missing" / "x.duckdb"))
+            db = str(tmp_path / "missing" / "x.duckdb")
+            proc = _default_store_child(tmp_path, receiver.endpoint, LOOPSCOPE_DB=db, **chosen)
         else:
             (tmp_path / "afile").write_text("x")
-            proc = _default_store_child(tmp_path, receiver.endpoint, LOOPSCOPE_DB=str(tmp_path / "afile" / "x.duckdb"))
+            proc = _default_store_child(tmp_path, receiver.endpoint, LOOPSCOPE_DB=str(tmp_path / "afile" / "x.duckdb"), **chosen)
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
         assert "Traceback" not in proc.stderr, proc.stderr
         warnings = [line for line in proc.stderr.splitlines() if "recording to the store is off" in line]
