@@ -26,10 +26,13 @@ from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views
 
+# The schema version and the session's span in one statement: two small scans side by
+# side, not a join (planning and running the join cost ~0.4 ms more on a freshly attached
+# file, a tenth of a timeline page's query)
 _SPAN_SQL = """
-    SELECT m.value, s.first_at, s.last_at
-    FROM (SELECT value FROM main.loopscope_meta WHERE key = 'schema_version') m
-    LEFT JOIN (SELECT first_at, last_at FROM main.sessions WHERE session_id = ?) s ON true
+    SELECT value, NULL, NULL FROM main.loopscope_meta WHERE key = 'schema_version'
+    UNION ALL
+    SELECT NULL, first_at, last_at FROM main.sessions WHERE session_id = ?
 """
 
 
@@ -127,12 +130,13 @@ class Store:
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
             # the schema check and the session's span in one statement (a page is a few ms)
             try:
-                row = con.execute(_SPAN_SQL, [session_id]).fetchone()
+                rows = con.execute(_SPAN_SQL, [session_id]).fetchall()
             except duckdb.CatalogException:
-                row = None
-            if row is None or not str(row[0]).isdigit() or int(row[0]) > SCHEMA_VERSION:
+                rows = []
+            version = next((r[0] for r in rows if r[0] is not None), None)
+            if version is None or not str(version).isdigit() or int(version) > SCHEMA_VERSION:
                 check_readable(con)  # raises what is wrong with the file
-            span = row[1:] if row is not None else None
+            span = next((r[1:] for r in rows if r[0] is None), None)
             if span is not None and span[0] is not None and span[1] is not None:
                 sql = sql.replace("{span}", " AND created_at BETWEEN ? AND ?")
                 params = [*params, span[0], span[1]]

@@ -260,10 +260,39 @@ def test_a_store_from_a_newer_loopscope_is_refused_for_reading(tmp_path: Path) -
     path = unpack(7, tmp_path)
     migrate_file(path)
     _from_a_newer_loopscope(path, bump=True)
+    store = loopscope.Store(str(path))
     with pytest.raises(StoreError, match="newer loopscope"):
-        loopscope.Store(str(path)).list_sessions()
+        store.list_sessions()
     with pytest.raises(StoreError, match="newer loopscope"):
         read_status(str(path))
+    # a session's reads check the version in the statement that finds the session's span
+    session = next(iter(_sessions_of(path)))
+    with pytest.raises(StoreError, match="newer loopscope"):
+        store.list_events(session, newest_first=True)
+    with pytest.raises(StoreError, match="newer loopscope"):
+        store.get_event_count(session)
+
+
+def _sessions_of(path: Path) -> list[str]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
+    finally:
+        con.close()
+
+
+def test_a_session_read_of_a_store_without_data_says_so(tmp_path: Path) -> None:
+    """A file with loopscope's tables but no schema version yet (no writer finished)."""
+    path = unpack(7, tmp_path)
+    migrate_file(path)
+    con = duckdb.connect(str(path))
+    try:
+        session = con.execute("SELECT session_id FROM sessions LIMIT 1").fetchone()[0]
+        con.execute("DELETE FROM loopscope_meta WHERE key = 'schema_version'")
+    finally:
+        con.close()
+    with pytest.raises(StoreError, match="no loopscope data yet"):
+        loopscope.Store(str(path)).list_events(session)
 
 
 @pytest.mark.parametrize("version", [7, 6, 3])
