@@ -527,8 +527,11 @@ class ProcessSpanWriter:
     def _convert(self) -> None:
         """Read the spans at the head of the queue (up to its first mark: a flush, the
         close) into :attr:`_converted`, the tuples the child gets, ahead of shipping them."""
-        if self._proc is None or self._gone:
-            return  # before the child runs, _ship decides whether one is needed at all
+        if self._proc is None or self._gone or not self._ready.is_set():
+            # before the child runs, _ship decides whether one is needed at all; before it is
+            # ready, the spans stay SDK spans: a child that never gets ready hands them over
+            # to the thread writer, which reads spans, not the child's tuples
+            return
         queue, popleft = self._queue, self._queue.popleft
         items: list[tuple[int, Any, int]] = []
         while queue:
@@ -700,7 +703,7 @@ class ProcessSpanWriter:
             while queue:
                 item = queue.popleft()
                 if type(item) is tuple:
-                    delegate.submit(*item)
+                    delegate.submit(item[0], item[1])  # (kind, span, the size counted here)
                 elif type(item) is FlushRequest:
                     delegate.flush_then(lambda ok, request=item: settle([request], ok, "store writer"))
                 elif item is _ASK_MARK:
