@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -34,20 +32,8 @@ from loopscope.storage import writer
 CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 ANTHROPIC_TOOLS = [{"name": "weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
 
-@pytest.fixture(autouse=True)
-def _thread_writer() -> Iterator[None]:
-    """The faults here are injected into the store's writer in the test's process (patched
-    writes and mappings, file-size limits, stuck writes): the thread writer, in this process
-    and in the children it starts. The writer process's own faults (a child that dies, is
-    killed, cannot start): tests/storage/test_writer_process.py and test_writer_fallback.py."""
-    # not monkeypatch: asked for here, its undoing would come after the tests' own fixtures'
-    before = os.environ.get("LOOPSCOPE_WRITER")
-    os.environ["LOOPSCOPE_WRITER"] = "thread"
-    yield
-    if before is None:
-        os.environ.pop("LOOPSCOPE_WRITER", None)
-    else:
-        os.environ["LOOPSCOPE_WRITER"] = before
+# the faults are injected into the thread writer, in this process and its children (see conftest)
+pytestmark = pytest.mark.usefixtures("thread_writer_everywhere")
 
 
 class Injected(RuntimeError):
