@@ -45,7 +45,8 @@ def _capture(calls: int) -> list[Any]:
     try:
         client = bench._inproc_client(server.openai_base_url)
         with tempfile.TemporaryDirectory(prefix="loopscope-batch-cost-") as tmp:
-            loopscope.configure(str(Path(tmp) / "capture.duckdb"), flush_interval=3600)  # nothing written meanwhile
+            # the thread writer: its queue holds the (kind, span) items its batches are made of
+            loopscope.configure(str(Path(tmp) / "capture.duckdb"), flush_interval=3600, writer="thread")  # nothing written meanwhile
             loopscope.instrument()
             try:
                 bench._tool_loop(client, 8, False, "warm")
