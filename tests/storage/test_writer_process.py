@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from loopscope._guard import clear_warning
 from loopscope.cli.status import read_status
 from loopscope.content.policy import ContentPolicy
 from loopscope.ingest.writer import SpanWriter
@@ -114,6 +115,8 @@ def test_an_unknown_mode_is_refused_before_anything_changes(tmp_path: Path) -> N
 
 def test_a_content_hook_a_process_cannot_take_keeps_the_thread(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     policy = ContentPolicy(redact=lambda where, text: text.replace("secret", "[gone]"))
+    # said once per process: an earlier test whose hook is a lambda under the default writer said it
+    clear_warning("writer-process-options")
     pipeline = loopscope.configure(tmp_path / "hook.duckdb", tracer_provider=TracerProvider(), writer="process",
                                    content_policy=policy)
     try:
