@@ -22,6 +22,10 @@ app runs it and sends the result back; the model answers) runs under each varian
   the default: the same writer process where one can run.
 * ``loopscope-thread`` -- (on request) loopscope with the store's writer a thread of the
   application (``LOOPSCOPE_WRITER=thread``).
+* ``loopscope-against`` -- (with ``--against DIR``) another checkout's loopscope (a folder
+  holding ``loopscope/``, e.g. ``git archive`` of an older commit, put first on the worker's
+  ``PYTHONPATH``) with the same default settings as ``loopscope``: an older commit timed side
+  by side with this one, slice by slice, in one run.
 
 Each peer runs with its default settings under an SDK ``TracerProvider`` with a
 ``BatchSpanProcessor`` into an exporter that counts and drops the spans, so every peer pays
@@ -119,6 +123,7 @@ VARIANTS = [
     Variant("loopscope-metrics", "(ref) with metrics", PROJECT, dist="loopscope"),
     Variant("loopscope-process", "loopscope (writer proc)", PROJECT, dist="loopscope"),
     Variant("loopscope-thread", "loopscope (writer thr)", PROJECT, dist="loopscope"),
+    Variant("loopscope-against", "loopscope (--against)", PROJECT, dist="loopscope"),
     Variant("otel-openai-v2", "OTel openai-v2", PEERS_V2, "opentelemetry.instrumentation.openai_v2",
             "opentelemetry-instrumentation-openai-v2"),
     Variant("otel-genai-openai", "OTel genai-openai", PEERS, "opentelemetry.instrumentation.genai.openai",
@@ -130,7 +135,8 @@ VARIANTS = [
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 REFERENCES = ("loopscope-nostore", "loopscope-metrics")
-ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread")
+ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread", "loopscope-against")
+STORING = ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread", "loopscope-against")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in ON_REQUEST]  # the references run on request
 MODES = ("nonstream", "stream")
 TRANSPORTS = ("server", "inproc")
@@ -367,7 +373,9 @@ def worker(args: argparse.Namespace) -> int:
         loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider)
         loopscope.instrument()
         settle = loopscope.flush
-        writer_cpu = lambda: _process_cpu_ns(getattr(loopscope.pipeline.active().writer, "child_pid", lambda: None)())
+        # an older checkout (--against) may have no writer process, nor ``pipeline.active()``
+        active = getattr(loopscope.pipeline, "active", lambda: None)
+        writer_cpu = lambda: _process_cpu_ns(getattr(getattr(active(), "writer", None), "child_pid", lambda: None)())
     elif variant.module:
         peer = _setup_peer(variant)
         settle = peer[0].force_flush
@@ -385,7 +393,10 @@ def worker(args: argparse.Namespace) -> int:
     if settle is not None:
         settle()
     gc.collect()
-    send({"ready": True, "versions": _versions(variant)})
+    versions = _versions(variant)
+    if variant.key == "loopscope-against":  # the checkout's package, not the installed one
+        versions["loopscope"] = os.path.dirname(os.path.dirname(sys.modules["loopscope"].__file__ or ""))
+    send({"ready": True, "versions": versions})
 
     # the CPU of every thread of the process from one settle to the next (the background
     # work the settle waited for included), per call made meanwhile
@@ -410,7 +421,7 @@ def worker(args: argparse.Namespace) -> int:
         send({"samples": samples})
 
     check = ""
-    if variant.key in ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread"):
+    if variant.key in STORING:
         import duckdb
 
         import loopscope
@@ -530,11 +541,13 @@ def _median_us(samples: list[int]) -> float:
 class Worker:
     """One variant's process, driven block by block over its stdin/stdout."""
 
-    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path) -> None:
+    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path, against: Path | None = None) -> None:
         self.variant = variant
         self.log = folder / f"{variant.key}.stderr.log"
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OTEL_", "TRACELOOP_", "OPENINFERENCE_", "LOOPSCOPE_"))}
+               if not k.startswith(("OTEL_", "TRACELOOP_", "OPENINFERENCE_", "LOOPSCOPE_", "PYTHONPATH"))}
+        if variant.key == "loopscope-against" and against is not None:
+            env["PYTHONPATH"] = str(against)
         cmd = [str(variant.venv.python), str(Path(__file__).resolve()), "--worker", variant.key,
                "--base-url", base_url, "--warmup", str(warmup)]
         with self.log.open("w") as err:
@@ -625,7 +638,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     continue
                 t0 = time.monotonic()
                 rescript(server, 4 * args.warmup + 10)
-                w = Worker(v, server.openai_base_url, args.warmup, Path(tmp))
+                w = Worker(v, server.openai_base_url, args.warmup, Path(tmp), args.against)
                 try:
                     versions[v.key] = w.ask({})["versions"]
                 except RuntimeError as exc:
@@ -780,6 +793,9 @@ def main() -> int:
                         help="which transports to time (default both)")
     parser.add_argument("--variants", nargs="+", choices=list(BY_KEY), help="run only these (the baseline always runs)")
     parser.add_argument("--no-setup", action="store_true", help="do not create or update the peers' venvs")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout's folder holding loopscope/ (e.g. git archive of an older commit): "
+                             "runs it as the variant loopscope-against, side by side with this one")
     parser.add_argument("--worker", choices=list(BY_KEY), help=argparse.SUPPRESS)  # internal: one variant's process
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -790,6 +806,16 @@ def main() -> int:
             setattr(args, k, v)
     if args.worker:
         return worker(args)
+    if args.against is not None:
+        if not (args.against / "loopscope" / "__init__.py").is_file():
+            parser.error(f"--against {args.against}: no loopscope/ package there")
+        args.against = args.against.resolve()
+        if not args.variants:
+            args.variants = [v.key for v in DEFAULT_VARIANTS]
+        if "loopscope-against" not in args.variants:
+            args.variants.append("loopscope-against")
+    elif args.variants and "loopscope-against" in args.variants:
+        parser.error("the variant loopscope-against needs --against DIR")
     return orchestrate(args)
 
 

@@ -9,6 +9,7 @@ stacking processors.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import pickle
 import signal
@@ -149,28 +150,28 @@ _lock = threading.RLock()
 _dispatchers: dict[int, _Dispatch] = {}
 
 
+def _thread_writer(path: str, options: dict[str, Any]) -> StoreWriter:
+    """The store's writer as a thread of this process (its module imported only then)."""
+    from .ingest.writer import SpanWriter
+
+    return SpanWriter(path, **options)
+
+
 def _process_writer(
     path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool, *, auto: bool = False,
-    default_path: bool = False,
+    no_child: str | None = None, default_path: bool = False,
 ) -> ProcessSpanWriter | None:
     """The writer process for ``path``; None (the thread writer then) when its options cannot
     be sent to a process (a content hook that is a lambda or a local function), or, with
-    ``auto``, when no writer process can run here (said once in a warning). With ``auto`` a
-    child that cannot start hands its spans to the thread writer. With ``default_path``, a store
-    the child finds it cannot write turns recording to it off, as :func:`_check_db` does."""
-    if auto:
-        reason = unavailable()
-        if reason is not None:
-            warn_once("writer-process-unavailable", "loopscope: the store's writer runs in a thread: %s (%s)", reason,
-                      QUIET)
-            return None
-
-    def thread_writer() -> StoreWriter:
-        from .ingest.writer import SpanWriter
-
-        return SpanWriter(path, **options)
-
-    fallback = thread_writer if auto else None
+    ``auto``, when no writer process can run here (``no_child`` says why, once, in a warning).
+    With ``auto`` a child that cannot start hands its spans to the thread writer. With
+    ``default_path``, a store the child finds it cannot write turns recording to it off, as
+    :func:`_check_db` does."""
+    if auto and no_child is not None:
+        warn_once("writer-process-unavailable", "loopscope: the store's writer runs in a thread: %s (%s)", no_child,
+                  QUIET)
+        return None
+    fallback = functools.partial(_thread_writer, path, options) if auto else None
     try:
         off = (lambda problem: _store_off(path, StoreError(problem))) if default_path else None
         return ProcessSpanWriter(path, prices=prices, latest=latest, fallback=fallback, on_store_off=off, **options)
@@ -367,9 +368,10 @@ def configure(
         explicit = db not in (None, True, False)
         path = None if db is False else resolve(default_db_path() if not explicit else db)  # type: ignore[arg-type]
         mode = writer_mode(writer)  # a bad value raises before anything changes
+        no_child = unavailable() if mode == "auto" else None  # why no writer process can run here
         if path is not None:
             try:
-                _check_db(path, open_it=mode == "thread" or (mode == "auto" and unavailable() is not None))
+                _check_db(path, open_it=mode == "thread" or no_child is not None)
             except StoreError as exc:
                 if explicit:
                     raise
@@ -400,13 +402,12 @@ def configure(
                 "track_turns": True, "content": content,
             }
             if mode != "thread":
-                store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto", default_path=not explicit)
+                store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto", no_child=no_child,
+                                               default_path=not explicit)
                 if explicit and mode == "auto" and isinstance(store_writer, ProcessSpanWriter):
                     _checked_by_child(store_writer)
             if store_writer is None:
-                from .ingest.writer import SpanWriter
-
-                store_writer = SpanWriter(path, **options)
+                store_writer = _thread_writer(path, options)
             targets.append(StoreSpanProcessor(store_writer))
         exporter = policy_exporter = None
         if export:

@@ -110,9 +110,9 @@ def _prepare(path: str, recover: bool) -> str | None:
     """What ``configure()`` does in thread mode, before the first batch: the schema made or
     migrated, the turns of dead writers closed, in a connection of its own (whose close
     checkpoints, so the first batch's rows alone go to the WAL). A store held by another
-    process, or one that cannot be written, is left to the writer (it retries, says why,
-    and counts what it loses). Returns why the store cannot be written (None: it can, or
-    another process holds it now), which the ready message tells the application."""
+    process is left to the writer (it retries, says why, and counts what it loses). Returns
+    why the store cannot be written (None: it can, or another process holds it now), which
+    the ready message tells the application, whose words those are."""
     from ..storage.connection import open_store
     from ..storage.errors import StoreError, StoreLockedError
     from ..storage.schema import migrate
@@ -125,9 +125,11 @@ def _prepare(path: str, recover: bool) -> str | None:
                 close_dead_turns(con)
     except (StoreError, OSError, duckdb.Error) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        logger.warning("loopscope: the store %s cannot be prepared now (%s); the writer will retry", path, first)
         if isinstance(exc, StoreLockedError):
+            logger.warning("loopscope: the store %s cannot be prepared now (%s); the writer will retry", path, first)
             return None
+        # not said here: the application says it once, in the words that fit its case (recording
+        # off for the default store, configure's StoreError, or the writer's first failed batch)
         return str(exc) if isinstance(exc, StoreError) else f"cannot write the loopscope store {path}: {first}"
     return None
 

@@ -76,14 +76,19 @@ def migration() -> list[str]:
     return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in COUNTER_COLUMNS.items()]
 
 
+def _add_columns(columns: dict[str, str]) -> list[str]:
+    """The statements adding ``columns`` (name: SQL type) to the writers' table, each once."""
+    return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in columns.items()]
+
+
 def notice_migration() -> list[str]:
     """The statements of ``m011_notice_counters`` (:data:`NOTICE_COLUMNS`)."""
-    return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in NOTICE_COLUMNS.items()]
+    return _add_columns(NOTICE_COLUMNS)
 
 
 def mode_migration() -> list[str]:
     """The statements of ``m012_writer_mode`` (:data:`MODE_COLUMNS`)."""
-    return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in MODE_COLUMNS.items()]
+    return _add_columns(MODE_COLUMNS)
 
 
 def _text(value: str | None) -> str:

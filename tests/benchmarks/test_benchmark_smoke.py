@@ -27,7 +27,9 @@ SMOKE_RUNS = {
     # the scripts with size arguments only: their smallest sizes are their smoke mode
     "tool-call": ["bench_tool_call.py", "--calls", "200", "--repeats", "1"],
     "openai-overhead": ["bench_openai_overhead.py", "--no-setup", "--variants", "loopscope", "loopscope-metrics", "loopscope-process", "otel-genai-openai",
-                        "--rounds", "1", "--block", "8", "--inproc-block", "8", "--warmup", "4"],
+                        "--rounds", "1", "--block", "8", "--inproc-block", "8", "--warmup", "4",
+                        # --against: this very checkout as the "older" one, so that path runs too
+                        "--against", str(Path(__file__).resolve().parents[2])],
     "stub-openai-cpu": ["stub_openai_cpu.py", "--store", "--blocks", "2", "--calls", "10"],
     "wrapper-own-time": ["wrapper_own_time.py", "--calls", "40"],
     "writer-cpu": ["writer_cpu.py", "--calls", "40", "--rounds", "1"],
