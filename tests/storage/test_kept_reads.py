@@ -125,6 +125,34 @@ def test_a_kept_attachment_is_let_go_once_reads_pause(tmp_path: Path) -> None:
     assert not connection._held
 
 
+def test_kept_page_reads_and_view_reads_in_turn_let_go_of_the_file_once_they_pause(tmp_path: Path) -> None:
+    """As the dashboard reads: a session's page (on a one-thread database of its own) and
+    the views (on the shared one, every thread) one after the other. Each takes the file
+    over from the other's kept attachment, and none is left holding it."""
+    from loopscope.storage.reads import view_rows
+
+    db = tmp_path / "turns.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
+    with loopscope.turn(session_id="both", agent="a", input="hi") as t:
+        t.generation("hello")
+    loopscope.shutdown()
+    store = loopscope.Store(str(db), keep_open=True)
+    for _ in range(3):
+        assert len(store.list_events("both")) == 2
+        assert view_rows(str(db), "SELECT count(*) FROM turn_summaries", keep=True) == [(1,)]
+        assert len(store.list_events("both", newest_first=True)) == 2
+    deadline = time.monotonic() + 10
+    while True:  # any other program may open the file for writing again
+        try:
+            con = duckdb.connect(str(db))
+            break
+        except duckdb.Error:
+            assert time.monotonic() < deadline, "a kept attachment was never let go"
+            time.sleep(0.01)
+    con.close()
+    assert not connection._held
+
+
 def test_a_default_read_never_leaves_the_file_attached(tmp_path: Path) -> None:
     db = tmp_path / "plain.duckdb"
     loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)

@@ -273,6 +273,22 @@ def test_a_store_from_a_newer_loopscope_is_refused_for_reading(tmp_path: Path) -
         store.get_event_count(session)
 
 
+def test_a_reader_refuses_a_store_a_newer_loopscope_migrated_since_its_last_read(tmp_path: Path) -> None:
+    """A session's reads skip the version check for a file unchanged since they last
+    checked it; a migration changes the file, so the next read checks, and refuses."""
+    path = unpack(7, tmp_path)
+    migrate_file(path)
+    store = loopscope.Store(str(path))
+    session = next(iter(_sessions_of(path)))
+    read = [e.id for e in store.list_events(session, newest_first=True)]
+    assert read and [e.id for e in store.list_events(session, newest_first=True)] == read
+    _from_a_newer_loopscope(path, bump=True)
+    with pytest.raises(StoreError, match="newer loopscope"):
+        store.list_events(session, newest_first=True)
+    with pytest.raises(StoreError, match="newer loopscope"):
+        loopscope.Store(str(path)).get_event_count(session)
+
+
 def _sessions_of(path: Path) -> list[str]:
     con = duckdb.connect(str(path), read_only=True)
     try:
