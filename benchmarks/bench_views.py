@@ -16,6 +16,10 @@ machine's noise:
   stays attached between reads that follow each other closely). Against: the plain query ``SELECT * FROM events WHERE session_id = ? ORDER BY
   idx DESC LIMIT 50`` on a connection kept open (the baseline); and, timed apart, the same
   query starting a DuckDB database of its own each time (how ``Store`` read before).
+  With ``--against DIR``, the plain ``Store`` page of this checkout and of another one (a
+  folder holding ``loopscope/``), each in a worker process of its own, in the same
+  interleaved run: a reader in another process, as the application's would be; each
+  worker's own CPU (all its threads) is counted.
   Where a plain ``Store``'s page goes, in the same interleaved run: the file's attach and
   detach alone (an empty read), and the page query bounded by the session's span (as
   ``Store`` runs it) on the connection kept open: the query's own floor.
@@ -33,7 +37,7 @@ machine's noise:
 
 Goals (issue 19): timeline page under 10 ms, tool_stats under 100 ms, the dashboard's first page under 1 s.
 
-    .venv/bin/python benchmarks/bench_views.py [--sessions N] [--pages N] [--repeats R] [--regenerate] [--data DIR] [--smoke]
+    .venv/bin/python benchmarks/bench_views.py [--sessions N] [--pages N] [--repeats R] [--regenerate] [--data DIR] [--against DIR] [--smoke]
 
 ``--smoke`` runs every measurement once on a store of a few sessions made in a temporary
 folder: it checks that the script runs, and measures nothing.
@@ -42,10 +46,12 @@ folder: it checks that the script runs, and measures nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -187,7 +193,50 @@ def report(title: str, rows: list[tuple[str, list[tuple[float, float]]]], base: 
     return medians
 
 
-def bench_timeline(path: Path, pages: int) -> dict[str, float]:
+# a plain Store's pages in a process of its own: a session id a line in, its wall and CPU
+# seconds (every thread of the process) and the page's last index and first id out
+_PAGE_WORKER = """
+import json, resource, sys, time
+import loopscope
+
+store = loopscope.Store(sys.argv[1])
+print(json.dumps(loopscope.__file__), flush=True)
+for line in sys.stdin:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    c0, t0 = usage.ru_utime + usage.ru_stime, time.perf_counter()
+    events = store.list_events(json.loads(line), limit=50, newest_first=True)
+    wall, usage = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps([wall, usage.ru_utime + usage.ru_stime - c0, events[-1].index, events[0].id]), flush=True)
+"""
+
+
+class PageWorker:
+    """A process reading timeline pages with the loopscope found on ``tree`` (None: this
+    checkout's, as installed)."""
+
+    def __init__(self, path: Path, tree: Path | None) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+        self.process = subprocess.Popen([sys.executable, "-c", _PAGE_WORKER, str(path)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        self.package = json.loads(self.stdout.readline())
+
+    def page(self, session: str) -> tuple[tuple[float, float], tuple[Any, ...]]:
+        """``(wall, cpu)`` of one page in the worker, and what the page held (to compare)."""
+        self.stdin.write(json.dumps(session) + "\n")
+        self.stdin.flush()
+        wall, cpu_time, *seen = json.loads(self.stdout.readline())
+        return (wall, cpu_time), tuple(seen)
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(timeout=30)
+
+
+def bench_timeline(path: Path, pages: int, against: Path | None = None) -> dict[str, float]:
     con = duckdb.connect(str(path), read_only=True)
     sessions = [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
     con.execute("SET enable_progress_bar = false")
@@ -202,14 +251,31 @@ def bench_timeline(path: Path, pages: int) -> dict[str, float]:
         "part: the file's attach and detach alone": lambda s: _attach_alone(path),
         "part: the query within the session's span, kept open": lambda s: con.execute(SPAN_PAGE, [s, *spans[s]]).fetchall(),
     }
+    workers: dict[str, PageWorker] = {}
+    if against is not None:
+        workers = {"Store.list_events, this checkout, own process": PageWorker(path, None),
+                   "Store.list_events, --against checkout, own process": PageWorker(path, against)}
+        for name, worker in workers.items():
+            print(f"  {name}: {worker.package}")
     for s in picks[:5]:  # warm the OS page cache and DuckDB
         for fn in variants.values():
             fn(s)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    order = list(variants)
+        for worker in workers.values():
+            worker.page(s)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*variants, *workers]}
+    order = list(samples)
     for i, s in enumerate(picks):
+        seen: set[tuple[Any, ...]] = set()
         for name in order[i % len(order):] + order[: i % len(order)]:
-            samples[name].append(timed(lambda fn=variants[name], s=s: fn(s)))
+            if name in workers:
+                sample, page = workers[name].page(s)
+                samples[name].append(sample)
+                seen.add(page)
+            else:
+                samples[name].append(timed(lambda fn=variants[name], s=s: fn(s)))
+        assert len(seen) <= 1, f"the checkouts read different pages of {s}: {seen}"
+    for worker in workers.values():
+        worker.close()
     events = store.list_events(picks[0], limit=50, newest_first=True)
     assert len(events) == 50 and events[-1].index == TURNS_PER_SESSION * EVENTS_PER_TURN
     # kept attached: only reads that follow each other reuse it (a plain read between two
@@ -222,8 +288,13 @@ def bench_timeline(path: Path, pages: int) -> dict[str, float]:
     # connection to the file is open (duckdb.connect would reuse an open one's database)
     old = "(ref) plain query, own DuckDB per query (Store before)"
     samples[old] = [timed(lambda s=s: _connect_and_query(path, s)) for s in picks[: max(20, pages // 3)]]
-    return report(f"Timeline page: the newest 50 events of a session ({pages} random sessions)",
-                  list(samples.items()), "baseline: plain query, connection kept open")
+    medians = report(f"Timeline page: the newest 50 events of a session ({pages} random sessions)",
+                     list(samples.items()), "baseline: plain query, connection kept open")
+    if workers:
+        ours, theirs = workers
+        print(f"  this checkout / --against, each in its own process: wall {medians[ours] / medians[theirs]:.2f}x, "
+              f"CPU {CPU_MEDIANS[ours] / CPU_MEDIANS[theirs]:.2f}x")
+    return medians
 
 
 def _attach_alone(path: Path) -> None:
@@ -307,19 +378,26 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7, help="repeats of tool_stats and the dashboard page")
     parser.add_argument("--regenerate", action="store_true", help="generate the store again even if cached")
     parser.add_argument("--data", type=Path, default=DATA, help=f"where the generated store is cached (default {DATA})")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout (a folder holding loopscope/): its plain Store page is timed beside this one's, "
+                             "each in a worker process")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in a temporary folder: checks that it runs, measures nothing")
     args = parser.parse_args()
+    if args.against is not None:
+        if not (args.against / "loopscope" / "__init__.py").is_file():
+            parser.error(f"--against {args.against}: no loopscope/ package there")
+        args.against = args.against.resolve()
     if args.smoke:
         with tempfile.TemporaryDirectory(prefix="loopscope-bench-views-") as folder:
-            return run(prepare(4, True, Path(folder)), pages=3, repeats=1)
-    return run(prepare(args.sessions, args.regenerate, args.data), pages=args.pages, repeats=args.repeats)
+            return run(prepare(4, True, Path(folder)), pages=3, repeats=1, against=args.against)
+    return run(prepare(args.sessions, args.regenerate, args.data), pages=args.pages, repeats=args.repeats, against=args.against)
 
 
-def run(path: Path, *, pages: int, repeats: int) -> int:
+def run(path: Path, *, pages: int, repeats: int, against: Path | None = None) -> int:
     print(f"Python {sys.version.split()[0]}, DuckDB {duckdb.__version__}, {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
-    timeline = bench_timeline(path, pages)
+    timeline = bench_timeline(path, pages, against)
     tool_stats = bench_tool_stats(path, repeats)
     dashboard = bench_dashboard(path, repeats)
     print(f"\nGoals ({time.perf_counter() - t0:.0f} s of measuring; load average now {os.getloadavg()[0]:.1f}):")

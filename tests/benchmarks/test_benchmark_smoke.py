@@ -22,7 +22,8 @@ SMOKE_RUNS = {
     "collector-foreign": ["bench_collector.py", "--foreign", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-memory": ["bench_collector.py", "--memory", "--requests", "3", "--request-mb", "1"],
     "batch-cost": ["batch_cost.py", "--smoke"],
-    "views": ["bench_views.py", "--smoke"],
+    # --against: this very checkout as the other one, so that path runs too
+    "views": ["bench_views.py", "--smoke", "--against", str(Path(__file__).resolve().parents[2])],
     "startup": ["bench_startup.py", "--smoke"],
     # the scripts with size arguments only: their smallest sizes are their smoke mode
     "tool-call": ["bench_tool_call.py", "--calls", "200", "--repeats", "1"],
