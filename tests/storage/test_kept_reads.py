@@ -105,44 +105,18 @@ def test_our_own_writer_gets_the_file_from_a_kept_read_and_the_next_read_sees_it
     assert loopscope.Store(str(db)).get_event_count("own") == 8
 
 
-def test_a_kept_attachment_is_let_go_once_reads_pause(tmp_path: Path) -> None:
-    db = tmp_path / "idle.duckdb"
+def one_turn(db: Path, session: str) -> None:
+    """A store at ``db`` holding one turn (two events) of ``session``."""
     loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
-    with loopscope.turn(session_id="idle", agent="a", input="hi") as t:
+    with loopscope.turn(session_id=session, agent="a", input="hi") as t:
         t.generation("hello")
     loopscope.shutdown()
-    store = loopscope.Store(str(db), keep_open=True)
-    assert len(store.list_events("idle")) == 2
+
+
+def assert_let_go(db: Path) -> None:
+    """Any other program may open the file for writing again, soon: no attachment is kept."""
     deadline = time.monotonic() + 10
-    while True:  # any other program may open the file for writing again
-        try:
-            con = duckdb.connect(str(db))
-            break
-        except duckdb.Error:
-            assert time.monotonic() < deadline, "the kept attachment was never let go"
-            time.sleep(0.01)
-    con.close()
-    assert not connection._held
-
-
-def test_kept_page_reads_and_view_reads_in_turn_let_go_of_the_file_once_they_pause(tmp_path: Path) -> None:
-    """As the dashboard reads: a session's page (on a one-thread database of its own) and
-    the views (on the shared one, every thread) one after the other. Each takes the file
-    over from the other's kept attachment, and none is left holding it."""
-    from loopscope.storage.reads import view_rows
-
-    db = tmp_path / "turns.duckdb"
-    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
-    with loopscope.turn(session_id="both", agent="a", input="hi") as t:
-        t.generation("hello")
-    loopscope.shutdown()
-    store = loopscope.Store(str(db), keep_open=True)
-    for _ in range(3):
-        assert len(store.list_events("both")) == 2
-        assert view_rows(str(db), "SELECT count(*) FROM turn_summaries", keep=True) == [(1,)]
-        assert len(store.list_events("both", newest_first=True)) == 2
-    deadline = time.monotonic() + 10
-    while True:  # any other program may open the file for writing again
+    while True:
         try:
             con = duckdb.connect(str(db))
             break
@@ -153,12 +127,33 @@ def test_kept_page_reads_and_view_reads_in_turn_let_go_of_the_file_once_they_pau
     assert not connection._held
 
 
+def test_a_kept_attachment_is_let_go_once_reads_pause(tmp_path: Path) -> None:
+    db = tmp_path / "idle.duckdb"
+    one_turn(db, "idle")
+    store = loopscope.Store(str(db), keep_open=True)
+    assert len(store.list_events("idle")) == 2
+    assert_let_go(db)
+
+
+def test_kept_page_reads_and_view_reads_in_turn_let_go_of_the_file_once_they_pause(tmp_path: Path) -> None:
+    """As the dashboard reads: a session's page (on a one-thread database of its own) and
+    the views (on the shared one, every thread) one after the other. Each takes the file
+    over from the other's kept attachment, and none is left holding it."""
+    from loopscope.storage.reads import view_rows
+
+    db = tmp_path / "turns.duckdb"
+    one_turn(db, "both")
+    store = loopscope.Store(str(db), keep_open=True)
+    for _ in range(3):
+        assert len(store.list_events("both")) == 2
+        assert view_rows(str(db), "SELECT count(*) FROM turn_summaries", keep=True) == [(1,)]
+        assert len(store.list_events("both", newest_first=True)) == 2
+    assert_let_go(db)
+
+
 def test_a_default_read_never_leaves_the_file_attached(tmp_path: Path) -> None:
     db = tmp_path / "plain.duckdb"
-    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
-    with loopscope.turn(session_id="plain", agent="a", input="hi") as t:
-        t.generation("hello")
-    loopscope.shutdown()
+    one_turn(db, "plain")
     kept, plain = loopscope.Store(str(db), keep_open=True), loopscope.Store(str(db))
     kept.list_events("plain")
     assert plain.get_event_count("plain") == 2  # uses the kept attachment, and lets go of it
@@ -167,10 +162,7 @@ def test_a_default_read_never_leaves_the_file_attached(tmp_path: Path) -> None:
 
 def test_a_process_that_exits_right_after_a_kept_read_exits_cleanly(tmp_path: Path) -> None:
     db = tmp_path / "exit.duckdb"
-    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)
-    with loopscope.turn(session_id="exit", agent="a", input="hi") as t:
-        t.generation("hello")
-    loopscope.shutdown()
+    one_turn(db, "exit")
     code = """
         import sys
         import loopscope
