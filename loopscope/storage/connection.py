@@ -194,7 +194,8 @@ On one DuckDB thread: a page reads one or two row groups, and a second thread on
 its wake-ups and hand-offs. Measured (``bench_views.py``, 10M events, 2 shared cores): a
 plain ``Store`` page 12.9 -> 11.5 ms CPU, 14.2 -> 12.3 ms wall, the attach and detach
 alone 3.0 -> 2.4 ms. Reads that scan the file (the views, the dashboard's totals) keep
-every thread: the dashboard's first page took 1.2x the wall time on one."""
+every thread (the dashboard's first page took 1.2x the wall time on one), unless they
+reuse a page's kept attachment (:func:`_reusable`)."""
 _writers: dict[str, _Home] = {}
 _writers_lock = threading.Lock()
 
@@ -363,16 +364,15 @@ def release(path: str) -> None:
         pass
 
 
-def _reusable(path: str, home: _Home) -> _Held | None:
+def _reusable(path: str) -> _Held | None:
     """The attachment kept for ``path`` if it may serve this read, else None (and it is
-    let go: too old, or a writer is waiting for the file, or it is a page read's and this
-    read wants every thread). A page read takes any: attaching again costs more than the
-    threads save."""
+    let go: too old, or a writer is waiting for the file). Whichever database it is
+    attached to: attaching again would cost more than a page's thread or a view's second
+    one saves, and it is let go within :data:`HOLD_MAX` anyway."""
     held = _held.get(path)
     if held is None:
         return None
-    fits = held.home is home or home is _page_readers
-    if fits and held.pid == os.getpid() and time.monotonic() - held.attached_at < HOLD_MAX and not writer_waiting(path):
+    if held.pid == os.getpid() and time.monotonic() - held.attached_at < HOLD_MAX and not writer_waiting(path):
         del _held[path]
         return held
     release(path)
@@ -461,7 +461,7 @@ def _attached(path: str, timeout: float, keep: bool = False, home: _Home = _read
     attachment too, and detaches it at its end.
     """
     with gate(path):
-        held = _reusable(path, home)
+        held = _reusable(path)
         if held is None:
             if writer_waiting(path):
                 _yield_to_writer(path)

@@ -136,9 +136,9 @@ def test_a_kept_attachment_is_let_go_once_reads_pause(tmp_path: Path) -> None:
 
 
 def test_kept_page_reads_and_view_reads_in_turn_let_go_of_the_file_once_they_pause(tmp_path: Path) -> None:
-    """As the dashboard reads: a session's page (on a one-thread database of its own) and
-    the views (on the shared one, every thread) one after the other. Each takes the file
-    over from the other's kept attachment, and none is left holding it."""
+    """A session's page (attached to a one-thread database of its own) and the views (to
+    the shared one, every thread) one after the other: each reuses the other's kept
+    attachment, and the file is let go once they pause, whichever database holds it."""
     from loopscope.storage.reads import view_rows
 
     db = tmp_path / "turns.duckdb"
