@@ -242,7 +242,10 @@ _MARKER_FRESH = 2.0  # a writer refreshes its marker at every retry; an older on
 def file_identity(path: str) -> tuple[int, ...]:
     """What any write to the store changes: the device, inode, size and modification time
     of the file and of its WAL (-1 for a WAL that is not there). A reader that saw the
-    same identity before reads the same file: the schema it checked then still holds."""
+    same identity before reads the same file: the schema it checked then still holds. (A
+    file system keeps mtimes to its clock's tick, a few ms on Linux: a write of the same
+    size in the same tick as the one before it, between two reads, would go unseen until
+    the next write.)"""
     identity: list[int] = []
     for name in (path, path + ".wal"):
         try:
@@ -448,7 +451,7 @@ def _attach(path: str, timeout: float, home: _Home) -> _Held:
 
 @contextlib.contextmanager
 def _attached(path: str, timeout: float, keep: bool = False, home: _Home = _readers) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A cursor of the shared reader database with ``path`` attached read-only and in use.
+    """A cursor of a shared reader database (``home``) with ``path`` attached read-only and in use.
 
     With ``keep`` the attachment stays for the next read for up to :data:`HOLD_IDLE`
     seconds idle (:data:`HOLD_MAX` at most): attaching and detaching cost ~2 ms, and a
