@@ -2,11 +2,12 @@
 
 The tool loop of ``bench_openai_overhead.py`` runs through the in-process transport (the
 whole SDK, no socket) in rounds of ``--calls`` calls, loopscope instrumenting it with the
-store on; the rounds alternate between ``flush_interval=0.5`` (a batch every half second,
-as before the default followed the writer's cost) and the default (``None``: the wait
-after a batch is its CPU time / 5%, within 0.5-5 s). Per round: the CPU of the writer's
-thread (its own clock, so not the application's) per call, the round's last flush
-included, and the number of batches. Prints the medians and their ratio.
+store on (the thread writer, whose CPU is its thread's); the rounds alternate between
+``flush_interval=0.5`` (a batch every half second), the default before session 11 (the wait
+after a batch its CPU time / 5%, whatever the load) and the default (``None``: the same, but
+/ 2% after a batch of ``BUSY_ROWS`` rows or more), all within 0.5-5 s. Per round: the CPU
+of the writer's thread per call, the round's last flush included, and the number of
+batches. Prints the medians and their ratios.
 
     .venv/bin/python benchmarks/writer_cpu.py              # ~1 min
 """
@@ -41,15 +42,21 @@ def main() -> int:
 
     server, rescript = bench._fake_server()
     rescript(server, 100)
-    settings = {"pinned 0.5 s": 0.5, "default (follows its cost)": None}
+    from loopscope.storage import writer as store_writer
+
+    busy_rows = store_writer.BUSY_ROWS
+    # name: (flush_interval, BUSY_ROWS): a batch never counts as busy with BUSY_ROWS out of reach
+    settings = {"pinned 0.5 s": (0.5, busy_rows), "5% always (before)": (None, 1 << 62),
+                "default (2% when busy)": (None, busy_rows)}
     results: dict[str, list[tuple[float, int]]] = {name: [] for name in settings}
     try:
         client = bench._inproc_client(server.openai_base_url)
         with tempfile.TemporaryDirectory(prefix="loopscope-writer-cpu-") as tmp:
             for r in range(args.rounds):
                 for name in (list(settings) if r % 2 == 0 else list(settings)[::-1]):
+                    interval, store_writer.BUSY_ROWS = settings[name]
                     loopscope.configure(str(Path(tmp) / f"w{r}-{len(results[name])}.duckdb"),
-                                        flush_interval=settings[name])
+                                        flush_interval=interval, writer="thread")
                     loopscope.instrument()
                     bench._tool_loop(client, 100, False, "warm")
                     loopscope.flush()
@@ -62,15 +69,16 @@ def main() -> int:
                     loopscope.shutdown()
     finally:
         server.stop()
+        store_writer.BUSY_ROWS = busy_rows
     print(f"store writer's CPU per call, {args.rounds} rounds of {args.calls} calls per setting (median [min..max]):")
     medians = {}
     for name, rows in results.items():
         us = [x for x, _ in rows]
         medians[name] = statistics.median(us)
-        print(f"  {name:<27} {medians[name]:6.1f} us/call [{min(us):.1f}..{max(us):.1f}], "
+        print(f"  {name:<24} {medians[name]:6.1f} us/call [{min(us):.1f}..{max(us):.1f}], "
               f"{statistics.median(n for _, n in rows):.0f} batches a round")
-    pinned, default = medians.values()
-    print(f"default / pinned: {default / pinned:.2f}x")
+    pinned, before, default = medians.values()
+    print(f"default / pinned: {default / pinned:.2f}x; default / before: {default / before:.2f}x")
     return 0
 
 

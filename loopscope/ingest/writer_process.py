@@ -564,18 +564,10 @@ class ProcessSpanWriter:
         stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
         assert stdin is not None
         converted, self._converted = self._converted, []  # read already: they go first
-        for first in range(0, len(converted), SEND_CHUNK):
-            part = converted[first : first + SEND_CHUNK]
-            self._out_bytes += sum([span[7] for span in part])  # as submit() counted them
-            try:
-                dropped = self._dropped
-                send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), part)))
-                self._forwarded = dropped
-                self._sent += len(part)
-            except (OSError, ValueError):  # a broken pipe: the child is gone
-                self._lost += len(converted) - first
-                self._child_gone("the writer process ended")
-                return
+        self._out_bytes += sum([span[7] for span in converted])  # as submit() counted them
+        if not self._send_spans(stdin, converted):
+            self._child_gone("the writer process ended")
+            return
         queue, popleft = self._queue, self._queue.popleft
         left = len(queue)
         # half the byte bound queued: the child's writer writes at once too (a flush it does
@@ -593,15 +585,15 @@ class ProcessSpanWriter:
                     mark = item
                     break
             self._out_bytes += sum([item[2] for item in spans])  # as submit() counted them
+            if spans and not self._send_spans(stdin, shipped(spans)):
+                if type(mark) is FlushRequest:
+                    settle([mark], False, "store writer process")
+                self._child_gone("the writer process ended")
+                return
             try:
-                if spans:
-                    dropped = self._dropped
-                    send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), shipped(spans))))
-                    self._forwarded = dropped
-                    self._sent += len(spans)
-                    if urgent and not self._closed:
-                        send(stdin, FLUSH, marshal.dumps(0))  # number 0: not answered
-                        urgent = False
+                if spans and urgent and not self._closed:
+                    send(stdin, FLUSH, marshal.dumps(0))  # number 0: not answered
+                    urgent = False
                 if type(mark) is FlushRequest:
                     with self._lock:
                         number = self._next_flush = self._next_flush + 1
@@ -618,12 +610,27 @@ class ProcessSpanWriter:
                     if self._reader is None:
                         self._read(self._proc)  # type: ignore[arg-type]  # started above
                     return
-            except (OSError, ValueError):  # a broken pipe: the child is gone
-                self._lost += len(spans)  # this chunk, sent in part at most
+            except (OSError, ValueError):  # a broken pipe: the child is gone (what it was sent is counted lost then)
                 if type(mark) is FlushRequest:
                     settle([mark], False, "store writer process")
                 self._child_gone("the writer process ended")
                 return
+
+    def _send_spans(self, stdin: IO[bytes], tuples: list[tuple[Any, ...]]) -> bool:
+        """Send read spans (:func:`shipped`'s tuples) in messages of :data:`SEND_CHUNK`, each
+        with this side's drop count; False when the pipe broke (the child is gone): what was
+        not sent is counted as lost (what was, by :meth:`_child_gone`)."""
+        for first in range(0, len(tuples), SEND_CHUNK):
+            part = tuples[first : first + SEND_CHUNK]
+            try:
+                dropped = self._dropped
+                send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), part)))
+                self._forwarded = dropped
+                self._sent += len(part)
+            except (OSError, ValueError):
+                self._lost += len(tuples) - first
+                return False
+        return True
 
     def _wait_ready(self) -> bool:
         """Wait (on the sender thread) for the child to say it is ready; False when it will not

@@ -56,6 +56,16 @@ a batch that took ``c`` seconds of the writer thread's CPU it waits ``c / AUTO_S
 little, rows are written within half a second, and under a steady load the batches grow
 instead of coming more often, and the writer keeps off the application's cores (and its
 GIL)."""
+BUSY_ROWS = 32
+"""Rows in a batch from which the application counts as busy (some 8 model calls since the
+last batch: 15 a second or more, a loop that nobody reads row by row), and the next wait
+follows :data:`BUSY_SHARE` instead of :data:`AUTO_SHARE`."""
+BUSY_SHARE = 0.02
+"""With ``flush_interval=None``, the share of one core the batches of a busy writer may take
+(see :data:`BUSY_ROWS`): fewer, larger batches. A batch's cost is mostly fixed, and at 5%
+the fixed part was most of the writer's CPU per call in ``bench_openai_overhead.py``
+(~4 batches a block of 100 calls, ~1.9 at 2%). An application that records little still
+sees its rows within half a second."""
 
 
 WAL_LIMIT = 128 << 10
@@ -358,6 +368,7 @@ class StoreWriter:
         wait = self._wait_after(0.0)
         clock = time.thread_time  # this thread's CPU: a batch stretched by others' GIL is no dearer
         warm = False
+        rows_before = 0
         while True:
             if self._backlog is None:
                 if self._wal_pending and not self._arrived.wait(CHECKPOINT_IDLE):
@@ -381,18 +392,21 @@ class StoreWriter:
                     self._checkpoint()  # a closed store's file holds every row by itself
                 return
             cost = clock() - spent
+            written = self._written_events + self._written_turns + self._written_calls
             # the first batch pays what is paid once (the schema, pyarrow's import, cold
             # caches): taken as the writer's cost, it would hold the next batch back for
             # seconds while the application goes on recording
-            wait = self._wait_after(cost if warm else 0.0)
+            wait = self._wait_after(cost if warm else 0.0, written - rows_before)
+            rows_before = written
             warm = warm or self._batches > 0
 
-    def _wait_after(self, cost: float) -> float:
-        """How long to wait for the next batch, after one that took ``cost`` seconds of CPU."""
+    def _wait_after(self, cost: float, written: int = 0) -> float:
+        """How long to wait for the next batch, after one that took ``cost`` seconds of CPU
+        and wrote ``written`` rows (a busy writer's share of a core is :data:`BUSY_SHARE`)."""
         if self.flush_interval is not None:
             return self.flush_interval
         shortest, longest = AUTO_INTERVAL
-        return min(longest, max(shortest, cost / AUTO_SHARE))
+        return min(longest, max(shortest, cost / (BUSY_SHARE if written >= BUSY_ROWS else AUTO_SHARE)))
 
     def _drain(self) -> None:
         """Map what was queued when the drain began, a chunk at a time, and write it in batches.

@@ -131,6 +131,22 @@ def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost,
         w.close()
 
 
+@pytest.mark.parametrize(
+    ("cost", "rows", "wait"),
+    [(0.02, 31, 0.5), (0.05, 31, 1.0), (0.02, 32, 1.0), (0.05, 400, 2.5), (0.2, 400, 5.0)],
+)
+def test_a_busy_writer_waits_longer_between_batches(tmp_path, cost, rows, wait):
+    w = SpanWriter(str(tmp_path / "w.duckdb"))
+    try:
+        # a batch of BUSY_ROWS rows or more (the application records without a pause) is
+        # followed by a wait 50x its cost (2% of a core): fewer, larger batches; an
+        # application that records little still sees its rows within half a second
+        assert w._wait_after(cost, rows) == pytest.approx(wait)
+        assert (writer.BUSY_ROWS, writer.BUSY_SHARE) == (32, 0.02)
+    finally:
+        w.close()
+
+
 def test_a_given_interval_is_kept_whatever_a_batch_costs(tmp_path):
     w = SpanWriter(str(tmp_path / "w.duckdb"), flush_interval=0.2)
     try:
