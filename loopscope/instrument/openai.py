@@ -39,7 +39,7 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
                 part = {"type": "tool_call_response", "id": call_id, "response": content}
                 converted.append(r.message_json({"role": "tool", "parts": [part]}))
             # only the results of calls still open are read (a long history holds many)
-            if call_id and wants_result(str(call_id)):
+            if call_id and wants_result(call_id if type(call_id) is str else str(call_id)):
                 text = content if type(content) is str else r.text_of(content)
                 results.append(ToolResult(str(call_id), result_value(text or content)))
             elif not call_id and unnamed is not None:
@@ -49,6 +49,10 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         calls = (message.get("tool_calls") if plain else r.get(message, "tool_calls")) if role == "assistant" else None
         if type(content) is str and type(role) is str and not calls:
             converted.append(r.text_message_json(role, content))
+        elif type(calls) is list and (content is None or type(content) is str) and calls and (
+            made := r.calls_message_json(content, calls)
+        ) is not None:
+            converted.append(made)  # the usual tool loop's assistant message, encoded once
         else:
             converted.append(_message_json(role, content, calls))
         if role == "user":
