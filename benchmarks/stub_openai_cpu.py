@@ -12,7 +12,10 @@ call (``time.thread_time``), and the garbage collector's time per call in the "o
         --peer opentelemetry.instrumentation.openai_v2                  # a peer (its venv)
 
 ``--profile FILE`` writes a cProfile of the "on" blocks; ``--only-on`` skips the "off" ones
-(for py-spy); ``--nogc`` turns the collector off inside the blocks.
+(for py-spy or ``perf record -X perf``; it reports the median and the fastest block, ``lo``,
+the steadier of the two on a shared machine); ``--nogc`` turns the collector off inside the
+blocks. ``STUB_FLUSH=SECONDS`` sets the store's flush interval (default 3600: the store is
+flushed between blocks only).
 """
 
 import argparse
@@ -149,7 +152,7 @@ if args.peer:
     loopscope = L
 else:
     import loopscope
-    loopscope.configure(os.path.join(tmp, "s.duckdb") if args.store else False, flush_interval=3600)
+    loopscope.configure(os.path.join(tmp, "s.duckdb") if args.store else False, flush_interval=float(os.environ.get("STUB_FLUSH", "3600")))
 prof = None
 if args.profile:
     import cProfile
@@ -196,7 +199,7 @@ for m in modes:
         diffs = [a - b for a, b in zip(on, off)]
         out[m] = {"added": round(statistics.median(diffs), 1), "lo": round(min(diffs), 1), "hi": round(max(diffs), 1), "off": round(statistics.median(off), 1)}
     else:
-        out[m] = {"on": round(statistics.median(on), 1)}
+        out[m] = {"on": round(statistics.median(on), 1), "lo": round(min(on), 1)}
 for m in modes:
     out[m]["gc_us_per_call_on"] = round(gcon[m][0] / max(gcon[m][1], 1) / 1000, 2); out[m]["gc_collections_on"] = gcon[m][2]
 print(json.dumps(out))

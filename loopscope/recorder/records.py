@@ -80,7 +80,8 @@ class ModelResponse:
     ``id``, ``name``, ``arguments``); ``usage`` token counts by loopscope's names
     (``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``, ...), normalized:
     ``input_tokens`` include the cached ones (read and written) on every provider;
-    ``provider_usage`` the provider's own figures as it reported them.
+    ``provider_usage`` the provider's own figures as it reported them (or their JSON text,
+    when the adapter made it: no dict to build and encode on every call).
 
     ``refusal``: the model's refusal text (a structured-output refusal), or True for a
     refusal without text (Anthropic's ``refusal`` stop reason); ``error`` /
@@ -100,7 +101,7 @@ class ModelResponse:
     refusal: str | bool | None = None
     error: str | None = None
     error_type: str | None = None
-    provider_usage: Mapping[str, Any] | None = None
+    provider_usage: Mapping[str, Any] | str | None = None
     choices: Sequence[Choice] = ()
 
 

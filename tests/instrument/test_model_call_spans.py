@@ -272,6 +272,10 @@ def test_a_conversation_past_the_memory_of_message_texts_is_recorded_in_full_on_
     for i in range(6):
         history.append({"role": "user", "content": f"question {i} é"})
         expected.append({"role": "user", "parts": [{"type": "text", "content": f"question {i} é"}]})
+        arguments = json.dumps({"n": i, "city": "Zürich"})
+        history.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": "lookup", "arguments": arguments}}]})
+        expected.append({"role": "assistant", "parts": [{"type": "tool_call", "id": f"call_{i}", "name": "lookup", "arguments": arguments}]})
         history.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"result {i}"})
         expected.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": f"call_{i}", "response": f"result {i}"}]})
         client.chat.completions.create(model=MODEL, messages=history)
@@ -279,6 +283,29 @@ def test_a_conversation_past_the_memory_of_message_texts_is_recorded_in_full_on_
         assert json.loads(chats[-1].attributes[a.INPUT_MESSAGES]) == expected
         assert len(_read._made) <= 3
     assert _read._made_chars <= 2000
+
+
+def test_a_message_the_loop_edits_between_calls_is_recorded_as_it_was_sent_each_time(instrumented, server):
+    # the JSON of an assistant message's tool calls is remembered by its texts, not by the
+    # message: a loop that rewrites a call's arguments (or its text) in place before the
+    # next request has the next call record what that request sent
+    client = server.openai_client()
+    call = {"id": "call_e1", "type": "function", "function": {"name": "lookup", "arguments": '{"city": "Paris"}'}}
+    assistant: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+    history: list[Any] = [{"role": "user", "content": "Weather?"}, assistant, {"role": "tool", "tool_call_id": "call_e1", "content": "21"}]
+    client.chat.completions.create(model=MODEL, messages=history)
+    call["function"]["arguments"] = '{"city": "Lyon"}'
+    assistant["content"] = "Looking it up."
+    client.chat.completions.create(model=MODEL, messages=history)
+    chats = sorted(spans_of(instrumented, a.OP_CHAT), key=lambda s: s.start_time)
+    sent = [json.loads(chat.attributes[a.INPUT_MESSAGES])[1] for chat in chats]
+    assert sent == [
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "call_e1", "name": "lookup", "arguments": '{"city": "Paris"}'}]},
+        {"role": "assistant", "parts": [
+            {"type": "text", "content": "Looking it up."},
+            {"type": "tool_call", "id": "call_e1", "name": "lookup", "arguments": '{"city": "Lyon"}'},
+        ]},
+    ]
 
 
 @pytest.mark.parametrize("api", APIS)
