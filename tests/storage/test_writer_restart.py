@@ -114,3 +114,31 @@ def test_after_three_restarts_a_killed_writer_process_costs_the_rest_of_the_run_
     err = app.err.read_text()
     assert [f"({n} of 3)" in line for n, line in enumerate((x for x in err.splitlines() if "a new one starts" in x), 1)] == [True] * 3
     assert err.count("are dropped and counted") == 1, app.output()
+
+
+CLOSED_WHILE_RESTARTING = HELPERS + """
+    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer="process", flush_interval=3600)
+    writer = pipeline.writer
+    turns("before", 3)
+    assert loopscope.flush()
+    kill_child(writer)
+    turns("after", 3)  # a new child starts for these; the close comes before it is ready
+    began = time.monotonic()
+    writer.close(1.0)
+    print("closed", time.monotonic() - began < 10)
+    stats = writer.stats()
+    print("counted", stats.written_events, stats.dropped)
+"""
+
+
+def test_a_close_while_a_new_writer_process_starts_ends_in_time_and_counts_everything(tmp_path: Path, spawn) -> None:
+    db = tmp_path / "closed.duckdb"
+    app = spawn("app", CLOSED_WHILE_RESTARTING, db)
+    out = app.finish_ok(60).split("\n")
+    assert out[0] == "closed True", app.output()
+    [(events,)] = _query(db, "SELECT count(*) FROM events")
+    written, dropped = map(int, out[1].split()[1:])
+    assert events == written and events in (6, 12), app.output()  # the later turns stored, or none of them
+    assert (dropped > 0) == (events < 12)  # ... and then counted as lost
+    status = read_status(str(db))
+    assert status["totals"]["dropped_unwritable"] + status["totals"]["dropped_queue_full"] == dropped, status["writers"]
