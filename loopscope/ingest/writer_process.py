@@ -23,7 +23,11 @@ The writer's promises hold across the pipe:
   within what is left), and one that does not answer in time is killed. What it had not
   written, and whatever this side still held, is counted as lost beside the store
   (:func:`~loopscope.storage.health.record_beside`), as it is when the child dies while
-  the application goes on (spans then are dropped and counted, never queued for good).
+  the application goes on.
+* A child that dies unasked (the OOM killer, a ``kill -9``, a crash) costs what it had not
+  written (counted, its pending flushes answered False); the next span starts a new one, whose
+  check of the store closes the turns the dead one left open, up to :data:`RESTARTS` times,
+  with a warning each time; after that, spans are dropped and counted, never queued for good.
 * The child exits by itself when the application dies: its stdin ends, it writes what it
   has and closes its writer. It runs in a session of its own (a Ctrl-C in the terminal
   is the application's to handle), with ``-I`` and the application's ``sys.path``, so no
@@ -117,6 +121,11 @@ READY_WAIT = 30.0
 """Seconds a started child has to say it is ready (its imports, the store's check; ~0.5 s, a few
 seconds on a loaded machine) before it is taken for one that cannot start: killed, and its
 spans, none shipped yet, go to the fallback writer (or are counted as lost without one)."""
+RESTARTS = 3
+"""Times a writer starts a new child when its child ends without being asked to (the OOM
+killer, a ``kill -9``, a crash in DuckDB): what that child had not written is lost (counted),
+spans from then on go to the new one. Past this many, spans are dropped and counted from then
+on: a child that keeps dying would cost the application a process start at each death."""
 STATS_WAIT = 1.0
 """Seconds ``stats()`` waits for the child's counters as they are now (else: its last ones)."""
 ACK, STATS, DONE, READY, ANSWER = b"A", b"T", b"D", b"R", b"N"  # child -> application
@@ -324,6 +333,10 @@ class ProcessSpanWriter:
         self._sent = 0
         self._settled = 0  # spans sent that the child has written (or dropped and counted)
         self._child: dict[str, Any] = {}  # the child's last counters
+        self._earlier: dict[str, int] = {}  # the last counters of the children that died before it (added in stats())
+        self._restarts = 0  # children started again after one died
+        self._base = 0  # spans sent before the current child started (its counters count from 0)
+        self._drop_base = 0  # this side's drops the dead children were told of (each child counts from 0)
         self._pending: dict[int, _Pending] = {}
         self._next_flush = 0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -450,20 +463,25 @@ class ProcessSpanWriter:
             self._answered.wait(STATS_WAIT)
         child = self._child
         # spans queued here, in the pipe, and what the child holds (spans and rows not written)
-        in_pipe = max(0, self._sent - child.get("received", 0))
+        in_pipe = max(0, self._sent - self._base - child.get("received", 0))
         queued = sum(1 for item in list(self._queue) if type(item) is tuple) + len(self._converted) + in_pipe + child.get("queued", 0)
+        earlier = self._earlier  # the counters of the children that died (a new one counts from 0)
+
+        def count(name: str) -> int:
+            return child.get(name, 0) + earlier.get(name, 0)
+
         return WriterStats(
             queued=0 if self._gone else queued,
-            written_events=child.get("written_events", 0),
-            written_turns=child.get("written_turns", 0),
-            dropped=child.get("dropped", 0) + self._dropped - self._forwarded + self._lost,
-            excluded=child.get("excluded", 0),
-            failed_writes=child.get("failed_writes", 0),
-            batches=child.get("batches", 0),
+            written_events=count("written_events"),
+            written_turns=count("written_turns"),
+            dropped=count("dropped") + self._dropped - self._forwarded + self._lost,
+            excluded=count("excluded"),
+            failed_writes=count("failed_writes"),
+            batches=count("batches"),
             last_error=self._last_error or child.get("last_error"),
             queued_bytes=max(0, self._in_bytes - self._out_bytes) + child.get("queued_bytes", 0),
-            lost_from_file=child.get("lost_from_file", 0),
-            written_calls=child.get("written_calls", 0),
+            lost_from_file=count("lost_from_file"),
+            written_calls=count("written_calls"),
         )
 
     def child_pid(self) -> int | None:
@@ -548,7 +566,7 @@ class ProcessSpanWriter:
         if self._gone:
             return
         if self._proc is None:
-            if not any(type(item) is tuple for item in list(self._queue)):
+            if not self._converted and not any(type(item) is tuple for item in list(self._queue)):
                 # nothing to write (a fork that never recorded, closing): no process for it
                 marks = [self._queue.popleft() for _ in range(len(self._queue))]
                 settle([m for m in marks if type(m) is FlushRequest], True, "store writer process")
@@ -561,12 +579,14 @@ class ProcessSpanWriter:
                 return
         if not self._ready.is_set() and not self._wait_ready():
             return
-        stdin = self._proc.stdin  # type: ignore[union-attr]  # made by _start with a pipe
-        assert stdin is not None
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return  # it died right after it was ready: the next child gets what is queued
+        stdin = proc.stdin
         converted, self._converted = self._converted, []  # read already: they go first
         self._out_bytes += sum([span[7] for span in converted])  # as submit() counted them
-        if not self._send_spans(stdin, converted):
-            self._child_gone("the writer process ended")
+        if not self._send_spans(proc, converted):
+            self._child_ended(proc)
             return
         queue, popleft = self._queue, self._queue.popleft
         left = len(queue)
@@ -585,10 +605,12 @@ class ProcessSpanWriter:
                     mark = item
                     break
             self._out_bytes += sum([item[2] for item in spans])  # as submit() counted them
-            if spans and not self._send_spans(stdin, shipped(spans)):
+            if spans and not self._send_spans(proc, shipped(spans)):
                 if type(mark) is FlushRequest:
                     settle([mark], False, "store writer process")
-                self._child_gone("the writer process ended")
+                elif mark is not None:  # the close, or stats()'s question: for the next child, in its place
+                    queue.appendleft(mark)
+                self._child_ended(proc)
                 return
             try:
                 if spans and urgent and not self._closed:
@@ -605,31 +627,42 @@ class ProcessSpanWriter:
                     timeout = self._close_timeout
                     # the child closes its writer within a little less than what this side waits
                     # with the exporters' last counts (their last sends ran in close())
-                    send(stdin, CLOSE, _dumps((None if timeout is None else max(0.0, timeout * 0.8), self._dropped,
-                                               *self._exporter_counts(), [])))
+                    send(stdin, CLOSE, _dumps((None if timeout is None else max(0.0, timeout * 0.8),
+                                               self._dropped - self._drop_base, *self._exporter_counts(), [])))
                     if self._reader is None:
-                        self._read(self._proc)  # type: ignore[arg-type]  # started above
+                        self._read(proc, self._base)
                     return
             except (OSError, ValueError):  # a broken pipe: the child is gone (what it was sent is counted lost then)
                 if type(mark) is FlushRequest:
                     settle([mark], False, "store writer process")
-                self._child_gone("the writer process ended")
+                elif mark is not None:
+                    queue.appendleft(mark)
+                self._child_ended(proc)
                 return
 
-    def _send_spans(self, stdin: IO[bytes], tuples: list[tuple[Any, ...]]) -> bool:
-        """Send read spans (:func:`shipped`'s tuples) in messages of :data:`SEND_CHUNK`, each
-        with this side's drop count; False when the pipe broke (the child is gone): what was
-        not sent is counted as lost (what was, by :meth:`_child_gone`)."""
+    def _send_spans(self, proc: subprocess.Popen[bytes], tuples: list[tuple[Any, ...]]) -> bool:
+        """Send read spans (:func:`shipped`'s tuples) to ``proc`` in messages of :data:`SEND_CHUNK`,
+        each with this side's drop count; False when the pipe broke (the child is gone): what
+        was not sent goes back to the head of :attr:`_converted`, for a new child (or counted
+        as lost by :meth:`_child_gone`); what was, is counted lost by :meth:`_child_ended`."""
+        stdin = proc.stdin
+        assert stdin is not None
         for first in range(0, len(tuples), SEND_CHUNK):
             part = tuples[first : first + SEND_CHUNK]
             try:
                 dropped = self._dropped
-                send(stdin, SPANS, _dumps((dropped, *self._exporter_counts(), part)))
-                self._forwarded = dropped
-                self._sent += len(part)
+                send(stdin, SPANS, _dumps((dropped - self._drop_base, *self._exporter_counts(), part)))
             except (OSError, ValueError):
-                self._lost += len(tuples) - first
+                unsent = tuples[first:]
+                self._out_bytes -= sum([span[7] for span in unsent])  # counted again when they are shipped
+                self._converted[:0] = unsent
                 return False
+            with self._lock:  # the answers thread may have counted this child's losses meanwhile
+                self._forwarded = dropped
+                if proc is self._proc:
+                    self._sent += len(part)
+                else:  # into a pipe whose child was found dead since: lost with it
+                    self._lost += len(part)
         return True
 
     def _wait_ready(self) -> bool:
@@ -637,7 +670,9 @@ class ProcessSpanWriter:
         be (the fallback writer then took over, or the child is gone), or the writer was closed
         meanwhile and the child is not ready yet."""
         proc = self._proc
-        if self._reader is None and proc is not None and proc.stdout is not None:
+        if proc is None:
+            return False  # it died and was let go of meanwhile: the sender's next pass starts the next one
+        if self._reader is None and proc.stdout is not None:
             # no answers thread (at exit, where no thread starts): its first message, here
             first = receive(proc.stdout)
             if first is not None and first[0] == READY:
@@ -645,7 +680,7 @@ class ProcessSpanWriter:
             else:
                 self._start_error = "the writer process ended before it was ready"
             self._start_settled.set()
-        if not self._start_settled.wait(READY_WAIT) and proc is not None:
+        if not self._start_settled.wait(READY_WAIT):
             self._start_error = f"the writer process said nothing for {READY_WAIT:.0f} s after its start"
             self._kill(proc)
             self._start_settled.wait(KILL_WAIT)  # its EOF, read by the answers thread
@@ -750,7 +785,9 @@ class ProcessSpanWriter:
             self._child_gone(self._last_error)
             return False
         self._proc = proc
-        reader = threading.Thread(target=self._read, args=(proc,), name=f"loopscope-answers {self.path}", daemon=True)
+        self._base = self._sent
+        reader = threading.Thread(target=self._read, args=(proc, self._base), name=f"loopscope-answers {self.path}",
+                                  daemon=True)
         try:
             reader.start()
             self._reader = reader
@@ -760,14 +797,16 @@ class ProcessSpanWriter:
 
     # -- the answers thread --------------------------------------------------------------
 
-    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+    def _read(self, proc: subprocess.Popen[bytes], base: int) -> None:
+        """Read ``proc``'s answers until it ends; its counters count the spans sent to it,
+        the first of which was the ``base``-th this writer sent."""
         stdout = proc.stdout
         assert stdout is not None
         try:
             while True:
                 message = receive(stdout)
-                if message is None:
-                    break
+                if message is None or proc is not self._proc:
+                    break  # (a child found dead and replaced: what it still says is stale)
                 kind, payload = message
                 if kind == READY:
                     self._said_ready(payload)
@@ -782,27 +821,75 @@ class ProcessSpanWriter:
                         settle([pending.request], ok, "store writer process")
                 elif kind in (STATS, ANSWER):
                     self._child = counters = marshal.loads(payload)
-                    self._settled = max(self._settled, counters.get("settled", 0))
+                    self._settled = max(self._settled, base + counters.get("settled", 0))
                     if kind == ANSWER:  # to stats()'s question: every span queued before it counted
                         self._answered.set()
                 elif kind == DONE:
                     self._child = counters = marshal.loads(payload)
-                    self._settled = max(self._settled, counters.get("settled", 0))
+                    self._settled = max(self._settled, base + counters.get("settled", 0))
                     self._done.set()
                     return
         except (OSError, ValueError, EOFError, TypeError):
             pass
-        code = self._exit_status(proc) if not self._ready.is_set() else proc.poll()
-        reason = "the writer process ended" + (f" (exit status {code})" if code is not None else "")
-        if not self._ready.is_set() and self._fallback is not None:
-            # before it was ready: the sender hands the spans to the fallback writer
-            self._start_error = self._start_error or f"the writer process ended at once ({sys.executable}: exit status {code})"
+        if proc is not self._proc:
+            return  # replaced already (the sender found it dead first), or the fallback took over
+        if not self._ready.is_set():
+            code = self._exit_status(proc)
+            if self._fallback is not None:
+                # before it was ready: the sender hands the spans to the fallback writer
+                self._start_error = self._start_error or f"the writer process ended at once ({sys.executable}: exit status {code})"
+                self._start_settled.set()
+                return
             self._start_settled.set()
+            self._child_gone("the writer process ended" + (f" (exit status {code})" if code is not None else ""))
             return
-        self._start_settled.set()
-        self._child_gone(reason)
+        self._child_ended(proc)
 
     # -- losses --------------------------------------------------------------------------
+
+    def _child_ended(self, proc: subprocess.Popen[bytes]) -> None:
+        """``proc``, ready once, ended without being asked to close: seen by the answers thread
+        (its answers end) or the sender (a broken pipe), whichever comes first; the other finds
+        it replaced and does nothing. What it had not written is lost (counted, beside the store),
+        and the flushes waiting on it answered False; the next span starts a new child (its
+        store check closes the turns the dead one left open), up to :data:`RESTARTS` times,
+        after which everything is dropped and counted (:meth:`_child_gone`)."""
+        code = self._exit_status(proc)
+        if code is None:  # its pipes ended, yet it runs: it is of no use any more
+            self._kill(proc)
+            code = proc.returncode
+        reason = "the writer process ended" + (f" (exit status {code})" if code is not None else "")
+        pending: list[_Pending] = []
+        lost = 0
+        with self._lock:
+            if proc is not self._proc or self._gone:
+                return  # the other thread handled it
+            restart = not self._stopped and not self._off and self._restarts < RESTARTS
+            if restart:
+                self._restarts += 1
+                self._proc = None  # the sender starts the next child at the next span
+                self._fallback = None  # it ran here once: a new one that cannot start is not the thread's case
+                self._ready.clear()
+                self._start_settled.clear()
+                self._start_error = None
+                pending, self._pending = list(self._pending.values()), {}
+                lost = max(0, self._sent - self._settled)
+                self._lost += lost
+                self._settled = self._sent
+                for name, value in self._child.items():
+                    if type(value) is int and name not in ("queued", "queued_bytes", "settled", "received"):
+                        self._earlier[name] = self._earlier.get(name, 0) + value
+                self._child = {}
+                self._drop_base = self._forwarded
+        if not restart:
+            self._child_gone(reason)
+            return
+        self._last_error = reason
+        settle([p.request for p in pending], False, "store writer process")
+        self._record_beside()
+        logger.warning("loopscope: %s; a new one starts (%d of %d)%s", reason, self._restarts, RESTARTS,
+                       f"; {lost} events it had not written to {self.path} are lost" if lost else "")
+        self._arrived.set()  # what is queued goes to the new child
 
     def _child_gone(self, reason: str) -> None:
         """The child ended without closing (killed, crashed, never started): what it had not

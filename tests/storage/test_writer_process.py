@@ -204,41 +204,6 @@ def test_the_writer_process_writes_what_it_received_when_the_application_is_kill
     assert status["totals"]["dropped_unwritable"] == 0 and status["totals"]["dropped_queue_full"] == 0
 
 
-CHILD_KILLED = """
-    import os, signal, sys, time
-    import loopscope
-    from opentelemetry.sdk.trace import TracerProvider
-
-    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer="process", flush_interval=0.05)
-    for i in range(5):
-        with loopscope.turn(session_id=f"before{i}", input="q") as t:
-            t.generation("a", finish_reason="stop")
-    assert loopscope.flush()
-    os.kill(pipeline.writer.child_pid(), signal.SIGKILL)
-    time.sleep(0.5)
-    for i in range(5):  # the application goes on: recording works, the store's rows are lost
-        with loopscope.turn(session_id=f"after{i}", input="q") as t:
-            t.generation("a", finish_reason="stop")
-    print("flushed", loopscope.flush(timeout=10))
-    print("dropped", pipeline.stats().dropped)
-    began = time.monotonic()
-    loopscope.shutdown()
-    print("shutdown", time.monotonic() - began < 10)
-"""
-
-
-def test_a_killed_writer_process_costs_the_application_its_rows_counted_and_no_hang(tmp_path: Path, spawn) -> None:
-    db = tmp_path / "child-killed.duckdb"
-    out = spawn("app", CHILD_KILLED, db).finish_ok(60).split("\n")
-    assert out[0] == "flushed False"
-    dropped = int(out[1].split()[1])
-    assert dropped >= 10  # five turns of two spans or more each, none of them stored
-    assert out[2] == "shutdown True"
-    assert _count(db) == 10  # what was written before
-    status = read_status(str(db))
-    assert status["totals"]["dropped_unwritable"] + status["totals"]["dropped_queue_full"] == dropped, status["writers"]
-
-
 FORKS = """
     import os, sys
     import duckdb

@@ -1,0 +1,144 @@
+"""A writer process that dies unasked (the OOM killer, ``kill -9``, a crash) is started again
+at the next span, up to RESTARTS times: what it had not written is lost and counted, the rest
+of the run is stored. Real processes, real kills, real DuckDB files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from loopscope.cli.status import read_status
+
+# a sync point, not a timing: the child's own counters say it holds the spans (the store's
+# interval is an hour, so they wait there unwritten), and the application saw its child die
+HELPERS = """
+    import os, signal, sys, time
+    import loopscope
+    from opentelemetry.sdk.trace import TracerProvider
+
+    def turns(prefix, count):
+        for i in range(count):
+            with loopscope.turn(session_id=f"{prefix}{i}", input="q") as t:
+                t.generation("a", finish_reason="stop")
+
+    def until(check):
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+    def kill_child(writer):
+        pid = writer.child_pid()
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: writer.child_pid() != pid or writer.stats().last_error)  # it saw the death
+"""
+
+RESTARTED = HELPERS + """
+    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer="process", flush_interval=3600)
+    writer = pipeline.writer
+    turns("before", 5)
+    assert loopscope.flush()
+    open_turn = loopscope.turn(session_id="open", input="q")  # its start row written, its end not
+    open_turn.__enter__()
+    assert loopscope.flush()
+    turns("inflight", 3)
+    writer.stats()  # ships what is queued, and asks the child
+    until(lambda: writer._child.get("queued", 0) > 0)
+    first = writer.child_pid()
+    kill_child(writer)
+    turns("after", 5)
+    print("flushed", loopscope.flush(timeout=30))
+    print("restarted", writer.child_pid() not in (None, first), writer.mode)
+    print("dropped", pipeline.stats().dropped)
+    loopscope.shutdown()
+"""
+
+
+def _query(db: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_killed_writer_process_is_started_again_and_the_rest_of_the_run_is_stored(tmp_path: Path, spawn) -> None:
+    db = tmp_path / "restarted.duckdb"
+    app = spawn("app", RESTARTED, db)
+    out = app.finish_ok(90).split("\n")
+    assert out[0] == "flushed True", app.output()  # the later turns reached the file
+    assert out[1] == "restarted True process"
+    lost = int(out[2].split()[1])
+    assert lost >= 6, app.output()  # three turns of two spans or more each were in the dead child, unwritten
+    sessions = dict(_query(db, "SELECT session_id, count(*) FROM turns GROUP BY session_id"))
+    assert all(sessions.get(f"before{i}") == 1 for i in range(5))
+    assert all(sessions.get(f"after{i}") == 1 for i in range(5)), sessions
+    assert not any(s.startswith("inflight") for s in sessions)
+    # the turn the dead child left open is closed by the new child's check of the store
+    assert _query(db, "SELECT loop_end_reason FROM turns WHERE session_id = 'open' ORDER BY 1")[:1] == [("unfinished",)]
+    status = read_status(str(db))
+    assert status["totals"]["dropped_unwritable"] == lost, status["writers"]
+    warnings = [line for line in app.err.read_text().splitlines() if "a new one starts" in line]
+    assert len(warnings) == 1 and "exit status -9" in warnings[0] and "(1 of 3)" in warnings[0], app.output()
+
+
+FOUR_KILLS = HELPERS + """
+    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer="process", flush_interval=3600)
+    writer = pipeline.writer
+    for round in range(4):
+        turns(f"round{round}-", 2)
+        assert loopscope.flush()
+        kill_child(writer)
+    turns("after", 5)  # no fifth child: dropped and counted, as before restarts
+    print("flushed", loopscope.flush(timeout=10))
+    print("dropped", pipeline.stats().dropped)
+    began = time.monotonic()
+    loopscope.shutdown()
+    print("shutdown", time.monotonic() - began < 10)
+"""
+
+
+def test_after_three_restarts_a_killed_writer_process_costs_the_rest_of_the_run_counted(tmp_path: Path, spawn) -> None:
+    db = tmp_path / "four-kills.duckdb"
+    app = spawn("app", FOUR_KILLS, db)
+    out = app.finish_ok(120).split("\n")
+    assert out[0] == "flushed False", app.output()
+    dropped = int(out[1].split()[1])
+    assert dropped >= 10  # five turns of two spans or more each, none of them stored
+    assert out[2] == "shutdown True"
+    sessions = {row[0] for row in _query(db, "SELECT session_id FROM turns")}
+    assert sessions == {f"round{r}-{i}" for r in range(4) for i in range(2)}
+    status = read_status(str(db))
+    assert status["totals"]["dropped_unwritable"] + status["totals"]["dropped_queue_full"] == dropped, status["writers"]
+    err = app.err.read_text()
+    assert [f"({n} of 3)" in line for n, line in enumerate((x for x in err.splitlines() if "a new one starts" in x), 1)] == [True] * 3
+    assert err.count("are dropped and counted") == 1, app.output()
+
+
+CLOSED_WHILE_RESTARTING = HELPERS + """
+    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer="process", flush_interval=3600)
+    writer = pipeline.writer
+    turns("before", 3)
+    assert loopscope.flush()
+    kill_child(writer)
+    turns("after", 3)  # a new child starts for these; the close comes before it is ready
+    began = time.monotonic()
+    writer.close(1.0)
+    print("closed", time.monotonic() - began < 10)
+    stats = writer.stats()
+    print("counted", stats.written_events, stats.dropped)
+"""
+
+
+def test_a_close_while_a_new_writer_process_starts_ends_in_time_and_counts_everything(tmp_path: Path, spawn) -> None:
+    db = tmp_path / "closed.duckdb"
+    app = spawn("app", CLOSED_WHILE_RESTARTING, db)
+    out = app.finish_ok(60).split("\n")
+    assert out[0] == "closed True", app.output()
+    [(events,)] = _query(db, "SELECT count(*) FROM events")
+    written, dropped = map(int, out[1].split()[1:])
+    assert events == written and events in (6, 12), app.output()  # the later turns stored, or none of them
+    assert (dropped > 0) == (events < 12)  # ... and then counted as lost
+    status = read_status(str(db))
+    assert status["totals"]["dropped_unwritable"] + status["totals"]["dropped_queue_full"] == dropped, status["writers"]
