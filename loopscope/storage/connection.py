@@ -521,6 +521,28 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, 
         home.forget()
 
 
+_reading: dict[int, str] = {}
+"""The file each read-only block's connection reads (by the connection's id), while the
+block runs: :func:`read_path`."""
+
+
+@contextlib.contextmanager
+def _reading_of(con: duckdb.DuckDBPyConnection, path: str) -> Iterator[None]:
+    _reading[id(con)] = path
+    try:
+        yield
+    finally:
+        _reading.pop(id(con), None)
+
+
+def read_path(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The store file ``con`` reads, when it is a read-only :func:`open_store` block's
+    connection and the block runs (the file is held meanwhile: nothing writes it); else
+    None. What the schema check keys what it found by
+    (:func:`~loopscope.storage.schema.check_readable`)."""
+    return _reading.get(id(con))
+
+
 @contextlib.contextmanager
 def open_store(
     path: str,
@@ -559,7 +581,7 @@ def open_store(
         if not os.path.exists(path):
             raise StoreError(f"no loopscope store at {path} (run an instrumented agent, or `loopscope demo`, first)")
         if not isolated:
-            with _attached(path, timeout, keep, _page_readers if page else _readers) as con:
+            with _attached(path, timeout, keep, _page_readers if page else _readers) as con, _reading_of(con, path):
                 yield con
             return
     with gate(path):
@@ -570,7 +592,8 @@ def open_store(
             con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True, config=config))
             try:
                 con.execute(";\n".join(_SEAL) if sealed else _NO_PROGRESS_BAR)
-                yield con
+                with _reading_of(con, path):
+                    yield con
             finally:
                 con.close()
             return

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from .connection import file_identity, read_path
 from .engine import duckdb
 from .errors import StoreError
 
@@ -371,8 +372,46 @@ MIGRATIONS_TABLE = "loopscope_migrations"
 _KNOWN = frozenset(m.name for m in MIGRATIONS)
 
 
+_versions: dict[str, tuple[tuple[int, ...], int]] = {}
+"""Each store file's schema version as a read found it, with the file's identity then."""
+
+
+def remembered_version(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The schema version a read found in the file ``con`` reads, if that file is the same
+    (:func:`~loopscope.storage.connection.file_identity`) as then; else None (``con`` is
+    not a read's, or the file was never checked, or changed since).
+
+    Every read of a store checks its schema first, and on a freshly attached file reading
+    ``loopscope_meta`` costs a table's load (~0.4 ms of a timeline page's ~13). A file
+    changes (size, mtime, inode, or its WAL) whenever anything migrates or writes it, so a
+    read of an unchanged file takes the version it found before. The narrow caveat is the
+    file system's: it keeps mtimes to its clock's tick (a few ms on Linux), so a write of
+    the same size in the same tick as the one a read saw goes unseen until the next write."""
+    path = read_path(con)
+    if path is None:
+        return None
+    known = _versions.get(path)
+    return known[1] if known is not None and known[0] == file_identity(path) else None
+
+
+def remember_version(con: duckdb.DuckDBPyConnection, version: int) -> None:
+    """Keep ``version`` as what the file ``con`` reads holds now (:func:`remembered_version`)."""
+    path = read_path(con)
+    if path is not None:
+        _versions[path] = (file_identity(path), version)
+
+
 def _kept_version(con: duckdb.DuckDBPyConnection) -> int:
     """The ``schema_version`` of ``loopscope_meta`` (0 for a file loopscope never wrote)."""
+    remembered = remembered_version(con)
+    if remembered is not None:
+        return remembered
+    found = _read_version(con)
+    remember_version(con, found)
+    return found
+
+
+def _read_version(con: duckdb.DuckDBPyConnection) -> int:
     # fetchall: a result read to its end leaves the connection free for other calls
     # (DuckDB 2 refuses a register() while a result is open)
     exists = con.execute(
@@ -469,12 +508,17 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 def check_readable(con: duckdb.DuckDBPyConnection) -> int:
     """Refuse to read a file that is not a loopscope store, or one from a newer loopscope;
     else its schema version (what an older file, read as it is, lacks: see
-    :data:`MODEL_CALLS_SINCE`)."""
-    try:  # one query in the common case (every read runs this)
-        row = con.execute("SELECT value FROM main.loopscope_meta WHERE key = 'schema_version'").fetchone()
-        found = int(row[0]) if row else 0
-    except duckdb.CatalogException:
-        found = 0
+    :data:`MODEL_CALLS_SINCE`). A read's connection (:func:`~loopscope.storage.connection.open_store`)
+    of a file unchanged since a read found its version takes that one
+    (:func:`remembered_version`)."""
+    found = remembered_version(con)
+    if found is None:
+        try:  # one query in the common case (every read of a changed file runs this)
+            row = con.execute("SELECT value FROM main.loopscope_meta WHERE key = 'schema_version'").fetchone()
+            found = int(row[0]) if row else 0
+        except duckdb.CatalogException:
+            found = 0
+        remember_version(con, found)
     if found == 0:
         raise StoreError("this file holds no loopscope data yet (no events were written to it)")
     if found > SCHEMA_VERSION:

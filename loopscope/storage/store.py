@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
-from .connection import file_identity, open_store, resolve
+from .connection import open_store, resolve
 from .engine import duckdb
 from .errors import SQLRefusedError
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
@@ -24,7 +24,7 @@ from .policy import RECEIVED, EventFilter
 from .reads import call_rows, turn_rows, view_rows
 from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
-from .schema import SCHEMA_VERSION, check_readable, missing_views
+from .schema import SCHEMA_VERSION, check_readable, missing_views, remember_version, remembered_version
 
 # The schema version and the session's span in one statement: two small scans side by
 # side, not a join (planning and running the join cost ~0.4 ms more on a freshly attached
@@ -34,11 +34,10 @@ _SPAN_SQL = """
     UNION ALL
     SELECT NULL, first_at, last_at FROM main.sessions WHERE session_id = ?
 """
-# the session's span alone, for a file whose schema was checked as it is now: reading
-# loopscope_meta is a second table loaded on a freshly attached file (~0.4 ms of a page)
+# the session's span alone, for a file whose schema was checked as it is now
+# (schema.remembered_version): reading loopscope_meta is a second table loaded on a freshly
+# attached file (~0.4 ms of a page)
 _SPAN_ONLY_SQL = _SPAN_SQL.split("UNION ALL", 1)[1]
-_readable: dict[str, tuple[int, ...]] = {}
-"""The files whose schema was found readable, each with its :func:`file_identity` then."""
 
 
 class Store:
@@ -133,9 +132,8 @@ class Store:
         """
         self._flush_own()
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open, page=True) as con:
-            # nothing writes the file while it is attached: this is the file read here
-            identity = file_identity(self.path)
-            checked = _readable.get(self.path) == identity
+            known = remembered_version(con)
+            checked = known is not None and 0 < known <= SCHEMA_VERSION
             # else the schema check and the session's span in one statement (a page is a few ms)
             try:
                 rows = con.execute(_SPAN_ONLY_SQL if checked else _SPAN_SQL, [session_id]).fetchall()
@@ -143,9 +141,10 @@ class Store:
                 rows = []
             if not checked:
                 version = next((r[0] for r in rows if r[0] is not None), None)
-                if version is None or not str(version).isdigit() or int(version) > SCHEMA_VERSION:
+                if version is None or not str(version).isdigit() or not 0 < int(version) <= SCHEMA_VERSION:
                     check_readable(con)  # raises what is wrong with the file
-                _readable[self.path] = identity
+                else:
+                    remember_version(con, int(version))
             span = next((r[1:] for r in rows if r[0] is None), None)
             if span is not None and span[0] is not None and span[1] is not None:
                 sql = sql.replace("{span}", " AND created_at BETWEEN ? AND ?")

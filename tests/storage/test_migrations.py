@@ -6,7 +6,10 @@ and left as it was."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +290,68 @@ def test_a_reader_refuses_a_store_a_newer_loopscope_migrated_since_its_last_read
         store.list_events(session, newest_first=True)
     with pytest.raises(StoreError, match="newer loopscope"):
         loopscope.Store(str(path)).get_event_count(session)
+
+
+# every kind of read a plain Store makes: its plain queries, the views (tool_stats among
+# them), the turns, the model calls, and SQL on a sealed connection of its own
+_READS = {
+    "list_sessions": lambda store, session: store.list_sessions(),
+    "list_turns": lambda store, session: store.list_turns(session),
+    "model_calls": lambda store, session: store.model_calls(session),
+    "tool_stats": lambda store, session: store._view_query("SELECT * FROM tool_stats"),
+    "sql": lambda store, session: store.sql("SELECT * FROM loopscope_meta"),
+    "list_events": lambda store, session: store.list_events(session, newest_first=True),
+}
+
+_NEWER_ELSEWHERE = f"""
+import duckdb, sys
+con = duckdb.connect(sys.argv[1])
+con.execute("INSERT INTO loopscope_migrations VALUES ('m008_from_the_future', now())")
+con.execute("UPDATE loopscope_meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
+con.close()
+"""
+
+
+@pytest.mark.parametrize("read", [r for r in _READS if r != "sql"])  # Store.sql reads any version as it is
+def test_every_read_sees_a_migration_another_process_made_since_the_last_one(read: str, tmp_path: Path) -> None:
+    """Reads skip the schema check for a file unchanged since a read checked it; a newer
+    loopscope's migration in another process changes the file, so the next read checks
+    again and refuses it, whichever read it is."""
+    path = unpack(7, tmp_path)
+    migrate_file(path)
+    store = loopscope.Store(str(path))
+    session = _sessions_of(path)[0]
+    for each in _READS.values():  # every kind of read has seen the file as it is
+        each(store, session)
+    subprocess.run([sys.executable, "-c", _NEWER_ELSEWHERE, str(path)], check=True, timeout=60)
+    with pytest.raises(StoreError, match="newer loopscope"):
+        _READS[read](store, session)
+
+
+def test_a_read_of_an_unchanged_file_does_not_check_its_schema_again(tmp_path: Path) -> None:
+    """What a read found in the file holds while the file is the same: its meta row taken
+    away behind loopscope's back, the file's size and times put back as they were, leaves
+    every read serving as before (a read that checked again would say the file holds no
+    loopscope data); the next real write is checked again."""
+    path = unpack(7, tmp_path)
+    migrate_file(path)
+    store = loopscope.Store(str(path))
+    session = _sessions_of(path)[0]
+    before = {name: each(store, session) for name, each in _READS.items()}
+    seen = path.stat()
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("DELETE FROM loopscope_meta WHERE key = 'schema_version'")
+    finally:
+        con.close()
+    assert path.stat().st_size == seen.st_size and not Path(f"{path}.wal").exists()
+    os.utime(path, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    after = {name: each(store, session) for name, each in _READS.items() if name != "sql"}
+    assert after == {name: rows for name, rows in before.items() if name != "sql"}
+    assert store.sql("SELECT count(*) FROM loopscope_meta WHERE key = 'schema_version'")[1] == [(0,)]
+    os.utime(path)  # a write's new mtime: checked again
+    with pytest.raises(StoreError, match="no loopscope data yet"):
+        store.list_sessions()
 
 
 def _sessions_of(path: Path) -> list[str]:
