@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 
 from loopscope.storage import tool_totals
-from loopscope.storage.views import OUTCOMES, TOTALS_COVER, tool_rows, views
+from loopscope.storage.views import OUTCOMES, TOTALS_COVER, duration_key, tool_rows, views
 
 
 def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -26,8 +26,16 @@ _FOLDED = {
     tool_totals.TOTALS: f"""SELECT {_KEYS}, sum(started), sum(finished), {", ".join(f"sum({o})" for o in OUTCOMES)},
         sum(durations), sum(duration_sum), max(duration_max), min(first_seen), max(last_seen)
         FROM {tool_totals.TOTALS} GROUP BY ALL""",
-    tool_totals.DURATIONS: f"SELECT * FROM {tool_totals.DURATIONS}",
+    # the durations appended since the last fold and those folded into the sorted table
+    tool_totals.DURATIONS: f"""SELECT tool, has_tool, bucket, duration_ms FROM {tool_totals.DURATIONS}
+        UNION ALL SELECT tool, has_tool, bucket, duration_ms FROM {tool_totals.SORTED}""",
 }
+# the sorted durations out of their order (by rowid), or with a key that is not theirs
+_UNSORTED = f"""SELECT count(*) FROM (
+    SELECT key, duration_ms, lag(key) OVER w AS key_before, lag(duration_ms) OVER w AS ms_before,
+        {duration_key('tool', 'bucket')} AS own_key
+    FROM {tool_totals.SORTED} WINDOW w AS (ORDER BY rowid))
+WHERE key < key_before OR (key = key_before AND duration_ms < ms_before) OR key <> own_key"""
 
 
 def kept_and_recomputed(db: str | Path) -> tuple[dict[str, list[tuple[Any, ...]]], dict[str, list[tuple[Any, ...]]]]:
@@ -41,7 +49,8 @@ def kept_and_recomputed(db: str | Path) -> tuple[dict[str, list[tuple[Any, ...]]
         try:
             tables = (tool_totals.TOTALS, tool_totals.DURATIONS)
             kept = {t: _rounded(con.execute(_FOLDED[t]).fetchall()) for t in tables}
-            for table in tables:
+            assert con.execute(_UNSORTED).fetchone() == (0,)
+            for table in (*tables, tool_totals.SORTED):
                 con.execute(f"DELETE FROM {table}")
             for statement in tool_totals.batch_statements(tool_rows(tool_columns=True)):
                 con.execute(statement)

@@ -337,7 +337,9 @@ def m010_tool_totals() -> list[str]:
     from . import tool_totals
     from .views import create_statements, tool_rows
 
-    return [*tool_totals.DDL, *tool_totals.batch_statements(tool_rows(tool_columns=True)), *create_statements()]
+    return [
+        *tool_totals.DDL, *tool_totals.batch_statements(tool_rows(tool_columns=True)), *create_statements(sorted_durations=False),
+    ]
 
 
 @migration
@@ -357,6 +359,18 @@ def m012_writer_mode() -> list[str]:
     from .health import mode_migration
 
     return mode_migration()
+
+
+@migration
+def m013_sorted_durations() -> list[str]:
+    """The durations ``tool_stats`` reads its quantiles from, moved into a table kept in
+    (tool's key, bucket, duration) order, where a read finds the few buckets it wants
+    without scanning every duration; the writers append to the old table and fold it into
+    the sorted one from time to time (see :mod:`loopscope.storage.tool_totals`)."""
+    from . import tool_totals
+    from .views import create_statements
+
+    return [tool_totals.SORTED_DDL, *tool_totals.fold_statements(), *create_statements()]
 
 
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
@@ -560,7 +574,9 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
         added = ", ".join(f"NULL::{TURN_CALL_COLUMNS[name]} AS {name}" for name in missing)
         statements.append(f"CREATE OR REPLACE TEMP VIEW turns AS SELECT *, {added} FROM {_quoted(database)}.main.turns")
     # every view, as this loopscope defines it (a temporary view hides the file's own of the same name)
-    definitions = views(tool_columns=has_tool_columns(con), tool_totals=has_tool_totals(con))
+    definitions = views(
+        tool_columns=has_tool_columns(con), tool_totals=has_tool_totals(con), sorted_durations=has_sorted_durations(con),
+    )
     return [*statements, *(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}" for name, sql in definitions.items())]
 
 
@@ -589,6 +605,18 @@ def has_tool_totals(con: duckdb.DuckDBPyConnection) -> bool:
         f"AND table_name IN ('{TOOL_TOTALS}', '{TOOL_DURATIONS}')"
     ).fetchone()
     return bool(row and row[0] == 2)
+
+
+def has_sorted_durations(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the open file (the connection's default database) has the table of
+    ``m013_sorted_durations`` (an older file, read without migrating it, has not)."""
+    from .views import SORTED_DURATIONS
+
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        f"AND table_name = '{SORTED_DURATIONS}'"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def has_model_calls(con: duckdb.DuckDBPyConnection) -> bool:

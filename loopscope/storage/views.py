@@ -97,6 +97,19 @@ OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
 TOOL_TOTALS, TOOL_DURATIONS = "loopscope_tool_totals", "loopscope_tool_durations"
 """The tables of per-tool totals kept by the writers (``m010_tool_totals``, see
 :mod:`loopscope.storage.tool_totals`) that ``tool_stats`` reads."""
+SORTED_DURATIONS = "loopscope_tool_durations_sorted"
+"""The durations folded out of :data:`TOOL_DURATIONS` in :func:`duration_key` order
+(``m013_sorted_durations``, see :mod:`loopscope.storage.tool_totals`)."""
+
+
+def duration_key(tool: str, bucket: str) -> str:
+    """A BIGINT for a tool's duration bucket (``tool`` and ``bucket`` SQL expressions), in
+    whose order :data:`SORTED_DURATIONS` is kept: a join on this one column lets DuckDB
+    filter the scan by the few keys ``tool_stats`` wants (a join on tool and bucket
+    filters nothing), and the sorted column is a few runs to scan. Two tools may share a
+    key (44 bits of the name's MD5, stable across DuckDB versions as ``hash()`` is not):
+    the join compares tool and bucket too."""
+    return f"(CAST(md5_number_lower({tool}) >> 20 AS BIGINT) * 65536 + ({bucket} + 32768))"
 
 TOTALS_COVER = "(SELECT count(*) FROM events) = (SELECT coalesce(sum(last_index), 0) FROM sessions)"
 """Whether every row of ``events`` was written by a writer that keeps the tool totals: those
@@ -358,10 +371,20 @@ FROM (
 ORDER BY calls DESC, tool
 """
 
-def _tool_stats_from_totals(live: str) -> str:
+def _tool_stats_from_totals(live: str, sorted_durations: bool = True) -> str:
     """``tool_stats`` from the tool totals (:mod:`loopscope.storage.tool_totals`) while they
     account for every row of ``events`` (:data:`TOTALS_COVER`), else ``live`` (the SELECT
-    that computes it from ``events``, the same columns, reading nothing while they do)."""
+    that computes it from ``events``, the same columns, reading nothing while they do).
+    ``sorted_durations=False``: for a file without :data:`SORTED_DURATIONS` (before
+    ``m013_sorted_durations``), every duration is in :data:`TOOL_DURATIONS`."""
+    # joined on the key alone: on one column DuckDB filters the scan by the build side's few
+    # keys (a join on four scans every row: 0.69x the view's CPU at 10M events); the exact
+    # check is kept out of the join's conditions by IS TRUE (the columns are NOT NULL)
+    from_sorted = f"""SELECT k.tool, k.has_tool, k.bucket, d.duration_ms
+    FROM {SORTED_DURATIONS} d JOIN keys k ON k.key = d.key
+    WHERE (d.tool = k.tool AND d.has_tool = k.has_tool AND d.bucket = k.bucket) IS TRUE
+    UNION ALL
+    """ if sorted_durations else ""
     quantiles = "(VALUES (1, 0.5::DOUBLE), (2, 0.95::DOUBLE), (3, 0.99::DOUBLE)) qs(i, q)"
     return f"""
 WITH covered AS MATERIALIZED (SELECT {TOTALS_COVER} AS yes),
@@ -396,10 +419,20 @@ wanted AS (
         buckets b
     WHERE b.tool = r.tool AND b.has_tool = r.has_tool AND w.rank >= b.below AND w.rank < b.below + b.n
 ),
+keys AS (
+    SELECT DISTINCT tool, has_tool, bucket, {duration_key('tool', 'bucket')} AS key FROM wanted
+),
+-- the wanted buckets' durations: from the sorted ones by key (DuckDB filters the scan by the
+-- few keys: the join's build side is small), and from those appended since they were sorted.
+-- Materialized: else DuckDB may group the whole table before joining it
+fetched AS MATERIALIZED (
+    {from_sorted}SELECT d.tool, d.has_tool, d.bucket, d.duration_ms
+    FROM {TOOL_DURATIONS} d
+    SEMI JOIN keys k ON k.tool = d.tool AND k.has_tool = d.has_tool AND k.bucket = d.bucket
+),
 sorted AS (
     SELECT tool, has_tool, bucket, list_sort(list(duration_ms)) AS values
-    FROM {TOOL_DURATIONS} d
-    SEMI JOIN wanted w ON w.tool = d.tool AND w.has_tool = d.has_tool AND w.bucket = d.bucket
+    FROM fetched
     GROUP BY ALL
 ),
 picked AS (
@@ -576,7 +609,9 @@ FROM turn_summaries
 ORDER BY rank
 """
 
-def views(tool_columns: bool = True, model_calls: bool = True, tool_totals: bool = True) -> dict[str, str]:
+def views(
+    tool_columns: bool = True, model_calls: bool = True, tool_totals: bool = True, sorted_durations: bool = True
+) -> dict[str, str]:
     """Every view, by name, as the SELECT that defines it; in creation order.
 
     ``tool_columns=False`` gives the definitions for a file whose ``events`` table lacks
@@ -585,12 +620,17 @@ def views(tool_columns: bool = True, model_calls: bool = True, tool_totals: bool
     gives the views as they were before ``m009_model_calls`` (no ``model_calls`` table,
     no costs): what the migrations before it create. ``tool_totals=False`` gives
     ``tool_stats`` computed from ``events`` alone, for a file without the tables of
-    ``m010_tool_totals`` (the migrations before it, an older file read as it is).
+    ``m010_tool_totals`` (the migrations before it, an older file read as it is);
+    ``sorted_durations=False`` its quantiles from :data:`TOOL_DURATIONS` alone, for a file
+    without :data:`SORTED_DURATIONS` (before ``m013_sorted_durations``).
     """
     defined = {
         "tool_calls": _tool_calls(tool_columns),
         "turn_summaries": _turn_summaries(model_calls),
-        "tool_stats": _tool_stats_from_totals(_tool_stats(tool_columns, unless=TOTALS_COVER)) if tool_totals else _tool_stats(tool_columns),
+        "tool_stats": (
+            _tool_stats_from_totals(_tool_stats(tool_columns, unless=TOTALS_COVER), sorted_durations)
+            if tool_totals else _tool_stats(tool_columns)
+        ),
         "loop_end_reasons": LOOP_END_REASONS,
         "declared_vs_used": _declared_vs_used(tool_columns),
         "token_usage": _TOKEN_USAGE.format(costs=_TOKEN_COSTS if model_calls else ""),
@@ -620,8 +660,10 @@ TOOL_CALLS = VIEWS["tool_calls"]
 DECLARED_VS_USED = VIEWS["declared_vs_used"]
 
 
-def create_statements(tool_columns: bool = True, model_calls: bool = True, tool_totals: bool = True) -> list[str]:
+def create_statements(
+    tool_columns: bool = True, model_calls: bool = True, tool_totals: bool = True, sorted_durations: bool = True
+) -> list[str]:
     """``CREATE OR REPLACE VIEW`` statements for every view, in dependency order (see
-    :func:`views` for ``tool_columns``, ``model_calls`` and ``tool_totals``)."""
-    definitions = views(tool_columns, model_calls, tool_totals)
+    :func:`views` for ``tool_columns``, ``model_calls``, ``tool_totals`` and ``sorted_durations``)."""
+    definitions = views(tool_columns, model_calls, tool_totals, sorted_durations)
     return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in definitions.items()]

@@ -20,7 +20,7 @@ from loopscope.storage import writer as writer_module
 from loopscope.storage.conversations import DuckDBConversationStore
 from loopscope.storage.rows import END, START
 from loopscope.storage.schema import SCHEMA_VERSION, migrate
-from loopscope.storage.views import TOOL_DURATIONS, TOOL_TOTALS
+from loopscope.storage.views import SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
 from tool_totals_check import assert_totals_exact
 
 
@@ -37,13 +37,14 @@ class Keep(SpanProcessor):
         self.items.append((END, span))
 
 
-def record(db: Path) -> list[tuple[int, Any]]:
+def record(db: Path, writer: str | None = None) -> list[tuple[int, Any]]:
     """The analytics workload recorded into ``db`` (many small batches: some with tool rows,
-    some without); returns its spans' starts and ends."""
+    some without); returns its spans' starts and ends. ``writer="thread"``: written in this
+    process (where a test's changes to the module apply)."""
     provider = TracerProvider()
     kept = Keep()
     provider.add_span_processor(kept)
-    loopscope.configure(db, tracer_provider=provider, flush_interval=0.01)
+    loopscope.configure(db, tracer_provider=provider, flush_interval=0.01, writer=writer)
     try:
         workload._record()
         loopscope.flush()
@@ -95,6 +96,45 @@ def test_folded_back_to_one_row_per_key_now_and_then(tmp_path: Path, monkeypatch
     assert rows < 3 + keys  # folded: at most the rows appended since the last fold are extra
 
 
+def test_durations_are_folded_into_the_sorted_table_now_and_then(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each process checks every SORT_CHECK_AFTER durations it appended whether the unsorted
+    ones reach 1/SORT_SHARE of the sorted, and folds them in (in key order) if so: tool_stats
+    reads the same, and the unsorted table it scans whole stays a fraction of the sorted."""
+    monkeypatch.setattr(tool_totals, "SORT_CHECK_AFTER", 2)
+    monkeypatch.setattr(tool_totals, "_SORT_SQL", tool_totals.sort_sql(4))
+    monkeypatch.setattr(tool_totals, "_durations_appended", 0)
+    db = tmp_path / "store.duckdb"
+    record(db, writer="thread")
+    assert_totals_exact(db)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        unsorted = con.execute(f"SELECT count(*) FROM {TOOL_DURATIONS}").fetchone()[0]
+        folded = con.execute(f"SELECT count(*) FROM {SORTED_DURATIONS}").fetchone()[0]
+    finally:
+        con.close()
+    assert folded > 0 and unsorted * 4 < folded + 4 * 16  # at most a check's worth past the share (batches of a few)
+
+
+def test_a_store_of_schema_12_read_as_it_is_gives_the_same_tool_stats(tmp_path: Path) -> None:
+    """A file of the loopscope before m013_sorted_durations, read without migrating it
+    (Store.sql gives it this loopscope's views): its durations are all in the old table."""
+    db = tmp_path / "store.duckdb"
+    record(db)
+    store = loopscope.Store(str(db))
+    now = store.sql("SELECT * FROM tool_stats")
+    con = duckdb.connect(str(db))
+    try:  # as the loopscope before m013 left it
+        con.execute(f"INSERT INTO {TOOL_DURATIONS} SELECT tool, has_tool, bucket, duration_ms FROM {SORTED_DURATIONS}")
+        con.execute(f"DROP TABLE {SORTED_DURATIONS}")
+        con.execute("DELETE FROM loopscope_migrations WHERE name = 'm013_sorted_durations'")
+        con.execute("UPDATE loopscope_meta SET value = '12' WHERE key = 'schema_version'")
+        con.execute("DROP VIEW tool_stats")  # its definition read the dropped table
+    finally:
+        con.close()
+    assert store.sql("SELECT * FROM tool_stats") == now
+    assert store.sql(f"SELECT count(*) FROM {TOOL_DURATIONS}")[1][0][0] > 0
+
+
 def test_spans_sent_again_are_counted_once(tmp_path: Path) -> None:
     items = record(tmp_path / "first.duckdb")
     db = tmp_path / "resent.duckdb"
@@ -128,9 +168,11 @@ def test_a_file_from_before_the_totals_is_filled_when_migrated(tmp_path: Path) -
     try:  # the file as the loopscope before m010_tool_totals left it
         con.execute(f"DROP TABLE {TOOL_TOTALS}")
         con.execute(f"DROP TABLE {TOOL_DURATIONS}")
-        con.execute("DELETE FROM loopscope_migrations WHERE name IN ('m010_tool_totals', 'm011_notice_counters', 'm012_writer_mode')")
+        con.execute(f"DROP TABLE {SORTED_DURATIONS}")
+        con.execute("DELETE FROM loopscope_migrations WHERE name IN "
+                    "('m010_tool_totals', 'm011_notice_counters', 'm012_writer_mode', 'm013_sorted_durations')")
         con.execute("UPDATE loopscope_meta SET value = '9' WHERE key = 'schema_version'")
-        assert migrate(con) == 9 and SCHEMA_VERSION == 12
+        assert migrate(con) == 9 and SCHEMA_VERSION == 13
     finally:
         con.close()
     assert_totals_exact(db)
