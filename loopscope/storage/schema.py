@@ -595,16 +595,21 @@ def has_tool_columns(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(row and row[0])
 
 
+def _has_tables(con: duckdb.DuckDBPyConnection, *names: str) -> bool:
+    """Whether the open file (the connection's default database) has every table of ``names``."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND list_contains(?, table_name)", [list(names)]
+    ).fetchone()
+    return bool(row and row[0] == len(names))
+
+
 def has_tool_totals(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the open file (the connection's default database) has the tables of
     ``m010_tool_totals`` (an older file, read without migrating it, has not)."""
     from .views import TOOL_DURATIONS, TOOL_TOTALS
 
-    row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
-        f"AND table_name IN ('{TOOL_TOTALS}', '{TOOL_DURATIONS}')"
-    ).fetchone()
-    return bool(row and row[0] == 2)
+    return _has_tables(con, TOOL_TOTALS, TOOL_DURATIONS)
 
 
 def has_sorted_durations(con: duckdb.DuckDBPyConnection) -> bool:
@@ -612,19 +617,11 @@ def has_sorted_durations(con: duckdb.DuckDBPyConnection) -> bool:
     ``m013_sorted_durations`` (an older file, read without migrating it, has not)."""
     from .views import SORTED_DURATIONS
 
-    row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
-        f"AND table_name = '{SORTED_DURATIONS}'"
-    ).fetchone()
-    return bool(row and row[0])
+    return _has_tables(con, SORTED_DURATIONS)
 
 
 def has_model_calls(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the open file (the connection's default database) has the ``model_calls``
     table and the turns' cost columns of ``m009_model_calls`` (an older file, read without
     migrating it, has not)."""
-    row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
-        "AND table_name = 'model_calls'"
-    ).fetchone()
-    return bool(row and row[0])
+    return _has_tables(con, "model_calls")
