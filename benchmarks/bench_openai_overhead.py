@@ -9,6 +9,12 @@ app runs it and sends the result back; the model answers) runs under each varian
   with the store on (its background writer maps and writes the rows meanwhile);
 * ``otel-openai-v2``    -- ``opentelemetry-instrumentation-openai-v2`` (official OTel GenAI);
 * ``otel-genai-openai`` -- ``opentelemetry-instrumentation-genai-openai`` (its successor);
+* ``otel-genai-openai-otlp`` -- (on request with ``--variants``) the same instrumentation with
+  the SDK's ``BatchSpanProcessor`` and its OTLP exporter (http/protobuf) sending to a loopback
+  sink this script runs (:class:`_OtlpSink`: it accepts ``/v1/traces`` and counts): what an
+  application pays to ship its spans somewhere. The sink runs in this script's process, not the
+  variant's, so its CPU is not counted (a collector's work would not be either). An extra
+  column: issue 19's goal compares against the counting null exporter of ``otel-genai-openai``.
 * ``openllmetry``       -- Traceloop's ``opentelemetry-instrumentation-openai``;
 * ``openinference``     -- Arize's ``openinference-instrumentation-openai``;
 * ``loopscope-nostore`` -- (reference, on request with ``--variants``) loopscope with
@@ -128,6 +134,8 @@ VARIANTS = [
             "opentelemetry-instrumentation-openai-v2"),
     Variant("otel-genai-openai", "OTel genai-openai", PEERS, "opentelemetry.instrumentation.genai.openai",
             "opentelemetry-instrumentation-genai-openai"),
+    Variant("otel-genai-openai-otlp", "genai-openai (OTLP)", PEERS, "opentelemetry.instrumentation.genai.openai",
+            "opentelemetry-instrumentation-genai-openai"),
     Variant("openllmetry", "OpenLLMetry", PEERS, "opentelemetry.instrumentation.openai",
             "opentelemetry-instrumentation-openai"),
     Variant("openinference", "OpenInference", PEERS, "openinference.instrumentation.openai",
@@ -135,7 +143,7 @@ VARIANTS = [
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 REFERENCES = ("loopscope-nostore", "loopscope-metrics")
-ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread", "loopscope-against")
+ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread", "loopscope-against", "otel-genai-openai-otlp")
 STORING = ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread", "loopscope-against")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in ON_REQUEST]  # the references run on request
 MODES = ("nonstream", "stream")
@@ -290,7 +298,7 @@ def _inproc_client(base_url: str) -> object:
     return OpenAI(base_url=base_url, api_key="bench-key", max_retries=0, http_client=http)
 
 
-def _setup_peer(variant: Variant) -> object:
+def _setup_peer(variant: Variant, otlp_url: str | None = None) -> object:
     import importlib
 
     from opentelemetry import trace
@@ -310,7 +318,25 @@ def _setup_peer(variant: Variant) -> object:
         def shutdown(self) -> None:
             pass
 
-    exporter = CountingNullExporter()
+    class CountingOtlpExporter(SpanExporter):
+        """The SDK's OTLP exporter (http/protobuf), counting the spans it sent."""
+
+        def __init__(self, url: str) -> None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self.inner = OTLPSpanExporter(endpoint=url)
+            self.spans = 0
+
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            result = self.inner.export(spans)
+            if result is SpanExportResult.SUCCESS:
+                self.spans += len(spans)
+            return result
+
+        def shutdown(self) -> None:
+            self.inner.shutdown()
+
+    exporter = CountingOtlpExporter(f"{otlp_url}/v1/traces") if otlp_url else CountingNullExporter()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -377,7 +403,7 @@ def worker(args: argparse.Namespace) -> int:
         active = getattr(loopscope.pipeline, "active", lambda: None)
         writer_cpu = lambda: _process_cpu_ns(getattr(getattr(active(), "writer", None), "child_pid", lambda: None)())
     elif variant.module:
-        peer = _setup_peer(variant)
+        peer = _setup_peer(variant, args.otlp_url if variant.key.endswith("-otlp") else None)
         settle = peer[0].force_flush
 
     from openai import OpenAI
@@ -534,6 +560,45 @@ def _fake_server():  # type: ignore[no-untyped-def]
     return FakeModelServer().start(), rescript
 
 
+class _OtlpSink:
+    """A loopback OTLP/HTTP receiver for ``otel-genai-openai-otlp``: it reads each request to
+    ``/v1/traces``, counts it and its bytes, and answers 200 with an empty (valid)
+    ``ExportTraceServiceResponse``. It runs in this script's process, so its CPU is not
+    counted in the variant's."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+        self.requests = self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a collector answers
+
+            def do_POST(self) -> None:  # http.server's name for it
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                ok = self.path == "/v1/traces"
+                if ok:
+                    sink.requests += 1
+                    sink.bytes += len(body)
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, name="otlp-sink", daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def _median_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1000
 
@@ -541,7 +606,8 @@ def _median_us(samples: list[int]) -> float:
 class Worker:
     """One variant's process, driven block by block over its stdin/stdout."""
 
-    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path, against: Path | None = None) -> None:
+    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path, against: Path | None = None,
+                 otlp_url: str | None = None) -> None:
         self.variant = variant
         self.log = folder / f"{variant.key}.stderr.log"
         env = {k: v for k, v in os.environ.items()
@@ -550,6 +616,8 @@ class Worker:
             env["PYTHONPATH"] = str(against)
         cmd = [str(variant.venv.python), str(Path(__file__).resolve()), "--worker", variant.key,
                "--base-url", base_url, "--warmup", str(warmup)]
+        if otlp_url is not None:
+            cmd += ["--otlp-url", otlp_url]
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=err, text=True, bufsize=1)
@@ -622,6 +690,9 @@ def orchestrate(args: argparse.Namespace) -> int:
 
     server, rescript = _fake_server()
     _say(f"fake model server: {server.openai_base_url} (tests/fakes/model_server.py, in this process)")
+    sink = _OtlpSink() if any(v.key.endswith("-otlp") for v in chosen) else None
+    if sink is not None:
+        _say(f"OTLP sink: {sink.url}/v1/traces (in this process: its CPU is not the variant's)")
     samples: dict[str, dict[str, list[int]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     per_round: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
     cpu: dict[str, dict[str, list[float]]] = {v.key: {s: [] for s in series_list} for v in chosen}
@@ -638,7 +709,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     continue
                 t0 = time.monotonic()
                 rescript(server, 4 * args.warmup + 10)
-                w = Worker(v, server.openai_base_url, args.warmup, Path(tmp), args.against)
+                w = Worker(v, server.openai_base_url, args.warmup, Path(tmp), args.against, sink and sink.url)
                 try:
                     versions[v.key] = w.ask({})["versions"]
                 except RuntimeError as exc:
@@ -699,6 +770,9 @@ def orchestrate(args: argparse.Namespace) -> int:
         for w in workers.values():
             w.stop()
         server.stop()
+        if sink is not None:
+            sink.stop()
+            _say(f"OTLP sink: {sink.requests} requests, {sink.bytes} bytes received")
 
     if "uninstrumented" in failed:
         _say(f"the uninstrumented baseline failed ({failed['uninstrumented']}): no table")
@@ -798,6 +872,7 @@ def main() -> int:
                              "runs it as the variant loopscope-against, side by side with this one")
     parser.add_argument("--worker", choices=list(BY_KEY), help=argparse.SUPPRESS)  # internal: one variant's process
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--otlp-url", help=argparse.SUPPRESS)  # internal: the OTLP sink, for the -otlp variant
     args = parser.parse_args()
     defaults = ({"rounds": 3, "block": 100, "inproc_block": 150, "warmup": 30} if args.quick
                 else {"rounds": 10, "block": 150, "inproc_block": 200, "warmup": 60})

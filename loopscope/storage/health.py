@@ -4,7 +4,9 @@ Drops and failed writes happen in a process's memory; counted there only, they w
 gone with the process, and another process (``loopscope status``, a dashboard) could not
 tell that the store misses rows. So each writer keeps its counters in its row of
 ``loopscope_writers`` (the table of storage/recovery.py; migration ``m007_writer_counters`` adds the columns),
-updated in the same transaction as every batch it writes, and once more when it stops:
+updated in the same transaction as a batch it writes (every batch that a flush waits for
+or that follows a new loss or failure, else at most every
+:data:`~loopscope.storage.writer.REPORT_EVERY` seconds), and once more when it stops:
 events and turns written, events dropped because the queue was full or because the file
 stayed unwritable longer than the queue could hold, failed write attempts with the last
 error and when, and what the OTLP exporter of the same process dropped or failed to send.
@@ -27,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -141,6 +143,12 @@ class Counters:
         )
 
 
+def losses(counters: Counters) -> Counters:
+    """``counters`` without what grows with every batch (rows written or excluded by the
+    policy): two of them differ in what a writer's row must not leave behind."""
+    return replace(counters, events_written=0, turns_written=0, excluded=0)
+
+
 OtlpCounts = Callable[[], tuple[int, int]]
 """What the process's OTLP exporter dropped (its queue was full) and failed to send."""
 NoticeCounts = Callable[[], tuple[int, int, int, str | None]]
@@ -171,6 +179,10 @@ class Report:
         """Note that a batch with :meth:`statements` for ``writer_id`` committed: the row is
         in the file, and later batches only update it (a statement fewer for each)."""
         self._stored.add(writer_id or self.writer_id)
+
+    def has_row(self, writer_id: str | None = None) -> bool:
+        """Whether a committed batch made the row ``writer_id`` (and it was not forgotten since)."""
+        return (writer_id or self.writer_id) in self._stored
 
     def forget(self, writer_id: str | None = None) -> None:
         """The row ``writer_id`` may be gone from the file (its WAL was removed): the next

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +226,9 @@ class Tracker:
     batch, and each statement costs a batch 2-3 ms (DuckDB plans it afresh every time)."""
 
     def __init__(self) -> None:
+        # a turn that began before this writer did may have been closed as unfinished by a
+        # restarted writer process's recovery (its first rows written by the dead one)
+        self._since_us = time.time_ns() // 1000
         self._process: Process | None = None
         self.writer_id: str | None = None  # its row in loopscope_writers, which health.Report keeps
         self._open = ""
@@ -263,12 +267,48 @@ class Tracker:
                 tables.register(_ENDED, _ended_table(ended))
             out.append(_CLOSE_SQL if tables is None else _CLOSE_TABLE_SQL)
         self._after = (opened | started) - ended
+        out += _replacing(facts, self._since_us)
         return out
 
     def committed(self) -> None:
         """The batch of the last :meth:`statements` was written."""
         if self._after is not None:
             self._opened, self._after = self._after, None
+
+
+def _replacing(facts: rows.Facts, since_us: int) -> list[str]:
+    """The statement removing the summaries :func:`~loopscope.ingest.recovery.recover` wrote
+    for turns whose real summaries are in ``facts``: the turns that began before ``since_us``
+    (this writer's start). A writer process killed in a turn has it closed as unfinished
+    by the next one's check of the store; the turn's real end then reaches that next one,
+    under the same span (recovery gives the summary the span of the turn's input row).
+    Nothing for the usual batch (every turn in it began while this writer ran)."""
+    import pyarrow as pa
+
+    keys: list[tuple[str, str]] = []
+    ends: list[int] = []
+    for batch in facts.turns:
+        begun = [
+            (trace, span, end)
+            for trace, span, end, latency in zip(
+                batch.column("trace_id").to_pylist(), batch.column("span_id").to_pylist(),
+                batch.column("timestamp_us").cast(pa.int64()).to_pylist(), batch.column("latency_ms").to_pylist(),
+                strict=True,
+            )
+            if end is not None and end - (latency or 0) * 1000 < since_us
+        ]
+        keys += [(trace.hex(), span.hex()) for trace, span, _ in begun]
+        ends += [end for _, _, end in begun]
+    if not keys:
+        return []
+    pairs = ", ".join(f"({sql_text(trace)}, {sql_text(span)})" for trace, span in keys)
+    # bounded by time so that DuckDB skips the row groups written later (a recovered
+    # summary ends when the dead writer last wrote, before the real end)
+    delete = (
+        f"DELETE FROM turns WHERE timestamp <= make_timestamptz({max(ends)}) "
+        f"AND loop_end_reason = 'unfinished' AND error = {sql_text(RECOVERED_NOTE)} AND (trace_id, span_id) IN ({pairs})"
+    )
+    return [delete]
 
 
 def _started(facts: rows.Facts) -> set[tuple[Any, Any]]:

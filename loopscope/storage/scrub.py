@@ -220,6 +220,7 @@ class Scrubber:
 
     def _pick(self, column: Any) -> list[int]:
         """The rows of ``column`` whose value the policy may change, in order."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         if column.null_count == len(column):
@@ -229,7 +230,11 @@ class Scrubber:
         rows = _matching_rows(column, self.pattern) if self.pattern else []
         if self.limit:
             # bytes, not characters: a superset, without a pass over the text
-            long = pc.indices_nonzero(pc.greater(pc.binary_length(column), self.limit)).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
+            # the limit as an Arrow scalar: a Python int costs pyarrow a failed import of
+            # dateutil (where it is not installed: ~0.15 ms, once per batch) to convert it
+            length = pc.binary_length(column)  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute makes its functions at import
+            limit = pa.scalar(self.limit, length.type)
+            long = pc.indices_nonzero(pc.greater(length, limit)).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]
             if long:
                 rows = sorted(set(rows).union(long))
         return rows

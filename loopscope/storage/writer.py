@@ -76,6 +76,14 @@ ms (it rewrites the tables' last row groups); but every attach, the writer's own
 one included, replays the WAL: ~2 ms more at 128 KB, ~6 ms at 512 KB. Measured on the
 openai loop (60-call batches), 128 KB cost the writer 10-25% less CPU a batch than a
 checkpoint per batch; 64 KB and 512 KB less than that."""
+REPORT_EVERY = 5.0
+"""Seconds a writer's row in ``loopscope_writers`` may leave its written counts and
+``last_seen`` behind. A batch updates the row when a flush waits for it (so ``flush()``
+then ``loopscope status`` agree), when a loss or a failure is new (those are never late),
+or when the row is this old; other batches skip the update: it cost a batch ~1 ms of
+statement and, at the next checkpoint, the rewrite of one more table (4-7% of a batch of
+the openai loop's writer CPU). A crash leaves the row up to this much behind: recovery
+ends a dead writer's turns at its ``last_seen`` or their last row, whichever is later."""
 CHECKPOINT_IDLE = 5.0
 """Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
 so that the file alone holds every row again while the application records nothing."""
@@ -144,6 +152,8 @@ class StoreWriter:
         self._beside = False  # an entry of this writer's is in the file beside the store
         self._indices = _SessionIndex()
         self._wal_pending = False  # the last batch left its rows in the WAL (see _write)
+        self._reported_at = -REPORT_EVERY  # time.monotonic() of the last batch that updated its row
+        self._flush_waits = False  # a flush waits for the batch being written (see _report_due)
         self._written_events = 0
         self._written_turns = 0
         self._written_calls = 0
@@ -298,6 +308,16 @@ class StoreWriter:
         counters = self.counters(facts)
         return self.report.statements(counters, self._row_id(), stopped=stopped), counters
 
+    def _report_due(self) -> bool:
+        """Whether this batch updates the writer's row (see :data:`REPORT_EVERY`)."""
+        persisted = self.report.persisted
+        if (
+            self._flush_waits or persisted is None or not self.report.has_row(self._row_id())
+            or time.monotonic() - self._reported_at >= REPORT_EVERY
+        ):
+            return True
+        return health.losses(self.counters()) != health.losses(persisted)
+
     def _report_stop(self, timeout: float | None = None) -> None:
         """Say in the store that this writer stopped, with its last counters (drops after
         its last batch, the OTLP exporter's). When the file cannot be written now (another
@@ -437,9 +457,11 @@ class StoreWriter:
             full = facts.rows >= limit or self._held_bytes >= self.max_bytes
             if markers or (facts.rows and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
+                self._flush_waits = bool(markers)
                 try:
                     ok = self._write(facts)
                 finally:
+                    self._flush_waits = False
                     self._mapped = 0
                     settle(markers, ok, "store writer")
                 facts, markers = rows.Facts(), []
@@ -542,7 +564,7 @@ class StoreWriter:
                     self.already_stored += idempotent.drop_stored(con, facts)
                 tables = Tables()
                 extra = self._tracker.statements(facts, tables) if self._tracker is not None else []
-                report, counters = self._report_statements(facts)
+                report, counters = self._report_statements(facts) if self._report_due() else ([], None)
                 written_events, written_turns = write_batch(
                     con, facts, extra=[*extra, *report], seen=self._indices, tables=tables
                 )
@@ -551,8 +573,10 @@ class StoreWriter:
             # whether rows wait in the WAL, read from the file: a commit meant to checkpoint
             # may have left them there (its checkpoint failed, see write_batch)
             self._wal_pending = _wal_size(self.path) > 0
-            self.report.persisted = counters
-            self.report.stored(self._row_id())
+            if counters is not None:
+                self.report.persisted = counters
+                self.report.stored(self._row_id())
+                self._reported_at = time.monotonic()
         except (duckdb.Error, StoreError, OSError) as exc:
             self._indices.pending = None
             return exc

@@ -27,7 +27,7 @@ SMOKE_RUNS = {
     "startup": ["bench_startup.py", "--smoke"],
     # the scripts with size arguments only: their smallest sizes are their smoke mode
     "tool-call": ["bench_tool_call.py", "--calls", "200", "--repeats", "1"],
-    "openai-overhead": ["bench_openai_overhead.py", "--no-setup", "--variants", "loopscope", "loopscope-metrics", "loopscope-process", "otel-genai-openai",
+    "openai-overhead": ["bench_openai_overhead.py", "--no-setup", "--variants", "loopscope", "loopscope-metrics", "loopscope-process", "otel-genai-openai", "otel-genai-openai-otlp",
                         "--rounds", "1", "--block", "8", "--inproc-block", "8", "--warmup", "4",
                         # --against: this very checkout as the "older" one, so that path runs too
                         "--against", str(Path(__file__).resolve().parents[2])],

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 
+import loopscope
 from loopscope.cli.status import read_status
 
 # a sync point, not a timing: the child's own counters say it holds the spans (the store's
@@ -142,3 +143,35 @@ def test_a_close_while_a_new_writer_process_starts_ends_in_time_and_counts_every
     assert (dropped > 0) == (events < 12)  # ... and then counted as lost
     status = read_status(str(db))
     assert status["totals"]["dropped_unwritable"] + status["totals"]["dropped_queue_full"] == dropped, status["writers"]
+
+
+ENDED_AFTER_RESTART = HELPERS + """
+    pipeline = loopscope.configure(sys.argv[1], tracer_provider=TracerProvider(), writer="process", flush_interval=3600)
+    writer = pipeline.writer
+    turn = loopscope.turn(session_id="across", input="q")  # open across the child's death
+    t = turn.__enter__()
+    call = loopscope.tool("search", arguments={"q": "x"})  # waiting across it too
+    call.__enter__()
+    assert loopscope.flush()  # the turn's and the call's start rows are in the file
+    kill_child(writer)
+    turns("after", 2)  # a new child starts; its check of the store closes "across" (unfinished)
+    assert loopscope.flush()
+    call.set_result("found")
+    call.__exit__(None, None, None)
+    t.generation("the answer", finish_reason="stop")
+    turn.__exit__(None, None, None)  # the real end reaches the new child
+    print("flushed", loopscope.flush(timeout=30))
+    loopscope.shutdown()
+"""
+
+
+def test_a_turn_open_across_a_writer_process_death_is_stored_once_with_its_real_end(tmp_path: Path, spawn) -> None:
+    db = tmp_path / "across.duckdb"
+    app = spawn("app", ENDED_AFTER_RESTART, db)
+    assert app.finish_ok(90).split("\n")[0] == "flushed True", app.output()
+    store = loopscope.Store(str(db))
+    [turn] = store.list_turns("across")  # not also the recovered "unfinished" one
+    assert turn.loop_end_reason == "completed" and turn.error is None
+    assert turn.response_content == "the answer" and turn.tool_calls_count == 1
+    assert store.list_turns("after0")  # the rest of the run too
+    assert _query(db, "SELECT count(*) FROM loopscope_open_turns") == [(0,)]
