@@ -853,17 +853,13 @@ class ProcessSpanWriter:
         it replaced and does nothing. What it had not written is lost (counted, beside the store),
         and the flushes waiting on it answered False; the next span starts a new child (its
         store check closes the turns the dead one left open), up to :data:`RESTARTS` times,
-        after which everything is dropped and counted (:meth:`_child_gone`)."""
-        code = self._exit_status(proc)
-        if code is None:  # its pipes ended, yet it runs: it is of no use any more
-            self._kill(proc)
-            code = proc.returncode
-        reason = "the writer process ended" + (f" (exit status {code})" if code is not None else "")
+        after which everything is dropped and counted (:meth:`_child_gone`). Which thread handles
+        it is decided first: the other returns at once, without waiting for the child's exit."""
         pending: list[_Pending] = []
         lost = 0
         with self._lock:
             if proc is not self._proc or self._gone:
-                return  # the other thread handled it
+                return  # the other thread handles it
             restart = not self._stopped and not self._off and self._restarts < RESTARTS
             if restart:
                 self._restarts += 1
@@ -881,8 +877,15 @@ class ProcessSpanWriter:
                         self._earlier[name] = self._earlier.get(name, 0) + value
                 self._child = {}
                 self._drop_base = self._forwarded
+            else:
+                pending = self._mark_gone()
+        code = self._exit_status(proc)
+        if code is None:  # its pipes ended, yet it runs: it is of no use any more
+            self._kill(proc)
+            code = proc.returncode
+        reason = "the writer process ended" + (f" (exit status {code})" if code is not None else "")
         if not restart:
-            self._child_gone(reason)
+            self._lose_all(reason, pending)
             return
         self._last_error = reason
         settle([p.request for p in pending], False, "store writer process")
@@ -897,9 +900,20 @@ class ProcessSpanWriter:
         with self._lock:
             if self._gone:
                 return
-            self._gone = True
-            self._closed = True  # later spans are dropped and counted
-            pending, self._pending = list(self._pending.values()), {}
+            pending = self._mark_gone()
+        self._lose_all(reason, pending)
+
+    def _mark_gone(self) -> list[_Pending]:
+        """(Under the lock) nothing more reaches the file: later spans are dropped and counted;
+        the flushes waiting on the child, taken for :meth:`_lose_all` to answer."""
+        self._gone = True
+        self._closed = True
+        pending, self._pending = list(self._pending.values()), {}
+        return pending
+
+    def _lose_all(self, reason: str, pending: list[_Pending]) -> None:
+        """After :meth:`_mark_gone`: what the child had not written, and what is queued, counted
+        as lost (beside the store), its ``pending`` flushes answered False."""
         self._lost += max(0, self._sent - self._settled)
         self._settled = self._sent
         self._drain()

@@ -263,8 +263,7 @@ class ModelCall:
             tool_calls = response.tool_calls
             if tool_calls:
                 tool_calls = _identified(self.turn, tool_calls)
-            provider_usage = response.provider_usage
-            rnd.response(
+            rnd._response(  # the adapters' door: their usage JSON text kept as it is
                 response.text,
                 tool_calls,
                 response.usage,
@@ -275,11 +274,9 @@ class ModelCall:
                 refusal=response.refusal,
                 error=response.error,
                 error_type=response.error_type,
-                provider_usage=None if isinstance(provider_usage, str) else provider_usage,
+                provider_usage=response.provider_usage,
                 choices=response.choices,
             )
-            if type(provider_usage) is str:
-                rnd.provider_usage = provider_usage  # the adapter's JSON text
             if not self._owns_round:
                 return  # the user's ``with turn.round()`` ends it
             rnd._finish(None)
@@ -311,8 +308,7 @@ class ModelCall:
     def _partial(self, response: ModelResponse) -> None:
         """What a stream said before it ended early: its text came by :meth:`delta` already,
         and tool calls half read are no requests (none start)."""
-        provider_usage = response.provider_usage
-        self.round.response(
+        self.round._response(
             None,
             None,
             response.usage,
@@ -320,11 +316,9 @@ class ModelCall:
             thinking=response.thinking,
             response_id=response.response_id,
             model=response.model,
-            provider_usage=None if isinstance(provider_usage, str) else provider_usage,
+            provider_usage=response.provider_usage,
             choices=response.choices,
         )
-        if type(provider_usage) is str:
-            self.round.provider_usage = provider_usage  # the adapter's JSON text
 
     def abandon(self, response: ModelResponse = _NO_RESPONSE) -> None:
         """The stream was closed or dropped before its end: the turn was cut off.

@@ -175,3 +175,38 @@ def test_a_turn_open_across_a_writer_process_death_is_stored_once_with_its_real_
     assert turn.response_content == "the answer" and turn.tool_calls_count == 1
     assert store.list_turns("after0")  # the rest of the run too
     assert _query(db, "SELECT count(*) FROM loopscope_open_turns") == [(0,)]
+
+
+def test_the_thread_that_finds_a_dead_writer_process_second_does_not_wait_for_it(tmp_path: Path) -> None:
+    # the answers thread (EOF) and the sender (a broken pipe) both see a death: the one that
+    # comes second must not wait for the process's exit (up to KILL_WAIT) before it learns the
+    # other handles it, or the sender stalls with the spans queued behind it
+    import subprocess
+    import sys
+    import threading
+
+    from loopscope.ingest.writer_process import ProcessSpanWriter
+
+    writer = ProcessSpanWriter(str(tmp_path / "w.duckdb"), flush_interval=3600)
+    assert writer.wait_started(30) == "process"
+    child = writer._proc
+    # a process whose pipes are no use yet that does not exit: the first thread waits, then kills it
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    try:
+        with writer._lock:
+            writer._proc = stuck
+        first = threading.Thread(target=writer._child_ended, args=(stuck,))
+        first.start()
+        while writer._proc is stuck and first.is_alive():
+            threading.Event().wait(0.001)  # until the first thread took it
+        writer._child_ended(stuck)  # the second: returns at once
+        assert first.is_alive(), "the second thread waited for the process's exit"
+        first.join()
+        assert stuck.poll() is not None  # the first one killed it
+    finally:
+        stuck.kill()
+        stuck.wait()
+        if child is not None:
+            child.kill()
+            child.wait()
+        writer.close(5)
