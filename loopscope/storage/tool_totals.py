@@ -242,7 +242,9 @@ def batch_script(con: Any, events: Any) -> tuple[str, ...]:
     picked = [i for i, code in enumerate(codes) if code <= rows.TOOL_END]
     if not picked:
         return ()
-    tools = events.take(picked)
+    # the indices as an Arrow array: a Python list costs pyarrow a failed import of dateutil
+    # (where it is not installed) on every call, ~85 us a batch
+    tools = events.take(pa.array(picked, pa.int64()))
     if tools.column("content").null_count != len(picked):
         return (*BATCH_SQL, *_sorting(sum(codes[i] == rows.TOOL_END for i in picked)))  # about its durations
     totals: dict[tuple[str, bool, str, bool, int], list[Any]] = {}
