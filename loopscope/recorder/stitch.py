@@ -263,7 +263,8 @@ class ModelCall:
             tool_calls = response.tool_calls
             if tool_calls:
                 tool_calls = _identified(self.turn, tool_calls)
-            rnd._response(  # the adapters' door: their usage JSON text kept as it is
+            rnd._adapter_response(
+                response.provider_usage,
                 response.text,
                 tool_calls,
                 response.usage,
@@ -274,7 +275,6 @@ class ModelCall:
                 refusal=response.refusal,
                 error=response.error,
                 error_type=response.error_type,
-                provider_usage=response.provider_usage,
                 choices=response.choices,
             )
             if not self._owns_round:
@@ -308,7 +308,8 @@ class ModelCall:
     def _partial(self, response: ModelResponse) -> None:
         """What a stream said before it ended early: its text came by :meth:`delta` already,
         and tool calls half read are no requests (none start)."""
-        self.round._response(
+        self.round._adapter_response(
+            response.provider_usage,
             None,
             None,
             response.usage,
@@ -316,7 +317,6 @@ class ModelCall:
             thinking=response.thinking,
             response_id=response.response_id,
             model=response.model,
-            provider_usage=response.provider_usage,
             choices=response.choices,
         )
 

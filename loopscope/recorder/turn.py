@@ -237,31 +237,6 @@ class Round:
         ``text``, ``finish_reason``, ``tool_calls``, ``refusal``); the turn's text stays
         the first answer's. Nothing here raises.
         """
-        # encoded here: a user's value is never taken for JSON text (a string is encoded as one)
-        usage_json = _json.dumps(provider_usage) if provider_usage else None
-        self._response(text, tool_calls, usage, finish_reason, thinking=thinking, response_id=response_id, model=model,
-                       blocked=blocked, refusal=refusal, error=error, error_type=error_type,
-                       provider_usage=usage_json, choices=choices)
-
-    def _response(
-        self,
-        text: str | None = None,
-        tool_calls: Iterable[Any] | None = None,
-        usage: Mapping[str, int] | None = None,
-        finish_reason: str | None = None,
-        *,
-        thinking: str | None = None,
-        response_id: str | None = None,
-        model: str | None = None,
-        blocked: bool = False,
-        refusal: str | bool | None = None,
-        error: str | None = None,
-        error_type: str | None = None,
-        provider_usage: Mapping[str, Any] | str | None = None,
-        choices: Iterable[Any] | None = None,
-    ) -> None:
-        """:meth:`response`, for the adapters (:class:`~loopscope.recorder.stitch.ModelCall`):
-        ``provider_usage`` may be the adapter's own JSON text (kept as it is, not encoded again)."""
         text_of = _values.text
         if text is not None:
             self.text += text if type(text) is str else text_of(text)  # type: ignore[operator]
@@ -289,12 +264,20 @@ class Round:
             self.error = error if type(error) is str else text_of(error)
             if error_type is not None:
                 self.error_type = error_type if type(error_type) is str else text_of(error_type)
-        if type(provider_usage) is str:
-            self.provider_usage = provider_usage  # the adapter's JSON text
-        elif provider_usage:
+        if provider_usage:
             self.provider_usage = _json.dumps(provider_usage)
         if choices:
             self.choices = tuple(choices)
+
+    def _adapter_response(self, provider_usage: Mapping[str, Any] | str | None, /, *args: Any, **fields: Any) -> None:
+        """:meth:`response` for the adapters (:class:`~loopscope.recorder.stitch.ModelCall`):
+        their ``provider_usage`` may be JSON text they made, kept as it is (the public door
+        encodes whatever it is given: a user's string is no checked JSON)."""
+        if isinstance(provider_usage, str):
+            self.response(*args, **fields)
+            self.provider_usage = provider_usage
+        else:
+            self.response(*args, provider_usage=provider_usage, **fields)
 
     def add_input_messages(self, messages: list[dict[str, Any]] | str | None) -> None:
         """The request's messages (GenAI message schema), learned after the round started
