@@ -415,14 +415,19 @@ def remember_version(con: duckdb.DuckDBPyConnection, version: int) -> None:
         _versions[path] = (file_identity(path), version)
 
 
+def _recalled(con: duckdb.DuckDBPyConnection, read: Callable[[duckdb.DuckDBPyConnection], int]) -> int:
+    """The schema version :func:`remembered_version` holds for the file ``con`` reads, else
+    ``read(con)``'s, remembered."""
+    found = remembered_version(con)
+    if found is None:
+        found = read(con)
+        remember_version(con, found)
+    return found
+
+
 def _kept_version(con: duckdb.DuckDBPyConnection) -> int:
     """The ``schema_version`` of ``loopscope_meta`` (0 for a file loopscope never wrote)."""
-    remembered = remembered_version(con)
-    if remembered is not None:
-        return remembered
-    found = _read_version(con)
-    remember_version(con, found)
-    return found
+    return _recalled(con, _read_version)
 
 
 def _read_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -519,20 +524,23 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return found
 
 
+def _meta_version(con: duckdb.DuckDBPyConnection) -> int:
+    """:func:`_read_version` in one query, for a read (no transaction that a missing table's
+    error would spoil): every read of a changed file runs it."""
+    try:
+        row = con.execute("SELECT value FROM main.loopscope_meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0
+    except duckdb.CatalogException:
+        return 0
+
+
 def check_readable(con: duckdb.DuckDBPyConnection) -> int:
     """Refuse to read a file that is not a loopscope store, or one from a newer loopscope;
     else its schema version (what an older file, read as it is, lacks: see
     :data:`MODEL_CALLS_SINCE`). A read's connection (:func:`~loopscope.storage.connection.open_store`)
     of a file unchanged since a read found its version takes that one
     (:func:`remembered_version`)."""
-    found = remembered_version(con)
-    if found is None:
-        try:  # one query in the common case (every read of a changed file runs this)
-            row = con.execute("SELECT value FROM main.loopscope_meta WHERE key = 'schema_version'").fetchone()
-            found = int(row[0]) if row else 0
-        except duckdb.CatalogException:
-            found = 0
-        remember_version(con, found)
+    found = _recalled(con, _meta_version)
     if found == 0:
         raise StoreError("this file holds no loopscope data yet (no events were written to it)")
     if found > SCHEMA_VERSION:

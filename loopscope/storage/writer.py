@@ -154,7 +154,6 @@ class StoreWriter:
         self._indices = _SessionIndex()
         self._wal_pending = False  # the last batch left its rows in the WAL (see _write)
         self._reported_at = -REPORT_EVERY  # time.monotonic() of the last batch that updated its row
-        self._flush_waits = False  # a flush waits for the batch being written (see _report_due)
         self._written_events = 0
         self._written_turns = 0
         self._written_calls = 0
@@ -309,11 +308,12 @@ class StoreWriter:
         counters = self.counters(facts)
         return self.report.statements(counters, self._row_id(), stopped=stopped), counters
 
-    def _report_due(self) -> bool:
-        """Whether this batch updates the writer's row (see :data:`REPORT_EVERY`)."""
+    def _report_due(self, flushing: bool) -> bool:
+        """Whether this batch (one a flush waits for, if ``flushing``) updates the writer's
+        row (see :data:`REPORT_EVERY`)."""
         persisted = self.report.persisted
         if (
-            self._flush_waits or persisted is None or not self.report.has_row(self._row_id())
+            flushing or persisted is None or not self.report.has_row(self._row_id())
             or time.monotonic() - self._reported_at >= REPORT_EVERY
         ):
             return True
@@ -458,11 +458,9 @@ class StoreWriter:
             full = facts.rows >= limit or self._held_bytes >= self.max_bytes
             if markers or (facts.rows and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
-                self._flush_waits = bool(markers)
                 try:
-                    ok = self._write(facts)
+                    ok = self._write(facts, flushing=bool(markers))
                 finally:
-                    self._flush_waits = False
                     self._mapped = 0
                     settle(markers, ok, "store writer")
                 facts, markers = rows.Facts(), []
@@ -499,8 +497,9 @@ class StoreWriter:
         self._mapping.add(facts, items, self._skip, _yield_gil)
         self._excluded += facts.excluded - excluded
 
-    def _write(self, facts: rows.Facts) -> bool:
+    def _write(self, facts: rows.Facts, *, flushing: bool = False) -> bool:
         """Write the backlog, then ``facts``; True when all of it reached the file.
+        ``flushing``: a flush waits for them (the writer's row is updated with them).
 
         When a batch fails for another reason than a held file, it is written in halves
         (each half in halves again, in order) so that what fits is written, a full disk
@@ -523,7 +522,7 @@ class StoreWriter:
         try:
             while pieces:
                 piece = pieces.pop()
-                failure = self._write_piece(piece)
+                failure = self._write_piece(piece, flushing)
                 if failure is None:
                     self._inflight -= piece.rows
                     continue
@@ -549,7 +548,7 @@ class StoreWriter:
             self._last_error = None
         return True
 
-    def _write_piece(self, facts: rows.Facts) -> BaseException | None:
+    def _write_piece(self, facts: rows.Facts, flushing: bool = False) -> BaseException | None:
         """Write ``facts`` in one transaction; the error when it failed."""
         # The rows reach the file proper at a checkpoint, which also rewrites the tables'
         # last, partly filled row groups: about a quarter of a small batch's cost. So they
@@ -565,7 +564,7 @@ class StoreWriter:
                     self.already_stored += idempotent.drop_stored(con, facts)
                 tables = Tables()
                 extra = self._tracker.statements(facts, tables) if self._tracker is not None else []
-                report, counters = self._report_statements(facts) if self._report_due() else ([], None)
+                report, counters = self._report_statements(facts) if self._report_due(flushing) else ([], None)
                 written_events, written_turns = write_batch(
                     con, facts, extra=[*extra, *report], seen=self._indices, tables=tables
                 )
