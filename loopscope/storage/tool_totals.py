@@ -123,13 +123,8 @@ _durations_appended = 0  # durations this process appended since its last check
 
 def fold_statements() -> list[str]:
     """Statements that move every duration of :data:`DURATIONS` into an empty :data:`SORTED`
-    (``m013_sorted_durations``)."""
-    return [
-        f"""INSERT INTO {SORTED}
-SELECT {duration_key('tool', 'bucket')} AS key, tool, has_tool, bucket, duration_ms FROM {DURATIONS}
-ORDER BY key, duration_ms""",
-        f"DELETE FROM {DURATIONS}",
-    ]
+    (``m013_sorted_durations``): a batch's fold, due whenever there is a duration."""
+    return list(sort_sql(1))
 
 
 def bucket_sql(value: str) -> str:
