@@ -25,7 +25,7 @@ from .. import semconv as a
 from .._guard import logger
 from ..models import RESPONSE_SEGMENT_SEPARATOR
 from ..storage import writer
-from ..storage.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, is_gone, sql_text
+from ..storage.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, owner_gone, sql_text
 from ..storage.rows import END
 from .mapping import facts_of
 from .spans import Ctx, SpanRecord, Status
@@ -38,15 +38,15 @@ def recover(con: duckdb.DuckDBPyConnection) -> int:
     # only the writers with open turns: the others' rows stay as they are (health.py reads
     # their counters), and are not looked up at every open
     writers = con.execute(
-        f"SELECT writer_id, host, boot_id, pid_namespace, pid, process_start, epoch_us(last_seen) FROM {WRITERS} w "
-        f"WHERE EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.writer_id = w.writer_id)"
+        f"SELECT writer_id, host, boot_id, pid_namespace, pid, process_start, writer_mode, app_pid, epoch_us(last_seen) "
+        f"FROM {WRITERS} w WHERE EXISTS (SELECT 1 FROM {OPEN_TURNS} o WHERE o.writer_id = w.writer_id)"
     ).fetchall()
-    dead = [row[0] for row in writers if is_gone(*row[1:6])]
+    dead = [row[0] for row in writers if owner_gone(*row[1:8])]
     if not dead:
         return 0
     # when each dead writer last wrote: its process was alive then, its open turns and calls
     # were still waiting (the latest time the file proves; a row's own time may be far older)
-    last_seen = {row[0]: row[6] for row in writers}
+    last_seen = {row[0]: row[8] for row in writers}
     opened = con.execute(
         f"SELECT o.correlation_id, o.session_id, o.trace_id, epoch_us(o.started_at), o.writer_id FROM {OPEN_TURNS} o "
         "WHERE list_contains(?, o.writer_id) AND NOT EXISTS "

@@ -16,7 +16,10 @@ the same transaction as the rows (schema migration ``m006_open_turns``):
 is provably gone (:func:`is_gone`): on the same machine (boot and pid namespace), and
 either no such pid, or one started at another time, or a zombie. Anything it cannot
 prove (another host, another pid namespace, a platform without ``/proc`` where the pid
-exists) is left open. The closing rows go through the same span-to-row mapping as
+exists) is left open. A writer process of an application (``writer_mode`` ``process``)
+counts as gone only once its application is too (:func:`owner_gone`): the application
+starts another writer process when one dies, and its turns go on, their real ends still
+to come to the new one. The closing rows go through the same span-to-row mapping as
 everything else, which is why they are made in ingest: a ``tool_call_end`` row with
 outcome ``unserved`` for each call whose start row has no end, then the turn summary,
 with loop end reason ``unfinished`` and :data:`RECOVERED_NOTE` as its error. A dead
@@ -31,7 +34,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +132,22 @@ def is_gone(host: str | None, boot_id: str | None, pid_namespace: str | None, pi
     return started != start or state in ("Z", "X")  # another process with the pid, or a zombie
 
 
+def owner_gone(
+    host: str | None, boot_id: str | None, pid_namespace: str | None, pid: int | None, start: str | None,
+    mode: str | None, app_pid: int | None,
+) -> bool:
+    """Whether the turns a writer row lists are provably abandoned: the writer's process is
+    gone and, for a writer process of an application (``mode`` ``process``), the
+    application too. Such a writer dies alone at times (the OOM killer): the application
+    starts another and its turns go on, their real ends still to come. The application's
+    start time is not kept, so a pid that is taken again leaves them open (unproven)."""
+    if not is_gone(host, boot_id, pid_namespace, pid, start):
+        return False
+    if mode != "process" or app_pid is None:
+        return True
+    return is_gone(host, boot_id, pid_namespace, int(app_pid), None)
+
+
 # -- the bookkeeping, in the writer's transaction -----------------------------------------------
 
 
@@ -226,9 +244,6 @@ class Tracker:
     batch, and each statement costs a batch 2-3 ms (DuckDB plans it afresh every time)."""
 
     def __init__(self) -> None:
-        # a turn that began before this writer did may have been closed as unfinished by a
-        # restarted writer process's recovery (its first rows written by the dead one)
-        self._since_us = time.time_ns() // 1000
         self._process: Process | None = None
         self.writer_id: str | None = None  # its row in loopscope_writers, which health.Report keeps
         self._open = ""
@@ -267,48 +282,12 @@ class Tracker:
                 tables.register(_ENDED, _ended_table(ended))
             out.append(_CLOSE_SQL if tables is None else _CLOSE_TABLE_SQL)
         self._after = (opened | started) - ended
-        out += _replacing(facts, self._since_us)
         return out
 
     def committed(self) -> None:
         """The batch of the last :meth:`statements` was written."""
         if self._after is not None:
             self._opened, self._after = self._after, None
-
-
-def _replacing(facts: rows.Facts, since_us: int) -> list[str]:
-    """The statement removing the summaries :func:`~loopscope.ingest.recovery.recover` wrote
-    for turns whose real summaries are in ``facts``: the turns that began before ``since_us``
-    (this writer's start). A writer process killed in a turn has it closed as unfinished
-    by the next one's check of the store; the turn's real end then reaches that next one,
-    under the same span (recovery gives the summary the span of the turn's input row).
-    Nothing for the usual batch (every turn in it began while this writer ran)."""
-    import pyarrow as pa
-
-    keys: list[tuple[str, str]] = []
-    ends: list[int] = []
-    for batch in facts.turns:
-        begun = [
-            (trace, span, end)
-            for trace, span, end, latency in zip(
-                batch.column("trace_id").to_pylist(), batch.column("span_id").to_pylist(),
-                batch.column("timestamp_us").cast(pa.int64()).to_pylist(), batch.column("latency_ms").to_pylist(),
-                strict=True,
-            )
-            if end is not None and end - (latency or 0) * 1000 < since_us
-        ]
-        keys += [(trace.hex(), span.hex()) for trace, span, _ in begun]
-        ends += [end for _, _, end in begun]
-    if not keys:
-        return []
-    pairs = ", ".join(f"({sql_text(trace)}, {sql_text(span)})" for trace, span in keys)
-    # bounded by time so that DuckDB skips the row groups written later (a recovered
-    # summary ends when the dead writer last wrote, before the real end)
-    delete = (
-        f"DELETE FROM turns WHERE timestamp <= make_timestamptz({max(ends)}) "
-        f"AND loop_end_reason = 'unfinished' AND error = {sql_text(RECOVERED_NOTE)} AND (trace_id, span_id) IN ({pairs})"
-    )
-    return [delete]
 
 
 def _started(facts: rows.Facts) -> set[tuple[Any, Any]]:

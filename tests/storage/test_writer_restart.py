@@ -56,6 +56,14 @@ RESTARTED = HELPERS + """
 """
 
 
+REOPEN = """
+    import sys
+    import loopscope
+    loopscope.configure(sys.argv[1], writer="thread")  # opening the store for writing checks it
+    loopscope.shutdown()
+"""
+
+
 def _query(db: Path, sql: str) -> list[tuple]:
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -76,8 +84,11 @@ def test_a_killed_writer_process_is_started_again_and_the_rest_of_the_run_is_sto
     assert all(sessions.get(f"before{i}") == 1 for i in range(5))
     assert all(sessions.get(f"after{i}") == 1 for i in range(5)), sessions
     assert not any(s.startswith("inflight") for s in sessions)
-    # the turn the dead child left open is closed by the new child's check of the store
-    assert _query(db, "SELECT loop_end_reason FROM turns WHERE session_id = 'open' ORDER BY 1")[:1] == [("unfinished",)]
+    # the turn open when the child died is the application's, which went on: the new child's
+    # check of the store leaves it open; the next open after the application ended closes it
+    assert _query(db, "SELECT count(*) FROM turns WHERE session_id = 'open'") == [(0,)]
+    spawn("reopen", REOPEN, db).finish_ok(60)
+    assert _query(db, "SELECT loop_end_reason FROM turns WHERE session_id = 'open'") == [("unfinished",)]
     status = read_status(str(db))
     assert status["totals"]["dropped_unwritable"] == lost, status["writers"]
     warnings = [line for line in app.err.read_text().splitlines() if "a new one starts" in line]
@@ -154,7 +165,7 @@ ENDED_AFTER_RESTART = HELPERS + """
     call.__enter__()
     assert loopscope.flush()  # the turn's and the call's start rows are in the file
     kill_child(writer)
-    turns("after", 2)  # a new child starts; its check of the store closes "across" (unfinished)
+    turns("after", 2)  # a new child starts; its check of the store must leave "across" open
     assert loopscope.flush()
     call.set_result("found")
     call.__exit__(None, None, None)
@@ -165,7 +176,9 @@ ENDED_AFTER_RESTART = HELPERS + """
 """
 
 
-def test_a_turn_open_across_a_writer_process_death_is_stored_once_with_its_real_end(tmp_path: Path, spawn) -> None:
+def test_a_turn_and_a_tool_call_open_across_a_writer_process_death_are_stored_once_with_their_real_ends(
+    tmp_path: Path, spawn
+) -> None:
     db = tmp_path / "across.duckdb"
     app = spawn("app", ENDED_AFTER_RESTART, db)
     assert app.finish_ok(90).split("\n")[0] == "flushed True", app.output()
@@ -174,7 +187,15 @@ def test_a_turn_open_across_a_writer_process_death_is_stored_once_with_its_real_
     assert turn.loop_end_reason == "completed" and turn.error is None
     assert turn.response_content == "the answer" and turn.tool_calls_count == 1
     assert store.list_turns("after0")  # the rest of the run too
+    # the dead child's list of open turns keeps "across" (ended since) until a check of the
+    # store finds the application gone too: that one removes it and closes nothing
+    spawn("reopen", REOPEN, db).finish_ok(60)
     assert _query(db, "SELECT count(*) FROM loopscope_open_turns") == [(0,)]
+    assert [t.loop_end_reason for t in loopscope.Store(str(db)).list_turns("across")] == ["completed"]
+    # the call's one end row is its real one, not also a recovered "unserved" one
+    ends = _query(db, "SELECT tool_outcome, tool_name FROM events WHERE session_id = 'across' AND type = 'tool_call_end'")
+    assert ends == [("served", "search")], ends
+    assert _query(db, "SELECT calls, finished, served, unserved FROM tool_stats WHERE tool = 'search'") == [(1, 1, 1, 0)]
 
 
 def test_the_thread_that_finds_a_dead_writer_process_second_does_not_wait_for_it(tmp_path: Path) -> None:
