@@ -13,6 +13,7 @@ from typing import Any
 
 from ..models import ToolCall
 from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
+from . import _history
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, Registration, when_imported, wrap
@@ -73,9 +74,11 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
     )
 
 
-def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | None]:
+def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | str | None]:
     """The last user text of ``input``, the tool results it carries, and its items as
-    GenAI messages (one per message, call and result item; others are left out)."""
+    GenAI messages (one per message, call and result item; others are left out), for a
+    long conversation as their JSON text, the items of an earlier request not converted
+    again (:mod:`._history`: every item is then one message)."""
     if isinstance(items, str):
         return items, [], [{"role": "user", "parts": [{"type": "text", "content": items}]}]
     if not isinstance(items, (list, tuple)):
@@ -83,15 +86,18 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str
     text = None
     results = []
     messages: list[dict[str, Any]] = []
+    known, kept, found = _conversations.reuse(items)
     # results without a call id (an OpenAI-compatible server's calls may have none) answer
     # the last response's calls without one, by position: those after its call items
     unnamed: list[ToolResult] | None = [] if wants_result("") else None
-    for item in items:
+    for index, item in enumerate(items):
+        fresh = index >= known  # not one of an earlier request's items, whose JSON is kept
         kind = r.get(item, "type")
         if kind in _RESULT_TYPES:
             call_id = r.get(item, "call_id")
             output = r.get(item, "output")
-            messages.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": output}]})
+            if fresh:
+                messages.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": output}]})
             if call_id and wants_result(str(call_id)):  # results of calls still open only
                 content = r.text_of(output) if isinstance(output, list) else output
                 results.append(ToolResult(str(call_id), result_value(content)))
@@ -99,21 +105,26 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str
                 content = r.text_of(output) if isinstance(output, list) else output
                 unnamed.append(ToolResult("", result_value(content)))
         elif kind in _CALL_TYPES:
-            arguments = r.get(item, "arguments") if kind == "function_call" else r.get(item, "input")
-            part = {"type": "tool_call", "id": r.get(item, "call_id"), "name": r.get(item, "name"), "arguments": arguments}
-            messages.append({"role": "assistant", "parts": [part]})
+            if fresh:
+                arguments = r.get(item, "arguments") if kind == "function_call" else r.get(item, "input")
+                part = {"type": "tool_call", "id": r.get(item, "call_id"), "name": r.get(item, "name"), "arguments": arguments}
+                messages.append({"role": "assistant", "parts": [part]})
             if unnamed:
                 unnamed = []  # a later response's calls: the results before answered an earlier one
         elif kind in (None, "message"):
             role, content = r.get(item, "role"), r.get(item, "content")
-            messages.append({"role": role, "parts": r.content_parts(content)})
+            if fresh:
+                messages.append({"role": role, "parts": r.content_parts(content)})
             if role == "user":
                 text = r.text_of(content)
             elif unnamed and role == "assistant":
                 unnamed = []
     if unnamed:
         results += unnamed
-    return text, results, messages
+    return text, results, _conversations.join(items, messages, known, kept, found)
+
+
+_conversations = _history.History()
 
 
 def _tools(tools: Any) -> list[Any] | None:

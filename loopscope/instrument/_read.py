@@ -243,10 +243,19 @@ def message_json(message: dict[str, Any]) -> str:
     return _json.dumps(message)
 
 
-def messages_json(fragments: list[str]) -> str:
+def messages_json(fragments: list[str], checked: int | None = None) -> str:
     """The messages' JSON texts as one JSON array; text that is no valid UTF-8 (a lone
-    surrogate in a message) has it replaced, as a JSON encoder for the wire would fail on it."""
-    text = "[" + ",".join(fragments) + "]"
+    surrogate in a message) has it replaced, as a JSON encoder for the wire would fail on it.
+    With ``checked``, the texts from that index on are checked and replaced one by one, in
+    ``fragments`` (those before it were already): texts kept for later requests are valid."""
+    if checked is not None:
+        for index in range(checked, len(fragments)):
+            fragments[index] = _valid(fragments[index])
+        return "[" + ",".join(fragments) + "]"
+    return _valid("[" + ",".join(fragments) + "]")
+
+
+def _valid(text: str) -> str:
     if text.isascii():
         return text
     try:

@@ -41,6 +41,7 @@ from ..recorder.adapter import (
     result_value,
     wants_result,
 )
+from . import _history
 from . import _read as r
 from ._calls import async_call, calling, sync_call
 from ._patch import Patch, wrap
@@ -96,16 +97,26 @@ def _request(
 ) -> ModelRequest:
     results = []
     input_text = None
+    source = _sequence(kwargs.get("messages")) or ()
+    # a long conversation's messages of an earlier request are not converted again (_history)
+    known, kept, found = _conversations.reuse(source)
     messages: list[dict[str, Any]] = []
-    for message in _sequence(kwargs.get("messages")) or ():
+    skip = known
+    for message in source:
         role, content = r.get(message, "role"), r.get(message, "content")
         if isinstance(content, str):
-            messages.append({"role": role, "parts": [{"type": "text", "content": content}]})
+            if skip:
+                skip -= 1
+            else:
+                messages.append({"role": role, "parts": [{"type": "text", "content": content}]})
             if role == "user":
                 input_text = content
             continue
         blocks = _sequence(content) or ()
-        messages.append({"role": role, "parts": _parts(blocks)})
+        if skip:
+            skip -= 1
+        else:
+            messages.append({"role": role, "parts": _parts(blocks)})
         if role != "user":
             continue
         for block in blocks:
@@ -145,9 +156,12 @@ def _request(
         input_text=input_text,
         stream=kwargs.get("stream") is True if stream is None else stream,
         parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
-        input_messages=messages,
+        input_messages=_conversations.join(source, messages, known, kept, found),
         messages=_sequence(kwargs.get("messages")),
     )
+
+
+_conversations = _history.History()
 
 
 def _parts(blocks: Any) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from typing import Any
 from .. import _json
 from ..models import ToolCall
 from ..recorder.adapter import Choice, ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
+from . import _history
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, Registration, when_imported, wrap
@@ -23,8 +24,15 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     results = []
     input_text = None
     # the messages in the GenAI schema, as JSON text made in the one pass that reads them
-    # anyway (see _read.messages_json: the common shapes without a dict or an encoder walk)
-    converted: list[str] = []
+    # anyway (see _read.messages_json: the common shapes without a dict or an encoder walk);
+    # a long conversation's messages of an earlier request are not encoded again (_history)
+    long = _conversations.applies(len(messages))
+    if long:
+        known, kept, found = _conversations.reuse(messages)
+        converted = list(kept)
+    else:
+        known, converted, found = 0, [], None
+    skip = known
     # results without an id (Gemini's endpoint) answer the last response's calls without
     # one, by position: only those after the last assistant message are read
     unnamed: list[ToolResult] | None = [] if wants_result("") else None
@@ -34,7 +42,9 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         content = message.get("content") if plain else r.get(message, "content")
         if role == "tool":
             call_id = message.get("tool_call_id") if plain else r.get(message, "tool_call_id")
-            if type(call_id) is str and type(content) is str:
+            if skip:
+                skip -= 1
+            elif type(call_id) is str and type(content) is str:
                 converted.append(r.tool_result_json(call_id, content))
             else:
                 part = {"type": "tool_call_response", "id": call_id, "response": content}
@@ -48,7 +58,9 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
                 unnamed.append(ToolResult("", result_value(text or content)))
             continue
         calls = (message.get("tool_calls") if plain else r.get(message, "tool_calls")) if role == "assistant" else None
-        if type(content) is str and type(role) is str and not calls:
+        if skip:
+            skip -= 1
+        elif type(content) is str and type(role) is str and not calls:
             converted.append(r.text_message_json(role, content))
         elif type(calls) is list and (content is None or type(content) is str) and calls and (
             made := r.calls_message_json(content, calls)
@@ -64,6 +76,11 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         results += unnamed
     request = _parameters(kwargs)
     request.update(r.server(instance))
+    if not long:
+        input_messages = r.messages_json(converted)
+    else:
+        input_messages = r.messages_json(converted, known)  # each new text made valid UTF-8 before it is kept
+        _conversations.keep(messages, converted, known, found)
     return ModelRequest(
         PROVIDER,
         kwargs.get("model"),
@@ -72,9 +89,13 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         input_text,
         bool(kwargs.get("stream")),
         request,
-        input_messages=r.messages_json(converted),
+        input_messages=input_messages,
         messages=messages,
     )
+
+
+# 64: below, its messages' string-keyed cache (_read) already spares most of their encoding
+_conversations = _history.History(min_messages=64)
 
 
 def _message_json(role: Any, content: Any, calls: Any) -> str:

@@ -15,6 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 SMOKE_RUNS = {
     "conversations": ["bench_conversations.py", "--smoke"],
+    "history": ["bench_history.py", "--smoke"],
     "faults": ["bench_faults.py", "--smoke"],
     "memory": ["bench_memory.py", "--smoke"],
     "ingest": ["bench_ingest.py", "--turns", "100", "--repeats", "1"],
