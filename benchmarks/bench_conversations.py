@@ -23,12 +23,12 @@ are this process's own.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time
 from typing import Any
 
+from _args import calls_and_repeats  # benchmarks/: the script's own folder is on sys.path
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
@@ -96,13 +96,7 @@ def run_calls(n: int, calls: int, find: bool) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20_000, help="calls per variant per repeat (default 20000)")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs, measures nothing")
-    args = parser.parse_args()
-    if args.smoke:
-        args.calls, args.repeats = 200, 1
+    args = calls_and_repeats(__doc__, 20_000, 200)
     loopscope.configure(False, tracer_provider=TracerProvider())  # spans recorded, nothing stored
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     try:

@@ -22,7 +22,6 @@ ratio, and 500/10 for each.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
@@ -32,6 +31,7 @@ from typing import Any
 
 import anthropic
 import openai
+from _args import calls_and_repeats  # benchmarks/: the script's own folder is on sys.path
 
 from loopscope import _json
 from loopscope.instrument import _history, _openai_responses
@@ -126,13 +126,7 @@ def run(api: str, n: int, calls: int, whole: bool) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=400, help="timed calls per variant per repeat (default 400)")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs, measures nothing")
-    args = parser.parse_args()
-    if args.smoke:
-        args.calls, args.repeats = 8, 1
+    args = calls_and_repeats(__doc__, 400, 8)
     results: dict[tuple[str, int, bool], list[float]] = {}
     for _ in range(args.repeats):
         for api in ("chat", "messages", "responses"):
