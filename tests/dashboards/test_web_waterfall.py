@@ -11,6 +11,7 @@ styled as failed; cost shows where a price is known and "—"/"no price" where i
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -141,6 +142,11 @@ def ms(value: Any) -> float:
     return value.timestamp() * 1000
 
 
+def _js_round(ms: float) -> int:
+    """The page's ``Math.round``: halves up (Python's ``round`` takes 258.5 to 258, the page to 259)."""
+    return math.floor(ms + 0.5)
+
+
 def test_a_tool_loop_is_one_waterfall_in_start_order(page, loop_db, loop_dashboard, tmp_path):
     store = loopscope.Store(str(loop_db))
     calls = store.model_calls("waterfall-priced")
@@ -177,8 +183,8 @@ def test_a_tool_loop_is_one_waterfall_in_start_order(page, loop_db, loop_dashboa
         assert abs(row["mark"] - place(ms(call.started_at) + call.time_to_first_chunk_ms)) <= tolerance
     assert tool["mark"] is None
     # labels: name and duration; hover text: tokens and cost
-    assert first["label"] == f"{PRICED} {round(calls[0].duration_ms)} ms"
-    assert tool["label"] == f"weather {round(end.content.duration_ms)} ms"
+    assert first["label"] == f"{PRICED} {_js_round(calls[0].duration_ms)} ms"
+    assert tool["label"] == f"weather {_js_round(end.content.duration_ms)} ms"
     assert "1,200 in / 40 out" in first["title"] and "cache read 200" in first["title"]
     assert "cost: $" in first["title"] and "first chunk after" in first["title"]
     assert all(b["outcome"] in ("completed", "served") for b in shown)
