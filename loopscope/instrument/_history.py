@@ -15,8 +15,9 @@ tokens) is encoded again, with everything after it. Only the encoding is reused:
 still read every message for tool results and the user's text, as the call's own facts.
 
 Short conversations take the plain path (:data:`MIN_MESSAGES`, or an adapter's own
-threshold): for them, copying the new messages costs more than encoding the few kept ones. The kept texts are bounded in
-conversations and characters (:data:`MAX_CONVERSATIONS`, :data:`MAX_CHARS`).
+threshold): for them, copying the new messages costs more than encoding the few kept
+ones. The kept texts are bounded in conversations and characters
+(:data:`MAX_CONVERSATIONS`, :data:`MAX_CHARS`).
 """
 
 from __future__ import annotations

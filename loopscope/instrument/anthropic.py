@@ -97,25 +97,22 @@ def _request(
 ) -> ModelRequest:
     results = []
     input_text = None
-    source = _sequence(kwargs.get("messages")) or ()
+    given = _sequence(kwargs.get("messages"))
+    source = given or ()
     # a long conversation's messages of an earlier request are not converted again (_history)
     known, kept, found = _conversations.reuse(source)
     messages: list[dict[str, Any]] = []
-    skip = known
-    for message in source:
+    for index, message in enumerate(source):
+        fresh = index >= known  # not one of an earlier request's messages, whose JSON is kept
         role, content = r.get(message, "role"), r.get(message, "content")
         if isinstance(content, str):
-            if skip:
-                skip -= 1
-            else:
+            if fresh:
                 messages.append({"role": role, "parts": [{"type": "text", "content": content}]})
             if role == "user":
                 input_text = content
             continue
         blocks = _sequence(content) or ()
-        if skip:
-            skip -= 1
-        else:
+        if fresh:
             messages.append({"role": role, "parts": _parts(blocks)})
         if role != "user":
             continue
@@ -157,7 +154,7 @@ def _request(
         stream=kwargs.get("stream") is True if stream is None else stream,
         parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
         input_messages=_conversations.join(source, messages, known, kept, found),
-        messages=_sequence(kwargs.get("messages")),
+        messages=given,
     )
 
 

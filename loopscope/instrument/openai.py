@@ -32,23 +32,22 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         converted = list(kept)
     else:
         known, converted, found = 0, [], None
-    skip = known
     # results without an id (Gemini's endpoint) answer the last response's calls without
     # one, by position: only those after the last assistant message are read
     unnamed: list[ToolResult] | None = [] if wants_result("") else None
-    for message in messages:
+    for index, message in enumerate(messages):
+        fresh = index >= known  # not one of an earlier request's messages, whose JSON is kept
         plain = type(message) is dict  # the common case: read without r.get's frame
         role = message.get("role") if plain else r.get(message, "role")
         content = message.get("content") if plain else r.get(message, "content")
         if role == "tool":
             call_id = message.get("tool_call_id") if plain else r.get(message, "tool_call_id")
-            if skip:
-                skip -= 1
-            elif type(call_id) is str and type(content) is str:
-                converted.append(r.tool_result_json(call_id, content))
-            else:
-                part = {"type": "tool_call_response", "id": call_id, "response": content}
-                converted.append(r.message_json({"role": "tool", "parts": [part]}))
+            if fresh:
+                if type(call_id) is str and type(content) is str:
+                    converted.append(r.tool_result_json(call_id, content))
+                else:
+                    part = {"type": "tool_call_response", "id": call_id, "response": content}
+                    converted.append(r.message_json({"role": "tool", "parts": [part]}))
             # only the results of calls still open are read (a long history holds many)
             if call_id and wants_result(call_id if type(call_id) is str else str(call_id)):
                 text = content if type(content) is str else r.text_of(content)
@@ -58,16 +57,15 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
                 unnamed.append(ToolResult("", result_value(text or content)))
             continue
         calls = (message.get("tool_calls") if plain else r.get(message, "tool_calls")) if role == "assistant" else None
-        if skip:
-            skip -= 1
-        elif type(content) is str and type(role) is str and not calls:
-            converted.append(r.text_message_json(role, content))
-        elif type(calls) is list and (content is None or type(content) is str) and calls and (
-            made := r.calls_message_json(content, calls)
-        ) is not None:
-            converted.append(made)  # the usual tool loop's assistant message, encoded once
-        else:
-            converted.append(_message_json(role, content, calls))
+        if fresh:
+            if type(content) is str and type(role) is str and not calls:
+                converted.append(r.text_message_json(role, content))
+            elif type(calls) is list and (content is None or type(content) is str) and calls and (
+                made := r.calls_message_json(content, calls)
+            ) is not None:
+                converted.append(made)  # the usual tool loop's assistant message, encoded once
+            else:
+                converted.append(_message_json(role, content, calls))
         if role == "user":
             input_text = content if type(content) is str else r.text_of(content)
         elif unnamed and role == "assistant":
