@@ -122,7 +122,7 @@ def _request(
             if r.get(block, "type") == "tool_result" and call_id and wants_result(str(call_id)):
                 results.append(
                     ToolResult(
-                        str(r.get(block, "tool_use_id")),
+                        str(call_id),
                         result_value(_result_content(r.get(block, "content"))),
                         bool(r.get(block, "is_error")),
                     )
