@@ -61,12 +61,12 @@ each variant's process spent per call (all threads, the flush after each block i
 over the baseline's: what background work costs (loopscope's store writer, most of all).
 
 The peers pin OpenTelemetry packages that conflict with each other, so they live in venvs
-of their own, which this script creates or updates when missing or stale (``pip install``
-from PyPI, with ``-e .`` and the openai client stack pinned to this venv's versions, so the
-HTTP path under every variant is the same code):
+of their own: the test suite's stacks (tests/stacks.toml), which this script builds when missing
+or stale (from PyPI, with ``-e .`` and the openai client stack pinned to this venv's versions, so
+the HTTP path under every variant is the same code):
 
-* ``benchmarks/.venv-peers``          -- ``benchmarks/requirements-peers.txt``
-* ``benchmarks/.venv-peers-otel-v2``  -- ``benchmarks/requirements-peers-otel-v2.txt``
+* ``.stacks/peers``          -- ``benchmarks/requirements-peers.txt``
+* ``.stacks/peers-otel-v2``  -- ``benchmarks/requirements-peers-otel-v2.txt``
 
     .venv/bin/python benchmarks/bench_openai_overhead.py            # ~4 min (+ ~1 min the first time: venvs)
     .venv/bin/python benchmarks/bench_openai_overhead.py --quick    # ~1 min
@@ -75,11 +75,9 @@ HTTP path under every variant is the same code):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import select
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -91,26 +89,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 
-# the openai client stack, pinned in the peers' venvs to the versions of the project venv
-CLIENT_STACK = ("openai", "httpx2", "httpcore2", "h11", "anyio", "pydantic", "pydantic-core", "jiter", "sniffio", "certifi")
+sys.path.insert(0, str(ROOT / "tests"))
+import stacks
 
 
 class Venv:
-    def __init__(self, name: str, folder: Path, requirements: Path | None) -> None:
+    """The project venv (``stack`` None), or the venv of a stack of tests/stacks.toml."""
+
+    def __init__(self, name: str, stack: str | None) -> None:
         self.name = name
-        self.folder = folder
-        self.requirements = requirements
+        self.stack = stack
+        self.requirements = stack  # truthy for a peers' venv (the orchestrator's test)
 
     @property
     def python(self) -> Path:
-        if self.requirements is None:
+        if self.stack is None:
             return Path(sys.executable)
-        return self.folder / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        return stacks.load()[self.stack].executable
 
 
-PROJECT = Venv("project", Path(sys.prefix), None)
-PEERS = Venv("peers", BENCH / ".venv-peers", BENCH / "requirements-peers.txt")
-PEERS_V2 = Venv("peers-otel-v2", BENCH / ".venv-peers-otel-v2", BENCH / "requirements-peers-otel-v2.txt")
+PROJECT = Venv("project", None)
+PEERS = Venv("peers", "peers")
+PEERS_V2 = Venv("peers-otel-v2", "peers-otel-v2")
 
 
 class Variant:
@@ -509,45 +509,19 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _client_pins() -> list[str]:
-    from importlib import metadata
-
-    pins = []
-    for dist in CLIENT_STACK:
-        try:
-            pins.append(f"{dist}=={metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            pass
-    return pins
-
-
 def ensure_venv(venv: Venv, *, setup: bool) -> str | None:
-    """Create or update a peers venv when missing or stale; None when ready, else why not."""
-    assert venv.requirements is not None
-    pins = _client_pins()
-    stamp = hashlib.sha256((venv.requirements.read_text() + "\n".join(pins) + sys.version).encode()).hexdigest()
-    stamp_file = venv.folder / ".bench-stamp"
-    if venv.python.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
-        _say(f"  {venv.name}: {venv.folder.relative_to(ROOT)} is up to date")
+    """Build a peers' venv (its stack) when missing or stale; None when ready, else why not."""
+    assert venv.stack is not None
+    stack = stacks.load()[venv.stack]
+    if stacks.is_built(stack):
+        _say(f"  {venv.name}: {stack.folder.relative_to(ROOT)} is up to date")
         return None
     if not setup:
-        return f"{venv.folder.relative_to(ROOT)} is missing or stale (run without --no-setup to build it)"
-    t0 = time.monotonic()
-    if not venv.python.exists():
-        cmd = [sys.executable, "-m", "venv", "--clear", str(venv.folder)]
-        _say(f"  {venv.name}: creating the venv: {shlex.join(cmd)}")
-        subprocess.run(cmd, check=True)
-    log = venv.folder / "bench-pip.log"
-    cmd = [str(venv.python), "-m", "pip", "install", "--disable-pip-version-check", "-e", str(ROOT),
-           "-r", str(venv.requirements), *pins]
-    _say(f"  {venv.name}: installing from PyPI (log: {log.relative_to(ROOT)}):\n    {shlex.join(cmd)}")
-    with log.open("w") as out:
-        done = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        lines = [ln for ln in log.read_text().splitlines() if not ln.startswith("WARNING: Location")]
-        return f"pip failed ({done.returncode}):\n      " + "\n      ".join(lines[-12:])
-    stamp_file.write_text(stamp)
-    _say(f"  {venv.name}: ready in {time.monotonic() - t0:.0f}s")
+        return f"{stack.folder.relative_to(ROOT)} is missing or stale (run without --no-setup to build it)"
+    try:
+        stacks.build(stack, say=lambda m: _say(f"  {m}"))
+    except stacks.BuildError as e:
+        return str(e)
     return None
 
 

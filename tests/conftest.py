@@ -13,8 +13,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 os.environ["LOOPSCOPE_STRICT"] = "1"  # internal errors fail tests instead of being logged
+# pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from their launcher; the tables the
+# commands print are checked at the width a pipe gets (tests that want a width set COLUMNS)
+for _size in ("COLUMNS", "LINES"):
+    os.environ.pop(_size, None)
 
 import loopscope
+import stacks
 from fakes.model_server import FakeModelServer
 from loopscope import _guard
 
@@ -43,6 +48,49 @@ class Recording:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "thread_writer: the test's `recording` pipeline runs the thread writer (a test of its insides)")
+    config.addinivalue_line("markers", "serial: runs alone, after the parallel tests, with nothing beside it (docs/testing.md)")
+    config.addinivalue_line("markers", "stack(name): runs in that stack's venv (tests/stacks.toml), in no other")
+
+
+# -- stacks (tests/stacks.toml): each test runs in one venv ---------------------------------------------
+
+_STACKS = stacks.load()
+_HERE = stacks.current()
+if _HERE != "core" and _HERE not in _STACKS:
+    raise pytest.UsageError(f"LOOPSCOPE_STACK={_HERE} names no stack of tests/stacks.toml")
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    """In the core venv, the files a stack runs are not collected (their libraries are not here)."""
+    if _HERE == "core" and collection_path.suffix == ".py" and stacks.owned(str(collection_path), _STACKS):
+        return True
+    return None
+
+
+def _stack_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("stack")
+    if marker is not None:
+        name = marker.args[0]
+        if name not in _STACKS:
+            raise pytest.UsageError(f"{item.nodeid}: stack({name!r}) is no stack of tests/stacks.toml")
+        if name not in stacks.owned(str(item.path), _STACKS):  # it would run nowhere
+            raise pytest.UsageError(f"{item.nodeid}: stack({name!r}), but that stack's `runs` do not hold its file")
+        return name
+    owners = stacks.owned(str(item.path), _STACKS)
+    if len(owners) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: its file is run by the stacks {owners}: mark it @pytest.mark.stack(NAME)")
+    return owners[0] if owners else "core"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the tests of this venv's stack (an `again` stack reruns core tests)."""
+    keep_as = "core" if _HERE != "core" and _STACKS[_HERE].again else _HERE
+    kept, dropped = [], []
+    for item in items:
+        (kept if _stack_of(item) == keep_as else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """One openai chat call recorded by loopscope and by the official GenAI instrumentation
 (opentelemetry-instrumentation-genai-openai) on one provider, exported over OTLP.
 
-Run by tests/export/test_content_switch.py with the instrumentation on ``PYTHONPATH``:
+Run by tests/export/test_content_switch.py with the peers stack's Python (tests/stacks.toml), which has it:
 ``python official_genai_child.py MODEL_BASE_URL OTLP_ENDPOINT DB``. The content switch is
 whatever the environment says.
 """

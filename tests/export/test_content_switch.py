@@ -9,12 +9,9 @@ mode and ``true`` as no content; loopscope reads both, so ``SPAN_ONLY`` (what ``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+import stacks
 from fakes import otlp_receiver
 from fakes.model_server import FakeModelServer, Reply
 from loopscope.cli.run import child_environment
@@ -92,38 +90,16 @@ def test_loopscope_run_capture_content_sets_the_value_both_readers_take():
 
 # -- with the real official instrumentation ------------------------------------------------------
 
-PEER = ROOT / ".venv-official-genai"  # a `pip install --target` folder, gitignored (.venv-*)
-REQUIREMENTS = HERE / "requirements-official-genai.txt"
-
-
-def official_instrumentation() -> Path:
-    """The folder holding opentelemetry-instrumentation-genai-openai, installed when missing or
-    stale (from PyPI, without dependencies: the project venv has them)."""
-    want = hashlib.sha256(REQUIREMENTS.read_bytes() + sys.version.encode()).hexdigest()
-    stamp = PEER / ".installed"
-    if stamp.exists() and stamp.read_text() == want:
-        return PEER
-    shutil.rmtree(PEER, ignore_errors=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-deps",
-         "--target", str(PEER), "-r", str(REQUIREMENTS)],
-        check=False, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, f"could not install {REQUIREMENTS.name}:\n{done.stderr[-3000:]}"
-    stamp.write_text(want)
-    return PEER
-
-
 def record_with_official(tmp_path: Path, receiver: otlp_receiver.OTLPReceiver, value: str) -> tuple[dict, dict]:
     """(loopscope's chat span, the official instrumentation's chat span), as exported."""
-    peer = official_instrumentation()
+    # the peers stack (tests/stacks.toml) has the official instrumentation beside loopscope
+    python = stacks.require("peers") / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env[VARIABLE] = value
-    env["PYTHONPATH"] = os.pathsep.join([str(peer), str(ROOT)])
     with FakeModelServer() as server:
         server.queue(Reply(text=ANSWER))
         done = subprocess.run(
-            [sys.executable, str(HERE / "official_genai_child.py"), server.openai_base_url, receiver.endpoint,
+            [str(python), str(HERE / "official_genai_child.py"), server.openai_base_url, receiver.endpoint,
              str(tmp_path / "s.duckdb")],
             check=False, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )

@@ -1,5 +1,5 @@
 """What a real tracing backend sees of loopscope's spans: Arize Phoenix (``phoenix serve``
-from PyPI, pinned in scripts/phoenix.sh, in its own venv that the script makes) on
+from PyPI, pinned in tests/stacks.toml, in its stack's venv) on
 loopback, in a temporary working folder, with its telemetry and external resources off.
 
 A loopscope-instrumented loop (the real openai SDK against the fake model server, a
@@ -27,6 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+import stacks
 from fakes.model_server import Reply, ToolCall, Usage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,9 +47,7 @@ def _get(url: str) -> Any:
 
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    setup = subprocess.run(["bash", str(ROOT / "scripts" / "phoenix.sh")], check=False, capture_output=True, text=True, timeout=1800)
-    assert setup.returncode == 0, f"scripts/phoenix.sh failed:\n{setup.stderr[-3000:]}"
-    command = setup.stdout.strip().splitlines()[-1]
+    command = str(stacks.require("phoenix") / "bin" / "phoenix")  # its stack (tests/stacks.toml)
     work = tmp_path_factory.mktemp("phoenix")
     http_port, grpc_port = _free_port(), _free_port()
     env = {

@@ -564,10 +564,11 @@ def test_mid_stream_error_event(model_server: FakeModelServer, api: str, is_asyn
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("api", APIS)
 def test_mid_stream_abort(model_server: FakeModelServer, api: str, is_async: bool) -> None:
-    """The connection drops mid-body: openai raises APIConnectionError; anthropic lets the transport's
-    httpx2.RemoteProtocolError through unwrapped (an SDK quirk)."""
+    """The connection drops mid-body: openai raises APIConnectionError; anthropic's newer releases
+    (2.17 here) raise their own APIConnectionError too, older ones let the transport's
+    httpx2.RemoteProtocolError through unwrapped (an SDK quirk: either is the client seeing the abort)."""
     model_server.queue(Reply.stream_failure(after=5, mode="abort"))
-    expected: Any = httpx2.RemoteProtocolError if api == "messages" else openai.APIConnectionError
+    expected: Any = (httpx2.RemoteProtocolError, anthropic.APIConnectionError) if api == "messages" else openai.APIConnectionError
     got: list[Any] = []
 
     if is_async:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import stacks
 from loopscope import semconv as a
 from loopscope.ingest.agents_bridges import OI_BRIDGE, OTEL_BRIDGE, REDACTED, repair
 from loopscope.ingest.foreign import AGENT, CONTAINER, classify, read_tool
@@ -30,7 +31,6 @@ from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "tests" / "fixtures" / "foreign" / "record_agents.py"
-VENVS = {"agents-otel": ROOT / "benchmarks" / ".venv-agents-otel", "agents-oi": ROOT / "benchmarks" / ".venv-agents-oi"}
 FRAMEWORKS = {"agents-otel": "opentelemetry-genai", "agents-oi": "openinference"}
 SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 
@@ -41,9 +41,8 @@ def query(db: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 def record(lib: str, *args: str) -> None:
-    python = sys.executable if lib == "loopscope" else str(VENVS[lib] / "bin" / "python")
-    if not Path(python).exists():
-        pytest.fail(f"{VENVS[lib].relative_to(ROOT)} does not exist: run scripts/peers.sh agents-otel agents-oi (scripts/test.sh runs scripts/peers.sh)")
+    # each bridge in its stack's venv (tests/stacks.toml)
+    python = sys.executable if lib == "loopscope" else str(stacks.require(lib) / "bin" / "python")
     done = subprocess.run([python, "-W", "ignore", str(RECORD), "--lib", lib, *args], check=False, capture_output=True,
                           text=True, timeout=180, cwd=ROOT, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]

@@ -9,7 +9,6 @@ peers' venvs exist.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import stacks
 from loopscope import semconv as a
 from loopscope.ingest.foreign import AGENT, CHAT, CONTAINER, TOOL, Assembler, classify, normalize
 from loopscope.ingest.otlp.collector import Collector
@@ -33,12 +33,13 @@ FRAMEWORKS = {
     "pydantic-ai": "pydantic-ai",
     "pydantic-ai-v2": "pydantic-ai",
 }
+# the stack (tests/stacks.toml) whose venv has each instrumentation
 PEERS = {
-    "otel-genai": ROOT / "benchmarks" / ".venv-peers",
-    "openllmetry": ROOT / "benchmarks" / ".venv-peers",
-    "openinference": ROOT / "benchmarks" / ".venv-peers",
-    "pydantic-ai": ROOT / "benchmarks" / ".venv-peers-pydantic-ai",
-    "pydantic-ai-v2": ROOT / "benchmarks" / ".venv-peers-pydantic-ai",
+    "otel-genai": "peers",
+    "openllmetry": "peers",
+    "openinference": "peers",
+    "pydantic-ai": "peers-pydantic-ai",
+    "pydantic-ai-v2": "peers-pydantic-ai",
 }
 PROMPT = "What's the weather in Paris?"
 ANSWER = "It is 21 °C and dry in Paris."
@@ -128,12 +129,7 @@ def test_an_agent_run_collected_with_content_off_keeps_its_message_rows_without_
 
 @pytest.mark.parametrize("lib", sorted(FRAMEWORKS))
 def test_live_spans_from_the_real_instrumentation(tmp_path, lib):
-    python = PEERS[lib] / "bin" / "python"
-    if not python.exists():
-        why = f"{PEERS[lib].relative_to(ROOT)} does not exist (scripts/peers.sh makes it)"
-        if os.environ.get("LOOPSCOPE_REQUIRE_PEERS") == "1":  # CI: scripts/test.sh ran scripts/peers.sh
-            pytest.fail(why)
-        pytest.skip(why)
+    python = stacks.require(PEERS[lib]) / "bin" / "python"
     db = str(tmp_path / f"live-{lib}.duckdb")
     with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         done = subprocess.run(

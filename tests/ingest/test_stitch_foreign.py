@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 import loopscope
+import stacks
 from loopscope import semconv as a
 from loopscope.ingest.foreign import Assembler
 from loopscope.ingest.otlp.collector import Collector
@@ -30,7 +30,6 @@ from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"
-PEERS = ROOT / "benchmarks" / ".venv-peers"
 FRAMEWORKS = {"otel-genai": "opentelemetry-genai", "openllmetry": "openllmetry", "openinference": "openinference"}
 CONTENT = {"on": [], "off": ["--no-content"]}
 
@@ -115,11 +114,7 @@ def check(collected: dict[str, Any], expected: dict[str, Any]) -> None:
 @pytest.mark.parametrize("content", sorted(CONTENT))
 @pytest.mark.parametrize("lib", sorted(FRAMEWORKS))
 def test_a_bare_loop_of_the_real_instrumentation_is_stored_as_in_process(tmp_path, in_process, lib, content):
-    python = PEERS / "bin" / "python"
-    if not python.exists():
-        if os.environ.get("LOOPSCOPE_REQUIRE_PEERS") == "1":
-            pytest.fail(f"{PEERS.relative_to(ROOT)} is missing: scripts/peers.sh makes it")
-        pytest.skip(f"{PEERS.relative_to(ROOT)} does not exist (scripts/peers.sh makes it)")
+    python = stacks.require("peers") / "bin" / "python"
     db = tmp_path / f"{lib}-{content}.duckdb"
     with Collector(str(db), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         done = subprocess.run(

@@ -24,6 +24,9 @@ from loopscope.instrument import ADAPTERS
 from loopscope.models import ToolCall as ModelToolCall
 from recorded import rows as tool_rows
 
+# the mcp stack's tests (tests/stacks.toml); one of them is the langchain stack's
+pytestmark = pytest.mark.stack("mcp")
+
 WEATHER_RESULT = {"city": "Paris", "temp_c": 21}
 BOOM = "Error executing tool book_table: the booking service timed out"
 OPENAI_TOOLS = [
@@ -194,6 +197,7 @@ def test_calls_serve_a_stitched_openai_turn(instrumented, model_server):
     assert [r["id"] for r in model_server.requests[1].tool_results] == ["call_w1", "call_b1"]
 
 
+@pytest.mark.stack("langchain")  # both libraries: the langchain stack has mcp too (tests/stacks.toml)
 def test_a_call_inside_a_langchain_tool_of_that_name_is_that_call(recording, model_server):
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import StructuredTool

@@ -1,0 +1,243 @@
+"""Run the test suite, or part of it, across its stacks (tests/stacks.toml); ./scripts/test.sh
+calls it with the core venv's Python after making that venv.
+
+    ./scripts/test.sh                               # everything: the core venv, then every stack
+    ./scripts/test.sh tests/cli -x                  # the core venv alone: no stack is built
+    ./scripts/test.sh tests/instrument/test_mcp.py  # builds the mcp stack and runs the file there
+    ./scripts/test.sh --stack oldsdk                # one stack's tests (an `again` stack included)
+
+Arguments that name existing paths (``path`` or ``path::test``) select tests; every other argument
+goes to pytest as it is. For each venv the tests run twice: in parallel on pytest-xdist workers
+(``-n``: $LOOPSCOPE_TEST_WORKERS, else 4), then the tests marked ``serial``, one at a time, with
+nothing beside them. The last line sums every run's outcome, whatever pytest's own verbosity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import stacks
+
+CORE = "core"
+OUTCOMES = ("passed", "failed", "errors", "skipped")
+
+
+def say(message: str) -> None:
+    print(f"loopscope tests: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Run:
+    """One pytest run: a venv, the paths it selects, what it leaves out."""
+
+    stack: str
+    python: Path
+    paths: list[str]
+    ignore: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Tally:
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    failed_runs: list[str] = field(default_factory=list)
+
+    def add_junit(self, xml: Path) -> None:
+        if not xml.exists():
+            return
+        root = ET.parse(xml).getroot()
+        for suite in root.iter("testsuite"):
+            tests, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+            self.counts["failed"] += failures
+            self.counts["errors"] += errors
+            self.counts["skipped"] += skipped
+            self.counts["passed"] += tests - failures - errors - skipped
+
+    def line(self, seconds: float) -> str:
+        said = ", ".join(f"{n} {k}" for k, n in self.counts.items() if n or k == "passed")
+        runs = f"; failing runs: {', '.join(self.failed_runs)}" if self.failed_runs else ""
+        return f"{said} in {seconds:.0f}s{runs}"
+
+
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(test paths, other pytest arguments). A path is an argument naming something that exists."""
+    paths, rest = [], []
+    after_value_option = False
+    for arg in argv:
+        if not after_value_option and not arg.startswith("-") and (ROOT / arg.split("::", 1)[0]).exists():
+            paths.append(arg)
+        else:
+            rest.append(arg)
+        # an option whose value follows it (`-k expr`, `-m expr`, ...): that value is no path
+        after_value_option = arg in {"-k", "-m", "-p", "-n", "-c", "-o", "--maxfail", "--deselect", "--ignore", "--rootdir",
+                                     "--basetemp", "--durations", "--junitxml", "--tb", "-W", "--log-level", "--dist"}
+    return paths, rest
+
+
+def plan(paths: list[str], named: list[str], all_stacks: dict[str, stacks.Stack]) -> tuple[list[Run], set[str]]:
+    """The pytest runs a selection needs, and the stacks that must be built for them."""
+    full = not paths and not named
+    selected = paths or ["tests"]
+    runs: list[Run] = []
+    needed: set[str] = set()
+    if not named or CORE in named:
+        # the core run: the selection, less every test file a stack runs instead
+        core_paths = [p for p in selected if not stacks.owned(p, all_stacks)]
+        ignore = sorted({r for s in all_stacks.values() if not s.again for r in s.runs
+                         if any(stacks.overlaps(p, r) for p in core_paths)})
+        if core_paths:
+            runs.append(Run(CORE, Path(sys.executable), core_paths, ignore))
+            needed |= {s.name for s in all_stacks.values() if any(stacks.overlaps(p, d) for p in core_paths for d in s.drives)
+                       and not all(any(stacks.overlaps(d, i) for i in ignore) for d in s.drives)}
+    for stack in all_stacks.values():
+        if not stack.runs or (named and stack.name not in named) or (stack.again and not (full or stack.name in named)):
+            continue
+        chosen = sorted({narrower(p, r) for r in stack.runs for p in selected if stacks.overlaps(p, r)})
+        if chosen:
+            runs.append(Run(stack.name, stack.executable, chosen, env={**stack.env, "LOOPSCOPE_STACK": stack.name}))
+            needed.add(stack.name)
+    return runs, needed
+
+
+def narrower(selected: str, path: str) -> str:
+    """Of a selected path and a manifest path that overlap, the one inside the other."""
+    rel = stacks.relative(selected)
+    return selected if rel == path or rel.startswith(path.rstrip("/") + "/") else path
+
+
+def serial_paths(paths: list[str]) -> list[str]:
+    """Of ``paths``, what holds tests marked ``serial``: a folder gives its files that mark one (read
+    as text, no collection), a file or a test is kept if its file does. Empty: no serial pass."""
+    found = []
+    for path in paths:
+        top = ROOT / path.split("::", 1)[0]
+        files = [top] if top.is_file() else sorted(top.rglob("test_*.py"))
+        marked = [f for f in files if "mark.serial" in f.read_text(errors="replace")]
+        found += [path] if top.is_file() and marked else [str(f.relative_to(ROOT)) for f in marked if not top.is_file()]
+    return found
+
+
+def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> list[tuple[list[str], Path]]:
+    """The parallel pass and, where a test is marked serial, the serial pass of one run:
+    (command, its junit file)."""
+    user_marks = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "-m"]
+    rest = [a for i, a in enumerate(extra) if a != "-m" and (i == 0 or extra[i - 1] != "-m")]
+    both = f"({user_marks[-1]}) and " if user_marks else ""
+    passes = []
+    for name, marks, paths in (("parallel", f"{both}not serial", run.paths), ("serial", f"{both}serial", serial_paths(run.paths))):
+        if not paths:
+            continue
+        xml = xml_dir / f"{run.stack}-{name}.xml"
+        spread = ["-n", workers] if name == "parallel" and workers != "0" else ["-p", "no:xdist"]
+        cmd = [str(run.python), "-m", "pytest", *paths, *(f"--ignore={i}" for i in run.ignore), "-p", "no:cacheprovider",
+               "-m", marks, f"--junitxml={xml}", *spread, *rest]
+        passes.append((cmd, xml))
+    return passes
+
+
+LOCK_WAIT = 600.0  # seconds a package install waits for another process's apt/dpkg lock
+
+
+def install_system(package: stacks.SystemPackage, in_ci: bool) -> str | None:
+    """Install a Debian package the selected tests need, if it is missing; None when it is there,
+    else why not. Another process holding the package manager's lock is waited for, up to
+    LOCK_WAIT seconds, instead of failing at once."""
+    if Path(package.binary).exists():
+        return None
+    if os.geteuid() == 0:
+        sudo: list[str] = []
+    elif in_ci and shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False).returncode == 0:
+        sudo = ["sudo", "-n"]
+    else:
+        return f"no {package.binary}, and installing it needs root: sudo apt-get install {package.package}"
+    if not shutil.which("apt-get"):
+        return f"no {package.binary}, and no apt-get to install it"
+    say(f"installing Debian's {package.package} (apt-get install {package.package}) for {', '.join(package.tests)}")
+    deadline = time.monotonic() + LOCK_WAIT
+    for step in (["update", "-q"], ["install", "-y", "-q", package.package]):
+        while True:
+            done = subprocess.run([*sudo, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-o", "DPkg::Lock::Timeout=60", *step],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                break
+            said = done.stdout + done.stderr
+            if "Could not get lock" in said and time.monotonic() < deadline:
+                held = next((ln for ln in said.splitlines() if "Could not get lock" in ln), "")
+                say(f"waiting for the package manager's lock ({held.strip()})")
+                time.sleep(5)
+                continue
+            return f"apt-get {step[0]} failed ({done.returncode}):\n  " + "\n  ".join(said.splitlines()[-15:])
+    return None if Path(package.binary).exists() else f"apt-get installed {package.package}, but there is no {package.binary}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--stack", action="append", default=[])
+    own, argv = parser.parse_known_args(argv)
+    all_stacks = stacks.load()
+    unknown = [n for n in own.stack if n != CORE and n not in all_stacks]
+    if unknown:
+        say(f"no stack named {', '.join(unknown)} (tests/stacks.toml has: core, {', '.join(all_stacks)})")
+        return 4
+    paths, extra = split_arguments(argv)
+    runs, needed = plan(paths, own.stack, all_stacks)
+    in_ci = os.environ.get("CI") in ("true", "1")
+    started = time.monotonic()
+    tally = Tally()
+    unbuilt: dict[str, str] = {}
+    for name in sorted(needed):
+        try:
+            stacks.build(all_stacks[name], say=say)
+        except stacks.BuildError as e:
+            unbuilt[name] = str(e)
+            say(f"stack {name} could not be built: {e}")
+    if unbuilt and in_ci:
+        say("CI needs every stack it runs: stopping")
+        return 1
+    core_paths = [p for run in runs if run.stack == CORE for p in run.paths]
+    for package in stacks.load_system().values():
+        if any(stacks.overlaps(p, t) for p in core_paths for t in package.tests):
+            why = install_system(package, in_ci)
+            if why is not None:
+                say(f"{why}: the tests that need it will {'fail (CI)' if in_ci else 'be skipped'}")
+    workers = os.environ.get("LOOPSCOPE_TEST_WORKERS", "4")
+    status = 0
+    # bytecode caches written (a machine may turn them off): pytest's rewritten test modules and
+    # loopscope's own are then compiled once, not in every worker and child interpreter
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = {**os.environ, "LOOPSCOPE_REQUIRE_STACKS": "1" if in_ci else os.environ.get("LOOPSCOPE_REQUIRE_STACKS", "0")}
+    with tempfile.TemporaryDirectory(prefix="loopscope-tests-") as tmp:
+        for run in runs:
+            if run.stack in unbuilt:
+                say(f"{run.stack}: not run ({run.paths}): its stack could not be built")
+                tally.failed_runs.append(run.stack)
+                status = status or 1
+                continue
+            for cmd, xml in pytest_passes(run, extra, workers, Path(tmp)):
+                kind = "serial" if "no:xdist" in cmd else "parallel"
+                say(f"{run.stack} ({kind}): {' '.join(run.paths)}")
+                code = subprocess.run(cmd, cwd=ROOT, env={**env, **run.env}, check=False).returncode
+                tally.add_junit(xml)
+                if code == 5:  # nothing selected (no serial test in these paths, say)
+                    continue
+                if code != 0:
+                    tally.failed_runs.append(f"{run.stack} {kind}")
+                    status = status or code
+    print(f"loopscope tests: {tally.line(time.monotonic() - started)}", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""The suite's stacks (tests/stacks.toml) and the runner's plan (scripts/test.py): a selection of
+tests builds only the stacks its tests need, and every test runs in exactly one venv."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import stacks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("loopscope_test_runner", ROOT / "scripts" / "test.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+runner = _runner()
+ALL = stacks.load()
+
+
+def planned(*paths: str, named: tuple[str, ...] = ()) -> tuple[dict[str, list[str]], set[str]]:
+    runs, needed = runner.plan(list(paths), list(named), ALL)
+    return {run.stack: run.paths for run in runs}, needed
+
+
+def test_a_core_folder_builds_no_stack():
+    runs, needed = planned("tests/cli")
+    assert runs == {"core": ["tests/cli"]} and needed == set()
+
+
+def test_one_framework_file_builds_its_stack_alone():
+    runs, needed = planned("tests/instrument/test_roomkit.py")
+    assert runs == {"roomkit": ["tests/instrument/test_roomkit.py"]} and needed == {"roomkit"}
+
+
+def test_a_file_two_stacks_share_runs_in_both():
+    runs, needed = planned("tests/instrument/test_mcp.py")
+    assert runs == {"mcp": ["tests/instrument/test_mcp.py"], "langchain": ["tests/instrument/test_mcp.py"]}
+    assert needed == {"mcp", "langchain"}
+
+
+def test_a_file_that_drives_a_peer_builds_that_peer():
+    runs, needed = planned("tests/ingest/test_agents_bridges.py")
+    assert runs == {"core": ["tests/ingest/test_agents_bridges.py"]} and needed == {"agents-otel", "agents-oi"}
+
+
+def test_a_folder_with_framework_files_runs_them_in_their_stacks_and_the_rest_in_core():
+    runs, needed = planned("tests/instrument")
+    assert runs["core"] == ["tests/instrument"]
+    assert runs["roomkit"] == ["tests/instrument/test_framework_faults.py", "tests/instrument/test_roomkit.py"]
+    assert {"roomkit", "langchain", "mcp", "toolnexus", "openai-agents", "pydantic-ai"} <= needed
+    assert "oldsdk" not in runs  # an `again` stack runs in the full suite only
+
+
+def test_the_full_suite_runs_every_stack_and_builds_every_driven_peer():
+    runs, needed = planned()
+    assert set(runs) == {"core"} | {s.name for s in ALL.values() if s.runs}
+    assert needed >= {s.name for s in ALL.values() if s.runs or s.drives}
+
+
+def test_a_named_again_stack_runs_alone():
+    runs, needed = planned(named=("oldsdk",))
+    assert set(runs) == {"oldsdk"} and needed == {"oldsdk"}
+
+
+def test_a_test_inside_a_stack_file_is_run_as_given():
+    node = "tests/instrument/test_roomkit.py::test_something"
+    runs, _ = planned(node)
+    assert runs == {"roomkit": [node]}
+
+
+def test_arguments_that_name_paths_select_and_the_rest_go_to_pytest():
+    paths, rest = runner.split_arguments(["tests/cli", "-x", "-k", "tests", "-q", "tests/test_lint.py::test_x"])
+    assert paths == ["tests/cli", "tests/test_lint.py::test_x"]
+    assert rest == ["-x", "-k", "tests", "-q"]
+
+
+def test_the_oldest_sdk_stack_pins_the_lower_bound_of_the_sdk_requirement():
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        deps = stacks.tomllib.load(f)["project"]["dependencies"]
+    (lowest,) = [m.group(1) for d in deps if (m := re.fullmatch(r"opentelemetry-sdk>=([\d.]+)", d.replace(" ", "")))]
+    pins = ALL["oldsdk"].requires
+    for dist in ("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp"):
+        assert f"{dist}=={lowest}.*" in pins, (dist, pins)
+
+
+def test_every_path_a_stack_names_exists():
+    for stack in ALL.values():
+        for path in (*stack.runs, *stack.drives):
+            assert (ROOT / path).exists(), f"{stack.name}: {path}"
+    for package in stacks.load_system().values():
+        for path in package.tests:
+            assert (ROOT / path).exists(), f"{package.name}: {path}"
+
+
+def test_a_stack_hash_changes_with_what_goes_in_it(tmp_path):
+    base = ALL["mcp"]
+    other = stacks.Stack(**{**base.__dict__, "requires": ("httpx",)})
+    assert stacks.stack_hash(base) == stacks.stack_hash(base)
+    assert stacks.stack_hash(other) != stacks.stack_hash(base)
+
+
+def test_an_unknown_key_in_the_manifest_is_an_error(tmp_path):
+    bad = tmp_path / "stacks.toml"
+    bad.write_text('[stacks.x]\nrequire = ["a"]\n')
+    with pytest.raises(ValueError, match="unknown keys"):
+        stacks.load(bad)
