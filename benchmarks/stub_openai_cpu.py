@@ -8,7 +8,7 @@ blocks in one process; reported: the median over block pairs of the added CPU ti
 call (``time.thread_time``), and the garbage collector's time per call in the "on" blocks.
 
     .venv/bin/python benchmarks/stub_openai_cpu.py --store              # loopscope, store on
-    benchmarks/.venv-peers-otel-v2/bin/python benchmarks/stub_openai_cpu.py \
+    .stacks/peers-otel-v2/bin/python benchmarks/stub_openai_cpu.py \
         --peer opentelemetry.instrumentation.openai_v2                  # a peer (its venv)
 
 ``--profile FILE`` writes a cProfile of the "on" blocks; ``--only-on`` skips the "off" ones

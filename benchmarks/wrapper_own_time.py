@@ -10,7 +10,7 @@ only: a stream's chunks are read outside ``create``.
 
     .venv/bin/python benchmarks/wrapper_own_time.py                          # loopscope, store on
     .venv/bin/python benchmarks/wrapper_own_time.py --nostore                # loopscope, no store
-    benchmarks/.venv-peers-otel-v2/bin/python benchmarks/wrapper_own_time.py \\
+    .stacks/peers-otel-v2/bin/python benchmarks/wrapper_own_time.py \\
         --peer opentelemetry.instrumentation.openai_v2                       # a peer, from its venv
 
 Prints the median and mean microseconds per call; run each a few times, the machine is noisy.

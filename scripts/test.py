@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,6 +183,15 @@ def install_system(package: stacks.SystemPackage, in_ci: bool) -> str | None:
     return None if Path(package.binary).exists() else f"apt-get installed {package.package}, but there is no {package.binary}"
 
 
+def build_or_why(stack: stacks.Stack) -> str | None:
+    """Build a stack if it is missing or stale; None when it is ready, else why not."""
+    try:
+        stacks.build(stack, say=say)
+    except stacks.BuildError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--stack", action="append", default=[])
@@ -197,12 +207,12 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     tally = Tally()
     unbuilt: dict[str, str] = {}
-    for name in sorted(needed):
-        try:
-            stacks.build(all_stacks[name], say=say)
-        except stacks.BuildError as e:
-            unbuilt[name] = str(e)
-            say(f"stack {name} could not be built: {e}")
+    # a few at once: uv downloads in parallel anyway, and compiling bytecode takes a core
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for name, error in zip(sorted(needed), pool.map(lambda n: build_or_why(all_stacks[n]), sorted(needed))):
+            if error is not None:
+                unbuilt[name] = error
+                say(f"stack {name} could not be built: {error}")
     if unbuilt and in_ci:
         say("CI needs every stack it runs: stopping")
         return 1

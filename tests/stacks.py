@@ -51,6 +51,7 @@ class Stack:
     loopscope: bool = True
     pin_core: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
     drives: tuple[str, ...] = ()
     again: bool = False
     python: str | None = None
@@ -72,7 +73,7 @@ class Stack:
         return (*((TESTBASE,) if self.runs else ()), *self.extras)
 
 
-_KEYS = {"extras", "requires", "requirements", "loopscope", "pin-core", "runs", "drives", "again", "python", "env"}
+_KEYS = {"extras", "requires", "requirements", "loopscope", "pin-core", "runs", "checks", "drives", "again", "python", "env"}
 
 
 def load(manifest: Path = MANIFEST) -> dict[str, Stack]:
@@ -95,6 +96,7 @@ def load(manifest: Path = MANIFEST) -> dict[str, Stack]:
             loopscope=bool(entry.get("loopscope", True)),
             pin_core=tuple(entry.get("pin-core", ())),
             runs=tuple(entry.get("runs", ())),
+            checks=tuple(entry.get("checks", ())),
             drives=tuple(entry.get("drives", ())),
             again=bool(entry.get("again", False)),
             python=entry.get("python"),

@@ -51,13 +51,14 @@ def test_a_file_two_stacks_share_runs_in_both():
 
 def test_a_file_that_drives_a_peer_builds_that_peer():
     runs, needed = planned("tests/ingest/test_agents_bridges.py")
-    assert runs == {"core": ["tests/ingest/test_agents_bridges.py"]} and needed == {"agents-otel", "agents-oi"}
+    assert runs == {"core": ["tests/ingest/test_agents_bridges.py"]} and needed == {"agents-otel", "agents-oi", "openai-agents"}
 
 
 def test_a_folder_with_framework_files_runs_them_in_their_stacks_and_the_rest_in_core():
     runs, needed = planned("tests/instrument")
     assert runs["core"] == ["tests/instrument"]
-    assert runs["roomkit"] == ["tests/instrument/test_framework_faults.py", "tests/instrument/test_roomkit.py"]
+    assert runs["roomkit"] == ["tests/instrument/test_adapter_types.py", "tests/instrument/test_framework_faults.py",
+                               "tests/instrument/test_roomkit.py"]
     assert {"roomkit", "langchain", "mcp", "toolnexus", "openai-agents", "pydantic-ai"} <= needed
     assert "oldsdk" not in runs  # an `again` stack runs in the full suite only
 

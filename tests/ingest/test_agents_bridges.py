@@ -4,7 +4,7 @@ compared with the same run recorded by loopscope in process.
 One real ``agents.Runner`` run (``tests/fixtures/foreign/record_agents.py``: two tool
 rounds, then the answer; the real openai SDK against the fake model server) runs three
 times: under loopscope's own adapter (the project venv), and under each bridge installed
-from PyPI in a pinned version in its own venv (``scripts/peers.sh`` makes them),
+from PyPI in a pinned version in its own venv (a stack of tests/stacks.toml, which ``./scripts/test.sh`` builds),
 its spans sent over real OTLP/HTTP on loopback to a running collector. The collected rows
 must be loopscope's rows, but for what the bridge's spans do not carry (``MISSING``).
 """
@@ -15,7 +15,6 @@ import copy
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,8 @@ def query(db: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 def record(lib: str, *args: str) -> None:
-    # each bridge in its stack's venv (tests/stacks.toml)
-    python = sys.executable if lib == "loopscope" else str(stacks.require(lib) / "bin" / "python")
+    # each bridge in its stack's venv (tests/stacks.toml); loopscope's own adapter in the openai-agents stack's
+    python = str(stacks.require("openai-agents" if lib == "loopscope" else lib) / "bin" / "python")
     done = subprocess.run([python, "-W", "ignore", str(RECORD), "--lib", lib, *args], check=False, capture_output=True,
                           text=True, timeout=180, cwd=ROOT, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]

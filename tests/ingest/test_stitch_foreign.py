@@ -2,7 +2,7 @@
 the turn loopscope stores for the same loop in-process.
 
 The live tests drive the real openai SDK under each peer instrumentation (installed from
-PyPI in benchmarks/.venv-peers by scripts/peers.sh, pinned in benchmarks/requirements-peers.txt)
+PyPI in the peers stack, .stacks/peers (tests/stacks.toml), pinned in benchmarks/requirements-peers.txt)
 against the fake model server, exporting real OTLP over loopback to a collector, and run
 the same loop in this process under ``loopscope.instrument()``; the fixture tests replay
 the spans those instrumentations sent (tests/fixtures/foreign/*-bare*.json, recorded by

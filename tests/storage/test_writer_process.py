@@ -179,7 +179,14 @@ SHIPS_THEN_WAITS = """
     for i in range(int(sys.argv[2])):
         with loopscope.turn(session_id=f"s{i}", input="q") as t:
             t.generation("a", finish_reason="stop")
-    pipeline.writer.stats()  # answered after the child read every span queued before it
+    # stats() is answered after the child read every span queued before it, or gives up after a
+    # second (STATS_WAIT) with the child's last counters: under load the child may still be
+    # starting, so ask until it answers (its answer is the sync, not the counters)
+    deadline = time.monotonic() + 60
+    while True:
+        pipeline.writer.stats()
+        if pipeline.writer._answered.is_set() or time.monotonic() > deadline:
+            break
     print(pipeline.writer.child_pid(), flush=True)
     time.sleep(120)
 """
