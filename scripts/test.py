@@ -54,6 +54,7 @@ class Run:
 class Tally:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     failed_runs: list[str] = field(default_factory=list)
+    times: list[tuple[str, float]] = field(default_factory=list)
 
     def add_junit(self, xml: Path) -> None:
         if not xml.exists():
@@ -130,9 +131,9 @@ def serial_paths(paths: list[str]) -> list[str]:
     return found
 
 
-def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> list[tuple[list[str], Path]]:
+def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> list[tuple[str, list[str], list[str], Path]]:
     """The parallel pass and, where a test is marked serial, the serial pass of one run:
-    (command, its junit file)."""
+    (which, its paths, command, its junit file)."""
     user_marks = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "-m"]
     rest = [a for i, a in enumerate(extra) if a != "-m" and (i == 0 or extra[i - 1] != "-m")]
     both = f"({user_marks[-1]}) and " if user_marks else ""
@@ -144,7 +145,7 @@ def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> li
         spread = ["-n", workers] if name == "parallel" and workers != "0" else ["-p", "no:xdist"]
         cmd = [str(run.python), "-m", "pytest", *paths, *(f"--ignore={i}" for i in run.ignore), "-p", "no:cacheprovider",
                "-m", marks, f"--junitxml={xml}", *spread, *rest]
-        passes.append((cmd, xml))
+        passes.append((name, paths, cmd, xml))
     return passes
 
 
@@ -222,6 +223,7 @@ def main(argv: list[str]) -> int:
             why = install_system(package, in_ci)
             if why is not None:
                 say(f"{why}: the tests that need it will {'fail (CI)' if in_ci else 'be skipped'}")
+    tally.times.append(("set-up", time.monotonic() - started))
     workers = os.environ.get("LOOPSCOPE_TEST_WORKERS", "4")
     status = 0
     # bytecode caches written (a machine may turn them off): pytest's rewritten test modules and
@@ -235,16 +237,19 @@ def main(argv: list[str]) -> int:
                 tally.failed_runs.append(run.stack)
                 status = status or 1
                 continue
-            for cmd, xml in pytest_passes(run, extra, workers, Path(tmp)):
-                kind = "serial" if "no:xdist" in cmd else "parallel"
-                say(f"{run.stack} ({kind}): {' '.join(run.paths)}")
+            for kind, paths, cmd, xml in pytest_passes(run, extra, workers, Path(tmp)):
+                say(f"{run.stack} ({kind}): {' '.join(paths)}")
+                began = time.monotonic()
                 code = subprocess.run(cmd, cwd=ROOT, env={**env, **run.env}, check=False).returncode
+                tally.times.append((run.stack if kind == "parallel" else f"{run.stack} serial", time.monotonic() - began))
                 tally.add_junit(xml)
                 if code == 5:  # nothing selected (no serial test in these paths, say)
                     continue
                 if code != 0:
                     tally.failed_runs.append(f"{run.stack} {kind}")
                     status = status or code
+    # where the time went (docs/testing.md: the budget), then the one summary line
+    say("times: " + ", ".join(f"{label} {seconds:.0f}s" for label, seconds in tally.times))
     print(f"loopscope tests: {tally.line(time.monotonic() - started)}", flush=True)
     return status
 

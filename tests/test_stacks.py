@@ -57,8 +57,7 @@ def test_a_file_that_drives_a_peer_builds_that_peer():
 def test_a_folder_with_framework_files_runs_them_in_their_stacks_and_the_rest_in_core():
     runs, needed = planned("tests/instrument")
     assert runs["core"] == ["tests/instrument"]
-    assert runs["roomkit"] == ["tests/instrument/test_adapter_types.py", "tests/instrument/test_framework_faults.py",
-                               "tests/instrument/test_roomkit.py"]
+    assert runs["roomkit"] == sorted(ALL["roomkit"].runs) and "tests/instrument/test_roomkit.py" in runs["roomkit"]
     assert {"roomkit", "langchain", "mcp", "toolnexus", "openai-agents", "pydantic-ai"} <= needed
     assert "oldsdk" not in runs  # an `again` stack runs in the full suite only
 
@@ -116,3 +115,19 @@ def test_an_unknown_key_in_the_manifest_is_an_error(tmp_path):
     bad.write_text('[stacks.x]\nrequire = ["a"]\n')
     with pytest.raises(ValueError, match="unknown keys"):
         stacks.load(bad)
+
+
+def test_a_serial_pass_runs_only_where_a_test_is_marked_serial(tmp_path, monkeypatch):
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "test_alone.py").write_text("import pytest\n\n@pytest.mark.serial\ndef test_x():\n    pass\n")
+    (folder / "test_beside.py").write_text("def test_y():\n    pass\n")
+    monkeypatch.setattr(runner, "ROOT", tmp_path)
+    assert runner.serial_paths(["tests"]) == ["tests/test_alone.py"]
+    assert runner.serial_paths(["tests/test_beside.py"]) == []
+    run = runner.Run("core", Path(sys.executable), ["tests"])
+    passes = runner.pytest_passes(run, ["-x", "-m", "slow"], "4", tmp_path)
+    assert [(name, paths) for name, paths, _, _ in passes] == [("parallel", ["tests"]), ("serial", ["tests/test_alone.py"])]
+    parallel, serial = (cmd for _, _, cmd, _ in passes)
+    assert parallel[parallel.index("-m", 3) + 1] == "(slow) and not serial" and parallel[parallel.index("-n") + 1] == "4"
+    assert serial[serial.index("-m", 3) + 1] == "(slow) and serial" and "no:xdist" in serial and "-x" in serial
