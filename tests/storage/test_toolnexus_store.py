@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_conversations import rows  # the timeline as (index, type, what it says)
 
 import loopscope
 from loopscope import DuckDBConversationStore
@@ -19,23 +20,10 @@ from loopscope.storage.conversations import CONVERSATION_EVENT
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "conversations.duckdb"
-
-
-def rows(db: Path, session: str) -> list[tuple[Any, ...]]:
-    """The session's timeline as (index, type, what it says)."""
-    out = []
-    for e in loopscope.Store(str(db)).get_timeline(session):
-        c = e.content
-        if e.type == "message":
-            out.append((e.index, e.type, c.role, c.body))
-        elif e.type in ("tool_call_start", "tool_call_end"):
-            out.append((e.index, e.type, c.tool_name, c.tool_id, c.arguments, c.result, c.status, c.outcome, c.error))
-        else:
-            out.append((e.index, e.type, c))
-    return out
 
 
 # -- toolnexus on the DuckDB store, continued by another process ----------------------------------------
