@@ -4,6 +4,7 @@ tests builds only the stacks its tests need, and every test runs in exactly one 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -131,3 +132,43 @@ def test_a_serial_pass_runs_only_where_a_test_is_marked_serial(tmp_path, monkeyp
     parallel, serial = (cmd for _, _, cmd, _ in passes)
     assert parallel[parallel.index("-m", 3) + 1] == "(slow) and not serial" and parallel[parallel.index("-n") + 1] == "4"
     assert serial[serial.index("-m", 3) + 1] == "(slow) and serial" and "no:xdist" in serial and "-x" in serial
+
+
+def _fake_apt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked_tries: int) -> tuple[Path, Path]:
+    """An apt-get on PATH that says another process holds the lock ``locked_tries`` times, then
+    installs: it creates the package's binary. Returns (the binary, the log of its calls)."""
+    bin_dir, binary, log, tries = tmp_path / "bin", tmp_path / "chromium", tmp_path / "apt.log", tmp_path / "tries"
+    bin_dir.mkdir()
+    tries.write_text("0")
+    script = bin_dir / "apt-get"
+    script.write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+n=$(cat {tries}); echo $((n + 1)) > {tries}
+if [ "$n" -lt {locked_tries} ]; then
+  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (apt-get)" >&2
+  exit 100
+fi
+case "$*" in *install*) touch {binary} ;; esac
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(runner.time, "sleep", lambda seconds: None)
+    return binary, log
+
+
+def test_a_package_install_waits_for_the_package_managers_lock(tmp_path, monkeypatch):
+    binary, log = _fake_apt(tmp_path, monkeypatch, locked_tries=3)
+    package = stacks.SystemPackage("chromium", "chromium", str(binary), ("tests/dashboards/test_web_ui.py",))
+    assert runner.install_system(package, in_ci=True) is None
+    calls = log.read_text().splitlines()
+    assert len(calls) == 5 and all("update" in c for c in calls[:4]) and "install" in calls[4]
+    assert binary.exists()
+
+
+def test_a_lock_held_past_the_bound_is_a_clear_failure(tmp_path, monkeypatch):
+    binary, _ = _fake_apt(tmp_path, monkeypatch, locked_tries=10**6)
+    monkeypatch.setattr(runner, "LOCK_WAIT", 0.0)
+    package = stacks.SystemPackage("chromium", "chromium", str(binary), ("tests/dashboards/test_web_ui.py",))
+    why = runner.install_system(package, in_ci=True)
+    assert why is not None and "Could not get lock" in why and not binary.exists()
