@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,10 @@ os.environ["LOOPSCOPE_STRICT"] = "1"  # internal errors fail tests instead of be
 # commands print are checked at the width a pipe gets (tests that want a width set COLUMNS)
 for _size in ("COLUMNS", "LINES"):
     os.environ.pop(_size, None)
+# a suite started in the background (`cmd &` in a script, nohup) inherits Ctrl-C ignored, and so
+# would every child it starts: the tests that press Ctrl-C on a command want it as a terminal has it
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import loopscope
 import stacks
