@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,9 @@ def narrower(selected: str, path: str) -> str:
     return selected if rel == path or rel.startswith(path.rstrip("/") + "/") else path
 
 
+SERIAL = re.compile(r"^\s*(@pytest\.mark\.serial\b|pytestmark\b.*\bmark\.serial\b)", re.MULTILINE)
+
+
 def serial_paths(paths: list[str]) -> list[str]:
     """Of ``paths``, what holds tests marked ``serial``: a folder gives its files that mark one (read
     as text, no collection), a file or a test is kept if its file does. Empty: no serial pass."""
@@ -126,7 +130,7 @@ def serial_paths(paths: list[str]) -> list[str]:
     for path in paths:
         top = ROOT / path.split("::", 1)[0]
         files = [top] if top.is_file() else sorted(top.rglob("test_*.py"))
-        marked = [f for f in files if "mark.serial" in f.read_text(errors="replace")]
+        marked = [f for f in files if SERIAL.search(f.read_text(errors="replace"))]
         found += [path] if top.is_file() and marked else [str(f.relative_to(ROOT)) for f in marked if not top.is_file()]
     return found
 
