@@ -146,7 +146,13 @@ def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> li
         if not paths:
             continue
         xml = xml_dir / f"{run.stack}-{name}.xml"
-        spread = ["-n", workers] if name == "parallel" and workers != "0" else ["-p", "no:xdist"]
+        own_spread = any(a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses=")) for a in rest)
+        if name == "parallel":
+            spread = [] if own_spread else ["-n", workers] if workers != "0" else ["-p", "no:xdist"]
+        else:
+            spread = ["-p", "no:xdist"]
+            rest = [a for i, a in enumerate(rest) if not (a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses="))
+                                                          or (i and rest[i - 1] in ("-n", "--numprocesses")))]
         cmd = [str(run.python), "-m", "pytest", *paths, *(f"--ignore={i}" for i in run.ignore), "-p", "no:cacheprovider",
                "-m", marks, f"--junitxml={xml}", *spread, *rest]
         passes.append((name, paths, cmd, xml))
@@ -229,6 +235,7 @@ def main(argv: list[str]) -> int:
                 say(f"{why}: the tests that need it will {'fail (CI)' if in_ci else 'be skipped'}")
     tally.times.append(("set-up", time.monotonic() - started))
     workers = os.environ.get("LOOPSCOPE_TEST_WORKERS", "4")
+    stop_at_first = any(a in ("-x", "--exitfirst") for a in extra)
     status = 0
     # bytecode caches written (a machine may turn them off): pytest's rewritten test modules and
     # loopscope's own are then compiled once, not in every worker and child interpreter
@@ -252,6 +259,10 @@ def main(argv: list[str]) -> int:
                 if code != 0:
                     tally.failed_runs.append(f"{run.stack} {kind}")
                     status = status or code
+                    if stop_at_first:  # -x: the first failing run is the last
+                        break
+            if status and stop_at_first:
+                break
     # where the time went (docs/testing.md: the budget), then the one summary line
     say("times: " + ", ".join(f"{label} {seconds:.0f}s" for label, seconds in tally.times))
     print(f"loopscope tests: {tally.line(time.monotonic() - started)}", flush=True)

@@ -172,3 +172,9 @@ def test_a_lock_held_past_the_bound_is_a_clear_failure(tmp_path, monkeypatch):
     package = stacks.SystemPackage("chromium", "chromium", str(binary), ("tests/dashboards/test_web_ui.py",))
     why = runner.install_system(package, in_ci=True)
     assert why is not None and "Could not get lock" in why and not binary.exists()
+
+
+def test_a_worker_count_given_to_pytest_is_the_one_used():
+    run = runner.Run("core", Path(sys.executable), ["tests/cli"])
+    [(_, _, cmd, _)] = runner.pytest_passes(run, ["-n", "2"], "4", Path("/tmp"))
+    assert cmd.count("-n") == 1 and cmd[cmd.index("-n") + 1] == "2"
