@@ -244,7 +244,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="loopscope-tests-") as tmp:
         for run in runs:
             if run.stack in unbuilt:
-                say(f"{run.stack}: not run ({run.paths}): its stack could not be built")
+                if stacks.too_old(all_stacks[run.stack]) is not None:  # not for this Python: CI (3.12) runs it
+                    say(f"{run.stack}: not run ({' '.join(run.paths)}): {unbuilt[run.stack]}")
+                    continue
+                say(f"{run.stack}: not run ({' '.join(run.paths)}): its stack could not be built")
                 tally.failed_runs.append(run.stack)
                 status = status or 1
                 continue
