@@ -361,8 +361,13 @@ class Round:
                     late[a.INPUT_MESSAGES] = turn._conversation()
             self._late = late
             name = f"{a.OP_CHAT} {self.model}" if self.model else a.OP_CHAT
-            self._start_ns = time.monotonic_ns()
-            self._span = span = start_span(turn._tracer, name, turn._context(), attributes, self._start_time)
+            # one origin for the time to first chunk and the span's duration: the span's start, read
+            # on both clocks at once (a start dated after a busy GIL moment would make the first
+            # chunk come later than the call's whole duration)
+            now_ns, wall_ns = time.monotonic_ns(), time.time_ns()
+            start_time = wall_ns if self._start_time is None else self._start_time
+            self._start_ns = now_ns - (wall_ns - start_time)
+            self._span = span = start_span(turn._tracer, name, turn._context(), attributes, start_time)
             if attach:
                 self._token = otel_context.attach(trace.set_span_in_context(span))
                 self._round_token = current_round.set(self)

@@ -6,6 +6,7 @@ genai-prices or the user's overrides; ``Store.model_calls``; resent spans; the c
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import time
 from collections.abc import Iterator
@@ -147,6 +148,28 @@ def test_a_real_sdk_call_is_one_row_with_its_details_and_cost(tmp_path, provider
     assert (row.error_type, row.error, row.refusal) == (None, None, None)
     assert "Hi there." in json.dumps(row.output_messages)
     assert row.span_id and row.trace_id
+
+
+@pytest.mark.parametrize("sdk", sorted(SDKS))
+def test_the_first_chunk_never_comes_after_the_whole_call_when_starting_the_span_is_slow(tmp_path, provider, model_server,
+                                                                                         monkeypatch, sdk):
+    """The time to first chunk counts from the span's start: a start delayed by a busy machine (here
+    50 ms inside starting the span, as a GIL held by another thread would) moves both or neither."""
+    turn_module = importlib.import_module("loopscope.recorder.turn")
+    original = turn_module.start_span
+
+    def slow_start(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(turn_module, "start_span", slow_start)
+    call, _, _ = SDKS[sdk]
+    model_server.queue(Reply(text="Hi there.", usage=USAGE))
+    with loopscope.session("slow-start"):
+        call(model_server, "stream")
+    loopscope.flush()
+    (row,) = store(tmp_path).model_calls()
+    assert 0 < row.time_to_first_chunk_ms <= row.duration_ms
 
 
 def test_a_tool_loop_numbers_its_calls_and_its_turn_costs_their_sum(tmp_path, provider, model_server):
