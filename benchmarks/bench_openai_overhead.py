@@ -99,7 +99,6 @@ class Venv:
     def __init__(self, name: str, stack: str | None) -> None:
         self.name = name
         self.stack = stack
-        self.requirements = stack  # truthy for a peers' venv (the orchestrator's test)
 
     @property
     def python(self) -> Path:
@@ -665,7 +664,7 @@ def orchestrate(args: argparse.Namespace) -> int:
 
     _say("peers' venvs:")
     unavailable: dict[str, str] = {}
-    for venv in {v.venv.name: v.venv for v in chosen if v.venv.requirements is not None}.values():
+    for venv in {v.venv.name: v.venv for v in chosen if v.venv.stack is not None}.values():
         why = ensure_venv(venv, setup=not args.no_setup)
         if why:
             _say(f"  {venv.name}: UNAVAILABLE: {why}")
@@ -703,7 +702,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     _say(f"  {v.key:<18} FAILED: {exc}")
                     continue
                 workers[v.key] = w
-                where = v.venv.python.relative_to(ROOT) if v.venv.requirements else sys.executable
+                where = v.venv.python.relative_to(ROOT) if v.venv.stack else sys.executable
                 _say(f"  {v.key:<18} ready in {time.monotonic() - t0:.1f}s ({where})")
             if "uninstrumented" not in workers:
                 _say("the uninstrumented baseline did not start: no table")

@@ -102,8 +102,7 @@ def plan(paths: list[str], named: list[str], all_stacks: dict[str, stacks.Stack]
                          if any(stacks.overlaps(p, r) for p in core_paths)})
         if core_paths:
             runs.append(Run(CORE, Path(sys.executable), core_paths, ignore))
-            needed |= {s.name for s in all_stacks.values() if any(stacks.overlaps(p, d) for p in core_paths for d in s.drives)
-                       and not all(any(stacks.overlaps(d, i) for i in ignore) for d in s.drives)}
+            needed |= {s.name for s in all_stacks.values() if any(stacks.overlaps(p, d) for p in core_paths for d in s.drives)}
     for stack in all_stacks.values():
         if not stack.runs or (named and stack.name not in named) or (stack.again and not (full or stack.name in named)):
             continue
@@ -116,8 +115,7 @@ def plan(paths: list[str], named: list[str], all_stacks: dict[str, stacks.Stack]
 
 def narrower(selected: str, path: str) -> str:
     """Of a selected path and a manifest path that overlap, the one inside the other."""
-    rel = stacks.relative(selected)
-    return selected if rel == path or rel.startswith(path.rstrip("/") + "/") else path
+    return selected if stacks.inside(selected, path) else path
 
 
 SERIAL = re.compile(r"^\s*(@pytest\.mark\.serial\b|pytestmark\b.*\bmark\.serial\b)", re.MULTILINE)
@@ -135,6 +133,11 @@ def serial_paths(paths: list[str]) -> list[str]:
     return found
 
 
+def _workers_option(arg: str) -> bool:
+    """Whether ``arg`` is pytest-xdist's worker count (``-n 2``, ``-n2``, ``--numprocesses=2``)."""
+    return arg in ("-n", "--numprocesses") or arg.startswith(("-n", "--numprocesses="))
+
+
 def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> list[tuple[str, list[str], list[str], Path]]:
     """The parallel pass and, where a test is marked serial, the serial pass of one run:
     (which, its paths, command, its junit file)."""
@@ -146,13 +149,11 @@ def pytest_passes(run: Run, extra: list[str], workers: str, xml_dir: Path) -> li
         if not paths:
             continue
         xml = xml_dir / f"{run.stack}-{name}.xml"
-        own_spread = any(a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses=")) for a in rest)
         if name == "parallel":
-            spread = [] if own_spread else ["-n", workers] if workers != "0" else ["-p", "no:xdist"]
-        else:
+            spread = [] if any(map(_workers_option, rest)) else ["-n", workers] if workers != "0" else ["-p", "no:xdist"]
+        else:  # one at a time: a worker count given to pytest is for the parallel pass
             spread = ["-p", "no:xdist"]
-            rest = [a for i, a in enumerate(rest) if not (a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses="))
-                                                          or (i and rest[i - 1] in ("-n", "--numprocesses")))]
+            rest = [a for i, a in enumerate(rest) if not (_workers_option(a) or (i and rest[i - 1] in ("-n", "--numprocesses")))]
         cmd = [str(run.python), "-m", "pytest", *paths, *(f"--ignore={i}" for i in run.ignore), "-p", "no:cacheprovider",
                "-m", marks, f"--junitxml={xml}", *spread, *rest]
         passes.append((name, paths, cmd, xml))

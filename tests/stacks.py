@@ -17,7 +17,7 @@ process compiles them again); otherwise ``python -m venv`` and pip.
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -94,7 +94,7 @@ def load(manifest: Path = MANIFEST) -> dict[str, Stack]:
             requires=tuple(entry.get("requires", ())),
             requirements=entry.get("requirements"),
             loopscope=bool(entry.get("loopscope", True)),
-            pin_core=tuple(entry.get("pin-core", ())),
+            pin_core=tuple(data.get("pin-sets", {})[entry["pin-core"]]) if "pin-core" in entry else (),
             runs=tuple(entry.get("runs", ())),
             checks=tuple(entry.get("checks", ())),
             drives=tuple(entry.get("drives", ())),
@@ -154,7 +154,9 @@ def base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
+@functools.cache
 def _python_version(python: str) -> tuple[int, ...]:
+    """The interpreter's version, asked once a process (every hash and check of a stack reads it)."""
     out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:3])"], capture_output=True, text=True, check=True)
     return tuple(int(p) for p in out.stdout.split())
 
@@ -299,16 +301,25 @@ def relative(path: str) -> str:
         return p.as_posix()
 
 
+def inside(selected: str, path: str) -> bool:
+    """Whether a selected test path is the manifest path ``path`` or lies in it."""
+    a, b = relative(selected), path.rstrip("/")
+    return a == b or a.startswith(b + "/")
+
+
 def overlaps(selected: str, path: str) -> bool:
     """Whether a selected test path and a manifest path share tests (one holds the other)."""
-    a, b = relative(selected), path.rstrip("/")
-    return a == b or a.startswith(b + "/") or b.startswith(a + "/") or fnmatch.fnmatch(a, b)
+    return inside(selected, path) or inside(path, relative(selected))
 
 
 def owned(path: str, stacks: dict[str, Stack]) -> list[str]:
     """The stacks whose own (not `again`) runs hold the test file ``path``."""
-    rel = relative(path)
-    return [s.name for s in stacks.values() if not s.again and any(rel == r or rel.startswith(r.rstrip("/") + "/") for r in s.runs)]
+    return [s.name for s in stacks.values() if not s.again and any(inside(path, r) for r in s.runs)]
+
+
+def of_adapter(adapter: str) -> str:
+    """The stack that tests a framework adapter (``openai_agents`` -> ``openai-agents``)."""
+    return adapter.replace("_", "-")
 
 
 def main(argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import loopscope
+import stacks
 from fakes.model_server import Reply, ToolCall
 from loopscope import _guard, semconv
 
@@ -185,10 +186,7 @@ def no_agents_export(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 # each framework's cases run in its own stack's venv (tests/stacks.toml), where its library is
-STACK = {"openai_agents": "openai-agents", "pydantic_ai": "pydantic-ai"}
-
-
-@pytest.mark.parametrize("framework", [pytest.param(f, marks=pytest.mark.stack(STACK.get(f, f))) for f in sorted(SCENARIOS)])
+@pytest.mark.parametrize("framework", [pytest.param(f, marks=pytest.mark.stack(stacks.of_adapter(f))) for f in sorted(SCENARIOS)])
 @pytest.mark.parametrize("fault", [*sorted(FAULTS), "adapter code"])
 def test_an_internal_error_under_a_framework_changes_nothing_for_the_app(
     recording, model_server, quiet, no_agents_export, monkeypatch, framework: str, fault: str

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from test_lifecycle import FRAMEWORKS, check_lifecycle
 
+import stacks
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.stack(n.replace("_", "-"))) for n in sorted(FRAMEWORKS)])
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.stack(stacks.of_adapter(n))) for n in sorted(FRAMEWORKS)])
 def test_instrument_uninstrument_reinstrument_restores_the_originals(recording, name: str) -> None:
     check_lifecycle(name)

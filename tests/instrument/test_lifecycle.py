@@ -31,7 +31,7 @@ def test_every_adapter_module_is_in_the_one_registry_and_nothing_else_is() -> No
 
 
 # the frameworks' adapters are checked in their stacks (test_framework_lifecycle.py), the SDKs' here
-FRAMEWORKS = {name for name in registry.ADAPTERS if name.replace("_", "-") in stacks.load()}
+FRAMEWORKS = {name for name in registry.ADAPTERS if stacks.of_adapter(name) in stacks.load()}
 
 
 @pytest.mark.parametrize("name", sorted(set(registry.ADAPTERS) - FRAMEWORKS))
