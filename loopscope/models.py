@@ -127,6 +127,10 @@ class DeclaredTool(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     origin: ToolOrigin = "always"
+    type: str | None = None
+    """A server tool's type, as the provider names it (Anthropic's ``web_search_20250305``,
+    OpenAI Responses' ``web_search_preview``): a tool the provider runs itself, whose uses
+    are no tool calls of the application. None for a tool the application runs."""
 
 
 class EventSource(BaseModel):

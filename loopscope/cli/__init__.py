@@ -192,7 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"loopscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # ``loopscope --json turns`` as ``loopscope turns --json``: a dest of its own, as a
+    # command's parser sets its own ``json`` (False) over whatever came before it
+    parser.add_argument(
+        "--json", action="store_true", dest="json_first", help="machine-readable output (also after COMMAND)"
+    )
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")  # not `command`: run's own argument
     for register in COMMANDS:
         register(sub, common)
     return parser
@@ -208,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
+    if args.json_first:
+        if not hasattr(args, "json"):
+            return _fail(f"`loopscope {args.command_name}` has no JSON output (--json goes with the commands that print)")
+        args.json = True
     try:
         return args.handler(args)
     except CommandError as exc:

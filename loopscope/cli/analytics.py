@@ -245,7 +245,7 @@ def stats_command(args: argparse.Namespace) -> int:
              Column("FAILED", "right"), Column("COST", "right"), Column("NO PRICE", "right"), Column("AVG MS", "right"),
              Column("P95 MS", "right"), Column("AVG TTFC", "right")],
             [[r["model"] or "(none)", r["provider"] or "", count(r["calls"]), count(r["failed"]) if r["failed"] else "",
-              tables.usd(r["cost_usd"]), count(r["unpriced_calls"]) if r["unpriced_calls"] else "", ms(r["avg_ms"]),
+              tables.cost(r["cost_usd"]), count(r["unpriced_calls"]) if r["unpriced_calls"] else "", ms(r["avg_ms"]),
               ms(r["p95_ms"]), ms(r["avg_ttfc_ms"])] for r in data["model_calls"]],
             ellipsis=cut,
         ))
@@ -287,12 +287,10 @@ def tools_command(args: argparse.Namespace) -> int:
     if not records:
         emit("no tool calls yet")
         return 0
-    # outcome columns (and RUNNING) only where some tool has one: the table stays narrow
-    shown = [o for o in _outcomes() if any(r[o] for r in records)]
-    running = any(r["pending"] for r in records)
-    columns = [Column("TOOL", max_width=32, shrink=1, min_width=12), Column("CALLS", "right")]
-    columns += [Column("RUNNING", "right")] if running else []
-    columns += [Column(o.upper(), "right") for o in shown]
+    # the same columns whatever the tools' calls did (a script reads them by position); calls
+    # still running are said below the table, which stays within 120 columns
+    columns = [Column("TOOL", shrink=1, min_width=12), Column("CALLS", "right")]
+    columns += [Column(o.upper(), "right") for o in _outcomes()]
     columns += [
         Column("NOT SERVED", "right"), Column("P50", "right"), Column("P95", "right"), Column("P99", "right"),
         Column("LAST SEEN", "right"),
@@ -301,13 +299,30 @@ def tools_command(args: argparse.Namespace) -> int:
     now = datetime.now(timezone.utc)
     for r in records:
         row = [r["tool"] or "", count(r["calls"])]
-        row += [count(r["pending"]) if r["pending"] else ""] if running else []
-        row += [count(r[o]) for o in shown]
+        row += [count(r[o]) for o in _outcomes()]
         row += [share(r["failure_share"]), ms(r["p50_ms"]), ms(r["p95_ms"]), ms(r["p99_ms"]), ago(r["last_seen"], now)]
         rows.append(row)
     emit(tables.render(columns, rows, ellipsis=ellipsis()))
     emit("(durations in ms; NOT SERVED: share of finished calls with another outcome than served)")
+    running = [r for r in records if r["pending"]]
+    if running:
+        now_running = ", ".join(f"{r['tool']} {count(r['pending'])}" for r in running)
+        emit(f"(running now: {now_running})")
     return 0
+
+
+# the tools that turns offered as server tools (the provider runs them: a declared tool with
+# a type), by agent as declared_vs_used names it (the text prefilter spares parsing the
+# declared tools of every turn that has none)
+_SERVER_TOOLS = """
+SELECT DISTINCT agent, json_extract_string(d, '$.name') AS tool
+FROM (
+    SELECT channel_id AS agent, unnest(CAST(declared_tools AS JSON[])) AS d
+    FROM turns
+    WHERE contains(CAST(declared_tools AS VARCHAR), '"type"')
+)
+WHERE json_extract_string(d, '$.type') IS NOT NULL
+"""
 
 
 def _declared(args: argparse.Namespace) -> int:
@@ -319,27 +334,39 @@ def _declared(args: argparse.Namespace) -> int:
     if args.limit:
         sql += f" LIMIT {int(args.limit)}"
     records = _records(store, sql, params)
+    server = {(r["agent"], r["tool"]) for r in _records(store, _SERVER_TOOLS)} if records else set()
+    for r in records:  # the KIND the table shows
+        r["kind"] = "server" if (r["agent"], r["tool"]) in server else "client"
     if args.json:
         emit_json(_jsonable(records))
         return 0
     if not records:
-        emit(f"no turns of agent {args.agent!r} yet" if args.agent else "no turns yet")
+        where, turn_params = ("WHERE channel_id = ?", [args.agent]) if args.agent else ("", [])
+        turns = _records(store, f"SELECT count(*) AS n FROM turns {where}", turn_params)[0]["n"]
+        whose = f" of agent {args.agent!r}" if args.agent else ""
+        if not turns:
+            emit(f"no turns{whose} yet")
+        else:  # turns without a tool: say so, not that there are none
+            emit(f"no tools offered or called in {count(turns)} turn{'s' if turns != 1 else ''}{whose}")
         return 0
     columns = [
-        Column("AGENT", max_width=24, shrink=1, min_width=8), Column("TOOL", max_width=32, shrink=1, min_width=10),
+        Column("AGENT", shrink=1, min_width=8), Column("TOOL", shrink=1, min_width=10), Column("KIND"),
         Column("OFFERED", "right"), Column("USED", "right"), Column("USE", "right"), Column("CALLS", "right"),
         Column("UNDECLARED", "right"), Column("LAST CALLED", "right"),
     ]
     now = datetime.now(timezone.utc)
     rows = [
-        [r["agent"] or "(none)", r["tool"] or "", count(r["turns_offered"]), count(r["turns_used"]), share(r["use_share"]),
-         count(r["calls"]), count(r["undeclared_calls"]) if r["undeclared_calls"] else "", ago(r["last_called"], now)]
+        [r["agent"] or "(none)", r["tool"] or "", r["kind"], count(r["turns_offered"]), count(r["turns_used"]),
+         share(r["use_share"]), count(r["calls"]), count(r["undeclared_calls"]) if r["undeclared_calls"] else "",
+         ago(r["last_called"], now)]
         for r in records
     ]
     emit(tables.render(columns, rows, ellipsis=ellipsis()))
-    unused = [r for r in records if r["turns_offered"] and not r["calls"]]
+    unused = [r for r in records if r["turns_offered"] and not r["calls"] and r["kind"] != "server"]
     if unused:
-        names = ", ".join(f"{r['tool']} ({r['agent']})" if not args.agent else r["tool"] for r in unused)
+        names = ", ".join(f"{r['tool']} ({r['agent'] or 'no agent'})" if not args.agent else r["tool"] for r in unused)
         emit()
         emit(f"offered but never called ({len(unused)}): {names}")
+    if any(r["kind"] == "server" for r in records):
+        emit("(KIND server: a tool the provider runs, such as Anthropic's web search; its uses are not tool calls here)")
     return 0

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         description="One line per model call (one per chat span), oldest first: the most recent --limit calls, "
         "of every session or of --session. POS is the call's place in its turn; TTFC the time to the first "
         "chunk of a stream; COST is in USD from genai-prices' database or your overrides (configure(prices=...), "
-        "LOOPSCOPE_PRICES), empty when no price is known for the model. --slowest orders by duration instead.",
+        "LOOPSCOPE_PRICES), - when no price is known for the model. --slowest orders by duration instead.",
     )
     calls.add_argument("--session", "-s", metavar="SESSION", help="only this session (its id or a unique prefix)")
     calls.add_argument("--model", metavar="NAME", help="only calls of this model (as requested or as answered)")

@@ -152,13 +152,14 @@ def demo(args: argparse.Namespace) -> int:
     store = Store(result.db_path, lock_timeout=getattr(args, "wait", 10.0))
     events = store.get_timeline(result.session_id)
     turns = store.list_turns(result.session_id, limit=None)
+    costs = turn_costs(result.db_path, store.lock_timeout, [t.correlation_id for t in turns])
     if args.json:
         emit_json(
             {
                 "session_id": result.session_id,
                 "db": result.db_path,
                 "events": [e.model_dump(mode="json") for e in events],
-                "turns": [t.model_dump(mode="json") for t in turns],
+                "turns": turns_json(turns, costs),
             }
         )
         return 0
@@ -169,7 +170,7 @@ def demo(args: argparse.Namespace) -> int:
     emit(tables.events_table(events, ellipsis=cut))
     emit()
     emit("Turns")
-    emit(tables.turns_table(turns, ellipsis=cut))
+    emit(tables.turns_table(turns, costs=costs, ellipsis=cut))
     db_flag = f" --db {shlex.quote(result.db_path)}" if getattr(args, "db", None) else ""
     query = (
         "SELECT tool_name AS tool, tool_outcome AS outcome, count(*) AS n "
@@ -232,10 +233,12 @@ def timeline(args: argparse.Namespace) -> int:
 
 
 def turns(args: argparse.Namespace) -> int:
-    if args.json:  # the public models' JSON
+    if args.json:  # the public models' JSON, with the cost the table shows
         store = open_store(args)
         session = resolve_session(store, args.session) if args.session is not None else None
-        emit_json([t.model_dump(mode="json") for t in store.list_turns(session, limit=args.limit or None, newest_first=True)])
+        found = store.list_turns(session, limit=args.limit or None, newest_first=True)
+        costs = turn_costs(store.path, store.lock_timeout, [t.correlation_id for t in found])
+        emit_json(turns_json(found, costs))
         return 0
     # the table from plain rows: no pydantic, no models (``loopscope turns`` starts in a third of the time)
     from ..storage import reads
@@ -264,19 +267,43 @@ def turns(args: argparse.Namespace) -> int:
 _TURN_COSTS = "SELECT session_id, turn_id, cost_usd FROM turn_summaries WHERE list_contains(?, turn_id)"
 
 
+def turn_costs(path: str, wait: float, turn_ids: list[str | None]) -> dict[tuple[str | None, str | None], float | None]:
+    """What the turns of these correlation ids cost in USD, by (session, turn); None
+    where no price is known."""
+    from ..storage import reads
+
+    ids = sorted({t for t in turn_ids if t})
+    if not ids:
+        return {}
+    return {(r[0], r[1]): r[2] for r in reads.view_rows(path, _TURN_COSTS, [ids], timeout=wait)}
+
+
+def turns_json(turns: list[Any], costs: dict[tuple[str | None, str | None], float | None]) -> list[dict[str, Any]]:
+    """Turns as the public models' JSON, each with ``cost_usd`` (the COST the table shows;
+    null without a price)."""
+    return [{**t.model_dump(mode="json"), "cost_usd": costs.get((t.session_id, t.correlation_id))} for t in turns]
+
+
+_SESSION_COSTS = "SELECT session_id, cost_usd FROM session_costs WHERE list_contains(?, session_id)"
+
+
 def sessions(args: argparse.Namespace) -> int:
+    from ..storage import reads
+
     store = open_store(args)
     search = getattr(args, "search", None)
     found = store.list_sessions(limit=args.limit or None, search=search)
-    if args.json:
-        emit_json([s.model_dump(mode="json") for s in found])
+    ids = [s.session_id for s in found]
+    costs: dict[str, float | None] = (
+        dict(reads.view_rows(store.path, _SESSION_COSTS, [ids], timeout=store.lock_timeout)) if ids else {}
+    )
+    if args.json:  # the public models' JSON, with the cost the table shows
+        emit_json([{**s.model_dump(mode="json"), "cost_usd": costs.get(s.session_id)} for s in found])
         return 0
     if not found:
         emit(f"no sessions match {search!r}" if search else "no sessions yet")
         return 0
-    _, costs = store.sql("SELECT session_id, cost_usd FROM session_costs WHERE list_contains(?, session_id)",
-                         [[s.session_id for s in found]])
-    emit(tables.sessions_table(found, costs=dict(costs), ellipsis=ellipsis()))
+    emit(tables.sessions_table(found, costs=costs, ellipsis=ellipsis()))
     return 0
 
 

@@ -2,13 +2,15 @@
 
 No dependency: columns are aligned with spaces, a cell is kept on one line, and a cell
 too long for its column is cut with an ellipsis. When the whole table is wider than the
-terminal, the columns marked ``shrink`` give up width first (the text columns), so the
-identifying columns stay readable.
+terminal, the columns marked ``shrink`` give up width (the text columns first, the widest
+first), so the identifying columns stay readable; a command's headers never change with
+the data (a script or a reader finds the same columns whatever the rows hold).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,7 +36,7 @@ class Column(NamedTuple):  # not a dataclass: ``loopscope turns`` imports no ``d
     max_width: int | None = None  # a cell longer than this is cut, even when there is room
     shrink: int = 0  # 0: keeps its width; else gives up width when the table is too wide, higher first
     min_width: int = 8
-    short: str | None = None  # the header when the table is too wide even with every column shrunk
+    cut_header: bool = False  # may shrink below its header's width (the header cut too): a query's columns
 
 
 def terminal_width() -> int:
@@ -108,8 +110,8 @@ def render(
     # columns give up width by priority (the free-text ones first), widest first within a priority
     for priority in sorted({c.shrink for c in columns if c.shrink}, reverse=True):
         group = [i for i, c in enumerate(columns) if c.shrink == priority]
+        floor = {i: _floor(columns[i]) for i in group}
         while excess > 0:
-            floor = {i: max(columns[i].min_width, text_width(columns[i].header)) for i in group}
             candidates = [i for i in group if widths[i] > floor[i]]
             if not candidates:
                 break
@@ -118,17 +120,8 @@ def render(
             step = max(1, min(excess, widths[widest] - runner_up))
             widths[widest] -= step
             excess -= step
-    headers = [c.header for c in columns]
-    # still too wide: the columns as wide as their header (counts under a long name) take a short one
-    for i, col in enumerate(columns):
-        if excess <= 0:
-            break
-        if col.short is not None and widths[i] == text_width(col.header):
-            data = max([0] + [text_width(r[i]) for r in cells])
-            narrower = max(text_width(col.short), min(data, widths[i]))
-            headers[i], excess, widths[i] = col.short, excess - (widths[i] - narrower), narrower
     lines = [
-        GAP.join(_pad(h, w, c.align) for c, h, w in zip(columns, headers, widths)).rstrip(),
+        GAP.join(_pad(truncate(c.header, w, ellipsis), w, c.align) for c, w in zip(columns, widths)).rstrip(),
         GAP.join("-" * w for w in widths).rstrip(),
     ]
     for row in cells:
@@ -136,6 +129,12 @@ def render(
             GAP.join(_pad(truncate(text, w, ellipsis), w, c.align) for c, text, w in zip(columns, row, widths)).rstrip()
         )
     return "\n".join(lines)
+
+
+def _floor(column: Column) -> int:
+    """The narrowest a shrinking column gets: its ``min_width``, and its header's width
+    unless the header may be cut."""
+    return column.min_width if column.cut_header else max(column.min_width, text_width(column.header))
 
 
 # -- cell formatting -------------------------------------------------------------------------
@@ -191,6 +190,26 @@ def usd(value: float | None) -> str:
     if value < 1:
         return f"${value:.4f}"
     return f"${value:,.2f}"
+
+
+NO_PRICE = "-"
+"""A COST cell without a price (the model has none): the column stays, never a guess."""
+
+
+def cost(value: float | None) -> str:
+    """A COST cell: :func:`usd`, or :data:`NO_PRICE` for None."""
+    return NO_PRICE if value is None else usd(value)
+
+
+def number(value: float) -> str:
+    """A float as a reader wants it: up to 6 significant digits (``0.000204``,
+    ``3.14159``, ``123457``), whole numbers of a million or more without an exponent;
+    NaN and infinities as Python writes them."""
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if 1e6 <= abs(value) < 1e16:
+        return f"{value:.0f}"
+    return f"{value:.6g}"
 
 
 # -- the tables ------------------------------------------------------------------------------
@@ -262,24 +281,24 @@ def turns_table(
     ellipsis: str = ELLIPSIS,
 ) -> str:
     """Turn summaries: model calls, tool rounds (RoomKit's ``round_count``: the calls whose
-    tool calls ran), tool calls, tokens, latency, why the loop stopped, and its last
-    text segment (the answer, usually), or the error that ended it. With ``costs`` (by
-    session and correlation id, in USD), a COST column where some turn has one."""
-    show_cost = bool(costs) and any(v is not None for v in (costs or {}).values())
+    tool calls ran), tool calls, tokens, cost (``costs`` by session and correlation id, in
+    USD; ``-`` without a price), latency, why the loop stopped, and its last text segment
+    (the answer, usually), or the error that ended it. The headers are the same whatever
+    the turns hold."""
     columns = [Column("ENDED")]
     if show_session:
         columns.append(Column("SESSION", max_width=20, shrink=1, min_width=10))
     columns += [
-        Column("AGENT", max_width=16),
+        Column("AGENT", max_width=16, shrink=1, min_width=8),
         Column("MODEL", max_width=24, shrink=1, min_width=10),
-        Column("MODEL CALLS", "right", short="CALLS"),  # every model call of the turn (a one-call turn has 1)
-        Column("TOOL ROUNDS", "right", short="ROUNDS"),  # RoomKit's round_count: model calls whose tool calls ran
+        Column("MODEL CALLS", "right"),  # every model call of the turn (a one-call turn has 1)
+        Column("TOOL ROUNDS", "right"),  # RoomKit's round_count: model calls whose tool calls ran
         Column("TOOLS", "right"),
-        Column("TOKENS IN/OUT", "right", short="IN/OUT"),
-        *([Column("COST", "right")] if show_cost else []),
+        Column("TOKENS IN/OUT", "right"),
+        Column("COST", "right"),
         Column("MS", "right"),
         Column("END"),
-        Column("FINAL SEGMENT", shrink=2, min_width=20),
+        Column("FINAL SEGMENT", shrink=2, min_width=12),
     ]
     rows = []
     for t in turns:
@@ -293,7 +312,7 @@ def turns_table(
             str(t.round_count),
             str(t.tool_calls_count),
             in_out(t.usage),
-            *([usd((costs or {}).get((t.session_id, t.correlation_id)))] if show_cost else []),
+            cost((costs or {}).get((t.session_id, t.correlation_id))),
             millis(t.latency_ms),
             _text(t.loop_end_reason),
             t.error or (t.segments[-1] if t.segments else t.response_content),
@@ -324,7 +343,7 @@ def calls_table(
     ellipsis: str = ELLIPSIS,
 ) -> str:
     """Model calls: when, which model, how long (and to the first chunk of a stream), the
-    tokens, the cost (empty: no price known), how the call ended, and its error or finish
+    tokens, the cost (``-``: no price known), how the call ended, and its error or finish
     reasons."""
     columns = [Column("STARTED")]
     if show_session:
@@ -353,7 +372,7 @@ def calls_table(
             fine_millis(c.duration_ms),
             fine_millis(c.time_to_first_chunk_ms),
             in_out(c.usage),
-            usd(c.cost_usd),
+            cost(c.cost_usd),
             c.outcome or "",
             detail,
         ]
@@ -362,9 +381,10 @@ def calls_table(
 
 
 SESSION_COLUMNS = (
-    Column("SESSION", max_width=40, shrink=1, min_width=12),
+    Column("SESSION", shrink=1, min_width=12),
     Column("EVENTS", "right"),
     Column("TURNS", "right"),
+    Column("COST", "right"),
     Column("FIRST"),
     Column("LAST"),
     Column("AGENTS", shrink=2, min_width=10),
@@ -378,24 +398,25 @@ def sessions_table(
     width: int | None = None,
     ellipsis: str = ELLIPSIS,
 ) -> str:
-    """Sessions, as :meth:`Store.list_sessions` orders them (most recently active first);
-    with ``costs`` (USD by session id), a COST column where some session has one."""
-    show_cost = bool(costs) and any(v is not None for v in (costs or {}).values())
-    columns = list(SESSION_COLUMNS)
-    if show_cost:
-        columns.insert(3, Column("COST", "right"))
+    """Sessions, as :meth:`Store.list_sessions` orders them (most recently active first),
+    with their cost (``costs``: USD by session id; ``-`` without a price). The session id
+    is cut only when the terminal is too narrow, after the agents."""
     rows = []
     for s in sessions:
-        row = [s.session_id, str(s.event_count), str(s.turn_count)]
-        row += [usd((costs or {}).get(s.session_id))] if show_cost else []
-        row += [stamp(s.first_at), stamp(s.last_at), ", ".join(s.agents)]
-        rows.append(row)
-    return render(columns, rows, width=width, ellipsis=ellipsis)
+        rows.append([
+            s.session_id, str(s.event_count), str(s.turn_count), cost((costs or {}).get(s.session_id)),
+            stamp(s.first_at), stamp(s.last_at), ", ".join(s.agents),
+        ])
+    return render(SESSION_COLUMNS, rows, width=width, ellipsis=ellipsis)
 
 
 def sql_cell(value: Any) -> str:
+    """A query's value as text: NULL, timestamps in ISO form, floats to 6 significant
+    digits (:func:`number`; ``--json`` keeps every digit), lists and structs as JSON."""
     if value is None:
         return "NULL"
+    if isinstance(value, float):
+        return number(value)
     if isinstance(value, datetime):
         return value.isoformat(sep=" ")
     if isinstance(value, (dict, list, tuple)):
@@ -406,13 +427,20 @@ def sql_cell(value: Any) -> str:
 def sql_table(
     names: Sequence[str], rows: Sequence[Sequence[Any]], *, width: int | None = None, ellipsis: str = ELLIPSIS
 ) -> str:
-    """Any query's result; numbers align right, every column may shrink."""
+    """Any query's result; numbers align right. Nothing is cut while the table fits the
+    terminal; when it does not, the widest columns give up width first (headers too, a
+    column's data is worth more than its name), the first column (the row's name, mostly)
+    last."""
+    from decimal import Decimal  # here: only a query's table needs it
+
     columns = []
     for i, name in enumerate(names):
         numeric = bool(rows) and all(
-            isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows if r[i] is not None
+            isinstance(r[i], (int, float, Decimal)) and not isinstance(r[i], bool) for r in rows if r[i] is not None
         )
-        columns.append(Column(name, "right" if numeric else "left", max_width=80, shrink=1, min_width=6))
+        columns.append(
+            Column(name, "right" if numeric else "left", shrink=1 if i == 0 else 2, min_width=6, cut_header=i > 0)
+        )
     return render(columns, [[sql_cell(v) for v in r] for r in rows], width=width, ellipsis=ellipsis)
 
 

@@ -141,10 +141,10 @@ def _tools(tools: Any) -> list[Any] | None:
             out.append(tool)
         elif kind == "namespace":
             out.extend(t for t in _tools(tool.get("tools")) or ())
-        elif kind == "mcp":
-            out.append({"name": f"mcp:{tool.get('server_label') or tool.get('server_url') or 'server'}"})
+        elif kind == "mcp":  # tools OpenAI runs: server tools (their type kept)
+            out.append({"name": f"mcp:{tool.get('server_label') or tool.get('server_url') or 'server'}", "type": kind})
         elif isinstance(kind, str):
-            out.append({"name": kind})
+            out.append({"name": kind, "type": kind})
     return out
 
 

@@ -77,7 +77,8 @@ def _result_content(content: Any) -> Any:
 
 
 def _tools(tools: Any) -> list[Any] | None:
-    """The client tools offered (custom tools; server tools run at Anthropic, never here)."""
+    """The tools offered: custom tools as written, server tools (run at Anthropic, never
+    here: ``web_search_20250305``, ...) by their name and type."""
     tools = _sequence(tools)
     if not tools:
         return None
@@ -85,10 +86,15 @@ def _tools(tools: Any) -> list[Any] | None:
     for tool in tools:
         if not isinstance(tool, dict) and callable(getattr(tool, "to_dict", None)):
             tool = tool.to_dict()  # a beta ``@beta_tool`` function tool
-        if isinstance(tool, dict) and tool.get("type", "custom") in ("custom", None) and tool.get("name"):
+        if not isinstance(tool, dict) or not tool.get("name"):
+            continue
+        kind = tool.get("type", "custom")
+        if kind in ("custom", None):
             out.append(
                 {"name": tool["name"], "description": tool.get("description"), "input_schema": tool.get("input_schema")}
             )
+        else:
+            out.append({"name": tool["name"], "type": kind})
     return out
 
 

@@ -19,7 +19,8 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
 
     Accepts a ``DeclaredTool``; an OpenAI ``{"type": "function", "function": {...}}`` or
     Responses-style ``{"type": "function", "name": ...}`` entry; an Anthropic
-    ``{"name", "description", "input_schema"}`` entry; a plain mapping with ``name``;
+    ``{"name", "description", "input_schema"}`` entry; a server tool (``{"type":
+    "web_search_20250305", "name": "web_search"}``: its type kept); a plain mapping with ``name``;
     a function (its name and docstring); or a bare name.
     """
     if isinstance(tool, DeclaredTool):
@@ -38,11 +39,13 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
         params = spec.get("parameters", spec.get("input_schema", spec.get("inputSchema")))
         description = spec.get("description")
         own_origin = tool.get("origin", origin)
+        kind = tool.get("type")  # a server tool's own type; "function" / "custom": the application's
         return DeclaredTool(
             name=name if type(name) is str else _json.to_text(name),
             description=description if description is None or type(description) is str else _json.to_text(description),
             parameters=_schema(params) if isinstance(params, dict) else None,
             origin=cast(ToolOrigin, own_origin if type(own_origin) is str and own_origin in _ORIGINS else origin),
+            type=kind if type(kind) is str and kind and kind not in _CLIENT_TYPES else None,
         )
     if callable(tool):
         name = getattr(tool, "__loopscope_tool_name__", None) or getattr(tool, "__name__", None)
@@ -53,6 +56,9 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
 
 
 _ORIGINS = frozenset(get_args(ToolOrigin))
+_CLIENT_TYPES = frozenset(("function", "custom"))
+"""The ``type`` of a tool the application runs (OpenAI's function tools, Anthropic's custom
+ones); any other names a server tool (:attr:`DeclaredTool.type`)."""
 
 
 def _schema(params: dict[Any, Any]) -> dict[str, Any]:

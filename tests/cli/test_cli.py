@@ -211,8 +211,9 @@ def test_timeline_shows_a_tool_that_is_still_running(recording, capsys):
 # -- turns, sessions, sql ----------------------------------------------------------------------
 
 
-def test_turns_table_and_json(demo_db, capsys):
+def test_turns_table_and_json(demo_db, capsys, monkeypatch):
     db, session = demo_db
+    monkeypatch.setenv("COLUMNS", "200")  # the final segment whole enough to read
     code, out, _ = run(capsys, "turns", session, "--db", db)
     assert code == 0
     rows = table_rows(out)
@@ -222,7 +223,8 @@ def test_turns_table_and_json(demo_db, capsys):
     code, out, _ = run(capsys, "turns", session, "--db", db, "--json")
     assert code == 0
     store = loopscope.Store(db)
-    assert json.loads(out) == [t.model_dump(mode="json") for t in store.list_turns(session)]
+    # the public models' JSON, with the cost the table shows (the demo's model has no price)
+    assert json.loads(out) == [{**t.model_dump(mode="json"), "cost_usd": None} for t in store.list_turns(session)]
     code, out, _ = run(capsys, "turns", "--db", db, "--json", "--limit", "1")
     assert [t["correlation_id"] for t in json.loads(out)] == [store.list_turns(session)[-1].correlation_id]
 
@@ -231,9 +233,9 @@ def test_sessions_table_and_json(demo_db, capsys):
     db, session = demo_db
     code, out, _ = run(capsys, "sessions", "--db", db)
     assert code == 0
-    assert table_rows(out) == [[session, "19", "2", *table_rows(out)[0][3:5], "concierge"]]
+    assert table_rows(out) == [[session, "19", "2", "-", *table_rows(out)[0][4:6], "concierge"]]  # no price: "-"
     code, out, _ = run(capsys, "sessions", "--db", db, "--json")
-    assert json.loads(out) == [s.model_dump(mode="json") for s in loopscope.Store(db).list_sessions()]
+    assert json.loads(out) == [{**s.model_dump(mode="json"), "cost_usd": None} for s in loopscope.Store(db).list_sessions()]
 
 
 def test_sql_table_and_json(demo_db, capsys):
