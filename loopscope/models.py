@@ -62,6 +62,11 @@ class LoopEndReason(str, Enum):
     """The model refused (ACP's ``refusal`` stop reason; a structured-output refusal)."""
     CONTENT_FILTER = "content_filter"
     """The provider's content filter withheld the answer (not an ACP reason: a provider's)."""
+    CUT_OFF = "cut_off"
+    """A stitched loop (zero-code) stopped after running tools, before the model saw their
+    results, and the conversation went on: the next request carries those results and a new
+    user message after them. The application's own rule stopped it (a round cap, a budget),
+    which the requests do not say; not a RoomKit reason (a RoomKit loop names its rule)."""
 
 
 class EventType(str, Enum):
