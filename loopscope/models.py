@@ -77,6 +77,10 @@ class EventType(str, Enum):
     JSON Patch (RFC 6902) against the state before them as ``{"delta": [<operations>]}``
     (AG-UI's STATE_DELTA). The state is never stored apart from the log:
     :meth:`~loopscope.Store.derive_state` rebuilds it from these rows.
+
+    ``model_error`` rows say that a model call failed (an HTTP error, a stream broken
+    off, an error body), at its end, with content ``{"type": "model_error", "model",
+    "error_type", "error", "duration_ms"}``; the call itself is a row of ``model_calls``.
     """
 
     MESSAGE = "message"
@@ -84,6 +88,7 @@ class EventType(str, Enum):
     TOOL_CALL_END = "tool_call_end"
     STATE_SNAPSHOT = "state_snapshot"
     STATE_DELTA = "state_delta"
+    MODEL_ERROR = "model_error"
 
 
 class EventStatus(str, Enum):

@@ -214,3 +214,56 @@ def test_openai_failures_are_recorded_by_the_decorated_tool_the_loop_calls(instr
     [end] = [e.content for e in instrumented.store.get_timeline(turn.session_id) if e.type == "tool_call_end"]
     assert (end.tool_id, end.outcome, end.error) == ("call_x", "failed", "LookupError: no station in Oslo")
     assert (turn.tool_calls_count, turn.loop_end_reason) == (1, LoopEndReason.COMPLETED)
+
+
+# -- a failed model call on the timeline -------------------------------------------------
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_a_model_call_that_failed_is_on_the_timeline_and_in_tail(sdk, instrumented, server, capsys):
+    server.queue(Reply.error(500, "the model server fell over"))
+    if sdk == "openai":
+        client: Any = server.openai_client(api_key="sk-test", max_retries=0)
+        with pytest.raises(Exception, match="500"):
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": FIRST}])
+    else:
+        client = server.anthropic_client(api_key="sk-ant-test", max_retries=0)
+        with pytest.raises(Exception, match="500"):
+            client.messages.create(model="gpt-4o", max_tokens=50, messages=[{"role": "user", "content": FIRST}])
+    assert loopscope.flush()
+    store = instrumented.store
+    [turn] = store.list_turns(limit=None)
+    assert turn.loop_end_reason is LoopEndReason.ERROR
+    events = store.get_timeline(turn.session_id)
+    assert [e.type for e in events] == ["message", "model_error"]
+    failed = events[1]
+    assert failed.correlation_id == turn.correlation_id
+    assert failed.content["model"] == "gpt-4o" and failed.content["error_type"] == "InternalServerError"
+    assert "the model server fell over" in failed.content["error"] and failed.content["duration_ms"] >= 0
+
+    for out in (
+        cli(capsys, "timeline", turn.session_id, "--db", instrumented.db),
+        cli(capsys, "tail", "--db", instrumented.db),
+    ):
+        [line] = [line for line in out.splitlines() if "model_error" in line]
+        assert "gpt-4o" in line and "error" in line and "InternalServerError" in line and "fell over" in line, out
+        assert FIRST in out
+
+
+def test_a_stream_broken_off_keeps_its_text_and_says_it_failed_after_it(instrumented, server):
+    server.queue(Reply.stream_failure(after=4, text="The weather in Paris is"))
+    client = server.openai_client(api_key="sk-test", max_retries=0)
+    with pytest.raises(Exception):  # noqa: B017 - whatever the SDK raises for the stream's error event
+        for _ in client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": FIRST}], stream=True
+        ):
+            pass
+    assert loopscope.flush()
+    [turn] = instrumented.store.list_turns(limit=None)
+    events = instrumented.store.get_timeline(turn.session_id)
+    assert [(e.type, getattr(e.content, "role", None)) for e in events] == [
+        ("message", "user"),
+        ("message", "assistant"),
+        ("model_error", None),
+    ]
+    assert events[1].content.body.startswith("The weather")
