@@ -62,6 +62,11 @@ class LoopEndReason(str, Enum):
     """The model refused (ACP's ``refusal`` stop reason; a structured-output refusal)."""
     CONTENT_FILTER = "content_filter"
     """The provider's content filter withheld the answer (not an ACP reason: a provider's)."""
+    CUT_OFF = "cut_off"
+    """A stitched loop (zero-code) stopped after running tools, before the model saw their
+    results, and the conversation went on: the next request carries those results and a new
+    user message after them. The application's own rule stopped it (a round cap, a budget),
+    which the requests do not say; not a RoomKit reason (a RoomKit loop names its rule)."""
 
 
 class EventType(str, Enum):
@@ -72,6 +77,10 @@ class EventType(str, Enum):
     JSON Patch (RFC 6902) against the state before them as ``{"delta": [<operations>]}``
     (AG-UI's STATE_DELTA). The state is never stored apart from the log:
     :meth:`~loopscope.Store.derive_state` rebuilds it from these rows.
+
+    ``model_error`` rows say that a model call failed (an HTTP error, a stream broken
+    off, an error body), at its end, with content ``{"type": "model_error", "model",
+    "error_type", "error", "duration_ms"}``; the call itself is a row of ``model_calls``.
     """
 
     MESSAGE = "message"
@@ -79,6 +88,7 @@ class EventType(str, Enum):
     TOOL_CALL_END = "tool_call_end"
     STATE_SNAPSHOT = "state_snapshot"
     STATE_DELTA = "state_delta"
+    MODEL_ERROR = "model_error"
 
 
 class EventStatus(str, Enum):

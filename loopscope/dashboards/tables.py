@@ -245,6 +245,9 @@ def event_row(event: ActivityEvent, running: bool = False) -> list[str]:
                 detail = content.error
             elif content.result is not None:
                 detail = "-> " + compact_json(content.result)
+    elif event.type == "model_error" and isinstance(content, dict):  # a failed model call: its model and error
+        name, outcome, ms = str(content.get("model") or "model"), "error", millis(content.get("duration_ms"))
+        detail = ": ".join(str(p) for p in (content.get("error_type"), content.get("error")) if p)
     else:
         detail = compact_json(content)
     if event.status.value == "blocked":

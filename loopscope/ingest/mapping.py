@@ -34,6 +34,7 @@ from ..storage.rows import (
     CHUNK,
     END,
     INPUT_MESSAGE,
+    MODEL_ERROR,
     PAUSE_EVERY,
     ROUND_MESSAGE,
     START,
@@ -73,6 +74,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     keep_start = "tool_call_start" not in skip
     keep_end = "tool_call_end" not in skip
     keep_message = "message" not in skip
+    keep_error = "model_error" not in skip
     add = events.append
     excluded = 0
     fields = _otel_sdk.span_fields()  # the SDK's spans, read through their fields: no property frames
@@ -82,6 +84,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     OPERATION, EXECUTE_TOOL, CHAT, INVOKE_AGENT = a.OPERATION, a.OP_EXECUTE_TOOL, a.OP_CHAT, a.OP_INVOKE_AGENT
     CONVERSATION_ID, TURN_ID, AGENT_NAME = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME
     PROVIDER, FRAMEWORK = a.PROVIDER, a.FRAMEWORK
+    CALL_OUTCOME, ERROR_TYPE = a.CALL_OUTCOME, a.ERROR_TYPE
     TOOL_NAME, TOOL_CALL_ID = a.TOOL_NAME, a.TOOL_CALL_ID
     TOOL_CALL_ARGUMENTS, TOOL_CALL_RESULT = a.TOOL_CALL_ARGUMENTS, a.TOOL_CALL_RESULT
     TOOL_OUTCOME, TOOL_STATUS, TOOL_ERROR = a.TOOL_OUTCOME, a.TOOL_STATUS, a.TOOL_ERROR
@@ -91,6 +94,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     last_tid: Any = None
     trace_id = b""
     for kind, span in items:
+        after = None  # a row that follows this span's own (a failed call's, after its text)
         try:
             if type(span) in fast:
                 attrs = attributes_of(span)
@@ -149,13 +153,23 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 if calls is not None:
                     start, end = (start_of(span), end_of(span)) if sdk else (span.start_time, span.end_time)
                     calls.append(_call_fact(span, d, tid, trace_id, sid, start, end))
+                outcome = get(CALL_OUTCOME)
+                if outcome == "error" or (outcome is None and get(ERROR_TYPE)):  # the call failed: a row says so
+                    if keep_error:
+                        after = _error_fact(span, d, sdk, tid, trace_id, sid)
+                    else:
+                        excluded += 1
                 body = get(ROUND_TEXT)
                 if not body:
                     if not get(CONTENT_WITHHELD):
+                        if after is not None:
+                            events.append(after)
                         continue
                     body = ""  # said, not captured: the row without its text
                 if not keep_message:
                     excluded += 1
+                    if after is not None:
+                        events.append(after)
                     continue
                 content = None
                 if type(body) is not str:
@@ -213,9 +227,45 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 source_framework, blocked, tool_name, tool_id, arguments, result, tool_status, outcome, error,
                 duration_ms, body, content,
             ))
+            if after is not None:
+                events.append(after)
         except Exception:  # not the guard: a with block per span costs the writer's mapping more than this
             internal_error("span mapping")
     return excluded
+
+
+def _error_fact(span: Any, d: dict[str, Any], sdk: bool, tid: int, trace_id: bytes, sid: int) -> tuple[Any, ...]:
+    """The ``model_error`` row of a failed model call (a ``chat`` span whose outcome is
+    ``error``), at its end: which model, what error, how long it took. The timeline and
+    ``tail`` read the log, where the call would otherwise leave no trace (its
+    ``model_calls`` row is not part of the log)."""
+    get = d.get
+    fields = _otel_sdk.span_fields()
+    start, end = (fields.start_time(span), fields.end_time(span)) if sdk else (span.start_time, span.end_time)
+    error_type = get(a.ERROR_TYPE)
+    message = get(a.CALL_ERROR)
+    if message is None:
+        message = getattr(span.status, "description", None)
+    content = _json.dumps({
+        "type": "model_error",
+        "model": get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL),
+        "error_type": error_type if error_type is None or type(error_type) is str else str(error_type),
+        "error": message if message is None or type(message) is str else str(message),
+        "duration_ms": round((end - start) / 1e6, 3),
+    })
+    session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
+    if type(session_id) is not str:
+        session_id = str(session_id)
+    # in EventFact's field order, named as its fields (tests/storage/test_rows.py)
+    code, span_id, created_us, blocked = MODEL_ERROR, sid.to_bytes(8, "big"), end // 1000, False
+    correlation_id, source_channel_id = get(a.TURN_ID), get(a.AGENT_NAME)
+    source_provider, source_framework = get(a.PROVIDER), get(a.FRAMEWORK)
+    tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = body = None
+    return (
+        code, trace_id, span_id, created_us, session_id, correlation_id, source_channel_id, source_provider,
+        source_framework, blocked, tool_name, tool_id, arguments, result, tool_status, outcome, error,
+        duration_ms, body, content,
+    )
 
 
 def _state_content(code: int, value: Any) -> str:

@@ -390,6 +390,50 @@ def _anonymous_ids(results: Sequence[ToolResult]) -> list[str | None]:
     return out
 
 
+_RESULT_ITEMS = frozenset(("function_call_output", "custom_tool_call_output"))
+"""OpenAI Responses input items that carry a tool's result."""
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+
+
+def _carries_results(message: Any) -> bool | None:
+    """True for a message that carries tool results (a chat ``tool`` message, a Responses
+    output item, an Anthropic user message with ``tool_result`` blocks), False for one
+    the user wrote, None for any other."""
+    role = _field(message, "role")
+    if role == "tool" or _field(message, "type") in _RESULT_ITEMS:
+        return True
+    if role != "user":
+        return None
+    content = _field(message, "content")
+    if isinstance(content, (list, tuple)):
+        for block in content:  # Anthropic's results are a user message's blocks
+            if _field(block, "type") == "tool_result":
+                return True
+    return False
+
+
+def _spoke_after(messages: Sequence[Any]) -> bool:
+    """Whether the request's last messages are the user's, right after tool results: the
+    application sent those results along with a new question, not on their own, so the
+    loop that asked for them had stopped (a round cap) and a new turn begins. Only the
+    tail is read. A user message that also carries results (Anthropic's text blocks
+    beside ``tool_result`` ones) continues the loop."""
+    try:
+        user = False
+        for index in range(len(messages) - 1, -1, -1):
+            said = _carries_results(messages[index])
+            if said is False:
+                user = True
+                continue
+            return user and said is True
+    except Exception:
+        internal_error("stitch boundary")
+    return False
+
+
 def start_model_call(request: ModelRequest) -> ModelCall | None:
     """Place one model call: end the tool calls whose results it carries, find its turn,
     open its round. Returns None only if loopscope itself failed (the call goes on).
@@ -428,6 +472,20 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             return ModelCall(mine._turn, mine, False, False)
         stitched_turn = False
         model, provider = request.model, request.provider
+        if (
+            owner is not None
+            and hand is None
+            and not owner.ended
+            and request.messages
+            and _spoke_after(request.messages)
+        ):
+            # the loop stopped with these results unsent and the user spoke again: the turn
+            # was cut off there, and this request starts the next one, in its conversation
+            close_turn(owner, LoopEndReason.CUT_OFF)
+            session_id: str | None = owner.session_id
+            owner = None
+        else:
+            session_id = None
         if hand is not None:
             turn = hand
         elif owner is not None and not owner.ended:
@@ -435,8 +493,7 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             stitched_turn = True
             stitched.touch(turn)
         else:
-            session_id = None
-            if current_session.get() is None:  # a ``loopscope.session()`` block wins
+            if session_id is None and current_session.get() is None:  # a ``loopscope.session()`` block wins
                 session_id = settings.session
                 if session_id is None and settings.find_conversations:
                     session_id = conversations.find(request.messages, request.previous_response_id)

@@ -125,9 +125,10 @@ def _long(*columns: Any) -> bool:
 
 # -- the rows ------------------------------------------------------------------------------------
 
-_LETTER = {rows.TOOL_START: "s", rows.TOOL_END: "e", rows.INPUT_MESSAGE: "i", rows.STATE_SNAPSHOT: "x", rows.STATE_DELTA: "x"}
+_LETTER = {rows.TOOL_START: "s", rows.TOOL_END: "e", rows.INPUT_MESSAGE: "i", rows.STATE_SNAPSHOT: "x", rows.STATE_DELTA: "x",
+           rows.MODEL_ERROR: "f"}
 _TYPE = {rows.TOOL_START: "tool_call_start", rows.TOOL_END: "tool_call_end",
-         rows.STATE_SNAPSHOT: "state_snapshot", rows.STATE_DELTA: "state_delta"}
+         rows.STATE_SNAPSHOT: "state_snapshot", rows.STATE_DELTA: "state_delta", rows.MODEL_ERROR: "model_error"}
 _TOOL_START_TAIL = ',"result":null,"status":"pending","outcome":null,"duration_ms":null,"error":null}'
 
 

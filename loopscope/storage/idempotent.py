@@ -22,13 +22,13 @@ from typing import Any
 
 import duckdb
 
-from .rows import EVENT_TYPES, INPUT_MESSAGE, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
+from .rows import EVENT_TYPES, INPUT_MESSAGE, MODEL_ERROR, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
 
 __all__ = ["drop_stored", "fresh_spans_sql"]
 
 # an event id's last letter, by the fact's code, as rows.EVENTS_SQL makes it
 _SUFFIX = {code: "m" for code in EVENT_TYPES} | {
-    TOOL_START: "s", TOOL_END: "e", INPUT_MESSAGE: "i", STATE_SNAPSHOT: "x", STATE_DELTA: "x",
+    TOOL_START: "s", TOOL_END: "e", INPUT_MESSAGE: "i", STATE_SNAPSHOT: "x", STATE_DELTA: "x", MODEL_ERROR: "f",
 }
 
 

@@ -36,9 +36,10 @@ START, END = 0, 1
 # One EventFact per event row. ``code`` says which row:
 TOOL_START, TOOL_END, INPUT_MESSAGE, ROUND_MESSAGE = 0, 1, 2, 3
 STATE_SNAPSHOT, STATE_DELTA = 4, 5  # from a state span's end; their content is made in Python
+MODEL_ERROR = 6  # a failed model call, from its chat span's end (beside its text row); content made in Python
 EVENT_TYPES = {
     TOOL_START: "tool_call_start", TOOL_END: "tool_call_end", INPUT_MESSAGE: "message", ROUND_MESSAGE: "message",
-    STATE_SNAPSHOT: "state_snapshot", STATE_DELTA: "state_delta",
+    STATE_SNAPSHOT: "state_snapshot", STATE_DELTA: "state_delta", MODEL_ERROR: "model_error",
 }
 
 
@@ -49,7 +50,7 @@ class EventFact(NamedTuple):
     where a value is not the plain string the common case has. The fields a kind of row
     does not have are None."""
 
-    code: int  # TOOL_START .. STATE_DELTA
+    code: int  # TOOL_START .. MODEL_ERROR
     trace_id: bytes  # 16 bytes, big-endian
     span_id: bytes  # 8 bytes, big-endian
     created_us: int  # microseconds since the epoch
@@ -313,10 +314,11 @@ def _events_sql(overrides: bool) -> str:
     )
     return f"""
 INSERT INTO events ({", ".join(EVENT_COLUMNS)})
-SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' ELSE 'm' END,
+SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' WHEN {MODEL_ERROR} THEN 'f' ELSE 'm' END,
   session_id, idx,
   CASE code WHEN {TOOL_START} THEN 'tool_call_start' WHEN {TOOL_END} THEN 'tool_call_end'
-    WHEN {STATE_SNAPSHOT} THEN 'state_snapshot' WHEN {STATE_DELTA} THEN 'state_delta' ELSE 'message' END,
+    WHEN {STATE_SNAPSHOT} THEN 'state_snapshot' WHEN {STATE_DELTA} THEN 'state_delta'
+    WHEN {MODEL_ERROR} THEN 'model_error' ELSE 'message' END,
   created_us, correlation_id, source_channel_id, source_provider, source_framework,
   CASE WHEN blocked THEN 'blocked' ELSE 'delivered' END,
   {content},

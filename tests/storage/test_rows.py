@@ -188,6 +188,7 @@ def test_the_mapping_builds_each_fact_from_names_that_are_the_row_types_fields_i
     assert _tuples_of_names(mapping.collect, "add") == [rows.EventFact._fields]
     assert _tuples_of_names(mapping._turn_fact, "return") == [rows.TurnFact._fields]
     assert _tuples_of_names(mapping._call_fact, "return") == [rows.CallFact._fields]
+    assert _tuples_of_names(mapping._error_fact, "return") == [rows.EventFact._fields]
 
 
 def test_the_json_check_bound_once_for_several_columns_decides_as_the_check_of_each():

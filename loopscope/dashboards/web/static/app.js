@@ -139,7 +139,7 @@
 
   const REASON_TONE = {
     completed: "ok", max_rounds: "warn", timeout: "warn", budget_exceeded: "warn", truncated: "warn",
-    empty_response: "warn", refusal: "warn", content_filter: "warn", unfinished: "bad", force_stopped: "bad", cancelled: "muted", error: "bad",
+    empty_response: "warn", refusal: "warn", content_filter: "warn", unfinished: "bad", cut_off: "warn", force_stopped: "bad", cancelled: "muted", error: "bad",
   };
   const OUTCOME_TONE = { served: "ok", failed: "bad", refused: "warn", blocked: "warn", cancelled: "muted", unserved: "bad", running: "run" };
 
