@@ -12,6 +12,7 @@ handed on, the values it will read (see :class:`Accumulator`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from time import monotonic_ns
 from typing import TYPE_CHECKING, Any, Protocol
@@ -332,18 +333,32 @@ class AsyncStream(_Proxy):
 StreamFactory = Callable[[Any, ModelCall], Any]
 
 
-def closes_inner_stream(attribute: str, *, is_async: bool = False) -> Callable[..., Any]:
+def closes_inner_stream(
+    attribute: str, *, is_async: bool = False, answered: Callable[[BaseException], Any] | None = None
+) -> Callable[..., Any]:
     """A wrapt wrapper for an SDK stream helper's ``close``.
 
     Helpers such as openai's ``ResponseStream`` read one of our stream proxies (kept in
     ``attribute``) but close the HTTP response directly, so the proxy never hears of it:
     after the helper's ``close`` (or its ``with`` block) the proxy's round ends as well.
+
+    ``answered(exc)``: whether an exception the helper raised (its ``with`` block closes it
+    while the exception is in flight) says the answer was complete (openai's chat helper
+    raises ``LengthFinishReasonError`` on the chunk with the finish reason ``length``):
+    then the round ends with what the stream said (``truncated``), not ``cancelled``.
     """
 
     def abandon(helper: Any) -> None:
         inner = getattr(helper, attribute, None)
         if isinstance(inner, (SyncStream, AsyncStream)):
-            inner._self_recording.abandon()
+            recording = inner._self_recording
+            if answered is not None:
+                with guard("stream helper close"):
+                    raised = sys.exc_info()[1]
+                    if raised is not None and answered(raised) is not None:
+                        recording.done()  # the chunks read so far are the answer
+                        return
+            recording.abandon()
 
     if is_async:
 

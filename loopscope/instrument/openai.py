@@ -526,6 +526,18 @@ def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
     return _deliver(result, model_call, _finish_completion, _ChatChunks)
 
 
+def _parse_answered(exc: BaseException) -> Any:
+    """The completion ``parse()`` raises with when it cannot parse what the model answered
+    (``LengthFinishReasonError``: cut at the token limit; ``ContentFilterFinishReasonError``:
+    the provider's filter stopped it): the call was answered and billed, so the completion
+    is recorded (its finish reason makes the outcome ``truncated`` / ``content_filter``)."""
+    import openai
+
+    if isinstance(exc, (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError)):
+        return exc.completion  # None for a content filter error raised without one
+    return None
+
+
 # -- shared delivery ------------------------------------------------------------------
 
 
@@ -576,14 +588,19 @@ def _patch_chat(chat: Any) -> list[Patch | None]:
     return [
         # the openai SDK emits no spans of its own: nothing needs the call marked
         wrap(chat.Completions, "create", sync_call(_chat_request, _deliver_chat, mark=False)),
-        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat, mark=False, answered=_parse_answered)),
         wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat, mark=False)),
-        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat, mark=False, answered=_parse_answered)),
     ]
 
 
 def _patch_chat_helpers(helpers: Any) -> list[Patch | None]:
+    # the helper raises parse()'s errors as it reads the chunk that finishes the answer
     return [
-        wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream")),
-        wrap(helpers.AsyncChatCompletionStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
+        wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream", answered=_parse_answered)),
+        wrap(
+            helpers.AsyncChatCompletionStream,
+            "close",
+            closes_inner_stream("_raw_stream", is_async=True, answered=_parse_answered),
+        ),
     ]

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-import loopscope
 from fakes.model_server import Reply, ToolCall
 from loopscope import semconv as a
 from recorded import only_turn, spans_of
@@ -18,15 +17,6 @@ from recorded import only_turn, spans_of
 MODEL = "gpt-test-1"
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 VERSION = {"type": "function", "function": {"name": "llm_version", "parameters": {"type": "object", "properties": {"verbose": {"type": "boolean"}}}}}
-
-
-@pytest.fixture
-def instrumented(recording):
-    loopscope.instrument()
-    try:
-        yield recording
-    finally:
-        loopscope.uninstrument()
 
 
 class InPlaceMerger:
