@@ -6,6 +6,11 @@ alone), and ``deliver(result, call)`` reads the response, finishing the
 :class:`~loopscope.recorder.adapter.ModelCall` with a ``ModelResponse``, and returns what
 the user gets (the same object, or a stream proxy). Both are guarded: if
 either fails, the user's call goes on as if loopscope were not there.
+
+An SDK method can raise after the provider answered (openai's ``parse()`` raises
+``LengthFinishReasonError`` for a completion cut at the token limit): ``answered(exc)``
+gives the response such an exception carries, which is then delivered as any response
+would be (its id, model, usage, finish reason), and the exception raised on unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ the method returns): an adapter whose SDK emits spans of its own finds the call 
 
 Describe = Callable[[Any, tuple[Any, ...], dict[str, Any]], "ModelRequest | None"]
 Deliver = Callable[[Any, ModelCall], Any]
+Answered = Callable[[BaseException], Any]
+"""The response an exception carries (the provider answered; the SDK raised on reading
+it), or None: the call failed."""
 
 
 def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ModelCall | None, object | None]:
@@ -46,6 +54,22 @@ def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dic
         return None, None
 
 
+def _raised(model_call: ModelCall, exc: BaseException, deliver: Deliver, answered: Answered | None) -> None:
+    """End the call an SDK method raised out of: with the response the exception carries
+    (see :data:`Answered`), else as failed."""
+    if answered is not None:
+        try:
+            response = answered(exc)
+        except Exception:
+            internal_error("model call answer in an exception")
+            response = None
+        if response is not None:
+            _deliver(deliver, response, model_call)
+            model_call.fail(exc)  # nothing if the response ended the call, as it should have
+            return
+    model_call.fail(exc)
+
+
 def _deliver(deliver: Deliver, result: Any, model_call: ModelCall) -> Any:
     try:
         return deliver(result, model_call)
@@ -55,9 +79,12 @@ def _deliver(deliver: Deliver, result: Any, model_call: ModelCall) -> Any:
         return result
 
 
-def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Callable[..., Any]:
+def sync_call(
+    describe: Describe, deliver: Deliver, *, mark: bool = True, answered: Answered | None = None
+) -> Callable[..., Any]:
     """A wrapt wrapper for a synchronous SDK method that makes one model call; ``mark=False``
-    for an SDK that emits no spans of its own (nothing reads :data:`calling` then)."""
+    for an SDK that emits no spans of its own (nothing reads :data:`calling` then);
+    ``answered`` for a method that can raise with the provider's response (see :data:`Answered`)."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         model_call, token = _begin(describe, instance, args, kwargs)
@@ -67,7 +94,7 @@ def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Cal
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            model_call.fail(exc)
+            _raised(model_call, exc, deliver, answered)
             raise
         finally:
             if marked is not None:
@@ -79,10 +106,12 @@ def sync_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Cal
     return wrapper
 
 
-def async_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Callable[..., Any]:
+def async_call(
+    describe: Describe, deliver: Deliver, *, mark: bool = True, answered: Answered | None = None
+) -> Callable[..., Any]:
     """A wrapt wrapper for an async SDK method: decided by the class, since some SDK
     methods are not coroutine functions by ``inspect`` but still return awaitables.
-    ``mark`` as for :func:`sync_call`."""
+    ``mark`` and ``answered`` as for :func:`sync_call`."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         async def run() -> Any:
@@ -93,7 +122,7 @@ def async_call(describe: Describe, deliver: Deliver, *, mark: bool = True) -> Ca
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
-                model_call.fail(exc)
+                _raised(model_call, exc, deliver, answered)
                 raise
             finally:
                 if marked is not None:

@@ -4,11 +4,15 @@ A stream ends its round when it is read to the end, raises, is closed (or left b
 ``with`` block) before its end, is garbage-collected unread, or is still open at exit.
 The proxy passes every chunk and every exception through unchanged; the adapter's
 accumulator reads the chunks, a batch at a time (see :data:`BATCH`), and an event that
-ends the round at once.
+ends the round at once. A chunk read after the application has had it may have been
+changed by then (an app that merges tool-call deltas into the first chunk's objects, as
+LlamaIndex's OpenAI LLM does): an accumulator with a ``capture`` keeps, as each chunk is
+handed on, the values it will read (see :class:`Accumulator`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from time import monotonic_ns
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +33,15 @@ if TYPE_CHECKING:
 
 
 class Accumulator(Protocol):
+    """Reads a stream's chunks into one response. It may also have:
+
+    - ``final_events``: the event types after which it ends its round (see :func:`_final_events`);
+    - ``capture(chunk)``: what of a chunk to keep, taken the moment the chunk is handed to
+      the application (its strings and numbers, which nobody can change in place): ``add``
+      is then given that instead of the chunk, when the batch is read. Without it, ``add``
+      reads the chunk objects themselves, as the application may have left them.
+    """
+
     # positional-only: each adapter names the item for what it is (a chunk, an event)
     def add(self, item: Any, model_call: ModelCall, /) -> None: ...
     def finish(self, model_call: ModelCall, /) -> None: ...
@@ -60,29 +73,31 @@ class _Recording:
     """What a stream proxy reports to, and the chunks it has not read yet. Kept apart from
     the proxy (which holds it), so the registry of open streams keeps no proxy alive."""
 
-    __slots__ = ("accumulator", "body", "finals", "model_call", "pending", "stamps")
+    __slots__ = ("accumulator", "body", "capture", "finals", "model_call", "pending", "stamps")
 
     def __init__(self, model_call: ModelCall, accumulator: Accumulator) -> None:
         self.model_call = model_call
         self.accumulator = accumulator
         self.finals = _final_events(accumulator)
-        self.pending: list[Any] = []
+        # what of each chunk to keep as it passes (None: the chunk itself), see Accumulator
+        self.capture: Callable[[Any], Any] | None = getattr(accumulator, "capture", None)
+        self.pending: list[Any] = []  # the chunks not read yet, or what ``capture`` kept of them
         self.stamps: list[int] = []  # when each pending chunk reached the user (monotonic ns)
         self.body: JsonBody | None = None  # set for a JSON answer to a streamed request only
 
-    def feed(self) -> None:
+    def feed(self, final: bool = False) -> None:
         """Hand the pending chunks to the accumulator. A round's time to first chunk is the
-        arrival of the chunk that set it, not the moment the batch was read."""
+        arrival of the chunk that set it, not the moment the batch was read. ``final``: the
+        last pending chunk is an event that ends the round (see :func:`_final_events`)."""
         pending, stamps = self.pending, self.stamps
         if not pending:
             return
         model_call = self.model_call
         add = self.accumulator.add
-        finals = self.finals
         # an event that ends the round (Anthropic's message_stop, the Responses API's completed)
         # is the batch's last (the proxy feeds at once after it): it is added after the batch's
         # chunk times reach the round, which hands them over as it ends
-        last = pending.pop() if finals and _is_final(pending[-1], finals) else None
+        last = pending.pop() if final else None
         first_unset = not model_call.chunk_seen()
         start = -1 if first_unset else 0  # the first of these chunks from the first output chunk on
         for item, stamp in zip(pending, stamps):
@@ -183,10 +198,16 @@ class _Proxy(wrapt.ObjectProxy):  # type: ignore[misc]
 
     def _self_take(self, item: Any) -> None:
         recording = self._self_recording
-        recording.pending.append(item)
+        capture = recording.capture
+        try:  # a plain try (see the note at the imports): this runs once per chunk
+            recording.pending.append(item if capture is None else capture(item))
+        except Exception:
+            internal_error("stream chunk capture")
+            return
         recording.stamps.append(monotonic_ns())
-        if len(recording.pending) >= BATCH or (recording.finals and _is_final(item, recording.finals)):
-            recording.feed()
+        final = bool(recording.finals) and _is_final(item, recording.finals)
+        if final or len(recording.pending) >= BATCH:
+            recording.feed(final)
 
     def _self_abandon(self) -> None:
         self._self_recording.abandon()
@@ -212,11 +233,23 @@ class SyncStream(_Proxy):
             self._self_iterator = iter(self.__wrapped__)
         recording = self._self_recording
         pending, stamps, clock, finals = recording.pending, recording.stamps, monotonic_ns, recording.finals
+        keep, capture = pending.append, recording.capture
         try:
             for item in self._self_iterator:
-                pending.append(item)  # _self_take, inline: this runs for every chunk
+                # _self_take, inline: this runs for every chunk
+                if capture is None:
+                    keep(item)
+                else:
+                    try:  # what the provider sent, before the application can change the objects
+                        keep(capture(item))
+                    except Exception:
+                        internal_error("stream chunk capture")
+                        yield item
+                        continue
                 stamps.append(clock())
-                if len(pending) >= BATCH or (finals and _is_final(item, finals)):
+                if finals and _is_final(item, finals):
+                    recording.feed(True)
+                elif len(pending) >= BATCH:
                     recording.feed()
                 yield item
         except GeneratorExit:  # the reader stopped early: close, ``with`` or __del__ ends it
@@ -300,18 +333,32 @@ class AsyncStream(_Proxy):
 StreamFactory = Callable[[Any, ModelCall], Any]
 
 
-def closes_inner_stream(attribute: str, *, is_async: bool = False) -> Callable[..., Any]:
+def closes_inner_stream(
+    attribute: str, *, is_async: bool = False, answered: Callable[[BaseException], Any] | None = None
+) -> Callable[..., Any]:
     """A wrapt wrapper for an SDK stream helper's ``close``.
 
     Helpers such as openai's ``ResponseStream`` read one of our stream proxies (kept in
     ``attribute``) but close the HTTP response directly, so the proxy never hears of it:
     after the helper's ``close`` (or its ``with`` block) the proxy's round ends as well.
+
+    ``answered(exc)``: whether an exception the helper raised (its ``with`` block closes it
+    while the exception is in flight) says the answer was complete (openai's chat helper
+    raises ``LengthFinishReasonError`` on the chunk with the finish reason ``length``):
+    then the round ends with what the stream said (``truncated``), not ``cancelled``.
     """
 
     def abandon(helper: Any) -> None:
         inner = getattr(helper, attribute, None)
         if isinstance(inner, (SyncStream, AsyncStream)):
-            inner._self_recording.abandon()
+            recording = inner._self_recording
+            if answered is not None:
+                with guard("stream helper close"):
+                    raised = sys.exc_info()[1]
+                    if raised is not None and answered(raised) is not None:
+                        recording.done()  # the chunks read so far are the answer
+                        return
+            recording.abandon()
 
     if is_async:
 

@@ -350,11 +350,59 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
     )
 
 
+# What a stream proxy keeps of a chunk as it hands it on (_ChatChunks.capture): the chunk's
+# (id, model, usage, choices), each choice (index, content, refusal, finish reason, calls),
+# each call fragment (index, id, name, arguments). Strings and numbers only (and the usage,
+# read into a dict): the application may change the SDK's objects once it has them.
+_Part = tuple[Any, Any, Any, Any]
+_Delta = tuple[Any, Any, Any, Any, "list[_Part] | None"]
+_Captured = tuple[Any, Any, "dict[str, int] | None", "tuple[_Delta, ...]"]
+
+
+def _call_parts(calls: Any) -> list[_Part]:
+    """A delta's tool-call fragments as (index, id, name, arguments)."""
+    out = []
+    for part in calls:
+        if type(part) is dict:
+            index, call_id, function = part.get("index", 0), part.get("id"), part.get("function")
+        else:
+            index, call_id, function = getattr(part, "index", 0), getattr(part, "id", None), getattr(part, "function", None)
+        if type(function) is dict:
+            name, arguments = function.get("name"), function.get("arguments")
+        else:
+            name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        out.append((index, call_id, name, arguments))
+    return out
+
+
+def _capture_choice(choice: Any) -> _Delta:
+    """One choice of a chunk, read the general way (a dict, or an object missing a field)."""
+    delta = r.get(choice, "delta")
+    calls = r.get(delta, "tool_calls")
+    return (
+        r.get(choice, "index", 0),
+        r.get(delta, "content"),
+        r.get(delta, "refusal"),
+        r.get(choice, "finish_reason"),
+        _call_parts(calls) if calls else None,
+    )
+
+
+def _capture_general(chunk: Any) -> _Captured:
+    usage = r.get(chunk, "usage")
+    return (
+        r.get(chunk, "id"),
+        r.get(chunk, "model"),
+        _chat_usage(usage) if usage is not None else None,
+        tuple(_capture_choice(choice) for choice in r.get(chunk, "choices") or ()),
+    )
+
+
 class _ChatChunks:
     """Accumulates ``chat.completion.chunk`` events into one response."""
 
     def __init__(self) -> None:
-        self.calls: dict[int, dict[str, Any]] = {}
+        self.calls: dict[Any, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, int] = {}
         self.response_id: str | None = None
@@ -362,37 +410,46 @@ class _ChatChunks:
         self.refusal: list[str] = []
         self.others: dict[int, list[Any]] = {}  # index -> [texts, finish reason, refusals]: the answers after the first (n > 1)
 
-    def add(self, chunk: Any, model_call: ModelCall) -> None:
-        """One chunk; the SDK's own chunk model read directly, without a further frame per
-        chunk: its fields are read as attributes (loads, not ``getattr`` calls: every chunk
-        of every stream passes here), all of them before any is used. The SDK builds
-        chunks without validation, so a field a provider left out can be missing: then the
-        chunk (or the choice) is read the general way, which gives what ``getattr`` with a
-        default would."""
-        if type(chunk) is not _chunk_type:
-            return self._add_general(chunk, model_call)
-        try:
-            response_id, model, usage, choices = chunk.id, chunk.model, chunk.usage, chunk.choices
-        except AttributeError:
-            return self._add_general(chunk, model_call)
+    @staticmethod
+    def capture(chunk: Any) -> _Captured:
+        """What :meth:`add` reads of a chunk, taken as the stream proxy hands the chunk on
+        (see ``_streams.Accumulator``): the SDK's own chunk model is read directly, its
+        fields as attributes (loads, not ``getattr`` calls: every chunk of every stream
+        passes here). The SDK builds chunks without validation, so a field a provider left
+        out can be missing: then the chunk is read the general way, which gives what
+        ``getattr`` with a default would."""
+        if type(chunk) is _chunk_type:
+            try:
+                response_id, model, usage, choices = chunk.id, chunk.model, chunk.usage, chunk.choices
+                if usage is not None:  # the last chunk's, once a stream
+                    usage = _chat_usage(usage)
+                if not choices:
+                    return (response_id, model, usage, ())
+                if len(choices) == 1 and type(choice := choices[0]) is _choice_type:  # the usual chunk
+                    delta = choice.delta
+                    calls = delta.tool_calls
+                    return (
+                        response_id,
+                        model,
+                        usage,
+                        ((choice.index, delta.content, delta.refusal, choice.finish_reason, _call_parts(calls) if calls else None),),
+                    )
+            except (AttributeError, TypeError):  # a field left out, a delta of another kind (a dict)
+                pass
+        return _capture_general(chunk)
+
+    def add(self, captured: _Captured, model_call: ModelCall) -> None:
+        """One chunk, as :meth:`capture` kept it."""
+        response_id, model, usage, choices = captured
         if not self.response_id:
             self.response_id = response_id
         if not self.model:
             self.model = model
         if usage is not None:
-            self.usage = _chat_usage(usage)
-        for choice in choices or ():
-            if type(choice) is not _choice_type:
-                self._add_choice(choice, model_call)  # a dict, or another object: the general way
-                continue
-            try:
-                delta, index, reason = choice.delta, choice.index, choice.finish_reason
-                content, refusal, calls = delta.content, delta.refusal, delta.tool_calls
-            except AttributeError:  # a field left out, or a delta of another kind (a dict)
-                self._add_choice(choice, model_call)
-                continue
+            self.usage = usage
+        for index, content, refusal, reason, calls in choices:
             if index != 0:
-                self._add_other(choice)
+                self._add_other(index, content, refusal, reason)
                 continue
             if content:
                 model_call.round.text_delta(content)  # ModelCall.delta without its frame
@@ -400,73 +457,32 @@ class _ChatChunks:
                 self.refusal.append(refusal)
                 model_call.delta(refusal)  # a refusal is what the model said (as a parsed one's text)
             if calls:
-                self._add_choice_calls(delta, model_call)
+                self._add_calls(calls, model_call)
             if reason:
                 self.finish_reason = reason
 
-    def _add_general(self, chunk: Any, model_call: ModelCall) -> None:
-        self.response_id = self.response_id or r.get(chunk, "id")
-        self.model = self.model or r.get(chunk, "model")
-        usage = r.get(chunk, "usage")
-        if usage is not None:
-            self.usage = _chat_usage(usage)
-        for choice in r.get(chunk, "choices") or []:
-            self._add_choice(choice, model_call)
-
-    def _add_other(self, choice: Any) -> None:
+    def _add_other(self, index: Any, content: Any, refusal: Any, reason: Any) -> None:
         """A chunk of an answer after the first (``n > 1``)."""
-        slot = self.others.setdefault(r.get(choice, "index", 0), [[], None, []])
-        delta = r.get(choice, "delta")
-        content = r.get(delta, "content")
+        slot = self.others.setdefault(index, [[], None, []])
         if content:
             slot[0].append(content)
-        refusal = r.get(delta, "refusal")
         if refusal:
             slot[0].append(refusal)
             slot[2].append(refusal)
-        reason = r.get(choice, "finish_reason")
         if reason:
             slot[1] = reason
 
-    def _add_choice(self, choice: Any, model_call: ModelCall) -> None:
-        if r.get(choice, "index", 0) != 0:
-            return self._add_other(choice)
-        delta = r.get(choice, "delta")
-        content = r.get(delta, "content")
-        if content:
-            model_call.delta(content)
-        refusal = r.get(delta, "refusal")
-        if refusal:
-            self.refusal.append(refusal)
-            model_call.delta(refusal)
-        for part in r.get(delta, "tool_calls") or []:
+    def _add_calls(self, calls: list[_Part], model_call: ModelCall) -> None:
+        for index, call_id, name, arguments in calls:
             model_call.first_chunk()
-            slot = self.calls.setdefault(r.get(part, "index", 0), {"id": None, "name": "", "arguments": []})
-            slot["id"] = slot["id"] or r.get(part, "id")
-            function = r.get(part, "function")
-            if r.get(function, "name"):
-                slot["name"] += r.get(function, "name")
-            if r.get(function, "arguments"):
-                slot["arguments"].append(r.get(function, "arguments"))
-        if r.get(choice, "finish_reason"):
-            self.finish_reason = r.get(choice, "finish_reason")
-
-    def _add_choice_calls(self, delta: Any, model_call: ModelCall) -> None:
-        for part in getattr(delta, "tool_calls", None) or ():
-            if type(part) is dict:
-                get = part.get
-                index, call_id, function = get("index", 0), get("id"), get("function")
-            else:
-                index, call_id, function = getattr(part, "index", 0), getattr(part, "id", None), getattr(part, "function", None)
-            if type(function) is dict:
-                name, arguments = function.get("name"), function.get("arguments")
-            else:
-                name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
-            model_call.first_chunk()
-            slot = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+            slot = self.calls.get(index)
+            if slot is None:
+                slot = self.calls[index] = {"id": None, "name": "", "arguments": []}
             if not slot["id"]:
                 slot["id"] = call_id
-            if name:
+            # a name comes whole in the call's first fragment; a gateway that repeats it in
+            # every fragment (OpenRouter's) must not make it twice the name
+            if name and name != slot["name"]:
                 slot["name"] += name
             if arguments:
                 slot["arguments"].append(arguments)
@@ -508,6 +524,18 @@ except ImportError:  # pragma: no cover - an SDK without them: every chunk the g
 
 def _deliver_chat(result: Any, model_call: ModelCall) -> Any:
     return _deliver(result, model_call, _finish_completion, _ChatChunks)
+
+
+def _parse_answered(exc: BaseException) -> Any:
+    """The completion ``parse()`` raises with when it cannot parse what the model answered
+    (``LengthFinishReasonError``: cut at the token limit; ``ContentFilterFinishReasonError``:
+    the provider's filter stopped it): the call was answered and billed, so the completion
+    is recorded (its finish reason makes the outcome ``truncated`` / ``content_filter``)."""
+    import openai
+
+    if isinstance(exc, (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError)):
+        return exc.completion  # None for a content filter error raised without one
+    return None
 
 
 # -- shared delivery ------------------------------------------------------------------
@@ -560,14 +588,19 @@ def _patch_chat(chat: Any) -> list[Patch | None]:
     return [
         # the openai SDK emits no spans of its own: nothing needs the call marked
         wrap(chat.Completions, "create", sync_call(_chat_request, _deliver_chat, mark=False)),
-        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.Completions, "parse", sync_call(_chat_request, _deliver_chat, mark=False, answered=_parse_answered)),
         wrap(chat.AsyncCompletions, "create", async_call(_chat_request, _deliver_chat, mark=False)),
-        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat, mark=False)),
+        wrap(chat.AsyncCompletions, "parse", async_call(_chat_request, _deliver_chat, mark=False, answered=_parse_answered)),
     ]
 
 
 def _patch_chat_helpers(helpers: Any) -> list[Patch | None]:
+    # the helper raises parse()'s errors as it reads the chunk that finishes the answer
     return [
-        wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream")),
-        wrap(helpers.AsyncChatCompletionStream, "close", closes_inner_stream("_raw_stream", is_async=True)),
+        wrap(helpers.ChatCompletionStream, "close", closes_inner_stream("_raw_stream", answered=_parse_answered)),
+        wrap(
+            helpers.AsyncChatCompletionStream,
+            "close",
+            closes_inner_stream("_raw_stream", is_async=True, answered=_parse_answered),
+        ),
     ]

@@ -168,6 +168,9 @@ class Reply:
     refusal: str | None = None  # the model refuses: Chat ``message.refusal`` (content null), Responses a refusal part
     choices: Sequence[Reply] = ()  # Chat Completions only: the answers after the first (``n > 1``), as indices 1..
     error_in_body: bool = False  # an HTTP 200 whose body is the provider's error JSON (some gateways answer so)
+    # Chat Completions streams: every tool-call fragment repeats the call's id, type and function name, as
+    # OpenRouter's gateway sends them (OpenAI sends them in the first fragment only)
+    repeat_call_fields: bool = False
 
     def __post_init__(self) -> None:
         self.tool_calls = [_as_tool_call(tc) for tc in self.tool_calls]
@@ -552,7 +555,10 @@ class _Renderer:
                 frames.append(chunk({"tool_calls": [
                     {"index": i, "id": cid, "type": "function", "function": {"name": tc.name, "arguments": ""}}]},
                     index=index))
-                frames += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}, index=index)
+                repeated = {"id": cid, "type": "function"} if r.repeat_call_fields else {}
+                named = {"name": tc.name} if r.repeat_call_fields else {}
+                frames += [chunk({"tool_calls": [{"index": i, **repeated, "function": {**named, "arguments": p}}]},
+                                 index=index)
                            for p in _arg_pieces(tc.arguments_json, r.chunk_size)]
             frames.append(chunk({}, _stop_for(CHAT, r), index=index))
         if include_usage:
