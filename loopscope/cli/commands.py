@@ -73,9 +73,12 @@ def describe(exc: BaseException) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if isinstance(exc, (StoreError, ValueError, CommandError)) and first:
         return first
-    duckdb = sys.modules.get("duckdb")  # not imported: the error is not DuckDB's
-    if duckdb is not None and isinstance(exc, duckdb.Error):
-        return f"SQL failed: {first}" if first else f"SQL failed: {type(exc).__name__}"
+    # the engine the store's connections use (``_duckdb``: storage/engine.py), or the package;
+    # neither imported: the error is not DuckDB's
+    for name in ("_duckdb", "duckdb"):
+        duckdb = sys.modules.get(name)
+        if duckdb is not None and isinstance(exc, duckdb.Error):
+            return f"SQL failed: {first}" if first else f"SQL failed: {type(exc).__name__}"
     if isinstance(exc, OSError) and first:
         return first
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -292,7 +292,7 @@ def turns_table(
     if show_session:
         columns.append(Column("SESSION", max_width=20, shrink=1, min_width=10))
     columns += [
-        Column("AGENT", max_width=16, shrink=1, min_width=8),
+        Column("AGENT", max_width=16),
         Column("MODEL", max_width=24, shrink=1, min_width=10),
         Column("MODEL CALLS", "right"),  # every model call of the turn (a one-call turn has 1)
         Column("TOOL ROUNDS", "right"),  # RoomKit's round_count: model calls whose tool calls ran
@@ -305,7 +305,7 @@ def turns_table(
     ]
     rows = []
     for t in turns:
-        row = [clock(t.timestamp)]
+        row = [clock(t.timestamp)[:8]]  # to the second: room for the fixed headers (the timeline has milliseconds)
         if show_session:
             row.append(t.session_id or "")
         row += [

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +48,7 @@ def cells(out: str) -> list[dict[str, str]]:
     return rows
 
 
+ROOT = Path(__file__).resolve().parents[2]
 LONG_TOOL = "search_the_knowledge_base"
 
 
@@ -288,3 +293,17 @@ def test_tools_declared_on_turns_without_tools_says_so(recording, capsys):
     assert out.strip() == "no tools offered or called in 1 turn"
     code, out, _ = run(capsys, "tools", "--declared", "--agent", "nobody", "--db", recording.db)
     assert out.strip() == "no turns of agent 'nobody' yet"
+
+
+# -- also found: an SQL error in a fresh process ---------------------------------------------------
+
+
+def test_bad_sql_in_a_fresh_process_says_sql_failed(db):
+    """The store's connections use DuckDB's engine module (``_duckdb``), not the package: its
+    errors are DuckDB's all the same."""
+    done = subprocess.run(
+        [sys.executable, "-m", "loopscope", "sql", "SELEC * FROM events", "--db", db],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == ['loopscope: error: SQL failed: Parser Error: syntax error at or near "SELEC"']
