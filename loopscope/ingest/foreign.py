@@ -433,6 +433,7 @@ def _declared(attrs: Mapping[str, Any], outputs: frozenset[str] = frozenset()) -
 _PARAMETER_ATTRIBUTES = frozenset(a.REQUEST_PARAMETERS.values())
 _NOT_PARAMETERS = frozenset((a.REQUEST_MODEL, a.REQUEST_STREAM))
 _TTFC_SOURCES = (a.TIME_TO_FIRST_CHUNK, a.METRIC_TIME_TO_FIRST_CHUNK)  # pydantic-ai names it after the metric
+_MESSAGES = (a.INPUT_MESSAGES, a.OUTPUT_MESSAGES, a.SYSTEM_INSTRUCTIONS)
 
 
 def _request_parameters(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -768,6 +769,11 @@ def chat_attributes(span: Any, chat: Chat, session: str | None, turn_id: str | N
     if chat.time_to_first_chunk is not None:
         attrs[a.TIME_TO_FIRST_CHUNK] = chat.time_to_first_chunk
     attrs.update(chat.parameters)
+    source = span.attributes or {}
+    for key in _MESSAGES:  # in the GenAI conventions' JSON already: the call's messages as sent and answered
+        value = source.get(key)
+        if isinstance(value, str) and value:
+            attrs[key] = value
     said = chat.said
     if said:
         attrs[a.ROUND_TEXT] = said

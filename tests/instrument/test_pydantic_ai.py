@@ -673,3 +673,9 @@ def test_each_model_call_row_has_the_response_id_finish_reason_parameters_and_us
     assert first.provider_usage is not None and first.provider_usage["input_tokens"] == 100
     assert first.provider_usage["output_tokens"] == 10 and first.provider_usage["details"]["reasoning_tokens"] == 4
     assert (first.usage["input_tokens"], first.usage["cache_read_input_tokens"]) == (100, 30)
+    # and, content being captured, the messages each call sent and got back
+    first, second = loopscope.Store(str(instrumented.db)).model_calls(with_messages=True)
+    assert first.input_messages[-1]["parts"][-1]["content"] == "What is my balance?"
+    assert [p.get("name") for p in first.output_messages[0]["parts"]] == ["customer_balance"]
+    assert [p.get("name") for p in second.output_messages[0]["parts"]] == ["final_result"]
+
