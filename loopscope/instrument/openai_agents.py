@@ -155,10 +155,15 @@ _asked_model: ContextVar[str | None] = ContextVar("loopscope_agents_model", defa
 taken (and cleared) by that span's round. A ``generation`` span names its model itself."""
 
 
-def _responses_call_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+@guarded("agents model asked")
+def _note_asked_model(model: Any) -> None:
     # set in the caller's context, which the call (a coroutine, or an async generator
     # iterated there) starts its span in: nothing to reset, the span's round clears it
-    _asked_model.set(_model_name(getattr(instance, "model", None)))
+    _asked_model.set(_model_name(getattr(model, "model", None)))
+
+
+def _responses_call_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _note_asked_model(instance)
     return wrapped(*args, **kwargs)
 
 
