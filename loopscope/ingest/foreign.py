@@ -318,6 +318,10 @@ class Chat:
     streaming: bool
     outputs: list[tuple[str | None, str, str | None]] = field(default_factory=list)  # calls of output tools
     answer: str | None = None  # the structured output this call answered with (see Assembler._answers)
+    response_id: str | None = None
+    stream_said: bool | None = None  # whether the recording said the call streamed (else unknown)
+    time_to_first_chunk: float | None = None  # seconds
+    parameters: dict[str, Any] = field(default_factory=dict)  # the request's, as span attributes (gen_ai.request.*, ...)
 
     @property
     def said(self) -> str:
@@ -426,6 +430,37 @@ def _declared(attrs: Mapping[str, Any], outputs: frozenset[str] = frozenset()) -
     return out
 
 
+_PARAMETER_ATTRIBUTES = frozenset(a.REQUEST_PARAMETERS.values())
+_NOT_PARAMETERS = frozenset((a.REQUEST_MODEL, a.REQUEST_STREAM))
+_TTFC_SOURCES = (a.TIME_TO_FIRST_CHUNK, a.METRIC_TIME_TO_FIRST_CHUNK)  # pydantic-ai names it after the metric
+_MESSAGES = (a.INPUT_MESSAGES, a.OUTPUT_MESSAGES, a.SYSTEM_INSTRUCTIONS)
+
+
+def _request_parameters(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The request parameters a model call's span carries, under their attribute names:
+    every ``gen_ai.request.*`` (but the model and streaming, which have columns of their
+    own), the server, and the tool choice an SDK adapter underneath added."""
+    return {
+        key: value for key, value in attrs.items()
+        if key in _PARAMETER_ATTRIBUTES or (key.startswith("gen_ai.request.") and key not in _NOT_PARAMETERS)
+    }
+
+
+def _reported_usage(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Every usage figure a span reports (``gen_ai.usage.*``), under its own names, its
+    ``details.*`` (pydantic-ai's: what the provider's usage object itself held) nested."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if not key.startswith("gen_ai.usage.") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        name = key[len("gen_ai.usage."):]
+        if name.startswith("details."):
+            out.setdefault("details", {})[name[len("details."):]] = value
+        else:
+            out[name] = value
+    return out or None
+
+
 def read_chat(span: Any) -> Chat:
     attrs = span.attributes or {}
     messages = _chat_messages(span)
@@ -442,9 +477,19 @@ def read_chat(span: Any) -> Chat:
                 if reason:
                     reasons = (*reasons, reason)
     usage, provider_usage = normalized_usage(_usage(attrs))
+    ttfc = _first(attrs, *_TTFC_SOURCES)
     stream = _first(attrs, a.REQUEST_STREAM, "gen_ai.is_streaming", "llm.is_streaming")
-    if stream is None and "gen_ai.client.operation.time_to_first_chunk" in attrs:
+    pydantic_ai = _scope(span) == "pydantic-ai"
+    if stream is None and ttfc is not None:
         stream = True  # pydantic-ai says a call streamed only by its time to the first chunk
+    elif stream is None and pydantic_ai:
+        stream = False  # ... and has one for every streamed answer
+    if pydantic_ai:
+        # pydantic-ai names the figures it read from the provider's usage object, and
+        # says "stop" for a Responses answer that calls tools (its status is "completed")
+        provider_usage = _reported_usage(attrs) or provider_usage
+        if tuple(reasons) == ("stop",) and messages.tool_calls:
+            reasons = ("tool_call",)
     output_tools = _output_tools(attrs)
     calls = [c for c in messages.tool_calls if c[1] not in output_tools]
     outputs = [c for c in messages.tool_calls if c[1] in output_tools] if output_tools else []
@@ -463,7 +508,15 @@ def read_chat(span: Any) -> Chat:
         # alone (no agent run to say which output it accepted), the call's answer is what it sent
         answer=outputs[-1][2] if outputs else None,
         provider_usage=provider_usage,
+        response_id=_text(_first(attrs, a.RESPONSE_ID, "llm.response.id")),
+        stream_said=None if stream is None else bool(stream) if isinstance(stream, (bool, int)) else str(stream).lower() == "true",
+        time_to_first_chunk=float(ttfc) if isinstance(ttfc, (int, float)) and not isinstance(ttfc, bool) else None,
+        parameters=_request_parameters(attrs),
     )
+
+
+def _scope(span: Any) -> str:
+    return getattr(getattr(span, "instrumentation_scope", None), "name", "") or ""
 
 
 @dataclass
@@ -709,6 +762,18 @@ def chat_attributes(span: Any, chat: Chat, session: str | None, turn_id: str | N
         attrs[a.REQUEST_MODEL] = str(chat.request_model)
     if chat.response_model:
         attrs[a.RESPONSE_MODEL] = str(chat.response_model)
+    if chat.response_id:
+        attrs[a.RESPONSE_ID] = chat.response_id
+    if chat.stream_said is not None:
+        attrs[a.REQUEST_STREAM] = chat.stream_said
+    if chat.time_to_first_chunk is not None:
+        attrs[a.TIME_TO_FIRST_CHUNK] = chat.time_to_first_chunk
+    attrs.update(chat.parameters)
+    source = span.attributes or {}
+    for key in _MESSAGES:  # in the GenAI conventions' JSON already: the call's messages as sent and answered
+        value = source.get(key)
+        if isinstance(value, str) and value:
+            attrs[key] = value
     said = chat.said
     if said:
         attrs[a.ROUND_TEXT] = said

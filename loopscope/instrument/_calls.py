@@ -25,7 +25,14 @@ from typing import Any
 # measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
 from .._guard import internal_error
-from ..recorder.adapter import ModelCall, ModelRequest, detach, recorded_elsewhere, start_model_call
+from ..recorder.adapter import (
+    ModelCall,
+    ModelRequest,
+    detach,
+    note_request_elsewhere,
+    recorded_elsewhere,
+    start_model_call,
+)
 
 calling: ContextVar[ModelCall | None] = ContextVar("loopscope_sdk_call", default=None)
 """The model call whose SDK method runs in this context right now (from the request until
@@ -40,8 +47,10 @@ it), or None: the call failed."""
 
 def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ModelCall | None, object | None]:
     try:
-        if recorded_elsewhere():
-            return None, None  # a framework's own model-call span records this call
+        if recorded_elsewhere():  # a framework's own model-call span records this call,
+            request = describe(instance, args, kwargs)
+            note_request_elsewhere(request.parameters if request is not None else None)  # with what it sends
+            return None, None
         request = describe(instance, args, kwargs)
         if request is None:
             return None, None

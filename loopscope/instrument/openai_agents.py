@@ -20,10 +20,12 @@ recorder's calls while they happen:
 - a ``handoff`` span serves the handoff call of the agent that hands off; that agent's
   turn ends ``completed`` and the next agent's turn follows in the same session.
 
-Three small wraps give what the spans do not carry: ``AgentRunner.run`` /
+Small wraps give what the spans do not carry: ``AgentRunner.run`` /
 ``run_streamed`` (the user's input and the SDK session, read when the first agent span
-starts) and ``AgentBase.get_all_tools`` (the tools offered to the agent, with their
-schemas). The loop end reason comes from how the agent span ends: the exception in
+starts), ``AgentBase.get_all_tools`` (the tools offered to the agent, with their
+schemas) and ``OpenAIResponsesModel.get_response`` / ``stream_response`` (the model a
+Responses call asks for: its ``response`` span names none, and an agent that names no
+model gets the provider's default, which nothing else tells). The loop end reason comes from how the agent span ends: the exception in
 flight (``MaxTurnsExceeded`` is ``max_rounds``, a cancellation ``cancelled``, any other
 ``error``), or the span's ``Max turns exceeded`` error when a streamed run stops there.
 
@@ -68,6 +70,8 @@ from ._patch import Patch, Registration, wrap
 
 FRAMEWORK = "openai_agents"
 PROVIDER = "openai"
+FAKE_RESPONSES_ID = "__fake_id__"
+"""The id the SDK gives a response it assembles itself (``agents.models.fake_id``)."""
 MAX_TURNS_MESSAGE = "Max turns exceeded"
 """The error the SDK puts on the agent span when a run reaches ``max_turns``."""
 
@@ -141,6 +145,26 @@ def _run_streamed_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...]
         return wrapped(*args, **kwargs)
     finally:
         _run_start.reset(token)
+
+
+# -- the model a Responses call asks for ------------------------------------------------
+
+
+_asked_model: ContextVar[str | None] = ContextVar("loopscope_agents_model", default=None)
+"""The model of the ``OpenAIResponsesModel`` call about to start its ``response`` span,
+taken (and cleared) by that span's round. A ``generation`` span names its model itself."""
+
+
+@guarded("agents model asked")
+def _note_asked_model(model: Any) -> None:
+    # set in the caller's context, which the call (a coroutine, or an async generator
+    # iterated there) starts its span in: nothing to reset, the span's round clears it
+    _asked_model.set(_model_name(getattr(model, "model", None)))
+
+
+def _responses_call_wrapper(wrapped: Wrapped, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _note_asked_model(instance)
+    return wrapped(*args, **kwargs)
 
 
 # -- the tools an agent is offered ----------------------------------------------------
@@ -353,7 +377,11 @@ class LoopscopeProcessor(TracingProcessor):
     def _start_round(self, span: Any, owner: _Open) -> _Open:
         data = span.span_data
         turn = owner.turn
-        model = getattr(data, "model", None) if data.type == "generation" else None
+        if data.type == "generation":
+            model = getattr(data, "model", None)
+        else:
+            model = _asked_model.get()
+            _asked_model.set(None)  # the next response span's call says its own
         config = getattr(data, "model_config", None) or {}
         # Responses and the SDK's Chat Completions model talk to OpenAI's API; LiteLLM and
         # any-llm name their implementation (and any-llm its provider) in the model config
@@ -454,6 +482,8 @@ def _read_generation(output: Any) -> tuple[str | None, list[ToolCall], str | Non
     first = output[0]
     if r.get(first, "output") is not None:  # a response the SDK assembled from the chunks
         text, calls, _, _ = _read_output(r.get(first, "output"))
+        if r.get(first, "id") == FAKE_RESPONSES_ID:  # the SDK's own: its id a placeholder, its model the one asked for
+            return text, calls, _finish_reason(first, calls), None, None
         return text, calls, _finish_reason(first, calls), r.get(first, "id"), r.get(first, "model")
     calls = []
     for call in r.get(first, "tool_calls") or ():
@@ -469,6 +499,7 @@ def _read_generation(output: Any) -> tuple[str | None, list[ToolCall], str | Non
 
 def patch() -> list[Patch | Registration]:
     from agents.agent import AgentBase
+    from agents.models.openai_responses import OpenAIResponsesModel
     from agents.run import AgentRunner
     from agents.tracing import setup
 
@@ -476,6 +507,8 @@ def patch() -> list[Patch | Registration]:
         wrap(AgentRunner, "run", _run_wrapper),
         wrap(AgentRunner, "run_streamed", _run_streamed_wrapper),
         wrap(AgentBase, "get_all_tools", _all_tools_wrapper),
+        wrap(OpenAIResponsesModel, "get_response", _responses_call_wrapper),
+        wrap(OpenAIResponsesModel, "stream_response", _responses_call_wrapper),
     ]
     processor = LoopscopeProcessor()
     patches.append(_join_provider(setup, processor))

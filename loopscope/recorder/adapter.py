@@ -14,7 +14,8 @@ Model calls (an SDK adapter; ``instrument/_calls.py`` is the one generic patcher
     ``chunk_times``) and ends once: ``finish(ModelResponse(...))``,
     ``fail(exc)``, or ``abandon()`` for a stream let go before its end. While the SDK
     method runs, ``ModelCall.attach()`` makes its span current (:func:`detach` undoes it).
-    :func:`recorded_elsewhere` says a framework records the call about to be made.
+    :func:`recorded_elsewhere` says a framework records the call about to be made;
+    :func:`note_request_elsewhere` adds what the call sends to that framework's span.
 
 Turns, rounds and tools (a framework adapter)
     :func:`open_turn` opens a turn a framework run stands for (or the adapter joins
@@ -41,6 +42,7 @@ from ..models import LoopEndReason, ToolCall
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
+from .elsewhere import note_request as note_request_elsewhere
 from .elsewhere import recorded_elsewhere
 from .records import Choice, ModelRequest, ModelResponse, ToolResult
 from .settings import on_exit
@@ -287,6 +289,7 @@ __all__ = [
     "last_stitched",
     "leave",
     "new_id",
+    "note_request_elsewhere",
     "on_exit",
     "open_round",
     "open_turn",

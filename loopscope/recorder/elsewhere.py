@@ -9,13 +9,16 @@ under it is that framework's, and :func:`recorded_elsewhere` says so.
 
 Reading the current span (not a flag the framework's adapter sets) also covers the
 framework's streams, whose SDK calls run in another task with the span re-attached, and
-leaves the SDK adapters on when the framework's own instrumentation is off.
+leaves the SDK adapters on when the framework's own instrumentation is off. The SDK
+adapter still reads the request, and :func:`note_request` puts its parameters on the
+framework's span.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from opentelemetry import trace
 
@@ -60,4 +63,15 @@ def recorded_elsewhere() -> bool:
     return attributes.get(a.OPERATION) == a.OP_CHAT
 
 
-__all__ = ["defer_to", "recorded_elsewhere"]
+def note_request(parameters: Mapping[str, Any] | None) -> None:
+    """What the SDK call under a framework's model-call span (:func:`recorded_elsewhere`)
+    sends, added to that span: the framework's own attributes name only some of its request
+    (pydantic-ai's no tool choice, which it sends as ``required`` for a structured output)."""
+    if not parameters:
+        return
+    attributes = a.request_attributes(parameters)
+    if attributes:
+        trace.get_current_span().set_attributes(attributes)
+
+
+__all__ = ["defer_to", "note_request", "recorded_elsewhere"]

@@ -51,7 +51,8 @@ TIME_RESULT = "19:00"
 APIS = ["responses", "chat"]
 ADAPTERS = ["with_openai_adapter", "agents_only"]
 
-PATCHED = [(AgentRunner, "run"), (AgentRunner, "run_streamed"), (AgentBase, "get_all_tools")]
+PATCHED = [(AgentRunner, "run"), (AgentRunner, "run_streamed"), (AgentBase, "get_all_tools"),
+           (OpenAIResponsesModel, "get_response"), (OpenAIResponsesModel, "stream_response")]
 
 
 # -- tools: the weather call waits until the time call has run, so the rows have one order ----------
@@ -288,6 +289,53 @@ def test_a_structured_output_is_the_assistants_message(api, streamed, instrument
     ]
     assert (turn.segments, turn.response_content) == ([json.dumps(ADVICE)], json.dumps(ADVICE))
     assert [(t.name, t.origin) for t in turn.declared_tools] == [("local_time", "always")]
+
+
+# -- the model asked for and the model that answered ---------------------------------------------
+
+
+def call_models(recording: Any) -> list[tuple[str | None, str | None]]:
+    """Each stored model call's (request_model, response_model), oldest first."""
+    return [(c.request_model, c.response_model) for c in loopscope.Store(str(recording.db)).model_calls()]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("api", APIS)
+def test_every_call_has_the_model_asked_for_and_the_one_that_answered(api, streamed, instrumented, server, monkeypatch, request):
+    """Upstream's examples name no model: the SDK's provider asks for its default, and a dated
+    snapshot of it answers. Each call's row says both, the first call's included (it was null,
+    and the later ones held the answering model as the one asked for)."""
+    monkeypatch.setenv("OPENAI_DEFAULT_MODEL", "gpt-test-default")
+    answered = "gpt-test-default-2026-01-01"
+    server.queue(
+        Reply(text=FIRST_TEXT, tool_calls=[ToolCall("local_time", {"city": "Paris"}, id="call_t")], model=answered),
+        Reply(tool_calls=[ToolCall("transfer_to_billing", {}, id="call_h")], model=answered),
+        Reply(text=FINAL_TEXT, model="gpt-test-billing-0601"),
+    )
+    client = AsyncOpenAI(base_url=server.openai_base_url, api_key=API_KEY, max_retries=0)
+    billing = Agent(name="billing", instructions="Bill.", model="gpt-test-billing")  # a name the provider resolves
+    agent = Agent(name="concierge", instructions="Be brief.", tools=[local_time], handoffs=[billing],
+                  model_settings=ModelSettings(include_usage=True) if api == "chat" else ModelSettings())
+    config = RunConfig(model_provider=agents.OpenAIProvider(openai_client=client, use_responses=api == "responses"))
+
+    async def main() -> Any:
+        if not streamed:
+            return (await Runner.run(agent, PROMPT, run_config=config)).final_output
+        result = Runner.run_streamed(agent, PROMPT, run_config=config)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    assert asyncio.run(main()) == FINAL_TEXT
+    assert [r.model for r in server.requests] == ["gpt-test-default", "gpt-test-default", "gpt-test-billing"]
+    # without the openai adapter, a Chat Completions answer reaches loopscope only as the
+    # SDK's span, which drops the answering model: unknown, not the one asked for
+    seen = "with_openai_adapter" in request.node.name or api == "responses"
+    assert call_models(instrumented) == [
+        ("gpt-test-default", answered if seen else None),
+        ("gpt-test-default", answered if seen else None),
+        ("gpt-test-billing", "gpt-test-billing-0601" if seen else None),
+    ]
 
 
 # -- failures and limits --------------------------------------------------------------------------
@@ -599,3 +647,4 @@ def test_nothing_reaches_a_hosted_tracing_endpoint(instrumented, server):
     assert all(isinstance(p, LoopscopeProcessor) for p in agents.tracing.get_trace_provider()._multi_processor._processors)
     for span in instrumented.spans():
         assert API_KEY not in json.dumps(dict(span.attributes), default=str)
+

@@ -480,10 +480,10 @@ BALANCE_ADVICE = {"support_advice": "Your balance is $123.45.", "block_card": Fa
 BLOCK_ADVICE = {"support_advice": "We have blocked your card.", "block_card": True, "risk": 8}
 
 
-def support_agent(server: Any, output_type: Any = SupportOutput) -> Agent[SupportDependencies, Any]:
+def support_agent(server: Any, output_type: Any = SupportOutput, model: Any = None, **kwargs: Any) -> Agent[SupportDependencies, Any]:
     """The bank-support example's agent: deps, a dynamic system prompt, one tool, a structured output."""
-    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=server.openai_base_url, api_key="test-key"))
-    agent = Agent(model, name="support_agent", deps_type=SupportDependencies, output_type=output_type,
+    model = model or OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=server.openai_base_url, api_key="test-key"))
+    agent = Agent(model, name="support_agent", deps_type=SupportDependencies, output_type=output_type, **kwargs,
                   system_prompt="You are a support agent in our bank, give the customer support and judge the risk level of their query.")
 
     @agent.system_prompt
@@ -630,3 +630,52 @@ def test_the_collector_reads_the_output_tool_the_same(tmp_path, server, capture)
     answers = "SELECT content->>'body' FROM events WHERE type = 'message' AND content->>'role' = 'assistant'"
     assert query(local, answers) == [(compact(BALANCE_ADVICE),)]
     assert query(collected, answers) == ([(compact(BALANCE_ADVICE),)] if capture else [])
+
+
+
+# -- each model call's row: what the provider said and what was sent ------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("model_class", [OpenAIChatModel, OpenAIResponsesModel])
+def test_each_model_call_row_has_the_response_id_finish_reason_parameters_and_usage(instrumented, server, model_class, streamed):
+    """A structured output with a tool before it (the bank-support example, with settings):
+    pydantic-ai sends ``tool_choice: "required"`` (the answer must be a tool call), the
+    temperature and the token cap. Each row has the provider's response id, a finish
+    reason that says the model called tools, every parameter sent and the usage the
+    provider reported."""
+    server.queue(
+        Reply(tool_calls=[ToolCall("customer_balance", {"include_pending": True}, id="call_b1")],
+              usage=Usage(100, 10, cached_tokens=30, reasoning_tokens=4)),
+        Reply(tool_calls=[ToolCall("final_result", BALANCE_ADVICE, id="call_f1")], usage=Usage(150, 20)),
+    )
+    model = model_class(MODEL, provider=OpenAIProvider(base_url=server.openai_base_url, api_key="test-key"))
+    agent = support_agent(server, model=model, model_settings={"temperature": 0.3, "max_tokens": 200})
+
+    async def main() -> Any:
+        deps = SupportDependencies(customer_id=123)
+        if not streamed:
+            return (await agent.run("What is my balance?", deps=deps)).output
+        async with agent.run_stream("What is my balance?", deps=deps) as stream:
+            return await stream.get_output()
+
+    assert asyncio.run(main()) == SupportOutput(**BALANCE_ADVICE)
+    assert [r.body["tool_choice"] for r in server.requests] == ["required", "required"]
+    first, second = loopscope.Store(str(instrumented.db)).model_calls()
+    prefix = "chatcmpl-fake" if model_class is OpenAIChatModel else "resp_fake_"  # the ids the server sent
+    assert [c.response_id for c in (first, second)] == [f"{prefix}00001", f"{prefix}00002"]
+    for call in (first, second):
+        assert call.finish_reasons == ["tool_call"] and call.outcome == "completed"
+        assert call.streaming is streamed and (call.time_to_first_chunk_ms is not None) is streamed
+        assert {k: call.parameters.get(k) for k in ("tool_choice", "temperature", "max_tokens", "server_address")} == {
+            "tool_choice": "required", "temperature": 0.3, "max_tokens": 200, "server_address": "127.0.0.1",
+        }
+    assert first.provider_usage is not None and first.provider_usage["input_tokens"] == 100
+    assert first.provider_usage["output_tokens"] == 10 and first.provider_usage["details"]["reasoning_tokens"] == 4
+    assert (first.usage["input_tokens"], first.usage["cache_read_input_tokens"]) == (100, 30)
+    # and, content being captured, the messages each call sent and got back
+    first, second = loopscope.Store(str(instrumented.db)).model_calls(with_messages=True)
+    assert first.input_messages[-1]["parts"][-1]["content"] == "What is my balance?"
+    assert [p.get("name") for p in first.output_messages[0]["parts"]] == ["customer_balance"]
+    assert [p.get("name") for p in second.output_messages[0]["parts"]] == ["final_result"]
+
