@@ -10,6 +10,7 @@ configures the defaults (``LOOPSCOPE_DB`` or ``./loopscope.duckdb``) as ``instru
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -33,9 +34,20 @@ session: str | None = None
 """The session every stitched turn of the process is in when no ``loopscope.session()``
 block names one (``LOOPSCOPE_SESSION``, ``loopscope run --session``; ``configure()`` reads it)."""
 
-find_conversations = False
+FIND_CONVERSATIONS_ENV = "LOOPSCOPE_FIND_CONVERSATIONS"
+"""``0`` (or ``false``, ``no``, ``off``) turns :data:`find_conversations` off for the process."""
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+find_conversations = _env_on(FIND_CONVERSATIONS_ENV)
 """Whether a new stitched turn that continues an earlier one's conversation joins its
-session (:mod:`loopscope.recorder.conversations`): on in zero-code mode."""
+session (:mod:`loopscope.recorder.conversations`) when nothing names the session: on unless
+``LOOPSCOPE_FIND_CONVERSATIONS=0`` (read when the recorder is first imported), or
+``configure(find_conversations=False)`` / ``instrument(find_conversations=False)``: then
+each stitched turn is a session of its own."""
 
 chunk_gaps: Callable[[Span, ChunkGaps], None] | None = None
 """Who takes a streamed call's chunk gaps (:mod:`loopscope.recorder.chunks`) as its ``chat``
