@@ -1,7 +1,7 @@
 """What finding conversations costs per model call, at 10 and at 500 messages.
 
-Under ``loopscope run`` a stitched turn whose request continues an ended turn's
-conversation joins its session (loopscope/recorder/conversations.py). The request's whole
+In every mode (unless ``LOOPSCOPE_FIND_CONVERSATIONS=0``) a stitched turn whose request
+continues an ended turn's conversation joins its session (loopscope/recorder/conversations.py). The request's whole
 history comes with every call, so a match that compared histories would cost more with
 every message. This measures, with conversations of 10 and of 500 messages (each message
 ~200 characters, a system message first):
@@ -79,7 +79,7 @@ def run_match(n: int, calls: int) -> tuple[float, float]:
 
 def run_calls(n: int, calls: int, find: bool) -> tuple[float, float]:
     """Whole stitched calls through the recorder: (wall ns, CPU ns) per call."""
-    settings.find_conversations = find
+    was, settings.find_conversations = settings.find_conversations, find
     conversations.clear()
     requests = _requests(n)
     for request, answer in requests:
@@ -91,7 +91,7 @@ def run_calls(n: int, calls: int, find: bool) -> tuple[float, float]:
         call = adapter.start_model_call(adapter.ModelRequest("openai", "gpt-test", messages=request))
         assert call is not None
         call.finish(adapter.ModelResponse(text=answer, finish_reason="stop"))
-    settings.find_conversations = False
+    settings.find_conversations = was
     return (time.perf_counter_ns() - wall) / calls, (time.process_time_ns() - cpu) / calls
 
 

@@ -69,11 +69,25 @@ _LAZY: dict[str, str] = {
 }
 
 
+def _pipeline_tracer() -> Any:
+    """The recorder's tracer before anything imported the pipeline: importing it installs
+    its own (``pipeline.tracer``, which configures the defaults at first use)."""
+    from . import pipeline
+
+    return pipeline.tracer()
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
+    if module == ".recorder":
+        # the hand API records on the defaults without configure(): its first span imports
+        # the pipeline (here, not at this lookup: ``@loopscope.tool`` at import stays cheap)
+        from .recorder import settings
+
+        settings.use_pipeline(_pipeline_tracer)
     globals()[name] = value  # later lookups skip this function
     return value
 

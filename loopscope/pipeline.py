@@ -46,6 +46,7 @@ from .export.otlp import (
 from .ingest.processor import StoreSpanProcessor
 from .ingest.writer_process import QUIET, READY_WAIT, ProcessSpanWriter, unavailable, writer_mode
 from .recorder import settings as recorder_settings
+from .recorder.conversations import conversations
 from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
 from .storage.errors import StoreError, StoreLockedError
@@ -284,6 +285,7 @@ def configure(
     meter_provider: MeterProvider | None = None,
     prices: Mapping[str, Mapping[str, float]] | None = None,
     writer: str | None = None,
+    find_conversations: bool | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -348,7 +350,12 @@ def configure(
     idle the longest ends so at once, its calls unserved and counted in ``loopscope status``
     (a program that never answers tool calls holds bounded memory).
     ``LOOPSCOPE_SESSION`` puts every stitched turn in that session (a ``loopscope.session()``
-    block still names its own).
+    block still names its own). Otherwise a stitched turn whose request continues an earlier
+    stitched turn's conversation (that turn's last request and its answer start the new
+    request) joins that turn's session, so a chat loop is one session, not one per turn;
+    ``find_conversations=False`` (or ``LOOPSCOPE_FIND_CONVERSATIONS=0``) gives each stitched
+    turn a session of its own. The turns remembered for this belong to the store: each
+    ``configure()`` starts with none.
 
     Exit: stitched turns still open when the process ends (normal end, ``sys.exit``, an
     uncaught exception, SIGTERM where the application has no handler of its own) end as
@@ -438,8 +445,17 @@ def configure(
         if stitch_max_open is not None:
             set_max_open(stitch_max_open)
         recorder_settings.session = os.environ.get(SESSION_ENV) or None
+        conversations.clear()  # a new store's sessions are its own
+        if find_conversations is not None:
+            set_find_conversations(find_conversations)
         _close_at_exit()
         return pipeline
+
+
+def set_find_conversations(on: bool) -> None:
+    """Whether a stitched turn that continues an earlier one's conversation joins its session
+    (``configure(find_conversations=)``, ``instrument(find_conversations=)``)."""
+    recorder_settings.find_conversations = bool(on)
 
 
 def _meter(explicit: MeterProvider | None, settings: OTLPSettings | None, service_name: str | None) -> Any:
@@ -661,4 +677,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 recorder_settings.set_tracer(tracer)  # the recorder's spans start on this pipeline's tracer
 
-__all__ = ["Pipeline", "active", "configure", "default_db_path", "flush", "on_shutdown", "shutdown", "tracer"]
+__all__ = [
+    "Pipeline", "active", "configure", "default_db_path", "flush", "on_shutdown", "set_find_conversations", "shutdown",
+    "tracer",
+]

@@ -30,8 +30,9 @@ def switches() -> dict[str, bool]:
 
 
 def start() -> list[str]:
-    """Configure the defaults from the environment and turn every adapter on; stitched
-    turns that continue an earlier one's conversation join its session.
+    """Configure the defaults from the environment and turn every adapter on (stitched
+    turns that continue an earlier one's conversation join its session, as in every mode,
+    unless ``LOOPSCOPE_FIND_CONVERSATIONS=0``).
 
     Never raises into the starting application: a problem is logged once (and raised in
     strict mode) and the application runs uninstrumented.
@@ -40,9 +41,6 @@ def start() -> list[str]:
 
     with guard("autostart"):
         from ..instrument import instrument
-        from ..recorder import settings
 
-        # no code names the sessions here: a turn that continues another's conversation joins it
-        settings.find_conversations = True
         return instrument(**switches())
     return []

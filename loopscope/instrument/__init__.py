@@ -59,11 +59,16 @@ def _hook(name: str) -> Any:
     return on_import
 
 
-def instrument(**switches: bool) -> list[str]:
+def instrument(*, find_conversations: bool | None = None, **switches: bool) -> list[str]:
     """Turn on every adapter whose library is importable, now or when it is imported.
 
     Idempotent. Pass ``openai=False`` (and so on) to leave a library alone. Returns the
     names of the adapters that are on (active or waiting for their import).
+
+    A turn stitched from SDK calls in no named session joins the session of the earlier
+    turn whose conversation its request continues (a chat loop is one session);
+    ``find_conversations=False`` (or ``LOOPSCOPE_FIND_CONVERSATIONS=0``) gives each such
+    turn a session of its own (see ``loopscope.configure``).
     """
     unknown = set(switches) - set(ADAPTERS)
     if unknown:
@@ -71,6 +76,8 @@ def instrument(**switches: bool) -> list[str]:
     from .. import pipeline
 
     pipeline.active()  # configure the defaults if the application did not
+    if find_conversations is not None:
+        pipeline.set_find_conversations(find_conversations)
     with _lock:
         for name, adapter in ADAPTERS.items():
             if not switches.get(name, True):

@@ -1,5 +1,6 @@
 """Conversations found on their own: a stitched turn that continues an earlier one's
-conversation joins that turn's session.
+conversation joins that turn's session (in every mode, while nothing names the session and
+:data:`~loopscope.recorder.settings.find_conversations` is on).
 
 A loop sends the whole history with every model call. A request continues an ended
 stitched turn when that turn's last request, then its answer, are the start of the new

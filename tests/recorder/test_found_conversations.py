@@ -1,6 +1,8 @@
-"""Conversations found on their own (on in zero-code mode): a stitched turn whose request
-continues an ended stitched turn's conversation joins its session. The real SDKs against
-the fake server; ``tests/zero_code/test_run_conversations.py`` runs it under ``loopscope run``."""
+"""Conversations found on their own, in every mode: a stitched turn whose request continues
+an ended stitched turn's conversation joins its session, unless the session is named or the
+switch is off (``find_conversations=False``, ``LOOPSCOPE_FIND_CONVERSATIONS=0``). The real
+SDKs against the fake server; ``tests/zero_code/test_run_conversations.py`` runs it under
+``loopscope run``."""
 
 from __future__ import annotations
 
@@ -12,22 +14,22 @@ import pytest
 
 import loopscope
 from fakes.model_server import Reply, ToolCall
-from loopscope.recorder import settings
-from loopscope.recorder.conversations import Conversations, boundary, conversations
+from loopscope.recorder.conversations import Conversations, boundary
 
 
 @pytest.fixture
-def finding(recording) -> Iterator[Any]:
-    """Recording with every adapter on and conversations looked for, as ``loopscope run`` does."""
-    loopscope.instrument()
-    settings.find_conversations = True
-    conversations.clear()
+def finding(instrumented) -> Iterator[Any]:
+    """Plain ``loopscope.instrument()``: conversations are looked for, as nothing turned it off."""
+    yield instrumented
+
+
+@pytest.fixture
+def switch_back() -> Iterator[None]:
+    """A test that turns the switch off has it on again afterwards (it is the process's)."""
     try:
-        yield recording
+        yield
     finally:
-        settings.find_conversations = False
-        conversations.clear()
-        loopscope.uninstrument()
+        loopscope.pipeline.set_find_conversations(True)
 
 
 def _sessions(store: Any) -> list[list[str]]:
@@ -104,18 +106,96 @@ def test_a_new_conversation_and_a_named_session_are_not_joined(finding, server):
     assert by_answer["Four."] == by_answer["One."] != by_answer["Two."]
 
 
-def test_without_zero_code_each_stitched_turn_keeps_its_own_session(recording, server):
-    loopscope.instrument()
+def _openai_chat(server: Any, questions: list[str], tag: str = "") -> None:
+    """A chat loop on one list: user message, model call, the answer appended, the next one."""
+    client = server.openai_client()
+    messages: list[Any] = [{"role": "system", "content": "You are terse."}]
+    for question in questions:
+        messages.append({"role": "user", "content": question + tag})
+        answer = client.chat.completions.create(model="gpt-4o-mini", messages=messages).choices[0].message
+        messages.append({"role": "assistant", "content": answer.content})
+
+
+def _anthropic_chat(server: Any, questions: list[str]) -> None:
+    client = server.anthropic_client()
+    messages: list[Any] = []
+    for question in questions:
+        messages.append({"role": "user", "content": question})
+        answer = client.messages.create(model="claude-test", max_tokens=100, system="You are terse.", messages=messages)
+        messages.append({"role": "assistant", "content": answer.content})  # the SDK's own blocks
+
+
+FIVE = ["Hi", "What is 2+2?", "And 3+3?", "Thanks", "Bye"]
+ANSWERS = ["Hello.", "4.", "6.", "You are welcome.", "Goodbye."]
+
+
+def _timeline(store: Any, session_id: str) -> list[tuple[str, str]]:
+    return [(e.content.role, e.content.body) for e in store.get_timeline(session_id) if e.type == "message"]
+
+
+@pytest.mark.parametrize("chat", [_openai_chat, _anthropic_chat], ids=["openai", "anthropic"])
+def test_a_five_turn_chat_under_instrument_is_one_session_of_five_turns_in_order(finding, server, chat):
+    server.queue(*[Reply(text=answer) for answer in ANSWERS])
+    chat(server, FIVE)
+    (session,) = finding.store.list_sessions()
+    assert session.turn_count == 5
+    assert _sessions(finding.store) == [ANSWERS]
+    assert _timeline(finding.store, session.session_id) == [
+        pair for question, answer in zip(FIVE, ANSWERS) for pair in (("user", question), ("assistant", answer))
+    ]
+
+
+def test_two_conversations_interleaved_are_two_sessions(finding, server):
+    server.queue(*[Reply(text=f"{answer} [a]") for answer in ANSWERS[:3]], match="[a]")
+    server.queue(*[Reply(text=f"{answer} [b]") for answer in ANSWERS[:3]], match="[b]")
+    client = server.openai_client()
+    histories: dict[str, list[Any]] = {"[a]": [], "[b]": []}
+    for question in FIVE[:3]:
+        for tag, messages in histories.items():  # one turn of each, in turn
+            messages.append({"role": "user", "content": f"{question} {tag}"})
+            answer = client.chat.completions.create(model="m", messages=messages).choices[0].message
+            messages.append(answer)  # the SDK's own message object
+    assert sorted(_sessions(finding.store)) == [
+        [f"{answer} [a]" for answer in ANSWERS[:3]], [f"{answer} [b]" for answer in ANSWERS[:3]]
+    ]
+
+
+@pytest.mark.parametrize("where", ["instrument", "configure"])
+def test_with_the_switch_off_each_stitched_turn_keeps_its_own_session(recording, server, switch_back, where):
+    if where == "configure":
+        loopscope.configure(recording.db, find_conversations=False, tracer_provider=recording.pipeline.tracer_provider,
+                            flush_interval=0.05, capture_content=True)
+        loopscope.instrument()
+    else:
+        loopscope.instrument(find_conversations=False)
     try:
-        server.queue(Reply(text="One."), Reply(text="Two."))
-        client = server.openai_client()
-        messages: list[Any] = [{"role": "user", "content": "Count"}]
-        answer = client.chat.completions.create(model="m", messages=messages).choices[0].message
-        messages += [answer, {"role": "user", "content": "more"}]
-        client.chat.completions.create(model="m", messages=messages)
+        server.queue(*[Reply(text=answer) for answer in ANSWERS])
+        _openai_chat(server, FIVE)
     finally:
         loopscope.uninstrument()
-    assert len(_sessions(recording.store)) == 2
+    assert sorted(_sessions(recording.store)) == sorted([answer] for answer in ANSWERS)
+
+
+def test_the_switch_off_in_the_environment(spawn, model_server):
+    """``LOOPSCOPE_FIND_CONVERSATIONS=0`` in a program that calls ``loopscope.instrument()``
+    (and nothing else of loopscope's): each turn a session of its own, as before."""
+    model_server.queue(*[Reply(text=answer) for answer in ANSWERS] * 2)
+    code = """
+        import os, sys
+        os.environ.update(LOOPSCOPE_DB=sys.argv[2], **({"LOOPSCOPE_FIND_CONVERSATIONS": "0"} if sys.argv[2] == "off.duckdb" else {}))
+        import loopscope
+        loopscope.instrument()
+        import openai
+        client = openai.OpenAI(base_url=sys.argv[1], api_key="k", max_retries=0)
+        messages = []
+        for question in ["Hi", "What is 2+2?", "And 3+3?", "Thanks", "Bye"]:
+            messages.append({"role": "user", "content": question})
+            messages.append(client.chat.completions.create(model="m", messages=messages).choices[0].message)
+        assert loopscope.flush()
+        print(sorted(s.turn_count for s in loopscope.Store().list_sessions()))
+    """
+    assert spawn("on", code, model_server.openai_base_url, "on.duckdb").finish_ok(60).strip() == "[5]"
+    assert spawn("off", code, model_server.openai_base_url, "off.duckdb").finish_ok(60).strip() == "[1, 1, 1, 1, 1]"
 
 
 def test_what_is_remembered_is_bounded_in_count_and_idle_time():

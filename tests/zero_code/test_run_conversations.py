@@ -115,3 +115,9 @@ def test_the_session_variable_does_the_same(tmp_path: Path, model_server: FakeMo
     _script(model_server)
     sessions = _turns_by_session(_run(tmp_path, model_server, LOOPSCOPE_SESSION="from-env"))
     assert list(sessions) == ["from-env"] and len(sessions["from-env"]) == 5
+
+
+def test_with_the_switch_off_each_turn_is_a_session_of_its_own(tmp_path: Path, model_server: FakeModelServer) -> None:
+    _script(model_server)
+    sessions = _turns_by_session(_run(tmp_path, model_server, LOOPSCOPE_FIND_CONVERSATIONS="0"))
+    assert sorted(sessions.values()) == [["21 °C."], ["Bye."], ["Hi."], ["Sunny tomorrow."], ["You are welcome."]]
