@@ -283,7 +283,7 @@ def configure(
     capture_content: bool | None = None,
     content_policy: ContentPolicy | None = None,
     meter_provider: MeterProvider | None = None,
-    prices: Mapping[str, Mapping[str, float]] | None = None,
+    prices: Mapping[str, Mapping[str, Any]] | None = None,
     writer: str | None = None,
     find_conversations: bool | None = None,
 ) -> Pipeline:
@@ -366,8 +366,12 @@ def configure(
     self-hosted) or overrides its own, per model name in USD per million tokens:
     ``{"my-llama": {"input": 0.2, "output": 0.6, "cache_read": 0.05, "cache_write": 0.25}}``
     (the cache prices default to the input price). They win over genai-prices and over
-    the file ``LOOPSCOPE_PRICES`` names (TOML or JSON, the same tables). A bad entry
-    raises ValueError before anything else changes.
+    the file ``LOOPSCOPE_PRICES`` names (TOML or JSON, the same tables). A call is priced as
+    the provider whose server answered it (known hosts: docs/model-calls.md); another server
+    (a local one, a gateway) is not priced unless ``prices["providers"]`` names the provider
+    it stands for: ``{"providers": {"llm.internal": "openai", "127.0.0.1:8000": "sdk"}}``
+    (``"sdk"``: the provider of the SDK calling it). A bad entry raises ValueError before
+    anything else changes.
     """
     global _active
     pricing.set_overrides(prices)  # checked first: a bad entry changes nothing

@@ -72,6 +72,11 @@ USAGE_CACHE_WRITE = "gen_ai.usage.cache_write.input_tokens"
 ``gen_ai.usage.cache_creation.input_tokens`` to ``gen_ai.usage.cache_write.input_tokens``");
 emitted under the opt-in, read in either spelling."""
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+OUTPUT_TYPE = "gen_ai.output.type"
+"""On a ``chat`` span: the output type the request asked for (``text``, ``json``): from
+``response_format`` (Chat Completions) or ``text.format`` (Responses)."""
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
@@ -131,6 +136,9 @@ USAGE_PROVIDER = "loopscope.usage.provider"
 (``{"input_tokens": 3, "cache_read_input_tokens": 1111, ...}``). The ``gen_ai.usage.*``
 attributes are normalized: input tokens include cached ones on every provider, as the
 GenAI conventions say they SHOULD."""
+USAGE_WEB_SEARCHES = "loopscope.usage.web_search_requests"
+"""On a ``chat`` span: the server-side web searches the call ran (Anthropic's
+``usage.server_tool_use.web_search_requests``): their fee is part of the call's cost."""
 REQUEST_TOOL_CHOICE = "loopscope.request.tool_choice"
 """On a ``chat`` span: the request's tool choice (``auto``, ``required``, a tool name...)."""
 TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
@@ -187,9 +195,10 @@ USAGE_ATTRIBUTES = {
 (the default conventions; :data:`USAGE_ALIASES` the other spellings read)."""
 USAGE_ALIASES = {USAGE_CACHE_CREATION: USAGE_CACHE_WRITE}
 """A usage attribute and its other spelling, read when it is absent."""
-USAGE_EMITTED = dict(USAGE_ATTRIBUTES)
-"""The usage attributes the recorder emits: :data:`USAGE_ATTRIBUTES`, or the latest experimental
-spellings after ``use_conventions(latest=True)``."""
+USAGE_EMITTED = {**USAGE_ATTRIBUTES, "web_search_requests": USAGE_WEB_SEARCHES}
+"""The usage attributes the recorder emits: :data:`USAGE_ATTRIBUTES` (or the latest experimental
+spellings after ``use_conventions(latest=True)``), and the server tools' counts that are priced
+(:data:`USAGE_WEB_SEARCHES`; not token counts, so not in the store's usage)."""
 
 # -- which version of the conventions --------------------------------------------------------------
 
@@ -452,10 +461,23 @@ REQUEST_PARAMETERS = {
     "reasoning_effort": "gen_ai.request.reasoning.level",
     "tool_choice": REQUEST_TOOL_CHOICE,
     "service_tier": "gen_ai.request.service_tier",
-    "server_address": "server.address",
-    "server_port": "server.port",
+    "server_address": SERVER_ADDRESS,
+    "server_port": SERVER_PORT,
+    "output_type": OUTPUT_TYPE,
+    "parallel_tool_calls": "loopscope.request.parallel_tool_calls",
+    "logprobs": "loopscope.request.logprobs",
+    "top_logprobs": "loopscope.request.top_logprobs",
+    "store": "loopscope.request.store",
+    "include": "loopscope.request.include",
+    "response_format": "loopscope.request.response_format",
+    "reasoning": "loopscope.request.reasoning",
+    "thinking": "loopscope.request.thinking",
 }
-"""Neutral request parameter names (what adapters report) and their span attributes."""
+"""Neutral request parameter names (what adapters report) and their span attributes: the
+GenAI conventions' where they name one, ``loopscope.request.*`` otherwise. A mapping value
+(``reasoning``, ``thinking``, ``response_format``) is JSON text (:data:`JSON_PARAMETERS`)."""
+JSON_PARAMETERS = frozenset(("response_format", "reasoning", "thinking"))
+"""Request parameters whose value is an object, carried as JSON text and stored as the object."""
 
 
 def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -480,4 +502,6 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
             out[attr] = value
         elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             out[attr] = tuple(value)
+        elif key in JSON_PARAMETERS and isinstance(value, Mapping):
+            out[attr] = _json.dumps(value)
     return out

@@ -25,7 +25,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 import loopscope
 import stacks
-from fakes.model_server import FakeModelServer
+from fakes.model_server import STANDS_FOR, FakeModelServer
 from loopscope import _guard
 
 _guard.set_strict(True)
@@ -106,7 +106,9 @@ def recording(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Record
     db = tmp_path / "store.duckdb"
     # the exporter here checks the span tree against the rows: it may see content
     writer = "thread" if request.node.get_closest_marker("thread_writer") else None  # else the default's
-    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05, capture_content=True, writer=writer)
+    # the fake model server stands for the provider of each SDK that calls it (its calls are priced)
+    pipeline = loopscope.configure(db, tracer_provider=provider, flush_interval=0.05, capture_content=True, writer=writer,
+                                   prices=STANDS_FOR)
     try:
         yield Recording(db, exporter, pipeline)
     finally:

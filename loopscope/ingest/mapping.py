@@ -338,7 +338,7 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
     if type(model_call_count) is not int:
         model_call_count = None  # the views count the turn's call rows
     # what the turn cost by its own usage: the views use it where the turn has no call rows
-    cost_usd, price_source = _price(provider, model, None, input_tokens, output_tokens, cache_read_input_tokens,
+    cost_usd, price_source = _price(provider, model, input_tokens, output_tokens, cache_read_input_tokens,
                                     cache_creation_input_tokens, start // 1000)
     # in TurnFact's field order (tests/storage/test_rows.py checks these names against it)
     return (
@@ -349,16 +349,7 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
     )
 
 
-def _price(provider: Any, model: Any, other_model: Any, input_tokens: Any, output_tokens: Any, cache_read: Any,
-           cache_write: Any, at_us: int) -> tuple[float | None, str | None]:
-    """The cost of a call (or a turn) by the first of its two model names that has a price."""
-    cost, source = _price_of(provider, model, input_tokens, output_tokens, cache_read, cache_write, at_us)
-    if cost is None and other_model and other_model != model:
-        cost, source = _price_of(provider, other_model, input_tokens, output_tokens, cache_read, cache_write, at_us)
-    return cost, source
-
-
-_price_of = pricing.price
+_price = pricing.price
 
 # finish reasons that say how a call ended, where the span does not (loopscope.call.outcome)
 _FINISH_OUTCOMES = {
@@ -370,6 +361,7 @@ _FINISH_OUTCOMES = {
 _REQUEST_PREFIX = "gen_ai.request."
 _PARAMETER_NAMES = {attr: name for name, attr in a.REQUEST_PARAMETERS.items()}
 _NOT_PARAMETERS = frozenset((a.REQUEST_MODEL, a.REQUEST_STREAM))
+_JSON_PARAMETERS = a.JSON_PARAMETERS
 
 # Spans of one recorder carry the same attribute names in the same order, call after
 # call: which of them are request parameters is worked out once per such tuple of names.
@@ -405,6 +397,11 @@ def _parameters(d: dict[str, Any]) -> str | None:
     found = {}
     for key, name in wanted:
         value = d[key]
+        if name in _JSON_PARAMETERS and type(value) is str:  # an object the span carries as JSON text
+            try:
+                value = _json.parse(value)
+            except ValueError:
+                pass
         found[name] = list(value) if type(value) is tuple else value
     return _json.dumps(found)
 
@@ -430,6 +427,7 @@ _RESPONSE_ID, _FINISH_REASONS, _REQUEST_STREAM, _TTFC = a.RESPONSE_ID, a.RESPONS
 _USAGE_INPUT, _USAGE_OUTPUT, _USAGE_CACHE_READ = a.USAGE_INPUT, a.USAGE_OUTPUT, a.USAGE_CACHE_READ
 _USAGE_CACHE_CREATION, _USAGE_REASONING, _USAGE_PROVIDER = a.USAGE_CACHE_CREATION, a.USAGE_REASONING, a.USAGE_PROVIDER
 _USAGE_CACHE_WRITE = a.USAGE_CACHE_WRITE
+_SERVER_ADDRESS, _SERVER_PORT, _WEB_SEARCHES = a.SERVER_ADDRESS, a.SERVER_PORT, a.USAGE_WEB_SEARCHES
 _ERROR_TYPE, _CALL_ERROR, _CALL_OUTCOME, _CALL_REFUSAL = a.ERROR_TYPE, a.CALL_ERROR, a.CALL_OUTCOME, a.CALL_REFUSAL
 _INPUT_MESSAGES, _OUTPUT_MESSAGES = a.INPUT_MESSAGES, a.OUTPUT_MESSAGES
 
@@ -487,8 +485,11 @@ def _call_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
         output_messages = _text_or_json(output_messages)
     cost_usd = price_source = None
     if input_tokens is not None or output_tokens is not None:  # nothing to price without usage
-        cost_usd, price_source = _price(provider, response_model or request_model, request_model, input_tokens,
-                                        output_tokens, cache_read_input_tokens, cache_creation_input_tokens, started_us)
+        # the model that answered, the requested one only when the response named none: a
+        # gateway's answer from another model is never priced as the model asked for
+        cost_usd, price_source = _price(provider, response_model or request_model, input_tokens, output_tokens,
+                                        cache_read_input_tokens, cache_creation_input_tokens, started_us,
+                                        get(_SERVER_ADDRESS), get(_SERVER_PORT), get(_WEB_SEARCHES))
     # in CallFact's field order (tests/storage/test_rows.py checks these names against it)
     return (
         trace_id, span_id, session_id, correlation_id, position, provider, framework, agent, request_model,

@@ -12,7 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..models import ToolCall
-from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
+from ..recorder.adapter import (
+    ModelCall,
+    ModelRequest,
+    ModelResponse,
+    ToolResult,
+    provider_of_server,
+    result_value,
+    wants_result,
+)
 from . import _history
 from . import _read as r
 from ._calls import async_call, sync_call
@@ -48,6 +56,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
     items = _given(r.items(kwargs, "input"))
     input_text, results, messages = _read_input(items)
     reasoning = _given(kwargs.get("reasoning"))
+    server = r.server(instance)
     request = {
         "temperature": _given(kwargs.get("temperature")),
         "top_p": _given(kwargs.get("top_p")),
@@ -56,12 +65,22 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         "service_tier": _given(kwargs.get("service_tier")),
         "tool_choice": r.tool_choice(_given(kwargs.get("tool_choice"))),
         "system_instructions": _given(kwargs.get("instructions")),
-        **r.server(instance),
+        "reasoning": reasoning if isinstance(reasoning, dict) else None,
+        "include": _given(kwargs.get("include")),
+        "store": _given(kwargs.get("store")),
+        "parallel_tool_calls": _given(kwargs.get("parallel_tool_calls")),
+        **server,
     }
+    # structured output: text.format (create), or the class parse() is given as text_format
+    text_format = _given(kwargs.get("text_format"))
+    if text_format is None:
+        text_format = r.get(_given(kwargs.get("text")), "format")
+    if text_format is not None:
+        request["response_format"], request["output_type"] = r.output_format(text_format)
     model = _given(kwargs.get("model"))
     previous = _given(kwargs.get("previous_response_id"))  # the server keeps the conversation
     return ModelRequest(
-        PROVIDER,
+        provider_of_server(PROVIDER, server.get("server_address"), server.get("server_port")) if server else PROVIDER,
         model if isinstance(model, str) else None,
         tools=_tools(_given(r.items(kwargs, "tools"))),
         tool_results=results,
@@ -227,7 +246,8 @@ def _finish(response: Any, model_call: ModelCall, *, text_streamed: bool = False
         )
         return
     text, calls, thinking, refusal = _read_output(output if output else items)
-    usage = _usage(r.get(response, "usage"))
+    reported = r.get(response, "usage")
+    usage = _usage(reported)
     model_call.finish(
         ModelResponse(
             text=None if text_streamed else text,
@@ -238,27 +258,13 @@ def _finish(response: Any, model_call: ModelCall, *, text_streamed: bool = False
             model=r.get(response, "model"),
             thinking=thinking,
             refusal=refusal,
-            provider_usage=_provider_usage(usage),
+            provider_usage=r.reported_json(reported),
         )
     )
 
 
 def _text(value: Any) -> str | None:
     return str(value) if value else None
-
-
-_PROVIDER_NAMES = (
-    ("input_tokens", "input_tokens"),
-    ("output_tokens", "output_tokens"),
-    ("cache_read_input_tokens", "cached_tokens"),
-    ("cache_creation_input_tokens", "cache_write_tokens"),
-    ("reasoning_tokens", "reasoning_tokens"),
-)
-
-
-def _provider_usage(usage: dict[str, int]) -> dict[str, int] | None:
-    """The Responses API's own figures, by its names (its input tokens include the cached ones)."""
-    return {name: usage[key] for key, name in _PROVIDER_NAMES if key in usage} or None
 
 
 def _finish_one(response: Any, model_call: ModelCall) -> None:

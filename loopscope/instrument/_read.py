@@ -109,6 +109,30 @@ def tool_choice(value: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+_OUTPUT_TYPES = {"text": "text", "json_schema": "json", "json_object": "json"}
+
+
+def output_format(value: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A request's structured-output format (Chat ``response_format``, Responses
+    ``text.format``, or the class ``parse()`` is given) as a small summary (its ``type``,
+    and a schema's ``name`` and ``strict``: not the schema itself), and its
+    ``gen_ai.output.type`` (``text`` or ``json``)."""
+    if value is None or type(value).__name__ in ("Omit", "NotGiven"):
+        return None, None
+    if isinstance(value, type):  # parse(response_format=SomeModel): a JSON schema of that class
+        return {"type": "json_schema", "name": value.__name__}, "json"
+    kind = get(value, "type")
+    if not isinstance(kind, str):
+        return None, None
+    found: dict[str, Any] = {"type": kind}
+    schema = get(value, "json_schema") if kind == "json_schema" else None
+    for key in ("name", "strict"):  # Chat nests them under json_schema, Responses does not
+        field = get(schema if schema is not None else value, key)
+        if isinstance(field, (str, bool)):
+            found[key] = field
+    return found, _OUTPUT_TYPES.get(kind)
+
+
 def content_parts(content: Any) -> list[dict[str, Any]]:
     """A message's content as GenAI message parts: its text as text parts, other parts
     (images, files, audio) by their type only (their data is not recorded)."""
@@ -263,3 +287,18 @@ def _valid(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+def reported_json(value: Any) -> str | None:
+    """A provider's object (a usage) as it reported it, as JSON text: an SDK model's fields
+    the response set, its extras included (DeepSeek's cache counts, OpenRouter's ``cost``),
+    zeros and totals too (pydantic's own encoder, in Rust: a Python walk costs twice as
+    much); a dict as it is; None for no object."""
+    if value is None:
+        return None
+    if not is_model(value):
+        return _json.dumps(value)
+    try:
+        return value.model_dump_json(exclude_unset=True, warnings=False)
+    except Exception:  # a value pydantic cannot encode: the general way
+        return _json.dumps(value)

@@ -30,12 +30,14 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from .. import _json
 from ..models import ToolCall
 from ..recorder.adapter import (
     ModelCall,
     ModelRequest,
     ModelResponse,
     ToolResult,
+    provider_of_server,
     recorded_elsewhere,
     requested_call_span,
     result_value,
@@ -140,6 +142,7 @@ def _request(
     extra = kwargs.get("extra_body")
     params = {**kwargs, **extra} if isinstance(extra, dict) else kwargs
     stop = params.get("stop_sequences")
+    server = r.server(instance)
     request = {
         "temperature": params.get("temperature"),
         "top_p": params.get("top_p"),
@@ -149,16 +152,17 @@ def _request(
         "service_tier": params.get("service_tier"),
         "tool_choice": r.tool_choice(params.get("tool_choice")),
         "system_instructions": kwargs.get("system"),  # gen_ai.system_instructions: apart from the messages
-        **r.server(instance),
+        "thinking": params.get("thinking"),  # extended thinking: {"type": "enabled", "budget_tokens": N}
+        **server,
     }
     return ModelRequest(
-        PROVIDER,
+        provider_of_server(PROVIDER, server.get("server_address"), server.get("server_port")) if server else PROVIDER,
         kwargs.get("model"),
         tools=_tools(kwargs.get("tools")),
         tool_results=results,
         input_text=input_text,
         stream=kwargs.get("stream") is True if stream is None else stream,
-        parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list))},
+        parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list, dict))},
         input_messages=_conversations.join(source, messages, known, kept, found),
         messages=given,
     )
@@ -197,28 +201,33 @@ def _usage(usage: Any) -> dict[str, int]:
         "cache_read_input_tokens": r.number(r.get(usage, "cache_read_input_tokens")),
         "cache_creation_input_tokens": r.number(r.get(usage, "cache_creation_input_tokens")),
         "reasoning_tokens": r.number(r.get(r.get(usage, "output_tokens_details"), "thinking_tokens")),
+        # server tools' requests, which cost a fee each (priced with the tokens)
+        "web_search_requests": r.number(r.get(r.get(usage, "server_tool_use"), "web_search_requests")),
     }
     return {k: v for k, v in out.items() if v is not None}
 
 
-_PROVIDER_NAMES = (
-    ("input_tokens", "input_tokens"),
-    ("output_tokens", "output_tokens"),
-    ("cache_read_input_tokens", "cache_read_input_tokens"),
-    ("cache_creation_input_tokens", "cache_creation_input_tokens"),
-    ("reasoning_tokens", "thinking_tokens"),
-)
-
-
-def _normalized(raw: dict[str, int]) -> tuple[dict[str, int], dict[str, int] | None]:
-    """The usage recorded (input tokens including the cache read and written, as the GenAI
-    conventions and OpenAI count them) and Anthropic's own figures, by its names."""
-    if not raw:
-        return raw, None
+def _normalized(raw: dict[str, int]) -> dict[str, int]:
+    """The usage recorded: input tokens including the cache read and written, as the GenAI
+    conventions and OpenAI count them (Anthropic's own figures go whole in provider_usage)."""
+    if not raw or "input_tokens" not in raw:
+        return raw
     usage = dict(raw)
-    if "input_tokens" in usage:
-        usage["input_tokens"] += raw.get("cache_read_input_tokens", 0) + raw.get("cache_creation_input_tokens", 0)
-    return usage, {name: raw[key] for key, name in _PROVIDER_NAMES if key in raw}
+    usage["input_tokens"] += raw.get("cache_read_input_tokens", 0) + raw.get("cache_creation_input_tokens", 0)
+    return usage
+
+
+def _reported(usages: list[Any]) -> str | None:
+    """A stream's usage as Anthropic reported it: message_start's, each message_delta's
+    figures (totals) replacing it where they say one, as JSON text."""
+    if len(usages) == 1:
+        return r.reported_json(usages[0])
+    merged: dict[str, Any] = {}
+    for usage in usages:
+        found = _json.parse(r.reported_json(usage) or "null")
+        if isinstance(found, dict):
+            merged.update((key, value) for key, value in found.items() if value is not None)
+    return _json.dumps(merged) if merged else None
 
 
 def _error_body(message: Any) -> ModelResponse | None:
@@ -254,7 +263,8 @@ def _finish_message(message: Any, model_call: ModelCall) -> None:
             return model_call.finish(error)
     text = "".join(texts) or None
     stop_reason = r.get(message, "stop_reason")
-    usage, provider_usage = _normalized(_usage(r.get(message, "usage")))
+    reported = r.get(message, "usage")
+    usage = _normalized(_usage(reported))
     model_call.finish(
         ModelResponse(
             text=text,
@@ -265,7 +275,7 @@ def _finish_message(message: Any, model_call: ModelCall) -> None:
             model=r.get(message, "model"),
             thinking="\n".join(t for t in thinking if t) or None,
             refusal=stop_reason == "refusal" or None,  # its text is the message's
-            provider_usage=provider_usage,
+            provider_usage=r.reported_json(reported),
         )
     )
 
@@ -278,6 +288,7 @@ class _Events:
     def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, int] = {}
+        self.reported: list[Any] = []  # the usage objects of message_start and message_delta, as sent
         self.stop_reason: str | None = None
         self.response_id: str | None = None
         self.model: str | None = None
@@ -317,11 +328,17 @@ class _Events:
             message = r.get(event, "message")
             self.response_id = r.get(message, "id")
             self.model = r.get(message, "model")
-            self.usage = _usage(r.get(message, "usage"))
+            reported = r.get(message, "usage")
+            self.usage = _usage(reported)
+            if reported is not None:
+                self.reported.append(reported)
         elif kind == "message_delta":
             self.stop_reason = r.get(r.get(event, "delta"), "stop_reason") or self.stop_reason
             # the counts of message_delta are totals: they replace those of message_start
-            self.usage.update(_usage(r.get(event, "usage")))
+            reported = r.get(event, "usage")
+            self.usage.update(_usage(reported))
+            if reported is not None:
+                self.reported.append(reported)
         elif kind == "message_stop":
             self.finish(model_call)  # complete now, even if the reader stops before the stream's end
 
@@ -344,15 +361,13 @@ class _Events:
 
     def partial(self) -> ModelResponse:
         """What the events said (all of it at the end; so far, for a stream closed early)."""
-        usage, provider_usage = _normalized(self.usage)
         return ModelResponse(
-            usage=usage,
+            usage=_normalized(self.usage),
             finish_reason=self.stop_reason,
             response_id=self.response_id,
             model=self.model,
-            provider_usage=provider_usage,
+            provider_usage=_reported(self.reported) if self.reported else None,
         )
-
 
 
 def _deliver(result: Any, model_call: ModelCall) -> Any:

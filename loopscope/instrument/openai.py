@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _json
 from ..models import ToolCall
-from ..recorder.adapter import Choice, ModelCall, ModelRequest, ModelResponse, ToolResult, result_value, wants_result
+from ..recorder.adapter import (
+    Choice,
+    ModelCall,
+    ModelRequest,
+    ModelResponse,
+    ToolResult,
+    provider_of_server,
+    result_value,
+    wants_result,
+)
 from . import _history
 from . import _read as r
 from ._calls import async_call, sync_call
@@ -73,14 +81,15 @@ def _chat_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     if unnamed:
         results += unnamed
     request = _parameters(kwargs)
-    request.update(r.server(instance))
+    server = r.server(instance)
+    request.update(server)
     if not long:
         input_messages = r.messages_json(converted)
     else:
         input_messages = r.messages_json(converted, known)  # each new text made valid UTF-8 before it is kept
         _conversations.keep(messages, converted, known, found)
     return ModelRequest(
-        PROVIDER,
+        provider_of_server(PROVIDER, server.get("server_address"), server.get("server_port")) if server else PROVIDER,
         kwargs.get("model"),
         _function_tools(r.items(kwargs, "tools")),
         results,
@@ -129,6 +138,11 @@ _PARAMETERS = (  # the request's parameters, in the order their span attributes 
     ("reasoning_effort", "reasoning_effort"),
     ("tool_choice", "tool_choice"),
     ("service_tier", "service_tier"),
+    ("response_format", "response_format"),  # with gen_ai.output.type, see below
+    ("parallel_tool_calls", "parallel_tool_calls"),
+    ("logprobs", "logprobs"),
+    ("top_logprobs", "top_logprobs"),
+    ("store", "store"),
 )
 _PARAMETER_KEYS = frozenset({key for _, key in _PARAMETERS} | {"max_completion_tokens"})
 # the parameters a call sets -> those of _PARAMETERS to read, in order: a program sets the
@@ -157,6 +171,8 @@ def _parameters(kwargs: dict[str, Any]) -> dict[str, Any]:
             request[name] = [stop] if isinstance(stop, str) else stop
         elif name == "tool_choice":
             request[name] = r.tool_choice(kwargs[key])
+        elif name == "response_format":
+            request[name], request["output_type"] = r.output_format(kwargs[key])
         else:
             request[name] = kwargs[key]
     return request
@@ -204,44 +220,6 @@ def _chat_usage(usage: Any) -> dict[str, int]:
         if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
             out[key] = value
     return out
-
-
-_PROVIDER_NAMES = (
-    ("input_tokens", "prompt_tokens"),
-    ("output_tokens", "completion_tokens"),
-    ("cache_read_input_tokens", "cached_tokens"),
-    ("cache_creation_input_tokens", "cache_write_tokens"),
-    ("reasoning_tokens", "reasoning_tokens"),
-)
-
-
-# the keys a usage has, in its order -> its JSON text's template and the keys in the
-# template's order (None: the same order): a response has the same few figures every time
-# (_chat_usage reads five)
-_usage_templates: dict[tuple[str, ...], tuple[str, tuple[str, ...] | None]] = {}
-_PROVIDER_NAME = dict(_PROVIDER_NAMES)
-
-
-def _provider_usage(usage: dict[str, int]) -> str | None:
-    """OpenAI's own figures, by its names, as JSON text: its prompt tokens include the
-    cached ones, so they are the normalized usage under other names. The text
-    ``_json.dumps`` gives their dict (in :data:`_PROVIDER_NAMES`' order), made without the
-    dict from a template per set of keys: ~0.5 us, the dict and its encoding ~2 us. The
-    counts are ints (what :func:`_chat_usage` keeps)."""
-    if not usage:
-        return None
-    present = tuple(usage)
-    known = _usage_templates.get(present)
-    if known is None:
-        ordered = tuple(key for key, _ in _PROVIDER_NAMES if key in usage)
-        if len(ordered) != len(present):  # a key _chat_usage does not make: the general way
-            return _json.dumps({_PROVIDER_NAME[key]: usage[key] for key in ordered}) if ordered else None
-        template = "{" + ", ".join(f'"{_PROVIDER_NAME[key]}": %d' for key in ordered) + "}"
-        known = _usage_templates[present] = (template, None if ordered == present else ordered)
-    template, ordered = known
-    if ordered is None:  # the keys in the template's order (_chat_usage makes them so)
-        return template % tuple(usage.values())
-    return template % tuple([usage[key] for key in ordered])
 
 
 def _error_response(error: Any, completion: Any) -> ModelResponse:
@@ -293,7 +271,8 @@ def _finish_completion(completion: Any, model_call: ModelCall) -> None:
     choice = choices[0] if choices else None
     message = r.get(choice, "message")
     refusal = r.get(message, "refusal")
-    usage = _chat_usage(r.get(completion, "usage"))
+    reported = r.get(completion, "usage")
+    usage = _chat_usage(reported)
     model_call.finish(
         ModelResponse(
             text=r.get(message, "content") or refusal,
@@ -303,7 +282,7 @@ def _finish_completion(completion: Any, model_call: ModelCall) -> None:
             response_id=r.get(completion, "id"),
             model=r.get(completion, "model"),
             refusal=refusal or None,
-            provider_usage=_provider_usage(usage),
+            provider_usage=r.reported_json(reported),
             choices=_other_choices(choices) if len(choices) > 1 else (),
         )
     )
@@ -334,7 +313,8 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
                 name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
             calls.append(ToolCall(id=str(call_id or ""), name=str(name), arguments=r.arguments(arguments)))
     refusal = getattr(message, "refusal", None)
-    usage = _chat_usage(getattr(completion, "usage", None))
+    reported = getattr(completion, "usage", None)
+    usage = _chat_usage(reported)
     model_call.finish(
         ModelResponse(
             text=getattr(message, "content", None) or refusal,
@@ -344,7 +324,7 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
             response_id=getattr(completion, "id", None),
             model=getattr(completion, "model", None),
             refusal=refusal or None,
-            provider_usage=_provider_usage(usage),
+            provider_usage=r.reported_json(reported),
             choices=_other_choices(choices) if len(choices) > 1 else (),
         )
     )
@@ -353,10 +333,11 @@ def _finish_model(completion: Any, model_call: ModelCall) -> None:
 # What a stream proxy keeps of a chunk as it hands it on (_ChatChunks.capture): the chunk's
 # (id, model, usage, choices), each choice (index, content, refusal, finish reason, calls),
 # each call fragment (index, id, name, arguments). Strings and numbers only (and the usage,
-# read into a dict): the application may change the SDK's objects once it has them.
+# read into a dict, beside the object as sent for provider_usage): the application may change
+# the SDK's objects once it has them.
 _Part = tuple[Any, Any, Any, Any]
 _Delta = tuple[Any, Any, Any, Any, "list[_Part] | None"]
-_Captured = tuple[Any, Any, "dict[str, int] | None", "tuple[_Delta, ...]"]
+_Captured = tuple[Any, Any, "tuple[dict[str, int], Any] | None", "tuple[_Delta, ...]"]
 
 
 def _call_parts(calls: Any) -> list[_Part]:
@@ -393,7 +374,7 @@ def _capture_general(chunk: Any) -> _Captured:
     return (
         r.get(chunk, "id"),
         r.get(chunk, "model"),
-        _chat_usage(usage) if usage is not None else None,
+        (_chat_usage(usage), usage) if usage is not None else None,
         tuple(_capture_choice(choice) for choice in r.get(chunk, "choices") or ()),
     )
 
@@ -405,6 +386,7 @@ class _ChatChunks:
         self.calls: dict[Any, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, int] = {}
+        self.reported_usage: Any = None  # the usage object as the provider sent it (provider_usage)
         self.response_id: str | None = None
         self.model: str | None = None
         self.refusal: list[str] = []
@@ -422,7 +404,7 @@ class _ChatChunks:
             try:
                 response_id, model, usage, choices = chunk.id, chunk.model, chunk.usage, chunk.choices
                 if usage is not None:  # the last chunk's, once a stream
-                    usage = _chat_usage(usage)
+                    usage = (_chat_usage(usage), usage)
                 if not choices:
                     return (response_id, model, usage, ())
                 if len(choices) == 1 and type(choice := choices[0]) is _choice_type:  # the usual chunk
@@ -446,7 +428,7 @@ class _ChatChunks:
         if not self.model:
             self.model = model
         if usage is not None:
-            self.usage = usage
+            self.usage, self.reported_usage = usage
         for index, content, refusal, reason, calls in choices:
             if index != 0:
                 self._add_other(index, content, refusal, reason)
@@ -505,7 +487,7 @@ class _ChatChunks:
             response_id=self.response_id,
             model=self.model,
             refusal="".join(self.refusal) if self.refusal else None,
-            provider_usage=_provider_usage(usage) if usage else None,
+            provider_usage=r.reported_json(self.reported_usage),
             choices=[
                 Choice(text="".join(texts) or None, finish_reason=reason, refusal="".join(refusals) or None)
                 for _, (texts, reason, refusals) in sorted(self.others.items())

@@ -27,6 +27,9 @@ Turns, rounds and tools (a framework adapter)
     Tools offered mid-turn: ``Turn.declare_tools``. A framework that records the tool
     calls it runs claims them with :func:`report_own_tool_calls`; one that records its
     own model calls defers the SDK adapters with :func:`defer_model_calls_to`.
+
+The provider of an SDK's call follows its server: :func:`provider_of_server` (the SDK's
+provider name, the server's host and port) names the provider whose host it is.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from opentelemetry import context as otel_context
 
 from .._otel_sdk import attach_span, detach
 from ..models import LoopEndReason, ToolCall
+from ..pricing import provider_of as provider_of_server
 from . import settings
 from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
@@ -293,6 +297,7 @@ __all__ = [
     "on_exit",
     "open_round",
     "open_turn",
+    "provider_of_server",
     "recorded_elsewhere",
     "report_own_tool_calls",
     "requested_call_span",

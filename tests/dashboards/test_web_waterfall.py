@@ -23,7 +23,7 @@ import pytest
 import webdata
 
 import loopscope
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.model_server import STANDS_FOR, FakeModelServer, Reply, ToolCall, Usage
 from loopscope.dashboards.web.server import DashboardServer, make_server
 
 WAIT_MS = 15_000
@@ -66,7 +66,7 @@ def tool_loop(client: Any, model: str, prompt: str) -> str:
 
 
 def record(db: Path) -> None:
-    loopscope.configure(db, flush_interval=0.05)
+    loopscope.configure(db, flush_interval=0.05, prices=STANDS_FOR)  # the fake server stands for OpenAI: priced
     loopscope.instrument(anthropic=False)
     try:
         with FakeModelServer() as server:

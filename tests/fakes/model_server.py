@@ -54,6 +54,12 @@ COUNT_TOKENS = "count_tokens"
 
 DEFAULT_TEXT = "This is a fake reply."
 
+STANDS_FOR = {"providers": {"127.0.0.1": "sdk"}}
+"""``configure(prices=...)`` for a store whose calls go to this server: it stands for the
+provider of the SDK that calls it (OpenAI for the openai SDK, Anthropic for anthropic), so
+that its calls are recorded and priced as theirs. Without it, 127.0.0.1 is an unknown server
+(recorded as the SDK's provider, not priced), as any local server is."""
+
 # --------------------------------------------------------------------------------------------------------------------
 # Script vocabulary
 # --------------------------------------------------------------------------------------------------------------------
@@ -149,6 +155,10 @@ class Reply:
     tool_calls: Sequence[ToolCall | tuple[Any, ...] | Mapping[str, Any]] = ()
     stop: str | None = None
     usage: Usage | Mapping[str, int] | None = None
+    # fields added to the provider's usage object as they are (a provider's own: DeepSeek's
+    # prompt_cache_hit_tokens, OpenRouter's cost, Anthropic's server_tool_use); Anthropic
+    # streams them in message_delta's usage, as it does
+    usage_extra: Mapping[str, Any] = field(default_factory=dict)
     model: str | None = None  # default: echo the request's model
 
     status: int = 200
@@ -494,6 +504,7 @@ class _Renderer:
                                       "audio_tokens": 0},
             "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens, "audio_tokens": 0,
                                           "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+            **self.reply.usage_extra,
         }
 
     def _chat_content(self) -> str | None:
@@ -576,6 +587,7 @@ class _Renderer:
             "output_tokens": u.output_tokens,
             "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.input_tokens + u.output_tokens,
+            **self.reply.usage_extra,
         }
 
     def _responses_items(self) -> list[dict[str, Any]]:
@@ -690,6 +702,7 @@ class _Renderer:
             "cache_read_input_tokens": u.cached_tokens,
             "output_tokens": min(1, u.output_tokens) if start else u.output_tokens,
             "service_tier": "standard",
+            **({} if start else self.reply.usage_extra),
         }
 
     def _messages_blocks(self) -> list[dict[str, Any]]:

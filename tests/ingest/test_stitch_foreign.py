@@ -21,6 +21,7 @@ import pytest
 
 import loopscope
 import stacks
+from fakes.model_server import STANDS_FOR
 from loopscope import semconv as a
 from loopscope.ingest.foreign import Assembler
 from loopscope.ingest.otlp.collector import Collector
@@ -89,7 +90,8 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same loop recorded in this process by loopscope's own openai adapter."""
     record = _record_module()
     db = tmp_path_factory.mktemp("in-process") / "in.duckdb"
-    loopscope.configure(db, flush_interval=0.05)
+    # the fake server stands for OpenAI: its calls priced as OpenAI's, as the peers' spans without a server are
+    loopscope.configure(db, flush_interval=0.05, prices=STANDS_FOR)
     loopscope.instrument(anthropic=False)
     server = record.script_server()
     try:

@@ -94,10 +94,12 @@ def test_input_tokens_include_cached_tokens_on_every_provider(api, mode, instrum
     assert (chat[a.USAGE_INPUT], chat[a.USAGE_CACHE_READ], chat[a.USAGE_CACHE_CREATION]) == (1532, 1111, 418)
     assert agent_span(instrumented).attributes[a.USAGE_INPUT] == 1532  # what OTLP and the metrics read
     raw = json.loads(chat[a.USAGE_PROVIDER])
-    if api == "messages":  # the provider's own figures, as it reported them
-        assert raw == {"input_tokens": 3, "output_tokens": 20, "cache_read_input_tokens": 1111, "cache_creation_input_tokens": 418}
+    if api == "messages":  # the provider's usage object, whole, as it reported it
+        assert raw == {"input_tokens": 3, "output_tokens": 20, "cache_read_input_tokens": 1111, "cache_creation_input_tokens": 418,
+                       "service_tier": "standard"}
     else:
-        assert raw[{"chat": "prompt_tokens", "responses": "input_tokens"}[api]] == 1532 and raw["cached_tokens"] == 1111
+        total, details = {"chat": ("prompt_tokens", "prompt_tokens_details"), "responses": ("input_tokens", "input_tokens_details")}[api]
+        assert raw[total] == 1532 and raw[details]["cached_tokens"] == 1111 and raw["total_tokens"] == 1552
     # the views' totals agree with the calls
     for view in ("turn_summaries", "token_usage"):
         _, [(total,)] = instrumented.store.sql(f"SELECT sum(input_tokens) FROM {view}")

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
 import loopscope
-from fakes.model_server import Reply, ToolCall, Usage
+from fakes.model_server import STANDS_FOR, Reply, ToolCall, Usage
 from loopscope import pricing
 from loopscope import semconv as a
 from loopscope.content.policy import ContentPolicy
@@ -42,7 +42,8 @@ def provider(tmp_path: Path) -> Iterator[TracerProvider]:
     """A pipeline writing ``store.duckdb``; spans made on the provider's loopscope tracer are
     loopscope's own (the hand-made ones carry the issue's attributes explicitly)."""
     tracer_provider = TracerProvider()
-    loopscope.configure(tmp_path / "store.duckdb", tracer_provider=tracer_provider, flush_interval=0.05, capture_content=True)
+    loopscope.configure(tmp_path / "store.duckdb", tracer_provider=tracer_provider, flush_interval=0.05, capture_content=True,
+                        prices=STANDS_FOR)
     loopscope.instrument()
     try:
         yield tracer_provider
@@ -231,7 +232,7 @@ EXPLICIT = {
     a.USAGE_PROVIDER: json.dumps({"input_tokens": 0, "cache_read_input_tokens": 1111, "cache_creation_input_tokens": 418}),
     "gen_ai.request.temperature": 0.5, "gen_ai.request.top_p": 0.9, "gen_ai.request.max_tokens": 64,
     "gen_ai.request.choice.count": 2, "gen_ai.request.stop_sequences": ("END",), a.REQUEST_TOOL_CHOICE: "required",
-    "gen_ai.request.frequency_penalty": 0.1, "server.address": "api.example", "server.port": 443,
+    "gen_ai.request.frequency_penalty": 0.1, "server.address": "api.anthropic.com", "server.port": 443,
     a.INPUT_MESSAGES: json.dumps([{"role": "user", "parts": [{"type": "text", "content": "do the thing"}]}]),
     a.OUTPUT_MESSAGES: json.dumps([{"role": "assistant", "parts": [], "finish_reason": "refusal"},
                                    {"role": "assistant", "parts": [{"type": "text", "content": "ok"}], "finish_reason": "stop"}]),
@@ -254,10 +255,10 @@ def test_every_column_from_a_span_with_the_new_attributes(tmp_path, provider):
                   "cache_creation_input_tokens": 418, "reasoning_tokens": 12},
         "provider_usage": {"input_tokens": 0, "cache_read_input_tokens": 1111, "cache_creation_input_tokens": 418},
         "parameters": {"temperature": 0.5, "top_p": 0.9, "max_tokens": 64, "choice_count": 2, "stop": ["END"],
-                       "tool_choice": "required", "frequency_penalty": 0.1, "server_address": "api.example",
+                       "tool_choice": "required", "frequency_penalty": 0.1, "server_address": "api.anthropic.com",
                        "server_port": 443},
-        # the response's model is unknown to genai-prices: the request's prices it
-        "cost_usd": pytest.approx(genai_price(ANTHROPIC_MODEL, "anthropic", {
+        # priced as the model that answered (genai-prices matches its name)
+        "cost_usd": pytest.approx(genai_price(ANTHROPIC_MODEL + "-v2", "anthropic", {
             "input_tokens": 1529, "output_tokens": 40, "cache_read_input_tokens": 1111, "cache_creation_input_tokens": 418})),
         "price_source": "genai-prices", "error_type": None, "error": None, "refusal": "I can't help with that.",
         "input_messages": json.loads(EXPLICIT[a.INPUT_MESSAGES]), "output_messages": json.loads(EXPLICIT[a.OUTPUT_MESSAGES]),
