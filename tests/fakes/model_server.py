@@ -66,6 +66,7 @@ class ToolCall:
     name: str
     arguments: Mapping[str, Any] | str = field(default_factory=dict)
     id: str | None = None  # generated per provider (call_..., toolu_...) when None; "" is sent as "" (Gemini's endpoint)
+    omit_id: bool = False  # Chat Completions: the call has no "id" key at all (some OpenAI-compatible servers)
 
     @property
     def arguments_json(self) -> str:
@@ -504,7 +505,8 @@ class _Renderer:
                                    "annotations": []}
         if reply.calls:
             message["tool_calls"] = [
-                {"id": cid, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments_json}}
+                {**({} if tc.omit_id else {"id": cid}), "type": "function",
+                 "function": {"name": tc.name, "arguments": tc.arguments_json}}
                 for cid, tc in zip(call_ids, reply.calls)
             ]
         return {"index": index, "message": message, "logprobs": None, "finish_reason": _stop_for(CHAT, reply)}
@@ -550,7 +552,8 @@ class _Renderer:
             frames += [chunk({"refusal": p}, index=index) for p in _pieces(r.refusal or "", r.chunk_size)]
             for i, (cid, tc) in enumerate(zip(call_ids, r.calls)):
                 frames.append(chunk({"tool_calls": [
-                    {"index": i, "id": cid, "type": "function", "function": {"name": tc.name, "arguments": ""}}]},
+                    {"index": i, **({} if tc.omit_id else {"id": cid}), "type": "function",
+                     "function": {"name": tc.name, "arguments": ""}}]},
                     index=index))
                 frames += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}, index=index)
                            for p in _arg_pieces(tc.arguments_json, r.chunk_size)]
