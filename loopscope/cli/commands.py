@@ -137,10 +137,11 @@ def _running_ids(events: list[Any]) -> set[str]:
     started: dict[str, None] = {}
     for e in events:
         if isinstance(e.content, ToolCallContent):
+            key = e.content.tool_id or e.span_id or ""  # a call without an id: by its span
             if e.type == "tool_call_start":
-                started[e.content.tool_id] = None
+                started[key] = None
             elif e.type == "tool_call_end":
-                started.pop(e.content.tool_id, None)
+                started.pop(key, None)
     return set(started)
 
 

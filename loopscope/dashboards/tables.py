@@ -262,13 +262,17 @@ def events_table(
     width: int | None = None,
     ellipsis: str = ELLIPSIS,
 ) -> str:
-    """A session's timeline; ``running`` names the tool call ids still without an end."""
+    """A session's timeline; ``running`` names the tool call ids still without an end (a
+    call without an id by its span id)."""
     from ..models import ToolCallContent
 
     open_ids = set(running)
     rows = [
         event_row(
-            e, isinstance(e.content, ToolCallContent) and e.type == "tool_call_start" and e.content.tool_id in open_ids
+            e,
+            isinstance(e.content, ToolCallContent)
+            and e.type == "tool_call_start"
+            and (e.content.tool_id or e.span_id or "") in open_ids,
         )
         for e in events
     ]

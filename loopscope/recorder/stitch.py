@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
@@ -28,7 +28,7 @@ from .. import _json
 from .._guard import guard, internal_error, warn_once
 from .._json import result_value  # noqa: F401 - adapters import it from here
 from .._otel_sdk import attach_span
-from ..models import LoopEndReason, ToolCall
+from ..models import LoopEndReason
 from ..semconv import UNSERVED_CUT
 from . import settings
 from .chunks import ChunkGaps
@@ -36,7 +36,7 @@ from .context import current_round, current_session, current_turn, last_stitched
 from .conversations import Boundary, boundary, conversations
 from .declared import tool_set
 from .records import ModelRequest, ModelResponse, ToolResult
-from .turn import Round, Turn, _new_id, _tool_calls, anonymous_owners, call_owners, served_owners
+from .turn import Round, Turn, anonymous_owners, call_owners, served_owners
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
@@ -260,13 +260,10 @@ class ModelCall:
         self._done = True
         try:
             rnd = self.round
-            tool_calls = response.tool_calls
-            if tool_calls:
-                tool_calls = _identified(self.turn, tool_calls)
             rnd._adapter_response(
                 response.provider_usage,
                 response.text,
-                tool_calls,
+                response.tool_calls,
                 response.usage,
                 response.finish_reason,
                 thinking=response.thinking,
@@ -339,39 +336,8 @@ class ModelCall:
                 close_turn(self.turn, LoopEndReason.CANCELLED)
 
 
-def _raw_id(call: Any) -> Any:
-    """The id a call came with, before loopscope gives one to a call without."""
-    if isinstance(call, ToolCall):
-        return call.id
-    if isinstance(call, Mapping):
-        return call.get("id") or call.get("call_id")
-    return getattr(call, "id", None)
-
-
-def _identified(turn: Turn, calls: Iterable[Any]) -> Iterable[Any]:
-    """The calls a response asked for, as read for the round; those that came without an
-    id (an empty one, or none) get one, and are noted, in order, for the request that will
-    carry their results without an id either."""
-    calls = list(calls)
-    for call in calls:  # a loop, not all(...): no generator frame
-        if type(call) is ToolCall and call.id:
-            continue  # what the SDK adapters hand over, without _raw_id's frame
-        if not _raw_id(call):
-            break
-    else:
-        return calls  # the usual case: every call has its id
-    read = _tool_calls(calls)
-    if len(read) == len(calls):
-        # a ToolCall record is taken as it is, an empty id too: it gets one here
-        read = [c if c.id else c.model_copy(update={"id": _new_id()}) for c in read]
-        anonymous = [new.id for old, new in zip(calls, read) if not _raw_id(old)]
-        anonymous_owners.pop(turn, None)  # re-inserted: the most recent last
-        anonymous_owners[turn] = anonymous  # this response's calls replace an earlier one's
-    return read
-
-
 def _anonymous_ids(results: Sequence[ToolResult]) -> list[str | None]:
-    """The ids of the calls a request's results without an id answer, by position: the
+    """The keys of the calls a request's results without an id answer, by position: the
     first such result answers the first call without an id of the response before it, and
     so on. That response is the latest one of this context's stitched turn, else the
     latest one of any turn, that asked for calls without an id."""

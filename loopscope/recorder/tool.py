@@ -204,9 +204,11 @@ class ToolExecution:
             if getattr(turn, "framework", None):  # the tool rows name the framework, as the turn's do
                 attributes[a.FRAMEWORK] = turn.framework
         if self.call_id is None:
-            # 32 random hex digits, as uuid4().hex gives, for a quarter of its cost
+            # a tool run no model asked for (a hand tool): 32 random hex digits, as uuid4().hex
+            # gives, for a quarter of its cost, so that its start and end rows pair
             self.call_id = os.urandom(16).hex()
-        attributes[a.TOOL_CALL_ID] = self.call_id
+        if self.call_id:  # a call the model asked for without an id is recorded without one
+            attributes[a.TOOL_CALL_ID] = self.call_id
         if self.arguments is not None:
             attributes[a.TOOL_CALL_ARGUMENTS] = arguments_json if arguments_json is not None else _json.dumps(self.arguments)
         if self.description:

@@ -52,9 +52,19 @@ the request that later carries their results still joins that turn."""
 
 anonymous_owners: dict[Turn, list[str]] = {}
 """Turns whose last response asked for calls without an id (Gemini's OpenAI-compatible
-endpoint sends ``"id": ""``), most recent last, with the ids loopscope gave those calls in
-the response's order, not yet matched to a result: a request's results without an id are
-matched to them by position (see :func:`loopscope.recorder.stitch.start_model_call`)."""
+endpoint sends ``"id": ""``, others send none), most recent last, with the keys those calls
+are pending under (:func:`_anonymous_key`) in the response's order, not yet matched to a
+result: a request's results without an id are matched to them by position (see
+:func:`loopscope.recorder.stitch.start_model_call`)."""
+
+_anonymous_keys = itertools.count(1)
+
+
+def _anonymous_key() -> str:
+    """The key a call without an id is pending under in its turn (and in :data:`call_owners`):
+    never recorded (its span, rows and output message keep the id the provider sent, empty),
+    and never an id a provider sends (it starts with a NUL)."""
+    return f"\0{next(_anonymous_keys)}"
 
 _TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
 
@@ -122,8 +132,9 @@ def _tool_call(call: Any) -> ToolCall:
 
 
 def _call_id(value: Any) -> str:
-    """A call's id as text; a call without one gets a new one."""
-    return (value if type(value) is str else _values.text(value)) or _new_id()
+    """A call's id as text; a call without one keeps none (``""``): the turn pairs it with
+    its result by position (:data:`anonymous_owners`), and what is recorded is what was sent."""
+    return (value if type(value) is str else _values.text(value)) or ""
 
 
 def _tool_calls(calls: Iterable[Any]) -> list[ToolCall]:
@@ -1016,13 +1027,23 @@ class Turn:
                 self._close_segment()
                 self._rounds_with_tools[self._round_no] = False
                 made = rnd._arguments_json  # the arguments' JSON, when the round's answer made it
+                anonymous: list[str] | None = None
                 for index, call in enumerate(rnd.tool_calls):
+                    key = call.id
+                    if not key:  # no id: pending under a key of its own, matched to its result by position
+                        key = _anonymous_key()
+                        if anonymous is None:
+                            anonymous = []
+                        anonymous.append(key)
                     if rnd.eager:
                         arguments = made[index] if index < len(made) else None
-                        self._pending[call.id] = (start_requested(self, call, arguments_json=arguments), self._round_no)
-                        call_owners[call.id] = self
+                        self._pending[key] = (start_requested(self, call, arguments_json=arguments), self._round_no)
+                        call_owners[key] = self
                     else:
-                        self._pending[call.id] = (call, self._round_no)
+                        self._pending[key] = (call, self._round_no)
+                if anonymous is not None and rnd.eager:
+                    anonymous_owners.pop(self, None)  # re-inserted: the most recent last
+                    anonymous_owners[self] = anonymous  # this response's calls replace an earlier one's
 
     def _close_segment(self) -> None:
         if self._open_segment.strip():

@@ -373,6 +373,15 @@ def m013_sorted_durations() -> list[str]:
     return [tool_totals.SORTED_DDL, *tool_totals.fold_statements(), *create_statements()]
 
 
+@migration
+def m014_unnamed_tool_calls() -> list[str]:
+    """``tool_calls`` tells apart the calls a model asked for without an id (stored with an
+    empty one, as sent): by their span, where it grouped them all into one call."""
+    from .views import create_statements
+
+    return [s for s in create_statements() if s.startswith("CREATE OR REPLACE VIEW tool_calls AS")]
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""

@@ -17,7 +17,7 @@ views read earlier ones). A change to a view needs a new migration that calls
 Times are ``TIMESTAMPTZ``; days are UTC days. Durations and latencies are milliseconds.
 
 ``tool_calls`` -- one row per tool call: its start and end rows grouped by session, turn
-(correlation id) and call id. A call whose end is not written yet has ``status =
+(correlation id) and call id (a call the model asked for without an id, by its span). A call whose end is not written yet has ``status =
 'pending'`` and no outcome. Columns: ``tool, call_id, session_id, turn_id, agent,
 arguments, result, status, outcome, started_at, ended_at, duration_ms, error,
 start_index, end_index``. ``arguments`` and ``result`` are JSON; ``status`` is
@@ -133,7 +133,7 @@ _TOOL_TYPES = "starts_with(type, 'tool_call_') AND type IN ('tool_call_start', '
 
 def tool_rows(tool_columns: bool, content: bool = False, unless: str = "") -> str:
     """The tool start and end rows with their fields: ``session_id, turn_id, type, idx,
-    created_at, agent, [content,] tool, call_id, status, outcome, duration_ms``.
+    created_at, agent, [content, span_id,] tool, call_id, status, outcome, duration_ms``.
 
     With ``tool_columns`` (a file whose ``events`` has them) the fields come from the
     columns, and from the ``content`` JSON only for rows whose ``tool_name`` is NULL: a
@@ -146,7 +146,7 @@ def tool_rows(tool_columns: bool, content: bool = False, unless: str = "") -> st
     evaluates first and which stops the scan when it leaves no row, and the branch's own
     filter is applied after the join, in a form it cannot push below it.)
     """
-    extra = ", content" if content else ""
+    extra = ", content, span_id" if content else ""
 
     def where(own: str) -> str:
         if not unless:
@@ -158,7 +158,7 @@ def tool_rows(tool_columns: bool, content: bool = False, unless: str = "") -> st
     SELECT session_id, turn_id, type, idx, created_at, agent{extra},
         f[1] AS tool, f[2] AS call_id, f[3] AS status, f[4] AS outcome, TRY_CAST(f[5] AS DOUBLE) AS duration_ms
     FROM (
-        SELECT {_TOOL_KEYS}, content,
+        SELECT {_TOOL_KEYS}, content{", span_id" if content else ""},
             json_extract_string(content, ['$.tool_name', '$.tool_id', '$.status', '$.outcome', '$.duration_ms']) AS f
         {where("tool_name IS NULL" if tool_columns else "")}
     )"""
@@ -178,7 +178,9 @@ def _json_field(path: str) -> str:
 
 
 # One group per call. Grouping (rather than joining starts to ends) lets a filter on
-# session_id or turn_id reach the events scan, so one session's calls are read alone.
+# session_id or turn_id reach the events scan, so one session's calls are read alone. Calls
+# the model asked for without an id (stored with an empty one) are told apart by their
+# execute_tool span, whose start and end rows they are.
 def _tool_calls(tool_columns: bool) -> str:
     return f"""
 SELECT
@@ -204,7 +206,7 @@ SELECT
     min(idx) FILTER (WHERE type = 'tool_call_start') AS start_index,
     max(idx) FILTER (WHERE type = 'tool_call_end') AS end_index
 FROM ({tool_rows(tool_columns, content=True)})
-GROUP BY session_id, turn_id, call_id
+GROUP BY session_id, turn_id, call_id, CASE WHEN call_id = '' THEN span_id END
 """
 
 

@@ -72,6 +72,7 @@ class ToolCall:
     name: str
     arguments: Mapping[str, Any] | str = field(default_factory=dict)
     id: str | None = None  # generated per provider (call_..., toolu_...) when None; "" is sent as "" (Gemini's endpoint)
+    omit_id: bool = False  # Chat Completions: the call has no "id" key at all (some OpenAI-compatible servers)
 
     @property
     def arguments_json(self) -> str:
@@ -518,7 +519,8 @@ class _Renderer:
                                    "annotations": []}
         if reply.calls:
             message["tool_calls"] = [
-                {"id": cid, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments_json}}
+                {**({} if tc.omit_id else {"id": cid}), "type": "function",
+                 "function": {"name": tc.name, "arguments": tc.arguments_json}}
                 for cid, tc in zip(call_ids, reply.calls)
             ]
         return {"index": index, "message": message, "logprobs": None, "finish_reason": _stop_for(CHAT, reply)}
@@ -564,7 +566,8 @@ class _Renderer:
             frames += [chunk({"refusal": p}, index=index) for p in _pieces(r.refusal or "", r.chunk_size)]
             for i, (cid, tc) in enumerate(zip(call_ids, r.calls)):
                 frames.append(chunk({"tool_calls": [
-                    {"index": i, "id": cid, "type": "function", "function": {"name": tc.name, "arguments": ""}}]},
+                    {"index": i, **({} if tc.omit_id else {"id": cid}), "type": "function",
+                     "function": {"name": tc.name, "arguments": ""}}]},
                     index=index))
                 repeated = {"id": cid, "type": "function"} if r.repeat_call_fields else {}
                 named = {"name": tc.name} if r.repeat_call_fields else {}

@@ -653,12 +653,14 @@
       const items = [];
       for (const e of group.events) {
         const c = e.content || {};
-        if (c.type === "tool_call" && c.tool_id) {
-          let card = cards.get(c.tool_id);
+        // a call the model asked for without an id: its span's rows (their ids but the last letter)
+        const callKey = c.type === "tool_call" ? c.tool_id || (e.id ? `span:${e.id.slice(0, -1)}` : "") : "";
+        if (callKey) {
+          let card = cards.get(callKey);
           if (!card) {
             card = { start: null, end: null };
-            cards.set(c.tool_id, card);
-            items.push({ card, id: c.tool_id });
+            cards.set(callKey, card);
+            items.push({ card, id: callKey });
           }
           if (e.type === "tool_call_end") card.end = e;
           else card.start = card.start || e;
