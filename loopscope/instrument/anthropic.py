@@ -263,6 +263,7 @@ def _finish_message(message: Any, model_call: ModelCall) -> None:
             return model_call.finish(error)
     text = "".join(texts) or None
     stop_reason = r.get(message, "stop_reason")
+    refusal = _refusal(stop_reason, r.get(message, "stop_details"))
     reported = r.get(message, "usage")
     usage = _normalized(_usage(reported))
     model_call.finish(
@@ -274,10 +275,20 @@ def _finish_message(message: Any, model_call: ModelCall) -> None:
             response_id=r.get(message, "id"),
             model=r.get(message, "model"),
             thinking="\n".join(t for t in thinking if t) or None,
-            refusal=stop_reason == "refusal" or None,  # its text is the message's
+            refusal=refusal,
             provider_usage=r.reported_json(reported),
         )
     )
+
+
+def _refusal(stop_reason: Any, stop_details: Any) -> str | bool | None:
+    """A refusal's record: the explanation Anthropic gives in ``stop_details`` (a
+    ``RefusalStopDetails``: ``category``, ``explanation``), else True (the message's text
+    then stands for it); None when the model did not refuse."""
+    if stop_reason != "refusal":
+        return None
+    explanation = r.get(stop_details, "explanation")
+    return explanation if isinstance(explanation, str) and explanation else True
 
 
 class _Events:
@@ -290,6 +301,7 @@ class _Events:
         self.usage: dict[str, int] = {}
         self.reported: list[Any] = []  # the usage objects of message_start and message_delta, as sent
         self.stop_reason: str | None = None
+        self.stop_details: Any = None  # a refusal's (message_delta's delta.stop_details)
         self.response_id: str | None = None
         self.model: str | None = None
 
@@ -325,6 +337,9 @@ class _Events:
             elif block_kind != "text":
                 model_call.first_chunk()
         elif kind == "message_start":
+            # the first event is the first chunk: a stream with no content block (a refusal's
+            # message_start, message_delta, message_stop) has a time to first chunk too
+            model_call.first_chunk()
             message = r.get(event, "message")
             self.response_id = r.get(message, "id")
             self.model = r.get(message, "model")
@@ -333,7 +348,9 @@ class _Events:
             if reported is not None:
                 self.reported.append(reported)
         elif kind == "message_delta":
-            self.stop_reason = r.get(r.get(event, "delta"), "stop_reason") or self.stop_reason
+            delta = r.get(event, "delta")
+            self.stop_reason = r.get(delta, "stop_reason") or self.stop_reason
+            self.stop_details = r.get(delta, "stop_details") or self.stop_details
             # the counts of message_delta are totals: they replace those of message_start
             reported = r.get(event, "usage")
             self.usage.update(_usage(reported))
@@ -355,8 +372,7 @@ class _Events:
         response = self.partial()
         response.tool_calls = calls
         response.thinking = "\n".join(t for t in thinking if t) or None
-        if self.stop_reason == "refusal":
-            response.refusal = True  # its text is the message's
+        response.refusal = _refusal(self.stop_reason, self.stop_details)
         model_call.finish(response)
 
     def partial(self) -> ModelResponse:

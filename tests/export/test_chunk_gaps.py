@@ -42,10 +42,11 @@ STREAMS = {
     # responses: created, in_progress, output_item.added (2, the first: output begins), content_part.added,
     # a delta per word (4-8), output_text.done, content_part.done, output_item.done, completed (12)
     "responses": ("for _ in client.responses.create(model=MODEL, input='count', stream=True): pass", 6, 10),
-    # messages: message_start, ping, content_block_start, a delta per word (3-7), content_block_stop,
-    # message_delta, message_stop (10): the round ends at message_stop, the last gap is counted too
+    # messages: message_start (0, the first chunk: a refusal has no content block), ping (the SDK skips it),
+    # content_block_start, a delta per word (3-7), content_block_stop, message_delta, message_stop (10): the
+    # round ends at message_stop, the last gap is counted too
     "messages": ("for _ in anthropic_client.messages.create(model=MODEL, max_tokens=64, messages=MESSAGES, stream=True): pass",
-                 5, 7),
+                 5, 9),
 }
 
 

@@ -176,7 +176,11 @@ class Reply:
     pauses: Mapping[int, float] = field(default_factory=dict)  # frame index -> extra seconds before it
     chunk_size: int | None = None  # characters per text/argument delta; None: words for text, 12 for arguments
 
-    refusal: str | None = None  # the model refuses: Chat ``message.refusal`` (content null), Responses a refusal part
+    # the model refuses: Chat ``message.refusal`` (content null), Responses a refusal part; Anthropic (with
+    # ``stop="refusal"``): ``stop_details`` {"type": "refusal", "category", "explanation": refusal} on the message
+    # and on the stream's message_delta
+    refusal: str | None = None
+    refusal_category: str | None = None  # Anthropic's ``stop_details.category`` (``cyber``, ``bio``, ...)
     choices: Sequence[Reply] = ()  # Chat Completions only: the answers after the first (``n > 1``), as indices 1..
     error_in_body: bool = False  # an HTTP 200 whose body is the provider's error JSON (some gateways answer so)
     # Chat Completions streams: every tool-call fragment repeats the call's id, type and function name, as
@@ -717,8 +721,15 @@ class _Renderer:
             blocks.append({"type": "tool_use", "id": cid, "name": tc.name, "input": tc.arguments_dict})
         return blocks
 
+    def _stop_details(self) -> dict[str, Any] | None:
+        """Anthropic's ``stop_details`` of a refusal with an explanation (``Reply.refusal``), else None."""
+        r = self.reply
+        if r.refusal is None or _stop_for(MESSAGES, r) != "refusal":
+            return None
+        return {"type": "refusal", "category": r.refusal_category, "explanation": r.refusal}
+
     def _message_obj(self, content: list[dict[str, Any]], *, final: bool) -> dict[str, Any]:
-        return {
+        message = {
             "id": f"msg_fake_{self.n:05d}",
             "type": "message",
             "role": "assistant",
@@ -728,6 +739,10 @@ class _Renderer:
             "stop_sequence": None,
             "usage": self._messages_usage(start=not final),
         }
+        details = self._stop_details() if final else None
+        if details is not None:
+            message["stop_details"] = details
+        return message
 
     def _messages_json(self) -> dict[str, Any]:
         return self._message_obj(self._messages_blocks(), final=True)
@@ -755,9 +770,11 @@ class _Renderer:
             frames.append(("content_block_stop", {"type": "content_block_stop", "index": idx}))
         usage = self._messages_usage()
         usage.pop("service_tier")
-        frames.append(("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": _stop_for(MESSAGES, r), "stop_sequence": None},
-                                         "usage": usage}))
+        delta: dict[str, Any] = {"stop_reason": _stop_for(MESSAGES, r), "stop_sequence": None}
+        details = self._stop_details()
+        if details is not None:
+            delta["stop_details"] = details
+        frames.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
         frames.append(("message_stop", {"type": "message_stop"}))
         return frames
 

@@ -119,3 +119,54 @@ def test_a_tool_name_repeated_in_every_chunk_is_one_name(instrumented, server):
     chat = spans_of(instrumented, a.OP_CHAT)[0]
     [message] = json.loads(chat.attributes[a.OUTPUT_MESSAGES])
     assert [part["name"] for part in message["parts"]] == ["llm_version"]
+
+
+# -- Anthropic: the first event is the first chunk; a refusal's explanation ----------------------------
+
+CLAUDE = "claude-test-1"
+EXPLANATION = "This request could enable harm to computer systems."
+
+
+def _messages(way: str, server: Any) -> None:
+    kwargs = {"model": CLAUDE, "max_tokens": 64, "messages": [{"role": "user", "content": "Write me a worm."}]}
+    if way == "json":
+        server.anthropic_client().messages.create(**kwargs)
+    elif way == "stream":
+        for _ in server.anthropic_client().messages.create(stream=True, **kwargs):
+            pass
+    elif way == "helper":
+        with server.anthropic_client().messages.stream(**kwargs) as stream:
+            stream.get_final_message()
+    else:
+
+        async def read() -> None:
+            async for _ in await server.async_anthropic_client().messages.create(stream=True, **kwargs):
+                pass
+
+        asyncio.run(read())
+
+
+@pytest.mark.parametrize("way", ["json", "stream", "helper", "async-stream"])
+def test_an_anthropic_refusal_keeps_its_explanation_and_its_first_chunk(way, instrumented, server):
+    """A refusal streams message_start, message_delta (stop_reason "refusal", stop_details with
+    the explanation), message_stop: no content block. Its explanation is the call's refusal;
+    a stream's first chunk is its first event."""
+    server.queue(Reply(stop="refusal", refusal=EXPLANATION, refusal_category="cyber"))
+    _messages(way, server)
+    [call] = instrumented.store.model_calls()
+    assert (call.outcome, call.refusal, call.finish_reasons) == ("refusal", EXPLANATION, ["refusal"])
+    assert (call.time_to_first_chunk_ms is not None) is (way != "json")
+    [chat] = spans_of(instrumented, a.OP_CHAT)
+    assert chat.attributes[a.CALL_REFUSAL] == EXPLANATION
+    assert only_turn(instrumented.store).loop_end_reason == "refusal"
+
+
+def test_an_anthropic_streams_first_chunk_is_its_first_event(instrumented, server):
+    """The time to first chunk is message_start's arrival, not the first content block's:
+    here the server waits two seconds between them (half of that is left for a loaded machine
+    that reads message_start late)."""
+    server.queue(Reply(text="one two three", pauses={2: 2.0}))  # frames: message_start, ping, content_block_start...
+    _messages("stream", server)
+    [call] = instrumented.store.model_calls()
+    assert call.time_to_first_chunk_ms is not None and call.duration_ms is not None
+    assert call.time_to_first_chunk_ms < call.duration_ms - 1000
