@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 import duckdb
+from opentelemetry.sdk.trace import TracerProvider
 
+import loopscope
+from loopscope.cli.status import read_status
 from loopscope.storage import health
 from loopscope.storage.schema import SCHEMA_VERSION
 
@@ -93,3 +96,38 @@ def test_a_store_the_writer_process_refuses_is_said_once_and_its_events_counted_
     assert "newer loopscope" in done.stdout + done.stderr
     if done.returncode == 0:
         assert json.loads(done.stdout)
+
+
+def test_the_writer_process_holds_what_its_bounds_allow_under_a_flood_and_counts_the_rest(tmp_path: Path) -> None:
+    """Another process holds the store (the writer cannot write): the writer process keeps its
+    queue and the rows it failed to write within ``queue_bytes`` each, as the application's
+    queue is, and what it drops is counted in ``loopscope status`` once the store is free."""
+    db = tmp_path / "held.duckdb"
+    bound = 1 << 20
+    pipeline = loopscope.configure(db, tracer_provider=TracerProvider(), writer="process", queue_bytes=bound)
+    try:
+        with loopscope.turn(session_id="warm", input="q") as t:
+            t.generation("a", finish_reason="stop")
+        assert loopscope.flush(60)  # the writer process runs, the store is made
+        hold = "import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
+        holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            text = "lorem ipsum " * 170  # ~2 KB, three times a turn: ~30 MB of spans as the bound counts them
+            for i in range(2000):
+                with loopscope.turn(session_id=f"flood-{i % 50}", input=text) as t:
+                    t.generation(text, finish_reason="stop")
+            stats = pipeline.stats()  # the writer process's counters, asked for
+            assert stats is not None and stats.dropped > 0
+            # the application's queue, the writer process's queue and the rows it keeps: each bounded
+            assert stats.queued_bytes <= 3 * bound + 64 * 1024, stats
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(30)
+        loopscope.flush(60)
+        dropped = pipeline.stats().dropped  # type: ignore[union-attr]
+    finally:
+        loopscope.shutdown()
+    totals = read_status(str(db))["totals"]
+    assert totals["dropped_queue_full"] + totals["dropped_unwritable"] == dropped > 0, totals
