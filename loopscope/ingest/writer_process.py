@@ -110,6 +110,9 @@ burst: the child fell behind)."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
+MESSAGE_BYTES = 4 << 20
+"""Bytes of spans (as the queue's byte bound counts them) per message at most, one span at
+least: the child holds a message twice while it unpacks it (its bytes and its values)."""
 KILL_WAIT = 0.5
 """Seconds a killed child gets to go away before its pipes are let go regardless."""
 
@@ -647,8 +650,16 @@ class ProcessSpanWriter:
         as lost by :meth:`_child_gone`); what was, is counted lost by :meth:`_child_ended`."""
         stdin = proc.stdin
         assert stdin is not None
-        for first in range(0, len(tuples), SEND_CHUNK):
-            part = tuples[first : first + SEND_CHUNK]
+        first, count = 0, len(tuples)
+        while first < count:
+            # up to SEND_CHUNK spans, and MESSAGE_BYTES as the byte bound counts them (one span
+            # at least): the writer process reads a message whole, then unpacks it, so a chunk of
+            # large values (1 MiB tool results) would hold it twice over, past its own bounds
+            end, size = first + 1, tuples[first][7]
+            while end < count and end - first < SEND_CHUNK and size + tuples[end][7] <= MESSAGE_BYTES:
+                size += tuples[end][7]
+                end += 1
+            part = tuples[first:end]
             try:
                 dropped = self._dropped
                 send(stdin, SPANS, _dumps((dropped - self._drop_base, *self._exporter_counts(), part)))
@@ -663,6 +674,7 @@ class ProcessSpanWriter:
                     self._sent += len(part)
                 else:  # into a pipe whose child was found dead since: lost with it
                     self._lost += len(part)
+            first = end
         return True
 
     def _wait_ready(self) -> bool:
