@@ -55,10 +55,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from loopscope.ingest import writer_process
 from loopscope.storage import writer as writer_module
 
 GOAL = 1.5
@@ -117,14 +119,42 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def run(n: int, db: Path, *, otlp: str | None = None, slow: bool = False) -> tuple[list[int], dict[str, int]]:
-    original = writer_module.write_batch
-    if slow:
-        def slow_batch(*args, **kwargs):  # type: ignore[no-untyped-def]
-            time.sleep(0.25)
-            return original(*args, **kwargs)
+def faulted_child(pause: float) -> str:
+    """The writer process's code (``writer_process._CHILD_CODE``) with each of its batches
+    ``pause`` seconds longer: the writer that runs by default is that child, not this
+    process's ``write_batch`` (issue 29: faulting only this one measured nothing)."""
+    return (
+        "import sys, json, time; sys.path[:0] = json.loads(sys.argv[1])\n"
+        "from loopscope.storage import writer\n"
+        "original = writer.write_batch\n"
+        "def faulted(*args, **kwargs):\n"
+        f"    time.sleep({pause!r})\n"
+        "    return original(*args, **kwargs)\n"
+        "writer.write_batch = faulted\n"
+        "from loopscope.ingest.writer_child import main; main()\n"
+    )
 
-        writer_module.write_batch = slow_batch
+
+def fault_writer(pause: float) -> Callable[[], None]:
+    """Make every store batch ``pause`` seconds longer, in whichever writer runs: the writer
+    process (the default) and the thread writer (where no child can run). Returns the undo."""
+    original, child_code = writer_module.write_batch, writer_process._CHILD_CODE
+
+    def slow_batch(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(pause)
+        return original(*args, **kwargs)
+
+    writer_module.write_batch = slow_batch
+    writer_process._CHILD_CODE = faulted_child(pause)
+
+    def undo() -> None:
+        writer_module.write_batch, writer_process._CHILD_CODE = original, child_code
+
+    return undo
+
+
+def run(n: int, db: Path, *, otlp: str | None = None, slow: bool = False) -> tuple[list[int], dict[str, Any]]:
+    undo = fault_writer(0.25) if slow else (lambda: None)
     pipeline = loopscope.configure(
         db, tracer_provider=TracerProvider(), otlp_endpoint=otlp, queue_size=SMALL_QUEUE if slow else 200_000
     )
@@ -141,9 +171,9 @@ def run(n: int, db: Path, *, otlp: str | None = None, slow: bool = False) -> tup
                 if slow and i % 500 == 0:
                     peak = max(peak, pipeline.stats().queued)  # type: ignore[union-attr]
         stats = pipeline.stats()
-        info = {"dropped": stats.dropped if stats else 0, "peak_queued": peak}
+        info: dict[str, Any] = {"dropped": stats.dropped if stats else 0, "peak_queued": peak, "mode": pipeline.writer_mode}
     finally:
-        writer_module.write_batch = original
+        undo()
         t0 = time.monotonic()
         loopscope.shutdown()
         info_shutdown = time.monotonic() - t0
@@ -160,16 +190,18 @@ BIG_CHILD = textwrap.dedent(
     def stuck(*args, **kwargs):
         time.sleep(100)  # the writer is inside a write that takes 100 s
 
-    def peak_rss_kb():
+    def peak_rss_kb(path="/proc/self/status"):
         # VmHWM: this process's own peak (ru_maxrss starts from the parent's at fork, and execve keeps it)
         try:
-            with open("/proc/self/status") as status:
+            with open(path) as status:
                 return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
         except (OSError, StopIteration):
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     writer.write_batch = stuck
     db, calls, queue_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    from loopscope.ingest import writer_process
+    writer_process._CHILD_CODE = sys.argv[4]  # the writer process (the default) stuck too
     pipeline = loopscope.configure(db, queue_bytes=queue_bytes)
     value = "v" * (1 << 20)
 
@@ -177,8 +209,17 @@ BIG_CHILD = textwrap.dedent(
     def fetch(i: int) -> str:
         return value[:-1] + chr(97 + i % 26)  # a new 1 MiB string per call, as a real result is
 
+    def writer_peak_kb():
+        pid = getattr(pipeline.writer, "child_pid", lambda: None)()
+        return peak_rss_kb(f"/proc/{pid}/status") if pid else 0
+
+    def writer_growth():
+        return (writer_peak_kb() - writer_before) / 1024
+
     fetch(0)
     rss_before = peak_rss_kb()
+    time.sleep(2)  # the writer process's start (its imports, the store's check): before the calls
+    writer_before = writer_peak_kb()
     samples = []
     clock = time.perf_counter_ns
     cpu0 = time.process_time()
@@ -194,6 +235,7 @@ BIG_CHILD = textwrap.dedent(
         "median_us": statistics.median(samples) / 1000, "cpu_us_per_call": cpu / calls * 1e6,
         "rss_growth_mb": (peak_rss_kb() - rss_before) / 1024,
         "dropped": stats.dropped, "queued_bytes_mb": stats.queued_bytes / (1 << 20), "last_call": last_call,
+        "mode": pipeline.writer_mode, "writer_rss_growth_mb": writer_growth(),
     }), flush=True)
     """
 )
@@ -201,10 +243,11 @@ BIG_CHILD = textwrap.dedent(
 exit: the close bound); prints its measures as JSON, and when its last call ended."""
 
 
-def big_values(calls: int, tmp: Path, name: str, queue_bytes: int) -> dict[str, float]:
+def big_values(calls: int, tmp: Path, name: str, queue_bytes: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPSCOPE_", "OTEL_"))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    proc = subprocess.Popen([sys.executable, "-c", BIG_CHILD, str(tmp / f"{name}.duckdb"), str(calls), str(queue_bytes)],
+    proc = subprocess.Popen([sys.executable, "-c", BIG_CHILD, str(tmp / f"{name}.duckdb"), str(calls), str(queue_bytes),
+                             faulted_child(100.0)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -233,7 +276,7 @@ def main() -> int:
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # the faults' export errors are expected
     hanging = Hanging()
     healthy = healthy_url()
-    variants: list[tuple[str, Callable[[int, Path], tuple[list[int], dict[str, int]]]]] = [
+    variants: list[tuple[str, Callable[[int, Path], tuple[list[int], dict[str, Any]]]]] = [
         ("normal", lambda n, db: run(n, db)),
         ("slow writer", lambda n, db: run(n, db, slow=True)),
         ("otlp ok", lambda n, db: run(n, db, otlp=healthy)),
@@ -242,7 +285,7 @@ def main() -> int:
     ]
     samples: dict[str, list[int]] = {name: [] for name, _ in variants}
     medians: dict[str, list[float]] = {name: [] for name, _ in variants}
-    infos: dict[str, list[dict[str, int]]] = {name: [] for name, _ in variants}
+    infos: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     with tempfile.TemporaryDirectory(prefix="loopscope-faults-") as tmp:
         run(min(2_000, args.calls), Path(tmp) / "warm.duckdb")
         for r in range(args.repeats):
@@ -254,7 +297,9 @@ def main() -> int:
                 medians[name].append(statistics.median(s) / 1000)
                 infos[name].append(info)
     normal = {name: statistics.median(samples["otlp ok" if name.startswith("otlp") else "normal"]) / 1000 for name in samples}
-    print(f"hot path under faults: {args.calls} calls x {args.repeats} repeats per variant (python {sys.version.split()[0]})")
+    modes = sorted({str(i["mode"]) for runs in infos.values() for i in runs})
+    print(f"hot path under faults: {args.calls} calls x {args.repeats} repeats per variant (python {sys.version.split()[0]}; "
+          f"the store's writer: {', '.join(modes)}, faulted there)")
     print(f"{'variant':<14} {'median/call':>11} {'vs its normal':>13} {'p90/call':>9}  {'repeat medians (us)':<34} notes")
     met = True
     for name, _ in variants:
@@ -277,14 +322,15 @@ def main() -> int:
     from loopscope.storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES
 
     print(f"writer stuck in a 100 s write, {args.big_calls} tool calls returning 1 MiB each, one child process per variant")
-    print(f"{'variant':<22} {'median/call':>11} {'cpu/call':>9} {'peak RSS growth':>15} {'dropped':>8} "
+    print(f"{'variant':<22} {'median/call':>11} {'cpu/call':>9} {'peak RSS growth':>15} {'writer process':>14} {'dropped':>8} "
           f"{'held at end':>11} {'exit after last call':>20}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="loopscope-big-") as tmp:
         for name, bound in (("1 MiB, no byte bound", NO_BYTE_BOUND), ("1 MiB, byte bound", QUEUE_BYTES)):
             r = results[name] = big_values(args.big_calls, Path(tmp), name.replace(" ", "-").replace(",", ""), bound)
             print(f"{name:<22} {r['median_us']:>9.1f}us {r['cpu_us_per_call']:>7.1f}us {r['rss_growth_mb']:>12.0f} MB "
-                  f"{r['dropped']:>8} {r['queued_bytes_mb']:>8.0f} MB {r['exit_s']:>18.2f} s")
+                  f"{r['writer_rss_growth_mb']:>11.0f} MB {r['dropped']:>8} {r['queued_bytes_mb']:>8.0f} MB {r['exit_s']:>18.2f} s"
+                  f"  (writer: {r['mode']})")
     before, after = results["1 MiB, no byte bound"], results["1 MiB, byte bound"]
     print(f"byte bound vs none: median/call {after['median_us'] / before['median_us']:.2f}x, "
           f"cpu/call {after['cpu_us_per_call'] / before['cpu_us_per_call']:.2f}x, "

@@ -44,7 +44,7 @@ from .export.otlp import (
     with_notices,
 )
 from .ingest.processor import StoreSpanProcessor
-from .ingest.writer_process import QUIET, READY_WAIT, ProcessSpanWriter, unavailable, writer_mode
+from .ingest.writer_process import QUIET, ProcessSpanWriter, unavailable, writer_mode
 from .recorder import settings as recorder_settings
 from .recorder.conversations import conversations
 from .recorder.stitch import set_idle_timeout, set_max_open
@@ -193,6 +193,10 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise StoreError(f"cannot write the loopscope store {path}: permission denied")
     if not open_it:
+        # the writer process opens it, in the background; what it alone can find (a store of a
+        # newer loopscope, a damaged file) is said in a warning and its events counted as lost.
+        # A file that is no DuckDB database at all is found here, without DuckDB: its header
+        _check_header(path)
         return
     import duckdb
 
@@ -210,15 +214,30 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
         raise StoreError(f"cannot write the loopscope store {path}: {str(exc).splitlines()[0]}") from exc
 
 
-def _checked_by_child(writer: ProcessSpanWriter) -> None:
-    """A ``db`` given to ``configure()`` that cannot be written raises, whichever writer the
-    default picked: wait for the writer process's own check of the store (its DuckDB import
-    and the check, what the thread writer's configure() spends in the application)."""
-    writer.wait_started(READY_WAIT)
-    problem = writer.store_problem
-    if problem is not None:
-        writer.close()
-        raise StoreError(problem)
+_MAGIC = b"DUCK"
+"""DuckDB's file header: a checksum (8 bytes), then this."""
+
+
+def _check_header(path: str) -> None:
+    """Raise :class:`StoreError` for a file at ``path`` that is no DuckDB database (the user's
+    notes, say), which the store's writer must not overwrite, or, where there is none yet, a
+    folder where none can be made (a read-only file system: made and removed again here)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(12)
+    except FileNotFoundError:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+        except FileExistsError:
+            pass  # made meanwhile (another process's writer)
+        except OSError as exc:
+            raise StoreError(f"cannot write the loopscope store {path}: {exc.strerror or exc}") from exc
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
+    if head and head[8:12] != _MAGIC:
+        raise StoreError(f"cannot open the loopscope store {path}: the file is not a DuckDB database")
 
 
 def _store_off(path: str, exc: BaseException) -> None:
@@ -317,10 +336,11 @@ def configure(
     are the same (``flush()`` waits for the rows, the close is bounded, losses are counted).
     A content policy that cannot be sent to a process (a hook that is a lambda) keeps the
     thread, with a warning. With a writer process the store is checked (migrated, its dead
-    writers' turns closed) by the child: ``configure(db=...)`` waits for that check (and
-    raises as above); the default path's is not waited for (``instrument()`` returns at
-    once), and ``writer="process"``'s neither: a file there that is no store is said in a
-    warning and its events counted as lost.
+    writers' turns closed) by the child, in the background: ``configure()`` does not wait
+    for it. It raises for what it can tell without DuckDB (above, and a file that is no
+    DuckDB database); a store the child then refuses (one of a newer loopscope, a damaged
+    file) is said in one warning and its events are counted as lost (``loopscope status``);
+    for the default path, recording to it is turned off as above.
 
     Export: spans and metrics go over OTLP when ``otlp`` is true, or when it is left
     ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).
@@ -413,10 +433,10 @@ def configure(
                 "track_turns": True, "content": content,
             }
             if mode != "thread":
+                # not waited for: the child's imports and its check of the store (~0.5 s) run while
+                # the application goes on; what the check refuses is said once and counted as lost
                 store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto", no_child=no_child,
                                                default_path=not explicit)
-                if explicit and mode == "auto" and isinstance(store_writer, ProcessSpanWriter):
-                    _checked_by_child(store_writer)
             if store_writer is None:
                 store_writer = _thread_writer(path, options)
             targets.append(StoreSpanProcessor(store_writer))

@@ -99,11 +99,25 @@ class _Answers:
                 pass  # the application is gone: the rows are written all the same
 
     def stats_loop(self, stop: threading.Event) -> None:
+        trim = _trimmer()
         while not stop.wait(STATS_EVERY):
             counters = self.counters()
             if counters != self._last:
+                written = self._last is None or counters["batches"] != self._last["batches"]
                 self._last = counters
                 self.send(STATS, counters)
+                if written and trim is not None:
+                    trim(0)  # what the batch freed, back to the system (see writer_process.CHILD_ENV)
+
+
+def _trimmer() -> Any:
+    """glibc's ``malloc_trim`` (None elsewhere): the C heap's free pages handed back."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError, ImportError):
+        return None
 
 
 def _prepare(path: str, recover: bool) -> str | None:
@@ -146,6 +160,9 @@ def main() -> None:
         return
     config = pickle.loads(first[1])  # from the process that started this one, over its pipe
     problem = _prepare(config["path"], config["track_turns"])
+    if problem is not None:  # the application stops recording to the store, or counts its events lost
+        send(stdout, READY, marshal.dumps(problem))
+        return
     pricing.set_overrides(config["prices"])
     semconv.use_conventions(config["latest"])
     writer = StoreWriter(

@@ -110,6 +110,9 @@ burst: the child fell behind)."""
 SEND_CHUNK = 256
 """Spans per message to the child: the sender holds the GIL for one chunk's reading and
 ``marshal`` at a time (~1-2 ms at most), then lets go while the pipe takes it."""
+MESSAGE_BYTES = 4 << 20
+"""Bytes of spans (as the queue's byte bound counts them) per message at most, one span at
+least: the child holds a message twice while it unpacks it (its bytes and its values)."""
 KILL_WAIT = 0.5
 """Seconds a killed child gets to go away before its pipes are let go regardless."""
 
@@ -647,8 +650,16 @@ class ProcessSpanWriter:
         as lost by :meth:`_child_gone`); what was, is counted lost by :meth:`_child_ended`."""
         stdin = proc.stdin
         assert stdin is not None
-        for first in range(0, len(tuples), SEND_CHUNK):
-            part = tuples[first : first + SEND_CHUNK]
+        first, count = 0, len(tuples)
+        while first < count:
+            # up to SEND_CHUNK spans, and MESSAGE_BYTES as the byte bound counts them (one span
+            # at least): the writer process reads a message whole, then unpacks it, so a chunk of
+            # large values (1 MiB tool results) would hold it twice over, past its own bounds
+            end, size = first + 1, tuples[first][7]
+            while end < count and end - first < SEND_CHUNK and size + tuples[end][7] <= MESSAGE_BYTES:
+                size += tuples[end][7]
+                end += 1
+            part = tuples[first:end]
             try:
                 dropped = self._dropped
                 send(stdin, SPANS, _dumps((dropped - self._drop_base, *self._exporter_counts(), part)))
@@ -663,6 +674,7 @@ class ProcessSpanWriter:
                     self._sent += len(part)
                 else:  # into a pipe whose child was found dead since: lost with it
                     self._lost += len(part)
+            first = end
         return True
 
     def _wait_ready(self) -> bool:
@@ -685,7 +697,7 @@ class ProcessSpanWriter:
             self._kill(proc)
             self._start_settled.wait(KILL_WAIT)  # its EOF, read by the answers thread
         if self._ready.is_set():
-            return not self._off
+            return not self._off and not self._gone
         reason = self._start_error or "the writer process did not start"
         if self._fallback is not None:
             self._fall_back(reason)
@@ -696,8 +708,15 @@ class ProcessSpanWriter:
     def _said_ready(self, payload: bytes) -> None:
         """The child's ready message, with its check of the store."""
         self.store_problem = problem = marshal.loads(payload)
-        if problem is not None and self._on_store_off is not None:
-            self._switch_off(problem)  # before the sender sees it ready: it ships nothing then
+        if problem is not None:  # before the sender sees it ready: it ships nothing then
+            if self._on_store_off is not None:
+                self._switch_off(problem)
+            else:
+                # a store given explicitly that cannot be written (configure() did not wait for
+                # this check): said once, its events counted as lost, beside the store (`status`)
+                self._child_gone(problem)
+                if self._proc is not None:
+                    self._kill(self._proc)
         self._ready.set()
         self._start_settled.set()
 
@@ -769,6 +788,7 @@ class ProcessSpanWriter:
                 raise OSError("no Python executable to run the writer process (sys.executable is empty)")
             proc = subprocess.Popen(  # this interpreter, a fixed module
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True,
+                env={**CHILD_ENV, **os.environ},
             )
             assert proc.stdin is not None
             _widen(proc.stdin)
@@ -994,6 +1014,14 @@ class ProcessSpanWriter:
         self._reset(eager=False)
         self._closed = self._stopped = stopped
 
+
+CHILD_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2"}
+"""The writer process's allocators, unless the application's environment sets them: Arrow's
+rows through the C allocator (its default, jemalloc, kept ~30-40 MB of freed batches), which
+the child gives back to the system after its writes (``malloc_trim``), in at most two arenas
+(glibc makes up to eight a core, one per thread that allocates: the reader, the writer, DuckDB's).
+With DuckDB's allocator settings (``connection._ALLOCATOR``) the writer process held ~200 MB
+after 8,000 calls, flat, where it held 238-268 MB and grew (``benchmarks/bench_memory.py``)."""
 
 PIPE_BYTES = 1 << 20
 """The pipe's buffer asked for (Linux's default is 64 KiB, its default ceiling 1 MiB): a chunk

@@ -161,6 +161,12 @@ class _Home:
             if self._database is None or self._database[0] != os.getpid():
                 database = duckdb.connect(":memory:")
                 for statement in self._settings:
+                    if statement in _ALLOCATOR:
+                        try:  # (newer DuckDB releases' settings: an older one runs without them)
+                            database.execute(statement)
+                        except duckdb.Error:
+                            pass
+                        continue
                     database.execute(statement)
                 # the cursors of a Python database draw no progress bar (see _NO_PROGRESS_BAR);
                 # should a version differ, every block turns it off
@@ -203,12 +209,21 @@ _writers_lock = threading.Lock()
 # a commit checkpoints: its rows reach the file proper at once (a large batch skips the
 # WAL), and a reader that attaches the file has no WAL to replay
 _CHECKPOINT_AT_COMMIT = "SET checkpoint_threshold = '0b'"
+_ALLOCATOR = ("SET allocator_flush_threshold = '8MiB'", "SET allocator_bulk_deallocation_flush_threshold = '8MiB'")
 _WRITE_SETTINGS = (
     # DuckDB runs a write on one thread: a background writer leaves the other cores to the
     # application (beside a busy Python thread a second DuckDB thread made the statements
     # slower, not faster)
     "SET threads = 1",
     _CHECKPOINT_AT_COMMIT,
+    # memory DuckDB's allocator keeps for reuse once a batch is done, per thread (128 MiB by
+    # default) and after bulk frees (512 MiB): a writer's memory between its batches was mostly
+    # this (benchmarks/bench_memory.py: the writer process 238-268 MB after 8,000 calls, growing,
+    # against ~200 MB, flat, with these and Arrow's system allocator, see writer_process.CHILD_ENV).
+    # Global settings: they hold for the process's other DuckDB databases too. No memory_limit:
+    # a limit below a batch fails its commit ("failed to pin block"), and a batch is bounded by
+    # queue_bytes already, which the application may raise
+    *_ALLOCATOR,
 )
 # what open_store(checkpoint=False) switches to, and back
 _KEEP_WAL = ("RESET checkpoint_threshold", "PRAGMA disable_checkpoint_on_shutdown")

@@ -58,6 +58,7 @@ SLOW_TOOL_AGENT = """
 
     db, marker = sys.argv[1], pathlib.Path(sys.argv[2])
     loopscope.configure(db, flush_interval=0.05)
+    loopscope.flush(60)  # configure() does not wait for a writer process's start: the reads below have 3 s
 
     @loopscope.tool
     def slow(seconds: float) -> str:

@@ -146,8 +146,8 @@ def test_writer_process_asked_for_explicitly_does_not_fall_back(tmp_path: Path, 
 
 
 def test_a_db_given_to_configure_that_is_no_store_raises_with_the_writer_process_too(tmp_path: Path) -> None:
-    """``configure(db=...)`` raises for a file it cannot write, as with the thread writer:
-    the writer process's own check of the store is waited for (the default path is not)."""
+    """``configure(db=...)`` raises for a file that is no DuckDB database, as with the thread
+    writer, without waiting for the writer process (its header says so)."""
     notes = tmp_path / "notes.duckdb"
     notes.write_text("my notes, not a database\n" * 200)
     with pytest.raises(StoreError, match="loopscope store"):
