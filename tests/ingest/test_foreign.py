@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 import stacks
+from fakes.model_server import STANDS_FOR
+from loopscope import pricing
 from loopscope import semconv as a
 from loopscope.ingest.foreign import AGENT, CHAT, CONTAINER, TOOL, Assembler, classify, normalize
 from loopscope.ingest.otlp.collector import Collector
@@ -26,6 +28,15 @@ from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"
+
+
+@pytest.fixture(autouse=True)
+def _fake_server_stands_for_its_providers():
+    """The fixtures were recorded against the fake model server (127.0.0.1), which stands for
+    OpenAI here: priced as OpenAI, as the rows below expect (an unknown server is unpriced)."""
+    pricing.set_overrides(STANDS_FOR)
+    yield
+    pricing.set_overrides(None)
 FRAMEWORKS = {
     "otel-genai": "opentelemetry-genai",
     "openllmetry": "openllmetry",

@@ -195,12 +195,14 @@ def test_a_tool_loop_fills_every_column_of_its_two_rows(api, mode, instrumented,
     assert first.usage == {"input_tokens": 1532, "output_tokens": 20, "cache_read_input_tokens": 1111,
                            "cache_creation_input_tokens": 418, **reasoning}
     assert second.usage["input_tokens"] == 1534
+    # provider_usage is the usage object as the provider sent it, its own names and nesting
     if api == "messages":
         assert first.provider_usage == {"input_tokens": 3, "output_tokens": 20, "cache_read_input_tokens": 1111,
-                                        "cache_creation_input_tokens": 418}
+                                        "cache_creation_input_tokens": 418, "service_tier": "standard"}
     else:
-        assert first.provider_usage[{"chat": "prompt_tokens", "responses": "input_tokens"}[api]] == 1532
-        assert first.provider_usage["cached_tokens"] == 1111
+        given, details = {"chat": ("prompt_tokens", "prompt_tokens_details"), "responses": ("input_tokens", "input_tokens_details")}[api]
+        assert first.provider_usage[given] == 1532
+        assert first.provider_usage[details]["cached_tokens"] == 1111
 
     # request parameters, tool_choice only where the request gave one
     assert {k: first.parameters.get(k) for k in recorded} == recorded

@@ -32,6 +32,7 @@ WRITER = """
     db, rounds, marker = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     pause_at = int(sys.argv[4])
     loopscope.configure(db, flush_interval=0.05)
+    loopscope.flush(60)  # configure() does not wait for the writer process: the rounds below are to land live
 
     @loopscope.tool
     def step(n: int) -> dict:
