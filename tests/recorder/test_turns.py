@@ -226,8 +226,9 @@ def test_tool_context_manager_refuse_block_and_ids(recording):
 
 def test_tool_outside_a_turn_is_still_stored(recording):
     weather("Lima")
-    spans = recording.spans()
-    trace_id = format(spans[-1].context.trace_id, "032x")
+    # the tool's own span (not the last one: a turn another test left open may end meanwhile)
+    [tool_span] = [s for s in recording.spans() if s.name == "execute_tool weather"]
+    trace_id = format(tool_span.context.trace_id, "032x")
     [start, end] = recording.store.get_timeline(trace_id)
     assert (start.type, end.type, end.content.result) == ("tool_call_start", "tool_call_end", {"city": "Lima", "temp_c": 21})
 
