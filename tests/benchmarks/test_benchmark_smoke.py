@@ -26,6 +26,7 @@ SMOKE_RUNS = {
     # --against: this very checkout as the other one, so that path runs too
     "views": ["bench_views.py", "--smoke", "--against", str(Path(__file__).resolve().parents[2])],
     "startup": ["bench_startup.py", "--smoke"],
+    "stream-chunks": ["bench_stream_chunks.py", "--smoke", "--against", str(Path(__file__).resolve().parents[2])],
     # the scripts with size arguments only: their smallest sizes are their smoke mode
     "tool-call": ["bench_tool_call.py", "--calls", "200", "--repeats", "1"],
     "openai-overhead": ["bench_openai_overhead.py", "--no-setup", "--variants", "loopscope", "loopscope-metrics", "loopscope-process", "otel-genai-openai", "otel-genai-openai-otlp",
