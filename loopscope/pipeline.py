@@ -221,16 +221,20 @@ _MAGIC = b"DUCK"
 def _check_header(path: str) -> None:
     """Raise :class:`StoreError` for a file at ``path`` that is no DuckDB database (the user's
     notes, say), which the store's writer must not overwrite, or, where there is none yet, a
-    folder where none can be made (a read-only file system: made and removed again here)."""
+    folder where none can be made (a read-only file system: a file of our own made and removed
+    beside it)."""
     try:
         with open(path, "rb") as file:
             head = file.read(12)
     except FileNotFoundError:
+        # a file of our own beside it, never the store's path itself: made and removed there, it
+        # could be the very file another process's writer (or a `tail` waiting for it) just opened
+        import tempfile  # only where there is no store yet
+
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            os.unlink(path)
-        except FileExistsError:
-            pass  # made meanwhile (another process's writer)
+            fd, probe = tempfile.mkstemp(prefix=".loopscope-probe-", dir=os.path.dirname(path) or ".")
+            os.close(fd)
+            os.unlink(probe)
         except OSError as exc:
             raise StoreError(f"cannot write the loopscope store {path}: {exc.strerror or exc}") from exc
         return

@@ -131,3 +131,41 @@ def test_the_writer_process_holds_what_its_bounds_allow_under_a_flood_and_counts
         loopscope.shutdown()
     totals = read_status(str(db))["totals"]
     assert totals["dropped_queue_full"] + totals["dropped_unwritable"] == dropped > 0, totals
+
+
+PATH_WATCH = """
+import os, sys
+db = os.path.realpath(sys.argv[1])
+touched = []
+
+def watch(event, args):
+    # this process's own opens that create a file, and its removals, at the store's path
+    if event == "open" and args and isinstance(args[0], str) and os.path.realpath(args[0]) == db:
+        flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+        if flags & os.O_CREAT:
+            touched.append("create")
+    elif event in ("os.remove", "os.unlink") and args and os.path.realpath(str(args[0])) == db:
+        touched.append("remove")
+
+sys.addaudithook(watch)
+import loopscope
+loopscope.configure(db, writer="process")
+with loopscope.turn(session_id="s", input="hi") as turn:
+    turn.generation("hello")
+assert loopscope.flush(60)
+loopscope.shutdown()
+print(touched)
+"""
+
+
+def test_configure_never_makes_or_removes_a_file_at_the_stores_path(tmp_path: Path) -> None:
+    """Where no store is there yet, configure() checks that the folder takes a file with a file
+    of its own: one made and removed at the store's path itself could be the very file another
+    process's writer, or a `loopscope tail` waiting for it, had just opened (whose rows then
+    went to a removed file, and the follower stayed on it)."""
+    db = tmp_path / "store.duckdb"
+    done = subprocess.run([sys.executable, "-c", PATH_WATCH, str(db)], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert loopscope.Store(str(db)).last_indices() == {"s": 2}
+    assert not list(tmp_path.glob(".loopscope-probe-*"))
