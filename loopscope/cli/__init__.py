@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"loopscope: error: {message}", file=sys.stderr)
+    commands.warn(f"loopscope: error: {message}")
     return EXIT_ERROR
 
 

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..dashboards.tables import json_visible
 from . import _args
-from .commands import CommandError, db_path, emit, emit_json, open_store, resolve_session
+from .commands import CommandError, db_path, emit, emit_json, open_store, resolve_session, warn
 
 if TYPE_CHECKING:
     from ..storage.store import Store
@@ -109,11 +110,11 @@ def run_export(args: argparse.Namespace) -> int:
             for chunk in chunks:
                 out.write(chunk)
                 count += 1
-        print(f"wrote {count} AG-UI events of session {session} to {target}", file=sys.stderr)
+        warn(f"wrote {count} AG-UI events of session {session} to {target}")
         return 0
     out = sys.stdout
-    for chunk in chunks:
-        out.write(chunk)
+    for chunk in chunks:  # a terminal's or a pipe's: DEL, C1 and bidi controls as JSON escapes (the same events once read)
+        out.write(json_visible(chunk))
     out.flush()
     return 0
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
+from typing import TYPE_CHECKING
 
-from .commands import CommandError, db_path
+from .commands import CommandError, db_path, emit, warn
+
+if TYPE_CHECKING:
+    import logging
 
 
 def _port(text: str) -> int:
@@ -88,14 +91,30 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     collect.set_defaults(handler=run)
 
 
+def _log_handler() -> logging.Handler:
+    """``--verbose``'s log lines to stderr as :func:`tables.visible` shows them: a request
+    line (its path is the sender's text) cannot drive the terminal the collector runs in."""
+    import logging
+
+    from ..dashboards.tables import visible
+
+    class Visible(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return visible(super().format(record))
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(Visible("%(message)s"))
+    return handler
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
     from .. import pricing
     from ..ingest.otlp.collector import TOKEN_ENV, Collector, serve
 
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.verbose:  # each request's line (its path is the sender's text): control characters as escapes
+        logging.basicConfig(level=logging.INFO, handlers=[_log_handler()])
     if args.max_connections < 1 or not args.socket_timeout > 0:
         raise CommandError("--max-connections must be at least 1 and --socket-timeout positive")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
@@ -122,11 +141,11 @@ def run(args: argparse.Namespace) -> int:
 
     def ready(c: Collector) -> None:
         where = [f"OTLP/HTTP on {c.http_endpoint}"] + ([f"OTLP/gRPC on {c.grpc_endpoint}"] if c.grpc_port else [])
-        print(f"loopscope collect: {', '.join(where)} -> {c.db}  (Ctrl-C to stop)", flush=True)
-        print(f"  point agents at it: OTEL_EXPORTER_OTLP_ENDPOINT={c.http_endpoint}", flush=True)
+        emit(f"loopscope collect: {', '.join(where)} -> {c.db}  (Ctrl-C to stop)", flush=True)
+        emit(f"  point agents at it: OTEL_EXPORTER_OTLP_ENDPOINT={c.http_endpoint}", flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1") and not c.token:
-            print(f"loopscope: warning: listening on {args.host} without a token: anyone who can reach it can write to "
-                  f"this store (set --token or ${TOKEN_ENV})", file=sys.stderr)
+            warn(f"loopscope: warning: listening on {args.host} without a token: anyone who can reach it can write to "
+                 f"this store (set --token or ${TOKEN_ENV})")
 
     try:
         serve(collector, ready)
@@ -137,5 +156,5 @@ def run(args: argparse.Namespace) -> int:
         busy = f", {stats.busy} over --max-queued-bytes (retried by their senders)" if stats.busy else ""
         turned = stats.unauthorized + stats.misdirected
         denied = f", {turned} not allowed (token, Host or Origin)" if turned else ""
-        print(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{busy}{denied}", flush=True)
+        emit(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{busy}{denied}", flush=True)
     return 0

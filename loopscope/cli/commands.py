@@ -38,12 +38,22 @@ def _encodable(text: str) -> bool:
         return False
 
 
-def emit(text: str = "") -> None:
-    """Print to stdout; characters the terminal cannot show become ``?`` instead of failing."""
+def emit(text: str = "", *, flush: bool = False) -> None:
+    """Print to stdout: control characters as visible escapes (:func:`tables.visible`:
+    stored text is not the terminal's to act on), characters the terminal cannot show as
+    ``?`` instead of failing. Every line a command prints to stdout comes through here or
+    :func:`emit_json`, to a terminal or a pipe alike (``| less -R`` is a terminal too)."""
+    text = tables.visible(text)
     if not _encodable(text):
         encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
         text = text.encode(encoding, "replace").decode(encoding)
-    print(text)
+    print(text, flush=flush)
+
+
+def warn(text: str) -> None:
+    """One line to stderr (an error, a note), its control characters shown as escapes:
+    a message may quote a stored value (DuckDB's errors do) or a path."""
+    print(tables.visible(text), file=sys.stderr, flush=True)
 
 
 def ellipsis() -> str:
@@ -52,10 +62,17 @@ def ellipsis() -> str:
 
 def emit_json(value: Any) -> None:
     """Valid JSON on stdout; non-ASCII text escaped when the terminal cannot show it."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+    print(json_text(value, indent=2))
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON text a terminal only shows: ``json.dumps`` escapes C0 controls,
+    :func:`tables.json_visible` the DEL, C1 and bidi controls it leaves raw (the same
+    JSON once read); all non-ASCII escaped when stdout's encoding cannot hold it."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False)
     if not _encodable(text):
-        text = json.dumps(value, indent=2, ensure_ascii=True, allow_nan=False)
-    print(text)
+        text = json.dumps(value, indent=indent, ensure_ascii=True, allow_nan=False)
+    return tables.json_visible(text)
 
 
 def silence_stdout() -> None:

@@ -12,7 +12,6 @@ for a moment only, so the agent's writer is never kept waiting for long. Ctrl-C 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..dashboards import tables
 from ..storage.errors import StoreError, StoreLockedError
 from . import _args
-from .commands import CommandError, ellipsis, emit, open_store, resolve_session
+from .commands import CommandError, ellipsis, emit, json_text, open_store, resolve_session, warn
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent
@@ -70,14 +69,10 @@ class _Printer:
             self.header_done = True
         for event in events:
             if self.as_json:
-                emit(json.dumps(event.model_dump(mode="json"), ensure_ascii=not _utf8()))
+                emit(json_text(event.model_dump(mode="json")))  # one line: JSON Lines
             else:
                 emit(tables.stream_line(event, show_session=self.show_session, ellipsis=self.cut))
         sys.stdout.flush()
-
-
-def _utf8() -> bool:
-    return (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
 
 
 def _session(store: Store, requested: str | None, follow: bool) -> str | None:
@@ -147,7 +142,7 @@ def _newest(store: Store, session: str | None, lines: int, event_filter: EventFi
 
 def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, printer: _Printer) -> int:
     if not _ready(store):
-        print(f"loopscope: waiting for a store at {store.path}", file=sys.stderr, flush=True)
+        warn(f"loopscope: waiting for a store at {store.path}")
         while not _ready(store):
             time.sleep(args.interval)
     session = _session(store, args.session, follow=True)
@@ -158,7 +153,7 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
     follower = Follower(store, session, event_filter=event_filter)
     printer(follower.start(args.lines))
     where = f" (session {session})" if session else ""
-    print(f"loopscope: following {store.path}{where}; Ctrl-C to stop", file=sys.stderr, flush=True)
+    warn(f"loopscope: following {store.path}{where}; Ctrl-C to stop")
     locked_warned = False
     while True:
         time.sleep(args.interval)
@@ -167,5 +162,5 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
             locked_warned = False
         except StoreLockedError as exc:
             if not locked_warned:  # someone holds the file for long: keep trying
-                print(f"loopscope: {str(exc).splitlines()[0]}; still trying", file=sys.stderr, flush=True)
+                warn(f"loopscope: {str(exc).splitlines()[0]}; still trying")
                 locked_warned = True

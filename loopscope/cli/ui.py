@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from ..dashboards.web import DEFAULT_HOST, DEFAULT_PORT
-from .commands import CommandError, open_store
+from .commands import CommandError, emit, open_store, warn
 
 
 def _port(text: str) -> int:
@@ -68,17 +67,11 @@ def run(args: argparse.Namespace) -> int:
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (try --port 0, or another --port)"
         ) from None
     try:
-        print(f"loopscope dashboard: {server.url}  (store: {store.path}; Ctrl-C to stop)", flush=True)
+        emit(f"loopscope dashboard: {server.url}  (store: {store.path}; Ctrl-C to stop)", flush=True)
         if not os.path.exists(store.path):
-            print(
-                f"loopscope: note: no store at {store.path} yet; the dashboard shows it once an agent writes it",
-                file=sys.stderr,
-            )
+            warn(f"loopscope: note: no store at {store.path} yet; the dashboard shows it once an agent writes it")
         if args.host not in (DEFAULT_HOST, "localhost", "::1"):
-            print(
-                f"loopscope: warning: listening on {args.host}: anyone who can reach it can read this store",
-                file=sys.stderr,
-            )
+            warn(f"loopscope: warning: listening on {args.host}: anyone who can reach it can read this store")
         if args.open:
             import webbrowser
 

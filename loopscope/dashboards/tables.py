@@ -5,12 +5,19 @@ too long for its column is cut with an ellipsis. When the whole table is wider t
 terminal, the columns marked ``shrink`` give up width (the text columns first, the widest
 first), so the identifying columns stay readable; a command's headers never change with
 the data (a script or a reader finds the same columns whatever the rows hold).
+
+Stored text never drives the terminal: :func:`visible` writes its control characters as
+escapes (ESC as ``\\x1b``), so a tool result holding ``ESC]52;...`` (the clipboard),
+``ESC[2J`` (clear the screen) or a carriage return prints as text. Every cell and header
+goes through it (before widths are measured), and the commands pass every line they
+print through it once more (``loopscope.cli.commands.emit``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,14 +65,55 @@ def text_width(text: str) -> int:
     return sum(char_width(ch) for ch in text)
 
 
+# -- text a terminal only shows ---------------------------------------------------------------
+
+# What a terminal acts on instead of showing: C0 controls (ESC starts CSI, OSC and DCS
+# sequences; BEL ends OSC; CR and BS overwrite), DEL, the C1 controls (0x9b is CSI and 0x9d
+# OSC on a terminal that reads 8-bit bytes, or UTF-8 ones that honour C1), the bidi
+# controls that reorder what follows (U+202E, "Trojan Source"), and the line and paragraph
+# separators some terminals break on. Line feeds and tabs are kept by :func:`visible`
+# (they lay text out, they do not rewrite it); a table cell folds them (:func:`one_line`).
+_UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(f"[{_UNSAFE}]")
+_NAMED = {"\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    code = ord(ch)
+    return _NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def visible(text: str) -> str:
+    """``text`` as a terminal shows it without acting on it: every control character
+    but line feeds and tabs written as a visible escape, as ``git`` and ``llm logs`` do
+    (ESC as the four characters ``\\x1b``, CR as ``\\r``, C1 CSI as ``\\x9b``, a bidi
+    override as ``\\u202e``). Printable text, and what this returns, come back unchanged:
+    applying it twice is applying it once."""
+    if text.isprintable() or not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(_escape, text)
+
+
+def json_visible(text: str) -> str:
+    """JSON text (``json.dumps``'s) a terminal only shows: the controls it leaves raw
+    (DEL, C1, bidi controls, line separators; C0 it escapes itself) as ``\\u`` escapes,
+    which JSON reads back to the same characters. Only JSON text may come in: the
+    characters replaced can stand only inside its strings."""
+    if text.isprintable() or not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def one_line(value: Any) -> str:
-    """A cell's text: ``None`` empty, line breaks and tabs folded into single spaces."""
+    """A cell's text: ``None`` empty, line breaks and tabs folded into single spaces,
+    other control characters shown as escapes (:func:`visible`)."""
     if value is None:
         return ""
     text = value if isinstance(value, str) else str(value)
     if "\n" in text or "\r" in text or "\t" in text:
         text = " ".join(text.split())
-    return text
+    return visible(text)
 
 
 def truncate(text: str, width: int, ellipsis: str = ELLIPSIS) -> str:
@@ -101,6 +149,7 @@ def render(
 ) -> str:
     """The table as text: a header, a rule, one line per row, no trailing spaces."""
     cells = [[one_line(v) for v in row] for row in rows]
+    columns = [c._replace(header=one_line(c.header)) for c in columns]  # a query's names may be stored text (PIVOT)
     widths = []
     for i, col in enumerate(columns):
         natural = max([text_width(col.header)] + [text_width(r[i]) for r in cells])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from loopscope.dashboards.tables import Column, render, text_width, truncate
+import json
+
+from loopscope.dashboards.tables import Column, json_visible, render, text_width, truncate, visible
 
 
 def test_truncate_marks_the_cut():
@@ -34,3 +36,31 @@ def test_wide_table_shrinks_the_text_column_first():
 def test_max_width_cuts_even_when_there_is_room():
     text = render([Column("K", max_width=5), Column("V")], [["abcdefgh", "v"]], width=200)
     assert text.splitlines()[2] == "abcd…  v"
+
+
+HOSTILE = "a\x1b]52;c;aGk=\x07b\rc\x08\x7f\x9b2J\u202ed\u2028e\tf\ng"
+
+
+def test_visible_shows_every_control_but_line_feeds_and_tabs():
+    shown = visible(HOSTILE)
+    assert shown == "a\\x1b]52;c;aGk=\\x07b\\rc\\x08\\x7f\\x9b2J\\u202ed\\u2028e\tf\ng"
+    assert visible(shown) == shown  # twice is once: a line printed again is not escaped again
+    assert visible("naïve 漢字 café ✓") == "naïve 漢字 café ✓"
+
+
+def test_json_visible_is_the_same_json():
+    text = json.dumps({"k": HOSTILE}, ensure_ascii=False)
+    shown = json_visible(text)
+    assert json.loads(shown) == {"k": HOSTILE}
+    assert not [ch for ch in shown if ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F or ch in "\u202e\u2028"]
+
+
+def test_escaped_cells_and_headers_stay_aligned():
+    """A cell is escaped before it is measured: the columns after it stay in line."""
+    text = render([Column("A\x1b[2J"), Column("B")], [["x\x1b[8my", "1"], ["z", "2"]], width=80)
+    assert text.splitlines() == [
+        "A\\x1b[2J   B",
+        "---------  -",
+        "x\\x1b[8my  1",
+        "z          2",
+    ]

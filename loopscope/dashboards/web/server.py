@@ -32,6 +32,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ..._http import BoundedHandler, BoundedHTTPServer, HostRule
 from ...storage.errors import StoreError
 from ...storage.store import Store
+from ..tables import visible
 from . import DEFAULT_HOST, DEFAULT_PORT, api  # the defaults live in the package, which ``loopscope ui``'s parser reads
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DashboardServer", "make_server", "serve"]
@@ -252,7 +253,8 @@ class _Handler(BoundedHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
         if self.server.verbose:
-            sys.stderr.write(f"loopscope ui: {self.address_string()} {format % args}\n")
+            # the request line is the client's text: control characters as escapes, as http.server's own log does
+            sys.stderr.write(visible(f"loopscope ui: {self.address_string()} {format % args}") + "\n")
 
 
 class DashboardServer(BoundedHTTPServer):
