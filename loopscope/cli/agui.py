@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..dashboards.tables import json_visible
+from ..dashboards.tables import json_visible, one_line
 from . import _args
 from .commands import CommandError, db_path, emit, emit_json, open_store, resolve_session, warn
 
@@ -71,7 +71,7 @@ def run_import(args: argparse.Namespace) -> int:
         f"{result.runs} runs, {result.events} timeline rows, {result.turns} turns (session {sessions})"
     )
     if result.skipped_runs:
-        emit(f"skipped {len(result.skipped_runs)} runs stored already: {', '.join(result.skipped_runs)}")
+        emit(f"skipped {len(result.skipped_runs)} runs stored already: {', '.join(map(one_line, result.skipped_runs))}")
     if result.unmatched_results:
         emit(f"{result.unmatched_results} tool results answered calls this store has no start of (kept raw only)")
     return 0

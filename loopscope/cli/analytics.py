@@ -306,7 +306,7 @@ def tools_command(args: argparse.Namespace) -> int:
     emit("(durations in ms; NOT SERVED: share of finished calls with another outcome than served)")
     running = [r for r in records if r["pending"]]
     if running:
-        now_running = ", ".join(f"{r['tool']} {count(r['pending'])}" for r in running)
+        now_running = ", ".join(f"{tables.one_line(r['tool'])} {count(r['pending'])}" for r in running)
         emit(f"(running now: {now_running})")
     return 0
 
@@ -364,7 +364,8 @@ def _declared(args: argparse.Namespace) -> int:
     emit(tables.render(columns, rows, ellipsis=ellipsis()))
     unused = [r for r in records if r["turns_offered"] and not r["calls"] and r["kind"] != "server"]
     if unused:
-        names = ", ".join(f"{r['tool']} ({r['agent'] or 'no agent'})" if not args.agent else r["tool"] for r in unused)
+        names = ", ".join(tables.one_line(f"{r['tool']} ({r['agent'] or 'no agent'})" if not args.agent else r["tool"])
+                          for r in unused)
         emit()
         emit(f"offered but never called ({len(unused)}): {names}")
     if any(r["kind"] == "server" for r in records):

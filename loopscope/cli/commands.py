@@ -199,7 +199,7 @@ def demo(args: argparse.Namespace) -> int:
     )
     emit()
     emit("Next:")
-    emit(f"  loopscope timeline {result.session_id}{db_flag} --json")
+    emit(f"  loopscope timeline {shlex.quote(result.session_id)}{db_flag} --json")
     emit(f"  loopscope turns{db_flag}")
     emit(f'  loopscope sql{db_flag} "{query}"')
     return 0
@@ -236,18 +236,19 @@ def timeline(args: argparse.Namespace) -> int:
             if args.before is not None
             else ""
         )
-        emit(f"session {session}: no events{where} ({total} in all)")
+        emit(f"session {tables.one_line(session)}: no events{where} ({total} in all)")
         return 0
     first, last = events[0].index, events[-1].index
     later = bool(store.list_events(session, limit=1, after_index=last, event_filter=event_filter))
     earlier = bool(store.list_events(session, limit=1, before_index=first, event_filter=event_filter))
-    emit(f"session {session}: events {first}-{last} ({len(events)} of {total})")
+    emit(f"session {tables.one_line(session)}: events {first}-{last} ({len(events)} of {total})")
     emit(tables.events_table(events, running=set() if later else _running_ids(events), ellipsis=ellipsis()))
     hints = []
+    quoted = shlex.quote(session)  # a command to copy: the id is one word of it, whatever it holds
     if earlier:
-        hints.append(f"earlier: loopscope timeline {session}{db_flag} --before {first}")
+        hints.append(f"earlier: loopscope timeline {quoted}{db_flag} --before {first}")
     if later:
-        hints.append(f"later: loopscope timeline {session}{db_flag} --after {last}")
+        hints.append(f"later: loopscope timeline {quoted}{db_flag} --after {last}")
     for hint in hints:
         emit(hint)
     return 0
@@ -275,7 +276,7 @@ def turns(args: argparse.Namespace) -> int:
         ids = sorted({t.correlation_id for t in found if t.correlation_id})
         cost_rows = reads.view_rows_on(con, _TURN_COSTS, [ids]) if ids else []
     if not found:
-        emit(f"no turns{f' in session {session}' if session else ''} yet")
+        emit(f"no turns{f' in session {tables.one_line(session)}' if session else ''} yet")
         return 0
     if cost_rows is None:  # an older file: the view is given to a database of its own
         cost_rows = reads.view_rows(path, _TURN_COSTS, [ids], timeout=wait)

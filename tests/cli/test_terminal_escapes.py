@@ -102,6 +102,9 @@ COMMANDS: dict[str, tuple[list[str], list[str]]] = {
         "-> ok\\x1b]52;c;ZXZpbA==\\x07 OVERWRITTEN\\x08\\x08\\x7f\\u202eevil",  # the CR folded, as a line break is
         '{"q": "clear\\u001b[2J"}', "RuntimeError: boom\\x1b[31mred\\x9b0m", "Hi\\x1b[2J\\x1b[8mthere\\x07",
     ]),
+    "timeline page": (["timeline", "--limit", "3", "--after", "2"],  # a hint to copy: the id quoted as one word
+                      ["session sess\\x1b]52;c;aGFja2Vk\\x07ion: events 3-5",
+                       "earlier: loopscope timeline 'sess\\x1b]52;c;aGFja2Vk\\x07ion' --db"]),
     "timeline --json": (["timeline", "--json"], ["\\u001b]52;c;ZXZpbA==", "red\\u009b0m", "\\u007f\\u202eevil"]),
     "turns": (["turns"], ["agent\\x1b[8mhid", "model\\x9b2J", "Hi\\x1b[2J\\x1b[8mthere\\x07"]),
     "turns --json": (["turns", "--json"], ["agent\\u001b[8mhidden"]),
