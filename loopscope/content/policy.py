@@ -210,7 +210,7 @@ class ContentPolicy:
         else:
             masked = self._mask_tool_json(value, where)
             masked_text = text if masked == value else _json.dumps(masked)
-        if cache is not None:
+        if cache is not None and len(text) <= _CACHED_TOOLS_CHARS:
             if len(cache) >= 64:
                 cache.clear()
             cache[text] = masked_text
@@ -262,30 +262,38 @@ class ContentPolicy:
         """The attributes a span may carry over OTLP; None when nothing needs to change."""
         if not attributes or not any(key in SCRUBBED_ATTRIBUTES for key in attributes):
             return None
+        withheld = False
+        changes: dict[str, Any] = {}
+        for key, value in attributes.items():
+            if key not in SCRUBBED_ATTRIBUTES:
+                continue
+            if key in CONTENT_ATTRIBUTES and not self.capture:
+                withheld = True
+            elif isinstance(value, str):
+                if key in TOOL_ATTRIBUTES:
+                    cleaned = self.mask_tools(value, key)  # never cut: a list of tools stays one
+                else:
+                    cleaned = self.scrub_json(value, key)  # JSON attributes stay JSON
+                if cleaned is not value and cleaned != value:
+                    changes[key] = cleaned
+        if not withheld and not changes:
+            return None  # most spans with declared tools hold no secret: no copy of them is made
         out: dict[str, Any] = {}
-        changed = False
         for key, value in attributes.items():
             if key in CONTENT_ATTRIBUTES and not self.capture:
                 if key in _MESSAGE_TEXTS and value:
                     out[a.CONTENT_WITHHELD] = True  # a collector keeps the message's row, without its text
-                changed = True
                 continue
-            if key in TOOL_ATTRIBUTES and isinstance(value, str):
-                cleaned = self.mask_tools(value, key)  # never cut: a list of tools stays one
-            elif key in SCRUBBED_ATTRIBUTES and isinstance(value, str):
-                cleaned = self.scrub_json(value, key)  # JSON attributes stay JSON
-            else:
-                cleaned = value
-            changed = changed or (cleaned is not value and cleaned != value)
-            out[key] = cleaned
-        # most spans with declared tools hold no secret: no copy of them is made
-        return out if changed else None
+            out[key] = changes.get(key, value)
+        return out
 
 
 # the texts a message row is made of (a turn's input, a round's text)
 _MESSAGE_TEXTS = frozenset({a.TURN_INPUT, a.ROUND_TEXT})
 
 _SECRET_GROUP = "(?P<secret>"
+
+_CACHED_TOOLS_CHARS = 65_536  # the longest tool list remembered masked (64 of them at most)
 
 # attributes of other instrumentations that hold tool definitions or their schemas
 _RAW_TOOL_KEY = re.compile(r"gen_ai\.tool\.definitions|loopscope\.turn\.declared_tools"
