@@ -44,7 +44,14 @@ CONTENT_ATTRIBUTES = frozenset(
 )
 """Attributes that carry what was said or passed: sent only when content capture is on."""
 
-SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | {a.TOOL_ERROR, a.CALL_ERROR, "exception.message", "exception.stacktrace"}
+TOOL_ATTRIBUTES = frozenset({a.TOOL_DEFINITIONS, a.DECLARED_TOOLS})
+"""Attributes that carry declared tools (a JSON list of definitions): sent whatever the
+content switch says, as the tools are no conversation, but scrubbed (:meth:`ContentPolicy.mask_tools`):
+a description or a parameter's default may hold a key or a signed URL."""
+
+SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | TOOL_ATTRIBUTES | {
+    a.TOOL_ERROR, a.CALL_ERROR, a.TOOL_DESCRIPTION, "exception.message", "exception.stacktrace",
+}
 """Attributes whose text is scrubbed of secrets wherever it goes (errors quote inputs too)."""
 
 # The shapes of secrets masked by default live in one table (secrets.SECRET_SHAPES).
@@ -79,6 +86,9 @@ class ContentPolicy:
     _compiled: re.Pattern[str] = field(init=False, repr=False)
     _secret_groups: tuple[str, ...] = field(init=False, repr=False)
     _literals: tuple[str, ...] | None = field(init=False, repr=False)
+    # declared tools are the same text span after span (a tool set's JSON, made once):
+    # each is masked once (bounded; not with a hook, which is called every time)
+    _tools_masked: dict[str, str] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.capture is None:
@@ -177,19 +187,104 @@ class ContentPolicy:
             return out
         return value
 
+    def mask_tools(self, text: str, where: str = a.TOOL_DEFINITIONS) -> str:
+        """Declared tools (JSON text: a list of definitions) with secrets masked; never cut.
+
+        Each string is masked as text (a description, a parameter's default such as a
+        signed URL). A key that names a secret is, in a tool's JSON schema, mostly a
+        parameter's name (``"password": {"type": "string"}``): its schema stays, and only
+        the values it gives (``default``, ``const``, ``enum``, ``example(s)``) are masked
+        whole; any other value of such a key is masked whole, as in :meth:`scrub_json`.
+        Text that is no JSON is masked as :meth:`scrub_json` does."""
+        if not isinstance(text, str) or not self.masks:
+            return text
+        cache = self._tools_masked if self.redact is None else None
+        if cache is not None:
+            done = cache.get(text)
+            if done is not None:
+                return done
+        try:
+            value = json.loads(text)
+        except ValueError:
+            masked_text = self._mask_keeping_json(text, where)
+        else:
+            masked = self._mask_tool_json(value, where)
+            masked_text = text if masked == value else _json.dumps(masked)
+        if cache is not None and len(text) <= _CACHED_TOOLS_CHARS:
+            if len(cache) >= 64:
+                cache.clear()
+            cache[text] = masked_text
+        return masked_text
+
+    def _mask_tool_json(self, value: Any, where: str) -> Any:
+        if isinstance(value, str):
+            return self._mask_keeping_json(value, where)
+        if isinstance(value, list):
+            return [self._mask_tool_json(v, where) for v in value]
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                secret = secrets.SECRET_KEY.fullmatch(str(key)) if self.key_values else None
+                if secret is None:
+                    out[key] = self._mask_tool_json(item, where)
+                elif isinstance(item, dict):  # a parameter named so: its schema, whose values are secrets
+                    kind = secrets.kind_of(secret)
+                    out[key] = {k: _mask_all(kind, v) if k in _SCHEMA_VALUES else self._mask_tool_json(v, where)
+                                for k, v in item.items()}
+                else:
+                    out[key] = _mask_all(secrets.kind_of(secret), item)
+            return out
+        return value
+
+    def scrub_attributes_json(self, text: str) -> str:
+        """A span's attributes as one JSON object (a collector's raw copy), masked; never cut.
+
+        Masked as :meth:`scrub_json` masks JSON text, except the attributes that hold tool
+        definitions (any convention's: :data:`TOOL_ATTRIBUTES`, OpenInference's
+        ``llm.tools.N.tool.json_schema``, OpenLLMetry's ``llm.request.functions.N.parameters``),
+        which :meth:`mask_tools` masks, so that their schemas stay schemas."""
+        if not isinstance(text, str) or not _RAW_TOOL_KEY.search(text):
+            return self.scrub_json(text, "", 0)
+        try:
+            attributes = json.loads(text)
+        except ValueError:
+            return self.scrub_json(text, "", 0)
+        if not isinstance(attributes, dict) or not any(_RAW_TOOL_KEY.fullmatch(str(k)) for k in attributes):
+            return self.scrub_json(text, "", 0)
+        tools = {k: self.mask_tools(v, k) if isinstance(v, str) else self._mask_tool_json(v, k)
+                 for k, v in attributes.items() if _RAW_TOOL_KEY.fullmatch(str(k))}
+        rest = {k: v for k, v in attributes.items() if k not in tools}
+        rest = json.loads(self.scrub_json(_json.dumps(rest), "", 0)) if rest else rest
+        masked = {k: tools[k] if k in tools else rest.get(k) for k in attributes}
+        return text if masked == attributes else _json.dumps(masked)
+
     def export_attributes(self, attributes: Any) -> dict[str, Any] | None:
         """The attributes a span may carry over OTLP; None when nothing needs to change."""
         if not attributes or not any(key in SCRUBBED_ATTRIBUTES for key in attributes):
             return None
+        withheld = False
+        changes: dict[str, Any] = {}
+        for key, value in attributes.items():
+            if key not in SCRUBBED_ATTRIBUTES:
+                continue
+            if key in CONTENT_ATTRIBUTES and not self.capture:
+                withheld = True
+            elif isinstance(value, str):
+                if key in TOOL_ATTRIBUTES:
+                    cleaned = self.mask_tools(value, key)  # never cut: a list of tools stays one
+                else:
+                    cleaned = self.scrub_json(value, key)  # JSON attributes stay JSON
+                if cleaned is not value and cleaned != value:
+                    changes[key] = cleaned
+        if not withheld and not changes:
+            return None  # most spans with declared tools hold no secret: no copy of them is made
         out: dict[str, Any] = {}
         for key, value in attributes.items():
             if key in CONTENT_ATTRIBUTES and not self.capture:
                 if key in _MESSAGE_TEXTS and value:
                     out[a.CONTENT_WITHHELD] = True  # a collector keeps the message's row, without its text
                 continue
-            if key in SCRUBBED_ATTRIBUTES and isinstance(value, str):
-                value = self.scrub_json(value, key)  # JSON attributes stay JSON
-            out[key] = value
+            out[key] = changes.get(key, value)
         return out
 
 
@@ -197,6 +292,15 @@ class ContentPolicy:
 _MESSAGE_TEXTS = frozenset({a.TURN_INPUT, a.ROUND_TEXT})
 
 _SECRET_GROUP = "(?P<secret>"
+
+_CACHED_TOOLS_CHARS = 65_536  # the longest tool list remembered masked (64 of them at most)
+
+# attributes of other instrumentations that hold tool definitions or their schemas
+_RAW_TOOL_KEY = re.compile(r"gen_ai\.tool\.definitions|loopscope\.turn\.declared_tools"
+                           r"|llm\.tools\.[0-9]+\.tool\.json_schema|llm\.request\.functions\.[0-9]+\.parameters")
+
+# the keywords of a JSON schema that give a parameter's values (masked under a secret's name)
+_SCHEMA_VALUES = frozenset({"default", "const", "enum", "example", "examples"})
 
 
 def _mask_all(kind: str | None, value: Any) -> Any:

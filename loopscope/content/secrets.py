@@ -74,8 +74,8 @@ KEY_VALUE = re.compile(
                                                            # a Cookie header: to the end of its line (or of
                                                            # its string: "..." only as a cookie's value)
       | (?(auth)(?:(?:{_AUTH_SCHEMES})[ \t]+)?[^\s,;"'\\]+  # Authorization: the scheme and its credential
-      | (?:[^\s,;&}}\]\\]|\\+[^"\\])+))                   # anything else: up to a separator or a \"
-    )
+      | (?:[^\s,;&}}\]\\]|\\+[^"\\nrt])+))                 # anything else: up to a separator, a \" or
+    )                                                      # an escaped line end or tab (\n \r \t in JSON text)
     """,
     re.ASCII | re.IGNORECASE | re.VERBOSE,
 )

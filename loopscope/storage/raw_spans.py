@@ -123,7 +123,7 @@ class RawSpanWriter:
             [
                 pa.array(columns[0], text), pa.array(columns[1], text), pa.array(columns[2], text), pa.array(columns[3], text),
                 pa.array(columns[4], text), pa.array(columns[5], us), pa.array(columns[6], us), pa.array(columns[7], pa.float64()),
-                pa.array(columns[8], text), masked(pa.array(columns[9], text), "text"), masked(pa.array(columns[10], text)),
+                pa.array(columns[8], text), masked(pa.array(columns[9], text), "text"), masked(pa.array(columns[10], text), "attributes"),
                 pa.array(columns[11], text), masked(pa.array(columns[12], text)), pa.array(columns[13], text), pa.array(columns[14], text), pa.array(columns[15], text),
                 pa.array(columns[16], text), pa.array(columns[17], text), pa.array(columns[18], text), pa.array(columns[19], us),
             ],

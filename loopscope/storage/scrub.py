@@ -3,7 +3,7 @@
 The writer reduces spans to facts in Arrow record batches (:class:`rows.Facts`);
 before they are written, the columns that carry content (tool arguments, results and
 errors, message text, state rows' content, a turn's response, segments, thinking and
-error, a model call's messages, refusal and error) go through the
+error, its declared tools, a model call's messages, refusal and error) go through the
 same :class:`~loopscope.content.policy.ContentPolicy` as OTLP
 export: secrets masked, the redaction hook, ``store_max_chars`` per value.
 
@@ -50,6 +50,7 @@ _TURN_COLUMNS = (
     ("segments", a.SEGMENTS, "shape"),
     ("thinking", a.THINKING, "text"),
     ("error", "exception.message", "text"),
+    ("declared_tools", a.DECLARED_TOOLS, "tools"),  # masked, never cut (the views read it as JSON)
 )
 _CALL_COLUMNS = (
     ("input_messages", a.INPUT_MESSAGES, "json"),
@@ -128,7 +129,8 @@ class Scrubber:
         """A string array with secrets masked in the values the prefilter picks (no cap,
         no ``where`` for the hook): the collector's raw copies of received spans, whose
         attributes may come unmasked from any sender. ``how``: ``"json"`` (JSON stays
-        JSON) or ``"text"``."""
+        JSON), ``"attributes"`` (a span's attributes as a JSON object: tool definitions
+        in it keep their schemas) or ``"text"``."""
         import pyarrow as pa
 
         if not self.masking or column.null_count == len(column):
@@ -148,6 +150,8 @@ class Scrubber:
 
     def _scrub_unlimited(self, value: str, how: str) -> str:
         try:
+            if how == "attributes":
+                return self.policy.scrub_attributes_json(value)
             return self.policy.scrub_json(value, "", 0) if how == "json" else self.policy.scrub(value, "", 0)
         except Exception as exc:  # the user's hook or pattern failed: keep nothing of the value
             warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
@@ -244,9 +248,13 @@ class Scrubber:
         try:
             if how == "text":
                 return policy.scrub(value, where, limit)
+            if how == "tools":
+                return policy.mask_tools(value, where)
             return policy.scrub_json(value, where, limit, cap="shape" if how == "shape" else "strings")
         except Exception as exc:  # the user's hook or pattern failed: keep nothing of the value
             warn_once("content-policy", "loopscope: the content policy failed on a stored value (%r); it is stored as %s", exc, REDACTED)
+            if how == "tools":
+                return "[]"  # the tools are not known (a list, as the views read it)
             return '"[REDACTED]"' if how != "text" else REDACTED
 
 

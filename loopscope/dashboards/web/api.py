@@ -11,6 +11,13 @@ range.
 
 The queries use the base tables (``events``, ``turns``, ``sessions``), so they work on
 every store whatever views it carries.
+
+JSON has no NaN or infinity: wherever one would be (a figure the store computes, a tool
+result such as ``{"mean": NaN}`` recorded as Python's ``json`` writes it), the answers
+hold ``null``, as ``loopscope ... --json`` does for recorded values (:func:`json_safe`).
+Numeric parameters are whole numbers within bounds (``limit`` 1..:data:`MAX_PAGE`,
+``offset`` 0..:data:`MAX_OFFSET`, ``after``/``before`` 0..:data:`MAX_INDEX`); anything
+else is an :class:`ApiError` (HTTP 400).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "ApiError",
     "declared_vs_used",
     "event",
+    "json_safe",
     "overview",
     "sessions",
     "timeline",
@@ -49,6 +57,10 @@ MAX_CONTENT_CHARS = 20_000
 
 TIMELINE_PAGE = 300
 MAX_PAGE = 2_000
+MAX_OFFSET = 1_000_000_000
+"""The largest ``offset`` of a sessions page."""
+MAX_INDEX = 2**63 - 1
+"""The largest event index (``after``, ``before``): the store's ``BIGINT``."""
 LIVE_SECONDS = 30
 """A session whose last event is this recent is shown as live."""
 
@@ -83,8 +95,44 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) 
 
 
 def _finite(row: Sequence[Any]) -> list[Any]:
-    # JSON has no NaN or infinity
-    return [None if isinstance(v, float) and not math.isfinite(v) else v for v in row]
+    # JSON has no NaN or infinity (a list or struct column may hold them too)
+    return [json_safe(v) if isinstance(v, (float, list, dict)) else v for v in row]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN and infinity in it (in lists, tuples and dicts too) made
+    ``None``: JSON has neither. Values without one are returned as they are."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        items = [json_safe(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    if isinstance(value, dict):
+        out = {k: json_safe(v) for k, v in value.items()}
+        return value if all(out[k] is v for k, v in value.items()) else out
+    return value
+
+
+def _loads(text: str) -> Any:
+    """Stored JSON text as a value an answer can hold: ``NaN``, ``Infinity`` and numbers
+    too large for a float (which the store's JSON may hold) become ``None``."""
+    return json.loads(text, parse_constant=_not_a_number, parse_float=_finite_float)
+
+
+def _not_a_number(name: str) -> None:
+    return None
+
+
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _whole(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` if it is a whole number from ``low`` to ``high``; else an :class:`ApiError`."""
+    if type(value) is not int or not low <= value <= high:
+        raise ApiError(f"{name} must be a whole number from {low} to {high}")
+    return value
 
 
 def _now_ms() -> int:
@@ -207,10 +255,8 @@ def _session_page(
 
 
 def _page_args(limit: int | None, offset: int | None, default: int) -> tuple[int, int]:
-    limit = default if limit is None else limit
-    offset = 0 if offset is None else offset
-    if not 0 < limit <= MAX_PAGE or offset < 0:
-        raise ApiError(f"limit must be 1..{MAX_PAGE} and offset not negative")
+    limit = _whole("limit", default if limit is None else limit, 1, MAX_PAGE)
+    offset = _whole("offset", 0 if offset is None else offset, 0, MAX_OFFSET)
     return limit, offset
 
 
@@ -309,7 +355,7 @@ WHERE t.session_id = ? AND list_contains(?, t.correlation_id)
 
 def _call_row(row: dict[str, Any]) -> dict[str, Any]:
     try:
-        reasons = json.loads(row["finish_reasons"]) if row["finish_reasons"] else []
+        reasons = _loads(row["finish_reasons"]) if row["finish_reasons"] else []
     except ValueError:
         reasons = []
     row["finish_reasons"] = reasons if isinstance(reasons, list) else []
@@ -328,7 +374,7 @@ def _clip(value: Any) -> tuple[Any, bool]:
 
 def _content(text: str | None, clip: bool) -> tuple[Any, bool]:
     try:
-        content = json.loads(text) if text else {}
+        content = _loads(text) if text else {}
     except ValueError:
         content = {"value": text}
     if not isinstance(content, dict):
@@ -350,7 +396,7 @@ def _event_row(row: dict[str, Any], clip: bool = True) -> dict[str, Any]:
 def _turn_row(row: dict[str, Any]) -> dict[str, Any]:
     for key in ("usage", "declared_tools"):
         try:
-            row[key] = json.loads(row[key]) if row[key] else None
+            row[key] = _loads(row[key]) if row[key] else None
         except ValueError:
             row[key] = None
     row["declared_tools"] = [d.get("name") for d in row["declared_tools"] or [] if isinstance(d, dict)]
@@ -401,6 +447,10 @@ def timeline(
     if after_index is not None and before_index is not None:
         raise ApiError("after and before cannot be used together")
     limit, _ = _page_args(limit, 0, TIMELINE_PAGE)
+    if after_index is not None:
+        _whole("after", after_index, 0, MAX_INDEX)
+    if before_index is not None:
+        _whole("before", before_index, 0, MAX_INDEX)
     clauses, params = EventFilter(include_blocked=include_blocked).where()
     clauses.insert(0, "session_id = ?")
     params.insert(0, session_id)

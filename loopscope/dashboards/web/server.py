@@ -153,7 +153,11 @@ _ROUTES: dict[str, Callable[[Store, _Query], Any]] = {
 
 
 def _json_bytes(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=str, separators=(",", ":")).encode("utf-8")
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, default=str, separators=(",", ":"))
+    except ValueError:  # a NaN or an infinity the API let through: null, as in every answer (api.json_safe)
+        text = json.dumps(api.json_safe(value), ensure_ascii=False, allow_nan=False, default=str, separators=(",", ":"))
+    return text.encode("utf-8")
 
 
 class _Handler(BoundedHandler):
