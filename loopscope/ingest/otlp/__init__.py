@@ -4,6 +4,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 4318
 DEFAULT_GRPC_PORT = 4317
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_SPANS = 50_000
+"""Spans one traces request may carry (OpenTelemetry SDKs send at most 512 at once, the
+OpenTelemetry Collector's batches 8,192 by default); past it: 413 / ``INVALID_ARGUMENT``."""
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_SOCKET_TIMEOUT = 15.0
 TOKEN_ENV = "LOOPSCOPE_COLLECT_TOKEN"

@@ -68,6 +68,7 @@ from . import (
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_SPANS,
     DEFAULT_SOCKET_TIMEOUT,
     TOKEN_ENV,
 )
@@ -91,7 +92,8 @@ class Collector:
 
     ``token``: requests must carry ``Authorization: Bearer <token>``; ``allow_hosts``: more
     host names requests may be addressed to (see :class:`loopscope._http.HostRule`);
-    ``max_queued_bytes``: the payload bytes held at once (past them: 503);
+    ``max_queued_bytes``: the payload bytes held at once (past them: 503); ``max_spans``:
+    the spans one traces request may carry (past them: 413, the request refused whole);
     ``max_connections`` / ``socket_timeout``: HTTP connections served at once, and the
     seconds one may send nothing before it is closed."""
 
@@ -103,6 +105,7 @@ class Collector:
         http_port: int | None = DEFAULT_HTTP_PORT,
         grpc_port: int | None = DEFAULT_GRPC_PORT,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        max_spans: int = DEFAULT_MAX_SPANS,
         raw: bool = True,
         raw_wait: bool = False,
         idle_seconds: float = 60.0,
@@ -118,6 +121,9 @@ class Collector:
         self.db = resolve(db)
         self.host = host
         self.max_bytes = max_bytes
+        if max_spans < 1:
+            raise ValueError(f"max_spans must be positive, got {max_spans}")
+        self.max_spans = max_spans
         self.verbose = verbose
         # an empty token is no token (an unset variable in a shell script)
         self.token = token or None
@@ -211,7 +217,7 @@ def serve(collector: Collector, ready: Callable[[Collector], None] | None = None
 
 
 __all__ = [
-    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_QUEUED_BYTES", "TOKEN_ENV", "ByteBudget", "Collector",
+    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_MAX_SPANS", "TOKEN_ENV", "ByteBudget", "Collector",
     "CollectorStats", "Ingest", "PayloadError", "StoreUnavailable",
     "decode_json", "decode_protobuf", "received_of", "records_of", "serve",
 ]

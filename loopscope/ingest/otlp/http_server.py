@@ -15,6 +15,7 @@ from .decode import (
     JSON,
     PROTOBUF,
     PayloadError,
+    TooManySpans,
     _check_other_signal,
     _decompress,
     decode_json,
@@ -165,10 +166,11 @@ class _Handler(BoundedHandler):
                 return
             request = decode_json(body) if content_type == JSON else decode_protobuf(body)
             del body  # the decoded request replaces it
-            received = received_of(request)
+            received = received_of(request, collector.max_spans)
             del request  # the spans replace it
         except PayloadError as exc:
             collector.ingest.stats.refused += 1
+            collector.ingest.stats.too_many_spans += isinstance(exc, TooManySpans)
             self._fail(exc.status, exc.reason, answer_type, close=exc.status in (411, 413))
             return
         size, held[0] = held[0], 0  # given back by ingest, once the rows are written
