@@ -62,7 +62,8 @@ class _Busy(Exception):
 class _Server(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], collector: Collector) -> None:
         self.collector = collector
-        super().__init__(address, _Handler, max_connections=collector.max_connections, socket_timeout=collector.socket_timeout)
+        super().__init__(address, _Handler, max_connections=collector.max_connections, socket_timeout=collector.socket_timeout,
+                         max_open=collector.max_open)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("loopscope collect: request from %s failed", client_address, exc_info=True)
