@@ -303,12 +303,15 @@ class BoundedHTTPServer(HTTPServer):
                     oldest = next(iter(self._waiting))
                     wait = max(0.0, min(wait, oldest.since + self.socket_timeout - time.monotonic()))
                 for key, _ in selector.select(wait):
-                    if key.fileobj is self.socket:
-                        self._accept()
-                    elif key.fileobj is self._wake_r:
-                        self._drain_wake()
-                    else:
-                        self._read_head(key.data)
+                    try:
+                        if key.fileobj is self.socket:
+                            self._accept()
+                        elif key.fileobj is self._wake_r:
+                            self._drain_wake()
+                        elif key.data in self._waiting:  # (closed for a newer one in this round otherwise)
+                            self._read_head(key.data)
+                    except Exception:  # one connection's trouble (a descriptor gone) never stops the server
+                        self.handle_error(None, None)
                 self._take_back()
                 self._expire()
         finally:
@@ -341,6 +344,7 @@ class BoundedHTTPServer(HTTPServer):
                 self._open += 1
                 self._per_client[connection.client] += 1
             self._wait(connection)
+            self._read_head(connection)  # a client with a request sent it with the connection: served before any eviction
 
     def _make_room(self, client: str) -> bool:
         """Close the oldest waiting connection (of ``client``, when it holds its share) if a new
@@ -369,6 +373,8 @@ class BoundedHTTPServer(HTTPServer):
         self._selector.register(connection.sock, selectors.EVENT_READ, connection)
 
     def _read_head(self, connection: _Connection) -> None:
+        if connection not in self._waiting:
+            return
         try:
             data = connection.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
