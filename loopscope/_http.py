@@ -311,7 +311,7 @@ class BoundedHTTPServer(HTTPServer):
                         elif key.data in self._waiting:  # (closed for a newer one in this round otherwise)
                             self._read_head(key.data)
                     except Exception:  # one connection's trouble (a descriptor gone) never stops the server
-                        self.handle_error(None, None)
+                        self.handle_error(self.socket, self.server_address)
                 self._take_back()
                 self._expire()
         finally:
