@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         DEFAULT_HOST,
         DEFAULT_HTTP_PORT,
         DEFAULT_MAX_CONNECTIONS,
+        DEFAULT_MAX_SPANS,
         DEFAULT_SOCKET_TIMEOUT,
         TOKEN_ENV,
     )
@@ -66,6 +67,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     collect.add_argument("--no-grpc", action="store_true", help="serve OTLP/HTTP only")
     collect.add_argument("--max-bytes", type=_size, default="16MiB", metavar="SIZE",
                          help="largest payload taken, also once decompressed (default: 16MiB); larger ones get 413")
+    collect.add_argument("--max-spans", type=int, default=DEFAULT_MAX_SPANS, metavar="N",
+                         help=f"most spans one traces request may carry (default: {DEFAULT_MAX_SPANS}); a request "
+                         "with more is refused whole (HTTP 413, gRPC INVALID_ARGUMENT)")
     collect.add_argument("--max-queued-bytes", type=_size, default="64MiB", metavar="SIZE",
                          help="payload bytes (decompressed) held at once while they are decoded and written (default: "
                          "64MiB); past it requests get 503 (gRPC RESOURCE_EXHAUSTED), which OTLP senders retry")
@@ -117,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, handlers=[_log_handler()])
     if args.max_connections < 1 or not args.socket_timeout > 0:
         raise CommandError("--max-connections must be at least 1 and --socket-timeout positive")
+    if args.max_spans < 1:
+        raise CommandError("--max-spans must be at least 1")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if args.prices is not None:
         try:
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_port=None if args.no_grpc else args.grpc_port,
         max_bytes=args.max_bytes,
+        max_spans=args.max_spans,
         raw=not args.no_raw,
         idle_seconds=args.idle,
         verbose=args.verbose,
@@ -156,5 +163,7 @@ def run(args: argparse.Namespace) -> int:
         busy = f", {stats.busy} over --max-queued-bytes (retried by their senders)" if stats.busy else ""
         turned = stats.unauthorized + stats.misdirected
         denied = f", {turned} not allowed (token, Host or Origin)" if turned else ""
-        emit(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{busy}{denied}", flush=True)
+        large = f" ({stats.too_many_spans} of them over --max-spans)" if stats.too_many_spans else ""
+        emit(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{large}{busy}{denied}",
+             flush=True)
     return 0

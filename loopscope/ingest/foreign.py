@@ -925,13 +925,77 @@ class _Buffered:
     span: SpanRecord
     role: str
     framework: str | None
+    seq: int = 0  # arrival order in its trace
+
+
+Held = list[Any]  # span ids and further such lists (a subtree's held spans, moved up whole)
 
 
 @dataclass
 class _Trace:
-    parents: dict[int, int | None] = field(default_factory=dict)  # span id -> parent span id, every span seen
+    """A trace's spans seen so far, and where their held spans wait.
+
+    Each held span waits in the bucket of its nearest ancestor not seen yet (``below``):
+    a span that arrives takes the bucket left under it, and either claims it (an agent run)
+    or moves it, with itself, into its parent's (the bucket as one item: no copy). A span
+    that arrives under one seen already goes where that one's went (``up``, with path
+    compression). So an agent run finds its held spans in time linear in them, whatever
+    the depth and order of the spans (the search up every held span's parents was
+    quadratic in a chain)."""
+
+    up: dict[int, int] = field(default_factory=dict)  # seen span id -> its parent, shortened as found
+    seen: set[int] = field(default_factory=set)  # span ids seen
+    below: dict[int, Held] = field(default_factory=dict)  # not-yet-seen span id -> held spans under it
     buffered: dict[int, _Buffered] = field(default_factory=dict)  # GenAI spans not yet mapped, in arrival order
     touched: float = 0.0
+    seq: int = 0
+
+    def sink(self, node: int) -> int:
+        """Where held spans under ``node`` wait: its nearest ancestor not seen yet (or one
+        that closes a loop of parent links)."""
+        path = []
+        up = self.up
+        while node in up:
+            path.append(node)
+            node = up[node]
+        for visited in path:  # path compression: the next search jumps straight there
+            up[visited] = node
+        return node
+
+    def arrive(self, sid: int, parent: int | None, *, claim: bool) -> list[int]:
+        """A span seen: the held spans under it, if it ``claim``s them (an agent run: in
+        arrival order), else moved up to its parent's sink (and [] returned). Spans that
+        arrive under it later go where its parent's would."""
+        held = self.below.pop(sid, None)
+        if sid not in self.seen:
+            self.seen.add(sid)
+            if parent is not None:
+                target = self.sink(parent)
+                if target != sid:  # else the parent links loop back here (hostile input): no link
+                    self.up[sid] = target
+        if claim:
+            return self._flatten(held) if held is not None else []
+        if sid in self.buffered:
+            held = [sid] if held is None else held
+            if held[-1] != sid:
+                held.append(sid)
+        if held is not None:
+            self.below.setdefault(self.sink(sid), []).append(held)
+        return []
+
+    def _flatten(self, held: Held) -> list[int]:
+        out: list[int] = []
+        stack: list[Any] = [held]
+        while stack:
+            item = stack.pop()
+            if type(item) is list:
+                stack.extend(item)
+            else:
+                out.append(item)
+        buffered = self.buffered
+        found = [sid for sid in dict.fromkeys(out) if sid in buffered]
+        found.sort(key=lambda sid: buffered[sid].seq)
+        return found
 
 
 class Assembler:
@@ -979,11 +1043,10 @@ class Assembler:
             # instrumentation recorded inside it (the same model calls, seen twice)
             state = self._traces.get(tid)
             if state is not None:
-                state.parents[sid] = parent
-                if (record.attributes or {}).get(a.OPERATION) == a.OP_INVOKE_AGENT:
-                    for buffered_id in self._descendants(state, sid):
-                        state.buffered.pop(buffered_id, None)
-                        self._held -= 1
+                claim = (record.attributes or {}).get(a.OPERATION) == a.OP_INVOKE_AGENT
+                for buffered_id in state.arrive(sid, parent, claim=claim):
+                    del state.buffered[buffered_id]
+                    self._held -= 1
                 if parent is None:
                     out += self._release_trace(tid)
             return out
@@ -996,12 +1059,16 @@ class Assembler:
             state = self._traces[tid] = _Trace()
         self._traces.move_to_end(tid)
         state.touched = self._clock()
-        state.parents[sid] = parent
         if role in (CHAT, TOOL):
-            state.buffered[sid] = _Buffered(record, role, framework)
-            self._held += 1
+            if sid not in state.buffered:
+                self._held += 1
+            state.seq += 1
+            state.buffered[sid] = _Buffered(record, role, framework, state.seq)
+            state.arrive(sid, parent, claim=False)
         elif role == AGENT or (role == CONTAINER and parent is None):
-            out += self._release_run(state, record, framework, container=role == CONTAINER)
+            out += self._release_run(state, record, framework, container=role == CONTAINER, parent=parent)
+        else:
+            state.arrive(sid, parent, claim=False)
         if parent is None:
             out += self._release_trace(tid)
         while (self._held > self.max_spans or len(self._traces) > self.max_traces) and self._traces:
@@ -1029,20 +1096,6 @@ class Assembler:
 
     # -- inside ------------------------------------------------------------------------------
 
-    def _descendants(self, state: _Trace, root: int) -> list[int]:
-        """The held spans under ``root`` (by the parent links seen so far)."""
-        found = []
-        for sid in state.buffered:
-            node: int | None = state.parents.get(sid)
-            seen = 0
-            while node is not None and seen < 256:
-                if node == root:
-                    found.append(sid)
-                    break
-                node = state.parents.get(node)
-                seen += 1
-        return found
-
     def _release_trace(self, tid: int) -> list[tuple[int, Any]]:
         state = self._traces.pop(tid, None)
         if state is None:
@@ -1066,8 +1119,9 @@ class Assembler:
             return [(START, canon), (END, canon)]
         return []
 
-    def _release_run(self, state: _Trace, agent: SpanRecord, framework: str | None, container: bool) -> list[tuple[int, Any]]:
-        ids = self._descendants(state, agent.context.span_id)
+    def _release_run(self, state: _Trace, agent: SpanRecord, framework: str | None, container: bool,
+                     parent: int | None) -> list[tuple[int, Any]]:
+        ids = state.arrive(agent.context.span_id, parent, claim=True)
         items = [state.buffered.pop(sid) for sid in ids]
         self._held -= len(items)
         if container and not items:

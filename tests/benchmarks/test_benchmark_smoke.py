@@ -22,6 +22,7 @@ SMOKE_RUNS = {
     "collector-throughput": ["bench_collector.py", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-foreign": ["bench_collector.py", "--foreign", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-memory": ["bench_collector.py", "--memory", "--requests", "3", "--request-mb", "1"],
+    "collect-load": ["bench_collect_load.py", "--smoke"],
     "batch-cost": ["batch_cost.py", "--smoke"],
     # --against: this very checkout as the other one, so that path runs too
     "views": ["bench_views.py", "--smoke", "--against", str(Path(__file__).resolve().parents[2])],

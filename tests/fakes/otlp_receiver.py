@@ -50,6 +50,7 @@ class OTLPReceiver:
     # path -> the HTTP status it answers (a backend without that signal's receiver: {"/v1/metrics": 405})
     refuse: dict[str, int] = field(default_factory=dict)
     paths: list[str] = field(default_factory=list)  # every request's path, in order
+    bodies: list[tuple[str, bytes]] = field(default_factory=list)  # every request's (path, body) as sent, in order
 
     @property
     def endpoint(self) -> str:
@@ -75,6 +76,7 @@ def start() -> tuple[OTLPReceiver, http.server.ThreadingHTTPServer]:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
             receiver.paths.append(self.path)
+            receiver.bodies.append((self.path, body))
             refused = receiver.refuse.get(self.path)
             if refused is None and self.path.endswith("/v1/logs") and receiver.logs_status != 200:
                 refused = receiver.logs_status

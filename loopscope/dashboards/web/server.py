@@ -12,8 +12,10 @@ Requests whose ``Host`` header names another machine are refused (421), and thos
 ``Origin`` names another site (403), so a web page elsewhere cannot reach the store
 through DNS rebinding (the rule, shared with ``loopscope collect``: :class:`loopscope._http.HostRule`).
 Every response forbids inline scripts (Content-Security-Policy). At most
-``max_connections`` connections are served at once, and one that sends nothing for
-``socket_timeout`` seconds is closed (:class:`loopscope._http.BoundedHTTPServer`).
+``max_connections`` requests are served at once; a request's head must arrive within
+``socket_timeout`` seconds, and past ``max_open`` connections the oldest one waiting for a
+request is closed for a new one, so idle or slow clients cannot keep others out
+(:class:`loopscope._http.BoundedHTTPServer`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from . import DEFAULT_HOST, DEFAULT_PORT, api  # the defaults live in the packag
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DashboardServer", "make_server", "serve"]
 
 MAX_CONNECTIONS = 32
-"""Connections served at once; more wait in the listen queue (a browser opens about six)."""
+"""Requests served at once; more wait their turn (a browser opens about six connections)."""
+MAX_OPEN = 256
+"""Connections held open at once; past it the oldest one waiting for a request is closed."""
 SOCKET_TIMEOUT = 15.0
 """Seconds a connection may send nothing (between requests too) before it is closed."""
 
@@ -267,9 +271,10 @@ class DashboardServer(BoundedHTTPServer):
     def __init__(
         self, store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
         max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT,
-        allow_hosts: Sequence[str] = (),
+        allow_hosts: Sequence[str] = (), max_open: int = MAX_OPEN,
     ) -> None:
-        super().__init__((host, port), _Handler, max_connections=max_connections, socket_timeout=socket_timeout)
+        super().__init__((host, port), _Handler, max_connections=max_connections, socket_timeout=socket_timeout,
+                         max_open=max_open)
         self.store = store
         self.verbose = verbose
         self.static = _static_files()
@@ -287,6 +292,7 @@ class DashboardServer(BoundedHTTPServer):
 def make_server(
     store: Store | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
     max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT, allow_hosts: Sequence[str] = (),
+    max_open: int = MAX_OPEN,
 ) -> DashboardServer:
     """A dashboard server bound to ``host:port`` (port 0: any free port), not yet serving:
     at most ``max_connections`` served at once, each closed after ``socket_timeout``
@@ -296,7 +302,7 @@ def make_server(
         store = Store(store)
     return DashboardServer(
         store, host, port, verbose=verbose, max_connections=max_connections, socket_timeout=socket_timeout,
-        allow_hosts=allow_hosts,
+        allow_hosts=allow_hosts, max_open=max_open,
     )
 
 

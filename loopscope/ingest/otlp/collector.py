@@ -46,8 +46,12 @@ within a run the spans of the latest requests are remembered.
 Memory. The payloads being decoded, routed and written take at most
 ``max_queued_bytes`` (counted decompressed) at once: a request that would pass it gets
 503 (gRPC ``RESOURCE_EXHAUSTED``), which OTLP senders retry, and is counted
-(``stats.busy``). HTTP connections are served by at most ``max_connections`` threads,
-and one that sends nothing for ``socket_timeout`` seconds is closed.
+(``stats.busy``). HTTP requests are served by at most ``max_connections`` threads; a
+connection waits for its next request without one, its request head must arrive whole
+within ``socket_timeout`` seconds, and past ``max_open`` connections the oldest waiting
+one is closed for a new one (:class:`loopscope._http.BoundedHTTPServer`): slow or idle
+clients cannot keep others out. A traces request of more than ``max_spans`` spans is
+refused whole (413); the work a request takes grows linearly with its spans.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ from . import (
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_OPEN,
+    DEFAULT_MAX_SPANS,
     DEFAULT_SOCKET_TIMEOUT,
     TOKEN_ENV,
 )
@@ -91,9 +97,11 @@ class Collector:
 
     ``token``: requests must carry ``Authorization: Bearer <token>``; ``allow_hosts``: more
     host names requests may be addressed to (see :class:`loopscope._http.HostRule`);
-    ``max_queued_bytes``: the payload bytes held at once (past them: 503);
-    ``max_connections`` / ``socket_timeout``: HTTP connections served at once, and the
-    seconds one may send nothing before it is closed."""
+    ``max_queued_bytes``: the payload bytes held at once (past them: 503); ``max_spans``:
+    the spans one traces request may carry (past them: 413, the request refused whole);
+    ``max_connections`` / ``socket_timeout`` / ``max_open``: HTTP requests served at once,
+    the seconds a request's head (and each part of its body) may take to arrive, and the
+    connections held open at once (:class:`loopscope._http.BoundedHTTPServer`)."""
 
     def __init__(
         self,
@@ -103,6 +111,7 @@ class Collector:
         http_port: int | None = DEFAULT_HTTP_PORT,
         grpc_port: int | None = DEFAULT_GRPC_PORT,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        max_spans: int = DEFAULT_MAX_SPANS,
         raw: bool = True,
         raw_wait: bool = False,
         idle_seconds: float = 60.0,
@@ -114,16 +123,21 @@ class Collector:
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        max_open: int = DEFAULT_MAX_OPEN,
     ) -> None:
         self.db = resolve(db)
         self.host = host
         self.max_bytes = max_bytes
+        if max_spans < 1:
+            raise ValueError(f"max_spans must be positive, got {max_spans}")
+        self.max_spans = max_spans
         self.verbose = verbose
         # an empty token is no token (an unset variable in a shell script)
         self.token = token or None
         self.host_rule = HostRule(host, allow_hosts)
         self.max_connections = max_connections
         self.socket_timeout = socket_timeout
+        self.max_open = max_open
         self._http_port = http_port
         self._grpc_port = grpc_port
         self._ingest_args = {
@@ -211,7 +225,7 @@ def serve(collector: Collector, ready: Callable[[Collector], None] | None = None
 
 
 __all__ = [
-    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_QUEUED_BYTES", "TOKEN_ENV", "ByteBudget", "Collector",
+    "DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_MAX_SPANS", "TOKEN_ENV", "ByteBudget", "Collector",
     "CollectorStats", "Ingest", "PayloadError", "StoreUnavailable",
     "decode_json", "decode_protobuf", "received_of", "records_of", "serve",
 ]

@@ -34,6 +34,10 @@ class PayloadError(Exception):
         self.reason = reason
 
 
+class TooManySpans(PayloadError):
+    """A traces request of more spans than the collector takes in one (413)."""
+
+
 # -- decoding --------------------------------------------------------------------------------
 
 
@@ -155,9 +159,15 @@ _UNSET = Status()
 _from_bytes = int.from_bytes
 
 
-def received_of(request: Any) -> list[Received]:
+def received_of(request: Any, max_spans: int | None = None) -> list[Received]:
     """The spans of an export request, checked (ids of the right size, not zero); raises
-    :class:`PayloadError` for the first bad one, so that nothing of a bad payload is used."""
+    :class:`PayloadError` for the first bad one, so that nothing of a bad payload is used,
+    and (413) for a request of more than ``max_spans`` spans, before any is read."""
+    if max_spans is not None:
+        count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        if count > max_spans:
+            raise TooManySpans(413, f"the request carries {count} spans; this collector takes at most {max_spans} "
+                                    "in one request (--max-spans): send them in smaller batches")
     out: list[Received] = []
     add = out.append
     for ri, rs in enumerate(request.resource_spans):

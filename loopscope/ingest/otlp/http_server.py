@@ -15,6 +15,7 @@ from .decode import (
     JSON,
     PROTOBUF,
     PayloadError,
+    TooManySpans,
     _check_other_signal,
     _decompress,
     decode_json,
@@ -61,7 +62,8 @@ class _Busy(Exception):
 class _Server(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], collector: Collector) -> None:
         self.collector = collector
-        super().__init__(address, _Handler, max_connections=collector.max_connections, socket_timeout=collector.socket_timeout)
+        super().__init__(address, _Handler, max_connections=collector.max_connections, socket_timeout=collector.socket_timeout,
+                         max_open=collector.max_open)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("loopscope collect: request from %s failed", client_address, exc_info=True)
@@ -165,10 +167,11 @@ class _Handler(BoundedHandler):
                 return
             request = decode_json(body) if content_type == JSON else decode_protobuf(body)
             del body  # the decoded request replaces it
-            received = received_of(request)
+            received = received_of(request, collector.max_spans)
             del request  # the spans replace it
         except PayloadError as exc:
             collector.ingest.stats.refused += 1
+            collector.ingest.stats.too_many_spans += isinstance(exc, TooManySpans)
             self._fail(exc.status, exc.reason, answer_type, close=exc.status in (411, 413))
             return
         size, held[0] = held[0], 0  # given back by ingest, once the rows are written

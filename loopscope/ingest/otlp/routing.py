@@ -44,6 +44,11 @@ def _span_key(text: Any) -> tuple[int, int] | None:
         return None
 
 
+def _seen_key(ctx: Ctx) -> int:
+    """A span's key among the latest requests' (see ``Ingest.dedupe_window``)."""
+    return ctx.span_id ^ (ctx.trace_id & 0xFFFFFFFFFFFFFFFF) ^ (ctx.trace_id >> 64)
+
+
 class StoreUnavailable(Exception):
     """The rows could not be written in time (the file is held elsewhere, the disk is full)."""
 
@@ -93,6 +98,7 @@ class CollectorStats:
     spans: int = 0
     pending: int = 0
     refused: int = 0  # bad requests (4xx)
+    too_many_spans: int = 0  # of those, traces requests of more than max_spans spans (413)
     duplicates: int = 0  # spans of a request received again in this run, left out
     unavailable: int = 0  # 503: the store could not be written in time
     busy: int = 0  # 503 / RESOURCE_EXHAUSTED: over max_queued_bytes (the sender retries)
@@ -248,6 +254,8 @@ class Ingest:
         self.dedupe_window = dedupe_window
         self._seen: set[int] = set()
         self._seen_order: collections.deque[int] = collections.deque()
+        self._stored: set[tuple[int, int]] = set()  # the routed request's starts found stored (see _starts_stored)
+        self.start_lookups = 0  # requests whose stored starts were looked up (one flush and one query each)
         self._lock = threading.Lock()
         self._closed = False
         self._ticker = threading.Thread(target=self._tick, name="loopscope-collect-idle", daemon=True)
@@ -335,9 +343,10 @@ class Ingest:
             self.stats.spans += len(received)
             seen, order = self._seen, self._seen_order
             held = self._held
+            self._stored = self._starts_stored(received)
             for item in received:
                 ctx = item.span.context
-                key = ctx.span_id ^ (ctx.trace_id & 0xFFFFFFFFFFFFFFFF) ^ (ctx.trace_id >> 64)
+                key = _seen_key(ctx)
                 if key in seen:
                     self.stats.duplicates += 1
                     if held:
@@ -439,19 +448,38 @@ class Ingest:
         self.stats.pending += 1
         self.writer.submit_start(span)
 
-    def _start_stored(self, span: SpanRecord) -> bool:
-        """Whether the start rows of a span whose pending copy was sent are in the store
-        already (its pending id was forgotten: the memory of them is bounded)."""
-        if not self.writer.flush(self.flush_timeout):
-            return False
-        prefix = f"{span.context.trace_id:032x}{span.context.span_id:016x}"
+    def _starts_stored(self, received: Sequence[Received]) -> set[tuple[int, int]]:
+        """Of a request's agent runs and tool calls whose pending copies were sent but are
+        not remembered (forgotten: the memory of them is bounded; or the collector started
+        since), those whose start rows the store holds already, as ``(trace, span)``: one
+        flush and one query for the whole request (one per span took seconds for a
+        request resent after a restart). Empty when the store cannot be read in time:
+        their start rows are then written again (``skip_stored`` leaves them out)."""
+        wanted: dict[str, tuple[int, int]] = {}
+        seen = self._seen
+        for item in received:
+            span = item.span
+            attrs = span.attributes
+            if attrs.get(a.OPERATION) in _STARTS and attrs.get(a.PENDING_SENT) and is_own(span):
+                key = (span.context.trace_id, span.context.span_id)
+                if key not in self._pending and _seen_key(span.context) not in seen:  # a span received again is left out
+                    prefix = f"{key[0]:032x}{key[1]:016x}"
+                    wanted[prefix + "s"] = wanted[prefix + "i"] = key
+        self.start_lookups += bool(wanted)
+        if not wanted or not self.writer.flush(self.flush_timeout):
+            return set()
         try:
             with open_store(self.path, read_only=True, timeout=self.flush_timeout) as con:
-                row = con.execute("SELECT count(*) FROM events WHERE id IN (?, ?)", [prefix + "s", prefix + "i"]).fetchone()
+                found = con.execute("SELECT id FROM events WHERE id IN (SELECT unnest(?::VARCHAR[]))", [list(wanted)]).fetchall()
         except Exception:
             internal_error("collector start lookup")
-            return False
-        if row and row[0]:
+            return set()
+        return {wanted[row[0]] for row in found}
+
+    def _start_stored(self, span: SpanRecord) -> bool:
+        """Whether the start rows of a span whose pending copy was sent are in the store
+        already (looked up for its whole request by :meth:`_starts_stored`)."""
+        if (span.context.trace_id, span.context.span_id) in self._stored:
             return True
         # an agent run whose pending copy had no input text has no start row to find: only
         # the pending copy's arrival would tell, and that is forgotten; its span says the same
