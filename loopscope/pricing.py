@@ -194,9 +194,10 @@ def load_prices(path: str | os.PathLike[str]) -> dict[str, Any]:
     text = Path(path).read_text(encoding="utf-8")
     data: Any
     if str(path).endswith(".toml"):
-        if sys.version_info < (3, 11):  # tomllib is 3.11's; a check pyright understands
-            raise PricesError("a TOML prices file needs Python 3.11 or later; use JSON")
-        import tomllib
+        if sys.version_info >= (3, 11):  # a check pyright understands
+            import tomllib
+        else:  # tomllib is 3.11's; tomli is the same parser, from PyPI (pyproject's dependencies)
+            import tomli as tomllib  # pyright: ignore[reportMissingImports] - not in a 3.11+ venv
 
         data = tomllib.loads(text)
     else:

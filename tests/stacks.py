@@ -55,6 +55,7 @@ class Stack:
     drives: tuple[str, ...] = ()
     again: bool = False
     python: str | None = None
+    interpreter: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -73,7 +74,7 @@ class Stack:
         return (*((TESTBASE,) if self.runs else ()), *self.extras)
 
 
-_KEYS = {"extras", "requires", "requirements", "loopscope", "pin-core", "runs", "checks", "drives", "again", "python", "env"}
+_KEYS = {"extras", "requires", "requirements", "loopscope", "pin-core", "runs", "checks", "drives", "again", "python", "interpreter", "env"}
 
 
 def load(manifest: Path = MANIFEST) -> dict[str, Stack]:
@@ -100,6 +101,7 @@ def load(manifest: Path = MANIFEST) -> dict[str, Stack]:
             drives=tuple(entry.get("drives", ())),
             again=bool(entry.get("again", False)),
             python=entry.get("python"),
+            interpreter=entry.get("interpreter"),
             env=dict(entry.get("env", {})),
         )
     return stacks
@@ -154,6 +156,32 @@ def base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
+def _version_key(folder: Path) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in folder.name.split("."))
+
+
+@functools.cache
+def find_interpreter(version: str) -> str | None:
+    """A Python ``version`` ("3.10") on this machine: ``python3.10`` on PATH, else pyenv's newest
+    ``3.10.x`` (the machines CI runs on have pyenv's; nothing is downloaded). Each is tried: a
+    pyenv shim on PATH exists whether or not the version is selected."""
+    candidates = [shutil.which(f"python{version}")]
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if root.is_dir():
+        folders = [d for d in root.glob(f"{version}.*") if d.name.removeprefix(f"{version}.").isdigit()]
+        candidates += [str(d / "bin" / f"python{version}") for d in sorted(folders, key=_version_key, reverse=True)]
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", ""], capture_output=True, check=False).returncode == 0:
+            return candidate
+    return None
+
+
+def stack_python(stack: Stack) -> str | None:
+    """The interpreter the stack's venv is made from: its own ``interpreter`` (None when this machine
+    has none), else the core venv's."""
+    return find_interpreter(stack.interpreter) if stack.interpreter else base_python()
+
+
 @functools.cache
 def _python_version(python: str) -> tuple[int, ...]:
     """The interpreter's version, asked once a process (every hash and check of a stack reads it)."""
@@ -184,7 +212,7 @@ def _loopscope_requirements(stack: Stack) -> list[str]:
 def stack_hash(stack: Stack, python: str | None = None) -> str:
     """What the venv is built from: the stack's entry, the files it installs from (pyproject.toml for
     loopscope and its extras, its requirements file), the core pins and the Python version."""
-    python = python or base_python()
+    python = python or stack_python(stack) or base_python()
     parts = {
         "format": BUILD_FORMAT,
         "install": install_arguments(stack),
@@ -196,11 +224,14 @@ def stack_hash(stack: Stack, python: str | None = None) -> str:
 
 
 def too_old(stack: Stack, python: str | None = None) -> str | None:
-    """Why the stack cannot be built on this Python, or None."""
+    """Why the stack cannot be built with the Pythons this machine has, or None."""
+    if stack.interpreter and python is None and stack_python(stack) is None:
+        return (f"stack {stack.name} runs on Python {stack.interpreter}, and this machine has none "
+                f"(python{stack.interpreter} on PATH, or pyenv's {stack.interpreter}.x)")
     if not stack.python:
         return None
     want = tuple(int(p) for p in stack.python.split("."))
-    have = _python_version(python or base_python())
+    have = _python_version(python or stack_python(stack) or base_python())
     if have[: len(want)] < want:
         return f"stack {stack.name} needs Python {stack.python}+, and the core venv's is {'.'.join(map(str, have))}"
     return None
@@ -238,7 +269,7 @@ def build(stack: Stack, *, say=print) -> Path:
         started = time.monotonic()
         want = stack_hash(stack)
         shutil.rmtree(stack.folder, ignore_errors=True)
-        uv, python = _uv(), base_python()
+        uv, python = _uv(), stack_python(stack) or base_python()
         log = HOME / f"{stack.name}.log"
         env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
                "VIRTUAL_ENV": str(stack.folder)}

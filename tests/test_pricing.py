@@ -149,6 +149,19 @@ def test_a_prices_file_names_servers_too(record, model_server, tmp_path, monkeyp
     assert row.cost_usd == pytest.approx(_price(ANTHROPIC_MODEL, "anthropic", row.usage))
 
 
+def test_a_prices_file_in_toml_prices_a_call_on_every_supported_python(record, model_server, tmp_path, monkeypatch):
+    """TOML is read on 3.10 too (tomli there, tomllib from 3.11; the py310 stack runs this again)."""
+    path = tmp_path / "prices.toml"
+    path.write_text(f'[providers]\n"127.0.0.1:{model_server.port}" = "sdk"\n\n[models.{ANTHROPIC_MODEL}]\ninput = 2.0\noutput = 10.0\n')
+    monkeypatch.setenv(pricing.PRICES_ENV, str(path))
+    pricing.use_prices_file(None)
+    recorded = record(None)
+    model_server.queue(Reply(text="Hi.", usage=Usage(1000, 50)))
+    _messages(model_server)
+    (row,) = recorded.calls()
+    assert row.cost_usd == pytest.approx((1000 * 2.0 + 50 * 10.0) / 1_000_000)
+
+
 def test_a_bad_providers_table_is_refused_where_it_is_given():
     with pytest.raises(ValueError, match="providers"):
         pricing.set_overrides({"providers": {"127.0.0.1": 3}})  # type: ignore[dict-item]

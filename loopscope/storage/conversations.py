@@ -426,7 +426,7 @@ class DuckDBConversationStore:
             f"""
             SELECT session_id FROM (
                 SELECT session_id, min(created_at) AS first_at, max(idx) AS last_idx,
-                       max(idx) FILTER (WHERE type = '{CONVERSATION_EVENT}' AND content->>'$.action' = 'delete') AS deleted_idx
+                       max(idx) FILTER (WHERE type = '{CONVERSATION_EVENT}' AND (content->>'$.action') = 'delete') AS deleted_idx
                 FROM events WHERE starts_with(id, '{ID_PREFIX}') GROUP BY session_id
             ) WHERE deleted_idx IS NULL OR last_idx > deleted_idx
             ORDER BY first_at, session_id"""
