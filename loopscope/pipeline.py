@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from . import pricing, semconv
+from . import _exits, pricing, semconv
 from ._guard import internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
@@ -468,6 +468,7 @@ def configure(
         dispatch.targets = pipeline.processors
         _active = pipeline
         recording.set_current(pipeline)
+        recording.export_to_children(path)  # multiprocessing's spawned workers record to this store too
         if stitch_idle_timeout is not None:
             set_idle_timeout(stitch_idle_timeout)
         if stitch_max_open is not None:
@@ -647,15 +648,26 @@ def shutdown(timeout: float = CLOSE_TIMEOUT) -> None:
         _shutdown_locked(timeout)
 
 
+_exiting = False  # _at_exit runs (at exit, at os._exit(), at a SIGTERM)
+_term_pending = False  # a SIGTERM came meanwhile: the process dies by it once _at_exit is done
+
+
 def _at_exit() -> None:
     """The process ends: end what is still open (streams, stitched turns: their unanswered
     calls unserved, the turns unfinished, each with its time until now), then store it all."""
-    for hook in recorder_settings.exit_hooks:
-        try:
-            hook()
-        except Exception:
-            internal_error("exit hook")
-    shutdown()
+    global _exiting
+    _exiting = True
+    try:
+        for hook in recorder_settings.exit_hooks:
+            try:
+                hook()
+            except Exception:
+                internal_error("exit hook")
+        shutdown()
+    finally:
+        _exiting = False
+        if _term_pending and threading.current_thread() is threading.main_thread():
+            _die_by_sigterm()
 
 
 def _close_at_exit() -> None:
@@ -670,6 +682,28 @@ def _close_at_exit() -> None:
     atexit.unregister(_at_exit)
     atexit.register(_at_exit)
     _catch_sigterm()
+    # os._exit() runs no exit hook: a fork child of multiprocessing ends so, as may the application
+    _exits.on_os_exit(_at_os_exit, CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+
+
+def _at_os_exit() -> None:
+    """The process calls ``os._exit()`` (a ``multiprocessing`` fork child ends so after its
+    target returned): what :func:`_at_exit` does at a normal exit, when a pipeline records."""
+    if _active is not None:
+        _quietly(_at_exit)
+
+
+def _forked() -> None:
+    """In the child of a fork: the pipeline's lock anew (another thread of the parent may have
+    held it at the fork; it would never be released here). The writer, the stitched turns and
+    the exporters' batch processors see the fork themselves; the child records into the same
+    store, through a writer process of its own started at its first span."""
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 _EXIT_THREAD_GRACE = 1.0
@@ -694,10 +728,23 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
     The closing runs in a thread of its own: the signal interrupts the main thread
     anywhere, perhaps holding a lock the closing needs; then the bound passes and the
-    process dies all the same."""
+    process dies all the same.
+
+    A SIGTERM while :func:`_at_exit` runs already (at exit, or at ``os._exit()``: a
+    ``multiprocessing`` pool's ``terminate()`` sends it to workers still storing what they
+    recorded) lets that finish, within its own bound, and then ends the process by it (from
+    the main thread; at ``os._exit()``, with the status asked for)."""
+    global _term_pending
+    if _exiting:
+        _term_pending = True
+        return
     closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
     closer.start()
     closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+    _die_by_sigterm()
+
+
+def _die_by_sigterm() -> None:
     atexit.unregister(_at_exit)  # done (or given up): not again on the way out
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -437,6 +437,14 @@ class ProcessSpanWriter:
             self._kill(proc)
             self._child_gone("still writing when the store was closed")
         self._drain()  # what the sender did not get to in time
+        with self._lock:
+            # spans the child was sent and never said it wrote or counted (its last answer says
+            # so of all it received): lost here, not in its words
+            unsettled = max(0, self._sent - self._settled)
+            self._lost += unsettled
+            self._settled = self._sent
+        if unsettled and not self._last_error:
+            self._last_error = "the writer process did not say it wrote them before the store was closed"
         lost = self._dropped - self._forwarded + self._lost
         if lost:
             self._record_beside()
@@ -1013,6 +1021,14 @@ class ProcessSpanWriter:
         stopped = self._stopped
         self._reset(eager=False)
         self._closed = self._stopped = stopped
+        # another writer: its losses are counted beside the store under an id of its own (the
+        # parent's, or a sibling fork's entry must not be replaced by this one), and its writer
+        # process names this process as its application
+        self.report.writer_id = os.urandom(16).hex()
+        with guard("writer process: fork"):
+            config = pickle.loads(self._config)  # made by this writer: its own options
+            config["app_pid"] = os.getpid()
+            self._config = pickle.dumps(config)
 
 
 CHILD_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2"}
