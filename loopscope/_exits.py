@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
+from ._guard import logger
+
 _real_exit = os._exit
 _hook: Callable[[], None] | None = None
 _bound = 6.0
@@ -50,6 +52,9 @@ def _exit(status: int, /) -> NoReturn:
             runner = threading.Thread(target=hook, name="loopscope-os-exit", daemon=True)
             runner.start()  # (no thread at interpreter exit: RuntimeError, and the exit as asked)
             runner.join(_bound)
+            if runner.is_alive():  # what it had not stored or counted yet is lost unsaid: said here at least
+                logger.warning("loopscope: os._exit() did not wait longer than %.0f s to store or count what was "
+                               "recorded", _bound)
     finally:  # whatever happened meanwhile (an interrupt too): the exit the application asked for
         _real_exit(status)
 
