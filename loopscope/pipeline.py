@@ -122,6 +122,9 @@ class Pipeline:
     policy_exporter: PolicyExporter | None = None
     metrics: MetricsProcessor | None = None
     processors: tuple[SpanProcessor, ...] = ()
+    fork_writer: Callable[[], ProcessSpanWriter | None] | None = None
+    """Makes the writer a fork of this process records through when this one is the thread
+    writer (whose thread, and DuckDB's, a fork does not have): a writer process of its own."""
 
     def stats(self) -> WriterStats | None:
         return self.writer.stats() if self.writer else None
@@ -179,6 +182,15 @@ def _process_writer(
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         warn_once("writer-process-options", "loopscope: the store's writer runs in a thread: its options cannot go to a "
                   "process (%s)", exc)
+        return None
+
+
+def _fork_writer(path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool) -> ProcessSpanWriter | None:
+    """In a fork of a process whose writer is a thread: a writer process (started at the first
+    span), or None when its options cannot go to one."""
+    try:
+        return ProcessSpanWriter(path, prices=prices, latest=latest, eager=False, **options)
+    except (pickle.PicklingError, AttributeError, TypeError):
         return None
 
 
@@ -458,6 +470,8 @@ def configure(
         pipeline = Pipeline(
             provider, provider.get_tracer("loopscope", __version__), path, store_writer, content, exporter, policy_exporter
         )
+        if path is not None and not isinstance(store_writer, ProcessSpanWriter) and unavailable() is None:
+            pipeline.fork_writer = functools.partial(_fork_writer, path, options, prices, latest)
         meter = _meter(meter_provider, settings if export_metrics else None, service_name)
         if meter is not None:
             pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped, latest=latest)
@@ -700,6 +714,23 @@ def _forked() -> None:
     store, through a writer process of its own started at its first span."""
     global _lock
     _lock = threading.RLock()
+    pipeline = _active
+    if pipeline is None or pipeline.fork_writer is None or isinstance(pipeline.writer, ProcessSpanWriter):
+        return
+    try:
+        # the thread writer's thread (and DuckDB's) stayed in the parent: this process records
+        # through a writer process of its own, as a fork of a writer process's application does
+        writer = pipeline.fork_writer()
+        if writer is None or pipeline.writer is None:
+            return
+        old = pipeline.writer
+        writer.report.otlp, writer.report.notices = old.report.otlp, old.report.notices
+        pipeline.writer = writer
+        for processor in pipeline.processors:
+            if isinstance(processor, StoreSpanProcessor):
+                processor.writer, processor._submit = writer, writer.submit  # pyright: ignore[reportPrivateUsage]
+    except Exception:
+        internal_error("pipeline: fork")
 
 
 if hasattr(os, "register_at_fork"):

@@ -281,6 +281,7 @@ class ProcessSpanWriter:
         latest: bool = False,
         fallback: Callable[[], Any] | None = None,
         on_store_off: Callable[[str], None] | None = None,
+        eager: bool = True,
     ) -> None:
         self.path = path
         # the default store: when the child finds it cannot be written, recording to it is off
@@ -304,7 +305,7 @@ class ProcessSpanWriter:
         # the counters kept in the store come from the child's writer; the pipeline sets
         # report.otlp here (the exporter is this process's), sent along with the spans
         self.report = health.Report()
-        self._reset()
+        self._reset(eager)  # (not eager: the child starts at the first span, if any comes)
         _live_writers.add(self)
 
     def _reset(self, eager: bool = True) -> None:

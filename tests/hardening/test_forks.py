@@ -46,7 +46,7 @@ WORKERS = """
         method, shape, count, base, db = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
         os.environ["FAKE_BASE"] = base
         ctx = mp.get_context(method)
-        loopscope.configure(db)
+        loopscope.configure(db, writer=sys.argv[6] if len(sys.argv) > 6 else None)
         loopscope.instrument()
         with loopscope.turn(session_id="parent", input="q") as t:
             t.generation("a", finish_reason="stop")
@@ -106,6 +106,18 @@ def test_every_worker_turn_reaches_the_application_store(method: str, shape: str
     _no_loss(db)
     assert not (tmp_path / "loopscope.duckdb").exists()  # nothing went to the default store
     assert "Traceback" not in app.err.read_text(), app.output()
+
+
+@pytest.mark.serial
+def test_the_forks_of_a_thread_writer_record_through_a_writer_process_of_their_own(
+        spawn, tmp_path: Path, model_server: FakeModelServer) -> None:
+    """``writer="thread"``: the writer's thread (and DuckDB's) stays in the parent at a fork.
+    Today the children's turns are neither stored nor counted, and each child's exit waits."""
+    db = tmp_path / "app.duckdb"
+    app = spawn("app", WORKERS, "fork", "process", 4, model_server.openai_base_url, db, "thread")
+    assert app.finish_ok(240).splitlines()[-1] == "done"
+    assert _turns(db) == _expected(4), app.output()
+    _no_loss(db)
 
 
 @pytest.mark.serial
