@@ -36,7 +36,8 @@ The writer's promises hold across the pipe:
   (its imports and the store's check take ~0.5 s, over by the time rows come).
 * A fork of the application: the child process of the fork closes its copy of the pipe
   (never writes into the parent's stream) and starts a writer process of its own when it
-  records.
+  records, its losses counted under an id of its own (and its pid). Its end by ``os._exit()``
+  (``multiprocessing``'s fork children) closes it as an exit does (``loopscope._exits``).
 * Where the child cannot run (``writer="auto"``: a frozen executable, no Python at
   ``sys.executable``, a child that cannot start, dies before it says it is ready, or says
   nothing for :data:`READY_WAIT`), the writer given as ``fallback`` (the thread writer) takes
