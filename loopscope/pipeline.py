@@ -697,7 +697,9 @@ def _close_at_exit() -> None:
     atexit.register(_at_exit)
     _catch_sigterm()
     # os._exit() runs no exit hook: a fork child of multiprocessing ends so, as may the application
-    _exits.on_os_exit(_at_os_exit, CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+    # (bounded as exit and shutdown() are: the store's 5 s, the exporters' 3 s; the counting after
+    # the store's deadline runs within the latter, so a loss is not cut short unsaid)
+    _exits.on_os_exit(_at_os_exit, CLOSE_TIMEOUT + EXPORT_SHUTDOWN_SECONDS)
 
 
 def _at_os_exit() -> None:
