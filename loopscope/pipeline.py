@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from . import pricing, semconv
+from . import _exits, pricing, semconv
 from ._guard import internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
@@ -122,6 +122,9 @@ class Pipeline:
     policy_exporter: PolicyExporter | None = None
     metrics: MetricsProcessor | None = None
     processors: tuple[SpanProcessor, ...] = ()
+    fork_writer: Callable[[], ProcessSpanWriter | None] | None = None
+    """Makes the writer a fork of this process records through when this one is the thread
+    writer (whose thread, and DuckDB's, a fork does not have): a writer process of its own."""
 
     def stats(self) -> WriterStats | None:
         return self.writer.stats() if self.writer else None
@@ -179,6 +182,15 @@ def _process_writer(
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         warn_once("writer-process-options", "loopscope: the store's writer runs in a thread: its options cannot go to a "
                   "process (%s)", exc)
+        return None
+
+
+def _fork_writer(path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool) -> ProcessSpanWriter | None:
+    """In a fork of a process whose writer is a thread: a writer process (started at the first
+    span), or None when its options cannot go to one."""
+    try:
+        return ProcessSpanWriter(path, prices=prices, latest=latest, eager=False, **options)
+    except (pickle.PicklingError, AttributeError, TypeError):
         return None
 
 
@@ -458,6 +470,8 @@ def configure(
         pipeline = Pipeline(
             provider, provider.get_tracer("loopscope", __version__), path, store_writer, content, exporter, policy_exporter
         )
+        if path is not None and not isinstance(store_writer, ProcessSpanWriter) and unavailable() is None:
+            pipeline.fork_writer = functools.partial(_fork_writer, path, options, prices, latest)
         meter = _meter(meter_provider, settings if export_metrics else None, service_name)
         if meter is not None:
             pipeline.metrics = MetricsProcessor(meter, dropped=pipeline.dropped, latest=latest)
@@ -468,6 +482,7 @@ def configure(
         dispatch.targets = pipeline.processors
         _active = pipeline
         recording.set_current(pipeline)
+        recording.export_to_children(path)  # multiprocessing's spawned workers record to this store too
         if stitch_idle_timeout is not None:
             set_idle_timeout(stitch_idle_timeout)
         if stitch_max_open is not None:
@@ -647,15 +662,26 @@ def shutdown(timeout: float = CLOSE_TIMEOUT) -> None:
         _shutdown_locked(timeout)
 
 
+_exiting = False  # _at_exit runs (at exit, at os._exit(), at a SIGTERM)
+_term_pending = False  # a SIGTERM came meanwhile: the process dies by it once _at_exit is done
+
+
 def _at_exit() -> None:
     """The process ends: end what is still open (streams, stitched turns: their unanswered
     calls unserved, the turns unfinished, each with its time until now), then store it all."""
-    for hook in recorder_settings.exit_hooks:
-        try:
-            hook()
-        except Exception:
-            internal_error("exit hook")
-    shutdown()
+    global _exiting
+    _exiting = True
+    try:
+        for hook in recorder_settings.exit_hooks:
+            try:
+                hook()
+            except Exception:
+                internal_error("exit hook")
+        shutdown()
+    finally:
+        _exiting = False
+        if _term_pending and threading.current_thread() is threading.main_thread():
+            _die_by_sigterm()
 
 
 def _close_at_exit() -> None:
@@ -670,6 +696,47 @@ def _close_at_exit() -> None:
     atexit.unregister(_at_exit)
     atexit.register(_at_exit)
     _catch_sigterm()
+    # os._exit() runs no exit hook: a fork child of multiprocessing ends so, as may the application
+    # (bounded as exit and shutdown() are: the store's 5 s, the exporters' 3 s; the counting after
+    # the store's deadline runs within the latter, so a loss is not cut short unsaid)
+    _exits.on_os_exit(_at_os_exit, CLOSE_TIMEOUT + EXPORT_SHUTDOWN_SECONDS)
+
+
+def _at_os_exit() -> None:
+    """The process calls ``os._exit()`` (a ``multiprocessing`` fork child ends so after its
+    target returned): what :func:`_at_exit` does at a normal exit, when a pipeline records."""
+    if _active is not None:
+        _quietly(_at_exit)
+
+
+def _forked() -> None:
+    """In the child of a fork: the pipeline's lock anew (another thread of the parent may have
+    held it at the fork; it would never be released here). The writer, the stitched turns and
+    the exporters' batch processors see the fork themselves; the child records into the same
+    store, through a writer process of its own started at its first span."""
+    global _lock
+    _lock = threading.RLock()
+    pipeline = _active
+    if pipeline is None or pipeline.fork_writer is None or isinstance(pipeline.writer, ProcessSpanWriter):
+        return
+    try:
+        # the thread writer's thread (and DuckDB's) stayed in the parent: this process records
+        # through a writer process of its own, as a fork of a writer process's application does
+        writer = pipeline.fork_writer()
+        if writer is None or pipeline.writer is None:
+            return
+        old = pipeline.writer
+        writer.report.otlp, writer.report.notices = old.report.otlp, old.report.notices
+        pipeline.writer = writer
+        for processor in pipeline.processors:
+            if isinstance(processor, StoreSpanProcessor):
+                processor.writer, processor._submit = writer, writer.submit  # pyright: ignore[reportPrivateUsage]
+    except Exception:
+        internal_error("pipeline: fork")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 _EXIT_THREAD_GRACE = 1.0
@@ -694,10 +761,23 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
     The closing runs in a thread of its own: the signal interrupts the main thread
     anywhere, perhaps holding a lock the closing needs; then the bound passes and the
-    process dies all the same."""
+    process dies all the same.
+
+    A SIGTERM while :func:`_at_exit` runs already (at exit, or at ``os._exit()``: a
+    ``multiprocessing`` pool's ``terminate()`` sends it to workers still storing what they
+    recorded) lets that finish, within its own bound, and then ends the process by it (from
+    the main thread; at ``os._exit()``, with the status asked for)."""
+    global _term_pending
+    if _exiting:
+        _term_pending = True
+        return
     closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
     closer.start()
     closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+    _die_by_sigterm()
+
+
+def _die_by_sigterm() -> None:
     atexit.unregister(_at_exit)  # done (or given up): not again on the way out
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -13,6 +13,7 @@ At a close message, or when stdin ends (the application died), it closes the wri
 from __future__ import annotations
 
 import marshal
+import os
 import pickle
 import signal
 import sys
@@ -75,6 +76,7 @@ class _Answers:
         self.received = 0
         self.settled = 0
         self._last: dict[str, Any] | None = None
+        self._gone = False  # the application stopped reading
 
     def counters(self) -> dict[str, Any]:
         received = self.received  # read before the queue: all of these are settled when it is empty
@@ -93,10 +95,16 @@ class _Answers:
     def send(self, kind: bytes, payload: Any) -> None:
         data = marshal.dumps(payload)
         with self._lock:
+            if self._gone:
+                return
             try:
                 send(self._stream, kind, data)
             except (OSError, ValueError):
-                pass  # the application is gone: the rows are written all the same
+                # the application is gone (an os._exit, a kill): the rows are written all the
+                # same; what the stream's buffer still holds goes nowhere, so the interpreter's
+                # last flush has no broken pipe to print into the application's stderr
+                self._gone = True
+                _to_null(self._stream)
 
     def stats_loop(self, stop: threading.Event) -> None:
         trim = _trimmer()
@@ -108,6 +116,16 @@ class _Answers:
                 self.send(STATS, counters)
                 if written and trim is not None:
                     trim(0)  # what the batch freed, back to the system (see writer_process.CHILD_ENV)
+
+
+def _to_null(stream: IO[bytes]) -> None:
+    """Point ``stream``'s descriptor at the null device (its unwritten buffer is let go there)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
 
 
 def _trimmer() -> Any:
@@ -213,6 +231,7 @@ def main() -> None:
             break
     writer.close(timeout)
     stop.set()
+    answers.settled = answers.received  # each written, or counted as lost by the close: none is left to count
     answers.send(DONE, answers.counters())
 
 

@@ -36,7 +36,8 @@ The writer's promises hold across the pipe:
   (its imports and the store's check take ~0.5 s, over by the time rows come).
 * A fork of the application: the child process of the fork closes its copy of the pipe
   (never writes into the parent's stream) and starts a writer process of its own when it
-  records.
+  records, its losses counted under an id of its own (and its pid). Its end by ``os._exit()``
+  (``multiprocessing``'s fork children) closes it as an exit does (``loopscope._exits``).
 * Where the child cannot run (``writer="auto"``: a frozen executable, no Python at
   ``sys.executable``, a child that cannot start, dies before it says it is ready, or says
   nothing for :data:`READY_WAIT`), the writer given as ``fallback`` (the thread writer) takes
@@ -281,6 +282,7 @@ class ProcessSpanWriter:
         latest: bool = False,
         fallback: Callable[[], Any] | None = None,
         on_store_off: Callable[[str], None] | None = None,
+        eager: bool = True,
     ) -> None:
         self.path = path
         # the default store: when the child finds it cannot be written, recording to it is off
@@ -304,7 +306,7 @@ class ProcessSpanWriter:
         # the counters kept in the store come from the child's writer; the pipeline sets
         # report.otlp here (the exporter is this process's), sent along with the spans
         self.report = health.Report()
-        self._reset()
+        self._reset(eager)  # (not eager: the child starts at the first span, if any comes)
         _live_writers.add(self)
 
     def _reset(self, eager: bool = True) -> None:
@@ -437,6 +439,14 @@ class ProcessSpanWriter:
             self._kill(proc)
             self._child_gone("still writing when the store was closed")
         self._drain()  # what the sender did not get to in time
+        with self._lock:
+            # spans the child was sent and never said it wrote or counted (its last answer says
+            # so of all it received): lost here, not in its words
+            unsettled = max(0, self._sent - self._settled)
+            self._lost += unsettled
+            self._settled = self._sent
+        if unsettled and not self._last_error:
+            self._last_error = "the writer process did not say it wrote them before the store was closed"
         lost = self._dropped - self._forwarded + self._lost
         if lost:
             self._record_beside()
@@ -1013,6 +1023,14 @@ class ProcessSpanWriter:
         stopped = self._stopped
         self._reset(eager=False)
         self._closed = self._stopped = stopped
+        # another writer: its losses are counted beside the store under an id of its own (the
+        # parent's, or a sibling fork's entry must not be replaced by this one), and its writer
+        # process names this process as its application
+        self.report.writer_id = os.urandom(16).hex()
+        with guard("writer process: fork"):
+            config = pickle.loads(self._config)  # made by this writer: its own options
+            config["app_pid"] = os.getpid()
+            self._config = pickle.dumps(config)
 
 
 CHILD_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2"}

@@ -8,6 +8,7 @@ recorded, so that it sees its own rows. The pipeline says which store that is
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,9 +20,40 @@ def resolve(path: str | os.PathLike[str]) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+PARENT_ENV = "LOOPSCOPE_PARENT_STORE"
+"""``<pid>:<store>``: the store the process ``pid`` records to (set by ``configure()``), for its
+``multiprocessing`` children started by spawn or forkserver, which run the application's module
+afresh (its ``if __name__ == "__main__":`` block, where ``configure()`` usually is, not)."""
+
+
 def default_db_path() -> str:
-    """``LOOPSCOPE_DB`` if set, else ``./loopscope.duckdb``."""
-    return os.environ.get("LOOPSCOPE_DB") or DEFAULT_DB
+    """In a ``multiprocessing`` child of a process that records, that process's store
+    (:data:`PARENT_ENV`); else ``LOOPSCOPE_DB`` if set, else ``./loopscope.duckdb``."""
+    return parent_store() or os.environ.get("LOOPSCOPE_DB") or DEFAULT_DB
+
+
+def parent_store() -> str | None:
+    """The store of the process that started this one through ``multiprocessing`` (its
+    ``parent_process()``), when that process records to one; None otherwise (a subprocess
+    the application started otherwise, a grandchild: their environment may hold the value too)."""
+    value = os.environ.get(PARENT_ENV)
+    if not value:
+        return None
+    pid, _, path = value.partition(":")
+    process = sys.modules.get("multiprocessing.process")
+    parent = getattr(process, "parent_process", lambda: None)() if process is not None else None
+    if parent is None or str(getattr(parent, "pid", None)) != pid:
+        return None
+    return path or None
+
+
+def export_to_children(path: str | None) -> None:
+    """Name ``path`` (None: no store) as this process's store for its ``multiprocessing`` children
+    (:data:`PARENT_ENV`; the environment is what a spawned child inherits)."""
+    if path is None:
+        os.environ.pop(PARENT_ENV, None)
+    else:
+        os.environ[PARENT_ENV] = f"{os.getpid()}:{path}"
 
 
 class Recording(Protocol):
