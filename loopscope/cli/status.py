@@ -202,7 +202,7 @@ def problems(writers: list[dict[str, Any]]) -> list[str]:
                 f"{w['failed_writes']:,} write attempts failed ({who}); last{when}: {w['last_error'] or 'unknown error'}"
                 + _fate(w)
             )
-        if w.get("beside") and w.get("beside") != _STORE_OFF:
+        if w.get("beside") and w.get("beside") != _STORE_OFF and (any(queue_full) or any(unwritten) or w["failed_writes"]):
             lines.append(f"  (pid {w['pid']}: counted in the file beside the store, the store could not take it)")
         if w["alive"] == "gone" and not w.get("beside") and not w.get("ended"):
             lines.append(
