@@ -6,10 +6,10 @@ store holds."""
 
 from __future__ import annotations
 
-import loopscope
 import openai
 import pytest
 
+import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall
 from loopscope.ingest.mapping import collect, row_counts
 from loopscope.storage.rows import END, START

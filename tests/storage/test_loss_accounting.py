@@ -247,8 +247,8 @@ def _namespaces() -> bool:
     """Whether this user can mount a small tmpfs of its own (a user and mount namespace)."""
     if shutil.which("unshare") is None:
         return False
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt 2>/dev/null || "
-                           "mount -t tmpfs -o size=1m tmpfs /tmp"], capture_output=True, timeout=30, check=False)
+    mount = "mount -t tmpfs -o size=1m tmpfs /mnt 2>/dev/null || mount -t tmpfs -o size=1m tmpfs /tmp"
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", mount], capture_output=True, timeout=30, check=False)
     return proc.returncode == 0
 
 
@@ -263,7 +263,6 @@ def test_a_full_disk_is_counted_in_status_with_the_events_and_turns_it_cost(
     in the same namespace, counts every row the store lacks."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    db = disk / "store.duckdb"
     script = tmp_path / "app.py"
     script.write_text(FULL_DISK.replace("\n    ", "\n").strip() + "\n")
     out, listing, err = tmp_path / "status.json", tmp_path / "listing", tmp_path / "app.err"
