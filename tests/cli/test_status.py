@@ -102,7 +102,7 @@ def test_drops_from_a_tiny_queue_show_up_from_another_process(tmp_path):
     # 20 turns give 100 events and 20 summaries; the queue held 5 of them at a time
     assert writer["events_written"] + writer["turns_written"] == report["events"] + report["turns"]
     # counted as the store counts rows: every event and every turn stored or dropped, none of them twice
-    assert writer["dropped_queue_full"] == 100 - report["events"] > 0
+    assert writer["dropped_queue_full"] == 100 - report["events"] > 0, report["problems"]
     assert writer["turns_dropped_queue_full"] == 20 - report["turns"]
     assert writer["queue_size"] == 5
     assert report["totals"]["dropped_queue_full"] == writer["dropped_queue_full"]
