@@ -71,10 +71,10 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     for writer in writers:
         for key in ("boot_id", "pid_namespace", "process_start"):
             writer.pop(key, None)
-    totals = {
-        name: sum(int(w[name]) for w in writers)
-        for name in ("dropped_queue_full", "dropped_unwritable", "failed_writes", "otlp_dropped", "otlp_failed")
-    }
+    totals = {name: sum(int(w[name]) for w in writers) for name in health.LOSS_COUNTERS}
+    # every loss in the store's own rows: events (rows of `events`) and turns (rows of `turns`)
+    totals["events_lost"] = totals["dropped_queue_full"] + totals["dropped_unwritable"]
+    totals["turns_lost"] = totals["turns_dropped_queue_full"] + totals["turns_dropped_unwritable"]
     notices = {kind: sum(int(w.get(f"notices_{kind}") or 0) for w in writers) for kind in ("sent", "refused", "failed")}
     return {
         "path": path,
@@ -101,6 +101,7 @@ def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]
     from ..storage import health
 
     by_id = {w["writer_id"]: w for w in writers}
+    stored = {w["writer_id"]: dict(w) for w in writers}  # the rows as the store has them (children are set against these)
     for writer_id, entry in beside.items():
         row = by_id.get(writer_id)
         if row is None:
@@ -111,15 +112,46 @@ def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]
                 "stopped_at": _when(entry.get("at")), **{name: 0 for name in health.LOSS_COUNTERS},
             }
             writers.append(row)
+            by_id[writer_id] = row
         for name in health.LOSS_COUNTERS:
             value = entry.get(name)
-            row[name] = int(row[name]) + (int(value) if isinstance(value, int) else 0)
+            row[name] = int(row[name] or 0) + (int(value) if isinstance(value, int) else 0)
         if entry.get("last_error"):
             row["last_error"], row["last_error_at"] = entry["last_error"], _when(entry.get("last_error_at"))
         row["beside"] = entry.get("note") or "counted beside the store"
         if row["alive"] == "gone":
             row["alive"] = "stopped"  # it counted this as it closed the store
+    for writer_id, entry in beside.items():
+        children = entry.get("children")
+        if isinstance(children, list):
+            _children_lost(by_id[writer_id], entry, [c for c in children if isinstance(c, dict)], writers, stored)
     return writers
+
+
+def _children_lost(app: dict[str, Any], entry: dict[str, Any], children: list[dict[str, Any]],
+                   writers: list[dict[str, Any]], stored: dict[str, dict[str, Any]]) -> None:
+    """Add to the application's row ``app`` what its writer processes that ended unasked did
+    not write: what each was sent (rows, as its mapping makes them of the spans) less what its
+    row in the store says it wrote or counted as lost itself (the row is updated in every
+    batch's transaction, so what a child wrote before it was killed is never counted lost)."""
+    for child in children:
+        row = next((w for w in writers if child.get("writer_id") and w["writer_id"] == child["writer_id"]), None)
+        if row is None:  # a child killed before it said its id: its row by pid, for this application
+            row = next((w for w in writers if w.get("pid") == child.get("pid") and w.get("app_pid") == entry.get("pid")
+                        and w.get("host") == entry.get("host")), None)
+        base = stored.get(row["writer_id"]) if row is not None else None
+        held = row if row is not None else {}
+        for sent, forwarded, written, counted, lost in (
+            ("sent_events", "forwarded_events", "events_written", ("dropped_queue_full", "dropped_unwritable"), "dropped_unwritable"),
+            ("sent_turns", "forwarded_turns", "turns_written", ("turns_dropped_queue_full", "turns_dropped_unwritable"),
+             "turns_dropped_unwritable"),
+        ):
+            accounted = int((base or held).get(written) or 0) + sum(int(held.get(name) or 0) for name in counted)
+            missing = int(child.get(sent) or 0) + int(child.get(forwarded) or 0) - accounted
+            if missing > 0:
+                app[lost] = int(app[lost] or 0) + missing
+        if row is not None:
+            row["ended"] = f"ended unasked; counted by pid {entry.get('pid')}"
 
 
 def _when(seconds: Any) -> datetime | None:
@@ -135,23 +167,32 @@ def _cut_problem(cut: int) -> list[str]:
     )]
 
 
+def _rows(events: int, turns: int) -> str:
+    """A loss in the store's rows: ``412 events and 37 turns``."""
+    return f"{events:,} event{'' if events == 1 else 's'} and {turns:,} turn{'' if turns == 1 else 's'}"
+
+
 def problems(writers: list[dict[str, Any]]) -> list[str]:
-    """One line per kind of loss, saying what to do about it; empty when nothing was lost."""
+    """One line per kind of loss, saying what to do about it; empty when nothing was lost.
+    Losses are counted in the store's rows: events (rows of ``events``) and turns (rows of
+    ``turns``, one per turn), as the writer's mapping makes them of the spans it lost."""
     lines = []
     for w in writers:
         who = f"pid {w['pid']} on {w['host']}"
+        queue_full = (int(w["dropped_queue_full"] or 0), int(w.get("turns_dropped_queue_full") or 0))
+        unwritten = (int(w["dropped_unwritable"] or 0), int(w.get("turns_dropped_unwritable") or 0))
         if w.get("beside") == _STORE_OFF:
             when = f" at {tables.stamp(w['last_error_at'])}" if w["last_error_at"] else ""
             lines.append(f"{_STORE_OFF} ({who}){when}: {w['last_error'] or 'unknown error'}")
-        if w["dropped_queue_full"]:
+        if any(queue_full):
             lines.append(
-                f"{w['dropped_queue_full']:,} events dropped: queue full ({who}, queue_size {w['queue_size']:,}); "
+                f"{_rows(*queue_full)} dropped: queue full ({who}, queue_size {w['queue_size']:,}); "
                 "raise queue_size or queue_bytes (loopscope.configure(queue_size=..., queue_bytes=...)) "
                 "or record less per second"
             )
-        if w["dropped_unwritable"]:
+        if any(unwritten):
             lines.append(
-                f"{w['dropped_unwritable']:,} events lost: not written to the store ({who}; last error: "
+                f"{_rows(*unwritten)} lost: not written to the store ({who}; last error: "
                 f"{w['last_error'] or 'unknown'}); keep readers that hold the file short, check the disk, "
                 "and let the process end normally"
             )
@@ -161,8 +202,14 @@ def problems(writers: list[dict[str, Any]]) -> list[str]:
                 f"{w['failed_writes']:,} write attempts failed ({who}); last{when}: {w['last_error'] or 'unknown error'}"
                 + _fate(w)
             )
-        if w.get("beside") and w.get("beside") != _STORE_OFF:
+        if w.get("beside") and w.get("beside") != _STORE_OFF and (any(queue_full) or any(unwritten) or w["failed_writes"]):
             lines.append(f"  (pid {w['pid']}: counted in the file beside the store, the store could not take it)")
+        if w["alive"] == "gone" and not w.get("beside") and not w.get("ended"):
+            lines.append(
+                f"pid {w['pid']} on {w['host']} ended without closing the store and left no record of what it had not "
+                f"written ({_rows(int(w['events_written'] or 0), int(w['turns_written'] or 0))} written): killed, or "
+                "its last record found no room; what it held then is lost and not counted"
+            )
         if w["otlp_dropped"]:
             lines.append(f"{w['otlp_dropped']:,} spans dropped by the OTLP exporter: its queue was full ({who})")
         if w["otlp_failed"]:
@@ -196,13 +243,13 @@ _STORE_OFF = "recording to the store was off"
 
 def _fate(w: dict[str, Any]) -> str:
     """What became of the events of a writer whose writes failed, as far as is known."""
-    if w["dropped_unwritable"]:
+    if w["dropped_unwritable"] or w.get("turns_dropped_unwritable"):
         return ""  # the line above counts them
     if w["alive"] == "stopped":
         return " (the events were kept and written later)"
     if w["alive"] == "yes":
         return " (the events are kept in its memory and retried)"
-    return " (its process ended without closing the store: what it held then is not known)"
+    return ""  # the line on its end says it
 
 
 def _size(n: int) -> str:
@@ -228,6 +275,13 @@ def _writer_cell(w: dict[str, Any]) -> str:
     if mode == "process" and w.get("app_pid") is not None:
         return f"process of {w['app_pid']}"
     return mode or ""
+
+
+def _lost_cell(w: dict[str, Any]) -> str:
+    """Events and turns dropped or not written: ``412`` (events only), ``412 + 37 turns``."""
+    events = int(w["dropped_queue_full"] or 0) + int(w["dropped_unwritable"] or 0)
+    turns = int(w.get("turns_dropped_queue_full") or 0) + int(w.get("turns_dropped_unwritable") or 0)
+    return f"{events:,}" + (f" + {turns:,} turns" if turns else "")
 
 
 def _notice_cell(w: dict[str, Any]) -> str:
@@ -269,7 +323,7 @@ def status_command(args: argparse.Namespace) -> int:
         rows = [
             [
                 w["host"], w["pid"], _writer_cell(w), tables.stamp(w["started_at"]), tables.stamp(w["last_seen"]), w["alive"],
-                f"{w['events_written']:,}", f"{w['dropped_queue_full'] + w['dropped_unwritable']:,}",
+                f"{w['events_written']:,}", _lost_cell(w),
                 f"{w['failed_writes']:,}", f"{w['otlp_dropped'] + w['otlp_failed']:,}", _notice_cell(w),
                 w["last_error"] or "",
             ]

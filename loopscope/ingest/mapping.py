@@ -623,6 +623,46 @@ def add_spans(facts: Facts, items: list[tuple[int, Any]], skip: frozenset[str] =
         facts.append(events, turns, excluded, calls)
 
 
+def row_counts(kind: int, attributes: Any, skip: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """How many event rows and turn rows :func:`collect` makes of one ``(kind, span)`` whose
+    attributes are ``attributes`` (rows of the event types in ``skip`` left out): what a
+    writer counts as lost when it loses the span before its mapping, so that every loss is
+    counted as the store would have held it (events and turns), never in spans. The same
+    branches as :func:`collect`, reading only what decides whether a row is made
+    (tests/ingest/test_mapping.py checks the two agree)."""
+    d = _plain(attributes)
+    get = d.get
+    op = get(a.OPERATION)
+    if op == a.OP_EXECUTE_TOOL:
+        return (0 if ("tool_call_start" if kind == START else "tool_call_end") in skip else 1), 0
+    if op == a.OP_CHAT:
+        if kind != END:
+            return 0, 0
+        outcome = get(a.CALL_OUTCOME)
+        failed = (outcome == "error" or (outcome is None and get(a.ERROR_TYPE))) and "model_error" not in skip
+        text = bool(get(a.ROUND_TEXT) or get(a.CONTENT_WITHHELD)) and "message" not in skip
+        return int(bool(failed)) + int(text), 0
+    if op == a.OP_INVOKE_AGENT:
+        if kind == END:
+            return 0, 1
+        return int((a.TURN_INPUT in d or bool(get(a.CONTENT_WITHHELD))) and "message" not in skip), 0
+    if a.STATE_KIND in d:
+        state_type = a.STATE_KINDS.get(d[a.STATE_KIND])
+        if kind != END or state_type is None or get(a.STATE_VALUE) is None or state_type in skip:
+            return 0, 0
+        return 1, 0
+    return 0, 0
+
+
+def span_rows(kind: int, span: Any, skip: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """:func:`row_counts` of a span (an SDK span or any object with ``attributes``);
+    (0, 0) for one whose attributes cannot be read."""
+    try:
+        return row_counts(kind, span.attributes, skip)
+    except Exception:
+        return 0, 0
+
+
 def facts_of(items: list[tuple[int, Any]]) -> Facts:
     """The facts of ``(kind, span)`` pairs, as a new batch."""
     facts = Facts()

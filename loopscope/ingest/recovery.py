@@ -80,8 +80,10 @@ def recover(con: duckdb.DuckDBPyConnection) -> int:
     facts = facts_of(spans)
     extra = [
         f"DELETE FROM {OPEN_TURNS} WHERE writer_id IN ({', '.join(map(sql_text, dead))})",
-        # a dead writer's row stays while it has drops or failures to report (loopscope status)
-        f"DELETE FROM {WRITERS} WHERE writer_id IN ({', '.join(map(sql_text, dead))}) AND {NOTHING_TO_REPORT}",
+        # a dead writer's row stays while it has drops or failures to report (loopscope status), and a
+        # writer process's always: its application's record of what it sent is set against what it wrote
+        (f"DELETE FROM {WRITERS} WHERE writer_id IN ({', '.join(map(sql_text, dead))}) AND {NOTHING_TO_REPORT} "
+         "AND coalesce(writer_mode, '') <> 'process'"),
     ]
     if closed:
         extra.append(

@@ -14,7 +14,7 @@ from typing import Any
 from ..storage.rows import SpanMapping
 from ..storage.writer import StoreWriter
 from . import recovery
-from .mapping import add_spans, span_size
+from .mapping import add_spans, span_rows, span_size
 
 
 class _Spans:
@@ -25,6 +25,7 @@ class _Spans:
 
     add = staticmethod(add_spans)
     size = staticmethod(span_size)
+    rows = staticmethod(span_rows)
 
     @staticmethod
     def recover(con: Any) -> int:

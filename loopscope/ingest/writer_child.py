@@ -57,6 +57,7 @@ class _Shipped:
 
     add = staticmethod(SPAN_MAPPING.add)
     recover = staticmethod(SPAN_MAPPING.recover)
+    rows = staticmethod(SPAN_MAPPING.rows)
 
     @staticmethod
     def size(span: _Span) -> int:
@@ -85,7 +86,8 @@ class _Answers:
             self.settled = max(self.settled, received)
         return {
             "queued": stats.queued, "written_events": stats.written_events, "written_turns": stats.written_turns,
-            "written_calls": stats.written_calls, "dropped": stats.dropped, "excluded": stats.excluded,
+            "written_calls": stats.written_calls, "dropped": stats.dropped, "dropped_turns": stats.dropped_turns,
+            "excluded": stats.excluded,
             "failed_writes": stats.failed_writes, "batches": stats.batches, "last_error": stats.last_error,
             "queued_bytes": stats.queued_bytes, "lost_from_file": stats.lost_from_file, "settled": self.settled,
             "received": received,
@@ -187,6 +189,9 @@ def main() -> None:
         config["path"], mapping=_Shipped(), policy=config["policy"], flush_interval=config["flush_interval"], max_queue=config["max_queue"],
         max_bytes=config["max_bytes"], batch_size=config["batch_size"], lock_timeout=config["lock_timeout"],
         track_turns=config["track_turns"], content=config["content"],
+        # its row in the store says what it wrote at every batch: should it be killed, the
+        # application's record of what it sent is set against that, never against a stale count
+        report_each_batch=True,
     )
     otlp = [0, 0]
     writer.report.otlp = lambda: (otlp[0], otlp[1])
@@ -198,7 +203,7 @@ def main() -> None:
     answers.send(READY, problem)  # the first message: from now on the application ships its spans here
     threading.Thread(target=answers.stats_loop, args=(stop,), name="loopscope-stats", daemon=True).start()
     submit = writer.submit
-    dropped = 0
+    dropped = (0, 0)  # the application's drops counted so far (events, turns)
     timeout: float | None = CLOSE_TIMEOUT
     while True:
         message = receive(stdin)
@@ -207,7 +212,7 @@ def main() -> None:
         kind, payload = message
         if kind == SPANS:
             parent_dropped, otlp[0], otlp[1], notices[0], spans = marshal.loads(payload)
-            writer.count_dropped(parent_dropped - dropped)
+            writer.count_dropped(parent_dropped[0] - dropped[0], parent_dropped[1] - dropped[1])
             dropped = parent_dropped
             for span_kind, trace_id, span_id, start, end, attributes, description, size in spans:
                 status = _OK if description is None else Status(2, description)
@@ -227,7 +232,7 @@ def main() -> None:
             answers.send(ANSWER, answers.counters())
         elif kind == CLOSE:  # with the application's last counts
             timeout, parent_dropped, otlp[0], otlp[1], notices[0], _ = marshal.loads(payload)
-            writer.count_dropped(parent_dropped - dropped)
+            writer.count_dropped(parent_dropped[0] - dropped[0], parent_dropped[1] - dropped[1])
             break
     writer.close(timeout)
     stop.set()

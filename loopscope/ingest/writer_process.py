@@ -72,7 +72,8 @@ from ..storage import health
 from ..storage.flush import FlushRequest, settle
 from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.policy import PersistencePolicy
-from .mapping import span_size
+from ..storage.rows import EVENT_TYPES
+from .mapping import row_counts, span_rows, span_size
 
 __all__ = ["DEFAULT_MODE", "ENV", "MODES", "ProcessSpanWriter", "unavailable", "writer_mode"]
 
@@ -303,6 +304,10 @@ class ProcessSpanWriter:
             "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
             "content": content, "prices": dict(prices) if prices else None, "latest": latest, "app_pid": os.getpid(),
         })
+        # the event types the policy leaves out: a span lost here counts the rows the child's
+        # mapping would have made of it (events and turns, as the store has them)
+        allows = (policy or PersistencePolicy()).allows
+        self._skip = frozenset(t for t in set(EVENT_TYPES.values()) if not allows(t))
         # the counters kept in the store come from the child's writer; the pipeline sets
         # report.otlp here (the exporter is this process's), sent along with the spans
         self.report = health.Report()
@@ -332,16 +337,20 @@ class ProcessSpanWriter:
         read-only disk), said in its ready message; None: it can (or is held by another now)."""
         self._in_bytes = 0
         self._out_bytes = 0
-        self._dropped = 0  # spans this side dropped (queue full, closed, child gone)
-        self._forwarded = 0  # of those, sent to the child to count in the store
-        self._lost = 0  # spans sent or queued that the child ended without writing
+        # losses in the store's rows (events, turns), as the child's mapping makes them of the spans
+        self._dropped = self._dropped_turns = 0  # rows of the spans this side dropped (queue full, closed, child gone)
+        self._forwarded = self._forwarded_turns = 0  # of those, sent to the child to count in the store
+        self._lost = self._lost_turns = 0  # rows of spans queued here that no child will write
+        self._sent_rows = [0, 0]  # rows of the spans sent to the current child
+        self._children: list[dict[str, Any]] = []  # children that ended unasked: what each was sent (see _child_lost)
+        self._lost_estimate = [0, 0]  # what those lost, as their last counters say (stats(); `status` reads the store)
         self._sent = 0
         self._settled = 0  # spans sent that the child has written (or dropped and counted)
         self._child: dict[str, Any] = {}  # the child's last counters
         self._earlier: dict[str, int] = {}  # the last counters of the children that died before it (added in stats())
         self._restarts = 0  # children started again after one died
         self._base = 0  # spans sent before the current child started (its counters count from 0)
-        self._drop_base = 0  # this side's drops the dead children were told of (each child counts from 0)
+        self._drop_base = self._drop_base_turns = 0  # this side's drops the dead children were told of (each child counts from 0)
         self._pending: dict[int, _Pending] = {}
         self._next_flush = 0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -365,7 +374,9 @@ class ProcessSpanWriter:
                 return
             if self._off:  # recording to the store is off (said once): nothing is lost
                 return
-            self._dropped += 1
+            events, turns = span_rows(kind, span, self._skip)
+            self._dropped += events
+            self._dropped_turns += turns
             return
         # an ended span: its content is final (a started one's is counted at its end); the
         # size travels with it, so the sender does not measure the span again
@@ -439,18 +450,13 @@ class ProcessSpanWriter:
             self._kill(proc)
             self._child_gone("still writing when the store was closed")
         self._drain()  # what the sender did not get to in time
-        with self._lock:
-            # spans the child was sent and never said it wrote or counted (its last answer says
-            # so of all it received): lost here, not in its words
-            unsettled = max(0, self._sent - self._settled)
-            self._lost += unsettled
-            self._settled = self._sent
-        if unsettled and not self._last_error:
-            self._last_error = "the writer process did not say it wrote them before the store was closed"
-        lost = self._dropped - self._forwarded + self._lost
-        if lost:
+        events = self._dropped - self._forwarded + self._lost + self._lost_estimate[0]
+        turns = self._dropped_turns - self._forwarded_turns + self._lost_turns + self._lost_estimate[1]
+        if events or turns or self._children:
             self._record_beside()
-            logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
+        if events or turns:
+            logger.warning("loopscope: %d events and %d turns could not be stored in %s (%s)", events, turns, self.path,
+                           self._last_error or "queue full")
         if proc is not None:
             try:
                 proc.wait(min(KILL_WAIT, left() or 0.0) if deadline is not None else KILL_WAIT)  # it exits right after its answer
@@ -487,7 +493,9 @@ class ProcessSpanWriter:
             queued=0 if self._gone else queued,
             written_events=count("written_events"),
             written_turns=count("written_turns"),
-            dropped=count("dropped") + self._dropped - self._forwarded + self._lost,
+            dropped=count("dropped") + self._dropped - self._forwarded + self._lost + self._lost_estimate[0],
+            dropped_turns=(count("dropped_turns") + self._dropped_turns - self._forwarded_turns + self._lost_turns
+                           + self._lost_estimate[1]),
             excluded=count("excluded"),
             failed_writes=count("failed_writes"),
             batches=count("batches"),
@@ -641,7 +649,7 @@ class ProcessSpanWriter:
                     # the child closes its writer within a little less than what this side waits
                     # with the exporters' last counts (their last sends ran in close())
                     send(stdin, CLOSE, _dumps((None if timeout is None else max(0.0, timeout * 0.8),
-                                               self._dropped - self._drop_base, *self._exporter_counts(), [])))
+                                               self._drops_to_forward(), *self._exporter_counts(), [])))
                     if self._reader is None:
                         self._read(proc, self._base)
                     return
@@ -671,21 +679,60 @@ class ProcessSpanWriter:
                 end += 1
             part = tuples[first:end]
             try:
-                dropped = self._dropped
-                send(stdin, SPANS, _dumps((dropped - self._drop_base, *self._exporter_counts(), part)))
+                dropped, dropped_turns = self._dropped, self._dropped_turns
+                send(stdin, SPANS, _dumps(((dropped - self._drop_base, dropped_turns - self._drop_base_turns),
+                                           *self._exporter_counts(), part)))
             except (OSError, ValueError):
                 unsent = tuples[first:]
                 self._out_bytes -= sum([span[7] for span in unsent])  # counted again when they are shipped
                 self._converted[:0] = unsent
                 return False
+            skip = self._skip
+            events = turns = 0
+            for span in part:  # the rows the child's mapping makes of them (kind, attributes)
+                e, t = row_counts(span[0], span[5], skip)
+                events += e
+                turns += t
             with self._lock:  # the answers thread may have counted this child's losses meanwhile
-                self._forwarded = dropped
+                self._forwarded, self._forwarded_turns = dropped, dropped_turns
                 if proc is self._proc:
                     self._sent += len(part)
+                    self._sent_rows[0] += events
+                    self._sent_rows[1] += turns
                 else:  # into a pipe whose child was found dead since: lost with it
-                    self._lost += len(part)
+                    self._lost += events
+                    self._lost_turns += turns
             first = end
         return True
+
+    def _drops_to_forward(self) -> tuple[int, int]:
+        """This side's drops (events, turns) the current child is to count in its row."""
+        return self._dropped - self._drop_base, self._dropped_turns - self._drop_base_turns
+
+    def _child_lost(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """(Under the lock) the current child ended unasked (killed, crashed, or cut off at the
+        close): what it was sent is noted for the record beside the store, where ``loopscope
+        status`` sets it against the child's row in the store (written in each batch's
+        transaction), so that what the child wrote before it ended is never counted as lost,
+        and what it did not write always is. Its last counters give the estimate ``stats()``
+        shows meanwhile."""
+        sent_events, sent_turns = self._sent_rows
+        forwarded = (self._forwarded - self._drop_base, self._forwarded_turns - self._drop_base_turns)
+        if sent_events or sent_turns or any(forwarded):
+            child = self._child
+            accounted = (
+                child.get("written_events", 0) + child.get("dropped", 0),
+                child.get("written_turns", 0) + child.get("dropped_turns", 0),
+            )
+            self._lost_estimate[0] += max(0, sent_events + forwarded[0] - accounted[0])
+            self._lost_estimate[1] += max(0, sent_turns + forwarded[1] - accounted[1])
+            self._children.append({
+                "pid": proc.pid if proc is not None else None, "writer_id": child.get("writer_id"),
+                "sent_events": sent_events, "sent_turns": sent_turns,
+                "forwarded_events": forwarded[0], "forwarded_turns": forwarded[1],
+            })
+        self._sent_rows = [0, 0]
+        self._drop_base, self._drop_base_turns = self._forwarded, self._forwarded_turns
 
     def _wait_ready(self) -> bool:
         """Wait (on the sender thread) for the child to say it is ready; False when it will not
@@ -763,8 +810,8 @@ class ProcessSpanWriter:
         report = delegate.report
         report.otlp, report.notices, report.before_stop = self.report.otlp, self.report.notices, self.report.before_stop
         self.report = report
-        delegate.count_dropped(self._dropped)  # this side's queue was full: said in the store's row
-        self._dropped = self._forwarded = 0
+        delegate.count_dropped(self._dropped, self._dropped_turns)  # this side's queue was full: said in the store's row
+        self._dropped = self._forwarded = self._dropped_turns = self._forwarded_turns = 0
         closing = False
         # the queue handed over; spans submitted meanwhile see _closed (set right after the
         # first pass) and go to the new writer directly: a second pass takes what came between
@@ -899,14 +946,14 @@ class ProcessSpanWriter:
                 self._start_settled.clear()
                 self._start_error = None
                 pending, self._pending = list(self._pending.values()), {}
-                lost = max(0, self._sent - self._settled)
-                self._lost += lost
                 self._settled = self._sent
+                estimate = self._lost_estimate[0]
+                self._child_lost(proc)
+                lost = self._lost_estimate[0] - estimate
                 for name, value in self._child.items():
                     if type(value) is int and name not in ("queued", "queued_bytes", "settled", "received"):
                         self._earlier[name] = self._earlier.get(name, 0) + value
                 self._child = {}
-                self._drop_base = self._forwarded
             else:
                 pending = self._mark_gone()
         code = self._exit_status(proc)
@@ -939,12 +986,12 @@ class ProcessSpanWriter:
         self._gone = True
         self._closed = True
         pending, self._pending = list(self._pending.values()), {}
+        self._child_lost(self._proc)
         return pending
 
     def _lose_all(self, reason: str, pending: list[_Pending]) -> None:
         """After :meth:`_mark_gone`: what the child had not written, and what is queued, counted
         as lost (beside the store), its ``pending`` flushes answered False."""
-        self._lost += max(0, self._sent - self._settled)
         self._settled = self._sent
         self._drain()
         self._last_error = reason
@@ -957,18 +1004,26 @@ class ProcessSpanWriter:
         """Empty the queue for good: its spans counted as lost, its flushes answered as failed
         (with recording to the store off: nothing lost, flushes done). One pass that pops each
         item once, so a flush queued meanwhile is answered too."""
-        unsent = len(self._converted)
+        skip = self._skip
+        events = turns = 0
+        for span in self._converted:
+            e, t = row_counts(span[0], span[5], skip)
+            events += e
+            turns += t
         self._converted = []
         flushes: list[FlushRequest] = []
         queue = self._queue
         while queue:
             item = queue.popleft()
             if type(item) is tuple:
-                unsent += 1
+                e, t = span_rows(item[0], item[1], skip)
+                events += e
+                turns += t
             elif type(item) is FlushRequest:
                 flushes.append(item)
         if not self._off:
-            self._lost += unsent
+            self._lost += events
+            self._lost_turns += turns
         settle(flushes, self._off, "store writer process")
 
     def _record_beside(self) -> None:
@@ -976,13 +1031,16 @@ class ProcessSpanWriter:
         dropped and did not hand on, and what was lost with the child."""
         counters = health.Counters(
             dropped_queue_full=self._dropped - self._forwarded, dropped_unwritable=self._lost,
+            turns_dropped_queue_full=self._dropped_turns - self._forwarded_turns, turns_dropped_unwritable=self._lost_turns,
             last_error=self._last_error, last_error_at=time.time() if self._last_error else None, queue_size=self.max_queue,
         )
-        if not (counters.dropped_queue_full or counters.dropped_unwritable or self._beside):
+        if not (counters.dropped_queue_full or counters.dropped_unwritable or counters.turns_dropped_queue_full
+                or counters.turns_dropped_unwritable or self._children or self._beside):
             return
         # an entry of its own (the child's writer keeps one under its id, which this must not replace):
-        # `status` shows it as a row of the application's pid
-        if health.record_beside(self.path, self.report.writer_id, counters):
+        # `status` shows it as a row of the application's pid, with what its children that ended
+        # unasked did not write (their rows in the store set against what they were sent)
+        if health.record_beside(self.path, self.report.writer_id, counters, children=list(self._children)):
             self._beside = True
 
     @staticmethod

@@ -73,6 +73,17 @@ process that records, whose pid the row has; ``process``: a writer process of it
 pid, for the application ``app_pid``), so ``loopscope status`` says which writer a process ran."""
 
 
+LOST_TURN_COLUMNS = {
+    "turns_dropped_queue_full": "BIGINT",
+    "turns_dropped_unwritable": "BIGINT",
+}
+"""The columns migration ``m015_lost_turns`` adds: the turn summaries (rows of ``turns``) a
+writer dropped because its queue was full, or did not write, beside the events
+(``dropped_queue_full``, ``dropped_unwritable``). Every loss is counted in the store's own
+rows, events and turns, as a span lost before its mapping would have made them; before
+m015 the two columns counted spans and rows of every table alike."""
+
+
 def migration() -> list[str]:
     """The statements of ``m007_writer_counters``: the counters of each writer (see the module's docstring)."""
     return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in COUNTER_COLUMNS.items()]
@@ -91,6 +102,11 @@ def notice_migration() -> list[str]:
 def mode_migration() -> list[str]:
     """The statements of ``m012_writer_mode`` (:data:`MODE_COLUMNS`)."""
     return _add_columns(MODE_COLUMNS)
+
+
+def lost_turns_migration() -> list[str]:
+    """The statements of ``m015_lost_turns`` (:data:`LOST_TURN_COLUMNS`)."""
+    return _add_columns(LOST_TURN_COLUMNS)
 
 
 def _text(value: str | None) -> str:
@@ -113,8 +129,8 @@ class Counters:
 
     events_written: int = 0
     turns_written: int = 0
-    dropped_queue_full: int = 0
-    dropped_unwritable: int = 0
+    dropped_queue_full: int = 0  # events
+    dropped_unwritable: int = 0  # events
     excluded: int = 0
     failed_writes: int = 0
     last_error: str | None = None
@@ -126,6 +142,8 @@ class Counters:
     notices_refused: int = 0
     notices_failed: int = 0
     notices_off: str | None = None  # why start notices were turned off for good
+    turns_dropped_queue_full: int = 0
+    turns_dropped_unwritable: int = 0
 
     def since(self, before: Counters | None) -> Counters:
         """What these counters add to ``before`` (the losses and failures; the written
@@ -134,6 +152,8 @@ class Counters:
         return Counters(
             dropped_queue_full=self.dropped_queue_full - base.dropped_queue_full,
             dropped_unwritable=self.dropped_unwritable - base.dropped_unwritable,
+            turns_dropped_queue_full=self.turns_dropped_queue_full - base.turns_dropped_queue_full,
+            turns_dropped_unwritable=self.turns_dropped_unwritable - base.turns_dropped_unwritable,
             failed_writes=self.failed_writes - base.failed_writes,
             last_error=self.last_error,
             last_error_at=self.last_error_at,
@@ -235,7 +255,7 @@ def _counts(counters: Counters) -> dict[str, str]:
         **{name: str(int(getattr(counters, name))) for name in (
             "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
             "failed_writes", "otlp_dropped", "otlp_failed", "queue_size",
-            "notices_sent", "notices_refused", "notices_failed")},
+            "notices_sent", "notices_refused", "notices_failed", *LOST_TURN_COLUMNS)},
         "last_error": _text(counters.last_error),
         "notices_off": _text(counters.notices_off),
         "last_error_at": _time(counters.last_error_at),
@@ -263,11 +283,12 @@ def writers(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         return []
     from .recovery import is_gone
 
-    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS, **MODE_COLUMNS}
+    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS, **MODE_COLUMNS, **LOST_TURN_COLUMNS}
     # a file from before m011_notice_counters (m012_writer_mode), read, never migrated, here,
     # has no notice counters (no writer modes): NULL
     selected = [*COUNTER_COLUMNS]
-    for added, probe in ((NOTICE_COLUMNS, "notices_sent"), (MODE_COLUMNS, "writer_mode")):
+    for added, probe in ((NOTICE_COLUMNS, "notices_sent"), (MODE_COLUMNS, "writer_mode"),
+                         (LOST_TURN_COLUMNS, "turns_dropped_queue_full")):
         present = has_counters(con, probe)
         selected += [name if present else f"NULL AS {name}" for name in added]
     fixed = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", "last_seen"]
@@ -306,7 +327,8 @@ def _exists(pid: int) -> bool:
 
 # -- beside the store: what its own row could not take --------------------------------------------
 
-LOSS_COUNTERS = ("dropped_queue_full", "dropped_unwritable", "failed_writes", "otlp_dropped", "otlp_failed")
+LOSS_COUNTERS = ("dropped_queue_full", "dropped_unwritable", "turns_dropped_queue_full", "turns_dropped_unwritable",
+                 "failed_writes", "otlp_dropped", "otlp_failed")
 """The counters a note beside the store may hold (what ``status`` adds up)."""
 
 
@@ -346,30 +368,91 @@ def _locked(path: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def record_beside(store: str, writer_id: str, counters: Counters, *, note: str | None = None) -> bool:
+def record_beside(store: str, writer_id: str, counters: Counters, *, note: str | None = None,
+                  children: list[dict[str, Any]] | None = None) -> bool:
     """Set ``writer_id``'s entry in the file beside ``store`` to ``counters`` (what the
     writer's row in the store lacks; an entry with nothing in it is removed). ``note``
-    says why (e.g. that recording to the store was off). False when it cannot be written
-    either (a missing folder, a read-only disk): the loss is then only logged."""
+    says why (e.g. that recording to the store was off). ``children``: the writer processes
+    of an application that ended unasked, each with the rows (events, turns) it was sent
+    (``sent_events``, ``sent_turns``) and of this side's drops it was told to count
+    (``forwarded_events``, ``forwarded_turns``): ``loopscope status`` sets them against
+    that child's row in the store. False when it cannot be written either (a missing folder,
+    a read-only disk, a full one that even the spare could not make room in): the loss is
+    then only logged, and ``status`` shows the writer's row as one that ended without
+    saying what it had not written."""
     path = beside_path(store)
     try:
         with _locked(path):
             entries = _read(path)
             entry: dict[str, Any] = {name: int(getattr(counters, name)) for name in LOSS_COUNTERS}
-            if any(entry.values()) or note:
+            if any(entry.values()) or note or children:
                 me = _me()
                 entry.update(host=me[0], pid=me[1], at=time.time(), queue_size=counters.queue_size,
                              last_error=counters.last_error, last_error_at=counters.last_error_at, note=note)
+                if children:
+                    entry["children"] = children
                 entries[writer_id] = entry
             elif entries.pop(writer_id, None) is None:
                 return True
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as handle:
-                json.dump({"version": 1, "writers": entries}, handle)
-            os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+            write_side_file(path, json.dumps({"version": 2, "writers": entries}, separators=(",", ":")).encode())
     except OSError:
         return False
     return True
+
+
+SPARE_BYTES = 64 << 10
+"""Bytes of the spare file kept beside the store (:func:`reserve_room`): what a writer frees
+to write its record of a loss on a full disk (a record of a few writers takes ~1-2 KB)."""
+
+
+def spare_path(store: str) -> str:
+    """The spare file beside ``store`` (see :data:`SPARE_BYTES`)."""
+    return beside_path(store) + ".spare"
+
+
+def reserve_room(store: str) -> None:
+    """Make the spare file beside ``store`` if it is not there (a writer does so once the
+    store took its first batch: the disk had room then). Never raises: without a spare, a
+    record on a full disk may fail, and ``status`` then says the writer ended unrecorded."""
+    path = spare_path(store)
+    try:
+        if os.path.getsize(path) >= SPARE_BYTES:
+            return
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(b"\0" * SPARE_BYTES)  # written, not a sparse file: its blocks are the room kept
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def write_side_file(path: str, data: bytes) -> None:
+    """Replace the file ``path`` with ``data`` atomically: readers see the old file or the new
+    one, never half of one. On a full disk the spare beside it (:func:`reserve_room`) is
+    removed to make room, and the write tried once more; a temporary file that could not be
+    written whole is removed (an empty one must never stand for a record). The one place
+    that writes the side files: the opening of the temporary file is what to harden."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    for attempt in range(2):
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+            return
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            spare = path + ".spare"
+            if attempt or not os.path.exists(spare):
+                raise
+            try:
+                os.unlink(spare)  # its room, for this record
+            except OSError:
+                raise exc from None
 
 
 def read_beside(store: str) -> dict[str, dict[str, Any]]:

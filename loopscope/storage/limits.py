@@ -31,6 +31,8 @@ class WriterStats:
     written_events: int
     written_turns: int
     dropped: int
+    """Event rows dropped or not written (the queue was full, the file stayed unwritable, the
+    close came first): counted as the store would have held them, never as spans."""
     excluded: int
     failed_writes: int
     batches: int
@@ -41,3 +43,5 @@ class WriterStats:
     """Events this writer had written that the file no longer holds (its WAL was removed)."""
     written_calls: int = 0
     """Model call rows (``model_calls``) written."""
+    dropped_turns: int = 0
+    """Turn summary rows (``turns``) dropped or not written, as :attr:`dropped` counts events."""

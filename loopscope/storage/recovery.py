@@ -319,5 +319,6 @@ def _ended(facts: rows.Facts) -> set[tuple[Any, Any]]:
 
 NOTHING_TO_REPORT = (  # a writer row without drops or failures to report (health.py)
     "coalesce(dropped_queue_full, 0) + coalesce(dropped_unwritable, 0) + coalesce(failed_writes, 0) "
+    "+ coalesce(turns_dropped_queue_full, 0) + coalesce(turns_dropped_unwritable, 0) "
     "+ coalesce(otlp_dropped, 0) + coalesce(otlp_failed, 0) = 0"
 )

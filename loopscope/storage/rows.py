@@ -562,6 +562,11 @@ class SpanMapping(Protocol):
         """What a queued ended span counts against the writer's byte bound."""
         ...
 
+    def rows(self, kind: int, span: Any, skip: frozenset[str] = frozenset()) -> tuple[int, int]:
+        """How many event rows and turn rows the span would make (``skip`` as in :meth:`add`):
+        what the writer counts as lost when it loses a span before mapping it."""
+        ...
+
     def recover(self, con: Any) -> int:
         """Close the turns that writers whose process ended left open (``con`` holds the
         file for writing); returns how many were closed."""

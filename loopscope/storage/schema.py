@@ -382,6 +382,15 @@ def m014_unnamed_tool_calls() -> list[str]:
     return [s for s in create_statements() if s.startswith("CREATE OR REPLACE VIEW tool_calls AS")]
 
 
+@migration
+def m015_lost_turns() -> list[str]:
+    """Each writer's lost turn summaries beside its lost events, in its loopscope_writers
+    row (storage/health.py): every loss counted in the store's rows, events and turns."""
+    from .health import lost_turns_migration
+
+    return lost_turns_migration()
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""

@@ -106,8 +106,12 @@ class StoreWriter:
         track_turns: bool = False,
         content: ContentPolicy | None = None,
         skip_stored: bool = False,
+        report_each_batch: bool = False,
     ) -> None:
         self.path = path
+        # the writer's row updated in every batch's transaction, not at most every REPORT_EVERY:
+        # a writer process's, whose application sets what it sent against the row (writer_child.py)
+        self.report_each_batch = report_each_batch
         # spans to facts (loopscope.ingest.mapping.SPANS): the writer itself knows facts only
         self._mapping = mapping
         self._span_bytes = mapping.size  # bound once: the hot path calls it per ended span
@@ -120,7 +124,11 @@ class StoreWriter:
         # the counters kept in the store, for `loopscope status` (health.py); the pipeline
         # sets report.otlp to count the OTLP exporter's drops as well
         self.report = health.Report()
-        self._dropped_unwritable = 0
+        # losses are counted as the store would have held them: event rows and turn rows
+        # (a span lost before its mapping counts the rows the mapping would make of it,
+        # SpanMapping.rows), never spans or a mix of rows of every table
+        self._dropped_unwritable = 0  # events not written: the file stayed unwritable, or the close came first
+        self._dropped_unwritable_turns = 0
         self._last_failure: str | None = None  # kept after writes work again, unlike _last_error
         self._last_failure_at: float | None = None
         # an in-process writer notes the turns it opens, so that a crash leaves them
@@ -141,7 +149,9 @@ class StoreWriter:
         self._wake = threading.Event()
         self._closed = False
         self._mapped = 0  # rows taken from the queue and mapped, not written yet
+        self._mapped_facts: rows.Facts | None = None  # those rows (counted as lost by an abandoned close)
         self._inflight = 0  # rows in the write under way (the backlog's among them)
+        self._inflight_rows = (0, 0)  # of those, events and turn summaries
         self._held_bytes = 0  # Arrow bytes of the rows mapped, being written or kept
         self._backlog: rows.Facts | None = None  # rows that could not be written yet
         # bytes queued = _in_bytes - _out_bytes: the first only the application's threads
@@ -151,13 +161,15 @@ class StoreWriter:
         self._abandoned = False  # close() gave up waiting for the thread (see _abandon)
         self._beside_lock = threading.Lock()
         self._beside = False  # an entry of this writer's is in the file beside the store
+        self._room_kept = False  # the spare beside the store was made (health.reserve_room)
         self._indices = _SessionIndex()
         self._wal_pending = False  # the last batch left its rows in the WAL (see _write)
         self._reported_at = -REPORT_EVERY  # time.monotonic() of the last batch that updated its row
         self._written_events = 0
         self._written_turns = 0
         self._written_calls = 0
-        self._dropped = 0
+        self._dropped = 0  # events dropped: the queue was full, or unwritable (_dropped_unwritable)
+        self._dropped_turns = 0  # turn summaries dropped, likewise
         self._excluded = 0
         self._failed_writes = 0
         self._batches = 0
@@ -175,7 +187,7 @@ class StoreWriter:
         queue = self._queue
         size = len(queue)
         if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
-            self._dropped += 1
+            self._drop_span(kind, span)
             return
         if kind:  # an ended span: its content is final (a started one's is counted at its end)
             self._in_bytes += self._span_bytes(span)
@@ -186,6 +198,31 @@ class StoreWriter:
             # a full batch, or half the byte bound: written now rather than dropped after the
             # wait (not while writes fail: the rows kept are retried at the interval)
             self._wake.set()
+
+    def _drop_span(self, kind: int, span: Any) -> None:
+        """Count a span that is not queued: the rows its mapping would have made."""
+        events, turns = self._mapping.rows(kind, span, self._skipped())
+        self._dropped += events
+        self._dropped_turns += turns
+
+    def _skipped(self) -> frozenset[str]:
+        """The event types the policy leaves out (asked once per policy)."""
+        policy = self.policy
+        if self._allowed_by is not policy:
+            self._skip = frozenset(t for t in set(rows.EVENT_TYPES.values()) if not policy.allows(t))
+            self._allowed_by = policy
+        return self._skip
+
+    def _queued_rows(self) -> tuple[int, int]:
+        """The events and turn summaries of the spans queued now (not mapped yet)."""
+        skip, rows_of = self._skipped(), self._mapping.rows
+        events = turns = 0
+        for item in list(self._queue):
+            if type(item) is not FlushRequest:
+                e, t = rows_of(item[0], item[1], skip)
+                events += e
+                turns += t
+        return events, turns
 
     def submit_start(self, span: Any) -> None:
         self.submit(START, span)
@@ -217,12 +254,14 @@ class StoreWriter:
         self._wake.set()
         self._arrived.set()
 
-    def count_dropped(self, count: int) -> None:
-        """Count ``count`` spans dropped before they reached this writer (a writer process's
-        application, whose queue was full) as dropped by this writer's full queue, so that
-        the store's health record says so."""
-        if count > 0:
-            self._dropped += count
+    def count_dropped(self, events: int, turns: int = 0) -> None:
+        """Count the rows of spans dropped before they reached this writer (``events`` and
+        ``turns``: a writer process's application, whose queue was full) as dropped by this
+        writer's full queue, so that the store's health record says so."""
+        if events > 0:
+            self._dropped += events
+        if turns > 0:
+            self._dropped_turns += turns
 
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Flush, then stop the thread; returns within ``timeout`` seconds (``None``: once
@@ -246,18 +285,20 @@ class StoreWriter:
             # inside a write that does not end (a stuck disk, a hook): the file and its
             # in-process lock are the thread's, so the count goes beside the store
             self._abandon()
-            lost = self._dropped + self._unwritten()
+            events, turns = self._unwritten()
+            lost = (self._dropped + events, self._dropped_turns + turns)
         else:
             self._give_up_backlog()
-            lost = self._dropped
+            lost = (self._dropped, self._dropped_turns)
             before_stop = self.report.before_stop
             if before_stop is not None:  # the exporters' last sends, counted in the last report
                 with guard("writer before stop"):
                     wait = left()
                     before_stop(None if wait is None else wait / 2)  # half: the report needs its turn
             self._report_stop(left())
-        if lost:
-            logger.warning("loopscope: %d events could not be stored in %s (%s)", lost, self.path, self._last_error or "queue full")
+        if any(lost):
+            logger.warning("loopscope: %d events and %d turns could not be stored in %s (%s)", *lost, self.path,
+                           self._last_error or "queue full")
 
     def stats(self) -> WriterStats:
         return WriterStats(
@@ -265,6 +306,7 @@ class StoreWriter:
             written_events=self._written_events,
             written_turns=self._written_turns,
             dropped=self._dropped,
+            dropped_turns=self._dropped_turns,
             excluded=self._excluded,
             failed_writes=self._failed_writes,
             batches=self._batches,
@@ -284,6 +326,8 @@ class StoreWriter:
             turns_written=self._written_turns + (facts.turn_rows if facts is not None else 0),
             dropped_queue_full=self._dropped - self._dropped_unwritable,
             dropped_unwritable=self._dropped_unwritable,
+            turns_dropped_queue_full=self._dropped_turns - self._dropped_unwritable_turns,
+            turns_dropped_unwritable=self._dropped_unwritable_turns,
             excluded=self._excluded,
             failed_writes=self._failed_writes,
             last_error=self._last_failure,
@@ -313,7 +357,7 @@ class StoreWriter:
         row (see :data:`REPORT_EVERY`)."""
         persisted = self.report.persisted
         if (
-            flushing or persisted is None or not self.report.has_row(self._row_id())
+            flushing or self.report_each_batch or persisted is None or not self.report.has_row(self._row_id())
             or time.monotonic() - self._reported_at >= REPORT_EVERY
         ):
             return True
@@ -342,17 +386,33 @@ class StoreWriter:
     def _give_up_backlog(self) -> None:
         """The thread stopped with rows it could not write (and, after a write that failed,
         spans it did not take from the queue): they are lost, and counted."""
-        rows = self._backlog_rows() + sum(1 for item in self._queue if type(item) is not FlushRequest)
+        events, turns = self._queued_rows()
+        backlog = self._backlog
+        if backlog is not None:
+            events += backlog.event_rows
+            turns += backlog.turn_rows
         self._queue.clear()
         self._backlog = None
         self._held_bytes = 0
-        self._dropped += rows
-        self._dropped_unwritable += rows
+        self._lose(events, turns)
 
-    def _unwritten(self) -> int:
-        """Rows and spans held and not written: queued, mapped, being written, kept."""
-        queued = sum(1 for item in list(self._queue) if type(item) is not FlushRequest)
-        return queued + self._mapped + self._inflight + self._backlog_rows()
+    def _lose(self, events: int, turns: int) -> None:
+        """Count rows that will not be written (the file stayed unwritable, the close came first)."""
+        self._dropped += events
+        self._dropped_unwritable += events
+        self._dropped_turns += turns
+        self._dropped_unwritable_turns += turns
+
+    def _unwritten(self) -> tuple[int, int]:
+        """The events and turn summaries held and not written: queued, mapped, being written, kept."""
+        events, turns = self._queued_rows()
+        mapped, backlog = self._mapped_facts, self._backlog
+        for held in (mapped, backlog):
+            if held is not None:
+                events += held.event_rows
+                turns += held.turn_rows
+        inflight = self._inflight_rows
+        return events + inflight[0], turns + inflight[1]
 
     def _abandon(self) -> None:
         """``close()`` stops waiting for a thread stuck in a write: count what it holds as
@@ -367,7 +427,9 @@ class StoreWriter:
         with self._beside_lock:
             delta = self.counters().since(self.report.persisted)
             if self._abandoned:
-                delta.dropped_unwritable += self._unwritten()
+                events, turns = self._unwritten()
+                delta.dropped_unwritable += events
+                delta.turns_dropped_unwritable += turns
                 delta.last_error, delta.last_error_at = "still writing when the store was closed", time.time()
             if not self._beside and not any(getattr(delta, name) for name in health.LOSS_COUNTERS):
                 return  # the store's row says it all, and nothing was noted beside it before
@@ -451,7 +513,7 @@ class StoreWriter:
             left -= len(items) + len(taken)
             if items:
                 self._map(items, facts)
-                self._mapped = facts.rows
+                self._mapped, self._mapped_facts = facts.rows, facts
                 self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
             markers += taken
             idle = left <= 0
@@ -461,7 +523,7 @@ class StoreWriter:
                 try:
                     ok = self._write(facts, flushing=bool(markers))
                 finally:
-                    self._mapped = 0
+                    self._mapped, self._mapped_facts = 0, None
                     settle(markers, ok, "store writer")
                 facts, markers = rows.Facts(), []
                 if not ok or self._abandoned:
@@ -489,12 +551,9 @@ class StoreWriter:
         return items, markers
 
     def _map(self, items: list[Any], facts: rows.Facts) -> None:
-        policy = self.policy
-        if self._allowed_by is not policy:  # the policy's answer, asked once per policy
-            self._skip = frozenset(t for t in set(rows.EVENT_TYPES.values()) if not policy.allows(t))
-            self._allowed_by = policy
+        skip = self._skipped()
         excluded = facts.excluded
-        self._mapping.add(facts, items, self._skip, _yield_gil)
+        self._mapping.add(facts, items, skip, _yield_gil)
         self._excluded += facts.excluded - excluded
 
     def _write(self, facts: rows.Facts, *, flushing: bool = False) -> bool:
@@ -517,7 +576,8 @@ class StoreWriter:
             facts = backlog
         if not facts.rows:
             return True
-        self._inflight, self._mapped = facts.rows, 0
+        self._inflight, self._mapped, self._mapped_facts = facts.rows, 0, None
+        self._inflight_rows = (facts.event_rows, facts.turn_rows)
         pieces = [facts]
         try:
             while pieces:
@@ -525,14 +585,16 @@ class StoreWriter:
                 failure = self._write_piece(piece, flushing)
                 if failure is None:
                     self._inflight -= piece.rows
+                    self._inflight_rows = (self._inflight_rows[0] - piece.event_rows, self._inflight_rows[1] - piece.turn_rows)
                     continue
                 if not isinstance(failure, StoreLockedError) and piece.rows > 1:
                     first, second = _halves(piece)
                     pieces += [second, first]  # the first half is written first
                     continue
                 if piece.rows == 1 and not _file_error(failure):
-                    self._drop_bad_row(failure)
+                    self._drop_bad_row(failure, piece)
                     self._inflight -= 1
+                    self._inflight_rows = (self._inflight_rows[0] - piece.event_rows, self._inflight_rows[1] - piece.turn_rows)
                     continue
                 rest = piece
                 for later in reversed(pieces):
@@ -540,7 +602,7 @@ class StoreWriter:
                 self._keep(rest, failure)
                 return False
         finally:
-            self._inflight = 0
+            self._inflight, self._inflight_rows = 0, (0, 0)
             self._held_bytes = self._backlog_bytes()
         if self._last_error is not None:
             logger.warning("loopscope: writing to %s works again", self.path)
@@ -580,6 +642,9 @@ class StoreWriter:
         except (duckdb.Error, StoreError, OSError) as exc:
             self._indices.pending = None
             return exc
+        if not self._room_kept:  # the disk had room for a batch: a spare for a record of losses on a full one
+            self._room_kept = True
+            health.reserve_room(self.path)
         self._written_events += written_events
         self._written_turns += written_turns
         self._written_calls += facts.call_rows
@@ -587,8 +652,7 @@ class StoreWriter:
         if self._indices.commit():
             # rows this writer had written are gone from the file (its WAL was removed):
             # counted, and its row in loopscope_writers, gone with them, is made again
-            self._dropped_unwritable += self._indices.last_gap
-            self._dropped += self._indices.last_gap
+            self._lose(self._indices.last_gap, 0)
             self._last_failure = self._last_error = (
                 f"{self._indices.lost} events written earlier are missing from the file (was its .wal removed?)"
             )
@@ -597,9 +661,8 @@ class StoreWriter:
             warn_once(f"lost-from-file:{self.path}", "loopscope: %s in %s", self._last_failure, self.path)
         return None
 
-    def _drop_bad_row(self, exc: BaseException) -> None:
-        self._dropped += 1
-        self._dropped_unwritable += 1
+    def _drop_bad_row(self, exc: BaseException, piece: rows.Facts) -> None:
+        self._lose(piece.event_rows, piece.turn_rows)  # one row: an event, a model call or a turn summary
         self._failed_writes += 1
         self._last_failure, self._last_failure_at = _first_line(exc), time.time()
         warn_once(f"bad-row:{self.path}", "loopscope: %s refused an event (%s); it is dropped and counted", self.path, self._last_failure)
@@ -636,9 +699,9 @@ class StoreWriter:
         if size > self.max_bytes and facts.rows:  # about the share of the rows over the bound
             overflow = max(overflow, -(-facts.rows * (size - self.max_bytes) // size))
         if overflow > 0:
-            self._dropped += overflow
-            self._dropped_unwritable += overflow
+            events, turns = facts.event_rows, facts.turn_rows
             facts.drop_oldest(overflow)
+            self._lose(events - facts.event_rows, turns - facts.turn_rows)
         self._backlog = facts
 
     def _backlog_bytes(self) -> int:

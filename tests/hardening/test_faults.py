@@ -213,11 +213,14 @@ def test_a_stuck_writer_bounds_its_queue_by_count_and_counts_what_it_drops(tmp_p
         # (never more than what the queue held when it was taken); without the bound it
         # would hold all 15,000
         assert peak <= 1_000
-        assert stats.dropped >= 13_000
+        # counted as the store's rows (10,000 events and 5,000 turns sent): most of them dropped
+        assert stats.dropped >= 8_500 and stats.dropped_turns >= 4_200, stats
         gate.set()
         assert loopscope.flush(timeout=30)
         stats = pipeline.stats()
         kept = stats.written_events + stats.written_turns
+        # every event and turn written or counted dropped, none of them twice
+        assert (stats.written_events + stats.dropped, stats.written_turns + stats.dropped_turns) == (10_000, 5_000)
     finally:
         gate.set()
         loopscope.shutdown()
@@ -262,9 +265,9 @@ def test_a_writer_stuck_in_a_write_does_not_hold_the_exit_and_its_events_are_cou
         assert "shut down" in child.out.read_text()
     assert "could not be stored" in child.err.read_text()
     status = read_status(str(db))
-    # 20 turns of 2 events and a summary, none written: counted, as rows or spans, never 0
-    assert status["totals"]["dropped_unwritable"] >= 20, status
-    assert any("events lost" in line for line in status["problems"]), status["problems"]
+    # 20 turns of 2 events and a summary, none written: counted as the store's rows, exactly
+    assert (status["totals"]["dropped_unwritable"], status["totals"]["turns_dropped_unwritable"]) == (40, 20), status
+    assert any("40 events and 20 turns lost" in line for line in status["problems"]), status["problems"]
 
 
 def _default_store_child(cwd: Path | str, endpoint: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -374,17 +377,17 @@ def test_a_full_disk_with_some_room_again_writes_what_fits_and_counts_the_rest(t
     store = loopscope.Store(str(db))
     _, rows = store.sql("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM turns), "
                         "(SELECT count(DISTINCT id) FROM events), (SELECT count(*) FROM model_calls)")
-    events, turns, distinct, calls = rows[0]
+    events, turns, distinct, _calls = rows[0]
     # a commit DuckDB made durable before its checkpoint failed counts as written, not retried
     assert distinct == events, f"{events - distinct} events stored twice"
     assert events > report["written_while_full"]  # pieces were written once there was room
     assert (events, turns) == (report["events"], report["turns"])
     status = read_status(str(db))
-    lost = status["totals"]["dropped_unwritable"]
-    # 5 events, 2 model calls and a summary per turn: each written or counted
-    assert lost > 0 and events + turns + calls + lost == 80 * 8
+    lost, lost_turns = status["totals"]["dropped_unwritable"], status["totals"]["turns_dropped_unwritable"]
+    # 5 events and a summary per turn: each written or counted, as the store's rows
+    assert lost > 0 and events + lost == 80 * 5 and turns + lost_turns == 80, status["totals"]
     assert not any("written later" in line for line in status["problems"]), status["problems"]
-    assert any(f"{lost} events lost" in line for line in status["problems"]), status["problems"]
+    assert any(f"{lost} events and {lost_turns} turn" in line and "lost" in line for line in status["problems"]), status["problems"]
     # whatever was written of a session is whole from its first event on: no gap
     _, sessions = store.sql("SELECT session_id, min(idx), max(idx), count(*) FROM events GROUP BY session_id")
     assert len(sessions) > 10

@@ -142,7 +142,9 @@ def test_writer_process_asked_for_explicitly_does_not_fall_back(tmp_path: Path, 
     assert "runs in a thread" not in app.err.read_text()
     assert not db.exists()  # no writer ever opened it
     [lost] = health.read_beside(str(db)).values()  # counted beside it, where `loopscope status` reads
-    assert lost["dropped_unwritable"] + lost["dropped_queue_full"] == 60  # a turn's start and end, its generation
+    # counted as the store's rows: a turn's input and generation (events) and its summary (a turn)
+    assert lost["dropped_unwritable"] + lost["dropped_queue_full"] == 40
+    assert lost["turns_dropped_unwritable"] + lost["turns_dropped_queue_full"] == 20
 
 
 def test_a_db_given_to_configure_that_is_no_store_raises_with_the_writer_process_too(tmp_path: Path) -> None:

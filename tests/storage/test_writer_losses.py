@@ -56,12 +56,13 @@ def test_processes_that_end_while_another_holds_the_store_count_their_lost_event
     release.write_text("go")
     holder.wait(30)
     status = read_status(str(db))
-    # 25 turns of 2 events, a model call and a summary each, per process: every row counted, none written
+    # 25 turns of 2 events and a summary each, per process: every event and turn counted, none written
     assert status["events"] == 0
-    assert status["totals"]["dropped_unwritable"] == 2 * 25 * 4, status["writers"]
+    assert status["totals"]["dropped_unwritable"] == 2 * 25 * 2, status["writers"]
+    assert status["totals"]["turns_dropped_unwritable"] == 2 * 25, status["writers"]
     text = _status_text(db)
     assert "nothing was dropped" not in text and "written later" not in text
-    assert text.count("100 events lost") == 2, text
+    assert text.count("50 events and 25 turns lost") == 2, text
 
 
 def test_rows_lost_with_a_removed_wal_are_counted_and_leave_no_index_gap(tmp_path: Path) -> None:

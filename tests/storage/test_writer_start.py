@@ -85,10 +85,12 @@ def test_a_store_the_writer_process_refuses_is_said_once_and_its_events_counted_
     assert app.finish_ok(90).split() == ["False"]
     err = app.err.read_text()
     assert err.count("upgrade loopscope to use it; events for") == 1, err  # said once, when found
-    assert "15 events could not be stored" in err  # and counted, at the close
+    assert "10 events and 5 turns could not be stored" in err  # and counted in the store's rows, at the close
     assert db.read_bytes() == before  # left as it was
     [lost] = health.read_beside(str(db)).values()
-    assert lost["dropped_unwritable"] + lost["dropped_queue_full"] == 15  # five turns: their start, end and generation
+    # five turns, as the store counts them: their input and generation (events), their summary (a turn)
+    assert lost["dropped_unwritable"] + lost["dropped_queue_full"] == 10
+    assert lost["turns_dropped_unwritable"] + lost["turns_dropped_queue_full"] == 5
     # `loopscope status` says so (it cannot read the store itself: a newer loopscope's)
     env = {k: v for k, v in os.environ.items() if k != "LOOPSCOPE_DB"}
     done = subprocess.run([sys.executable, "-m", "loopscope", "--db", str(db), "status", "--json"], capture_output=True,
