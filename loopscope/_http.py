@@ -29,6 +29,7 @@ import hmac
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -190,3 +191,18 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     def shutdown(self) -> None:
         self._stopping = True
         super().shutdown()
+
+    def wait_served(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the requests being served to end (False: some
+        still run). The handler threads are daemon threads: one still inside a DuckDB read
+        when the interpreter ends aborts the process (SIGABRT), so a server stopped at exit
+        lets them finish first."""
+        deadline = time.monotonic() + timeout
+        taken = 0
+        try:
+            while taken < self.max_connections and self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                taken += 1
+        finally:
+            for _ in range(taken):
+                self._slots.release()
+        return taken == self.max_connections
