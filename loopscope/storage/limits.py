@@ -4,6 +4,7 @@ writer process's application side need, which import neither DuckDB nor Arrow
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 __all__ = ["CLOSE_TIMEOUT", "CLOSE_TIMEOUT_ENV", "QUEUE_BYTES", "WRITER_CLOSE_TIMEOUT", "WriterStats", "close_timeout"]
@@ -32,8 +33,6 @@ def close_timeout(asked: float | None = None) -> float:
         if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not 0 <= asked < 1e9:
             raise ValueError(f"close_timeout must be a number of seconds >= 0, not {asked!r}")
         return float(asked)
-    import os
-
     try:
         value = float(os.environ.get(CLOSE_TIMEOUT_ENV, ""))
     except ValueError:

@@ -22,6 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
@@ -254,3 +255,10 @@ def test_a_writer_beside_tail_follow_and_the_dashboard_loses_nothing(
     assert status["events"] == expected and status["turns"] == 2 * TURNS, status
     assert status["totals"]["dropped_unwritable"] == 0 and status["totals"]["dropped_queue_full"] == 0, status["writers"]
     assert not any("lost" in line for line in status["problems"]), status["problems"]
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "60", True])
+def test_a_close_timeout_that_is_no_number_of_seconds_is_refused_before_anything_changes(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match="close_timeout"):
+        loopscope.configure(tmp_path / "bad.duckdb", tracer_provider=TracerProvider(), close_timeout=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "bad.duckdb").exists()
