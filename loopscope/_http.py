@@ -492,6 +492,20 @@ class BoundedHTTPServer(HTTPServer):
             self._wake()
             self._done.wait()
 
+    def wait_served(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the requests being served to end (False: some
+        still run). The serving threads are daemon threads: one still inside a DuckDB read
+        when the interpreter ends aborts the process (SIGABRT), so a server stopped at exit
+        lets them finish first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._running == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def server_close(self) -> None:
         super().server_close()
         with self._lock:

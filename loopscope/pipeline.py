@@ -51,6 +51,7 @@ from .recorder.stitch import set_idle_timeout, set_max_open
 from .storage import health, recording
 from .storage.errors import StoreError, StoreLockedError
 from .storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
+from .storage.limits import close_timeout as writer_close_timeout
 from .storage.policy import PersistencePolicy
 from .storage.recording import resolve
 
@@ -163,7 +164,7 @@ def _thread_writer(path: str, options: dict[str, Any]) -> StoreWriter:
 
 def _process_writer(
     path: str, options: dict[str, Any], prices: Mapping[str, Any] | None, latest: bool, *, auto: bool = False,
-    no_child: str | None = None, default_path: bool = False,
+    no_child: str | None = None, default_path: bool = False, close_timeout: float | None = None,
 ) -> ProcessSpanWriter | None:
     """The writer process for ``path``; None (the thread writer then) when its options cannot
     be sent to a process (a content hook that is a lambda or a local function), or, with
@@ -178,7 +179,8 @@ def _process_writer(
     fallback = functools.partial(_thread_writer, path, options) if auto else None
     try:
         off = (lambda problem: _store_off(path, StoreError(problem))) if default_path else None
-        return ProcessSpanWriter(path, prices=prices, latest=latest, fallback=fallback, on_store_off=off, **options)
+        return ProcessSpanWriter(path, prices=prices, latest=latest, fallback=fallback, on_store_off=off,
+                                 close_timeout=close_timeout, **options)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         warn_once("writer-process-options", "loopscope: the store's writer runs in a thread: its options cannot go to a "
                   "process (%s)", exc)
@@ -321,6 +323,7 @@ def configure(
     prices: Mapping[str, Mapping[str, Any]] | None = None,
     writer: str | None = None,
     find_conversations: bool | None = None,
+    close_timeout: float | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -350,6 +353,11 @@ def configure(
     the spans, counted).
     ``Pipeline.writer_mode`` and ``loopscope status`` say which runs. The promises
     are the same (``flush()`` waits for the rows, the close is bounded, losses are counted).
+    At ``shutdown()`` and at exit the application waits for its writer process at most
+    ``shutdown``'s bound (5 s); a writer process still writing then (its file busy with
+    other writers and readers) writes on alone, for ``close_timeout`` seconds at most (default
+    60, or ``LOOPSCOPE_CLOSE_TIMEOUT``), and counts what it could not write by then
+    (``loopscope status``). The thread writer writes within ``shutdown``'s bound.
     A content policy that cannot be sent to a process (a hook that is a lambda) keeps the
     thread, with a warning. With a writer process the store is checked (migrated, its dead
     writers' turns closed) by the child, in the background: ``configure()`` does not wait
@@ -411,6 +419,8 @@ def configure(
     """
     global _active
     pricing.set_overrides(prices)  # checked first: a bad entry changes nothing
+    if close_timeout is not None:
+        writer_close_timeout(close_timeout)  # a bad value raises before anything changes
     with _lock:
         explicit = db not in (None, True, False)
         path = None if db is False else resolve(default_db_path() if not explicit else db)  # type: ignore[arg-type]
@@ -452,7 +462,7 @@ def configure(
                 # not waited for: the child's imports and its check of the store (~0.5 s) run while
                 # the application goes on; what the check refuses is said once and counted as lost
                 store_writer = _process_writer(path, options, prices, latest, auto=mode == "auto", no_child=no_child,
-                                               default_path=not explicit)
+                                               default_path=not explicit, close_timeout=close_timeout)
             if store_writer is None:
                 store_writer = _thread_writer(path, options)
             targets.append(StoreSpanProcessor(store_writer))

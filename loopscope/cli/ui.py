@@ -81,4 +81,9 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+        server.wait_served(STOP_WAIT)  # no request thread left inside DuckDB as the interpreter ends
     return 0
+
+
+STOP_WAIT = 5.0
+"""Seconds the dashboard waits at its end for the requests being served (each a short read)."""

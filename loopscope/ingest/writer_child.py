@@ -82,7 +82,9 @@ class _Answers:
     def counters(self) -> dict[str, Any]:
         received = self.received  # read before the queue: all of these are settled when it is empty
         stats = self._writer.stats()
-        if stats.queued == 0:
+        # nothing queued, and no drain under way (read after the queue: a drain that took the
+        # spans may be mapping them, counted nowhere yet): all received is written or kept
+        if stats.queued == 0 and not self._writer.draining:
             self.settled = max(self.settled, received)
         return {
             "queued": stats.queued, "written_events": stats.written_events, "written_turns": stats.written_turns,
@@ -201,10 +203,11 @@ def main() -> None:
     answers = _Answers(stdout, writer)
     stop = threading.Event()
     answers.send(READY, problem)  # the first message: from now on the application ships its spans here
-    threading.Thread(target=answers.stats_loop, args=(stop,), name="loopscope-stats", daemon=True).start()
+    stats_thread = threading.Thread(target=answers.stats_loop, args=(stop,), name="loopscope-stats", daemon=True)
+    stats_thread.start()
     submit = writer.submit
     dropped = (0, 0)  # the application's drops counted so far (events, turns)
-    timeout: float | None = CLOSE_TIMEOUT
+    timeout: float | None = config.get("close_timeout", CLOSE_TIMEOUT)
     while True:
         message = receive(stdin)
         if message is None:
@@ -233,11 +236,47 @@ def main() -> None:
         elif kind == CLOSE:  # with the application's last counts
             timeout, parent_dropped, otlp[0], otlp[1], notices[0], _ = marshal.loads(payload)
             writer.count_dropped(parent_dropped[0] - dropped[0], parent_dropped[1] - dropped[1])
+            # the application may leave before this writer is done (it waits CLOSE_TIMEOUT at
+            # most): from then on this process speaks through the store (`loopscope status`)
+            threading.Thread(target=_quiet_once_left, args=(stdin,), name="loopscope-left", daemon=True).start()
             break
     writer.close(timeout)
     stop.set()
+    stats_thread.join()  # it writes to stdout: never while the interpreter ends (_end)
     answers.settled = answers.received  # each written, or counted as lost by the close: none is left to count
     answers.send(DONE, answers.counters())
+    _end()
+
+
+def _quiet_once_left(stdin: IO[bytes]) -> None:
+    """After the close message: wait for the application to let go of the pipe (it has left,
+    or stopped waiting for this writer), then send this process's output and its log lines
+    to /dev/null. The application's stderr may be a pipe its own parent reads to the end
+    (``subprocess.run(capture_output=True)``): held by this process, it would keep that
+    parent waiting for as long as this writer writes. What it still loses is counted in
+    the store or beside it, where ``loopscope status`` reads it."""
+    try:
+        while stdin.read(1 << 16):
+            pass
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
+def _end() -> None:
+    """Exit now, once the streams are flushed: a thread of the writer's still at work (one
+    abandoned inside a write that did not end within the close's bound, counted already)
+    must not run, or print, while the interpreter finalises (a daemon thread holding
+    stderr's lock then makes it abort with ``Fatal Python error: _enter_buffered_busy``)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,14 @@ The writer's promises hold across the pipe:
   writer wrote them (a :class:`~loopscope.storage.flush.FlushRequest` there too).
 * The queue here is bounded in spans and bytes as the thread writer's; what it drops is
   sent along with the next spans and counted in the child's health row (``loopscope status``).
-* ``close()`` returns within its timeout: the child is told to close (it closes its writer
-  within what is left), and one that does not answer in time is killed. What it had not
-  written, and whatever this side still held, is counted as lost beside the store
+* ``close()`` returns within its timeout: the child is told to close, behind the last
+  spans. It writes what it holds within ``close_timeout`` (``configure(close_timeout=)``,
+  ``LOOPSCOPE_CLOSE_TIMEOUT``, default 60 s), not within the application's wait: a child
+  still writing when the application stops waiting (other writers and readers take their
+  turns at the file, under load) is left to write on after the application's exit, and
+  counts in the store what it could not write by its bound. A child that has not been
+  handed everything in time is killed: what it had not written, and whatever this side
+  still held, is counted as lost beside the store
   (:func:`~loopscope.storage.health.record_beside`), as it is when the child dies while
   the application goes on.
 * A child that dies unasked (the OOM killer, a ``kill -9``, a crash) costs what it had not
@@ -71,6 +76,7 @@ from ..content.policy import ContentPolicy
 from ..storage import health
 from ..storage.flush import FlushRequest, settle
 from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
+from ..storage.limits import close_timeout as writer_close_timeout
 from ..storage.policy import PersistencePolicy
 from ..storage.rows import EVENT_TYPES
 from .mapping import row_counts, span_rows, span_size
@@ -183,15 +189,40 @@ def send(stream: IO[bytes], kind: bytes, payload: bytes) -> None:
 
 
 def receive(stream: IO[bytes]) -> tuple[bytes, bytes] | None:
-    """Read one message from ``stream``; None at its end (or a torn message)."""
-    head = stream.read(HEADER.size)
-    if len(head) < HEADER.size:
+    """Read one message from ``stream`` (buffered, or raw: short reads are read on); None at
+    its end (or a torn message)."""
+    head = _read_exactly(stream, HEADER.size)
+    if head is None:
         return None
     kind, size = HEADER.unpack(head)
-    payload = stream.read(size) if size else b""
-    if len(payload) < size:
+    payload = _read_exactly(stream, size) if size else b""
+    if payload is None:
         return None
     return kind, payload
+
+
+def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
+    data = stream.read(size)
+    if data is None or len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = stream.read(size - got)
+        if not more:
+            return None
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _unbuffered(stream: IO[bytes]) -> IO[bytes]:
+    """The raw file under a buffered pipe, which the answers are read from: a thread blocked
+    in a buffered read holds the buffer's lock, and should the interpreter finalise meanwhile
+    (the application ends while its writer process, left writing, has not answered yet), the
+    pipe's release would take that lock and abort (``Fatal Python error:
+    _enter_buffered_busy``). A raw read holds no lock."""
+    return getattr(stream, "raw", stream)
 
 
 def _marshalable(value: Any) -> Any:
@@ -284,8 +315,11 @@ class ProcessSpanWriter:
         fallback: Callable[[], Any] | None = None,
         on_store_off: Callable[[str], None] | None = None,
         eager: bool = True,
+        close_timeout: float | None = None,
     ) -> None:
         self.path = path
+        # how long the child may write on after the close (this side waits CLOSE_TIMEOUT at most)
+        self._writer_close = writer_close_timeout(close_timeout)
         # the default store: when the child finds it cannot be written, recording to it is off
         # (said by this callback), as the thread writer's configure() turns it off
         self._on_store_off = on_store_off
@@ -303,6 +337,7 @@ class ProcessSpanWriter:
             "path": path, "policy": policy, "flush_interval": flush_interval, "max_queue": max_queue,
             "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
             "content": content, "prices": dict(prices) if prices else None, "latest": latest, "app_pid": os.getpid(),
+            "close_timeout": self._writer_close,
         })
         # the event types the policy leaves out: a span lost here counts the rows the child's
         # mapping would have made of it (events and turns, as the store has them)
@@ -358,6 +393,10 @@ class ProcessSpanWriter:
         self._last_error: str | None = None
         self._beside = False
         self._close_timeout: float | None = CLOSE_TIMEOUT
+        self._handed = False  # the close message is in the child's pipe, behind every span sent
+        self.left_writing = False
+        """close() returned while the writer process still wrote what it was handed (it goes
+        on alone, within ``close_timeout``)."""
         self._thread = threading.Thread(target=self._run, args=(eager,), name=f"loopscope-sender {self.path}", daemon=True)
         self._thread.start()
 
@@ -417,8 +456,12 @@ class ProcessSpanWriter:
 
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Ship the rest, have the child close its writer, and wait for it: within
-        ``timeout`` seconds in all, after which a child still at work is killed. What was
-        not written is counted as lost (beside the store). Later spans are counted as dropped."""
+        ``timeout`` seconds in all. A child that has every span by then (the close message
+        behind them in its pipe) and is still writing is left to write on, within its
+        ``close_timeout`` (:attr:`left_writing`): it counts what it cannot write in the store or
+        beside it. One that has not got them all (the pipe full, the child stuck) is
+        killed, and what it had not written is counted as lost (beside the store). Later
+        spans are counted as dropped."""
         if self._stopped:
             return
         self._stopped = True
@@ -447,8 +490,15 @@ class ProcessSpanWriter:
         _live_writers.discard(self)
         proc = self._proc
         if not self._done.is_set() and proc is not None:
-            self._kill(proc)
-            self._child_gone("still writing when the store was closed")
+            if self._handed and proc.poll() is None:
+                # it holds every span (the close came after them in its pipe) and is still
+                # writing them, its file busy with other writers and readers: it goes on alone,
+                # within its close_timeout, and counts in the store what it could not write
+                self._leave(proc)
+                proc = None
+            else:
+                self._kill(proc)
+                self._child_gone("still writing when the store was closed")
         self._drain()  # what the sender did not get to in time
         events = self._dropped - self._forwarded + self._lost + self._lost_estimate[0]
         turns = self._dropped_turns - self._forwarded_turns + self._lost_turns + self._lost_estimate[1]
@@ -466,6 +516,21 @@ class ProcessSpanWriter:
                 try:
                     if stream is not None:
                         stream.close()
+                except OSError:
+                    pass
+
+    def _leave(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop waiting for ``proc``, which writes on after this process's close (or end): its
+        stdin closed (it sends its output to /dev/null from then on, see
+        ``writer_child._quiet_once_left``); its answers are not read any more (the answers
+        thread, blocked in a raw read, ends with this process)."""
+        self.left_writing = True
+        with self._lock:
+            self._proc = None  # what the answers thread still sees of it (its end: EOF, no DONE) is no loss
+        with guard("writer process: leave"):
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
                 except OSError:
                     pass
 
@@ -646,10 +711,12 @@ class ProcessSpanWriter:
                     send(stdin, ASK, b"")
                 elif mark is _CLOSE_MARK:
                     timeout = self._close_timeout
-                    # the child closes its writer within a little less than what this side waits
-                    # with the exporters' last counts (their last sends ran in close())
-                    send(stdin, CLOSE, _dumps((None if timeout is None else max(0.0, timeout * 0.8),
-                                               self._drops_to_forward(), *self._exporter_counts(), [])))
+                    # the child writes what it holds within close_timeout, or a little less than what
+                    # this side waits if that is longer (it may go on after this side stopped
+                    # waiting: see close()), with the exporters' last counts (their last sends ran in close())
+                    bound = None if timeout is None else max(timeout * 0.8, self._writer_close)
+                    send(stdin, CLOSE, _dumps((bound, self._drops_to_forward(), *self._exporter_counts(), [])))
+                    self._handed = True
                     if self._reader is None:
                         self._read(proc, self._base)
                     return
@@ -743,7 +810,7 @@ class ProcessSpanWriter:
             return False  # it died and was let go of meanwhile: the sender's next pass starts the next one
         if self._reader is None and proc.stdout is not None:
             # no answers thread (at exit, where no thread starts): its first message, here
-            first = receive(proc.stdout)
+            first = receive(_unbuffered(proc.stdout))
             if first is not None and first[0] == READY:
                 self._said_ready(first[1])
             else:
@@ -877,8 +944,8 @@ class ProcessSpanWriter:
     def _read(self, proc: subprocess.Popen[bytes], base: int) -> None:
         """Read ``proc``'s answers until it ends; its counters count the spans sent to it,
         the first of which was the ``base``-th this writer sent."""
-        stdout = proc.stdout
-        assert stdout is not None
+        assert proc.stdout is not None
+        stdout = _unbuffered(proc.stdout)
         try:
             while True:
                 message = receive(stdout)

@@ -251,6 +251,9 @@ HOLD_MAX = 0.5
 """Seconds an attachment is kept at most, however often it is read through."""
 WRITER_YIELD = 0.25
 """Seconds a reader lets a waiting writer go first before attaching the file anyway."""
+WRITER_SEEN = 0.01
+"""Seconds at most before an attachment kept idle is let go for a writer that waits for the
+file (the reaper looks for its marker this often while it keeps one)."""
 _MARKER_FRESH = 2.0  # a writer refreshes its marker at every retry; an older one is stale
 
 
@@ -351,8 +354,10 @@ def _reap() -> None:
                 _reaper_wake.wait(1.0)
             now = time.monotonic()
             due = min((h.used_at + HOLD_IDLE for h in list(_held.values())), default=now)
-            if due > now:
-                _reaper_wake.wait(due - now)
+            if due > now and not any(writer_waiting(path) for path in list(_held)):
+                # a writer of another process that finds the file held leaves its marker: seen
+                # within WRITER_SEEN, not only once the attachment is idle
+                _reaper_wake.wait(min(due - now, WRITER_SEEN))
                 continue
         busy = False
         for path in list(_held):
@@ -362,7 +367,7 @@ def _reap() -> None:
                 continue
             try:
                 held = _held.get(path)
-                if held is not None and time.monotonic() - held.used_at >= HOLD_IDLE:
+                if held is not None and (time.monotonic() - held.used_at >= HOLD_IDLE or writer_waiting(path)):
                     release(path)
             finally:
                 lock.release()
@@ -495,7 +500,7 @@ def _attached(path: str, timeout: float, keep: bool = False, home: _Home = _read
             except duckdb.Error:
                 pass
             raise
-        if keep and not _closing:
+        if keep and not _closing and not writer_waiting(path):  # (a writer waits: let go now)
             _keep(path, held)
         else:
             _detach(held.cursor, held.alias, held.home)

@@ -4,15 +4,42 @@ writer process's application side need, which import neither DuckDB nor Arrow
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-__all__ = ["CLOSE_TIMEOUT", "QUEUE_BYTES", "WriterStats"]
+__all__ = ["CLOSE_TIMEOUT", "CLOSE_TIMEOUT_ENV", "QUEUE_BYTES", "WRITER_CLOSE_TIMEOUT", "WriterStats", "close_timeout"]
 
 CLOSE_TIMEOUT = 5.0
 """Seconds :meth:`StoreWriter.close` (``loopscope.shutdown()``, and the close at exit) waits
 at most for the last rows to be written; what is not written by then is counted as lost.
 Under the 10 s a container gets between SIGTERM and SIGKILL, with room for the OTLP
 exporters' own bound."""
+WRITER_CLOSE_TIMEOUT = 60.0
+"""Seconds a writer process goes on writing what it was handed after the application's
+close (``configure(close_timeout=...)``, :data:`CLOSE_TIMEOUT_ENV`), before what it could not
+write is counted as lost. The application waits :data:`CLOSE_TIMEOUT` at most for it, then
+leaves it writing (the writer process holds everything by then): under load (several
+writers and readers taking turns at the file) a close that killed the writer at 5 s cost
+whole runs, while writing what was left took seconds more."""
+CLOSE_TIMEOUT_ENV = "LOOPSCOPE_CLOSE_TIMEOUT"
+"""The environment's :data:`WRITER_CLOSE_TIMEOUT` (seconds), when ``configure()`` does not say."""
+
+
+def close_timeout(asked: float | None = None) -> float:
+    """The writer process's bound after the close: ``asked`` (``configure(close_timeout=)``),
+    else :data:`CLOSE_TIMEOUT_ENV`, else :data:`WRITER_CLOSE_TIMEOUT`. A ValueError for a
+    negative, infinite or non-numeric ``asked``; a bad environment value is taken as the default."""
+    if asked is not None:
+        if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not 0 <= asked < 1e9:
+            raise ValueError(f"close_timeout must be a number of seconds >= 0, not {asked!r}")
+        return float(asked)
+    try:
+        value = float(os.environ.get(CLOSE_TIMEOUT_ENV, ""))
+    except ValueError:
+        return WRITER_CLOSE_TIMEOUT
+    return value if 0 <= value < 1e9 else WRITER_CLOSE_TIMEOUT  # (nan, inf: the default)
+
+
 QUEUE_BYTES = 64 << 20
 """Bytes the queue holds at most by default (``max_bytes``, ``configure(queue_bytes=...)``),
 estimated from each span's text and a fixed 3 KB for the span itself; past it spans are

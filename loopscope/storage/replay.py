@@ -434,23 +434,24 @@ class Follower:
                     f"SELECT {_columns()} FROM events {where} ORDER BY created_at DESC, session_id DESC, idx DESC LIMIT {int(newest)}",
                     params,
                 ).fetchall()
-                return interleave(_events(rows))
+        if self.session_id is None:  # (events made once the file is let go)
+            return interleave(_events(rows))
         rows.reverse()
         return _events(rows)
 
     def poll(self) -> list[ActivityEvent]:
         """The events past each cursor (a session first seen now: all of its events), in
         the order of :func:`interleave`; moves the cursors on."""
-        found: list[ActivityEvent] = []
-        with _reading(self.store) as con:
+        found: list[tuple[Any, ...]] = []
+        with _reading(self.store) as con:  # the rows only: they become events once the file is let go
             for name, mark in self._marks(con).items():
                 cursor = self.cursors.get(name, 0)
                 if mark.last_index <= cursor:
                     continue
                 page = read_after(con, name, cursor, columns=_columns(), event_filter=self.event_filter, mark=mark)
-                found.extend(_events(page.rows))
+                found.extend(page.rows)
                 self.cursors[name] = page.cursor
-        return interleave(found)
+        return interleave(_events(found))
 
 
 def interleave(events: list[ActivityEvent]) -> list[ActivityEvent]:

@@ -85,6 +85,9 @@ statement and, at the next checkpoint, the rewrite of one more table (~2% of a b
 openai loop's writer CPU, in an A/B against an update at every batch). A crash leaves the
 row up to this much behind: recovery ends a dead writer's turns at its ``last_seen`` or
 their last row, whichever is later."""
+CLOSE_MARGIN = 0.25
+"""Seconds of a close's bound kept for the writer's last report once its writes waited for
+a held file (see ``StoreWriter._lock_wait``)."""
 CHECKPOINT_IDLE = 5.0
 """Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
 so that the file alone holds every row again while the application records nothing."""
@@ -159,6 +162,12 @@ class StoreWriter:
         self._in_bytes = 0
         self._out_bytes = 0
         self._abandoned = False  # close() gave up waiting for the thread (see _abandon)
+        self._close_deadline: float | None = None  # set by close(): see _lock_wait
+        self._held = False  # the last write failed because another process held the file
+        self.draining = False
+        """The writer's thread is taking spans off the queue and writing them (their rows may
+        be counted nowhere else meanwhile: read after :meth:`stats`' ``queued`` to know that
+        everything queued before was written or kept)."""
         self._beside_lock = threading.Lock()
         self._beside = False  # an entry of this writer's is in the file beside the store
         self._room_kept = False  # the spare beside the store was made (health.reserve_room)
@@ -275,7 +284,13 @@ class StoreWriter:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        self.flush(left())
+        self._close_deadline = deadline  # a held file is waited for until then (_lock_wait)
+        written = self.flush(left())
+        while not written and self._held and self._thread.is_alive() and (deadline is None or (left() or 0.0) > CLOSE_MARGIN):
+            # another process holds the file (other writers and readers taking their turns,
+            # under load): what is held is tried again while the close allows, not given up
+            # after one lock wait
+            written = self.flush(left())
         self._closed = True
         self._wake.set()
         self._arrived.set()
@@ -464,7 +479,11 @@ class StoreWriter:
             closing = self._closed
             spent = clock()
             with _WRITER_GUARD:
-                self._drain()
+                self.draining = True
+                try:
+                    self._drain()
+                finally:
+                    self.draining = False
             if self._abandoned:
                 # close() stopped waiting while a write ran, and counted what was held as
                 # lost; the write ended after all: count again what is still unwritten
@@ -604,6 +623,7 @@ class StoreWriter:
         finally:
             self._inflight, self._inflight_rows = 0, (0, 0)
             self._held_bytes = self._backlog_bytes()
+        self._held = False
         if self._last_error is not None:
             logger.warning("loopscope: writing to %s works again", self.path)
             clear_warning(f"write:{self.path}")
@@ -618,7 +638,7 @@ class StoreWriter:
         # the writer closes, or it has been idle for CHECKPOINT_IDLE (see _run).
         final = self._closed or _wal_size(self.path) >= WAL_LIMIT
         try:
-            with open_store(self.path, read_only=False, timeout=self.lock_timeout, checkpoint=final) as con:
+            with open_store(self.path, read_only=False, timeout=self._lock_wait(), checkpoint=final) as con:
                 _ensure_schema(self.path, con)
                 if not self._recovered:
                     self._recover(con)
@@ -681,16 +701,27 @@ class StoreWriter:
     def _checkpoint(self) -> None:
         """Move what the last batches left in the WAL into the file (see :meth:`_write`)."""
         try:
-            with open_store(self.path, read_only=False, timeout=self.lock_timeout) as con:
+            with open_store(self.path, read_only=False, timeout=self._lock_wait()) as con:
                 con.execute("CHECKPOINT")
             self._wal_pending = False
         except (duckdb.Error, StoreError, OSError):
             pass  # the rows are safe in the WAL; the next idle wait or the close tries again
 
+    def _lock_wait(self) -> float:
+        """How long a write waits for a file another process holds: ``lock_timeout``, and
+        while ``close()`` waits, what is left of its bound (less :data:`CLOSE_MARGIN` for the
+        last report), so that a close under load writes what it holds rather than giving
+        it up after one ``lock_timeout``."""
+        deadline = self._close_deadline
+        if deadline is None or self._abandoned:
+            return self.lock_timeout
+        return max(0.05, deadline - time.monotonic() - CLOSE_MARGIN)
+
     def _keep(self, facts: rows.Facts, exc: BaseException) -> None:
         """Hold rows that could not be written, up to max_queue rows and max_bytes; count
         the rest (the oldest) as dropped."""
         self._failed_writes += 1
+        self._held = isinstance(exc, StoreLockedError)
         self._last_error = _first_line(exc)
         self._last_failure, self._last_failure_at = self._last_error, time.time()
         warn_once(f"write:{self.path}", "loopscope: cannot write to %s (%s); keeping events in memory and retrying", self.path, self._last_error)

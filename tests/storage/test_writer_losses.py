@@ -37,10 +37,13 @@ def _status_text(db: Path) -> str:
     return done.stdout
 
 
-def test_processes_that_end_while_another_holds_the_store_count_their_lost_events(tmp_path: Path, spawn) -> None:
+def test_processes_that_end_while_another_holds_the_store_count_their_lost_events(tmp_path: Path, spawn, monkeypatch) -> None:
     """Two processes record while a third holds the file and end before it lets go: each
     counts what it could not write (beside the store, which it could not write either),
-    and `status`, run later from another process, reports those events as lost."""
+    and `status`, run later from another process, reports those events as lost. (A writer
+    process would write on for ``close_timeout`` after its application ended, and so store
+    them all once the file is let go: here it gives up at its application's close.)"""
+    monkeypatch.setenv("LOOPSCOPE_CLOSE_TIMEOUT", "0")
     db = tmp_path / "held.duckdb"
     loopscope.configure(db, tracer_provider=TracerProvider())  # the store exists, with its schema
     loopscope.shutdown()
