@@ -67,7 +67,7 @@ from typing import IO, Any
 from .. import _json, _otel_sdk
 from .._guard import guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from ..storage import health
+from ..storage import health, recording
 from ..storage.flush import FlushRequest, settle
 from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.policy import PersistencePolicy
@@ -300,6 +300,7 @@ class ProcessSpanWriter:
             "path": path, "policy": policy, "flush_interval": flush_interval, "max_queue": max_queue,
             "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
             "content": content, "prices": dict(prices) if prices else None, "latest": latest, "app_pid": os.getpid(),
+            "share_db": recording.shares(path),  # configure(share_db=True): the child migrates the file
         })
         # the counters kept in the store come from the child's writer; the pipeline sets
         # report.otlp here (the exporter is this process's), sent along with the spans

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from . import store_file
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -327,7 +329,8 @@ def _locked(path: str) -> Iterator[None]:
     except ImportError:  # Windows: writers of one store rarely end at the same moment
         yield
         return
-    with open(path + ".lock", "a") as handle:
+    # never through a link planted at the name (see store_file)
+    with os.fdopen(store_file.open_side(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as handle:
         # each holder holds it for one small read and write; a holder that is stopped must
         # not hold the exit of this process hostage, so the wait is bounded (an OSError:
         # the entry is then not written, and the loss only logged)
@@ -363,10 +366,9 @@ def record_beside(store: str, writer_id: str, counters: Counters, *, note: str |
                 entries[writer_id] = entry
             elif entries.pop(writer_id, None) is None:
                 return True
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as handle:
-                json.dump({"version": 1, "writers": entries}, handle)
-            os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+            # readers see the old file or the new one, never half of one; a link planted at the
+            # name (or at a temporary's) is refused, not written through: the loss is then logged
+            store_file.write_side(path, json.dumps({"version": 1, "writers": entries}))
     except OSError:
         return False
     return True
@@ -379,10 +381,10 @@ def read_beside(store: str) -> dict[str, dict[str, Any]]:
 
 def _read(path: str) -> dict[str, dict[str, Any]]:
     try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return {}
+        text = store_file.read_side(path)  # a link there is not followed (OSError)
+        if text is None:
+            return {}
+        data = json.loads(text)
     except (OSError, ValueError):
         return {}  # unreadable or torn: os.replace never leaves it so; another tool may have
     writers = data.get("writers") if isinstance(data, dict) else None
