@@ -579,15 +579,9 @@ def _check_ours(con: duckdb.DuckDBPyConnection) -> None:
 
     row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
     path = str(row[0]) if row and row[0] else ""
-
-    def named(found: set[tuple[str, str | None]]) -> str:
-        listed = sorted(f"{schema}.{name}" if name is not None and schema != "main" else name or schema
-                        for schema, name in found)
-        return ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
-
     if not shares(path):
         raise StoreError(
-            f"{path or 'this file'} is not a loopscope store: it holds a database of its own ({named(theirs)}), "
+            f"{path or 'this file'} is not a loopscope store: it holds a database of its own ({_named(theirs)}), "
             "and loopscope writes nothing to it. Give loopscope a file of its own (LOOPSCOPE_DB, --db, "
             "configure(db=...)), or, to keep loopscope's tables beside yours, configure(share_db=True) or "
             "LOOPSCOPE_SHARE_DB=1"
@@ -596,8 +590,15 @@ def _check_ours(con: duckdb.DuckDBPyConnection) -> None:
     if clash:
         raise StoreError(
             f"{path or 'this file'} is not a loopscope store, and it already has what loopscope would make "
-            f"({named(clash)}): loopscope writes nothing to it. Give loopscope a file of its own"
+            f"({_named(clash)}): loopscope writes nothing to it. Give loopscope a file of its own"
         )
+
+
+def _named(found: set[tuple[str, str | None]]) -> str:
+    """Objects of a file, by name (their schema's when not ``main``), the first five."""
+    listed = sorted(f"{schema}.{name}" if name is not None and schema != "main" else name or schema
+                    for schema, name in found)
+    return ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
 
 
 def _meta_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -618,6 +619,10 @@ def check_readable(con: duckdb.DuckDBPyConnection) -> int:
     (:func:`remembered_version`)."""
     found = _recalled(con, _meta_version)
     if found == 0:
+        found_objects = _objects(con)
+        theirs = found_objects - _BOOKKEEPING
+        if theirs and not found_objects & _BOOKKEEPING:  # a database of the user's (not one loopscope began)
+            raise StoreError(f"this file is not a loopscope store: it holds a database of its own ({_named(theirs)})")
         raise StoreError("this file holds no loopscope data yet (no events were written to it)")
     if found > SCHEMA_VERSION:
         raise StoreError(f"this store was written by a newer loopscope (schema {found}); upgrade loopscope to read it")

@@ -200,6 +200,8 @@ def test_a_duckdb_file_of_the_users_is_refused_and_left_as_it_was(tmp_path: Path
         loopscope.configure(db, writer="thread", tracer_provider=TracerProvider())
     assert _digest(db) == before
     assert _tables(db) == [table]  # no loopscope_migrations, no loopscope table
+    with pytest.raises(loopscope.StoreError, match="is not a loopscope store"):  # and a read says what it is
+        loopscope.Store(str(db)).list_sessions()
 
 
 def test_the_writer_process_refuses_a_duckdb_file_of_the_users_and_counts_what_is_lost(tmp_path: Path) -> None:
