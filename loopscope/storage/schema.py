@@ -535,14 +535,14 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return found
 
 
-# Everything a file may hold besides loopscope's own: tables, views, sequences, macros,
-# types, schemas (DuckDB's internal ones left out)
+# What a file may hold besides loopscope's own: tables, views, sequences, schemas (DuckDB's
+# internal ones left out). Not macros or types alone: duckdb_functions() lists every built-in
+# function to find them (~120 ms, on every new store's first open), and a database of the
+# user's without a single table, view or schema is rare
 _OBJECTS = """
 SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database()
 UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database() AND NOT internal
 UNION ALL SELECT schema_name, sequence_name FROM duckdb_sequences() WHERE database_name = current_database()
-UNION ALL SELECT schema_name, function_name FROM duckdb_functions() WHERE database_name = current_database() AND NOT internal
-UNION ALL SELECT schema_name, type_name FROM duckdb_types() WHERE database_name = current_database() AND NOT internal
 UNION ALL SELECT schema_name, NULL FROM duckdb_schemas() WHERE database_name = current_database() AND NOT internal
 """
 _BOOKKEEPING = {("main", MIGRATIONS_TABLE), ("main", "loopscope_meta")}
