@@ -23,6 +23,7 @@ one entry per writer; ``loopscope status`` reads it and adds it to the store's c
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .._guard import warn_once
 from . import store_file
 
 if TYPE_CHECKING:
@@ -369,7 +371,10 @@ def record_beside(store: str, writer_id: str, counters: Counters, *, note: str |
             # readers see the old file or the new one, never half of one; a link planted at the
             # name (or at a temporary's) is refused, not written through: the loss is then logged
             store_file.write_side(path, json.dumps({"version": 1, "writers": entries}))
-    except OSError:
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EEXIST, errno.EINVAL):  # a link (or other file) put at a name of ours
+            warn_once(f"beside-link:{path}", "loopscope: %s: %s; the count of lost events beside the store is not "
+                      "written (keep the store in a folder of your own)", exc.filename or path, exc.strerror)
         return False
     return True
 

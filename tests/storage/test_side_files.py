@@ -13,6 +13,7 @@ owner owns the folder, so the attack is the same wherever the tests run."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import subprocess
@@ -94,12 +95,15 @@ def test_a_link_planted_at_the_lost_files_temporary_is_not_written_through(tmp_p
     assert entry["dropped_unwritable"] + entry["dropped_queue_full"] == 15
 
 
-def test_a_link_planted_at_the_lost_file_is_refused_not_followed(tmp_path: Path, shared: Path) -> None:
+def test_a_link_planted_at_the_lost_file_is_refused_not_followed(tmp_path: Path, shared: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     db = str(shared / "app.duckdb")
     victim = _victim(tmp_path)
     lost = Path(health.beside_path(db))
     plant(lost, victim)
-    assert health.record_beside(db, "w1", health.Counters(dropped_unwritable=3)) is False  # only logged
+    with caplog.at_level(logging.WARNING, logger="loopscope"):
+        assert health.record_beside(db, "w1", health.Counters(dropped_unwritable=3)) is False  # only logged
+    assert f"{lost}: a symbolic link, not written through" in caplog.text
     assert victim.read_text() == "my own file\n"
     assert lost.is_symlink() and os.readlink(lost) == str(victim)  # left as planted
     assert health.read_beside(db) == {}  # nor read through
