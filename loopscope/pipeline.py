@@ -48,7 +48,7 @@ from .ingest.writer_process import QUIET, ProcessSpanWriter, unavailable, writer
 from .recorder import settings as recorder_settings
 from .recorder.conversations import conversations
 from .recorder.stitch import set_idle_timeout, set_max_open
-from .storage import health, recording
+from .storage import health, recording, store_file
 from .storage.errors import StoreError, StoreLockedError
 from .storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .storage.limits import close_timeout as writer_close_timeout
@@ -202,15 +202,20 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
     target = Path(path)
     if target.is_dir():
         raise StoreError(f"loopscope store path {path} is a directory; give a file path such as {target / DEFAULT_DB}")
+    odd = store_file.kind_problem(path)  # a FIFO, a device, a socket: refused at once, never opened
+    if odd is not None:
+        raise StoreError(odd)
     if not target.parent.is_dir():
         raise StoreError(f"cannot create the loopscope store {path}: folder {target.parent} does not exist")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise StoreError(f"cannot write the loopscope store {path}: permission denied")
+    # A file that is no DuckDB database at all (the user's notes, a SQLite file) is found here,
+    # without DuckDB: its header
+    _check_header(path)
     if not open_it:
         # the writer process opens it, in the background; what it alone can find (a store of a
-        # newer loopscope, a damaged file) is said in a warning and its events counted as lost.
-        # A file that is no DuckDB database at all is found here, without DuckDB: its header
-        _check_header(path)
+        # newer loopscope, a damaged file, a database of the user's) is said in a warning and
+        # its events counted as lost
         return
     import duckdb
 
@@ -228,18 +233,13 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
         raise StoreError(f"cannot write the loopscope store {path}: {str(exc).splitlines()[0]}") from exc
 
 
-_MAGIC = b"DUCK"
-"""DuckDB's file header: a checksum (8 bytes), then this."""
-
-
 def _check_header(path: str) -> None:
     """Raise :class:`StoreError` for a file at ``path`` that is no DuckDB database (the user's
     notes, say), which the store's writer must not overwrite, or, where there is none yet, a
     folder where none can be made (a read-only file system: a file of our own made and removed
     beside it)."""
     try:
-        with open(path, "rb") as file:
-            head = file.read(12)
+        problem = store_file.header_problem(path)  # (not opened when a FIFO: see _check_db)
     except FileNotFoundError:
         # a file of our own beside it, never the store's path itself: made and removed there, it
         # could be the very file another process's writer (or a `tail` waiting for it) just opened
@@ -254,8 +254,8 @@ def _check_header(path: str) -> None:
         return
     except OSError as exc:
         raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
-    if head and head[8:12] != _MAGIC:
-        raise StoreError(f"cannot open the loopscope store {path}: the file is not a DuckDB database")
+    if problem is not None:
+        raise StoreError(problem)
 
 
 def _store_off(path: str, exc: BaseException) -> None:
@@ -324,6 +324,7 @@ def configure(
     writer: str | None = None,
     find_conversations: bool | None = None,
     close_timeout: float | None = None,
+    share_db: bool = False,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -365,6 +366,14 @@ def configure(
     DuckDB database); a store the child then refuses (one of a newer loopscope, a damaged
     file) is said in one warning and its events are counted as lost (``loopscope status``);
     for the default path, recording to it is turned off as above.
+
+    The store's path must be a regular file or none yet (a FIFO, a device, a socket is
+    refused at once). A file that is no loopscope store is refused before anything is
+    written to it: one that is no DuckDB database (a SQLite file, the user's notes), and a
+    DuckDB file holding data of its own. ``share_db=True`` (or ``LOOPSCOPE_SHARE_DB=1``)
+    lets loopscope put its tables beside the user's in such a file (none of which may have
+    a name loopscope uses: ``events``, ``turns``, ``sessions``, ... refused still). DuckDB
+    never loads or installs an extension for a file loopscope opens.
 
     Export: spans and metrics go over OTLP when ``otlp`` is true, or when it is left
     ``None`` and an endpoint is set (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``).
@@ -425,6 +434,8 @@ def configure(
         explicit = db not in (None, True, False)
         path = None if db is False else resolve(default_db_path() if not explicit else db)  # type: ignore[arg-type]
         mode = writer_mode(writer)  # a bad value raises before anything changes
+        if path is not None and share_db:
+            recording.share_db(path)  # before the check (and the writer process's) migrates the file
         no_child = unavailable() if mode == "auto" else None  # why no writer process can run here
         if path is not None:
             try:

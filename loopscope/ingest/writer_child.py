@@ -24,6 +24,7 @@ import duckdb
 
 from .. import pricing, semconv
 from .._guard import logger
+from ..storage.recording import share_db
 from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
 from .spans import Ctx, Status
 from .writer import SPANS as SPAN_MAPPING
@@ -181,6 +182,8 @@ def main() -> None:
     if first is None or first[0] != CONFIG:
         return
     config = pickle.loads(first[1])  # from the process that started this one, over its pipe
+    if config.get("share_db"):
+        share_db(config["path"])  # the user's configure(share_db=True), for the migration below
     problem = _prepare(config["path"], config["track_turns"])
     if problem is not None:  # the application stops recording to the store, or counts its events lost
         send(stdout, READY, marshal.dumps(problem))

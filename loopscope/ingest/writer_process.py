@@ -73,7 +73,7 @@ from typing import IO, Any
 from .. import _json, _otel_sdk
 from .._guard import guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from ..storage import health
+from ..storage import health, recording
 from ..storage.flush import FlushRequest, settle
 from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.limits import close_timeout as writer_close_timeout
@@ -338,6 +338,7 @@ class ProcessSpanWriter:
             "max_bytes": max_bytes, "batch_size": batch_size, "lock_timeout": lock_timeout, "track_turns": track_turns,
             "content": content, "prices": dict(prices) if prices else None, "latest": latest, "app_pid": os.getpid(),
             "close_timeout": self._writer_close,
+            "share_db": recording.shares(path),  # configure(share_db=True): the child migrates the file
         })
         # the event types the policy leaves out: a span lost here counts the rows the child's
         # mapping would have made of it (events and turns, as the store has them)

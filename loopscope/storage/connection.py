@@ -30,12 +30,14 @@ import os
 import random
 import re
 import shlex
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from . import store_file
 from .engine import duckdb
 from .errors import StoreError, StoreLockedError
 from .recording import resolve  # noqa: F401  # re-exported: defined where configure() reads it without DuckDB
@@ -111,6 +113,23 @@ _T = TypeVar("_T")
 _NO_PROGRESS_BAR = "SET enable_progress_bar = false"
 
 
+# Every DuckDB database loopscope opens (the shared ones store files are attached to, the
+# isolated ones): no extension is loaded or installed by itself. DuckDB would otherwise fetch
+# one over the network for a file it cannot read alone: a store path that is a SQLite file
+# made the writer and every read command try to download ``sqlite_scanner`` (5-9 s, and a
+# ~/.duckdb/extensions folder). What the store needs (json, parquet, icu) is built in.
+_NO_EXTENSIONS: dict[str, str | bool | int | float | list[str]] = {
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "allow_community_extensions": False,
+}
+
+
+def scratch_database() -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB database (that loads and installs no extension by itself)."""
+    return duckdb.connect(":memory:", config=_NO_EXTENSIONS)
+
+
 # What SQL that is not ours runs under (``open_store(isolated=True)``): DuckDB's own
 # settings, locked, so that the SQL reads the store and nothing else. With external access
 # off DuckDB opens no file but the database's own (the store, its WAL; DuckDB allows these
@@ -123,9 +142,7 @@ _NO_PROGRESS_BAR = "SET enable_progress_bar = false"
 # session's own progress bar setting), so SET and RESET cannot undo them.
 _SEALED_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # duckdb.connect's config type
     "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_community_extensions": False,
+    **_NO_EXTENSIONS,
     "allow_persistent_secrets": False,
     "python_enable_replacements": False,  # a table name is never the caller's Python variable
     "temp_directory": "",
@@ -159,7 +176,7 @@ class _Home:
     def database(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             if self._database is None or self._database[0] != os.getpid():
-                database = duckdb.connect(":memory:")
+                database = scratch_database()
                 for statement in self._settings:
                     if statement in _ALLOCATOR:
                         try:  # (newer DuckDB releases' settings: an older one runs without them)
@@ -285,19 +302,16 @@ def writer_waiting(path: str) -> bool:
     """Whether a writer is waiting for ``path`` (a fresh marker; one left by a writer that
     died is ignored after a few seconds)."""
     try:
-        touched = os.stat(writer_marker(path)).st_mtime
+        st = os.lstat(writer_marker(path))
     except OSError:
         return False
-    return time.time() - touched < _MARKER_FRESH
+    return not stat.S_ISLNK(st.st_mode) and time.time() - st.st_mtime < _MARKER_FRESH
 
 
 def _mark_waiting(path: str) -> bool:
     """Create or refresh the writer's marker; False where it cannot be written."""
-    marker = writer_marker(path)
     try:
-        with open(marker, "a"):
-            pass
-        os.utime(marker)
+        store_file.touch_side(writer_marker(path))  # never through a link planted at the name
     except OSError:
         return False
     return True
@@ -423,7 +437,7 @@ def _retrying(path: str, timeout: float, open_once: Callable[[], _T], *, writer:
                 return open_once()
             except duckdb.Error as exc:
                 if not is_lock_error(exc):
-                    raise StoreError(f"cannot open the loopscope store {path}: {exc}") from exc
+                    raise StoreError(_not_a_store(path) or f"cannot open the loopscope store {path}: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise _locked(path, exc, timeout) from None
                 if writer:
@@ -563,6 +577,34 @@ def read_path(con: duckdb.DuckDBPyConnection) -> str | None:
     return _reading.get(id(con))
 
 
+def _check_path(path: str, *, read_only: bool) -> None:
+    """Refuse at once a path that is no regular file (a FIFO would hold DuckDB's open until
+    someone writes to it) or, for a write, whose WAL is a symbolic link (DuckDB would write
+    through it: see :mod:`.store_file`). One ``stat`` (and an ``lstat``), no open."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        if read_only:
+            raise StoreError(f"no loopscope store at {path} (run an instrumented agent, or `loopscope demo`, first)") from None
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise StoreError(store_file.kind_problem(path) or f"loopscope store path {path} is not a regular file")
+    if not read_only:
+        try:
+            store_file.refuse_link(path + ".wal")
+        except OSError as exc:
+            raise StoreError(f"cannot write the loopscope store {path}: its WAL {path}.wal is {exc.strerror}") from None
+
+
+def _not_a_store(path: str) -> str | None:
+    """Why DuckDB could not open ``path``, when its header tells (no DuckDB database: a SQLite
+    file, say, which DuckDB reads only with an extension it does not load here)."""
+    try:
+        return store_file.header_problem(path)
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
 def open_store(
     path: str,
@@ -597,18 +639,16 @@ def open_store(
     :data:`~loopscope.storage.writer.WAL_LIMIT`. A block must not change the database's
     settings: they are the next block's too.
     """
-    if read_only:
-        if not os.path.exists(path):
-            raise StoreError(f"no loopscope store at {path} (run an instrumented agent, or `loopscope demo`, first)")
-        if not isolated:
-            with _attached(path, timeout, keep, _page_readers if page else _readers) as con, _reading_of(con, path):
-                yield con
-            return
+    _check_path(path, read_only=read_only)
+    if read_only and not isolated:
+        with _attached(path, timeout, keep, _page_readers if page else _readers) as con, _reading_of(con, path):
+            yield con
+        return
     with gate(path):
         if read_only:  # isolated: a database of its own
             if writer_waiting(path):
                 _yield_to_writer(path)
-            config = _SEALED_CONFIG if sealed else {}
+            config = _SEALED_CONFIG if sealed else _NO_EXTENSIONS
             con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True, config=config))
             try:
                 con.execute(";\n".join(_SEAL) if sealed else _NO_PROGRESS_BAR)

@@ -23,6 +23,7 @@ one entry per writer; ``loopscope status`` reads it and adds it to the store's c
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -31,6 +32,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from .._guard import warn_once
+from . import store_file
 
 if TYPE_CHECKING:
     import duckdb
@@ -349,7 +353,8 @@ def _locked(path: str) -> Iterator[None]:
     except ImportError:  # Windows: writers of one store rarely end at the same moment
         yield
         return
-    with open(path + ".lock", "a") as handle:
+    # never through a link planted at the name (see store_file)
+    with os.fdopen(store_file.open_side(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as handle:
         # each holder holds it for one small read and write; a holder that is stopped must
         # not hold the exit of this process hostage, so the wait is bounded (an OSError:
         # the entry is then not written, and the loss only logged)
@@ -394,8 +399,13 @@ def record_beside(store: str, writer_id: str, counters: Counters, *, note: str |
                 entries[writer_id] = entry
             elif entries.pop(writer_id, None) is None:
                 return True
+            # readers see the old file or the new one, never half of one; a link planted at the
+            # name (or at a temporary's) is refused, not written through: the loss is then logged
             write_side_file(path, json.dumps({"version": 2, "writers": entries}, separators=(",", ":")).encode())
-    except OSError:
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EEXIST, errno.EINVAL):  # a link (or other file) put at a name of ours
+            warn_once(f"beside-link:{path}", "loopscope: %s: %s; the count of lost events beside the store is not "
+                      "written (keep the store in a folder of your own)", exc.filename or path, exc.strerror)
         return False
     return True
 
@@ -420,14 +430,10 @@ def reserve_room(store: str) -> None:
             return
     except OSError:
         pass
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(b"\0" * SPARE_BYTES)  # written, not a sparse file: its blocks are the room kept
-        os.replace(tmp, path)
+        store_file.write_side(path, "\0" * SPARE_BYTES)  # written, not a sparse file: its blocks are the room kept
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        pass
 
 
 def write_side_file(path: str, data: bytes) -> None:
@@ -436,20 +442,16 @@ def write_side_file(path: str, data: bytes) -> None:
     removed to make room, and the write tried once more; a temporary file that could not be
     written whole is removed (an empty one must never stand for a record). The one place
     that writes the side files: the opening of the temporary file is what to harden."""
-    tmp = f"{path}.{os.getpid()}.tmp"
     for attempt in range(2):
         try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, path)
+            store_file.write_side(path, data.decode("utf-8"))  # never through a link (O_NOFOLLOW, O_EXCL)
             return
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             spare = path + ".spare"
-            if attempt or not os.path.exists(spare):
+            if attempt or exc.errno in (errno.ELOOP, errno.EEXIST, errno.EINVAL) or not os.path.exists(spare):
                 raise
             try:
+                store_file.refuse_link(spare)
                 os.unlink(spare)  # its room, for this record
             except OSError:
                 raise exc from None
@@ -462,10 +464,10 @@ def read_beside(store: str) -> dict[str, dict[str, Any]]:
 
 def _read(path: str) -> dict[str, dict[str, Any]]:
     try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return {}
+        text = store_file.read_side(path)  # a link there is not followed (OSError)
+        if text is None:
+            return {}
+        data = json.loads(text)
     except (OSError, ValueError):
         return {}  # unreadable or torn: os.replace never leaves it so; another tool may have
     writers = data.get("writers") if isinstance(data, dict) else None

@@ -56,6 +56,24 @@ def export_to_children(path: str | None) -> None:
         os.environ[PARENT_ENV] = f"{os.getpid()}:{path}"
 
 
+SHARE_ENV = "LOOPSCOPE_SHARE_DB"
+_shared: set[str] = set()
+
+
+def share_db(path: str) -> None:
+    """Let loopscope put its tables in the database file at ``path`` beside the user's own
+    (``configure(share_db=True)``); a file that is not loopscope's is refused otherwise."""
+    _shared.add(resolve(path))
+
+
+def shares(path: str) -> bool:
+    """Whether loopscope may put its tables beside the user's in the file at ``path``: the
+    user said so for it (:func:`share_db`) or for every file (``LOOPSCOPE_SHARE_DB=1``)."""
+    if os.environ.get(SHARE_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    return bool(path) and resolve(path) in _shared
+
+
 class Recording(Protocol):
     """What the reads need of the pipeline that records: its store and its writer."""
 

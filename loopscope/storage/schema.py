@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .connection import file_identity, read_path
+from .connection import file_identity, read_path, scratch_database
 from .engine import duckdb
 from .errors import StoreError
 
@@ -514,6 +514,8 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     names = applied(con)
     if names is not None and len(names) == SCHEMA_VERSION and _KNOWN.issuperset(names):
         return SCHEMA_VERSION  # the common case: every writer's open comes here
+    if not names and _kept_version(con) == 0:
+        _check_ours(con)  # a file loopscope never wrote: refused, untouched, unless it is empty
     if names is None:
         names = _adopt(con)
     unknown = sorted(set(names) - _KNOWN)
@@ -542,6 +544,72 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return found
 
 
+# What a file may hold besides loopscope's own: tables, views, sequences, schemas (DuckDB's
+# internal ones left out). Not macros or types alone: duckdb_functions() lists every built-in
+# function to find them (~120 ms, on every new store's first open), and a database of the
+# user's without a single table, view or schema is rare
+_OBJECTS = """
+SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database()
+UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database() AND NOT internal
+UNION ALL SELECT schema_name, sequence_name FROM duckdb_sequences() WHERE database_name = current_database()
+UNION ALL SELECT schema_name, NULL FROM duckdb_schemas() WHERE database_name = current_database() AND NOT internal
+"""
+_BOOKKEEPING = {("main", MIGRATIONS_TABLE), ("main", "loopscope_meta")}
+
+
+def _objects(con: duckdb.DuckDBPyConnection) -> set[tuple[str, str | None]]:
+    return {(r[0], r[1]) for r in con.execute(_OBJECTS).fetchall()}
+
+
+_loopscope_objects: set[tuple[str, str | None]] = set()
+
+
+def _ours() -> set[tuple[str, str | None]]:
+    """The names of everything the migrations make (found once, by running them in memory)."""
+    if not _loopscope_objects:
+        scratch = scratch_database()
+        try:
+            migrate(scratch)
+            _loopscope_objects.update(_objects(scratch))
+        finally:
+            scratch.close()
+    return _loopscope_objects
+
+
+def _check_ours(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse a file that holds no loopscope data and something else (a database of the
+    user's), before anything is written to it. An empty file is loopscope's to use. The
+    user may ask for loopscope's tables beside their own (``configure(share_db=True)``,
+    ``LOOPSCOPE_SHARE_DB=1``): then only a name both use is refused."""
+    theirs = _objects(con) - _BOOKKEEPING
+    if not theirs:
+        return
+    from .recording import shares
+
+    row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    path = str(row[0]) if row and row[0] else ""
+    if not shares(path):
+        raise StoreError(
+            f"{path or 'this file'} is not a loopscope store: it holds a database of its own ({_named(theirs)}), "
+            "and loopscope writes nothing to it. Give loopscope a file of its own (LOOPSCOPE_DB, --db, "
+            "configure(db=...)), or, to keep loopscope's tables beside yours, configure(share_db=True) or "
+            "LOOPSCOPE_SHARE_DB=1"
+        )
+    clash = theirs & _ours()
+    if clash:
+        raise StoreError(
+            f"{path or 'this file'} is not a loopscope store, and it already has what loopscope would make "
+            f"({_named(clash)}): loopscope writes nothing to it. Give loopscope a file of its own"
+        )
+
+
+def _named(found: set[tuple[str, str | None]]) -> str:
+    """Objects of a file, by name (their schema's when not ``main``), the first five."""
+    listed = sorted(f"{schema}.{name}" if name is not None and schema != "main" else name or schema
+                    for schema, name in found)
+    return ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
+
+
 def _meta_version(con: duckdb.DuckDBPyConnection) -> int:
     """:func:`_read_version` in one query, for a read (no transaction that a missing table's
     error would spoil): every read of a changed file runs it."""
@@ -560,6 +628,10 @@ def check_readable(con: duckdb.DuckDBPyConnection) -> int:
     (:func:`remembered_version`)."""
     found = _recalled(con, _meta_version)
     if found == 0:
+        found_objects = _objects(con)
+        theirs = found_objects - _BOOKKEEPING
+        if theirs and not found_objects & _BOOKKEEPING:  # a database of the user's (not one loopscope began)
+            raise StoreError(f"this file is not a loopscope store: it holds a database of its own ({_named(theirs)})")
         raise StoreError("this file holds no loopscope data yet (no events were written to it)")
     if found > SCHEMA_VERSION:
         raise StoreError(f"this store was written by a newer loopscope (schema {found}); upgrade loopscope to read it")
