@@ -107,8 +107,23 @@ EXIT_IN_A_WRITE = """
             fetch(i)
     loopscope.flush(timeout=0)  # write now, without waiting
     assert writing.wait(120)
+    [thread] = [t for t in threading.enumerate() if t.name.startswith("loopscope-writer")]
     loopscope.shutdown(timeout=0.01)  # the batch is still being written: it is given up
     print("exiting", flush=True)
+
+
+    class Teardown:
+        # kept until the interpreter clears this module, after it stopped running other
+        # threads' Python: a writer thread still inside DuckDB comes back meanwhile (and was
+        # stopped there, aborting the process), unless it left DuckDB before
+        def __del__(self):
+            import time
+            deadline = time.monotonic() + 30
+            while thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+    teardown = Teardown()
 """
 
 
@@ -116,7 +131,7 @@ EXIT_IN_A_WRITE = """
 def test_an_exit_while_the_writer_is_inside_duckdb_ends_cleanly_and_counts_the_batch(tmp_path: Path, spawn) -> None:
     """The thread writer is inside DuckDB with a batch of large values when the application
     closes it and exits: the process aborted (SIGABRT, exit status 134) as the interpreter
-    stopped the thread inside DuckDB. Now the write is interrupted, the thread leaves DuckDB
+    stopped the thread as it came back from DuckDB. Now the write is interrupted, the thread leaves DuckDB
     before the interpreter ends, the process exits 0, and `status` counts the batch as lost."""
     db = tmp_path / "exit.duckdb"
     calls = 120
