@@ -13,6 +13,7 @@ events written against those sent (nothing may be dropped on a free disk while t
 wait for nothing).
 
     .venv/bin/python benchmarks/bench_big_values.py                  # 500 calls of 1 MiB
+    .venv/bin/python benchmarks/bench_big_values.py --against ../main  # and another checkout's rows
     .venv/bin/python benchmarks/bench_big_values.py --smoke          # 20 calls: checks that it runs
 """
 
@@ -70,12 +71,12 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run(mode: str, calls: int, value: int) -> dict[str, float]:
+def run(mode: str, calls: int, value: int, root: Path = ROOT) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "child.py"
         script.write_text(CHILD)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LOOPSCOPE_"))}
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = str(root)
         done = subprocess.run([sys.executable, str(script), str(Path(tmp) / "big.duckdb"), mode, str(calls), str(value)],
                               capture_output=True, text=True, env=env, timeout=1800, check=False)
         if done.returncode != 0:
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--value-kib", type=int, default=1024)
     parser.add_argument("--modes", nargs="+", default=["thread", "process"])
+    parser.add_argument("--against", type=Path, help="another checkout (main, say): its rows printed under this one's")
     parser.add_argument("--smoke", action="store_true", help="20 calls: checks that it runs, measures nothing")
     args = parser.parse_args()
     if args.smoke:
@@ -95,17 +97,19 @@ def main() -> None:
     value = args.value_kib << 10
     sent_mib = args.calls * value / (1 << 20)
     print(f"{args.calls} calls, one tool result of {args.value_kib} KiB each ({sent_mib:.0f} MiB of values); 3 events a call")
-    print(f"{'writer':8} {'values':>7} {'app peak-before MiB':>20} {'x baseline':>10} {'writer proc peak MiB':>21} "
+    print(f"{'checkout writer':16} {'values':>7} {'app peak-before MiB':>20} {'x baseline':>10} {'writer proc peak MiB':>21} "
           f"{'MiB/s written':>13} {'written':>8} {'dropped':>8}")
+    checkouts = [("this", ROOT)] + ([("against", args.against.resolve())] if args.against else [])
     for mode in args.modes:
-        base = run(mode, args.calls, 1 << 10)
-        big = run(mode, args.calls, value)
-        base_growth = max(1, base["peak_kb"] - base["before_kb"]) / 1024
-        for name, result, size in (("1 KiB", base, 1 << 10), (f"{args.value_kib} KiB", big, value)):
-            growth = (result["peak_kb"] - result["before_kb"]) / 1024
-            rate = result["written"] / 3 * size / (1 << 20) / result["seconds"]  # 3 events a call
-            print(f"{mode:8} {name:>7} {growth:20.0f} {growth / base_growth:10.1f} {result['child_peak_kb'] / 1024:21.0f} "
-                  f"{rate:13.1f} {result['written']:8d} {result['dropped']:8d}")
+        for label, root in checkouts:
+            base = run(mode, args.calls, 1 << 10, root)
+            big = run(mode, args.calls, value, root)
+            base_growth = max(1, base["peak_kb"] - base["before_kb"]) / 1024
+            for name, result, size in (("1 KiB", base, 1 << 10), (f"{args.value_kib} KiB", big, value)):
+                growth = (result["peak_kb"] - result["before_kb"]) / 1024
+                rate = result["written"] / 3 * size / (1 << 20) / result["seconds"]  # 3 events a call
+                print(f"{label + ' ' + mode:16} {name:>7} {growth:20.0f} {growth / base_growth:10.1f} "
+                      f"{result['child_peak_kb'] / 1024:21.0f} {rate:13.1f} {result['written']:8d} {result['dropped']:8d}")
 
 
 if __name__ == "__main__":

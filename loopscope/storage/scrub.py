@@ -236,7 +236,7 @@ class Scrubber:
         if column.null_count == len(column):
             return [], None
         if self.pattern is None:  # every value is looked at
-            return pc.indices_nonzero(pc.is_valid(column)).to_pylist(), None
+            return pc.indices_nonzero(pc.is_valid(column)).to_pylist(), None  # pyright: ignore[reportAttributeAccessIssue]
         rows = _matching_rows(column, self.pattern) if self.pattern else []
         masked = set(rows)
         if self.limit:

@@ -390,17 +390,17 @@ class StoreWriter:
         the thread up to :data:`INTERRUPT_WAIT` to leave DuckDB. At exit the interpreter stops
         its daemon threads, and one stopped inside DuckDB aborts the process (SIGABRT: 3 runs
         of 4 with 500 tool results of 1 MiB); an interrupted write rolls back and its rows
-        stay counted as lost. The thread is waited for wherever it is (attaching the file, in
-        Arrow's compute functions: native code too), at most that long (a content hook that
-        does not return, say)."""
+        stay counted as lost. A thread elsewhere (waiting for a file another process holds, in
+        a content hook) is left as before: it writes nothing more (:meth:`_using`)."""
         deadline = time.monotonic() + INTERRUPT_WAIT
         while self._thread.is_alive() and time.monotonic() < deadline:
             con = self._con
-            if con is not None:
-                try:
-                    con.interrupt()  # again each time: one sent between two statements is lost
-                except Exception:  # noqa: S110  # a connection closed meanwhile: the thread is out of it
-                    pass
+            if con is None:
+                return
+            try:
+                con.interrupt()  # again each time: one sent between two statements is lost
+            except Exception:  # noqa: S110  # a connection closed meanwhile: the thread is out of it
+                pass
             self._thread.join(0.02)
 
     def _record_beside(self) -> None:
