@@ -156,14 +156,18 @@ class ContentPolicy:
         """
         if not isinstance(text, str):
             return text
-        cleaned = self._mask_keeping_json(text, where)
-        limit = self.max_chars if limit is None else limit
-        if limit <= 0 or len(cleaned) <= limit:
-            return cleaned
+        return self.cap_json(self._mask_keeping_json(text, where), self.max_chars if limit is None else limit, cap=cap)
+
+    @staticmethod
+    def cap_json(text: str, limit: int, *, cap: str = "text") -> str:
+        """The cut of :meth:`scrub_json` alone, without masking: for text the masking would
+        not change (the store's writer knows which from its prefilter)."""
+        if limit <= 0 or len(text) <= limit:
+            return text
         if cap == "text":
-            return truncate(cleaned, limit)
-        capped = _cap_json(cleaned, limit)
-        return capped if cap == "shape" or len(capped) <= 2 * limit else truncate(cleaned, limit)
+            return truncate(text, limit)
+        capped = _cap_json(text, limit)
+        return capped if cap == "shape" or len(capped) <= 2 * limit else truncate(text, limit)
 
     def _mask_keeping_json(self, text: str, where: str) -> str:
         """:meth:`mask`, by value where masking the whole text broke its JSON."""
@@ -332,21 +336,65 @@ def _cap_json(text: str, limit: int) -> str:
     except ValueError:
         return truncate(text, limit)
 
-    def cap(item: Any) -> Any:
-        if isinstance(item, str):
-            return truncate(item, limit)
-        if isinstance(item, list):
-            return [cap(v) for v in item]
-        if isinstance(item, dict):
-            return {k: cap(v) for k, v in item.items()}
-        return item
-
-    capped = cap(value)
+    capped = _cap_strings(value, limit)
     return text if capped == value else _json.dumps(capped)
 
 
+_MARKER = re.compile(r"…\[truncated: ([0-9]{1,18}) chars\]\Z")
+
+
 def truncate(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying so and how long it was."""
+    """``text`` cut to ``limit`` characters, saying so and how long it was. Text that was cut
+    before (:func:`cut_early`: a value over the store's cap, cut where its span ended) and
+    still ends with its marker keeps the length that marker states: the value's own."""
     if limit <= 0 or len(text) <= limit:
         return text
-    return f"{text[:limit]}…[truncated: {len(text)} chars]"
+    length = len(text)
+    found = _MARKER.search(text, max(0, length - 40))
+    if found is not None and int(found.group(1)) > length:
+        length = int(found.group(1))
+    return f"{text[:limit]}…[truncated: {length} chars]"
+
+
+EARLY_MARGIN = 65_536
+"""Characters past the store's cap that :func:`cut_early` keeps of a value: the store's writer
+masks secrets before it cuts at the cap, and a secret that begins before the cap and ends past
+it (a PEM key, a cookie's line) must still be whole there to be masked."""
+
+
+def cut_early(text: str, limit: int, how: str = "text") -> str:
+    """``text`` (over ``limit + EARLY_MARGIN`` characters) cut to about that, before it is
+    queued for the store, so that it never costs the queue more than the store keeps of it:
+    what the store's writer then masks and cuts at ``limit`` (:meth:`ContentPolicy.scrub_json`)
+    is what it would have made of the whole value (the lengths its markers state included,
+    those of strings joined from several cut ones aside). ``how``: ``"text"``; ``"json"``,
+    JSON keeps its shape (each string cut, with its marker) unless it is not JSON or is made
+    of so many short values that it stays over twice the kept length (then it is cut as
+    text, as the writer's cap would); ``"shape"``, JSON keeps its shape whatever its size
+    (what the mapping parses: a turn's segments)."""
+    keep = limit + EARLY_MARGIN
+    if len(text) <= keep:
+        return text
+    if how != "text":
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = _NOT_JSON
+        if value is not _NOT_JSON:
+            capped = _json.dumps(_cap_strings(value, keep))
+            if how == "shape" or len(capped) <= 2 * keep:
+                return capped
+    return f"{text[:keep]}…[truncated: {len(text)} chars]"
+
+
+_NOT_JSON = object()
+
+
+def _cap_strings(item: Any, limit: int) -> Any:
+    if isinstance(item, str):
+        return truncate(item, limit)
+    if isinstance(item, list):
+        return [_cap_strings(v, limit) for v in item]
+    if isinstance(item, dict):
+        return {k: _cap_strings(v, limit) for k, v in item.items()}
+    return item

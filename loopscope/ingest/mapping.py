@@ -684,7 +684,10 @@ def span_size(span: Any) -> int:
     Cheap: a span's own attribute dict, read once."""
     values = _otel_sdk.attribute_values(span)
     if values is None:
-        return SPAN_BYTES  # not an SDK span: its size is unknown, the count bound holds it
+        attributes = getattr(span, "attributes", None)
+        if type(attributes) is not dict:
+            return SPAN_BYTES  # no span of ours: its size is unknown, the count bound holds it
+        values = attributes.values()  # a SpanRecord: a foreign span's, or one cut (big_values.py)
     size = SPAN_BYTES
     for value in values:
         if type(value) is str:

@@ -3,7 +3,8 @@ loopscope's span-to-row mapping.
 
 The store's writer knows facts, not spans (:class:`~loopscope.storage.rows.SpanMapping`
 is the seam); :data:`SPANS` is the mapping it is given here: spans to facts
-(:func:`.mapping.add_spans`), a queued span's size (:func:`.mapping.span_size`), and
+(:func:`.mapping.add_spans`), a queued span's size (:func:`.mapping.span_size`), its values
+over the store's cap cut before it is queued (:func:`.big_values.capped`), and
 the closing of turns a dead process left open (:func:`.recovery.recover`).
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..storage.rows import SpanMapping
 from ..storage.writer import StoreWriter
-from . import recovery
+from . import big_values, recovery
 from .mapping import add_spans, span_rows, span_size
 
 
@@ -26,6 +27,7 @@ class _Spans:
     add = staticmethod(add_spans)
     size = staticmethod(span_size)
     rows = staticmethod(span_rows)
+    capped = staticmethod(big_values.capped)
 
     @staticmethod
     def recover(con: Any) -> int:

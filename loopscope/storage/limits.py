@@ -42,12 +42,12 @@ def close_timeout(asked: float | None = None) -> float:
 
 QUEUE_BYTES = 64 << 20
 """Bytes the queue holds at most by default (``max_bytes``, ``configure(queue_bytes=...)``),
-estimated from each span's text and a fixed 3 KB for the span itself; past it spans are
-dropped and counted, as past ``max_queue``. The rows kept after failed writes are bounded
-by it too, so a writer that cannot write holds about twice it; a queue half full wakes the
-writer. With the writer held, a flood of small turns peaks ~195 MB over the process's RSS
-before it (``benchmarks/bench_memory.py``). 32 MiB peaked at ~120 MB, but left no room for
-the rest of a turn after one 50 MB tool result (values are capped only when written)."""
+estimated from each span's text and a fixed 3 KB for the span itself, with the rows the
+writer holds (mapped, being written, kept after failed writes); past it spans are dropped
+and counted, as past ``max_queue``; a queue half full wakes the writer. With the writer
+held, a flood of small turns peaked ~195 MB over the process's RSS before it
+(``benchmarks/bench_memory.py``; when the rows held were not counted yet). A value far over
+the store's cap counts what is kept of it (``ingest/big_values.py``)."""
 
 
 @dataclass

@@ -572,3 +572,9 @@ class SpanMapping(Protocol):
         file for writing); returns how many were closed."""
         ...
 
+    def capped(self, span: Any, limit: int) -> tuple[Any, int]:
+        """``span`` with its content values over ``limit`` characters cut (a copy; the span
+        is left as it is), and its :meth:`size` then: what the writer queues instead of a
+        span whose size is over the cap (see :mod:`loopscope.ingest.big_values`)."""
+        ...
+

@@ -176,25 +176,26 @@ class Scrubber:
                 for j, batch in enumerate(batches):
                     pieces.append(batch.column(i))
                     where.append((g, j, k))
-        picked = self._pick(pa.concat_arrays(pieces))
+        picked, to_mask = self._pick(pa.concat_arrays(pieces))
         out = [list(batches) for batches, _ in kinds]
         if not picked:
             return out
         starts = [0]
         for piece in pieces:
             starts.append(starts[-1] + len(piece))
-        hits: dict[tuple[int, int], dict[int, list[int]]] = {}  # (kind, batch) -> column (k) -> rows
+        # (kind, batch) -> column (k) -> (row, whether it is masked or only cut)
+        hits: dict[tuple[int, int], dict[int, list[tuple[int, bool]]]] = {}
         for position in picked:
             piece = bisect.bisect_right(starts, position) - 1
             g, j, k = where[piece]
-            hits.setdefault((g, j), {}).setdefault(k, []).append(position - starts[piece])
+            hits.setdefault((g, j), {}).setdefault(k, []).append((position - starts[piece], to_mask is None or position in to_mask))
         for (g, j), by_column in hits.items():
             batches, columns = kinds[g]
             out[g][j] = self._batch(batches[j], columns, indices_of[g], by_column)
         return out
 
     def _batch(self, batch: Any, columns: tuple[tuple[str, str | None, str], ...], indices: list[int],
-               hits: dict[int, list[int]]) -> Any:
+               hits: dict[int, list[tuple[int, bool]]]) -> Any:
         import pyarrow as pa
 
         codes: list[int] | None = None
@@ -204,17 +205,20 @@ class Scrubber:
             column = batch.column(index)
             values = column.to_pylist()
             changed = False
-            for row in positions:
+            for row, mask in positions:
                 value = values[row]
                 if value is None:
                     continue
-                place = where
-                if place is None:
-                    if codes is None:
-                        fetched: list[int] = batch.column(0).to_pylist()
-                        codes = fetched
-                    place = _event_where(name, codes[row])
-                cleaned = self._scrub(value, place, how)
+                if not mask:  # picked for its length alone: the prefilter says no masking changes it
+                    cleaned = self._cut(value, how)
+                else:
+                    place = where
+                    if place is None:
+                        if codes is None:
+                            fetched: list[int] = batch.column(0).to_pylist()
+                            codes = fetched
+                        place = _event_where(name, codes[row])
+                    cleaned = self._scrub(value, place, how)
                 if cleaned != value:
                     values[row] = cleaned
                     changed = True
@@ -222,16 +226,23 @@ class Scrubber:
                 batch = batch.set_column(index, batch.schema.field(index), pa.array(values, column.type))
         return batch
 
-    def _pick(self, column: Any) -> list[int]:
-        """The rows of ``column`` whose value the policy may change, in order."""
+    def _pick(self, column: Any) -> tuple[list[int], set[int] | None]:
+        """The rows of ``column`` whose value the policy may change, in order, and those of
+        them the masking may change (None: all of them); the others are only over the cap.
+
+        A value over the cap that the prefilter did not pick is cut without being masked:
+        masking would change nothing in it, and its passes over the text (the lower-cased
+        copy, the literals' searches) were most of the writer's time for 1 MiB tool
+        results (~38 ms each)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         if column.null_count == len(column):
-            return []
+            return [], None
         if self.pattern is None:  # every value is looked at
-            return pc.indices_nonzero(pc.is_valid(column)).to_pylist()  # type: ignore[no-any-return]
+            return pc.indices_nonzero(pc.is_valid(column)).to_pylist(), None  # pyright: ignore[reportAttributeAccessIssue]
         rows = _matching_rows(column, self.pattern) if self.pattern else []
+        masked = set(rows)
         if self.limit:
             # bytes, not characters: a superset, without a pass over the text
             # the limit as an Arrow scalar: a Python int costs pyarrow a failed import of
@@ -240,8 +251,15 @@ class Scrubber:
             limit = pa.scalar(self.limit, length.type)
             long = pc.indices_nonzero(pc.greater(length, limit)).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]
             if long:
-                rows = sorted(set(rows).union(long))
-        return rows
+                rows = sorted(masked.union(long))
+        return rows, masked
+
+    def _cut(self, value: str, how: str) -> str:
+        """:meth:`_scrub` of a value no masking changes: the cap alone."""
+        cap = ContentPolicy.cap_json
+        if how == "text":
+            return cap(value, self.limit)
+        return cap(value, self.limit, cap="shape" if how == "shape" else "strings")
 
     def _scrub(self, value: str, where: str, how: str) -> str:
         policy, limit = self.policy, self.limit

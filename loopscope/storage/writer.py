@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
-from ..content.policy import ContentPolicy
+from ..content.policy import EARLY_MARGIN, ContentPolicy
 from . import arrow_rows, health, idempotent, recovery, rows, scrub, tool_totals
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
@@ -76,6 +77,16 @@ ms (it rewrites the tables' last row groups); but every attach, the writer's own
 one included, replays the WAL: ~2 ms more at 128 KB, ~6 ms at 512 KB. Measured on the
 openai loop (60-call batches), 128 KB cost the writer 10-25% less CPU a batch than a
 checkpoint per batch; 64 KB and 512 KB less than that."""
+LARGE_BATCH = 1 << 20
+"""Arrow bytes from which a batch leaves its rows in the WAL whatever its size (see _write_piece)."""
+BATCH_SHARE = 0.25
+"""The share of ``max_bytes`` a batch holds at most (in the Arrow bytes of its rows): writing
+it makes copies of its content (the content policy's columns, DuckDB's vectors, the pages it
+writes), so a batch of large values (1 MiB tool results) held and written whole made the
+writer peak at several times the bound; a quarter of it keeps the peak near the bound."""
+INTERRUPT_WAIT = 1.0
+"""Seconds ``close()`` waits, past its timeout, for a write it interrupted to leave DuckDB
+(see ``StoreWriter._interrupt``); an interrupted statement ends within milliseconds."""
 REPORT_EVERY = 5.0
 """Seconds a writer's row in ``loopscope_writers`` may leave its written counts and
 ``last_seen`` behind. A batch updates the row when a flush waits for it (so ``flush()``
@@ -124,6 +135,12 @@ class StoreWriter:
         self.already_stored = 0
         # secrets masked, the redaction hook and a size cap, in the writer's thread (scrub.py)
         self.content = content or ContentPolicy()
+        # a value far over the cap is cut before it is queued (mapping.capped), so that it costs
+        # the queue what the store keeps of it: one 60 MB tool result no longer fills the byte
+        # bound and drops the rest of its turn; a span's size past this says it may hold one
+        self._cap_limit = max(0, int(self.content.store_max_chars or 0))
+        self._cap_over = self._cap_limit + EARLY_MARGIN if self._cap_limit else float("inf")
+        self._capped = getattr(mapping, "capped", None)
         # the counters kept in the store, for `loopscope status` (health.py); the pipeline
         # sets report.otlp to count the OTLP exporter's drops as well
         self.report = health.Report()
@@ -168,6 +185,7 @@ class StoreWriter:
         """The writer's thread is taking spans off the queue and writing them (their rows may
         be counted nowhere else meanwhile: read after :meth:`stats`' ``queued`` to know that
         everything queued before was written or kept)."""
+        self._con: Any = None  # the connection of the write (or checkpoint) under way: close() may interrupt it
         self._beside_lock = threading.Lock()
         self._beside = False  # an entry of this writer's is in the file beside the store
         self._room_kept = False  # the spare beside the store was made (health.reserve_room)
@@ -195,11 +213,16 @@ class StoreWriter:
         """Queue a span (``START`` or ``END``) for mapping and writing. Never blocks."""
         queue = self._queue
         size = len(queue)
-        if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes >= self.max_bytes:
+        # the bytes held all told: queued, and the rows mapped, being written or kept (so a
+        # writer that is busy with a batch, or cannot write, holds max_bytes, not twice it)
+        if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes + self._held_bytes >= self.max_bytes:
             self._drop_span(kind, span)
             return
         if kind:  # an ended span: its content is final (a started one's is counted at its end)
-            self._in_bytes += self._span_bytes(span)
+            counted = self._span_bytes(span)
+            if counted > self._cap_over and self._capped is not None:
+                span, counted = self._capped(span, self._cap_limit)
+            self._in_bytes += counted
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
@@ -302,6 +325,7 @@ class StoreWriter:
             self._abandon()
             events, turns = self._unwritten()
             lost = (self._dropped + events, self._dropped_turns + turns)
+            self._interrupt()
         else:
             self._give_up_backlog()
             lost = (self._dropped, self._dropped_turns)
@@ -436,6 +460,24 @@ class StoreWriter:
         self._abandoned = True
         self._record_beside()
 
+    def _interrupt(self) -> None:
+        """After :meth:`_abandon`: stop DuckDB's statement under way (``interrupt()``) and give
+        the thread up to :data:`INTERRUPT_WAIT` to leave DuckDB. At exit the interpreter stops
+        its daemon threads, and one stopped inside DuckDB aborts the process (SIGABRT: 3 runs
+        of 4 with 500 tool results of 1 MiB); an interrupted write rolls back and its rows
+        stay counted as lost. A thread elsewhere (waiting for a file another process holds, in
+        a content hook) is left as before: it writes nothing more (:meth:`_using`)."""
+        deadline = time.monotonic() + INTERRUPT_WAIT
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            con = self._con
+            if con is None:
+                return
+            try:
+                con.interrupt()  # again each time: one sent between two statements is lost
+            except Exception:  # noqa: S110  # a connection closed meanwhile: the thread is out of it
+                pass
+            self._thread.join(0.02)
+
     def _record_beside(self) -> None:
         """Count beside the store what this writer's row in it lacks: its losses since the
         row was last written, and what it holds unwritten now if it was abandoned."""
@@ -536,7 +578,7 @@ class StoreWriter:
                 self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
             markers += taken
             idle = left <= 0
-            full = facts.rows >= limit or self._held_bytes >= self.max_bytes
+            full = facts.rows >= limit or self._held_bytes >= self.max_bytes * BATCH_SHARE
             if markers or (facts.rows and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
                 try:
@@ -606,6 +648,12 @@ class StoreWriter:
                     self._inflight -= piece.rows
                     self._inflight_rows = (self._inflight_rows[0] - piece.event_rows, self._inflight_rows[1] - piece.turn_rows)
                     continue
+                if self._abandoned:  # close() interrupted it: no retry, what is left stays counted as lost
+                    rest = piece
+                    for later in reversed(pieces):
+                        rest.extend(later)
+                    self._backlog = rest
+                    return False
                 if not isinstance(failure, StoreLockedError) and piece.rows > 1:
                     first, second = _halves(piece)
                     pieces += [second, first]  # the first half is written first
@@ -636,9 +684,15 @@ class StoreWriter:
         # last, partly filled row groups: about a quarter of a small batch's cost. So they
         # stay in the WAL (on disk too: a reader replays it) until it passes WAL_LIMIT,
         # the writer closes, or it has been idle for CHECKPOINT_IDLE (see _run).
-        final = self._closed or _wal_size(self.path) >= WAL_LIMIT
+        # A batch of large values (1 MiB tool results) stays in the WAL past WAL_LIMIT, up to
+        # DuckDB's own checkpoint_threshold (16 MiB): a checkpoint rewrites the last row
+        # group whole, large values and all, so one per batch made each batch dearer than the
+        # last (7 MiB/s over 512 MiB of 1 MiB values, against 17 MiB/s so)
+        # (A closing writer's last batch goes to the WAL too: _run's checkpoint moves it, a
+        # statement that close() can interrupt, where a commit's checkpoint and a detach's are not.)
+        final = _wal_size(self.path) >= WAL_LIMIT and _facts_bytes(facts) < LARGE_BATCH
         try:
-            with open_store(self.path, read_only=False, timeout=self._lock_wait(), checkpoint=final) as con:
+            with open_store(self.path, read_only=False, timeout=self._lock_wait(), checkpoint=final) as con, self._using(con):
                 _ensure_schema(self.path, con)
                 if not self._recovered:
                     self._recover(con)
@@ -681,6 +735,17 @@ class StoreWriter:
             warn_once(f"lost-from-file:{self.path}", "loopscope: %s in %s", self._last_failure, self.path)
         return None
 
+    @contextlib.contextmanager
+    def _using(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """``con`` is the one :meth:`_interrupt` stops while the block runs."""
+        if self._abandoned:
+            raise StoreError("the store was closed while this write waited")  # close() counted its rows lost
+        self._con = con
+        try:
+            yield
+        finally:
+            self._con = None
+
     def _drop_bad_row(self, exc: BaseException, piece: rows.Facts) -> None:
         self._lose(piece.event_rows, piece.turn_rows)  # one row: an event, a model call or a turn summary
         self._failed_writes += 1
@@ -701,7 +766,9 @@ class StoreWriter:
     def _checkpoint(self) -> None:
         """Move what the last batches left in the WAL into the file (see :meth:`_write`)."""
         try:
-            with open_store(self.path, read_only=False, timeout=self._lock_wait()) as con:
+            # the WAL kept at the detach: an interrupted CHECKPOINT (see _interrupt) is not done
+            # again there, where nothing can interrupt it
+            with open_store(self.path, read_only=False, timeout=self._lock_wait(), checkpoint=False) as con, self._using(con):
                 con.execute("CHECKPOINT")
             self._wal_pending = False
         except (duckdb.Error, StoreError, OSError):

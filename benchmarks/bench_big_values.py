@@ -1,0 +1,116 @@
+"""Big values: what 1 MiB tool results cost the application's memory, and how fast the
+store's writer takes them (issue 30).
+
+Each case runs in a child process of its own (RSS is a process's): ``--calls`` turns of the
+hand API, each with one ``@loopscope.tool`` call whose result is ``--value-kib`` KiB of text,
+with the store's writer a thread (``writer="thread"``) and a process of its own
+(``writer="process"``), on a free disk; and the same with 1 KiB results, the baseline of the
+same run. Printed per case: the application's peak RSS (``VmHWM``) over its RSS before the
+calls, against the byte bound (``QUEUE_BYTES``, 64 MiB) and as a ratio to the baseline's; the
+writer process's peak; the MiB a second of values the writer took (from the first call to
+``flush()`` returning: the calls, the pipe, the mapping, the scrubbing, DuckDB); and the
+events written against those sent (nothing may be dropped on a free disk while the calls
+wait for nothing).
+
+    .venv/bin/python benchmarks/bench_big_values.py                  # 500 calls of 1 MiB
+    .venv/bin/python benchmarks/bench_big_values.py --against ../main  # and another checkout's rows
+    .venv/bin/python benchmarks/bench_big_values.py --smoke          # 20 calls: checks that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    import loopscope
+
+    db, mode, calls, value = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+    def status(pid="self"):
+        out = {}
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(rest.split()[0])
+        return out
+
+    pipeline = loopscope.configure(db, writer=mode)
+    writer = pipeline.writer
+    if mode == "process":
+        writer.wait_started(60)
+
+    @loopscope.tool
+    def fetch(i: int) -> str:
+        return chr(ord("a") + i % 26) * value
+
+    before = status()["VmRSS"]
+    start = time.perf_counter()
+    for i in range(calls):
+        with loopscope.turn(session_id=f"s{i % 8}", input="q"):
+            fetch(i)
+    ok = loopscope.flush(timeout=600)
+    took = time.perf_counter() - start
+    child = writer.child_pid() if mode == "process" else None
+    child_peak = status(child)["VmHWM"] if child else 0
+    stats = pipeline.stats()
+    peak = status()["VmHWM"]
+    loopscope.shutdown()
+    print(json.dumps({"flushed": ok, "seconds": took, "before_kb": before, "peak_kb": peak, "child_peak_kb": child_peak,
+                      "written": stats.written_events, "dropped": stats.dropped}))
+""")
+
+
+def run(mode: str, calls: int, value: int, root: Path = ROOT) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "child.py"
+        script.write_text(CHILD)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LOOPSCOPE_"))}
+        env["PYTHONPATH"] = str(root)
+        done = subprocess.run([sys.executable, str(script), str(Path(tmp) / "big.duckdb"), mode, str(calls), str(value)],
+                              capture_output=True, text=True, env=env, timeout=1800, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{mode} child exited {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--value-kib", type=int, default=1024)
+    parser.add_argument("--modes", nargs="+", default=["thread", "process"])
+    parser.add_argument("--against", type=Path, help="another checkout (main, say): its rows printed under this one's")
+    parser.add_argument("--smoke", action="store_true", help="20 calls: checks that it runs, measures nothing")
+    args = parser.parse_args()
+    if args.smoke:
+        args.calls = 20
+    value = args.value_kib << 10
+    sent_mib = args.calls * value / (1 << 20)
+    print(f"{args.calls} calls, one tool result of {args.value_kib} KiB each ({sent_mib:.0f} MiB of values); 3 events a call")
+    print(f"{'checkout writer':16} {'values':>7} {'app peak-before MiB':>20} {'x baseline':>10} {'writer proc peak MiB':>21} "
+          f"{'MiB/s written':>13} {'written':>8} {'dropped':>8}")
+    checkouts = [("this", ROOT)] + ([("against", args.against.resolve())] if args.against else [])
+    for mode in args.modes:
+        for label, root in checkouts:
+            base = run(mode, args.calls, 1 << 10, root)
+            big = run(mode, args.calls, value, root)
+            base_growth = max(1, base["peak_kb"] - base["before_kb"]) / 1024
+            for name, result, size in (("1 KiB", base, 1 << 10), (f"{args.value_kib} KiB", big, value)):
+                growth = (result["peak_kb"] - result["before_kb"]) / 1024
+                rate = result["written"] / 3 * size / (1 << 20) / result["seconds"]  # 3 events a call
+                print(f"{label + ' ' + mode:16} {name:>7} {growth:20.0f} {growth / base_growth:10.1f} "
+                      f"{result['child_peak_kb'] / 1024:21.0f} {rate:13.1f} {result['written']:8d} {result['dropped']:8d}")
+
+
+if __name__ == "__main__":
+    main()
