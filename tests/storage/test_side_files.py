@@ -29,7 +29,7 @@ from children import HOLDER
 from loopscope.storage import health
 from loopscope.storage.connection import open_store, writer_marker
 from loopscope.storage.errors import StoreLockedError
-from loopscope.storage.schema import SCHEMA_VERSION
+from store_files import newer_store
 
 NOBODY = 65534
 AS_ROOT = os.geteuid() == 0
@@ -64,20 +64,9 @@ def _victim(tmp_path: Path, name: str = "victim.txt") -> Path:
     return victim
 
 
-def _newer_store(path: Path) -> None:
-    """A store of a newer loopscope: the writer process refuses it and counts every event lost,
-    beside the store."""
-    con = duckdb.connect(str(path))
-    try:
-        con.execute("CREATE TABLE loopscope_meta(key VARCHAR PRIMARY KEY, value VARCHAR)")
-        con.execute("INSERT INTO loopscope_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION + 1)])
-    finally:
-        con.close()
-
-
 def test_a_link_planted_at_the_lost_files_temporary_is_not_written_through(tmp_path: Path, shared: Path) -> None:
     db = shared / "app.duckdb"
-    _newer_store(db)
+    newer_store(db)
     victim = _victim(tmp_path)
     lost = Path(health.beside_path(str(db)))
     # the name the exiting application wrote its count to, then renamed over lost.json
@@ -92,7 +81,10 @@ def test_a_link_planted_at_the_lost_files_temporary_is_not_written_through(tmp_p
     assert not lost.is_symlink() and stat.S_ISREG(lost.lstat().st_mode)
     assert stat.S_IMODE(lost.lstat().st_mode) == 0o600
     [entry] = health.read_beside(str(db)).values()  # still counted, in a file of its own
-    assert entry["dropped_unwritable"] + entry["dropped_queue_full"] == 15
+    # in the store's rows: a turn's input and its answer, and its summary
+    events = entry["dropped_unwritable"] + entry["dropped_queue_full"]
+    turns = entry.get("turns_dropped_unwritable", 0) + entry.get("turns_dropped_queue_full", 0)
+    assert (events, turns) == (10, 5)
 
 
 def test_a_link_planted_at_the_lost_file_is_refused_not_followed(tmp_path: Path, shared: Path,

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import loopscope
 from loopscope.cli.status import read_status
 from loopscope.storage import health
-from loopscope.storage.schema import SCHEMA_VERSION
+from store_files import newer_store
 
 
 def _held_python(tmp_path: Path) -> tuple[Path, Path]:
@@ -57,19 +57,9 @@ def test_configure_with_a_db_returns_before_the_writer_process_checked_the_store
         con.close()
 
 
-def _newer_store(path: Path) -> None:
-    """A store a newer loopscope migrated: this one must not write it."""
-    con = duckdb.connect(str(path))
-    try:
-        con.execute("CREATE TABLE loopscope_meta(key VARCHAR PRIMARY KEY, value VARCHAR)")
-        con.execute("INSERT INTO loopscope_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION + 1)])
-    finally:
-        con.close()
-
-
 def test_a_store_the_writer_process_refuses_is_said_once_and_its_events_counted_lost(tmp_path: Path, spawn) -> None:
     db = tmp_path / "newer.duckdb"
-    _newer_store(db)
+    newer_store(db)
     before = db.read_bytes()
     app = spawn("app", f"""
         import loopscope
