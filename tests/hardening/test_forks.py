@@ -14,6 +14,7 @@ recorded, a spawned worker runs the application's module afresh without its
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import duckdb
@@ -174,10 +175,15 @@ HELD_FORKS = """
 
 
 @pytest.mark.serial
-def test_each_fork_child_that_cannot_write_is_counted_on_its_own(spawn, tmp_path: Path) -> None:
+def test_each_fork_child_that_cannot_write_is_counted_on_its_own(spawn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store held by another program all along: every fork child's turn is lost, and each
-    child's loss is counted under its own pid (today: none, or one entry the children share)."""
+    child's loss is counted on its own (today: none, or one entry the children share).
+    (``close_timeout`` 0: a writer process handed everything does not write on after its
+    application has ended, where, with the default, the children's turns are stored once the
+    holder lets go.)"""
     from children import HOLDER
+
+    monkeypatch.setenv("LOOPSCOPE_CLOSE_TIMEOUT", "0")
 
     db = tmp_path / "held.duckdb"
     con = duckdb.connect(str(db))  # a loopscope store, made by an application that ended
@@ -190,12 +196,22 @@ def test_each_fork_child_that_cannot_write_is_counted_on_its_own(spawn, tmp_path
             assert holder.running(), holder.output()
         app = spawn("app", HELD_FORKS, db)
         pids = {int(p) for p in app.finish_ok(240).split()}
+        # the children's writer processes give up within their close's bound, each on its own
+        # time: held until each has counted its loss
+        deadline = time.monotonic() + 120
+        while sum(1 for e in health.read_beside(str(db)).values() if e.get("dropped_unwritable")) < 3:
+            assert time.monotonic() < deadline, health.read_beside(str(db))
+            time.sleep(0.05)
     finally:
         release.write_text("go")
         holder.wait(60)
+    assert len(pids) == 3
     entries = health.read_beside(str(db))
-    counted = {e["pid"]: e["dropped_unwritable"] for e in entries.values() if e.get("dropped_unwritable")}
-    assert pids <= set(counted), (entries, app.output())
+    # an entry each (its writer process's), with that child's turn: its two events and its summary
+    counted = sorted((e["dropped_unwritable"], e.get("turns_dropped_unwritable", 0), e["pid"])
+                     for e in entries.values() if e.get("dropped_unwritable"))
+    assert [(events, turns) for events, turns, _ in counted] == [(2, 1)] * 3, (entries, app.output())
+    assert len({pid for *_, pid in counted}) == 3
 
 
 OS_EXIT = """

@@ -125,7 +125,22 @@ def kill_mid_turn(tmp_path: Path, spawn: Callable[..., Child], db: Path) -> None
     marks.mkdir(exist_ok=True)
     agent = spawn("dying", DYING_AGENT, db, marks)
     wait_for([marks / m for m in DYING_MARKS], agent)
+    (writer_pid,) = [row[0] for row in sql(db, "SELECT pid FROM loopscope_writers WHERE app_pid = ?", [agent.pid])]
     agent.kill()
+    # its writer process sees the pipe end and writes what it still held: the file is as the
+    # dead application left it once that process is gone too
+    deadline = time.monotonic() + STARTUP
+    while _alive(writer_pid):
+        assert time.monotonic() < deadline, f"writer process {writer_pid} still runs"
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie no one reaps has ended
 
 
 def test_turns_open_at_a_sigkill_are_closed_as_unfinished_at_the_next_open(tmp_path, spawn):
