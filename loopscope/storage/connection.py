@@ -335,28 +335,38 @@ class _Held:
 _held: dict[str, _Held] = {}
 _reaper_wake = threading.Condition()
 _reaper_pid = 0
+_reaper: threading.Thread | None = None
 _closing = False
+REAPER_STOP = 2.0
+"""Seconds the exit waits for the reaper to finish a detach it is in."""
 
 
 @atexit.register
 def _release_all() -> None:
     # before the interpreter stops its threads: a daemon thread stopped inside DuckDB
-    # aborts the process
+    # aborts the process. The reaper may be inside a detach of an attachment it already took
+    # out of _held: woken and waited for, within a bound
     global _closing
     _closing = True
+    reaper = _reaper
+    if reaper is not None and _reaper_pid == os.getpid():
+        with _reaper_wake:
+            _reaper_wake.notify_all()
+        reaper.join(REAPER_STOP)
     for path in list(_held):
         with gate(path):
             release(path)
 
 
 def _keep(path: str, held: _Held) -> None:
-    global _reaper_pid
+    global _reaper_pid, _reaper
     held.used_at = time.monotonic()
     _held[path] = held
     with _reaper_wake:
         if _reaper_pid != os.getpid():  # none yet, or it stayed behind in the parent of a fork
             _reaper_pid = os.getpid()
-            threading.Thread(target=_reap, name="loopscope-reader-reaper", daemon=True).start()
+            _reaper = threading.Thread(target=_reap, name="loopscope-reader-reaper", daemon=True)
+            _reaper.start()
         _reaper_wake.notify()
 
 
@@ -385,7 +395,7 @@ def _reap() -> None:
                     release(path)
             finally:
                 lock.release()
-        if busy:
+        if busy and not _closing:
             time.sleep(HOLD_IDLE / 5)
 
 
