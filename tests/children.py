@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import pytest
 
@@ -33,7 +34,8 @@ HOLDER = """
 """
 """A script that holds a store file open for writing (as a ``duckdb`` shell or a notebook
 would) until the file named by its third argument exists: ``HOLDER db holding release
-[give-up seconds]``; it writes the file named by its second argument once it holds."""
+[give-up seconds]``; it writes the file named by its second argument once it holds. The tests
+start it through :func:`hold`."""
 
 
 class Child:
@@ -67,6 +69,45 @@ class Child:
         code = self.wait(timeout)
         assert code == 0, f"child exited with {code}\n{self.output()}"
         return self.out.read_text()
+
+
+@final
+class Held:
+    """A store held by :data:`HOLDER` (from :func:`hold`): ``holder``, its process, and
+    ``release_file``, which lets go of the store once it exists (a child the test starts may
+    write it). As a context manager it lets go at the end of the block."""
+
+    def __init__(self, holder: Child, release_file: Path) -> None:
+        self.holder, self.release_file = holder, release_file
+
+    def release(self, timeout: float = 60.0) -> None:
+        """Let go of the store and wait for the holder, which must end cleanly."""
+        if not self.release_file.exists():
+            self.release_file.write_text("go")
+        self.holder.finish_ok(timeout)
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self.release()
+        elif self.holder.running():  # the test failed: its own error is the one to see
+            self.release_file.write_text("go")
+            self.holder.wait(60)
+
+
+def hold(spawn: Callable[..., Child], db: str | Path, folder: Path, give_up: float = 120.0, timeout: float = 60.0) -> Held:
+    """Start :data:`HOLDER` on ``db`` (its files in ``folder``) and return once it holds the
+    store: it lets go at :meth:`Held.release`, or after ``give_up`` seconds. A holder that ends
+    first, or does not hold within ``timeout`` seconds, fails the test with its output."""
+    holding, release = folder / "holding", folder / "release"
+    holder = spawn("holder", HOLDER, db, holding, release, give_up)
+    deadline = time.monotonic() + timeout
+    while not holding.exists():
+        assert holder.running() and time.monotonic() < deadline, f"the holder never held {db}\n{holder.output()}"
+        time.sleep(0.02)
+    return Held(holder, release)
 
 
 @pytest.fixture

@@ -181,7 +181,7 @@ def test_each_fork_child_that_cannot_write_is_counted_on_its_own(spawn, tmp_path
     (``close_timeout`` 0: a writer process handed everything does not write on after its
     application has ended, where, with the default, the children's turns are stored once the
     holder lets go.)"""
-    from children import HOLDER
+    from children import hold
 
     monkeypatch.setenv("LOOPSCOPE_CLOSE_TIMEOUT", "0")
 
@@ -189,11 +189,7 @@ def test_each_fork_child_that_cannot_write_is_counted_on_its_own(spawn, tmp_path
     con = duckdb.connect(str(db))  # a loopscope store, made by an application that ended
     migrate(con)
     con.close()
-    holding, release = tmp_path / "holding", tmp_path / "release"
-    holder = spawn("holder", HOLDER, db, holding, release, 120)
-    try:
-        while not holding.exists():
-            assert holder.running(), holder.output()
+    with hold(spawn, db, tmp_path):
         app = spawn("app", HELD_FORKS, db)
         pids = {int(p) for p in app.finish_ok(240).split()}
         # the children's writer processes give up within their close's bound, each on its own
@@ -202,9 +198,6 @@ def test_each_fork_child_that_cannot_write_is_counted_on_its_own(spawn, tmp_path
         while sum(1 for e in health.read_beside(str(db)).values() if e.get("dropped_unwritable")) < 3:
             assert time.monotonic() < deadline, health.read_beside(str(db))
             time.sleep(0.05)
-    finally:
-        release.write_text("go")
-        holder.wait(60)
     assert len(pids) == 3
     entries = health.read_beside(str(db))
     # an entry each (its writer process's), with that child's turn: its two events and its summary

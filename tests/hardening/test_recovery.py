@@ -21,7 +21,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER, Child
+from children import Child, hold
 from loopscope import EventFilter
 from loopscope.cli import main as cli_main
 from loopscope.models import RESPONSE_SEGMENT_SEPARATOR
@@ -255,17 +255,14 @@ def test_closing_happens_once(tmp_path, spawn, capsys):
 def test_the_writer_closes_them_when_configure_could_not(tmp_path, spawn):
     db = tmp_path / "held.duckdb"
     kill_mid_turn(tmp_path, spawn, db)
-    holding, release = tmp_path / "holding", tmp_path / "release"
-    holder = spawn("holder", HOLDER, db, holding, release)
-    wait_for([holding], holder)
+    held = hold(spawn, db, tmp_path, give_up=30, timeout=STARTUP)
     pipeline = loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05)  # held: nothing closed yet
     pipeline.writer.lock_timeout = 0.2  # fail fast while the file is held
     try:
         with loopscope.turn(session_id="calc", agent="later", input="again") as t:
             t.generation("fine", finish_reason="stop")
         assert loopscope.flush(timeout=10) is False
-        release.write_text("go")
-        holder.finish_ok()
+        held.release()
         pipeline.writer.lock_timeout = 5.0
         assert loopscope.flush(timeout=20)
         assert pipeline.stats().failed_writes >= 1  # the batch that closes them came after the holder

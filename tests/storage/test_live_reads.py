@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -20,7 +19,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER, Child
+from children import Child, hold
 from loopscope import EventFilter, EventStatus
 
 EVERY = EventFilter(include_blocked=True)
@@ -236,18 +235,12 @@ def test_sigkill_leaves_a_readable_gap_free_prefix(tmp_path, spawn):
 # -- a foreign process holding the file -----------------------------------------------------
 
 
-def hold(tmp_path: Path, spawn, db: Path) -> tuple[Child, Path]:
-    holding, release = tmp_path / "holding", tmp_path / "release"
-    holder = spawn("holder", HOLDER, db, holding, release, 20)
-    wait_until(holding.exists, STARTUP, "the holder to open the file", holder)
-    return holder, release
-
-
 def test_a_held_file_raises_store_locked_error_naming_the_holder(recording, tmp_path, spawn):
     with loopscope.turn(session_id="s", agent="a", input="first") as t:
         t.generation("one")
     assert loopscope.flush()
-    holder, release = hold(tmp_path, spawn, recording.db)
+    held = hold(spawn, recording.db, tmp_path, give_up=20, timeout=STARTUP)
+    holder = held.holder
 
     store = loopscope.Store(str(recording.db), lock_timeout=0.5)
     with pytest.raises(loopscope.StoreLockedError) as info:
@@ -269,8 +262,7 @@ def test_a_held_file_raises_store_locked_error_naming_the_holder(recording, tmp_
     assert stats.queued == 4  # two messages, one model call and one turn summary, held in memory
     assert stats.dropped == 0
 
-    release.write_text("go")
-    holder.finish_ok()
+    held.release()
     assert loopscope.flush(timeout=10) is True
     stats = recording.pipeline.stats()
     assert (stats.queued, stats.dropped) == (0, 0)
@@ -311,15 +303,14 @@ WRITER_WHILE_HELD = """
 
 def test_a_writer_in_another_process_keeps_events_until_the_lock_clears(tmp_path, spawn):
     db = tmp_path / "held.duckdb"
-    holder, release = hold(tmp_path, spawn, db)
+    held = hold(spawn, db, tmp_path, give_up=20, timeout=STARTUP)
     recorded = tmp_path / "recorded"
-    writer = spawn("writer", WRITER_WHILE_HELD, db, recorded, release)
+    writer = spawn("writer", WRITER_WHILE_HELD, db, recorded, held.release_file)
     wait_until(recorded.exists, STARTUP, "the writer to record while the file is held", writer)
     with pytest.raises(loopscope.StoreLockedError):
         loopscope.Store(str(db), lock_timeout=0.2).list_events("held")
 
-    release.write_text("go")
-    holder.finish_ok()
+    held.release()
     report = json.loads(writer.finish_ok())
     assert report["flushed_while_held"] is False
     assert report["queued_while_held"] == 4  # two messages, a model call and a turn summary

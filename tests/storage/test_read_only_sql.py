@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import duckdb
 import pytest
 
 import loopscope
-from children import HOLDER
+from children import hold
 from loopscope.cli import main
 from loopscope.storage.connection import command_line
 
@@ -248,13 +247,8 @@ def test_export_parquet_still_writes_its_files(scene: Scene, capsys: pytest.Capt
 
 
 def test_the_locked_message_names_the_holders_command_line(scene: Scene, spawn) -> None:
-    holding, release = scene.folder / "holding", scene.folder / "release"
-    holder = spawn("holder", HOLDER, scene.store, holding, release, 20)
-    try:
-        deadline = time.monotonic() + 20
-        while not holding.exists() and holder.running() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert holding.exists(), holder.output()
+    with hold(spawn, scene.store, scene.folder, give_up=20, timeout=20) as held:
+        holder = held.holder
         store = loopscope.Store(str(scene.store), lock_timeout=0.2)
         with pytest.raises(loopscope.StoreLockedError) as info:
             store.list_events("s0")
@@ -262,9 +256,6 @@ def test_the_locked_message_names_the_holders_command_line(scene: Scene, spawn) 
         assert f"process {holder.pid} (" in message
         assert "holder.py" in message and str(scene.store) in message  # its script and arguments
         assert "a duckdb shell, a notebook" not in message
-    finally:
-        release.write_text("go")
-        holder.wait()
 
 
 def test_a_command_line_that_cannot_be_read_is_none() -> None:

@@ -17,7 +17,6 @@ import logging
 import os
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import duckdb
@@ -25,7 +24,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER
+from children import hold
 from loopscope.storage import health
 from loopscope.storage.connection import open_store, writer_marker
 from loopscope.storage.errors import StoreLockedError
@@ -117,18 +116,8 @@ def test_a_link_planted_at_a_writers_marker_creates_nothing(tmp_path: Path, shar
     duckdb.connect(str(db)).close()
     target = tmp_path / "made-by-loopscope"
     plant(Path(writer_marker(str(db))), target)
-    holding, release = tmp_path / "holding", tmp_path / "release"
-    holder = spawn("holder", HOLDER, db, holding, release, 120)
-    deadline = time.monotonic() + 60
-    while not holding.exists():
-        assert holder.running() and time.monotonic() < deadline, holder.output()
-        time.sleep(0.02)
-    try:
-        with pytest.raises(StoreLockedError), open_store(str(db), read_only=False, timeout=0.3):
-            pass
-    finally:
-        release.write_text("go")
-        holder.wait(30)
+    with hold(spawn, db, tmp_path), pytest.raises(StoreLockedError), open_store(str(db), read_only=False, timeout=0.3):
+        pass
     assert not target.exists()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import HOLDER, ROOT
+from children import ROOT, hold
 from loopscope.cli.status import read_status
 
 WRITER = """
@@ -47,17 +47,10 @@ def test_processes_that_end_while_another_holds_the_store_count_their_lost_event
     db = tmp_path / "held.duckdb"
     loopscope.configure(db, tracer_provider=TracerProvider())  # the store exists, with its schema
     loopscope.shutdown()
-    holding, release = tmp_path / "holding", tmp_path / "release"
-    holder = spawn("holder", HOLDER, db, holding, release, 120)
-    deadline = time.monotonic() + 30
-    while not holding.exists():
-        assert holder.running() and time.monotonic() < deadline, holder.output()
-        time.sleep(0.02)
-    writers = [spawn(f"writer{n}", WRITER, db, 25, f"w{n}") for n in range(2)]
-    for writer in writers:
-        assert writer.finish_ok(60).strip() == "flushed False"
-    release.write_text("go")
-    holder.wait(30)
+    with hold(spawn, db, tmp_path, timeout=30):
+        writers = [spawn(f"writer{n}", WRITER, db, 25, f"w{n}") for n in range(2)]
+        for writer in writers:
+            assert writer.finish_ok(60).strip() == "flushed False"
     status = read_status(str(db))
     # 25 turns of 2 events and a summary each, per process: every event and turn counted, none written
     assert status["events"] == 0
@@ -104,7 +97,6 @@ def test_a_held_lock_of_the_file_beside_the_store_is_waited_for_a_bounded_time(t
     """A process stopped while it holds the lock of the lost-events file must not hold the
     exit of another: the count is given up (and only logged) after ``LOCK_WAIT``."""
     import fcntl
-    import time
 
     from loopscope.storage import health
 
