@@ -178,16 +178,27 @@ class ContentPolicy:
             cleaned = text if masked == value else _json.dumps(masked)
         return cleaned
 
-    def _mask_json(self, value: Any, where: str) -> Any:
+    def _mask_json(self, value: Any, where: str, schemas: bool = False) -> Any:
+        """A parsed JSON value with secrets masked: each string as text (it may hold JSON
+        itself), the value of a secret-named key whole. With ``schemas`` (declared tools,
+        :meth:`mask_tools`), such a key's object is a parameter's schema: it is walked on, and
+        only the values it gives (:data:`_SCHEMA_VALUES`) are masked whole."""
         if isinstance(value, str):
-            return self._mask_keeping_json(value, where)  # a string may hold JSON itself
+            return self._mask_keeping_json(value, where)
         if isinstance(value, list):
-            return [self._mask_json(v, where) for v in value]
+            return [self._mask_json(v, where, schemas) for v in value]
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
                 secret = secrets.SECRET_KEY.fullmatch(str(key)) if self.key_values else None
-                out[key] = self._mask_json(item, where) if secret is None else _mask_all(secrets.kind_of(secret), item)
+                if secret is None:
+                    out[key] = self._mask_json(item, where, schemas)
+                elif schemas and isinstance(item, dict):  # a parameter named so: its schema, whose values are secrets
+                    kind = secrets.kind_of(secret)
+                    out[key] = {k: _mask_all(kind, v) if k in _SCHEMA_VALUES else self._mask_json(v, where, schemas)
+                                for k, v in item.items()}
+                else:
+                    out[key] = _mask_all(secrets.kind_of(secret), item)
             return out
         return value
 
@@ -212,33 +223,13 @@ class ContentPolicy:
         except ValueError:
             masked_text = self._mask_keeping_json(text, where)
         else:
-            masked = self._mask_tool_json(value, where)
+            masked = self._mask_json(value, where, schemas=True)
             masked_text = text if masked == value else _json.dumps(masked)
         if cache is not None and len(text) <= _CACHED_TOOLS_CHARS:
             if len(cache) >= 64:
                 cache.clear()
             cache[text] = masked_text
         return masked_text
-
-    def _mask_tool_json(self, value: Any, where: str) -> Any:
-        if isinstance(value, str):
-            return self._mask_keeping_json(value, where)
-        if isinstance(value, list):
-            return [self._mask_tool_json(v, where) for v in value]
-        if isinstance(value, dict):
-            out = {}
-            for key, item in value.items():
-                secret = secrets.SECRET_KEY.fullmatch(str(key)) if self.key_values else None
-                if secret is None:
-                    out[key] = self._mask_tool_json(item, where)
-                elif isinstance(item, dict):  # a parameter named so: its schema, whose values are secrets
-                    kind = secrets.kind_of(secret)
-                    out[key] = {k: _mask_all(kind, v) if k in _SCHEMA_VALUES else self._mask_tool_json(v, where)
-                                for k, v in item.items()}
-                else:
-                    out[key] = _mask_all(secrets.kind_of(secret), item)
-            return out
-        return value
 
     def scrub_attributes_json(self, text: str) -> str:
         """A span's attributes as one JSON object (a collector's raw copy), masked; never cut.
@@ -255,7 +246,7 @@ class ContentPolicy:
             return self.scrub_json(text, "", 0)
         if not isinstance(attributes, dict) or not any(_RAW_TOOL_KEY.fullmatch(str(k)) for k in attributes):
             return self.scrub_json(text, "", 0)
-        tools = {k: self.mask_tools(v, k) if isinstance(v, str) else self._mask_tool_json(v, k)
+        tools = {k: self.mask_tools(v, k) if isinstance(v, str) else self._mask_json(v, k, schemas=True)
                  for k, v in attributes.items() if _RAW_TOOL_KEY.fullmatch(str(k))}
         rest = {k: v for k, v in attributes.items() if k not in tools}
         rest = json.loads(self.scrub_json(_json.dumps(rest), "", 0)) if rest else rest
