@@ -16,6 +16,8 @@ count of a span, which it makes anyway, says which): every other span costs noth
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .. import semconv as a
@@ -24,7 +26,7 @@ from ..content.policy import EARLY_MARGIN, cut_early
 from .mapping import SPAN_BYTES
 from .spans import record_of
 
-__all__ = ["HOW", "capped", "threshold"]
+__all__ = ["HOW", "cap", "capped", "threshold"]
 
 HOW = {
     # as the store's writer caps the columns they become (storage/scrub.py's columns)
@@ -55,3 +57,17 @@ def capped(span: Any, limit: int) -> tuple[Any, int]:
         span = record_of(span).replace(attributes=changed)
         attributes = changed
     return span, SPAN_BYTES + sum(len(value) for value in attributes.values() if type(value) is str)
+
+
+def cap(limit: int) -> tuple[float, Callable[[Any], tuple[Any, int]]]:
+    """A writer's cap check for the store's cap ``limit`` (``store_max_chars``; 0: none):
+    ``(over, cut)``, where ``over`` is :func:`threshold` and ``cut(span)`` is :func:`capped`.
+    Both writers (the thread writer through its mapping, ``SpanMapping.cap``, and the writer
+    process's application side) take it from here, and per ended span do only::
+
+        if counted > over:  # counted: the span's size, which the byte bound makes anyway
+            span, counted = cut(span)
+
+    one compare of two numbers for every span not over the cap."""
+    limit = max(0, int(limit or 0))
+    return threshold(limit), partial(capped, limit=limit)

@@ -4,7 +4,7 @@ loopscope's span-to-row mapping.
 The store's writer knows facts, not spans (:class:`~loopscope.storage.rows.SpanMapping`
 is the seam); :data:`SPANS` is the mapping it is given here: spans to facts
 (:func:`.mapping.add_spans`), a queued span's size (:func:`.mapping.span_size`), its values
-over the store's cap cut before it is queued (:func:`.big_values.capped`), and
+over the store's cap cut before it is queued (:func:`.big_values.cap`), and
 the closing of turns a dead process left open (:func:`.recovery.recover`).
 """
 
@@ -27,7 +27,7 @@ class _Spans:
     add = staticmethod(add_spans)
     size = staticmethod(span_size)
     rows = staticmethod(span_rows)
-    capped = staticmethod(big_values.capped)
+    cap = staticmethod(big_values.cap)
 
     @staticmethod
     def recover(con: Any) -> int:

@@ -18,6 +18,7 @@ import pickle
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 import duckdb
@@ -50,6 +51,10 @@ class _Span:
         self.size = size
 
 
+def _uncut(span: _Span) -> tuple[_Span, int]:
+    return span, span.size
+
+
 class _Shipped:
     """loopscope's span mapping (:data:`~loopscope.ingest.writer.SPANS`), a shipped span's
     size being what the application's byte bound counted for it."""
@@ -65,8 +70,8 @@ class _Shipped:
         return span.size
 
     @staticmethod
-    def capped(span: _Span, limit: int) -> tuple[_Span, int]:
-        return span, span.size  # cut in the application already, before it was queued there
+    def cap(limit: int) -> tuple[float, Callable[[Any], tuple[Any, int]]]:
+        return float("inf"), _uncut  # cut in the application already, before it was queued there
 
 
 _OK = Status()

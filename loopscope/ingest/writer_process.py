@@ -79,7 +79,7 @@ from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.limits import close_timeout as writer_close_timeout
 from ..storage.policy import PersistencePolicy
 from ..storage.rows import EVENT_TYPES
-from .big_values import capped, threshold
+from . import big_values
 from .mapping import row_counts, span_rows, span_size
 
 __all__ = ["DEFAULT_MODE", "ENV", "MODES", "ProcessSpanWriter", "unavailable", "writer_mode"]
@@ -330,8 +330,7 @@ class ProcessSpanWriter:
         self.max_bytes = max_bytes
         self.batch_size = batch_size
         self._wake_bytes = max_bytes // 2
-        self._cap_limit = max(0, int((content or ContentPolicy()).store_max_chars or 0))
-        self._cap_over = threshold(self._cap_limit)
+        self._cap_over, self._cut = big_values.cap((content or ContentPolicy()).store_max_chars or 0)
         hook = getattr(content, "redact", None)
         if hook is not None and getattr(hook, "__module__", None) in (None, "__main__"):
             # pickled by reference, a function of the application's script is not found in the child
@@ -425,7 +424,7 @@ class ProcessSpanWriter:
         # size travels with it, so the sender does not measure the span again
         counted = span_size(span) if kind else 0
         if counted > self._cap_over:  # a value far over the store's cap: cut before it is queued (big_values.py)
-            span, counted = capped(span, self._cap_limit)
+            span, counted = self._cut(span)
         self._in_bytes += counted
         queue.append((kind, span, counted))
         if not size:

@@ -572,9 +572,10 @@ class SpanMapping(Protocol):
         file for writing); returns how many were closed."""
         ...
 
-    def capped(self, span: Any, limit: int) -> tuple[Any, int]:
-        """``span`` with its content values over ``limit`` characters cut (a copy; the span
-        is left as it is), and its :meth:`size` then: what the writer queues instead of a
-        span whose size is over the cap (see :mod:`loopscope.ingest.big_values`)."""
+    def cap(self, limit: int) -> tuple[float, Callable[[Any], tuple[Any, int]]]:
+        """The cap check for ``limit`` characters (0: none): ``(over, cut)``. An ended span
+        whose :meth:`size` is over ``over`` may hold a value over the cap: ``cut(span)`` is
+        then a copy of it with those values cut (the span is left as it is) and its size,
+        what the writer queues instead (see :func:`loopscope.ingest.big_values.cap`)."""
         ...
 

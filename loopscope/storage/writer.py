@@ -35,7 +35,7 @@ from typing import Any
 import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
-from ..content.policy import EARLY_MARGIN, ContentPolicy
+from ..content.policy import ContentPolicy
 from . import arrow_rows, health, idempotent, recovery, rows, scrub, tool_totals
 from .connection import open_store
 from .errors import StoreError, StoreLockedError
@@ -135,12 +135,10 @@ class StoreWriter:
         self.already_stored = 0
         # secrets masked, the redaction hook and a size cap, in the writer's thread (scrub.py)
         self.content = content or ContentPolicy()
-        # a value far over the cap is cut before it is queued (mapping.capped), so that it costs
+        # a value far over the cap is cut before it is queued (mapping.cap), so that it costs
         # the queue what the store keeps of it: one 60 MB tool result no longer fills the byte
-        # bound and drops the rest of its turn; a span's size past this says it may hold one
-        self._cap_limit = max(0, int(self.content.store_max_chars or 0))
-        self._cap_over = self._cap_limit + EARLY_MARGIN if self._cap_limit else float("inf")
-        self._capped = getattr(mapping, "capped", None)
+        # bound and drops the rest of its turn; a span's size past _cap_over says it may hold one
+        self._cap_over, self._cut = mapping.cap(self.content.store_max_chars or 0)
         # the counters kept in the store, for `loopscope status` (health.py); the pipeline
         # sets report.otlp to count the OTLP exporter's drops as well
         self.report = health.Report()
@@ -220,8 +218,8 @@ class StoreWriter:
             return
         if kind:  # an ended span: its content is final (a started one's is counted at its end)
             counted = self._span_bytes(span)
-            if counted > self._cap_over and self._capped is not None:
-                span, counted = self._capped(span, self._cap_limit)
+            if counted > self._cap_over:
+                span, counted = self._cut(span)
             self._in_bytes += counted
         queue.append((kind, span))
         if not size:
