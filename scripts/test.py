@@ -9,7 +9,9 @@ calls it with the core venv's Python after making that venv.
 Arguments that name existing paths (``path`` or ``path::test``) select tests; every other argument
 goes to pytest as it is. For each venv the tests run twice: in parallel on pytest-xdist workers
 (``-n``: $LOOPSCOPE_TEST_WORKERS, else 4), then the tests marked ``serial``, one at a time, with
-nothing beside them. The last line sums every run's outcome, whatever pytest's own verbosity.
+nothing beside them. The last line sums every run's outcome, whatever pytest's own verbosity;
+before it, where the time went: per venv, and the slowest test files in worker-seconds. Each
+run's junit file is kept in $LOOPSCOPE_TEST_JUNIT (a folder) when it is set.
 """
 
 from __future__ import annotations
@@ -56,17 +58,28 @@ class Tally:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     failed_runs: list[str] = field(default_factory=list)
     times: list[tuple[str, float]] = field(default_factory=list)
+    file_seconds: dict[str, float] = field(default_factory=dict)  # worker-seconds per test file, every run's
 
     def add_junit(self, xml: Path) -> None:
         if not xml.exists():
             return
         root = ET.parse(xml).getroot()
+        for case in root.iter("testcase"):  # classname: tests.cli.test_x, or tests.cli.test_x.TestClass
+            parts = case.get("classname", "").split(".")
+            while len(parts) > 1 and not parts[-1].startswith("test_"):
+                parts.pop()
+            name = "/".join(parts) + ".py"
+            self.file_seconds[name] = self.file_seconds.get(name, 0.0) + float(case.get("time", 0) or 0)
         for suite in root.iter("testsuite"):
             tests, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
             self.counts["failed"] += failures
             self.counts["errors"] += errors
             self.counts["skipped"] += skipped
             self.counts["passed"] += tests - failures - errors - skipped
+
+    def slowest(self, count: int = 12) -> str:
+        ranked = sorted(self.file_seconds.items(), key=lambda item: -item[1])[:count]
+        return ", ".join(f"{name} {seconds:.0f}s" for name, seconds in ranked)
 
     def line(self, seconds: float) -> str:
         said = ", ".join(f"{n} {k}" for k, n in self.counts.items() if n or k == "passed")
@@ -236,6 +249,7 @@ def main(argv: list[str]) -> int:
                 say(f"{why}: the tests that need it will {'fail (CI)' if in_ci else 'be skipped'}")
     tally.times.append(("set-up", time.monotonic() - started))
     workers = os.environ.get("LOOPSCOPE_TEST_WORKERS", "4")
+    keep_junit = Path(os.environ["LOOPSCOPE_TEST_JUNIT"]) if os.environ.get("LOOPSCOPE_TEST_JUNIT") else None
     stop_at_first = any(a in ("-x", "--exitfirst") for a in extra)
     status = 0
     # bytecode caches written (a machine may turn them off): pytest's rewritten test modules and
@@ -258,6 +272,10 @@ def main(argv: list[str]) -> int:
                 code = subprocess.run(cmd, cwd=ROOT, env={**env, **run.env}, check=False).returncode
                 tally.times.append((run.stack if kind == "parallel" else f"{run.stack} serial", time.monotonic() - began))
                 tally.add_junit(xml)
+                if keep_junit:
+                    keep_junit.mkdir(parents=True, exist_ok=True)
+                    if xml.exists():
+                        shutil.copy(xml, keep_junit / xml.name)
                 if code == 5:  # nothing selected (no serial test in these paths, say)
                     continue
                 if code != 0:
@@ -269,6 +287,8 @@ def main(argv: list[str]) -> int:
                 break
     # where the time went (docs/testing.md: the budget), then the one summary line
     say("times: " + ", ".join(f"{label} {seconds:.0f}s" for label, seconds in tally.times))
+    if tally.file_seconds:  # the test files that took longest, in worker-seconds (junit's times summed)
+        say("slowest files: " + tally.slowest())
     print(f"loopscope tests: {tally.line(time.monotonic() - started)}", flush=True)
     return status
 

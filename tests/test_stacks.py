@@ -178,3 +178,17 @@ def test_a_worker_count_given_to_pytest_is_the_one_used():
     run = runner.Run("core", Path(sys.executable), ["tests/cli"])
     [(_, _, cmd, _)] = runner.pytest_passes(run, ["-n", "2"], "4", Path("/tmp"))
     assert cmd.count("-n") == 1 and cmd[cmd.index("-n") + 1] == "2"
+
+
+def test_the_slowest_files_sum_every_runs_test_times(tmp_path):
+    """The budget line: worker-seconds per test file, summed over the runs' junit files (a test
+    in a class counts for its file)."""
+    for name, cases in (("core-parallel", [("tests.cli.test_a", 3.0), ("tests.cli.test_a", 2.5), ("tests.test_b.TestX", 1.0)]),
+                        ("py310-parallel", [("tests.cli.test_a", 4.0)])):
+        rows = "".join(f'<testcase classname="{c}" name="t{i}" time="{t}"/>' for i, (c, t) in enumerate(cases))
+        (tmp_path / f"{name}.xml").write_text(f'<testsuites><testsuite tests="{len(cases)}">{rows}</testsuite></testsuites>')
+    tally = runner.Tally()
+    for xml in sorted(tmp_path.glob("*.xml")):
+        tally.add_junit(xml)
+    assert tally.slowest() == "tests/cli/test_a.py 10s, tests/test_b.py 1s"
+    assert tally.counts["passed"] == 4
