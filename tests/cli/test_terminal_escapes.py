@@ -14,14 +14,15 @@ into CR LF), and the values must be there, visibly escaped.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-import pty
+import select
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,33 +138,141 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _through_pty(argv: list[str]) -> bytes:
-    """What the command writes to a terminal: stdout and stderr are a pty's slave."""
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=_env())
-    finally:
-        os.close(slave)
-    chunks = []
-    try:
-        while True:
+# Each command runs as a process of its own, its output a real pty or a pipe. A fresh
+# interpreter per command (50 of them) spent most of its time importing DuckDB and making
+# loopscope's pydantic models: here one interpreter per module (and output encoding) imports
+# them once, and forks each command's process from there. Nothing that prints is imported
+# before the fork (the CLI, the store, the formatting are the child's): the child makes its
+# standard streams as the interpreter makes them at start-up, for the terminal or
+# the pipe it now has, runs ``python -m loopscope ARGS`` (runpy, as ``-m`` does) and exits as
+# that would (its atexit hooks run, the exit code is the command's).
+LAUNCHER = r"""
+import base64, io, json, os, pty, select, signal, sys, time
+
+# what every command imports and no command's output depends on, made once before the forks:
+# DuckDB, and loopscope's data models (pydantic classes, whose making is most of the rest)
+import duckdb, pydantic, loopscope.models  # noqa: F401
+
+DEADLINE = 120.0  # seconds a command may take
+
+
+def stream(fd, mode, encoding, errors, line_buffering):
+    # as the interpreter's create_stdio makes a standard stream
+    raw = io.open(fd, mode + "b", closefd=False)
+    return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline="\n", line_buffering=line_buffering)
+
+
+def child(argv, out, err):
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.closerange(3, 65536)  # as subprocess's close_fds
+    encoding, out_errors, in_errors = sys.stdout.encoding, sys.stdout.errors, sys.stdin.errors
+    sys.stdin = sys.__stdin__ = stream(0, "r", encoding, in_errors, False)
+    sys.stdout = sys.__stdout__ = stream(1, "w", encoding, out_errors, os.isatty(1))
+    sys.stderr = sys.__stderr__ = stream(2, "w", encoding, "backslashreplace", True)
+    sys.argv = ["loopscope", *argv]
+    import runpy
+    runpy.run_module("loopscope", run_name="__main__", alter_sys=True)  # raises SystemExit: this process ends
+
+
+def run(argv, how):
+    if how == "pty":
+        read_out, write_out = pty.openpty()
+        read_err = write_err = None
+    else:
+        read_out, write_out = os.pipe()
+        read_err, write_err = os.pipe() if how == "pipes" else (None, None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child(argv, write_out, write_out if write_err is None else write_err)
+    os.close(write_out)
+    if write_err is not None:
+        os.close(write_err)
+    got = {read_out: [], **({read_err: []} if read_err is not None else {})}
+    open_fds = set(got)
+    deadline = time.monotonic() + DEADLINE
+    while open_fds and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(open_fds), [], [], 1.0)
+        for fd in ready:
             try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: every slave end is closed, the process is done
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: every slave end of the pty is closed, the process is done
+                chunk = b""
+            if chunk:
+                got[fd].append(chunk)
+            else:
+                open_fds.discard(fd)
+    if open_fds:
+        os.kill(pid, signal.SIGKILL)
+    for fd in got:
+        os.close(fd)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    out = b"".join(got[read_out])
+    err = b"".join(got[read_err]) if read_err is not None else b""
+    return {"code": code, "out": base64.b64encode(out).decode(), "err": base64.b64encode(err).decode(),
+            "timed_out": bool(open_fds)}
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    answer = run(request["argv"], request["how"])
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class Launcher:
+    """One launcher interpreter (:data:`LAUNCHER`): ``run(args, how)`` runs ``loopscope ARGS``
+    in a process of its own whose stdout and stderr are a pty (``how="pty"``), one pipe
+    (``"pipe"``) or two (``"pipes"``); returns (exit code, stdout, stderr)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env)
+
+    def run(self, args: list[str], how: str) -> tuple[int, bytes, bytes]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps({"argv": args, "how": how}) + "\n").encode())
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], 180)
+        assert ready, f"loopscope {args} ({how}): no answer in 180 s"
+        line = self.proc.stdout.readline()
+        assert line, f"the launcher ended ({self.proc.poll()})"
+        answer = json.loads(line)
+        out, err = base64.b64decode(answer["out"]), base64.b64decode(answer["err"])
+        assert not answer["timed_out"], f"loopscope {args} ({how}) did not finish\n{out!r}\n{err!r}"
+        return answer["code"], out, err
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def launch() -> Iterator[Callable[..., tuple[int, bytes, bytes]]]:
+    """``launch(args, how, encoding="utf-8")``: :meth:`Launcher.run`, with a launcher per output
+    encoding (``PYTHONIOENCODING``), started once for the module."""
+    launchers: dict[str, Launcher] = {}
+
+    def run(args: list[str], how: str, encoding: str = "utf-8") -> tuple[int, bytes, bytes]:
+        if encoding not in launchers:
+            launchers[encoding] = Launcher({**_env(), "PYTHONIOENCODING": encoding})
+        return launchers[encoding].run(args, how)
+
+    try:
+        yield run
     finally:
-        os.close(master)
-        proc.wait(timeout=60)
-    return b"".join(chunks)
-
-
-def _through_pipe(argv: list[str]) -> bytes:
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env=_env(), timeout=120, check=False)
-    return done.stdout
+        for launcher in launchers.values():
+            launcher.close()
 
 
 def _raw_controls(text: str) -> list[str]:
@@ -173,10 +282,9 @@ def _raw_controls(text: str) -> list[str]:
 
 @pytest.mark.parametrize("how", ["pty", "pipe"])
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_no_raw_control_reaches_the_terminal(db: str, name: str, how: str) -> None:
+def test_no_raw_control_reaches_the_terminal(launch, db: str, name: str, how: str) -> None:
     args, shown = COMMANDS[name]
-    argv = [sys.executable, "-m", "loopscope", "--db", db, *args]
-    raw = _through_pty(argv) if how == "pty" else _through_pipe(argv)
+    _, raw, _ = launch(["--db", db, *args], how)
     text = raw.decode("utf-8")
     if how == "pty":
         text = text.replace("\r\n", "\n")  # the terminal's own translation of each line feed
@@ -188,28 +296,26 @@ def test_no_raw_control_reaches_the_terminal(db: str, name: str, how: str) -> No
         assert text.startswith("loopscope: error: SQL failed"), text
 
 
-def test_json_stays_the_same_json(db: str) -> None:
+def test_json_stays_the_same_json(launch, db: str) -> None:
     """Escaping DEL, C1 and bidi controls in ``--json`` changes how the JSON is written,
     not what it holds: it reads back to the stored values."""
-    done = subprocess.run([sys.executable, "-m", "loopscope", "--db", db, "sql", "--json",
-                           "SELECT tool_name, content FROM events WHERE type = 'tool_call_end'"],
-                          capture_output=True, env=_env(), timeout=120, check=True)
-    assert not _raw_controls(done.stdout.decode())
-    rows = json.loads(done.stdout)
+    code, out, err = launch(["--db", db, "sql", "--json", "SELECT tool_name, content FROM events WHERE type = 'tool_call_end'"],
+                            "pipes")
+    assert code == 0, err
+    assert not _raw_controls(out.decode())
+    rows = json.loads(out)
     results = [json.loads(r["content"]).get("result") for r in rows if r["tool_name"] == TOOL]
     assert RESULT in results
     errors = [json.loads(r["content"]).get("error") for r in rows if r["tool_name"] != TOOL]
     assert any(ERROR in (e or "") for e in errors)
 
 
-def test_an_8bit_terminal_gets_no_c1_byte(db: str) -> None:
+def test_an_8bit_terminal_gets_no_c1_byte(launch, db: str) -> None:
     """A terminal that is not UTF-8 takes the byte 0x9b as CSI: none is written."""
-    env = _env()
-    env["PYTHONIOENCODING"] = "latin-1"
     for args in (["stats"], ["timeline", "--limit", "0"], ["stats", "--json"]):
-        done = subprocess.run([sys.executable, "-m", "loopscope", "--db", db, *args],
-                              capture_output=True, env=env, timeout=120, check=True)
-        assert not [b for b in done.stdout if b < 0x20 and b != 0x0A or 0x7F <= b <= 0x9F], done.stdout
+        code, out, err = launch(["--db", db, *args], "pipes", encoding="latin-1")
+        assert code == 0, err
+        assert not [b for b in out if b < 0x20 and b != 0x0A or 0x7F <= b <= 0x9F], out
 
 
 @pytest.mark.parametrize("command", [["ui", "--port", "0"], ["collect", "--http-port", "0", "--no-grpc"]])
