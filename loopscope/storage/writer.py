@@ -635,7 +635,7 @@ class StoreWriter:
             self._backlog = None
             backlog.extend(facts)
             facts = backlog
-        if not facts.rows:
+        if not facts.rows and not facts.fixes:
             return True
         self._inflight, self._mapped, self._mapped_facts = facts.rows, 0, None
         self._inflight_rows = (facts.event_rows, facts.turn_rows)
@@ -834,6 +834,7 @@ def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
     events, the model calls are halved likewise (the turn summaries after them), then the
     turn summaries. Each half holds at least one row of ``facts`` (which holds two or more)."""
     first, second = rows.Facts(), rows.Facts()
+    second.fixes = list(facts.fixes)  # after every row they may fix
     events = facts.event_rows
     if events > 1 or (events == 1 and (facts.turn_rows or facts.call_rows)):
         cut = events // 2 if events > 1 else 1
@@ -1013,6 +1014,14 @@ def write_batch(
         if made is not None:
             tables.register(arrow_rows.TURN_ROWS, made)
         script.append(rows.TURNS_SQL if made is None else arrow_rows.TURNS_INSERT)
+    if facts.fixes:  # served tool calls the application then sent back as errors (rare): set failed
+        fixes = list({(f[0], f[1], f[2]): f for f in facts.fixes}.values())  # one per call (an UPDATE takes one match)
+        tables.register(rows.FIXES_TABLE, pa.Table.from_pylist(
+            [dict(zip(rows.ToolFix._fields, fix)) for fix in fixes],
+            pa.schema([("session_id", pa.string()), ("correlation_id", pa.string()), ("tool_id", pa.string()),
+                       ("error", pa.string()), ("created_us", pa.int64())]),
+        ))
+        script += [tool_totals.FIX_SQL, rows.FIX_SQL]
     script += extra
     script.append("COMMIT")
     # the tables of facts, for the statements that read them (the SQL that makes rows where

@@ -388,6 +388,9 @@ class Ingest:
             if a.STATE_KIND in attrs and a.OPERATION not in attrs:  # a state snapshot or delta
                 writer.submit_end(span)
                 return "state", "loopscope"
+            if a.TOOL_CORRECTION in attrs and a.OPERATION not in attrs:  # a served tool call found failed
+                writer.submit_end(span)
+                return "correction", "loopscope"
             op = attrs.get(a.OPERATION)
             if op in _STARTS:
                 key = (tid, sid)
