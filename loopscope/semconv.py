@@ -159,7 +159,8 @@ text. Content: exported only when content capture is on."""
 STATE_KINDS = {"snapshot": "state_snapshot", "delta": "state_delta"}
 """``loopscope.state.kind`` values and the event types (and span names) they make."""
 TOOL_CORRECTION = "loopscope.tool.correction"
-"""On a zero-duration ``tool_outcome_correction`` span (no ``gen_ai.operation.name``): the
+"""On a ``tool_outcome_correction`` span (no ``gen_ai.operation.name``; from the call's end
+to the request that marked it): the
 outcome a tool call is corrected to, ``failed``. A call a decorated tool served (its
 ``execute_tool`` span ended ``served``, and was exported so) whose result the next request
 marks as an error (Anthropic's ``tool_result.is_error``) gets one such span, under its turn,

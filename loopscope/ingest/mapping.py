@@ -278,17 +278,21 @@ def _error_fact(span: Any, d: dict[str, Any], sdk: bool, tid: int, trace_id: byt
 
 def _fix(span: Any, d: dict[str, Any], sdk: bool, tid: int) -> tuple[Any, ...]:
     """The :class:`~loopscope.storage.rows.ToolFix` of a ``tool_outcome_correction`` span: which
-    call (its session, turn and id) is ``failed``, with what error, said when."""
+    call (its session, turn and id) is ``failed``, with what error, said when, and since when
+    its row is (the span starts where the call's span ended)."""
     get = d.get
     session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
     correlation_id, tool_id, error = get(a.TURN_ID), get(a.TOOL_CALL_ID, ""), get(a.TOOL_ERROR)
-    created_us = (_otel_sdk.span_fields().end_time(span) if sdk else span.end_time) // 1000
+    fields = _otel_sdk.span_fields()
+    start, end = (fields.start_time(span), fields.end_time(span)) if sdk else (span.start_time, span.end_time)
+    created_us, since_us = end // 1000, start // 1000
     return (
         session_id if type(session_id) is str else str(session_id),
         correlation_id if correlation_id is None or type(correlation_id) is str else str(correlation_id),
         tool_id if type(tool_id) is str else str(tool_id),
         "" if error is None else error if type(error) is str else str(error),
         created_us,
+        since_us,
     )
 
 

@@ -598,7 +598,8 @@ class Turn:
     _first_messages: list[dict[str, Any]] | str | None = None  # the first model call's input messages
     _hand = False  # a round started without the request's messages: keep what was said (_history)
     _history: list[dict[str, Any]] | None = None
-    _served_ok: dict[str, str] | None = None  # requested calls a tool served, ended ``served``: id -> tool name
+    _served_ok: dict[str, tuple[str, int | None]] | None = None
+    """Requested calls a tool served that ended ``served``: id -> (tool name, the span's end in ns)."""
     ended = False
 
     def __init__(
@@ -1072,14 +1073,19 @@ class Turn:
         """A call this turn's tool already served (its ``execute_tool`` span ended ``served``,
         as a decorated tool returned) whose result the application then sent to the model
         marked as an error (Anthropic's ``tool_result.is_error``): the span is gone, so a
-        zero-duration ``tool_outcome_correction`` span under the turn says it failed, with the
+        ``tool_outcome_correction`` span under the turn says it failed, with the
         result's text as its error, once per call; the store sets the call's row ``failed``
-        (storage/writer.py) and OTLP carries both spans."""
+        (storage/writer.py) and OTLP carries both spans. The correction span starts where the
+        call's span ended (else where the turn started), so the store looks for the call's
+        row from then on only."""
         with self._lock:
             served = self._served_ok
-            name = served.pop(call_id, None) if served else None
-        if name is None:
+            found = served.pop(call_id, None) if served else None
+        if found is None:
             return  # not served by a tool here, corrected already, or it failed already
+        name, ended = found
+        now = time.time_ns()
+        since = ended if type(ended) is int else getattr(self._span, "start_time", None)
         error = _error_text(result)
         attributes: dict[str, Any] = {
             a.CONVERSATION_ID: self.session_id, a.TURN_ID: self.correlation_id, a.TOOL_NAME: name,
@@ -1089,9 +1095,8 @@ class Turn:
             attributes[a.AGENT_NAME] = self.agent
         if self.framework:
             attributes[a.FRAMEWORK] = self.framework
-        now = time.time_ns()
         span = self._tracer.start_span(f"{a.TOOL_CORRECTION_SPAN} {name}", context=self._context(), attributes=attributes,
-                                       start_time=now)
+                                       start_time=since if type(since) is int and since <= now else now)
         span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=now)
 
@@ -1116,16 +1121,17 @@ class Turn:
         call._finish(None)
         return True
 
-    def _tool_done(self, call_id: str | None = None, result: Any = None, outcome: str | None = None, name: str = "") -> None:
+    def _tool_done(self, call_id: str | None = None, result: Any = None, outcome: str | None = None, name: str = "",
+                   span: Any = None) -> None:
         with self._lock:
             self._tool_calls_count += 1
             if outcome == "served" and call_id and served_owners.get(call_id) is self:
                 # a call the model asked for, served: the request that sends its result back
-                # may still mark it an error (correct_call)
+                # may still mark it an error (correct_call); its span's end dates its row
                 served = self._served_ok
                 if served is None:
                     served = self._served_ok = {}
-                served[call_id] = name
+                served[call_id] = (name, getattr(span, "end_time", None))
             if self._hand:  # the next hand round was given this result
                 history = self._history if self._history is not None else []
                 history.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": result}]})

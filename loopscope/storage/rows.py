@@ -168,6 +168,7 @@ class ToolFix(NamedTuple):
     tool_id: str
     error: str  # the result's text (the content policy applied, as to a row's error)
     created_us: int
+    since_us: int  # the call's row is no older than this (where its span ended; else its turn began)
 assert set(_USAGE_KEYS) <= set(TURN_FIELDS), "a usage value has a field of its own"
 
 # What each field is in Arrow ("us": a UTC timestamp from microseconds) and how _clean
@@ -403,18 +404,33 @@ def _fixed(e: str) -> str:
     )
 
 
-FIX_SQL = f"""UPDATE events SET tool_status = 'failed', tool_outcome = 'failed',
-  content = json_merge_patch(content, json_object('status', 'failed', 'outcome', 'failed', 'error', f.error))
-FROM {FIXES_TABLE} f WHERE {_fixed("events")}"""
-"""Sets the ``tool_call_end`` rows that the registered table of :class:`ToolFix` facts names
-(session, turn, call id; one fact per call) ``failed`` with the fact's error, in the
-columns and the ``content`` JSON alike, where they say ``served``: so every reader (the
-views, the timeline, the dashboard) reads the call as failed, and a fact applied twice (a
-resent span) changes nothing more. Run after the batch's rows (the call's row may be one)."""
+FIX_SLACK_US = 1_000_000
+"""Microseconds before a fact's ``since_us`` a row it fixes may be dated (clocks of two processes)."""
 
-FIXED_ROWS_SQL = f"""SELECT e.tool_name AS tool, e.source_channel_id AS agent, e.tool_duration_ms AS duration_ms
-FROM events e SEMI JOIN {FIXES_TABLE} f ON {_fixed("e")}"""
-"""The rows :data:`FIX_SQL` changes (before it runs): what the tool totals move from ``served`` to ``failed``."""
+
+def _since(e: str, since_us: int) -> str:
+    # a literal, not a column: the range is known when the scan is planned, so DuckDB reads
+    # only the row groups of events that recent (zone maps), not the whole table
+    return f"{e}.created_at >= make_timestamptz({int(since_us) - FIX_SLACK_US})"
+
+
+def fix_sql(since_us: int) -> str:
+    """Sets the ``tool_call_end`` rows that the registered table of :class:`ToolFix` facts
+    names (session, turn, call id; one fact per call) ``failed`` with the fact's error, in
+    the columns and the ``content`` JSON alike, where they say ``served``: so every reader
+    (the views, the timeline, the dashboard) reads the call as failed, and a fact applied
+    twice (a resent span) changes nothing more. Run after the batch's rows (the call's row
+    may be one); ``since_us``: the least ``since_us`` of the facts."""
+    return f"""UPDATE events SET tool_status = 'failed', tool_outcome = 'failed',
+  content = json_merge_patch(content, json_object('status', 'failed', 'outcome', 'failed', 'error', f.error))
+FROM {FIXES_TABLE} f WHERE {_since("events", since_us)} AND {_fixed("events")}"""
+
+
+def fixed_rows_sql(since_us: int) -> str:
+    """The rows :func:`fix_sql` changes (before it runs): what the tool totals move from
+    ``served`` to ``failed``."""
+    return f"""SELECT e.tool_name AS tool, e.source_channel_id AS agent, e.tool_duration_ms AS duration_ms
+FROM (SELECT * FROM events e WHERE {_since("e", since_us)}) e SEMI JOIN {FIXES_TABLE} f ON {_fixed("e")}"""
 
 
 # -- facts as Arrow tables ------------------------------------------------------------------

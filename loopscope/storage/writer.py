@@ -1040,9 +1040,10 @@ def write_batch(
         tables.register(rows.FIXES_TABLE, pa.Table.from_pylist(
             [dict(zip(rows.ToolFix._fields, fix)) for fix in fixes],
             pa.schema([("session_id", pa.string()), ("correlation_id", pa.string()), ("tool_id", pa.string()),
-                       ("error", pa.string()), ("created_us", pa.int64())]),
+                       ("error", pa.string()), ("created_us", pa.int64()), ("since_us", pa.int64())]),
         ))
-        script += [tool_totals.FIX_SQL, rows.FIX_SQL]
+        since = min(fix[5] for fix in fixes)
+        script += [tool_totals.fix_sql(since), rows.fix_sql(since)]
     script += extra
     script.append("COMMIT")
     # the tables of facts, for the statements that read them (the SQL that makes rows where

@@ -735,6 +735,8 @@ def test_a_served_call_whose_result_is_sent_back_as_an_error_is_failed(instrumen
         "toolu_a1", "failed", error,
     )
     assert fix.status.status_code is StatusCode.ERROR
+    [served] = [t for t in tools if t.attributes[a.TOOL_CALL_ID] == "toolu_a1"]
+    assert fix.start_time == served.end_time < fix.end_time  # from the call's end to the request that said it failed
     turn = only_turn(instrumented)
     assert (turn.tool_calls_count, turn.loop_end_reason) == (2, LoopEndReason.COMPLETED)
 

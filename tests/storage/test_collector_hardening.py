@@ -182,6 +182,26 @@ def test_requests_the_collect_command_refuses_are_counted_in_status(tmp_path):
     assert rows(db, "SELECT count(*) FROM turns") == [(1,)]
 
 
+def test_a_grpc_request_over_max_spans_is_counted_in_the_store(tmp_path):
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from loopscope.cli.status import read_status
+
+    db = str(tmp_path / "grpc.duckdb")
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(_one_turn_payload())
+    spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    with Collector(db, http_port=None, grpc_port=0, flush_interval=0.05, max_spans=spans - 1) as c:
+        channel = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
+        with pytest.raises(grpc.RpcError) as info:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=30)
+        channel.close()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    totals = read_status(db)["totals"]
+    assert (totals["refused_requests"], totals["refused_spans"]) == (1, spans)
+
+
 # -- resent after a crash --------------------------------------------------------------------------------
 
 
