@@ -158,6 +158,16 @@ STATE_VALUE = "loopscope.state.value"
 text. Content: exported only when content capture is on."""
 STATE_KINDS = {"snapshot": "state_snapshot", "delta": "state_delta"}
 """``loopscope.state.kind`` values and the event types (and span names) they make."""
+TOOL_CORRECTION = "loopscope.tool.correction"
+"""On a ``tool_outcome_correction`` span (no ``gen_ai.operation.name``; from the call's end
+to the request that marked it): the
+outcome a tool call is corrected to, ``failed``. A call a decorated tool served (its
+``execute_tool`` span ended ``served``, and was exported so) whose result the next request
+marks as an error (Anthropic's ``tool_result.is_error``) gets one such span, under its turn,
+with the call's :data:`TOOL_NAME`, :data:`TOOL_CALL_ID` and :data:`TOOL_ERROR` (the result's
+text): the store sets the call's row ``failed`` with that error."""
+TOOL_CORRECTION_SPAN = "tool_outcome_correction"
+"""The name of the span that carries :data:`TOOL_CORRECTION`."""
 PENDING_FOR = "loopscope.pending_for"
 """On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span made at
 its start (OTLP carries only ended spans): the real span's id, in hex. The exporter sends

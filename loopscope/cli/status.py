@@ -210,6 +210,16 @@ def problems(writers: list[dict[str, Any]]) -> list[str]:
                 f"written ({_rows(int(w['events_written'] or 0), int(w['turns_written'] or 0))} written): killed, or "
                 "its last record found no room; what it held then is lost and not counted"
             )
+        refused = int(w.get("refused_requests") or 0)
+        if refused:
+            spans = int(w.get("refused_spans") or 0)
+            counted = f"{spans:,} spans in those over --max-spans; " if spans else ""
+            lines.append(
+                f"{refused:,} traces request{'' if refused == 1 else 's'} refused by loopscope collect ({who}; {counted}"
+                "their events and turns are not known: a refused request is not read; last: "
+                f"{w.get('last_refused') or 'unknown'}); the senders were told (HTTP 4xx, gRPC INVALID_ARGUMENT) and "
+                "do not send them again: send smaller batches, or raise --max-spans / --max-bytes"
+            )
         if w["otlp_dropped"]:
             lines.append(f"{w['otlp_dropped']:,} spans dropped by the OTLP exporter: its queue was full ({who})")
         if w["otlp_failed"]:

@@ -63,10 +63,13 @@ def _plain(attrs: Any) -> dict[str, Any]:
 
 
 def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]],
-            skip: frozenset[str] = frozenset(), calls: list[tuple[Any, ...]] | None = None) -> int:
+            skip: frozenset[str] = frozenset(), calls: list[tuple[Any, ...]] | None = None,
+            fixes: list[tuple[Any, ...]] | None = None) -> int:
     """Append the facts of each ``(kind, span)`` pair (kind 0: started, 1: ended) to
     ``events``, ``turns`` and ``calls`` (a model call per ended ``chat`` span; left out
-    when None), in order; rows of the event types in ``skip`` are left out.
+    when None), in order; rows of the event types in ``skip`` are left out. ``fixes``
+    gets the tool calls a ``tool_outcome_correction`` span says failed (a
+    :class:`~loopscope.storage.rows.ToolFix` each; left out when None).
 
     Returns how many rows were left out. A span whose facts cannot be read (a foreign
     span without times or ids, say) yields no row, and the failure is reported.
@@ -91,6 +94,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     ROUND_TEXT, ROUND_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED
     TURN_INPUT, TURN_INPUT_BLOCKED, CONTENT_WITHHELD = a.TURN_INPUT, a.TURN_INPUT_BLOCKED, a.CONTENT_WITHHELD
     STATE_KIND, STATE_VALUE, STATE_KINDS = a.STATE_KIND, a.STATE_VALUE, a.STATE_KINDS
+    TOOL_CORRECTION = a.TOOL_CORRECTION
     last_tid: Any = None
     trace_id = b""
     for kind, span in items:
@@ -212,6 +216,10 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 blocked = False
                 content = _state_content(code, value)
                 tool_name = tool_id = arguments = result = tool_status = outcome = error = duration_ms = body = None
+            elif TOOL_CORRECTION in d:  # a served tool call the next request marked failed: no row of its own
+                if kind == END and fixes is not None and "tool_call_end" not in skip:
+                    fixes.append(_fix(span, d, sdk, tid))
+                continue
             else:
                 continue
             session_id = get(CONVERSATION_ID) or f"{tid:032x}"
@@ -265,6 +273,26 @@ def _error_fact(span: Any, d: dict[str, Any], sdk: bool, tid: int, trace_id: byt
         code, trace_id, span_id, created_us, session_id, correlation_id, source_channel_id, source_provider,
         source_framework, blocked, tool_name, tool_id, arguments, result, tool_status, outcome, error,
         duration_ms, body, content,
+    )
+
+
+def _fix(span: Any, d: dict[str, Any], sdk: bool, tid: int) -> tuple[Any, ...]:
+    """The :class:`~loopscope.storage.rows.ToolFix` of a ``tool_outcome_correction`` span: which
+    call (its session, turn and id) is ``failed``, with what error, said when, and since when
+    its row is (the span starts where the call's span ended)."""
+    get = d.get
+    session_id = get(a.CONVERSATION_ID) or f"{tid:032x}"
+    correlation_id, tool_id, error = get(a.TURN_ID), get(a.TOOL_CALL_ID, ""), get(a.TOOL_ERROR)
+    fields = _otel_sdk.span_fields()
+    start, end = (fields.start_time(span), fields.end_time(span)) if sdk else (span.start_time, span.end_time)
+    created_us, since_us = end // 1000, start // 1000
+    return (
+        session_id if type(session_id) is str else str(session_id),
+        correlation_id if correlation_id is None or type(correlation_id) is str else str(correlation_id),
+        tool_id if type(tool_id) is str else str(tool_id),
+        "" if error is None else error if type(error) is str else str(error),
+        created_us,
+        since_us,
     )
 
 
@@ -613,12 +641,13 @@ def add_spans(facts: Facts, items: list[tuple[int, Any]], skip: frozenset[str] =
         events: list[tuple[Any, ...]] = []
         turns: list[tuple[Any, ...]] = []
         calls: list[tuple[Any, ...]] = []
+        fixes = facts.fixes  # rare: plain tuples, kept in order
         excluded = 0
         if pause is None:
-            excluded += collect(items[i:i + CHUNK], events, turns, skip, calls)
+            excluded += collect(items[i:i + CHUNK], events, turns, skip, calls, fixes)
         else:
             for j in range(i, min(i + CHUNK, len(items)), PAUSE_EVERY):
-                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip, calls)
+                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip, calls, fixes)
                 pause()
         facts.append(events, turns, excluded, calls)
 

@@ -62,8 +62,9 @@ class StoreSpanProcessor(SpanProcessor):
         try:
             attributes = attributes_if_from(span, OWN_SCOPE)
             if attributes is not None:
-                # a state span (loopscope.state_snapshot) is no GenAI operation: asked only after
-                if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes:
+                # a state span (loopscope.state_snapshot) or a tool outcome's correction is no
+                # GenAI operation: asked only after
+                if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes or a.TOOL_CORRECTION in attributes:
                     self._submit(END, span)
                 assembler = self._assembler
                 # an ended SDK span always has its context (ReadableSpan types it Optional)

@@ -419,8 +419,13 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
                 turn = call_owners.get(call_id)
                 if turn is not None and turn.end_call(call_id, result.content, result.is_error):
                     owner = turn
-                elif owner is None:
-                    owner = served_owners.get(call_id)  # served by a decorated tool already
+                    continue
+                served = served_owners.get(call_id)  # served by a decorated tool already
+                if served is not None:
+                    if result.is_error:
+                        served.correct_call(call_id, result.content)  # its span ended served: a correction
+                    if owner is None:
+                        owner = served
         tools = request.tools
         if tools is not None:
             tools = tool_set(tools)  # normalised once for the turn and its round

@@ -252,7 +252,7 @@ class ToolExecution:
                 end_time = start_time + round(self._duration_ms * 1e6)
             end_span(span, end_time, attributes)  # set_attributes, then the end
             if self._turn is not None:
-                self._turn._tool_done(self.call_id, self.result)
+                self._turn._tool_done(self.call_id, self.result, outcome, self.name, span)
         except Exception:
             internal_error("tool end")
         finally:

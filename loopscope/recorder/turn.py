@@ -598,6 +598,8 @@ class Turn:
     _first_messages: list[dict[str, Any]] | str | None = None  # the first model call's input messages
     _hand = False  # a round started without the request's messages: keep what was said (_history)
     _history: list[dict[str, Any]] | None = None
+    _served_ok: dict[str, tuple[str, int | None]] | None = None
+    """Requested calls a tool served that ended ``served``: id -> (tool name, the span's end in ns)."""
     ended = False
 
     def __init__(
@@ -1067,6 +1069,37 @@ class Turn:
             self.last_activity = time.monotonic()
             return call
 
+    def correct_call(self, call_id: str, result: Any) -> None:
+        """A call this turn's tool already served (its ``execute_tool`` span ended ``served``,
+        as a decorated tool returned) whose result the application then sent to the model
+        marked as an error (Anthropic's ``tool_result.is_error``): the span is gone, so a
+        ``tool_outcome_correction`` span under the turn says it failed, with the
+        result's text as its error, once per call; the store sets the call's row ``failed``
+        (storage/writer.py) and OTLP carries both spans. The correction span starts where the
+        call's span ended (else where the turn started), so the store looks for the call's
+        row from then on only."""
+        with self._lock:
+            served = self._served_ok
+            found = served.pop(call_id, None) if served else None
+        if found is None:
+            return  # not served by a tool here, corrected already, or it failed already
+        name, ended = found
+        now = time.time_ns()
+        since = ended if type(ended) is int else getattr(self._span, "start_time", None)
+        error = _error_text(result)
+        attributes: dict[str, Any] = {
+            a.CONVERSATION_ID: self.session_id, a.TURN_ID: self.correlation_id, a.TOOL_NAME: name,
+            a.TOOL_CALL_ID: call_id, a.TOOL_CORRECTION: "failed", a.TOOL_ERROR: error, a.ERROR_TYPE: "failed",
+        }
+        if self.agent:
+            attributes[a.AGENT_NAME] = self.agent
+        if self.framework:
+            attributes[a.FRAMEWORK] = self.framework
+        span = self._tracer.start_span(f"{a.TOOL_CORRECTION_SPAN} {name}", context=self._context(), attributes=attributes,
+                                       start_time=since if type(since) is int and since <= now else now)
+        span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=now)
+
     def has_call(self, call_id: str) -> bool:
         """Whether this turn asked for ``call_id`` and it has not ended yet."""
         return call_id in self._pending
@@ -1088,9 +1121,17 @@ class Turn:
         call._finish(None)
         return True
 
-    def _tool_done(self, call_id: str | None = None, result: Any = None) -> None:
+    def _tool_done(self, call_id: str | None = None, result: Any = None, outcome: str | None = None, name: str = "",
+                   span: Any = None) -> None:
         with self._lock:
             self._tool_calls_count += 1
+            if outcome == "served" and call_id and served_owners.get(call_id) is self:
+                # a call the model asked for, served: the request that sends its result back
+                # may still mark it an error (correct_call); its span's end dates its row
+                served = self._served_ok
+                if served is None:
+                    served = self._served_ok = {}
+                served[call_id] = (name, getattr(span, "end_time", None))
             if self._hand:  # the next hand round was given this result
                 history = self._history if self._history is not None else []
                 history.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": result}]})

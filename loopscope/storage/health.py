@@ -88,6 +88,19 @@ rows, events and turns, as a span lost before its mapping would have made them; 
 m015 the two columns counted spans and rows of every table alike."""
 
 
+REFUSED_COLUMNS = {
+    "refused_requests": "BIGINT",
+    "refused_spans": "BIGINT",
+    "last_refused": "VARCHAR",
+}
+"""The columns migration ``m016_collector_refusals`` adds: the traces requests ``loopscope
+collect`` refused whole (a bad payload, a body over ``--max-bytes``, more spans than
+``--max-spans``), the spans of those whose spans were counted (over ``--max-spans``: a
+refused request is not read further, so its rows are not known), and the last refusal's
+status and reason. The sender was told (HTTP 4xx, gRPC ``INVALID_ARGUMENT``) and does not
+send them again: what they carried is not in the store."""
+
+
 def migration() -> list[str]:
     """The statements of ``m007_writer_counters``: the counters of each writer (see the module's docstring)."""
     return [f"ALTER TABLE {WRITERS} ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in COUNTER_COLUMNS.items()]
@@ -106,6 +119,11 @@ def notice_migration() -> list[str]:
 def mode_migration() -> list[str]:
     """The statements of ``m012_writer_mode`` (:data:`MODE_COLUMNS`)."""
     return _add_columns(MODE_COLUMNS)
+
+
+def refused_migration() -> list[str]:
+    """The statements of ``m016_collector_refusals`` (:data:`REFUSED_COLUMNS`)."""
+    return _add_columns(REFUSED_COLUMNS)
 
 
 def lost_turns_migration() -> list[str]:
@@ -127,9 +145,10 @@ class Counters:
     dropped, failed to write) and what the OTLP exporter of its process lost.
 
     These count *rows*, at the store, and are kept in it (``loopscope_writers``) because
-    a loss must outlive the process that saw it. A collector's counts of the requests it
-    received and refused (:class:`loopscope.ingest.otlp.routing.CollectorStats`) are
-    another thing: the sender was told of each, and they are only printed."""
+    a loss must outlive the process that saw it; and a collector's traces requests refused
+    whole (:data:`REFUSED_COLUMNS`), in spans, as they were never read into rows. Its other
+    counts of the requests it received (:class:`loopscope.ingest.otlp.routing.CollectorStats`)
+    are only printed."""
 
     events_written: int = 0
     turns_written: int = 0
@@ -148,6 +167,9 @@ class Counters:
     notices_off: str | None = None  # why start notices were turned off for good
     turns_dropped_queue_full: int = 0
     turns_dropped_unwritable: int = 0
+    refused_requests: int = 0  # a collector's traces requests refused whole (REFUSED_COLUMNS)
+    refused_spans: int = 0  # the spans of those whose spans were counted
+    last_refused: str | None = None
 
     def since(self, before: Counters | None) -> Counters:
         """What these counters add to ``before`` (the losses and failures; the written
@@ -164,6 +186,9 @@ class Counters:
             otlp_dropped=self.otlp_dropped - base.otlp_dropped,
             otlp_failed=self.otlp_failed - base.otlp_failed,
             queue_size=self.queue_size,
+            refused_requests=self.refused_requests - base.refused_requests,
+            refused_spans=self.refused_spans - base.refused_spans,
+            last_refused=self.last_refused,
         )
 
 
@@ -259,8 +284,10 @@ def _counts(counters: Counters) -> dict[str, str]:
         **{name: str(int(getattr(counters, name))) for name in (
             "events_written", "turns_written", "dropped_queue_full", "dropped_unwritable", "excluded",
             "failed_writes", "otlp_dropped", "otlp_failed", "queue_size",
-            "notices_sent", "notices_refused", "notices_failed", *LOST_TURN_COLUMNS)},
+            "notices_sent", "notices_refused", "notices_failed", *LOST_TURN_COLUMNS, "refused_requests",
+            "refused_spans")},
         "last_error": _text(counters.last_error),
+        "last_refused": _text(counters.last_refused),
         "notices_off": _text(counters.notices_off),
         "last_error_at": _time(counters.last_error_at),
     }
@@ -287,12 +314,12 @@ def writers(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         return []
     from .recovery import is_gone
 
-    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS, **MODE_COLUMNS, **LOST_TURN_COLUMNS}
+    columns = {**COUNTER_COLUMNS, **NOTICE_COLUMNS, **MODE_COLUMNS, **LOST_TURN_COLUMNS, **REFUSED_COLUMNS}
     # a file from before m011_notice_counters (m012_writer_mode), read, never migrated, here,
     # has no notice counters (no writer modes): NULL
     selected = [*COUNTER_COLUMNS]
     for added, probe in ((NOTICE_COLUMNS, "notices_sent"), (MODE_COLUMNS, "writer_mode"),
-                         (LOST_TURN_COLUMNS, "turns_dropped_queue_full")):
+                         (LOST_TURN_COLUMNS, "turns_dropped_queue_full"), (REFUSED_COLUMNS, "refused_requests")):
         present = has_counters(con, probe)
         selected += [name if present else f"NULL AS {name}" for name in added]
     fixed = ["writer_id", "host", "boot_id", "pid_namespace", "pid", "process_start", "started_at", "last_seen"]
@@ -332,7 +359,7 @@ def _exists(pid: int) -> bool:
 # -- beside the store: what its own row could not take --------------------------------------------
 
 LOSS_COUNTERS = ("dropped_queue_full", "dropped_unwritable", "turns_dropped_queue_full", "turns_dropped_unwritable",
-                 "failed_writes", "otlp_dropped", "otlp_failed")
+                 "failed_writes", "otlp_dropped", "otlp_failed", "refused_requests", "refused_spans")
 """The counters a note beside the store may hold (what ``status`` adds up)."""
 
 

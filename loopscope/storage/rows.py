@@ -156,6 +156,19 @@ class CallFact(NamedTuple):
 
 
 CALL_FIELDS: tuple[str, ...] = CallFact._fields
+
+
+class ToolFix(NamedTuple):
+    """A tool call whose row is corrected to ``failed`` (a ``tool_outcome_correction`` span:
+    a decorated tool served it, then the application sent its result to the model marked as
+    an error). No row of its own: :data:`FIX_SQL` updates the call's ``tool_call_end`` row."""
+
+    session_id: str
+    correlation_id: str | None  # the turn's id
+    tool_id: str
+    error: str  # the result's text (the content policy applied, as to a row's error)
+    created_us: int
+    since_us: int  # the call's row is no older than this (where its span ended; else its turn began)
 assert set(_USAGE_KEYS) <= set(TURN_FIELDS), "a usage value has a field of its own"
 
 # What each field is in Arrow ("us": a UTC timestamp from microseconds) and how _clean
@@ -380,6 +393,46 @@ FROM (SELECT *, {json_texts_sql(("provider_usage", "input_messages", "output_mes
 attribute text, kept as JSON when they are, as a JSON string otherwise)."""
 
 
+FIXES_TABLE = "_loopscope_tool_fixes"
+
+
+def _fixed(e: str) -> str:
+    """The condition of a ``tool_call_end`` row ``e`` that a fact ``f`` of :data:`FIXES_TABLE` fixes."""
+    return (
+        f"{e}.type = 'tool_call_end' AND {e}.tool_outcome = 'served' AND {e}.session_id = f.session_id "
+        f"AND {e}.tool_call_id = f.tool_id AND {e}.correlation_id IS NOT DISTINCT FROM f.correlation_id"
+    )
+
+
+FIX_SLACK_US = 1_000_000
+"""Microseconds before a fact's ``since_us`` a row it fixes may be dated (clocks of two processes)."""
+
+
+def _since(e: str, since_us: int) -> str:
+    # a literal, not a column: the range is known when the scan is planned, so DuckDB reads
+    # only the row groups of events that recent (zone maps), not the whole table
+    return f"{e}.created_at >= make_timestamptz({int(since_us) - FIX_SLACK_US})"
+
+
+def fix_sql(since_us: int) -> str:
+    """Sets the ``tool_call_end`` rows that the registered table of :class:`ToolFix` facts
+    names (session, turn, call id; one fact per call) ``failed`` with the fact's error, in
+    the columns and the ``content`` JSON alike, where they say ``served``: so every reader
+    (the views, the timeline, the dashboard) reads the call as failed, and a fact applied
+    twice (a resent span) changes nothing more. Run after the batch's rows (the call's row
+    may be one); ``since_us``: the least ``since_us`` of the facts."""
+    return f"""UPDATE events SET tool_status = 'failed', tool_outcome = 'failed',
+  content = json_merge_patch(content, json_object('status', 'failed', 'outcome', 'failed', 'error', f.error))
+FROM {FIXES_TABLE} f WHERE {_since("events", since_us)} AND {_fixed("events")}"""
+
+
+def fixed_rows_sql(since_us: int) -> str:
+    """The rows :func:`fix_sql` changes (before it runs): what the tool totals move from
+    ``served`` to ``failed``."""
+    return f"""SELECT e.tool_name AS tool, e.source_channel_id AS agent, e.tool_duration_ms AS duration_ms
+FROM (SELECT * FROM events e WHERE {_since("e", since_us)}) e SEMI JOIN {FIXES_TABLE} f ON {_fixed("e")}"""
+
+
 # -- facts as Arrow tables ------------------------------------------------------------------
 
 CHUNK = 4096
@@ -401,9 +454,10 @@ class Facts:
     says; a fact that still cannot be stored is dropped and reported.
     """
 
-    __slots__ = ("call_rows", "calls", "events", "excluded", "sessions", "turn_rows", "turns")
+    __slots__ = ("call_rows", "calls", "events", "excluded", "fixes", "sessions", "turn_rows", "turns")
 
     def __init__(self) -> None:
+        self.fixes: list[tuple[Any, ...]] = []  # ToolFix tuples, in order: applied after the batch's rows
         self.events: list[Any] = []  # pyarrow RecordBatches of event facts
         self.sessions: list[str] = []
         self.turns: list[Any] = []  # pyarrow RecordBatches of turn facts
@@ -449,6 +503,7 @@ class Facts:
         self.calls += other.calls
         self.call_rows += other.call_rows
         self.excluded += other.excluded
+        self.fixes += other.fixes
 
     def drop_oldest(self, count: int) -> None:
         """Leave out the ``count`` oldest rows: events first, then model calls, then turn summaries."""

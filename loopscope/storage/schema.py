@@ -391,6 +391,15 @@ def m015_lost_turns() -> list[str]:
     return lost_turns_migration()
 
 
+@migration
+def m016_collector_refusals() -> list[str]:
+    """The traces requests ``loopscope collect`` refused whole, in its writer's row of
+    loopscope_writers (storage/health.py), so that ``loopscope status`` counts them."""
+    from .health import refused_migration
+
+    return refused_migration()
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""

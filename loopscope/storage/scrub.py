@@ -124,6 +124,8 @@ class Scrubber:
             scrubbed = self._batches([(getattr(facts, name), columns) for name, columns in kinds])
             for (name, _), batches in zip(kinds, scrubbed):
                 setattr(facts, name, batches)
+        if facts.fixes:  # a corrected call's error, as its row's error would be (rare: in Python)
+            facts.fixes = [(*fix[:3], self._scrub(fix[3], a.TOOL_ERROR, "text"), *fix[4:]) for fix in facts.fixes]
 
     def masked(self, column: Any, how: str = "json") -> Any:
         """A string array with secrets masked in the values the prefilter picks (no cap,

@@ -191,6 +191,18 @@ _FACT_ROWS = f"""
 BATCH_SQL: tuple[str, ...] = tuple(batch_statements(_FACT_ROWS))
 """What ``write_batch`` runs after inserting a batch's events (from the same registered table)."""
 
+_MOVED = ", ".join("-count(*)" if o == "served" else "count(*)" if o == "failed" else "0" for o in OUTCOMES)
+def fix_sql(since_us: int) -> str:
+    """What ``write_batch`` runs before :func:`rows.fix_sql`: the calls it is about to set
+    ``failed`` move from ``served`` to ``failed`` in the totals (a row of differences, merged
+    as any other)."""
+    return f"""INSERT INTO {TOTALS}
+SELECT coalesce(tool, ''), tool IS NOT NULL, coalesce(agent, ''), agent IS NOT NULL,
+    CASE WHEN duration_ms IS NOT NULL THEN {bucket_sql('duration_ms')} ELSE {NO_BUCKET} END,
+    0, 0, {_MOVED}, 0, NULL, NULL, NULL, NULL
+FROM ({rows.fixed_rows_sql(since_us)})
+GROUP BY ALL"""
+
 TOTALS_BATCH, DURATIONS_BATCH = "_loopscope_tool_totals_batch", "_loopscope_tool_durations_batch"
 
 _MERGE_SQL = f"INSERT INTO {TOTALS} SELECT * FROM {TOTALS_BATCH}"

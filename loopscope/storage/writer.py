@@ -197,6 +197,7 @@ class StoreWriter:
         self._dropped_turns = 0  # turn summaries dropped, likewise
         self._excluded = 0
         self._failed_writes = 0
+        self._refused = (0, 0, None)  # requests refused whole before they reached it, their spans, the last reason
         self._batches = 0
         self._last_error: str | None = None
         self._skip: frozenset[str] = frozenset()
@@ -293,6 +294,15 @@ class StoreWriter:
         if turns > 0:
             self._dropped_turns += turns
 
+    def count_refused(self, spans: int = 0, reason: str | None = None) -> None:
+        """Count a request refused whole before any of it reached this writer (a collector's:
+        a bad payload, one over its bounds), with its spans when they were counted (its rows
+        are not known: it was not read): the store's health record says so, written by the
+        next batch, or by a flush with nothing else to write."""
+        with self._beside_lock:
+            requests, counted, last = self._refused
+            self._refused = (requests + 1, counted + max(0, int(spans)), reason or last)
+
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Flush, then stop the thread; returns within ``timeout`` seconds (``None``: once
         everything is written or given up), whatever the thread is doing. What is not
@@ -358,6 +368,7 @@ class StoreWriter:
         otlp, notices = self.report.otlp, self.report.notices
         otlp_dropped, otlp_failed = otlp() if otlp is not None else (0, 0)
         sent, refused, failed, off = notices() if notices is not None else (0, 0, 0, None)
+        requests, spans, last_refused = self._refused
         return health.Counters(
             events_written=self._written_events + (facts.event_rows if facts is not None else 0),
             turns_written=self._written_turns + (facts.turn_rows if facts is not None else 0),
@@ -376,6 +387,9 @@ class StoreWriter:
             notices_refused=refused,
             notices_failed=failed,
             notices_off=off,
+            refused_requests=requests,
+            refused_spans=spans,
+            last_refused=last_refused,
         )
 
     def _row_id(self) -> str | None:
@@ -399,6 +413,13 @@ class StoreWriter:
         ):
             return True
         return health.losses(self.counters()) != health.losses(persisted)
+
+    def _losses_unsaid(self) -> bool:
+        """Whether the store's row lacks a loss counted since the last batch (a flush with no
+        rows then still writes the row: a collector's refused request, say)."""
+        persisted = self.report.persisted or health.Counters(queue_size=self.max_queue)
+        now = self.counters()
+        return any(getattr(now, name) != getattr(persisted, name) for name in health.LOSS_COUNTERS)
 
     def _report_stop(self, timeout: float | None = None) -> None:
         """Say in the store that this writer stopped, with its last counters (drops after
@@ -633,7 +654,7 @@ class StoreWriter:
             self._backlog = None
             backlog.extend(facts)
             facts = backlog
-        if not facts.rows:
+        if not facts.rows and not facts.fixes and not (flushing and self._losses_unsaid()):
             return True
         self._inflight, self._mapped, self._mapped_facts = facts.rows, 0, None
         self._inflight_rows = (facts.event_rows, facts.turn_rows)
@@ -832,6 +853,7 @@ def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
     events, the model calls are halved likewise (the turn summaries after them), then the
     turn summaries. Each half holds at least one row of ``facts`` (which holds two or more)."""
     first, second = rows.Facts(), rows.Facts()
+    second.fixes = list(facts.fixes)  # after every row they may fix
     events = facts.event_rows
     if events > 1 or (events == 1 and (facts.turn_rows or facts.call_rows)):
         cut = events // 2 if events > 1 else 1
@@ -1011,6 +1033,15 @@ def write_batch(
         if made is not None:
             tables.register(arrow_rows.TURN_ROWS, made)
         script.append(rows.TURNS_SQL if made is None else arrow_rows.TURNS_INSERT)
+    if facts.fixes:  # served tool calls the application then sent back as errors (rare): set failed
+        fixes = list({(f[0], f[1], f[2]): f for f in facts.fixes}.values())  # one per call (an UPDATE takes one match)
+        tables.register(rows.FIXES_TABLE, pa.Table.from_pylist(
+            [dict(zip(rows.ToolFix._fields, fix)) for fix in fixes],
+            pa.schema([("session_id", pa.string()), ("correlation_id", pa.string()), ("tool_id", pa.string()),
+                       ("error", pa.string()), ("created_us", pa.int64()), ("since_us", pa.int64())]),
+        ))
+        since = min(fix[5] for fix in fixes)
+        script += [tool_totals.fix_sql(since), rows.fix_sql(since)]
     script += extra
     script.append("COMMIT")
     # the tables of facts, for the statements that read them (the SQL that makes rows where

@@ -662,6 +662,120 @@ def _assert_served_once(recording) -> None:
     assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
 
 
+@loopscope.tool("get_weather")
+def station_weather(city: str) -> dict[str, Any]:
+    """Returns what the station says: for Atlantis, no reading (the agent finds that out)."""
+    return {"city": city, "temp_c": None if city == "Atlantis" else 21}
+
+
+@loopscope.tool("get_weather")
+def broken_weather(city: str) -> dict[str, Any]:
+    raise ConnectionError(f"no station near {city}")
+
+
+def _two_tool_rounds(server: FakeModelServer) -> None:
+    server.queue(
+        Reply(text="Checking Atlantis.", tool_calls=[ToolCall("get_weather", {"city": "Atlantis"}, id="toolu_a1")],
+              usage=Usage(10, 5)),
+        Reply(text="Then Paris.", tool_calls=[ToolCall("get_weather", {"city": "Paris"}, id="toolu_p1")], usage=Usage(20, 5)),
+        Reply(text="Paris is at 21 °C; Atlantis has no station.", usage=Usage(30, 5)),
+    )
+
+
+def _run_checked(server: FakeModelServer, tool: Any) -> None:
+    """An agent that runs its decorated tool, checks what it got, and sends a failure back as
+    ``is_error: true``: a reading it cannot use, or the tool's exception, caught."""
+    c = client(server)
+    messages: list[Any] = [{"role": "user", "content": "Weather in Atlantis and Paris?"}]
+    for _ in range(3):
+        content, stop = call(c, "json", messages=messages, tools=[WEATHER])
+        if stop != "tool_use":
+            return
+        [use] = [b for b in content if b["type"] == "tool_use"]
+        try:
+            reading = tool(**use["input"])
+            if reading["temp_c"] is None:
+                raise ValueError(f"the station in {reading['city']} sent no temperature")
+            block = {"type": "tool_result", "tool_use_id": use["id"], "content": json.dumps(reading)}
+        except (ValueError, ConnectionError) as exc:
+            block = {"type": "tool_result", "tool_use_id": use["id"], "content": str(exc), "is_error": True}
+        messages = [*messages, {"role": "assistant", "content": content}, {"role": "user", "content": [block]}]
+
+
+@pytest.mark.parametrize("writer", ["process", pytest.param("thread", marks=pytest.mark.thread_writer)])
+def test_a_served_call_whose_result_is_sent_back_as_an_error_is_failed(instrumented, server, writer):
+    _two_tool_rounds(server)
+    with loopscope.session("checked"):
+        _run_checked(server, station_weather)
+    error = "the station in Atlantis sent no temperature"
+    store = instrumented.store
+    _, found = store.sql("SELECT call_id, tool, status, outcome, error, result FROM tool_calls ORDER BY start_index")
+    calls = [(*row[:5], json.loads(row[5])) for row in found]
+    assert calls == [
+        ("toolu_a1", "get_weather", "failed", "failed", error, {"city": "Atlantis", "temp_c": None}),
+        ("toolu_p1", "get_weather", "completed", "served", None, {"city": "Paris", "temp_c": 21}),
+    ]
+    ends = [e.content for e in store.get_timeline("checked") if e.type == "tool_call_end"]
+    assert [(e.tool_id, e.status, e.outcome, e.error) for e in ends] == [
+        ("toolu_a1", "failed", "failed", error), ("toolu_p1", "completed", "served", None),
+    ]
+    # counted once, as failed, where `loopscope tools` reads its figures
+    _, stats = store.sql("SELECT tool, calls, finished, served, failed FROM tool_stats")
+    assert stats == [("get_weather", 2, 2, 1, 1)]
+    # OTLP: each call's span as it ended (served), and one correction span under the turn
+    # (the third request sends the error again: no second one)
+    tools = spans(instrumented, a.OP_EXECUTE_TOOL)
+    assert sorted((t.attributes[a.TOOL_CALL_ID], t.attributes[a.TOOL_OUTCOME]) for t in tools) == [
+        ("toolu_a1", "served"), ("toolu_p1", "served"),
+    ]
+    [fix] = [s for s in instrumented.spans() if a.TOOL_CORRECTION in s.attributes]
+    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
+    assert fix.name == "tool_outcome_correction get_weather" and fix.parent.span_id == agent.context.span_id
+    assert (fix.attributes[a.TOOL_CALL_ID], fix.attributes[a.TOOL_CORRECTION], fix.attributes[a.TOOL_ERROR]) == (
+        "toolu_a1", "failed", error,
+    )
+    assert fix.status.status_code is StatusCode.ERROR
+    [served] = [t for t in tools if t.attributes[a.TOOL_CALL_ID] == "toolu_a1"]
+    assert fix.start_time == served.end_time < fix.end_time  # from the call's end to the request that said it failed
+    turn = only_turn(instrumented)
+    assert (turn.tool_calls_count, turn.loop_end_reason) == (2, LoopEndReason.COMPLETED)
+
+
+def test_a_collector_sets_the_served_call_failed_too(tmp_path, server):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from loopscope.ingest.otlp.collector import Collector
+
+    _two_tool_rounds(server)
+    with Collector(str(tmp_path / "c.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
+        loopscope.configure(tmp_path / "local.duckdb", tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
+                            capture_content=True, flush_interval=0.05)
+        loopscope.instrument()
+        try:
+            with loopscope.session("checked"):
+                _run_checked(server, station_weather)
+        finally:
+            loopscope.uninstrument()
+            loopscope.shutdown()
+    query = "SELECT call_id, status, outcome, error FROM tool_calls ORDER BY start_index"
+    expected = [("toolu_a1", "failed", "failed", "the station in Atlantis sent no temperature"),
+                ("toolu_p1", "completed", "served", None)]
+    assert loopscope.Store(collector.db).sql(query)[1] == expected
+    assert loopscope.Store(str(tmp_path / "local.duckdb")).sql(query)[1] == expected
+
+
+def test_a_call_the_tool_failed_keeps_its_exception_when_sent_back_as_an_error(instrumented, server):
+    _two_tool_rounds(server)
+    with loopscope.session("broken"):
+        _run_checked(server, broken_weather)
+    _, calls = instrumented.store.sql("SELECT call_id, status, outcome, error FROM tool_calls ORDER BY start_index")
+    assert calls == [
+        ("toolu_a1", "failed", "failed", "ConnectionError: no station near Atlantis"),
+        ("toolu_p1", "failed", "failed", "ConnectionError: no station near Paris"),
+    ]
+    assert not [s for s in instrumented.spans() if a.TOOL_CORRECTION in s.attributes]  # nothing to correct
+
+
 # -- the SDK's own spans ----------------------------------------------------------------------
 
 

@@ -131,6 +131,77 @@ def test_the_collect_command_takes_its_token_from_the_environment(tmp_path):
     assert rows(db, "SELECT count(*) FROM turns") == [(1,)]
 
 
+def _status(db, *flags: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "loopscope", "--db", str(db), "status", *flags],
+                          check=False, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_requests_the_collect_command_refuses_are_counted_in_status(tmp_path):
+    db = tmp_path / "refused.duckdb"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    body = _one_turn_payload()  # one turn
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(body)
+    spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc",
+         "--max-spans", str(spans)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert "OTLP/HTTP on http://127.0.0.1:" in line, line + proc.stderr.read()  # type: ignore[union-attr]
+        port = int(line.split("OTLP/HTTP on http://127.0.0.1:")[1].split()[0])
+        status, _, answer = send(port, _merged(body, _one_turn_payload()))
+        assert status == 413 and b"--max-spans" in answer
+        assert send(port, b"\x00garbage")[0] == 400  # a bad payload
+        assert send(port, body)[0] == 200  # within the bound: stored (and its rows written, answered after)
+        # the refusals' row is written by a flush of their own, right after them: wait for it
+        deadline = time.monotonic() + 60
+        while True:
+            totals = json.loads(_status(db, "--json"))["totals"]
+            if totals["refused_requests"] == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (totals["refused_requests"], totals["refused_spans"]) == (2, 2 * spans)
+        text = _status(db)
+        assert "2 traces requests refused by loopscope collect" in text and f"{2 * spans} spans in those over --max-spans" in text
+        assert "nothing was dropped" not in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "2 refused (1 of them over --max-spans)" in out
+    # kept in the store after the collector stopped, with the last reason
+    [writer] = [w for w in json.loads(_status(db, "--json"))["writers"] if w["refused_requests"]]
+    assert (writer["refused_requests"], writer["refused_spans"]) == (2, 2 * spans)
+    assert writer["last_refused"].startswith("400 ")
+    assert rows(db, "SELECT count(*) FROM turns") == [(1,)]
+
+
+def test_a_grpc_request_over_max_spans_is_counted_in_the_store(tmp_path):
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from loopscope.cli.status import read_status
+
+    db = str(tmp_path / "grpc.duckdb")
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(_one_turn_payload())
+    spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    with Collector(db, http_port=None, grpc_port=0, flush_interval=0.05, max_spans=spans - 1) as c:
+        channel = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
+        with pytest.raises(grpc.RpcError) as info:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=30)
+        channel.close()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    totals = read_status(db)["totals"]
+    assert (totals["refused_requests"], totals["refused_spans"]) == (1, spans)
+
+
 # -- resent after a crash --------------------------------------------------------------------------------
 
 

@@ -29,7 +29,8 @@ came in the ``spans`` table.
 Bad payloads get a 4xx with a reason and change nothing: a payload is decoded and checked
 whole before any of it is written; one that is too large (``max_bytes``, also after
 decompression) is refused with 413, a wrong content type with 415, garbage (JSON nested
-too deeply too) with 400. Metrics and other log records (``/v1/metrics``, ``/v1/logs`` and
+too deeply too) with 400; a traces request so refused is counted in the store for
+``loopscope status`` (the sender does not resend a 4xx). Metrics and other log records (``/v1/metrics``, ``/v1/logs`` and
 their gRPC services) are accepted when well-formed and not stored.
 
 Who may write. A request whose ``Host`` names another machine gets 421 and one whose

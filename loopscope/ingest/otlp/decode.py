@@ -35,7 +35,11 @@ class PayloadError(Exception):
 
 
 class TooManySpans(PayloadError):
-    """A traces request of more spans than the collector takes in one (413)."""
+    """A traces request of more spans than the collector takes in one (413); ``spans``: how many it carries."""
+
+    def __init__(self, status: int, reason: str, spans: int = 0) -> None:
+        super().__init__(status, reason)
+        self.spans = spans
 
 
 # -- decoding --------------------------------------------------------------------------------
@@ -167,7 +171,7 @@ def received_of(request: Any, max_spans: int | None = None) -> list[Received]:
         count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
         if count > max_spans:
             raise TooManySpans(413, f"the request carries {count} spans; this collector takes at most {max_spans} "
-                                    "in one request (--max-spans): send them in smaller batches")
+                                    "in one request (--max-spans): send them in smaller batches", count)
     out: list[Received] = []
     add = out.append
     for ri, rs in enumerate(request.resource_spans):

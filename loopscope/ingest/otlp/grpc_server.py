@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..._http import token_ok
-from .decode import PayloadError, TooManySpans, notices_of, received_of
+from .decode import PayloadError, notices_of, received_of
 from .routing import CollectorStats, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -37,8 +37,7 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
                 received = received_of(request, collector.max_spans)
             except PayloadError as exc:
                 ingest.budget.give(size)
-                ingest.stats.refused += 1
-                ingest.stats.too_many_spans += isinstance(exc, TooManySpans)
+                ingest.refused(exc)  # counted in the store for `status` too
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
             except BaseException:
                 ingest.budget.give(size)

@@ -15,7 +15,6 @@ from .decode import (
     JSON,
     PROTOBUF,
     PayloadError,
-    TooManySpans,
     _check_other_signal,
     _decompress,
     decode_json,
@@ -133,11 +132,13 @@ class _Handler(BoundedHandler):
             self._refuse(404, f"no such path {path or '/'}; OTLP goes to /v1/traces, /v1/metrics or /v1/logs", answer_type)
             return
         if content_type not in (PROTOBUF, JSON):
-            self._refuse(415, f"unsupported content type {content_type or '(none)'!r}; send {PROTOBUF} or {JSON}", JSON)
+            self._refuse(415, f"unsupported content type {content_type or '(none)'!r}; send {PROTOBUF} or {JSON}", JSON,
+                         signal=signal)
             return
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "", "gzip", "x-gzip", "deflate"):
-            self._refuse(415, f"unsupported content encoding {encoding!r}; send gzip, deflate or none", answer_type)
+            self._refuse(415, f"unsupported content encoding {encoding!r}; send gzip, deflate or none", answer_type,
+                         signal=signal)
             return
 
         def take(size: int) -> None:
@@ -170,8 +171,7 @@ class _Handler(BoundedHandler):
             received = received_of(request, collector.max_spans)
             del request  # the spans replace it
         except PayloadError as exc:
-            collector.ingest.stats.refused += 1
-            collector.ingest.stats.too_many_spans += isinstance(exc, TooManySpans)
+            collector.ingest.refused(exc, store=signal == "traces")  # counted in the store for `status` too
             self._fail(exc.status, exc.reason, answer_type, close=exc.status in (411, 413))
             return
         size, held[0] = held[0], 0  # given back by ingest, once the rows are written
@@ -260,9 +260,12 @@ class _Handler(BoundedHandler):
             self._send(200, b"", PROTOBUF)  # an empty Export*ServiceResponse serializes to no bytes
 
     def _refuse(self, status: int, reason: str, answer_type: str, *, headers: dict[str, str] | None = None,
-                counted: bool = False) -> None:
-        """Refuse before reading the body: read it away (bounded) or close the connection."""
-        if not counted:
+                counted: bool = False, signal: str | None = None) -> None:
+        """Refuse before reading the body: read it away (bounded) or close the connection.
+        A traces request (``signal``) is counted in the store too (``Ingest.refused``)."""
+        if signal == "traces":
+            self.server.collector.ingest.refused(PayloadError(status, reason))
+        elif not counted:
             self.server.collector.ingest.stats.refused += 1
         try:
             length = int(self.headers.get("Content-Length") or 0)

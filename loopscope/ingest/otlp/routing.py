@@ -88,11 +88,12 @@ class CollectorStats:
     """What a collector received and refused since it started (printed when it stops).
 
     These count *requests*, at the receiver: what senders sent and what they were told to
-    retry or were refused (4xx, 503). Nothing counted here is lost without the sender
-    knowing, so it lives in memory only. What happens to the rows afterwards (written,
+    retry or were refused (4xx, 503), printed when the collector stops. A traces request
+    refused whole is also counted by the store writer (:meth:`Ingest.refused`), in the
+    store for ``loopscope status``: its sender does not send it again, so what it carried
+    is missing from the store. What happens to the rows of accepted requests (written,
     dropped, failed writes) is the store writer's to count, in
-    :class:`loopscope.storage.health.Counters`, kept in the store for ``loopscope status``:
-    the two never count the same thing."""
+    :class:`loopscope.storage.health.Counters`."""
 
     requests: int = 0
     spans: int = 0
@@ -202,6 +203,10 @@ class _Share:
             self.budget.give(self.size)
 
 
+def _settled(ok: bool) -> None:
+    """A flush nobody waits for (the row of a refused request's count)."""
+
+
 class Ingest:
     """Spans in (already decoded and checked), rows out through a :class:`~loopscope.ingest.writer.SpanWriter`.
 
@@ -290,6 +295,20 @@ class Ingest:
                 f"could not write to {self.path} within {self.flush_timeout:g}s "
                 f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
             )
+
+    def refused(self, exc: Any, *, store: bool = True) -> None:
+        """Count a request refused whole (``exc``: a :class:`~.decode.PayloadError`; a bad
+        payload, a body over ``--max-bytes``, more spans than ``--max-spans``). With ``store``
+        (a traces request: spans the sender meant to store, and does not send again after a
+        4xx) it is counted in the writer's row of the store too, with its spans where they
+        were counted, for ``loopscope status``; a flush writes the row now, not waiting."""
+        spans = int(getattr(exc, "spans", 0) or 0)
+        self.stats.refused += 1
+        self.stats.too_many_spans += spans > 0
+        if store:
+            with guard("collect refusal"):
+                self.writer.count_refused(spans, f"{getattr(exc, 'status', '')} {getattr(exc, 'reason', exc)}".strip())
+                self.writer.flush_then(_settled)
 
     def notices(self, spans: Sequence[SpanRecord]) -> None:
         """Take the start notices of a logs request (already decoded: see
@@ -388,6 +407,9 @@ class Ingest:
             if a.STATE_KIND in attrs and a.OPERATION not in attrs:  # a state snapshot or delta
                 writer.submit_end(span)
                 return "state", "loopscope"
+            if a.TOOL_CORRECTION in attrs and a.OPERATION not in attrs:  # a served tool call found failed
+                writer.submit_end(span)
+                return "correction", "loopscope"
             op = attrs.get(a.OPERATION)
             if op in _STARTS:
                 key = (tid, sid)
