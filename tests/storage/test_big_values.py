@@ -133,7 +133,7 @@ STALLED_IN_DUCKDB = """
     import loopscope
     from loopscope.storage import writer as store_writer
 
-    db, calls = sys.argv[1], int(sys.argv[2])
+    db, calls, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     inside = threading.Event()
     write_batch = store_writer.write_batch
 
@@ -174,6 +174,8 @@ STALLED_IN_DUCKDB = """
 
 
     teardown = Teardown()
+    if how == "raises":
+        raise RuntimeError("the application fails")
 """
 
 
@@ -198,17 +200,22 @@ def test_an_exit_while_the_writer_is_inside_duckdb_ends_cleanly_and_counts_the_b
     assert "still writing when the store was closed" in json.dumps(status["writers"], default=str)
 
 
-def test_an_exit_while_the_writer_stays_inside_duckdb_ends_the_process_cleanly(tmp_path: Path, spawn) -> None:
+@pytest.mark.parametrize("how", ["ends", "raises"])
+def test_an_exit_while_the_writer_stays_inside_duckdb_ends_the_process_cleanly(tmp_path: Path, spawn, how: str) -> None:
     """The thread writer is inside a DuckDB statement that no interrupt ends (a stalled
     disk) past the exit's bound: the process aborted (exit status 134) every run, as the
     thread came back from DuckDB while the interpreter finalised. Now the process ends once
-    the exit hooks have run, by os._exit, exit status 0, with a line saying so, and `status`
-    counts every event it held as lost."""
+    the exit hooks have run, by os._exit, with a line saying so and the exit status Python
+    gives (0, or 1 after an uncaught exception, its traceback shown), and `status` counts
+    every event the writer held as lost."""
     db = tmp_path / "stalled.duckdb"
     calls = 20
-    child = spawn("stalled_in_duckdb", STALLED_IN_DUCKDB, db, calls)
-    assert child.finish_ok(60).strip() == "exiting"
-    assert "still inside DuckDB" in child.err.read_text()
+    child = spawn("stalled_in_duckdb", STALLED_IN_DUCKDB, db, calls, how)
+    assert child.wait(60) == (1 if how == "raises" else 0), child.output()
+    assert child.out.read_text().strip() == "exiting"
+    err = child.err.read_text()
+    assert "still inside DuckDB" in err
+    assert ("RuntimeError: the application fails" in err) == (how == "raises")
     status = read_status(str(db))
     assert (status["events"], status["totals"]["dropped_unwritable"]) == (0, calls * 3), status["writers"]
     assert "still writing when the store was closed" in json.dumps(status["writers"], default=str)
