@@ -57,6 +57,12 @@ def gate(path: str) -> threading.Lock:
         return lock
 
 
+class Cancelled(StoreError):
+    """A write block's owner gave up on it (``open_store(cancelled=)`` says so): no further
+    DuckDB call is started for it. A store writer that ``close()`` left behind at exit must
+    not be inside DuckDB when the interpreter finalises (see ``writer.StoreWriter._abandon``)."""
+
+
 def is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.Error) and bool(_LOCK_MESSAGE.search(str(exc)))
 
@@ -434,15 +440,20 @@ def _yield_to_writer(path: str) -> None:
         time.sleep(0.002)
 
 
-def _retrying(path: str, timeout: float, open_once: Callable[[], _T], *, writer: bool = False) -> _T:
+def _retrying(
+    path: str, timeout: float, open_once: Callable[[], _T], *, writer: bool = False, cancelled: Callable[[], bool] | None = None
+) -> _T:
     """``open_once()``, again while another process holds the file, for up to ``timeout``
     seconds; then :class:`StoreLockedError` naming who holds it. A ``writer`` keeps its
-    marker (:func:`writer_marker`) beside the file meanwhile, so that readers let go."""
+    marker (:func:`writer_marker`) beside the file meanwhile, so that readers let go. Once
+    ``cancelled()`` is true, no further try: :class:`Cancelled`."""
     deadline = time.monotonic() + timeout
     delay = 0.005
     marked = False
     try:
         while True:
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"the write to {path} was given up")
             try:
                 return open_once()
             except duckdb.Error as exc:
@@ -461,7 +472,8 @@ def _retrying(path: str, timeout: float, open_once: Callable[[], _T], *, writer:
 
 
 def _attach_to(
-    home: _Home, path: str, alias: str, timeout: float, *, read_only: bool, checkpoint: bool = True
+    home: _Home, path: str, alias: str, timeout: float, *, read_only: bool, checkpoint: bool = True,
+    cancelled: Callable[[], bool] | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A cursor of ``home`` with ``path`` attached as ``alias`` and in use (detach it with
     :func:`_detach`, then close it); waits for the file as :func:`_retrying` does. For a
@@ -474,7 +486,9 @@ def _attach_to(
     script = ";\n".join(statements)  # one call: see _Home
     try:
         try:
-            _retrying(path, timeout, lambda: con.execute(script), writer=not read_only)
+            _retrying(path, timeout, lambda: con.execute(script), writer=not read_only, cancelled=cancelled)
+        except Cancelled:
+            raise  # before an attempt: nothing was attached (no DuckDB call to undo one)
         except BaseException:
             _detach(con, alias, home)  # when a statement after the ATTACH failed
             if not read_only:
@@ -534,10 +548,13 @@ def _attached(path: str, timeout: float, keep: bool = False, home: _Home = _read
                 pass
 
 
-def _detach(con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, *, rollback: bool = False) -> None:
+def _detach(
+    con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, *, rollback: bool = False, checkpoint: bool = True
+) -> None:
     """Let go of the file: detach it from ``home``, whatever state the block left the
     cursor in (a written file is checkpointed, as closing a connection would, unless the
-    block turned that off).
+    block turned that off, or ``checkpoint=False``: a block given up on leaves the WAL as
+    it is, as a detach's checkpoint cannot be interrupted).
 
     ``rollback`` first ends a transaction the block may have left open (a ROLLBACK with
     none open fails, at ~1 ms: only after a block that failed)."""
@@ -546,8 +563,12 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str, home: _Home = _readers, 
             con.execute("ROLLBACK")
         except duckdb.Error:
             pass
+    script = f"USE memory;\nDETACH {alias}"
+    if not checkpoint and home.keeps_wal is not True:
+        script = f"{_KEEP_WAL[1]};\n{script}"
+        home.keeps_wal = None  # the next block sets its mode again
     try:
-        con.execute(f"USE memory;\nDETACH {alias}")  # one call: see _Home
+        con.execute(script)  # one call: see _Home
         return
     except duckdb.Error:
         pass
@@ -626,6 +647,7 @@ def open_store(
     keep: bool = False,
     page: bool = False,
     checkpoint: bool = True,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection to ``path`` held only for the ``with`` block.
 
@@ -647,7 +669,10 @@ def open_store(
     ``checkpoint=False`` leaves the block's rows in the WAL instead (on disk too, and a
     reader replays it): the store's writer does so until the WAL passes
     :data:`~loopscope.storage.writer.WAL_LIMIT`. A block must not change the database's
-    settings: they are the next block's too.
+    settings: they are the next block's too. ``cancelled``, for a read-write block: once it
+    is true, the block's owner has given up on it (a store writer left behind by its close):
+    the file is not attached any more (:class:`Cancelled`), and the detach that ends the
+    block does not checkpoint.
     """
     _check_path(path, read_only=read_only)
     if read_only and not isolated:
@@ -669,13 +694,13 @@ def open_store(
             return
         release(path)  # our readers' kept attachment: DuckDB refuses to open the file beside it
         home, alias = _writer_home(path), f"loopscope_write_{next(_aliases)}"
-        con = _attach_to(home, path, alias, timeout, read_only=False, checkpoint=checkpoint)
+        con = _attach_to(home, path, alias, timeout, read_only=False, checkpoint=checkpoint, cancelled=cancelled)
         try:
             yield con
         except BaseException:
-            _detach(con, alias, home, rollback=True)
+            _detach(con, alias, home, rollback=True, checkpoint=not (cancelled is not None and cancelled()))
             raise
         else:
-            _detach(con, alias, home)
+            _detach(con, alias, home, checkpoint=not (cancelled is not None and cancelled()))
         finally:
             con.close()

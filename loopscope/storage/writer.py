@@ -26,6 +26,7 @@ import atexit
 import collections
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
@@ -37,7 +38,7 @@ import duckdb
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
 from . import arrow_rows, health, idempotent, recovery, rows, scrub, tool_totals
-from .connection import open_store
+from .connection import Cancelled, open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
 from .limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
@@ -87,6 +88,12 @@ writer peak at several times the bound; a quarter of it keeps the peak near the 
 INTERRUPT_WAIT = 1.0
 """Seconds ``close()`` waits, past its timeout, for a write it interrupted to leave DuckDB
 (see ``StoreWriter._interrupt``); an interrupted statement ends within milliseconds."""
+LEAVE_WAIT = 2.0
+"""Seconds from ``close()``'s giving up on a writer's thread within which, at the end of the
+interpreter's exit hooks, the thread must have left DuckDB; else the process ends there by
+``os._exit`` (see :func:`_leave_duckdb_at_exit`). What cannot be interrupted (an attach that
+replays the WAL, a commit writing a batch of large values) takes this long at most on a
+disk that answers."""
 REPORT_EVERY = 5.0
 """Seconds a writer's row in ``loopscope_writers`` may leave its written counts and
 ``last_seen`` behind. A batch updates the row when a flush waits for it (so ``flush()``
@@ -177,6 +184,12 @@ class StoreWriter:
         self._in_bytes = 0
         self._out_bytes = 0
         self._abandoned = False  # close() gave up waiting for the thread (see _abandon)
+        self._abandoned_at = 0.0  # time.monotonic() of that
+        # _inside: the thread is in a block of the store (opening it, writing, letting it go),
+        # where it calls into DuckDB; set and read under _state, with _abandoned: once
+        # abandoned, the thread opens no block any more (_store)
+        self._state = threading.Condition()
+        self._inside = False
         self._close_deadline: float | None = None  # set by close(): see _lock_wait
         self._held = False  # the last write failed because another process held the file
         self.draining = False
@@ -333,7 +346,7 @@ class StoreWriter:
             self._abandon()
             events, turns = self._unwritten()
             lost = (self._dropped + events, self._dropped_turns + turns)
-            self._interrupt()
+            self._interrupt(time.monotonic() + INTERRUPT_WAIT)
         else:
             self._give_up_backlog()
             lost = (self._dropped, self._dropped_turns)
@@ -344,8 +357,8 @@ class StoreWriter:
                     before_stop(None if wait is None else wait / 2)  # half: the report needs its turn
             self._report_stop(left())
         if any(lost):
-            logger.warning("loopscope: %d events and %d turns could not be stored in %s (%s)", *lost, self.path,
-                           self._last_error or "queue full")
+            why = self._last_error or ("still writing when the store was closed" if self._abandoned else "queue full")
+            logger.warning("loopscope: %d events and %d turns could not be stored in %s (%s)", *lost, self.path, why)
 
     def stats(self) -> WriterStats:
         return WriterStats(
@@ -475,27 +488,36 @@ class StoreWriter:
     def _abandon(self) -> None:
         """``close()`` stops waiting for a thread stuck in a write: count what it holds as
         lost, beside the store. Should the write end after all (the process goes on), the
-        thread writes no more and puts the count right (:meth:`_run`)."""
-        self._abandoned = True
+        thread writes no more and puts the count right (:meth:`_run`). From now on the
+        thread starts no DuckDB call: it leaves the one it is in (interrupted, see
+        :meth:`_interrupt`) and the store's block without a retry or a checkpoint."""
+        with self._state:
+            self._abandoned = True
+            self._abandoned_at = time.monotonic()
+        _left_behind.add(self)
         self._record_beside()
 
-    def _interrupt(self) -> None:
-        """After :meth:`_abandon`: stop DuckDB's statement under way (``interrupt()``) and give
-        the thread up to :data:`INTERRUPT_WAIT` to leave DuckDB. At exit the interpreter stops
-        its daemon threads, and one stopped inside DuckDB aborts the process (SIGABRT: 3 runs
-        of 4 with 500 tool results of 1 MiB); an interrupted write rolls back and its rows
-        stay counted as lost. A thread elsewhere (waiting for a file another process holds, in
-        a content hook) is left as before: it writes nothing more (:meth:`_using`)."""
-        deadline = time.monotonic() + INTERRUPT_WAIT
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            con = self._con
-            if con is None:
-                return
-            try:
-                con.interrupt()  # again each time: one sent between two statements is lost
-            except Exception:  # noqa: S110  # a connection closed meanwhile: the thread is out of it
-                pass
-            self._thread.join(0.02)
+    def _interrupt(self, deadline: float) -> bool:
+        """After :meth:`_abandon`: stop DuckDB's statement under way (``interrupt()``) until the
+        thread has left the store's block, or ``deadline`` (``time.monotonic()``); True when it
+        left. At exit the interpreter stops its daemon threads, and one that comes back from
+        DuckDB meanwhile aborts the process (SIGABRT, ``FATAL: exception not rethrown``: the
+        GIL it takes back ends the thread inside DuckDB's C++); an interrupted write rolls back
+        and its rows stay counted as lost. A thread elsewhere (in a content hook, mapping
+        spans) is not waited for: it opens no block any more (:meth:`_store`)."""
+        with self._state:
+            while self._inside:
+                con = self._con
+                if con is not None:
+                    try:
+                        con.interrupt()  # again each time: one sent between two statements is lost
+                    except Exception:  # noqa: S110  # a connection closed meanwhile: the thread is out of it
+                        pass
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    return False
+                self._state.wait(min(wait, 0.02))
+        return True
 
     def _record_beside(self) -> None:
         """Count beside the store what this writer's row in it lacks: its losses since the
@@ -596,6 +618,9 @@ class StoreWriter:
                 self._mapped, self._mapped_facts = facts.rows, facts
                 self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
             markers += taken
+            if self._abandoned:  # close() gave up: what is mapped stays counted as lost (_unwritten)
+                settle(markers, False, "store writer")
+                return
             idle = left <= 0
             full = facts.rows >= limit or self._held_bytes >= self.max_bytes * BATCH_SHARE
             if markers or (facts.rows and (idle or full)) or (idle and self._backlog is not None):
@@ -711,17 +736,19 @@ class StoreWriter:
         # statement that close() can interrupt, where a commit's checkpoint and a detach's are not.)
         final = _wal_size(self.path) >= WAL_LIMIT and _facts_bytes(facts) < LARGE_BATCH
         try:
-            with open_store(self.path, read_only=False, timeout=self._lock_wait(), checkpoint=final) as con, self._using(con):
+            with self._store(checkpoint=final) as con:
                 _ensure_schema(self.path, con)
                 if not self._recovered:
+                    self._go_on()
                     self._recover(con)
                 if self.skip_stored:
+                    self._go_on()
                     self.already_stored += idempotent.drop_stored(con, facts)
                 tables = Tables()
                 extra = self._tracker.statements(facts, tables) if self._tracker is not None else []
                 report, counters = self._report_statements(facts) if self._report_due(flushing) else ([], None)
                 written_events, written_turns = write_batch(
-                    con, facts, extra=[*extra, *report], seen=self._indices, tables=tables
+                    con, facts, extra=[*extra, *report], seen=self._indices, tables=tables, go_on=self._go_on
                 )
                 if self._tracker is not None:
                     self._tracker.committed()
@@ -755,15 +782,35 @@ class StoreWriter:
         return None
 
     @contextlib.contextmanager
-    def _using(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-        """``con`` is the one :meth:`_interrupt` stops while the block runs."""
-        if self._abandoned:
-            raise StoreError("the store was closed while this write waited")  # close() counted its rows lost
-        self._con = con
+    def _store(self, *, checkpoint: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The store opened for the thread's write (:func:`open_store`), its connection the one
+        :meth:`_interrupt` stops. Refused once :meth:`_abandon` ran (:class:`Cancelled`), and
+        then neither retried nor checkpointed at its end: no DuckDB call starts after it."""
+        with self._state:
+            if self._abandoned:
+                raise Cancelled("the store was closed while this write waited")  # close() counted its rows lost
+            self._inside = True
         try:
-            yield
+            with open_store(
+                self.path, read_only=False, timeout=self._lock_wait(), checkpoint=checkpoint, cancelled=self._given_up
+            ) as con:
+                self._con = con
+                try:
+                    yield con
+                finally:
+                    self._con = None
         finally:
-            self._con = None
+            with self._state:
+                self._inside = False
+                self._state.notify_all()
+
+    def _given_up(self) -> bool:
+        return self._abandoned
+
+    def _go_on(self) -> None:
+        """Before a DuckDB call in the store's block: raise :class:`Cancelled` once abandoned."""
+        if self._abandoned:
+            raise Cancelled("the store was closed while this write ran")
 
     def _drop_bad_row(self, exc: BaseException, piece: rows.Facts) -> None:
         self._lose(piece.event_rows, piece.turn_rows)  # one row: an event, a model call or a turn summary
@@ -787,7 +834,7 @@ class StoreWriter:
         try:
             # the WAL kept at the detach: an interrupted CHECKPOINT (see _interrupt) is not done
             # again there, where nothing can interrupt it
-            with open_store(self.path, read_only=False, timeout=self._lock_wait(), checkpoint=False) as con, self._using(con):
+            with self._store(checkpoint=False) as con:
                 con.execute("CHECKPOINT")
             self._wal_pending = False
         except (duckdb.Error, StoreError, OSError):
@@ -955,7 +1002,7 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
 
 def write_batch(
     con: duckdb.DuckDBPyConnection, facts: rows.Facts, *, extra: Sequence[str] = (), seen: _SessionIndex | None = None,
-    tables: Tables | None = None,
+    tables: Tables | None = None, go_on: Callable[[], None] | None = None,
 ) -> tuple[int, int]:
     """Write the rows of a batch of facts in one transaction, giving events their per-session indices.
 
@@ -970,7 +1017,9 @@ def write_batch(
     whether the commit checkpoints. ``seen``, a writer's memory of the indices it gave,
     is shown the file's (:meth:`_SessionIndex.check`). ``tables`` holds the Arrow tables
     that the ``extra`` statements read (see :func:`scanning`); tables registered on ``con``
-    are read too. Returns how many events and turn summaries were written.
+    are read too. ``go_on`` is called before each DuckDB call and may raise to stop the
+    batch there (a writer that ``close()`` gave up on: see ``StoreWriter._go_on``). Returns
+    how many events and turn summaries were written.
     """
     import pyarrow as pa  # imported here: the hot path and a plain import never need it
 
@@ -984,6 +1033,8 @@ def write_batch(
         # DuckDB 2 refuses a register() while a result is open); a lookup and numbering
         # here cost less than doing it in EVENTS_SQL (a join and a window)
         ids = {_SESSION_IDS: pa.table({"session_id": pa.array(distinct, pa.string())})}
+        if go_on is not None:
+            go_on()
         known = dict(scanning(con, _SESSIONS_LOOKUP_SQL, ids).fetchall())
         next_index = {s: known.get(s, 0) for s in distinct}
         if seen is not None:
@@ -1050,6 +1101,8 @@ def write_batch(
     for name, table in ((rows.EVENTS_TABLE, events), (rows.CALLS_TABLE, calls), (rows.TURNS_TABLE, turns)):
         if table is not None:
             tables.register(name, table)
+    if go_on is not None:
+        go_on()  # (before the transaction: nothing to roll back)
     try:
         scanning(con, ";\n".join(script), tables.by_name)
     except BaseException as exc:
@@ -1106,6 +1159,44 @@ ON CONFLICT (session_id) DO UPDATE SET last_index = excluded.last_index,
 
 
 _live_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
+_left_behind: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
+"""Writers whose thread ``close()`` gave up on (:meth:`StoreWriter._abandon`)."""
+
+
+@atexit.register  # before _close_all: runs after it (and after every exit hook registered since)
+def _leave_duckdb_at_exit() -> None:
+    """The last of loopscope's exit hooks: a writer's thread that ``close()`` gave up on must
+    have left DuckDB before the interpreter finalises. It starts no DuckDB call once given up
+    on, and the call it is in is interrupted; it gets until :data:`LEAVE_WAIT` after it was
+    given up on. A thread still inside then would be stopped by the interpreter as it comes
+    back (the process aborts, SIGABRT, exit status 134): the process ends here instead, by
+    ``os._exit``, as a writer process does (its streams and log handlers flushed; what the
+    writer held is counted already). Exit hooks registered before loopscope was imported do
+    not run then, and the status is 1 after an uncaught exception, else 0 (the one a
+    ``sys.exit(n)`` asked for is not known here)."""
+    inside = False
+    for writer in list(_left_behind):
+        if writer._thread.is_alive() and not writer._interrupt(writer._abandoned_at + LEAVE_WAIT):
+            inside = True
+    if not inside:
+        return
+    logger.warning("loopscope: the store's writer is still inside DuckDB; the process ends now (os._exit) rather than "
+                   "abort as the interpreter stops it")
+    _end_now()
+
+
+def _end_now() -> None:
+    import logging
+
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+    failed = getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+    real_exit = getattr(os._exit, "__wrapped__", os._exit)  # past loopscope's own wrap (_exits.py): all is closed
+    real_exit(1 if failed else 0)
 
 
 @atexit.register
