@@ -170,3 +170,22 @@ def test_without_start_notices_the_users_message_comes_first_in_its_turn(tmp_pat
     assert rows == ordered_rows(local)
     assert [r[1:3] for r in rows[:3]] == [("message", "Weather in Paris? (0)"), ("message", "Looking."), ("tool_call_start", "get_weather")]
     assert query(collected, "SELECT count(*) FROM turns") == [(2,)]
+
+
+# -- finish reasons as logfire sends them ---------------------------------------------------------
+
+
+def test_logfires_finish_reasons_sent_as_one_json_string_are_read_as_the_list(tmp_path):
+    """Pydantic Logfire's openai instrumentation (peers-logfire stack) sends
+    ``gen_ai.response.finish_reasons`` as the JSON text of the list: stored as the list it
+    is, and the call's outcome read from it."""
+    db = tmp_path / "c.duckdb"
+    python = stacks.require("peers-logfire") / "bin" / "python"
+    with collect_child(db, "--no-grpc") as endpoints:
+        done = subprocess.run([str(python), "-W", "ignore", str(FIXTURES / "record_logfire.py"), "--endpoint", endpoints["http"]],
+                              check=False, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+    (raw,) = query(db, "SELECT attributes->>'gen_ai.response.finish_reasons' FROM spans ORDER BY start_time LIMIT 1")
+    assert raw == ('["tool_calls"]',)  # what logfire sent: a string
+    calls = query(db, "SELECT finish_reasons::VARCHAR, outcome FROM model_calls ORDER BY started_at")
+    assert [(json.loads(reasons), outcome) for reasons, outcome in calls] == [(["tool_calls"], "completed"), (["stop"], "completed")]
