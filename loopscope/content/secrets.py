@@ -134,10 +134,32 @@ def mask_key_value(match: re.Match[str]) -> str:
     else:
         quote = value[0] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else ""
     inner = value[len(quote):len(value) - len(quote)]
+    rest = ""
+    if not quote:
+        inner, rest = _outside_parentheses(match, inner)
     masked = mask_secret_value(kind_of(match), inner)
     if masked is None:
         return match.group(0)
-    return f"{match.group('key')}{quote}{masked}{quote}"
+    return f"{match.group('key')}{quote}{masked}{quote}{rest}"
+
+
+def _outside_parentheses(match: re.Match[str], value: str) -> tuple[str, str]:
+    """An unquoted value written inside parentheses (``failed (password=hunter2).``) cut at
+    the ``)`` that closes them: ``hunter2`` masked, ``).`` given back. Only where a ``(``
+    before the key is still open, so that a value holding a ``)`` of its own
+    (``password=ab)cd``) is masked whole."""
+    text, start = match.string, match.start()
+    if ")" not in value or text.rfind("(", 0, start) <= text.rfind(")", 0, start):
+        return value, ""
+    depth = 0
+    for i, c in enumerate(value):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth < 0:
+                return value[:i], value[i:]
+    return value, ""
 
 
 SECRET_SHAPES: tuple[SecretShape, ...] = (

@@ -104,9 +104,9 @@ def metric_exporter(settings: OTLPSettings) -> Any:
     endpoint = _signal_endpoint(settings.endpoint, "metrics", protocol)
     headers = dict(settings.headers) if settings.headers else None
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+        from .refused import grpc_metric_exporter  # an endpoint without a metrics service is said once
 
-        return GrpcMetrics(endpoint=endpoint, headers=headers)
+        return grpc_metric_exporter(endpoint, headers, shown=settings.endpoint)
     from .refused import http_metric_exporter  # an endpoint without a metrics receiver is said once
 
     return http_metric_exporter(endpoint, headers)

@@ -13,6 +13,7 @@ sends that endpoint no more metrics (what it would have sent is counted in
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -31,12 +32,12 @@ class MetricsRefusal:
     """What one exporter learned: whether (and with which status) its endpoint refused metrics."""
 
     def __init__(self) -> None:
-        self.status: int | None = None
+        self.status: int | str | None = None  # an HTTP status, or a gRPC status code's name
         self.url = ""
         self.dropped_exports = 0
         self._said = False
 
-    def refused(self, status: int, url: str) -> None:
+    def refused(self, status: int | str, url: str) -> None:
         if self.status is None:
             self.status, self.url = status, url
         _reporting.refused = True  # this thread's export is reporting it, until end_export
@@ -45,10 +46,11 @@ class MetricsRefusal:
         if self._said or self.status is None:
             return
         self._said = True
+        how = f"HTTP {self.status}" if isinstance(self.status, int) else f"gRPC {self.status}"
         logger.warning(
-            "loopscope: %s refused metrics (HTTP %d: no OTLP metrics receiver there); loopscope sends it no more "
+            "loopscope: %s refused metrics (%s: no OTLP metrics receiver there); loopscope sends it no more "
             "metrics (spans go on as before). Set OTEL_METRICS_EXPORTER=none to not send metrics at all.",
-            self.url, self.status,
+            self.url, how,
         )
 
     def end_export(self) -> None:
@@ -98,5 +100,59 @@ def http_metric_exporter(endpoint: str | None, headers: Mapping[str, str] | None
     for name in _SDK_LOGGERS:
         logging.getLogger(name).addFilter(_HIDE)  # once: a logger keeps one copy of a filter
     exporter = RefusalAwareMetricExporter(endpoint=endpoint, headers=dict(headers) if headers else None, session=WatchedSession())
+    exporter.refusal = refusal  # type: ignore[attr-defined]  # for tests and status
+    return exporter
+
+
+# the SDK's OTLP/gRPC exporters log a failed export here, with its status code as an argument
+_SDK_GRPC_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+_exporting = threading.local()  # the refusal of the gRPC metric export running on this thread
+
+
+class _GrpcRefusal(logging.Filter):
+    """On the SDK's gRPC exporter logger: a metric export answered ``UNIMPLEMENTED`` (no
+    metrics service there) is a refusal, reported by loopscope once instead of the SDK's
+    line at every export."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refusal = getattr(_exporting, "refusal", None)
+        if refusal is None:
+            return True
+        code = next((arg for arg in record.args if getattr(arg, "name", None) == "UNIMPLEMENTED"), None) \
+            if isinstance(record.args, tuple) else None
+        if code is not None:
+            refusal.refused("UNIMPLEMENTED", refusal.url or "the endpoint")
+        return not (record.levelno >= logging.WARNING and getattr(_reporting, "refused", False))
+
+
+_GRPC_FILTER = _GrpcRefusal()
+
+
+def grpc_metric_exporter(endpoint: str | None, headers: Mapping[str, str] | None, shown: str | None = None) -> Any:
+    """The SDK's OTLP/gRPC metric exporter, telling an endpoint without a metrics service
+    (a tracing backend's gRPC port: ``UNIMPLEMENTED``) once, as over HTTP; ``shown`` names
+    the endpoint where ``endpoint`` is None (the SDK then reads it from the environment)."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    refusal = MetricsRefusal()
+    refusal.url = (endpoint or shown or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+                   or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "the OTLP/gRPC endpoint")
+
+    class RefusalAwareMetricExporter(OTLPMetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+            if refusal.status is not None:
+                refusal.dropped_exports += 1
+                return MetricExportResult.FAILURE
+            _exporting.refusal = refusal
+            try:
+                return super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            finally:
+                _exporting.refusal = None
+                refusal.end_export()
+                refusal.say_once()
+
+    logging.getLogger(_SDK_GRPC_LOGGER).addFilter(_GRPC_FILTER)  # once: a logger keeps one copy of a filter
+    exporter = RefusalAwareMetricExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
     exporter.refusal = refusal  # type: ignore[attr-defined]  # for tests and status
     return exporter

@@ -466,7 +466,8 @@ def read_chat(span: Any) -> Chat:
     messages = _chat_messages(span)
     reasons = attrs.get(a.RESPONSE_FINISH_REASONS) or attrs.get("llm.finish_reason") or ()
     if isinstance(reasons, str):
-        reasons = (reasons,)
+        listed = _loads(reasons) if reasons.startswith("[") else None  # logfire: the array as one JSON string
+        reasons = tuple(r for r in listed if isinstance(r, str)) if isinstance(listed, list) else (reasons,)
     if not reasons:
         reasons = tuple(m.get("finish_reason") for m in _indexed(attrs, "gen_ai.completion") if m.get("finish_reason"))
     if not reasons:
@@ -479,6 +480,10 @@ def read_chat(span: Any) -> Chat:
     usage, provider_usage = normalized_usage(_usage(attrs))
     ttfc = _first(attrs, *_TTFC_SOURCES)
     stream = _first(attrs, a.REQUEST_STREAM, "gen_ai.is_streaming", "llm.is_streaming")
+    if stream is None and "llm.invocation_parameters" in attrs:
+        # OpenInference says it only in the request's parameters, as sent ({"stream": true})
+        parameters = _loads(attrs["llm.invocation_parameters"])
+        stream = parameters.get("stream") if isinstance(parameters, dict) else None
     pydantic_ai = _scope(span) == "pydantic-ai"
     if stream is None and ttfc is not None:
         stream = True  # pydantic-ai says a call streamed only by its time to the first chunk
@@ -508,11 +513,58 @@ def read_chat(span: Any) -> Chat:
         # alone (no agent run to say which output it accepted), the call's answer is what it sent
         answer=outputs[-1][2] if outputs else None,
         provider_usage=provider_usage,
-        response_id=_text(_first(attrs, a.RESPONSE_ID, "llm.response.id")),
+        response_id=_text(_first(attrs, a.RESPONSE_ID, "llm.response.id")) or _openinference_response_id(attrs),
         stream_said=None if stream is None else bool(stream) if isinstance(stream, (bool, int)) else str(stream).lower() == "true",
         time_to_first_chunk=float(ttfc) if isinstance(ttfc, (int, float)) and not isinstance(ttfc, bool) else None,
         parameters=_request_parameters(attrs),
     )
+
+
+def _openinference_response_id(attrs: Mapping[str, Any]) -> str | None:
+    """OpenInference keeps the response's id only in the response itself (``output.value``,
+    JSON: a Chat Completion's or a Response's ``id``)."""
+    if attrs.get("output.mime_type") != "application/json" or "llm.output_messages.0.message.role" not in attrs:
+        return None
+    output = _loads(attrs.get("output.value"))
+    found = output.get("id") if isinstance(output, dict) else None
+    return found if isinstance(found, str) and found else None
+
+
+def _openinference_parts(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One flattened OpenInference message's content as the GenAI conventions' parts."""
+    parts: list[dict[str, Any]] = []
+    content = message.get("message.content")
+    texts = [content] if isinstance(content, str) and content else [
+        str(v) for k, v in sorted(message.items()) if k.startswith("message.contents.") and k.endswith("message_content.text")
+    ]
+    if message.get("message.role") == "tool":
+        parts += [{"type": "tool_call_response", "id": message.get("message.tool_call_id"), "response": "".join(texts)}]
+    else:
+        parts += [{"type": "text", "content": text} for text in texts]
+    for call in _indexed(message, "message.tool_calls"):
+        arguments = call.get("tool_call.function.arguments")
+        parsed = _loads(arguments)
+        parts.append({"type": "tool_call", "id": call.get("tool_call.id"), "name": call.get("tool_call.function.name"),
+                      "arguments": parsed if parsed is not None else arguments})
+    return parts
+
+
+def openinference_messages(attrs: Mapping[str, Any], reasons: tuple[str, ...]) -> dict[str, str]:
+    """An OpenInference LLM span's flattened messages (``llm.input_messages.N.message.*``,
+    ``llm.output_messages.N...``) in the GenAI conventions' JSON, under their attribute names:
+    the model-call row's messages, as every other source gives them."""
+    out: dict[str, str] = {}
+    for prefix, key in (("llm.input_messages", a.INPUT_MESSAGES), ("llm.output_messages", a.OUTPUT_MESSAGES)):
+        if f"{prefix}.0.message.role" not in attrs:
+            continue
+        messages = []
+        for message in _indexed(attrs, prefix):
+            item: dict[str, Any] = {"role": message.get("message.role"), "parts": _openinference_parts(message)}
+            if key == a.OUTPUT_MESSAGES and len(reasons) == 1:
+                item["finish_reason"] = reasons[0]
+            messages.append(item)
+        out[key] = _json.dumps(messages)
+    return out
 
 
 def _scope(span: Any) -> str:
@@ -774,6 +826,9 @@ def chat_attributes(span: Any, chat: Chat, session: str | None, turn_id: str | N
         value = source.get(key)
         if isinstance(value, str) and value:
             attrs[key] = value
+    if a.INPUT_MESSAGES not in attrs and a.OUTPUT_MESSAGES not in attrs and (
+            "llm.output_messages.0.message.role" in source or "llm.input_messages.0.message.role" in source):
+        attrs.update(openinference_messages(source, chat.finish_reasons))
     said = chat.said
     if said:
         attrs[a.ROUND_TEXT] = said
@@ -1199,11 +1254,15 @@ class Assembler:
             order += 1
             rows.append((item.span.end_time, order, END, canon))
         last_chat = chats[-1][1] if chats and not _failed(agent) else None
-        for item, chat in chats:
+        for position, (item, chat) in enumerate(chats, 1):
             order += 1
             # the answer an output function made is told after that function ran
             at = max(item.span.end_time, answered_at) if chat is accepted and answered_at is not None else item.span.end_time
             attrs = chat_attributes(item.span, chat, session, turn_id, name, item.framework)
+            # as the bare path keeps them: the call's place in its turn, and whether it
+            # streamed (not streamed where the span does not say)
+            attrs[a.CALL_POSITION] = position
+            attrs[a.REQUEST_STREAM] = chat.streaming
             attrs.update(bridges.call_details(item.span, chat.finish_reasons))
             if chat is last_chat and answer_withheld(item.span, chat):
                 attrs[a.CONTENT_WITHHELD] = True  # the run's answer: a row without its text

@@ -27,6 +27,7 @@ from ..writer import SpanWriter
 from .decode import _KINDS, _STATUS, Received
 
 _STARTS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
+_OWN_ROLES = {a.OP_INVOKE_AGENT: AGENT, a.OP_EXECUTE_TOOL: "tool", a.OP_CHAT: "chat"}
 DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
 """Payload bytes (decompressed) held at once, from reading a request to its rows' write."""
 
@@ -254,6 +255,15 @@ class Ingest:
         self._held_count = 0
         self.notice_wait = 10.0  # seconds a notice waits for its span; then it is written anyway
         self.max_held_notices = 100_000
+        # loopscope's own model and tool calls whose agent run's start was not noticed (no
+        # notices sent, or lost): held until that run's start rows are written, so that its
+        # input message comes first in its turn as in-process (see _hold_unstarted)
+        self._unstarted: dict[tuple[int, int], list[tuple[SpanRecord, bool, float]]] = {}  # (span, start rows due, held since)
+        self._unstarted_count = 0
+        # the agent runs (trace, span) whose start notice came, or one of whose tool calls'
+        # did: their calls are not held (their notices order them); bounded, oldest forgotten
+        self._noticed: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+        self.max_noticed_runs = 100_000
         # the spans of the latest requests, so that a retried request (a 503, a client that
         # gave up waiting) is not written twice: a span id is never sent again otherwise
         self.dedupe_window = dedupe_window
@@ -411,23 +421,90 @@ class Ingest:
                 writer.submit_end(span)
                 return "correction", "loopscope"
             op = attrs.get(a.OPERATION)
-            if op in _STARTS:
-                key = (tid, sid)
-                if key in self._pending:
-                    del self._pending[key]
-                elif not attrs.get(a.PENDING_SENT) or not self._start_stored(span):
-                    writer.submit_start(span)
-                writer.submit_end(span)
-            elif op == a.OP_CHAT:
-                writer.submit_end(span)
-            if self.assembler.tracks(tid):
-                for kind, row in self.assembler.add(span):
-                    writer.submit(kind, row)
-            return {a.OP_INVOKE_AGENT: AGENT, a.OP_EXECUTE_TOOL: "tool", a.OP_CHAT: "chat"}.get(op), "loopscope"  # type: ignore[arg-type]
+            role = _OWN_ROLES.get(op) if isinstance(op, str) else None
+            parent = span.parent
+            if ((op == a.OP_CHAT or op == a.OP_EXECUTE_TOOL) and parent is not None and (tid, parent.span_id) not in self._noticed
+                    and _seen_key(Ctx(tid, parent.span_id)) not in self._seen):  # (its parent not come and gone)
+                self._hold_unstarted((tid, parent.span_id), span)
+                return role, "loopscope"
+            self._start_own(span)
+            if self._unstarted:
+                self._release_unstarted((tid, sid))  # its start rows are queued: its calls follow them
+            self._end_own(span)
+            return role, "loopscope"
         role, framework = classify(span)
         for kind, row in self.assembler.add(span):
             writer.submit(kind, row)
+        if self._unstarted:
+            self._release_unstarted((tid, sid))
         return role, framework
+
+    def _start_own(self, span: SpanRecord) -> None:
+        """The start rows of one of loopscope's own agent runs or tool calls, from its ended
+        span, unless its notice (or a pending copy before a restart) wrote them already."""
+        if self._start_needed(span):
+            self.writer.submit_start(span)
+
+    def _start_needed(self, span: SpanRecord) -> bool:
+        """Whether the ended span's start rows are still to be written (decided while its
+        request is routed: :meth:`_start_stored` knows that request's spans only)."""
+        attrs = span.attributes
+        if attrs.get(a.OPERATION) not in _STARTS:
+            return False
+        key = (span.context.trace_id, span.context.span_id)
+        if key in self._pending:
+            del self._pending[key]
+            return False
+        return not attrs.get(a.PENDING_SENT) or not self._start_stored(span)
+
+    def _end_own(self, span: SpanRecord) -> None:
+        """The end rows of one of loopscope's own spans (and its place in a foreign run above it)."""
+        op = span.attributes.get(a.OPERATION)
+        if op in _STARTS or op == a.OP_CHAT:
+            self.writer.submit_end(span)
+        if self.assembler.tracks(span.context.trace_id):
+            for kind, row in self.assembler.add(span):
+                self.writer.submit(kind, row)
+
+    def _hold_unstarted(self, run: tuple[int, int], span: SpanRecord) -> None:
+        """Hold one of loopscope's own model or tool calls whose parent (its agent run) has not
+        started here: without its start notice the run's span comes after its calls (children
+        end first), and the turn's input message, written at the run's start rows, would
+        follow them. Released when the run's start rows are queued (its notice or its span),
+        after ``notice_wait`` seconds, past ``max_held_notices``, or at close."""
+        waiting = self._unstarted.get(run)
+        if waiting is None:
+            self._unstarted[run] = waiting = []
+        waiting.append((span, self._start_needed(span), time.monotonic()))
+        self._unstarted_count += 1
+        if self._unstarted_count > self.max_held_notices:
+            self._release_unstarted_before()  # memory is bounded: written late, in their order
+
+    def _release_unstarted(self, run: tuple[int, int]) -> None:
+        """Queue the calls held for the agent run ``run``, whose start rows are queued: the
+        start rows of each (a tool call's) at its start, the end rows at its end, in time
+        order as in-process (a tool call that ran beside another starts before that ends)."""
+        waiting = self._unstarted.pop(run, None)
+        if waiting is None:
+            return
+        self._unstarted_count -= len(waiting)
+        steps: list[tuple[int, int, int, SpanRecord]] = []
+        for order, (span, start_due, _) in enumerate(waiting):
+            if start_due:
+                steps.append((span.start_time, 0, order, span))
+            steps.append((span.end_time, 1, order, span))
+        steps.sort(key=lambda step: step[:3])
+        for _, end, _, span in steps:
+            if end:
+                self._end_own(span)
+            else:
+                self.writer.submit_start(span)
+
+    def _release_unstarted_before(self, before: float = math.inf) -> None:
+        """Queue the calls held since before ``before`` (monotonic seconds; all by default):
+        their run's start never came (lost), late rather than lost."""
+        for run in [r for r, waiting in self._unstarted.items() if waiting[0][2] <= before]:
+            self._release_unstarted(run)
 
     def _before(self, trace_id: int, span_id: int) -> None:
         """Queue the start notices held for the span ``(trace_id, span_id)``, about to be routed."""
@@ -469,6 +546,14 @@ class Ingest:
             self._pending.popitem(last=False)
         self.stats.pending += 1
         self.writer.submit_start(span)
+        noticed = self._noticed
+        noticed[key] = None
+        if span.parent is not None:
+            noticed[(key[0], span.parent.span_id)] = None
+        while len(noticed) > self.max_noticed_runs:
+            noticed.popitem(last=False)
+        if self._unstarted:
+            self._release_unstarted(key)
 
     def _starts_stored(self, received: Sequence[Received]) -> set[tuple[int, int]]:
         """Of a request's agent runs and tool calls whose pending copies were sent but are
@@ -519,6 +604,8 @@ class Ingest:
                             self.writer.submit(kind, row)
                         if self._held:  # notices whose span never came (its request failed): late, not lost
                             self._release_held(time.monotonic() - self.notice_wait)
+                        if self._unstarted:  # calls whose agent run never came: late, not lost
+                            self._release_unstarted_before(time.monotonic() - self.notice_wait)
                 if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
                     self.budget.unpark()  # what could not be written in time is now
                 self.budget.trim()
@@ -531,6 +618,7 @@ class Ingest:
         with self._lock:
             self._closed = True
             self._release_held()
+            self._release_unstarted_before()
             for kind, row in self.assembler.drain():
                 self.writer.submit(kind, row)
         self.writer.close(timeout)
