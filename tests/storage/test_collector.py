@@ -304,7 +304,8 @@ def test_bad_payloads_get_a_reason_and_change_nothing(collector):
     good["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "zz" * 16
     assert "not hex" in refused(400, json.dumps(good).encode(), "application/json")
     good = _otlp_json(_one_turn_payload())
-    good["resourceSpans"][0]["scopeSpans"][0]["spans"][-1]["spanId"] = "abcd"  # the last span: the others are fine
+    for span in good["resourceSpans"][0]["scopeSpans"][0]["spans"]:  # every span: with good ones, a partial success
+        span["spanId"] = "abcd"
     assert "spanId must be 8 bytes" in refused(400, json.dumps(good).encode(), "application/json")
     assert "not valid gzip" in refused(400, b"not gzip at all", **{"Content-Encoding": "gzip"})
     assert "content encoding" in refused(415, b"x", **{"Content-Encoding": "br"})

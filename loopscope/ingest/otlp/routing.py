@@ -99,6 +99,7 @@ class CollectorStats:
     pending: int = 0
     refused: int = 0  # bad requests (4xx)
     too_many_spans: int = 0  # of those, traces requests of more than max_spans spans (413)
+    rejected_spans: int = 0  # spans with bad ids left out of requests otherwise stored (partial success)
     duplicates: int = 0  # spans of a request received again in this run, left out
     unavailable: int = 0  # 503: the store could not be written in time
     busy: int = 0  # 503 / RESOURCE_EXHAUSTED: over max_queued_bytes (the sender retries)
