@@ -164,7 +164,10 @@ class StoreWriter:
         self.lock_timeout = lock_timeout
         self._queue: collections.deque[Any] = collections.deque()
         self._bundle: list[Any] | None = None  # the spans of the bundle being made (see begin_bundle)
-        self._bundled = 0  # spans in the bundles queued (a bundle is one entry of the queue)
+        # spans in the bundles queued (a bundle is one entry of the queue): _bundled_in -
+        # _bundled_out, each added to by one side only (as _in_bytes and _out_bytes)
+        self._bundled_in = 0
+        self._bundled_out = 0
         # _arrived: the queue got its first row (the writer sleeps until then); _wake: write
         # now (a flush, close, a full batch) rather than when the first row has waited
         self._arrived = threading.Event()
@@ -215,7 +218,7 @@ class StoreWriter:
         """Queue a span (``START`` or ``END``) for mapping and writing. Never blocks."""
         queue = self._queue
         bundle = self._bundle
-        size = len(queue) + self._bundled + (len(bundle) if bundle is not None else 0)
+        size = len(queue) + self._bundled_in - self._bundled_out + (len(bundle) if bundle is not None else 0)
         # the bytes held all told: queued, and the rows mapped, being written or kept (so a
         # writer that is busy with a batch, or cannot write, holds max_bytes, not twice it)
         if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes + self._held_bytes >= self.max_bytes:
@@ -254,7 +257,7 @@ class StoreWriter:
             return
         raw_bytes = raw_spans.raw_size(raw) if raw else 0
         self._in_bytes += raw_bytes
-        self._bundled += len(spans)
+        self._bundled_in += len(spans)
         queue = self._queue
         first = not queue
         queue.append(_Bundle(spans, raw, raw_bytes))
@@ -646,7 +649,7 @@ class StoreWriter:
             if type(item) is FlushRequest:
                 markers.append(item)
             elif type(item) is _Bundle:
-                self._bundled -= len(item.spans)
+                self._bundled_out += len(item.spans)
                 for entry in item.spans:
                     items.append(entry)
                     if entry[0]:
