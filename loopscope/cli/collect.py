@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         turned = stats.unauthorized + stats.misdirected
         denied = f", {turned} not allowed (token, Host or Origin)" if turned else ""
         large = f" ({stats.too_many_spans} of them over --max-spans)" if stats.too_many_spans else ""
-        emit(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{large}{busy}{denied}",
+        rejected = f", {stats.rejected_spans} spans with bad ids rejected (partial success)" if stats.rejected_spans else ""
+        emit(f"loopscope collect: stopped; {stats.spans} spans in {stats.requests} requests, {stats.refused} refused{large}{rejected}{busy}{denied}",
              flush=True)
     return 0

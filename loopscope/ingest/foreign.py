@@ -464,7 +464,8 @@ def _reported_usage(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 def read_chat(span: Any) -> Chat:
     attrs = span.attributes or {}
     messages = _chat_messages(span)
-    reasons = attrs.get(a.RESPONSE_FINISH_REASONS) or attrs.get("llm.finish_reason") or ()
+    # the anthropic SDK's own span (anthropic.messages.create) says its one in anthropic.message.stop_reason
+    reasons = attrs.get(a.RESPONSE_FINISH_REASONS) or attrs.get("llm.finish_reason") or attrs.get(ANTHROPIC_STOP_REASON) or ()
     if isinstance(reasons, str):
         listed = _loads(reasons) if reasons.startswith("[") else None  # logfire: the array as one JSON string
         reasons = tuple(r for r in listed if isinstance(r, str)) if isinstance(listed, list) else (reasons,)
@@ -706,6 +707,10 @@ def _user_text_withheld(attrs: Mapping[str, Any]) -> bool:
                 return True
     return False
 
+
+ANTHROPIC_STOP_REASON = "anthropic.message.stop_reason"
+"""Where the anthropic SDK's own ``anthropic.messages.create`` span keeps the message's stop
+reason (it sets no ``gen_ai.response.finish_reasons``)."""
 
 ASKED_TOOLS = frozenset({"tool_calls", "tool_call", "tool_use", "function_call"})
 """Finish reasons of a model call that asked for tools (each provider's spelling)."""

@@ -86,7 +86,7 @@ def read_tool_results(span: Any) -> list[tuple[str, str | None]]:
                 continue
             for part in message.get("parts") or ():
                 if isinstance(part, dict) and part.get("type") == "tool_call_response" and part.get("id"):
-                    out.append((str(part["id"]), _text(part.get("response", part.get("result")))))
+                    out.append((str(part["id"]), _response_text(part.get("response", part.get("result")))))
     elif "llm.input_messages.0.message.role" in attrs:
         for message in _indexed(attrs, "llm.input_messages"):
             if message.get("message.role") == "tool" and message.get("message.tool_call_id"):
@@ -105,6 +105,16 @@ def read_tool_results(span: Any) -> list[tuple[str, str | None]]:
     return out
 
 
+def _response_text(value: Any) -> str | None:
+    """A tool result as text: a list of content blocks (the anthropic SDK's own spans give a
+    ``tool_call_response`` the ``tool_result`` blocks sent, ``[{"type": "text", "text": ...}]``)
+    as the text of its text blocks, anything else as :func:`_text` makes it."""
+    if isinstance(value, list) and value and all(isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+                                                 for b in value):
+        return "".join(b["text"] for b in value)
+    return _text(value)
+
+
 Message = tuple[str, str, str]  # (role, text, the call id a tool result answers)
 
 
@@ -118,7 +128,7 @@ def read_request(span: Any) -> list[Message]:
         for message in _loads(attrs[a.INPUT_MESSAGES]) or ():
             if isinstance(message, dict):
                 parts = [p for p in message.get("parts") or () if isinstance(p, dict)]
-                text = "".join(str(p.get("content") or p.get("response") or "") for p in parts)
+                text = "".join(str(p.get("content") or _response_text(p.get("response")) or "") for p in parts)
                 call = next((str(p.get("id")) for p in parts if p.get("type") == "tool_call_response"), "")
                 out.append((str(message.get("role") or ""), text, call))
     elif "llm.input_messages.0.message.role" in attrs:

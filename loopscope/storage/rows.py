@@ -454,10 +454,15 @@ class Facts:
     says; a fact that still cannot be stored is dropped and reported.
     """
 
-    __slots__ = ("call_rows", "calls", "events", "excluded", "fixes", "sessions", "turn_rows", "turns")
+    __slots__ = ("call_rows", "calls", "events", "excluded", "fixes", "raw", "raw_bytes", "sessions", "turn_rows", "turns")
 
     def __init__(self) -> None:
         self.fixes: list[tuple[Any, ...]] = []  # ToolFix tuples, in order: applied after the batch's rows
+        # the raw copies of received spans (a collector's ``spans`` table, tuples in
+        # raw_spans.RAW_COLUMNS' order), written in the same transaction as the rows made of
+        # them (see StoreWriter.end_bundle); not counted in :attr:`rows`
+        self.raw: list[tuple[Any, ...]] = []
+        self.raw_bytes = 0
         self.events: list[Any] = []  # pyarrow RecordBatches of event facts
         self.sessions: list[str] = []
         self.turns: list[Any] = []  # pyarrow RecordBatches of turn facts
@@ -504,6 +509,8 @@ class Facts:
         self.call_rows += other.call_rows
         self.excluded += other.excluded
         self.fixes += other.fixes
+        self.raw += other.raw
+        self.raw_bytes += other.raw_bytes
 
     def drop_oldest(self, count: int) -> None:
         """Leave out the ``count`` oldest rows: events first, then model calls, then turn summaries."""

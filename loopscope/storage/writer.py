@@ -37,7 +37,7 @@ import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from . import arrow_rows, health, idempotent, recovery, rows, scrub, tool_totals
+from . import arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals
 from .connection import Cancelled, open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
@@ -168,6 +168,11 @@ class StoreWriter:
         self.batch_size = batch_size
         self.lock_timeout = lock_timeout
         self._queue: collections.deque[Any] = collections.deque()
+        self._bundle: list[Any] | None = None  # the spans of the bundle being made (see begin_bundle)
+        # spans in the bundles queued (a bundle is one entry of the queue): _bundled_in -
+        # _bundled_out, each added to by one side only (as _in_bytes and _out_bytes)
+        self._bundled_in = 0
+        self._bundled_out = 0
         # _arrived: the queue got its first row (the writer sleeps until then); _wake: write
         # now (a flush, close, a full batch) rather than when the first row has waited
         self._arrived = threading.Event()
@@ -224,7 +229,8 @@ class StoreWriter:
     def submit(self, kind: int, span: Any) -> None:
         """Queue a span (``START`` or ``END``) for mapping and writing. Never blocks."""
         queue = self._queue
-        size = len(queue)
+        bundle = self._bundle
+        size = len(queue) + self._bundled_in - self._bundled_out + (len(bundle) if bundle is not None else 0)
         # the bytes held all told: queued, and the rows mapped, being written or kept (so a
         # writer that is busy with a batch, or cannot write, holds max_bytes, not twice it)
         if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes + self._held_bytes >= self.max_bytes:
@@ -235,12 +241,41 @@ class StoreWriter:
             if counted > self._cap_over:
                 span, counted = self._cut(span)
             self._in_bytes += counted
+        if bundle is not None:
+            bundle.append((kind, span))
+            return
         queue.append((kind, span))
         if not size:
             self._arrived.set()  # the first row since the queue was last empty: its wait starts
         if size >= self.batch_size - 1 or (self._in_bytes - self._out_bytes >= self._wake_bytes and self._backlog is None):
             # a full batch, or half the byte bound: written now rather than dropped after the
             # wait (not while writes fail: the rows kept are retried at the interval)
+            self._wake.set()
+
+    def begin_bundle(self) -> None:
+        """Gather what is submitted from now until :meth:`end_bundle` into one entry of the
+        queue, which a batch takes whole: the spans of one collector request and their raw
+        copies are written in one transaction, or none of them (a process killed between two
+        transactions would keep one without the other). One caller at a time (the
+        collector's lock): a span submitted meanwhile from another thread joins the bundle."""
+        self._bundle = []
+
+    def end_bundle(self, raw: list[tuple[Any, ...]] | None = None) -> None:
+        """Queue the bundle begun by :meth:`begin_bundle`, with ``raw``: the raw copies of its
+        spans (``spans`` rows, see :mod:`.raw_spans`), written in the same transaction."""
+        spans, self._bundle = self._bundle or [], None
+        raw = raw or []
+        if not spans and not raw:
+            return
+        raw_bytes = raw_spans.raw_size(raw) if raw else 0
+        self._in_bytes += raw_bytes
+        self._bundled_in += len(spans)
+        queue = self._queue
+        first = not queue
+        queue.append(_Bundle(spans, raw, raw_bytes))
+        if first:
+            self._arrived.set()
+        if self._in_bytes - self._out_bytes >= self._wake_bytes and self._backlog is None:
             self._wake.set()
 
     def _drop_span(self, kind: int, span: Any) -> None:
@@ -262,7 +297,12 @@ class StoreWriter:
         skip, rows_of = self._skipped(), self._mapping.rows
         events = turns = 0
         for item in list(self._queue):
-            if type(item) is not FlushRequest:
+            if type(item) is _Bundle:
+                for kind, span in item.spans:
+                    e, t = rows_of(kind, span, skip)
+                    events += e
+                    turns += t
+            elif type(item) is not FlushRequest:
                 e, t = rows_of(item[0], item[1], skip)
                 events += e
                 turns += t
@@ -611,10 +651,11 @@ class StoreWriter:
         chunk = min(rows.CHUNK, limit)
         left = len(self._queue)
         while True:
-            items, taken = self._take(min(chunk, left))
-            left -= len(items) + len(taken)
+            items, taken, consumed = self._take(min(chunk, left), facts)
+            left -= consumed
             if items:
                 self._map(items, facts)
+            if items or facts.raw:
                 self._mapped, self._mapped_facts = facts.rows, facts
                 self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
             markers += taken
@@ -623,7 +664,7 @@ class StoreWriter:
                 return
             idle = left <= 0
             full = facts.rows >= limit or self._held_bytes >= self.max_bytes * BATCH_SHARE
-            if markers or (facts.rows and (idle or full)) or (idle and self._backlog is not None):
+            if markers or ((facts.rows or facts.raw) and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
                 try:
                     ok = self._write(facts, flushing=bool(markers))
@@ -638,22 +679,35 @@ class StoreWriter:
                     self._arrived.set()
                 return
 
-    def _take(self, count: int) -> tuple[list[Any], list[FlushRequest]]:
+    def _take(self, count: int, facts: rows.Facts) -> tuple[list[Any], list[FlushRequest], int]:
+        """Up to ``count`` entries of the queue: their spans, the flushes among them, and how
+        many entries they were. A bundle's spans are taken whole, its raw rows put in ``facts``."""
         items: list[Any] = []
         markers: list[FlushRequest] = []
         queue = self._queue
         popleft = queue.popleft
         taken = 0
-        for _ in range(min(len(queue), count)):
+        consumed = min(len(queue), count)
+        for _ in range(consumed):
             item = popleft()
             if type(item) is FlushRequest:
                 markers.append(item)
+            elif type(item) is _Bundle:
+                self._bundled_out += len(item.spans)
+                for entry in item.spans:
+                    items.append(entry)
+                    if entry[0]:
+                        taken += self._span_bytes(entry[1])
+                if item.raw:
+                    facts.raw += item.raw
+                    facts.raw_bytes += item.raw_bytes
+                    taken += item.raw_bytes
             else:
                 items.append(item)
                 if item[0]:  # as submit() counted it
                     taken += self._span_bytes(item[1])
         self._out_bytes += taken
-        return items, markers
+        return items, markers, consumed
 
     def _map(self, items: list[Any], facts: rows.Facts) -> None:
         skip = self._skipped()
@@ -679,7 +733,7 @@ class StoreWriter:
             self._backlog = None
             backlog.extend(facts)
             facts = backlog
-        if not facts.rows and not facts.fixes and not (flushing and self._losses_unsaid()):
+        if not facts.rows and not facts.fixes and not facts.raw and not (flushing and self._losses_unsaid()):
             return True
         self._inflight, self._mapped, self._mapped_facts = facts.rows, 0, None
         self._inflight_rows = (facts.event_rows, facts.turn_rows)
@@ -746,6 +800,9 @@ class StoreWriter:
                     self.already_stored += idempotent.drop_stored(con, facts)
                 tables = Tables()
                 extra = self._tracker.statements(facts, tables) if self._tracker is not None else []
+                if facts.raw:  # the raw copies of the spans, in their rows' transaction
+                    tables.register(raw_spans.RAW_TABLE, raw_spans.raw_table(facts.raw, scrub.scrubber(self.content)))
+                    extra.append(raw_spans.raw_insert_sql(facts.raw))
                 report, counters = self._report_statements(facts) if self._report_due(flushing) else ([], None)
                 written_events, written_turns = write_batch(
                     con, facts, extra=[*extra, *report], seen=self._indices, tables=tables, go_on=self._go_on
@@ -901,6 +958,7 @@ def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
     turn summaries. Each half holds at least one row of ``facts`` (which holds two or more)."""
     first, second = rows.Facts(), rows.Facts()
     second.fixes = list(facts.fixes)  # after every row they may fix
+    second.raw, second.raw_bytes = list(facts.raw), facts.raw_bytes  # with the rows that are written last
     events = facts.event_rows
     if events > 1 or (events == 1 and (facts.turn_rows or facts.call_rows)):
         cut = events // 2 if events > 1 else 1
@@ -930,8 +988,18 @@ def _facts_bytes(facts: rows.Facts) -> int:
     """The Arrow bytes of the rows of ``facts`` (what they hold in memory, about)."""
     return (
         sum(batch.nbytes for batch in facts.events) + sum(batch.nbytes for batch in facts.turns)
-        + sum(batch.nbytes for batch in facts.calls)
+        + sum(batch.nbytes for batch in facts.calls) + facts.raw_bytes
     )
+
+
+class _Bundle:
+    """One entry of the queue holding several spans and their raw copies, written in one
+    transaction (see :meth:`StoreWriter.begin_bundle`)."""
+
+    __slots__ = ("raw", "raw_bytes", "spans")
+
+    def __init__(self, spans: list[Any], raw: list[tuple[Any, ...]], raw_bytes: int) -> None:
+        self.spans, self.raw, self.raw_bytes = spans, raw, raw_bytes
 
 
 class _SessionIndex:

@@ -61,7 +61,7 @@ def test_a_request_for_another_host_or_from_another_site_is_refused_and_stores_n
     assert status == 403 and b"Origin" in answer
     status, _, _ = send(port, body, {"Host": f"localhost:{port}", "Origin": "null"})
     assert status == 403
-    assert collector.ingest.raw.flush()
+    assert collector.ingest.writer.flush()
     assert rows(collector.db, "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM turns), (SELECT count(*) FROM spans)") == [(0, 0, 0)]
     assert collector.ingest.stats.misdirected == 3
     # the collector's own names, and a local page, are answered
@@ -269,7 +269,7 @@ def test_requests_past_the_byte_bound_get_503_until_the_bytes_are_given_back(tmp
         sender.join(60)
         assert answers == [200]
         assert (c.ingest.stats.busy, c.ingest.stats.busy_bytes) == (2, 2 * len(second))
-        assert c.ingest.raw.flush()  # the raw copies follow the answer; their bytes are given back then
+        assert c.ingest.writer.flush()
         assert c.ingest.budget.used == 0  # every byte given back
         assert send(c.http_port, second)[0] == 200  # the sender's retry
     assert rows(db, "SELECT count(*) FROM turns") == [(2,)]

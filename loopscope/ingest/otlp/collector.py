@@ -4,9 +4,10 @@ Processes that export OTLP to it share one DuckDB file (DuckDB admits one writer
 time): spans arrive over OTLP/HTTP (``POST /v1/traces``, protobuf or JSON bodies, gzip or
 deflate) on 127.0.0.1:4318 and over OTLP/gRPC on 127.0.0.1:4317, and become the same
 events and turns the in-process store writes, through the same store writer and
-span-to-row mapping. A request is answered only once its events and turns are in the
-file, so an acknowledged payload is stored (the raw copies of its spans follow within
-half a second, see :class:`Ingest`).
+span-to-row mapping. A request is answered only once its events, turns and the raw
+copies of its spans are in the file, written in one transaction (see :class:`Ingest`): an
+acknowledged payload is stored, and a collector killed at any moment keeps each request
+whole or not at all.
 
 Order. OTLP carries spans when they end, but loopscope writes a tool call's start row
 when the tool starts and a turn's input message when the turn starts. loopscope's own

@@ -2,7 +2,10 @@
 :class:`~loopscope.ingest.spans.SpanRecord` objects.
 
 A payload is decoded and checked whole before any of it is used: a bad one raises
-:class:`PayloadError` (an HTTP status and a reason) for its first bad span."""
+:class:`PayloadError` (an HTTP status and a reason). A span with a bad id (an all-zero
+trace id, say) is left out of a request that is otherwise good: :class:`Rejected` counts
+it, and the collector answers with OTLP's ``partial_success`` (the sender's other spans
+are stored; a 400 would lose them all, as exporters do not retry it)."""
 
 from __future__ import annotations
 
@@ -154,6 +157,24 @@ class Received:
     service: str | None
 
 
+@dataclass(slots=True)
+class Rejected:
+    """The spans of a request left out for bad ids: how many, and why the first was."""
+
+    spans: int = 0
+    message: str = ""
+
+    def add(self, error: PayloadError) -> None:
+        if not self.spans:
+            self.message = error.reason
+        self.spans += 1
+
+    def reason(self) -> str:
+        """The ``error_message`` of the request's partial success."""
+        more = f" (and {self.spans - 1} more span{'s' if self.spans > 2 else ''} with bad ids)" if self.spans > 1 else ""
+        return f"{self.spans} span{'s' if self.spans > 1 else ''} rejected, the others stored: {self.message}{more}"
+
+
 def records_of(request: Any) -> list[SpanRecord]:
     """The spans of an export request as :class:`SpanRecord`, checked; in request order."""
     return [r.span for r in received_of(request)]
@@ -163,10 +184,11 @@ _UNSET = Status()
 _from_bytes = int.from_bytes
 
 
-def received_of(request: Any, max_spans: int | None = None) -> list[Received]:
+def received_of(request: Any, max_spans: int | None = None, rejected: Rejected | None = None) -> list[Received]:
     """The spans of an export request, checked (ids of the right size, not zero); raises
     :class:`PayloadError` for the first bad one, so that nothing of a bad payload is used,
-    and (413) for a request of more than ``max_spans`` spans, before any is read."""
+    or with ``rejected``, leaves each bad one out and counts it there (OTLP's partial
+    success); raises (413) for a request of more than ``max_spans`` spans, before any is read."""
     if max_spans is not None:
         count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
         if count > max_spans:
@@ -185,14 +207,20 @@ def received_of(request: Any, max_spans: int | None = None) -> list[Received]:
                 raw_tid, raw_sid, raw_parent = s.trace_id, s.span_id, s.parent_span_id
                 tid = _from_bytes(raw_tid, "big")
                 sid = _from_bytes(raw_sid, "big")
+                bad = None
                 if len(raw_tid) != 16 or not tid:
-                    raise _bad_id(raw_tid, 16, "traceId", (ri, si, pi))
-                if len(raw_sid) != 8 or not sid:
-                    raise _bad_id(raw_sid, 8, "spanId", (ri, si, pi))
+                    bad = _bad_id(raw_tid, 16, "traceId", (ri, si, pi))
+                elif len(raw_sid) != 8 or not sid:
+                    bad = _bad_id(raw_sid, 8, "spanId", (ri, si, pi))
+                elif raw_parent and len(raw_parent) != 8:
+                    bad = _bad_id(raw_parent, 8, "parentSpanId", (ri, si, pi))
+                if bad is not None:
+                    if rejected is None:
+                        raise bad
+                    rejected.add(bad)
+                    continue
                 parent = None
                 if raw_parent:
-                    if len(raw_parent) != 8:
-                        raise _bad_id(raw_parent, 8, "parentSpanId", (ri, si, pi))
                     parent_id = _from_bytes(raw_parent, "big")
                     if parent_id:
                         flags = s.flags

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..._http import token_ok
-from .decode import PayloadError, notices_of, received_of
+from .decode import PayloadError, Rejected, notices_of, received_of
 from .routing import CollectorStats, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -34,7 +34,10 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"the collector holds {ingest.budget.limit} bytes of requests already (--max-queued-bytes); retry later")
             try:
-                received = received_of(request, collector.max_spans)
+                rejected = Rejected()
+                received = received_of(request, collector.max_spans, rejected)
+                if rejected.spans and not received:  # nothing to store: the request is bad
+                    raise PayloadError(400, rejected.message)
             except PayloadError as exc:
                 ingest.budget.give(size)
                 ingest.refused(exc)  # counted in the store for `status` too
@@ -47,6 +50,10 @@ def _grpc_server(collector: Collector, host: str, port: int) -> tuple[Any, int]:
                 ingest.ingest(received, size)  # gives the bytes back once the rows are written
             except StoreUnavailable as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            if rejected.spans:  # OTLP's partial success: the others are stored
+                ingest.stats.rejected_spans += rejected.spans
+                return trace_service_pb2.ExportTraceServiceResponse(partial_success=trace_service_pb2.ExportTracePartialSuccess(
+                    rejected_spans=rejected.spans, error_message=rejected.reason()))
             return trace_service_pb2.ExportTraceServiceResponse()
 
     class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):

@@ -15,6 +15,7 @@ from .decode import (
     JSON,
     PROTOBUF,
     PayloadError,
+    Rejected,
     _check_other_signal,
     _decompress,
     decode_json,
@@ -43,6 +44,22 @@ def _status_body(code: int, message: str, content_type: str) -> tuple[bytes, str
     except Exception:  # noqa: S110 - googleapis-common-protos missing: JSON below
         pass
     return json.dumps({"code": code, "message": message}).encode(), JSON
+
+
+def _partial_success(rejected: Rejected, content_type: str) -> tuple[bytes, str]:
+    """An ExportTraceServiceResponse whose ``partial_success`` counts the spans left out
+    (OTLP: 200 with the count and a message), in the request's encoding."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTracePartialSuccess,
+        ExportTraceServiceResponse,
+    )
+
+    answer = ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
+        rejected_spans=rejected.spans, error_message=rejected.reason()))
+    if content_type == PROTOBUF:
+        return answer.SerializeToString(), PROTOBUF
+    return json_format.MessageToJson(answer, indent=None).encode(), JSON
 
 
 _GRPC_CODES = {  # INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, ... UNAVAILABLE
@@ -168,8 +185,11 @@ class _Handler(BoundedHandler):
                 return
             request = decode_json(body) if content_type == JSON else decode_protobuf(body)
             del body  # the decoded request replaces it
-            received = received_of(request, collector.max_spans)
+            rejected = Rejected()
+            received = received_of(request, collector.max_spans, rejected)
             del request  # the spans replace it
+            if rejected.spans and not received:  # nothing to store: the request is bad
+                raise PayloadError(400, rejected.message)
         except PayloadError as exc:
             collector.ingest.refused(exc, store=signal == "traces")  # counted in the store for `status` too
             self._fail(exc.status, exc.reason, answer_type, close=exc.status in (411, 413))
@@ -179,6 +199,11 @@ class _Handler(BoundedHandler):
             collector.ingest.ingest(received, size)
         except StoreUnavailable as exc:
             self._fail(503, str(exc), answer_type, retry_after=1)
+            return
+        if rejected.spans:
+            collector.ingest.stats.rejected_spans += rejected.spans
+            self._send(200, *_partial_success(rejected, answer_type))
+            logger.info("loopscope collect: %s (from %s)", rejected.reason(), self.client_address[0])
             return
         self._send_empty("traces", answer_type)
 

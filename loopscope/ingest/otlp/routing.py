@@ -17,8 +17,6 @@ from ... import _json
 from ... import semconv as a
 from ..._guard import guard, internal_error
 from ...storage.connection import open_store, resolve
-from ...storage.flush import FlushRequest
-from ...storage.raw_spans import RawSpanWriter
 from ...storage.schema import migrate
 from ..foreign import AGENT, Assembler, classify
 from ..spans import Ctx, SpanRecord, is_own
@@ -101,6 +99,7 @@ class CollectorStats:
     pending: int = 0
     refused: int = 0  # bad requests (4xx)
     too_many_spans: int = 0  # of those, traces requests of more than max_spans spans (413)
+    rejected_spans: int = 0  # spans with bad ids left out of requests otherwise stored (partial success)
     duplicates: int = 0  # spans of a request received again in this run, left out
     unavailable: int = 0  # 503: the store could not be written in time
     busy: int = 0  # 503 / RESOURCE_EXHAUSTED: over max_queued_bytes (the sender retries)
@@ -214,10 +213,13 @@ class Ingest:
     Thread-safe: requests are routed one at a time (the order of a request's spans is
     the order of their rows), and then wait together for the writer.
 
-    A request returns once its events and turns are in the file. The raw copies of its
-    spans (the ``spans`` table) follow within ``flush_interval``, written together with
-    those of the requests around it: a file opening per request for them would halve the
-    ingest rate. ``raw_wait=True`` waits for them too.
+    A request returns once its events, turns and the raw copies of its spans (the
+    ``spans`` table) are in the file. They are written in one transaction (the request's
+    spans and raw rows are one entry of the writer's queue, see
+    :meth:`~loopscope.storage.writer.StoreWriter.begin_bundle`): a collector killed at any
+    moment keeps a request whole or not at all, never model-call rows without the spans
+    they came from (the raw copies had a writer of their own, a transaction behind).
+    ``raw_wait`` is accepted for earlier callers and changes nothing.
     """
 
     def __init__(
@@ -241,10 +243,7 @@ class Ingest:
         with open_store(self.path, read_only=False, timeout=max(10.0, lock_timeout)) as con:
             migrate(con)
         self.writer = SpanWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout, skip_stored=True)
-        self.raw = (
-            RawSpanWriter(self.path, interval=flush_interval, lock_timeout=lock_timeout, content=self.writer.content)
-            if raw else None
-        )
+        self.raw = raw  # keep the raw copies of the spans received (the ``spans`` table)
         self.raw_wait = raw_wait
         # model calls under no agent run (a bare instrumented SDK loop) are stitched into turns
         self.assembler = Assembler(idle_seconds=idle_seconds, stitcher=Stitcher(idle_seconds=idle_seconds))
@@ -289,21 +288,18 @@ class Ingest:
             self.budget.give(size)
             raise StoreUnavailable("the collector is shutting down")
         try:
-            share, raw_marker = self._route_all(received, size)
+            share = self._route_all(received, size)
         except BaseException:
             self.budget.give(size)
             raise
-        deadline = time.monotonic() + self.flush_timeout
         ok = self.writer.flush(self.flush_timeout)
         share.done(ok)
-        if raw_marker is not None:
-            ok = RawSpanWriter.wait(raw_marker, max(0.0, deadline - time.monotonic())) and ok
         if not ok:
             self.stats.unavailable += 1
             stats = self.writer.stats()
             raise StoreUnavailable(
                 f"could not write to {self.path} within {self.flush_timeout:g}s "
-                f"({stats.last_error or (self.raw.last_error if self.raw else None) or 'busy'}); the spans are kept and written when it is free"
+                f"({stats.last_error or 'busy'}); the spans are kept and written when it is free"
             )
 
     def refused(self, exc: Any, *, store: bool = True) -> None:
@@ -362,47 +358,48 @@ class Ingest:
                 self._held_count -= 1
                 self._start_notice(span)
 
-    def _route_all(self, received: Sequence[Received], size: int) -> tuple[_Share, FlushRequest | None]:
-        """Route a request's spans (one request at a time) and queue its raw rows; its share
-        of the budget, and the marker to wait for with ``raw_wait``."""
+    def _route_all(self, received: Sequence[Received], size: int) -> _Share:
+        """Route a request's spans (one request at a time) and queue them with their raw
+        rows as one bundle (written in one transaction); its share of the budget."""
         now_us = int(time.time() * 1e6)
         raw_rows: list[tuple[Any, ...]] = []
         with self._lock:
             self.stats.requests += 1
             self.stats.spans += len(received)
-            seen, order = self._seen, self._seen_order
-            held = self._held
             self._stored = self._starts_stored(received)
-            for item in received:
-                ctx = item.span.context
-                key = _seen_key(ctx)
-                if key in seen:
-                    self.stats.duplicates += 1
-                    if held:
-                        self._before(ctx.trace_id, ctx.span_id)
-                        self._release((ctx.trace_id, ctx.span_id, 1))
-                    continue
-                seen.add(key)
-                order.append(key)
-                if len(order) > self.dedupe_window:
-                    seen.discard(order.popleft())
-                role, framework = None, None
-                with _ROUTING_GUARD:
-                    if held:
-                        self._before(ctx.trace_id, ctx.span_id)
-                    role, framework = self._route(item.span)
-                    if held:
-                        self._release((ctx.trace_id, ctx.span_id, 1))
-                if role != "pending" and self.raw is not None:
-                    raw_rows.append(_raw_row(item, role, framework, now_us))
-            raw_marker = None
-            share = _Share(self.budget, size, 2 if raw_rows and self.raw is not None else 1)
-            if raw_rows and self.raw is not None:
-                self.raw.submit(raw_rows)
-                self.raw.then(share.done)
-                if self.raw_wait:
-                    raw_marker = self.raw.request_flush()
-        return share, raw_marker
+            self.writer.begin_bundle()
+            try:
+                self._route_each(received, raw_rows, now_us)
+            finally:
+                self.writer.end_bundle(raw_rows)
+        return _Share(self.budget, size, 1)
+
+    def _route_each(self, received: Sequence[Received], raw_rows: list[tuple[Any, ...]], now_us: int) -> None:
+        """Route the spans of a request, in order, and make their raw rows (under the lock)."""
+        seen, order = self._seen, self._seen_order
+        held = self._held
+        for item in received:
+            ctx = item.span.context
+            key = _seen_key(ctx)
+            if key in seen:
+                self.stats.duplicates += 1
+                if held:
+                    self._before(ctx.trace_id, ctx.span_id)
+                    self._release((ctx.trace_id, ctx.span_id, 1))
+                continue
+            seen.add(key)
+            order.append(key)
+            if len(order) > self.dedupe_window:
+                seen.discard(order.popleft())
+            role, framework = None, None
+            with _ROUTING_GUARD:
+                if held:
+                    self._before(ctx.trace_id, ctx.span_id)
+                role, framework = self._route(item.span)
+                if held:
+                    self._release((ctx.trace_id, ctx.span_id, 1))
+            if role != "pending" and self.raw:
+                raw_rows.append(_raw_row(item, role, framework, now_us))
 
     def _route(self, span: SpanRecord) -> tuple[str | None, str | None]:
         """Submit the rows of one span; returns how it was understood (role, framework)."""
@@ -606,7 +603,7 @@ class Ingest:
                             self._release_held(time.monotonic() - self.notice_wait)
                         if self._unstarted:  # calls whose agent run never came: late, not lost
                             self._release_unstarted_before(time.monotonic() - self.notice_wait)
-                if self.budget.parked and not self.writer.stats().queued and (self.raw is None or self.raw.idle):
+                if self.budget.parked and not self.writer.stats().queued:
                     self.budget.unpark()  # what could not be written in time is now
                 self.budget.trim()
 
@@ -622,5 +619,3 @@ class Ingest:
             for kind, row in self.assembler.drain():
                 self.writer.submit(kind, row)
         self.writer.close(timeout)
-        if self.raw is not None:
-            self.raw.close(timeout)

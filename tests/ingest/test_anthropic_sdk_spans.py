@@ -1,0 +1,97 @@
+"""The anthropic SDK's own tracing (2.x: an ``anthropic.messages.create`` CLIENT span per call
+whenever a tracer provider exists) sent to ``loopscope collect``: a bare tool loop is stitched
+like any other instrumentation's, one turn per user question, with its model calls' stop
+reasons, outcomes and, with the SDK's content mode on, the tool results as text.
+
+The real anthropic SDK (the core venv's) talks to the fake model server and exports real
+OTLP/HTTP, through the OpenTelemetry SDK's exporter, to a ``loopscope collect`` child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from fakes.model_server import Reply, ToolCall, Usage
+from loopscope.storage.connection import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = [{"name": "weather", "description": "The weather in a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    with open_store(str(db), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+@pytest.fixture
+def collect(tmp_path) -> Iterator[tuple[Path, str, subprocess.Popen]]:
+    """A ``loopscope collect`` child (HTTP only, on a free port): (its store, endpoint, process)."""
+    db = tmp_path / "anthropic.duckdb"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc", "--idle", "3600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert "OTLP/HTTP on http://" in line, line + proc.stderr.read()  # type: ignore[union-attr]
+        yield db, line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0], proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def two_turn_loop(client: Any, server: Any) -> None:
+    """Two user questions, each a tool call and its answer: four model calls."""
+    for turn in range(2):
+        server.queue(Reply(text="Let me look.", tool_calls=[ToolCall("weather", {"city": "Lyon"})], usage=Usage(40, 8)),
+                     Reply(text=f"Lyon: 21 °C ({turn}).", usage=Usage(60, 6)))
+        messages: list[Any] = [{"role": "user", "content": f"Weather in Lyon? ({turn})"}]
+        first = client.messages.create(model="claude-test", max_tokens=100, messages=messages, tools=TOOLS)
+        call = next(block for block in first.content if block.type == "tool_use")
+        messages += [
+            {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": json.dumps({"temp_c": 21})}]},
+        ]
+        client.messages.create(model="claude-test", max_tokens=100, messages=messages, tools=TOOLS)
+
+
+@pytest.mark.parametrize("content", [False, True], ids=["metadata", "content"])
+def test_the_sdks_own_spans_alone_are_stitched_into_one_turn_per_question(collect, model_server, content):
+    db, endpoint, proc = collect
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
+    traces: dict[str, Any] = {"content_mode": "content"} if content else {}
+    client = model_server.anthropic_client(open_telemetry={"tracer_provider": provider, "traces": traces})
+    two_turn_loop(client, model_server)
+    provider.shutdown()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+
+    assert query(db, "SELECT count(*) FROM spans WHERE name = 'anthropic.messages.create'") == [(4,)]
+    # two turns of two model calls, the tokens counted once
+    assert query(db, "SELECT count(*), sum(model_call_count), sum(input_tokens), sum(output_tokens) FROM turns") == [(2, 4, 200, 28)]
+    calls = query(db, "SELECT finish_reasons::VARCHAR, outcome, input_tokens, response_id FROM model_calls ORDER BY started_at")
+    assert [(reasons, outcome, tokens) for reasons, outcome, tokens, _ in calls] == [
+        ('["tool_use"]', "completed", 40), ('["end_turn"]', "completed", 60),
+    ] * 2
+    assert all(response_id and response_id.startswith("msg_") for *_, response_id in calls)
+    if content:
+        # the user's question opens each turn; the tool's result is its text, not a list of content blocks
+        asked = query(db, "SELECT content->>'body' FROM events WHERE type = 'message' AND content->>'role' = 'user' ORDER BY created_at")
+        assert asked == [("Weather in Lyon? (0)",), ("Weather in Lyon? (1)",)]
+        results = query(db, "SELECT content->>'result' FROM events WHERE type = 'tool_call_end' ORDER BY created_at")
+        assert [json.loads(r) for (r,) in results] == [{"temp_c": 21}] * 2
