@@ -20,7 +20,7 @@ app runs it and sends the result back; the model answers) runs under each varian
 * ``loopscope-nostore`` -- (reference, on request with ``--variants``) loopscope with
   ``configure(False)``: recording without the store.
 * ``loopscope-metrics`` -- (reference, on request) loopscope with the store and its GenAI
-  metrics under ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``, read in memory:
+  metrics (the current conventions', the default), read in memory:
   the metrics thread's work, one histogram value per gap between streamed chunks included.
 * ``loopscope-process`` -- (on request with ``--variants``) loopscope with the store's writer in
   a process of its own (``LOOPSCOPE_WRITER=process``); its CPU column counts the writer
@@ -385,12 +385,11 @@ def worker(args: argparse.Namespace) -> int:
 
         meter_provider = None
         if variant.key == "loopscope-metrics":
-            # the latest conventions' metrics (time_per_output_chunk: a value per chunk gap),
+            # the current conventions' metrics (time_per_output_chunk: a value per chunk gap),
             # recorded by loopscope's metrics thread into an SDK MeterProvider read in memory
             from opentelemetry.sdk.metrics import MeterProvider
             from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-            os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
             metrics_reader = InMemoryMetricReader()
             meter_provider = MeterProvider(metric_readers=[metrics_reader])
         if variant.key in ("loopscope-process", "loopscope-thread"):
@@ -462,7 +461,7 @@ def worker(args: argparse.Namespace) -> int:
         if metrics_reader is not None:
             data = metrics_reader.get_metrics_data()
             gaps = sum(p.count for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
-                       for m in sm.metrics if m.name == "gen_ai.client.operation.time_per_output_chunk"
+                       for m in sm.metrics if m.name == "gen_ai.client.inference.time_per_output_chunk"
                        for p in m.data.data_points)
             check += f"; {gaps} chunk gaps measured (time_per_output_chunk)"
     elif peer is not None:

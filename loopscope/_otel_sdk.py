@@ -53,6 +53,8 @@ from random import getrandbits
 from time import time_ns
 from typing import Any, NamedTuple, cast
 
+from opentelemetry.trace import SpanKind
+
 SWITCH = "LOOPSCOPE_SDK_FAST_PATH"
 """The environment variable that turns the fast paths off (``0``, ``false``, ``no``, ``off``)."""
 
@@ -184,21 +186,26 @@ except Exception:  # another SDK: always its own path
 # -- starting and ending loopscope's own spans -------------------------------------------
 
 
+CLIENT = SpanKind.CLIENT
+"""The kind of a span that calls a service in another process (a model call over HTTP)."""
+
+
 def start_span(
     tracer: Any,
     name: str,
     context: Any = None,
     attributes: Mapping[str, Any] | None = None,
     start_time: int | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
 ) -> Any:
-    """``tracer.start_span(name, context=context, attributes=attributes, start_time=start_time)``,
+    """``tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)``,
     with the same result (see the module's docstring). A plain dict of ``attributes`` becomes
     the span's own (the SDK would copy it): the caller does not use it afterwards."""
     if _FAST_SPANS and type(tracer) is _TRACER:
-        span = _fast_start(tracer, name, context, attributes, start_time)
+        span = _fast_start(tracer, name, context, attributes, start_time, kind)
         if span is not None:
             return span
-    return tracer.start_span(name, context=context, attributes=attributes, start_time=start_time)
+    return tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)
 
 
 def end_span(span: Any, end_time: int | None = None, attributes: Mapping[str, Any] | None = None) -> None:
@@ -211,7 +218,10 @@ def end_span(span: Any, end_time: int | None = None, attributes: Mapping[str, An
     span.end(end_time=end_time)
 
 
-def _fast_start(tracer: Any, name: str, context: Any, attributes: Mapping[str, Any] | None, start_time: int | None) -> Any:
+def _fast_start(
+    tracer: Any, name: str, context: Any, attributes: Mapping[str, Any] | None, start_time: int | None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> Any:
     """The span ``Tracer.start_span`` would make, or None to let it make it."""
     sampler = tracer.sampler
     limits = tracer._span_limits
@@ -258,7 +268,7 @@ def _fast_start(tracer: Any, name: str, context: Any, attributes: Mapping[str, A
     span = _new(_SPAN)
     span._name = name
     span._context = _new_tuple(_SPAN_CONTEXT, (trace_id, span_id, False, flags, trace_state, True))
-    span._kind = _INTERNAL
+    span._kind = kind  # the samplers this path takes (always on, parent based) do not look at it
     span._instrumentation_info = tracer.instrumentation_info
     span._instrumentation_scope = tracer._instrumentation_scope
     span._parent = parent
@@ -430,13 +440,13 @@ try:
     from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics, noop
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.sdk.util import BoundedList
-    from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, get_current_span
+    from opentelemetry.trace import SpanContext, TraceFlags, get_current_span
     from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
     _TRACER, _SPAN_CONTEXT, _READABLE, _BOUNDED_LIST, _LIMITS = Tracer, SpanContext, ReadableSpan, BoundedList, SpanLimits
     _PARENT_BASED, _ALWAYS_ON = _sampling.DEFAULT_ON, _sampling.ALWAYS_ON
     _RANDOM_IDS, _NO_METRICS, _NOOP = RandomIdGenerator, NoOpTracerMetrics, noop
-    _INTERNAL, _DEFAULT_TRACE_STATE = SpanKind.INTERNAL, DEFAULT_TRACE_STATE
+    _DEFAULT_TRACE_STATE = DEFAULT_TRACE_STATE
     _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
     _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
     _UNSET_STATUS = inspect.signature(ReadableSpan.__init__).parameters["status"].default

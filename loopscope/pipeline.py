@@ -27,7 +27,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from . import _exits, pricing, semconv
+from . import _exits, pricing
+from . import semconv as semconv_module
 from ._guard import internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
@@ -325,6 +326,7 @@ def configure(
     find_conversations: bool | None = None,
     close_timeout: float | None = None,
     share_db: bool = False,
+    semconv: str | None = None,
 ) -> Pipeline:
     """Set up loopscope's pipeline; returns it. Safe to call again to re-target.
 
@@ -383,9 +385,10 @@ def configure(
     ``none`` turn that signal off (loopscope provides the ``otlp`` exporter only; see
     :mod:`loopscope.export.signals`). An endpoint that refuses metrics (HTTP 404/405) is
     said once, in a warning, and sent no more metrics.
-    Spans and metrics follow the GenAI conventions' version loopscope targets, or the latest
-    experimental one when ``OTEL_SEMCONV_STABILITY_OPT_IN`` names ``gen_ai_latest_experimental``
-    (see :mod:`loopscope.semconv`).
+    Spans and metrics follow the current GenAI conventions (semantic-conventions-genai v0.1.0:
+    ``gen_ai.client.inference.*`` metrics, ...); ``semconv="v1.37"`` (default: ``LOOPSCOPE_SEMCONV``)
+    emits the older names for backends that still read them (see :mod:`loopscope.semconv` and
+    docs/otlp-export.md). A value other than ``"current"`` or ``"v1.37"`` raises ValueError.
     If the application already has an SDK ``TracerProvider`` (or ``MeterProvider``),
     loopscope adds to it instead of replacing it.
 
@@ -427,6 +430,9 @@ def configure(
     anything else changes.
     """
     global _active
+    # which GenAI conventions the spans and metrics follow (semconv=, LOOPSCOPE_SEMCONV); a bad
+    # value raises before anything changes
+    latest = semconv_module.conventions(semconv) == semconv_module.CURRENT
     pricing.set_overrides(prices)  # checked first: a bad entry changes nothing
     if close_timeout is not None:
         writer_close_timeout(close_timeout)  # a bad value raises before anything changes
@@ -448,9 +454,7 @@ def configure(
         content = content_policy or ContentPolicy(capture=capture_content)
         if content_policy is not None and capture_content is not None:
             content.capture = capture_content
-        # which GenAI conventions the spans and metrics follow (OTEL_SEMCONV_STABILITY_OPT_IN)
-        latest = semconv.latest_experimental()
-        semconv.use_conventions(latest)
+        semconv_module.use_conventions(latest)
         settings = OTLPSettings(otlp_endpoint, otlp_protocol, otlp_headers)
         # per signal: OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER (otlp, none, ...); otlp= wins
         export = (settings.enabled() and signals.exports("traces")) if otlp is None else otlp

@@ -4,30 +4,39 @@ GenAI names follow the OpenTelemetry semantic conventions for generative AI; the
 ``loopscope.*`` names carry what those conventions do not have (yet): why the loop
 ended, the turn's text segments, a tool call's outcome, where a declared tool came from.
 
-Two versions of the GenAI conventions are emitted (spans and metrics), as the conventions'
-transition plan asks of instrumentations that emitted them before they moved to
-open-telemetry/semantic-conventions-genai (docs/gen-ai/gen-ai-agent-spans.md, "Existing
-GenAI instrumentations ... SHOULD NOT change the version of the GenAI conventions that they
-emit by default"):
+Which version of the GenAI conventions is emitted (spans and metrics) is one switch,
+:func:`conventions` (docs/otlp-export.md has the table of every name, its version and the switch):
 
-* by default, the version loopscope has targeted: open-telemetry/semantic-conventions v1.37's
-  GenAI pages, the first with ``gen_ai.provider.name`` and ``gen_ai.input.messages`` /
-  ``gen_ai.output.messages`` (JSON text), with ``gen_ai.usage.cache_creation.input_tokens``; the metrics
-  ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``, plus
-  ``gen_ai.execute_tool.duration``;
-* with ``OTEL_SEMCONV_STABILITY_OPT_IN`` naming ``gen_ai_latest_experimental`` (a comma-separated
-  list, read as the OpenTelemetry instrumentations read it: :func:`latest_experimental`), the
-  latest experimental version, semantic-conventions-genai's main: ``gen_ai.usage.cache_write.input_tokens``
-  (:data:`USAGE_CACHE_WRITE`), token usage as counters (:data:`METRIC_INPUT_TOKENS` ...), the
-  streaming metrics :data:`METRIC_TIME_TO_FIRST_CHUNK` and :data:`METRIC_TIME_PER_OUTPUT_CHUNK`,
-  and :data:`METRIC_INVOKE_AGENT_DURATION`.
+* by default, ``current``: the conventions as open-telemetry/semantic-conventions-genai has them
+  since its v0.1.0 release (the names opentelemetry-util-genai 1.0 emits by default):
+  ``gen_ai.usage.cache_write.input_tokens`` (:data:`USAGE_CACHE_WRITE`); the model-call metrics
+  ``gen_ai.client.inference.*`` (:data:`METRIC_INFERENCE_DURATION`, the token counters
+  :data:`METRIC_INPUT_TOKENS` ..., the streaming histograms); the agent metrics
+  ``gen_ai.invoke_agent.duration`` / ``.inference_calls`` / ``.tool_calls``; no provider and no
+  cache usage on the ``invoke_agent`` span (the conventions removed them from the in-process agent
+  span: loopscope keeps them under ``loopscope.turn.*``, :data:`TURN_PROVIDER` ...);
+* ``LOOPSCOPE_SEMCONV=v1.37`` (or ``configure(semconv="v1.37")``), for backends that still read the
+  older names: open-telemetry/semantic-conventions v1.37's GenAI pages, the version loopscope
+  emitted before: ``gen_ai.usage.cache_creation.input_tokens``, the metrics
+  ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration`` (plus
+  ``gen_ai.execute_tool.duration``), provider and cache usage on ``invoke_agent``.
 
-Spans that do not change between them: a turn is an ``invoke_agent`` span of kind INTERNAL
-(the conventions' "invoke agent internal span", an agent run in the same process; the CLIENT
-one is a remote agent service's), never ``invoke_workflow`` (which the conventions reserve
-for instrumentations that can tell a workflow of several agents from an agent). The
-collector reads every version: both usage spellings, ``invoke_agent`` of either kind, and
-``invoke_workflow`` as a container of agent runs.
+``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` (:func:`latest_experimental`), which
+used to ask for the newer names, still gives them: it is the default now, as in
+opentelemetry-util-genai 1.0, which dropped the switch. It never selects the older names.
+
+Spans that do not change between them: a model call is a ``chat`` span of kind CLIENT (the
+conventions' ``gen_ai.inference.client``: a call over HTTP to a model service), a turn an
+``invoke_agent`` span of kind INTERNAL (the conventions' "invoke agent internal span", an agent
+run in the same process; the CLIENT one is a remote agent service's), never ``invoke_workflow``
+(which the conventions reserve for instrumentations that can tell a workflow of several agents
+from an agent), a tool call an ``execute_tool`` span of kind INTERNAL. Every ``gen_ai.tool.definitions``
+entry has its ``type`` (``function`` for the application's tools), as its JSON schema requires;
+every output message its ``finish_reason`` (Arize Phoenix drops an output message without one).
+The proposed ``gen_ai.agent.finish_reason`` and ``gen_ai.agent.turn.count`` are on every
+``invoke_agent`` span (:func:`agent_finish_reason`). The collector reads every version: both
+usage spellings, ``invoke_agent`` of either kind, and ``invoke_workflow`` as a container of
+agent runs.
 """
 
 from __future__ import annotations
@@ -72,6 +81,15 @@ USAGE_CACHE_WRITE = "gen_ai.usage.cache_write.input_tokens"
 ``gen_ai.usage.cache_creation.input_tokens`` to ``gen_ai.usage.cache_write.input_tokens``");
 emitted under the opt-in, read in either spelling."""
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+AGENT_FINISH_REASON = "gen_ai.agent.finish_reason"
+"""On an ``invoke_agent`` span: why the agent loop ended, as proposed upstream
+(semantic-conventions-genai #171 / pull request #238, not merged: ``completed``,
+``max_iterations``, ``guardrail``, ``max_tokens``, ``time_budget``, ``cancelled``, ``error``, ...):
+:func:`agent_finish_reason` maps loopscope's :data:`LOOP_END_REASON` to it."""
+AGENT_TURN_COUNT = "gen_ai.agent.turn.count"
+"""On an ``invoke_agent`` span: the agent-loop cycles the invocation completed, one per model
+call with the tool calls it asked for, as proposed upstream (semantic-conventions-genai #332 /
+pull request #451, not merged): loopscope's :data:`MODEL_CALL_COUNT`."""
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 OUTPUT_TYPE = "gen_ai.output.type"
@@ -90,6 +108,17 @@ TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 ERROR_TYPE = "error.type"
 
 # loopscope's own
+TURN_PROVIDER = "loopscope.turn.provider"
+TURN_CACHE_READ = "loopscope.turn.usage.cache_read.input_tokens"
+TURN_CACHE_WRITE = "loopscope.turn.usage.cache_write.input_tokens"
+TURN_REASONING = "loopscope.turn.usage.reasoning.output_tokens"
+TURN_MODEL = "loopscope.turn.model"
+"""On an ``invoke_agent`` span under the current conventions, whose in-process agent span has no
+provider, no cache or reasoning usage and no response model (``gen_ai.invoke_agent.internal``: the
+input and output tokens, and ``gen_ai.request.model`` for an agent of one configured model): the
+turn's provider, cache and reasoning tokens and the model that answered (the store's turn rows and
+their cost read them; ``gen_ai.provider.name``, ``gen_ai.usage.*`` and ``gen_ai.response.model``
+there under ``LOOPSCOPE_SEMCONV=v1.37``, read in either form)."""
 TURN_ID = "loopscope.turn.id"
 PARENT_TURN_ID = "loopscope.turn.parent_id"
 FRAMEWORK = "loopscope.framework"
@@ -212,8 +241,38 @@ spellings after ``use_conventions(latest=True)``), and the server tools' counts 
 
 # -- which version of the conventions --------------------------------------------------------------
 
+SEMCONV = "LOOPSCOPE_SEMCONV"
+CURRENT = "current"
+"""The conventions as semantic-conventions-genai has them since v0.1.0 (the default)."""
+LEGACY = "v1.37"
+"""The older names: open-telemetry/semantic-conventions v1.37's GenAI pages."""
+_CHOICES = {"current": CURRENT, "latest": CURRENT, "v0.1": CURRENT, "v0.1.0": CURRENT,
+            "v1.37": LEGACY, "1.37": LEGACY, "v1.37.0": LEGACY, "legacy": LEGACY}
 OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 LATEST_EXPERIMENTAL = "gen_ai_latest_experimental"
+
+
+def conventions(choice: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """Which conventions to emit, :data:`CURRENT` or :data:`LEGACY`: ``choice`` (``configure(semconv=)``)
+    when given, else ``LOOPSCOPE_SEMCONV``, else the current ones (``OTEL_SEMCONV_STABILITY_OPT_IN`` naming
+    ``gen_ai_latest_experimental`` asks for those too). Values are read without regard to case and
+    space. A ``choice`` loopscope does not know raises ValueError; an unknown ``LOOPSCOPE_SEMCONV``
+    is said once and gives the current ones."""
+    if choice is not None:
+        value = _CHOICES.get(str(choice).strip().lower())
+        if value is None:
+            raise ValueError(f"semconv={choice!r}: expected one of 'current', 'v1.37'")
+        return value
+    text = (os.environ if environ is None else environ).get(SEMCONV, "").strip().lower()
+    if not text:
+        return CURRENT
+    value = _CHOICES.get(text)
+    if value is None:
+        from ._guard import warn_once
+
+        warn_once(f"semconv {text}", f"{SEMCONV}={text!r} is not one of 'current', 'v1.37': the current GenAI conventions are emitted")
+        return CURRENT
+    return value
 
 
 def latest_experimental(environ: Mapping[str, str] | None = None) -> bool:
@@ -221,66 +280,101 @@ def latest_experimental(environ: Mapping[str, str] | None = None) -> bool:
     a comma-separated list of category values, each stripped (as opentelemetry-instrumentation's
     ``_OpenTelemetrySemanticConventionStability`` reads it), compared without regard to case (the
     SDK configuration spec's rule for enum values); other categories (``http``, ``database/dup``)
-    are other instrumentations' business."""
+    are other instrumentations' business. Those are the current conventions, the default."""
     value = (os.environ if environ is None else environ).get(OPT_IN, "")
     return any(item.strip().lower() == LATEST_EXPERIMENTAL for item in value.split(","))
 
 
-_latest = False
+_latest = True
+TURN_USAGE_EMITTED = {
+    "input_tokens": USAGE_INPUT, "output_tokens": USAGE_OUTPUT, "cache_read_input_tokens": TURN_CACHE_READ,
+    "cache_creation_input_tokens": TURN_CACHE_WRITE, "reasoning_tokens": TURN_REASONING,
+}
+"""The usage attributes of an ``invoke_agent`` span (:func:`use_conventions` sets them)."""
+_turn_provider, _turn_model = TURN_PROVIDER, TURN_MODEL
 
 
 def use_conventions(latest: bool) -> None:
-    """Emit the latest experimental conventions from now on (``latest``), or the default version.
-    ``configure()`` calls it with :func:`latest_experimental`."""
-    global _latest
+    """Emit the current conventions from now on (``latest``), or the older ones (:data:`LEGACY`).
+    ``configure()`` calls it with :func:`conventions`."""
+    global _latest, _turn_provider, _turn_model
     _latest = latest
     USAGE_EMITTED["cache_creation_input_tokens"] = USAGE_CACHE_WRITE if latest else USAGE_CACHE_CREATION
+    TURN_USAGE_EMITTED["cache_read_input_tokens"] = TURN_CACHE_READ if latest else USAGE_CACHE_READ
+    TURN_USAGE_EMITTED["cache_creation_input_tokens"] = TURN_CACHE_WRITE if latest else USAGE_CACHE_CREATION
+    TURN_USAGE_EMITTED["reasoning_tokens"] = TURN_REASONING if latest else USAGE_REASONING
+    _turn_provider, _turn_model = (TURN_PROVIDER, TURN_MODEL) if latest else (PROVIDER, RESPONSE_MODEL)
 
 
 def emits_latest() -> bool:
-    """Whether the latest experimental conventions are emitted (:func:`use_conventions`)."""
+    """Whether the current conventions are emitted (:func:`use_conventions`)."""
     return _latest
+
+
+def turn_provider_attribute() -> str:
+    """The attribute an ``invoke_agent`` span carries its provider in (:data:`TURN_PROVIDER`, or
+    ``gen_ai.provider.name`` under the older conventions)."""
+    return _turn_provider
+
+
+use_conventions(True)  # the default, before configure() says otherwise (the hand API records without it)
 
 
 # -- metric names -----------------------------------------------------------------------------------
 
 METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
 """Histogram of tokens per operation, by ``gen_ai.token.type`` (``input``/``output``): the
-default conventions (semantic-conventions-genai model/gen-ai/metrics.yaml before
-changelog.d/374.breaking.md replaced it)."""
+older conventions (v1.37; semantic-conventions-genai changelog.d/374.breaking.md replaced it with
+the token counters)."""
 METRIC_OPERATION_DURATION = "gen_ai.client.operation.duration"
-"""Histogram, seconds per model call (both versions; model/gen-ai/metrics.yaml)."""
+"""Histogram, seconds per model call: the older conventions (v1.37). The current ones keep it for
+operations other than inference ("SHOULD NOT be reported for inference operations"), which
+loopscope does not record: :data:`METRIC_INFERENCE_DURATION` instead."""
+METRIC_INFERENCE_DURATION = "gen_ai.client.inference.duration"
+"""Histogram, seconds per model call (current; semantic-conventions-genai #521, model/gen-ai/metrics.yaml):
+the ``chat`` span's duration."""
 METRIC_EXECUTE_TOOL_DURATION = "gen_ai.execute_tool.duration"
 """Histogram, seconds per tool execution (model/gen-ai/metrics.yaml; emitted in both versions)."""
 METRIC_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
-"""Histogram, seconds from the request to the first chunk, streamed calls only (latest;
+"""The name :data:`METRIC_INFERENCE_TIME_TO_FIRST_CHUNK` had before semantic-conventions-genai #521
+(pydantic-ai still names a span attribute after it: the collector reads it)."""
+METRIC_INFERENCE_TIME_TO_FIRST_CHUNK = "gen_ai.client.inference.time_to_first_chunk"
+"""Histogram, seconds from the request to the first chunk, streamed calls only (current;
 model/gen-ai/metrics.yaml: "SHOULD be reported for streaming calls and SHOULD NOT be reported
 otherwise")."""
-METRIC_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
-"""Histogram, seconds, streamed calls only (latest; model/gen-ai/metrics.yaml: "recorded for each
+METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.inference.time_per_output_chunk"
+"""Histogram, seconds, streamed calls only (current; model/gen-ai/metrics.yaml: "recorded for each
 chunk received after the first one, measured as the time elapsed from the end of the previous
 chunk to the end of the current chunk"; the same attributes and bucket advice as
-:data:`METRIC_TIME_TO_FIRST_CHUNK`). One value per gap between two chunks as they reached the
+:data:`METRIC_INFERENCE_TIME_TO_FIRST_CHUNK`). One value per gap between two chunks as they reached the
 application, from the first output chunk on (the one :data:`TIME_TO_FIRST_CHUNK` measures): a
 stream of n such chunks gives n - 1 values, summing to the time from the first to the last.
 Past :data:`loopscope.recorder.chunks.CAP` gaps in one call, a uniform sample of them stands for
 all (the count stays exact). No span attribute carries the gaps."""
 METRIC_INVOKE_AGENT_DURATION = "gen_ai.invoke_agent.duration"
-"""Histogram, seconds per agent run (a turn) (latest; model/gen-ai/metrics.yaml)."""
+"""Histogram, seconds per agent run (a turn) (current; model/gen-ai/metrics.yaml)."""
 INVOKE_AGENT_BUCKETS = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4, 204.8, 409.6)
 """Its bucket boundaries, as opentelemetry-util-genai 1.3 advises them."""
+METRIC_INVOKE_AGENT_INFERENCE_CALLS = "gen_ai.invoke_agent.inference_calls"
+METRIC_INVOKE_AGENT_TOOL_CALLS = "gen_ai.invoke_agent.tool_calls"
+"""Histograms, one value per agent run (a turn): the model calls it made, failed ones included
+(:data:`MODEL_CALL_COUNT`), and the tool calls it asked for (:data:`TOOL_CALLS_COUNT`; the
+provider's server tools are no tool calls of the application) (current; model/gen-ai/metrics.yaml),
+by ``gen_ai.agent.name``."""
+CALL_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""Their bucket boundaries, as opentelemetry-util-genai advises them."""
 METRIC_INPUT_TOKENS = "gen_ai.client.inference.usage.input_tokens"
 METRIC_OUTPUT_TOKENS = "gen_ai.client.inference.usage.output_tokens"
 METRIC_CACHE_READ_TOKENS = "gen_ai.client.inference.usage.cache_read.input_tokens"
 METRIC_CACHE_WRITE_TOKENS = "gen_ai.client.inference.usage.cache_write.input_tokens"
 METRIC_REASONING_TOKENS = "gen_ai.client.inference.usage.reasoning.output_tokens"
-"""The latest token usage counters (semantic-conventions-genai model/gen-ai/token-metrics.yaml,
+"""The current token usage counters (semantic-conventions-genai model/gen-ai/token-metrics.yaml,
 docs/gen-ai/gen-ai-token-metrics.md: monotonic counters, one per token category, each by
 ``gen_ai.token.modality``; cache and reasoning are subsets of input and output), recorded for
 every model call, failed ones too, 0 where the response said nothing (modality ``unknown``)."""
 METRIC_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
 METRIC_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
-"""The latest per-operation token histograms (token-metrics.yaml), not by modality."""
+"""The current per-operation token histograms (token-metrics.yaml), not by modality."""
 TOKEN_MODALITY = "gen_ai.token.modality"
 TOKEN_TYPE = "gen_ai.token.type"
 
@@ -295,7 +389,8 @@ def turn_summary_attributes(summary: Any) -> dict[str, Any]:
         summary.tool_calls_count,
         summary.streaming,
         _json.dumps([t.model_dump(exclude_none=True) for t in tools]),
-        _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools]) if tools else None,
+        _json.dumps([{"type": t.type or "function", **t.model_dump(exclude={"origin", "type"}, exclude_none=True)}
+                     for t in tools]) if tools else None,
         summary.response_content,
         summary.thinking,
         summary.model,
@@ -346,16 +441,46 @@ def turn_attributes(
     if thinking:
         attributes[THINKING] = thinking
     if model:
-        attributes[RESPONSE_MODEL] = model
+        attributes[_turn_model] = model
     if provider:
-        attributes[PROVIDER] = provider
+        attributes[_turn_provider] = provider
     for key, value in usage.items():
-        attr = USAGE_EMITTED.get(key)
+        attr = TURN_USAGE_EMITTED.get(key)
         if attr:
             attributes[attr] = value
     if model_call_count is not None:
         attributes[MODEL_CALL_COUNT] = model_call_count
+        attributes[AGENT_TURN_COUNT] = model_call_count
+    finish = agent_finish_reason(loop_end_reason)
+    if finish:
+        attributes[AGENT_FINISH_REASON] = finish
     return attributes
+
+
+AGENT_FINISH_REASONS = {
+    "completed": "completed",
+    "max_rounds": "max_iterations",
+    "timeout": "time_budget",
+    "budget_exceeded": "max_tokens",
+    "force_stopped": "cancelled",
+    "cancelled": "cancelled",
+    "error": "error",
+    "refusal": "guardrail",
+    "content_filter": "guardrail",
+}
+"""loopscope's loop end reasons and the proposed ``gen_ai.agent.finish_reason`` values that say the
+same (semantic-conventions-genai #171: ``max_iterations`` "an implementation-defined iteration
+(turn) limit was reached", ``time_budget`` "wall-clock budget exhausted", ``max_tokens`` "token
+budget exhausted", ``guardrail`` "a safety or policy guardrail", a model's refusal and the
+provider's content filter included). The others (``truncated``, ``empty_response``, ``unfinished``,
+``cut_off``) have no proposed value: they are sent as they are, which the proposal allows ("a custom
+value MAY be used")."""
+
+
+def agent_finish_reason(loop_end_reason: str) -> str:
+    """``gen_ai.agent.finish_reason`` for a loop end reason (:data:`AGENT_FINISH_REASONS`), the reason
+    itself where no proposed value fits; empty for none."""
+    return AGENT_FINISH_REASONS.get(loop_end_reason) or loop_end_reason
 
 
 _TURN_FINISH = {"completed": "stop", "truncated": "length", "content_filter": "content_filter", "error": "error"}

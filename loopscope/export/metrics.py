@@ -5,12 +5,13 @@ into measurements every half second (and on flush). Bucket boundaries are those 
 conventions advise, given as advisories so they hold on the application's own
 ``MeterProvider`` too.
 
-Which GenAI metrics: the default conventions' (``gen_ai.client.token.usage``,
-``gen_ai.client.operation.duration``, ``gen_ai.execute_tool.duration``), or with ``latest=True``
-(``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``) the latest experimental ones:
-the token usage counters and per-call token histograms instead of ``gen_ai.client.token.usage``,
-plus ``gen_ai.client.operation.time_to_first_chunk``, ``gen_ai.client.operation.time_per_output_chunk``
-and ``gen_ai.invoke_agent.duration`` (names and sources in :mod:`loopscope.semconv`).
+Which GenAI metrics (:func:`loopscope.semconv.conventions`): by default the current conventions'
+(``latest=True``): ``gen_ai.client.inference.duration``, the token usage counters and per-call token
+histograms, ``gen_ai.client.inference.time_to_first_chunk`` and ``.time_per_output_chunk``,
+``gen_ai.execute_tool.duration``, and per agent run (turn) ``gen_ai.invoke_agent.duration``,
+``.inference_calls`` and ``.tool_calls``; with ``LOOPSCOPE_SEMCONV=v1.37`` the older ones
+(``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``, ``gen_ai.execute_tool.duration``).
+Names and sources in :mod:`loopscope.semconv`.
 ``loopscope.*`` metrics are the same in both.
 
 Chunk gaps (time_per_output_chunk) do not travel on the span: the recorder hands each streamed
@@ -36,6 +37,7 @@ DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 
 TOKEN_USAGE = a.METRIC_TOKEN_USAGE
 OPERATION_DURATION = a.METRIC_OPERATION_DURATION
+INFERENCE_DURATION = a.METRIC_INFERENCE_DURATION
 TOOL_DURATION = a.METRIC_EXECUTE_TOOL_DURATION
 TOOL_CALLS = "loopscope.tool.calls"
 TURNS = "loopscope.turns"
@@ -70,6 +72,9 @@ class MetricsProcessor(SpanProcessor):
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
         self._duration = meter.create_histogram(
+            INFERENCE_DURATION, unit="s", description="Duration of model calls (GenAI inference operations)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        ) if latest else meter.create_histogram(
             OPERATION_DURATION, unit="s", description="Duration of GenAI operations",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
@@ -179,7 +184,7 @@ def _tokens(attrs: Any, key: str, alias: str | None) -> int:
 
 
 class _LatestInstruments:
-    """The latest experimental conventions' GenAI instruments (see :mod:`loopscope.semconv`)."""
+    """The current conventions' GenAI instruments (see :mod:`loopscope.semconv`)."""
 
     def __init__(self, meter: Meter) -> None:
         self.counters = [
@@ -195,17 +200,27 @@ class _LatestInstruments:
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
         self.first_chunk = meter.create_histogram(
-            a.METRIC_TIME_TO_FIRST_CHUNK, unit="s", description="Time from the request to the first chunk of a streamed answer",
+            a.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK, unit="s", description="Time from the request to the first chunk of a streamed answer",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self.per_chunk = meter.create_histogram(
-            a.METRIC_TIME_PER_OUTPUT_CHUNK, unit="s",
+            a.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK, unit="s",
             description="Time per output chunk of a streamed answer, after the first (from the previous chunk)",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self.agent_duration = meter.create_histogram(
             a.METRIC_INVOKE_AGENT_DURATION, unit="s", description="Duration of agent runs (turns)",
             explicit_bucket_boundaries_advisory=list(a.INVOKE_AGENT_BUCKETS),
+        )
+        self.inference_calls = meter.create_histogram(
+            a.METRIC_INVOKE_AGENT_INFERENCE_CALLS, unit="{inference_call}",
+            description="Model calls made by one agent run (turn), failed ones included",
+            explicit_bucket_boundaries_advisory=list(a.CALL_COUNT_BUCKETS),
+        )
+        self.tool_calls = meter.create_histogram(
+            a.METRIC_INVOKE_AGENT_TOOL_CALLS, unit="{tool_call}",
+            description="Tool calls made by one agent run (turn)",
+            explicit_bucket_boundaries_advisory=list(a.CALL_COUNT_BUCKETS),
         )
 
     def model_call(self, attrs: Any, common: dict[str, Any], gaps: ChunkGaps | None = None) -> None:
@@ -228,12 +243,22 @@ class _LatestInstruments:
                         record(seconds, plain)
 
     def agent_run(self, attrs: Any, seconds: float) -> None:
-        run = {a.OPERATION: a.OP_INVOKE_AGENT}
-        for key in (a.AGENT_NAME, a.PROVIDER, a.REQUEST_MODEL, a.ERROR_TYPE):
+        # the attributes metrics.yaml gives gen_ai.invoke_agent.duration: error.type, the agent's
+        # name and model (no provider: an agent run is not a call to one; no operation name)
+        run: dict[str, Any] = {}
+        for key in (a.AGENT_NAME, a.REQUEST_MODEL, a.ERROR_TYPE):
             value = attrs.get(key)
             if value:
                 run[key] = value
         self.agent_duration.record(seconds, run)
+        # one value per run, 0 included (a turn that made no model call or asked for no tool)
+        agent = {a.AGENT_NAME: attrs[a.AGENT_NAME]} if attrs.get(a.AGENT_NAME) else {}
+        calls = attrs.get(a.MODEL_CALL_COUNT)
+        if isinstance(calls, int) and not isinstance(calls, bool) and calls >= 0:
+            self.inference_calls.record(calls, agent)
+        tools = attrs.get(a.TOOL_CALLS_COUNT)
+        if isinstance(tools, int) and not isinstance(tools, bool) and tools >= 0:
+            self.tool_calls.record(tools, agent)
 
 
 def _observe_dropped(dropped: Any, options: CallbackOptions) -> list[Observation]:

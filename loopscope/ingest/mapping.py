@@ -86,7 +86,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     # this loop runs per span over spans long gone cold: names are bound to locals once
     OPERATION, EXECUTE_TOOL, CHAT, INVOKE_AGENT = a.OPERATION, a.OP_EXECUTE_TOOL, a.OP_CHAT, a.OP_INVOKE_AGENT
     CONVERSATION_ID, TURN_ID, AGENT_NAME = a.CONVERSATION_ID, a.TURN_ID, a.AGENT_NAME
-    PROVIDER, FRAMEWORK = a.PROVIDER, a.FRAMEWORK
+    PROVIDER, FRAMEWORK, TURN_PROVIDER = a.PROVIDER, a.FRAMEWORK, a.TURN_PROVIDER
     CALL_OUTCOME, ERROR_TYPE = a.CALL_OUTCOME, a.ERROR_TYPE
     TOOL_NAME, TOOL_CALL_ID = a.TOOL_NAME, a.TOOL_CALL_ID
     TOOL_CALL_ARGUMENTS, TOOL_CALL_RESULT = a.TOOL_CALL_ARGUMENTS, a.TOOL_CALL_RESULT
@@ -228,6 +228,8 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
             span_id = sid.to_bytes(8, "big")
             correlation_id, source_channel_id = get(TURN_ID), get(AGENT_NAME)
             source_provider, source_framework = get(PROVIDER), get(FRAMEWORK)
+            if source_provider is None:  # an invoke_agent span carries it under loopscope.* (current conventions)
+                source_provider = get(TURN_PROVIDER)
             # a plain tuple, in EventFact's field order: it costs a fifth of a call that names
             # them (tests/storage/test_rows.py checks that these names are its fields, in order)
             add((
@@ -351,16 +353,23 @@ def _turn_fact(span: Any, d: dict[str, Any], tid: int, trace_id: bytes, sid: int
     # semconv.usage_from_attributes does
     input_tokens, output_tokens = get(a.USAGE_INPUT), get(a.USAGE_OUTPUT)
     cache_read_input_tokens, cache_creation_input_tokens = get(a.USAGE_CACHE_READ), get(a.USAGE_CACHE_CREATION)
-    if cache_creation_input_tokens is None:  # the latest conventions' spelling
-        cache_creation_input_tokens = get(a.USAGE_CACHE_WRITE)
+    if cache_creation_input_tokens is None:  # the current conventions' spelling, or loopscope's on the agent span
+        cache_creation_input_tokens = get(a.TURN_CACHE_WRITE)
+        if cache_creation_input_tokens is None:
+            cache_creation_input_tokens = get(a.USAGE_CACHE_WRITE)
+    if cache_read_input_tokens is None:  # on the agent span, the current conventions have none
+        cache_read_input_tokens = get(a.TURN_CACHE_READ)
     reasoning_tokens = get(a.USAGE_REASONING)
+    if reasoning_tokens is None:
+        reasoning_tokens = get(a.TURN_REASONING)
     usage = None  # made in SQL
     span_id = sid.to_bytes(8, "big")
     channel_id, parent_correlation_id = get(a.AGENT_NAME), get(a.PARENT_TURN_ID)
     tool_calls_count, round_count = int(get(a.TOOL_CALLS_COUNT) or 0), int(get(a.ROUND_COUNT) or 0)
     latency_ms, streaming, timestamp_us = round((end - start) / 1e6, 3), bool(get(a.STREAMING)), end // 1000
     declared_tools = _declared_text(get(a.DECLARED_TOOLS) or "[]")
-    model, provider = get(a.RESPONSE_MODEL) or get(a.REQUEST_MODEL), get(a.PROVIDER)
+    model = get(a.RESPONSE_MODEL) or get(a.TURN_MODEL) or get(a.REQUEST_MODEL)
+    provider = get(a.PROVIDER) or get(a.TURN_PROVIDER)
     error = _error_text(span, loop_end_reason, get(a.ERROR_TYPE)) if loop_end_reason == "error" else None
     model_call_count = get(a.MODEL_CALL_COUNT)
     if type(model_call_count) is not int:

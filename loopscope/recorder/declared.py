@@ -143,7 +143,16 @@ class ToolSet:
 
 
 def definitions_json(tools: Iterable[DeclaredTool]) -> str:
-    return _json.dumps([t.model_dump(exclude={"origin"}, exclude_none=True) for t in tools])
+    """``gen_ai.tool.definitions``: each tool with the ``type`` its JSON schema requires (a server
+    tool's own, ``function`` for the application's), then its name, description and parameters."""
+    return _json.dumps([tool_definition(t) for t in tools])
+
+
+def tool_definition(tool: DeclaredTool) -> dict[str, Any]:
+    """One ``gen_ai.tool.definitions`` entry (the conventions' FunctionToolDefinition, or a
+    GenericToolDefinition for a server tool)."""
+    entry = tool.model_dump(exclude={"origin", "type"}, exclude_none=True)
+    return {"type": tool.type or "function", **entry}
 
 
 def declared_json(tools: Iterable[DeclaredTool]) -> str:

@@ -31,7 +31,7 @@ from .. import semconv as a
 # Python method calls every time (about 0.3 us a block measured, several per call: a tenth
 # of a hand tool call's cost, see benchmarks/bench_tool_call.py).
 from .._guard import internal_error, warn_once
-from .._otel_sdk import end_span, start_span
+from .._otel_sdk import CLIENT, end_span, start_span
 from ..models import RESPONSE_SEGMENT_SEPARATOR, AIResponseEvent, DeclaredTool, LoopEndReason, ToolCall
 from . import _values, settings
 from .chunks import ChunkGaps
@@ -378,7 +378,8 @@ class Round:
             now_ns, wall_ns = time.monotonic_ns(), time.time_ns()
             start_time = wall_ns if self._start_time is None else self._start_time
             self._start_ns = now_ns - (wall_ns - start_time)
-            self._span = span = start_span(turn._tracer, name, turn._context(), attributes, start_time)
+            # CLIENT: a call to a model service, over HTTP (the conventions' gen_ai.inference.client)
+            self._span = span = start_span(turn._tracer, name, turn._context(), attributes, start_time, CLIENT)
             if attach:
                 self._token = otel_context.attach(trace.set_span_in_context(span))
                 self._round_token = current_round.set(self)
@@ -795,8 +796,8 @@ class Turn:
             }
             if self.agent:
                 attributes[a.AGENT_NAME] = self.agent
-            if self.provider:
-                attributes[a.PROVIDER] = self.provider
+            if self.provider:  # under loopscope.* in the current conventions, which left it off the agent span
+                attributes[a.turn_provider_attribute()] = self.provider
             if self.model:
                 attributes[a.REQUEST_MODEL] = self.model
             if self.framework:

@@ -30,8 +30,12 @@ def prometheus_name(name: str, unit: str, kind: str) -> str:
     return base + "_total" if kind == "counter" else base
 
 
-# (instrument name, unit, kind) of what loopscope exports (loopscope/export/metrics.py)
+# (instrument name, unit, kind) of what loopscope exports (loopscope/export/metrics.py): the current
+# conventions' (the default), and the older ones (LOOPSCOPE_SEMCONV=v1.37) the panels fall back on
 INSTRUMENTS = [
+    (metrics.INFERENCE_DURATION, "s", "histogram"),
+    (a.METRIC_INPUT_TOKENS, "{token}", "counter"),
+    (a.METRIC_OUTPUT_TOKENS, "{token}", "counter"),
     (metrics.TOKEN_USAGE, "{token}", "histogram"),
     (metrics.OPERATION_DURATION, "s", "histogram"),
     (metrics.TOOL_DURATION, "s", "histogram"),
@@ -67,7 +71,8 @@ KNOWN_LABELS = {
     )
 } | {"le", "job", "instance"}
 
-PROMQL_FUNCTIONS = {"sum", "rate", "increase", "histogram_quantile", "avg", "max", "min", "count", "topk", "clamp_min"}
+PROMQL_FUNCTIONS = {"sum", "rate", "increase", "histogram_quantile", "avg", "max", "min", "count", "topk", "clamp_min",
+                    "label_replace"}
 PROMQL_KEYWORDS = {
     "by",
     "without",
@@ -232,6 +237,8 @@ def test_promql_names_only_metrics_and_labels_loopscope_exports(dashboard):
 
 def test_the_metric_names_match_the_issue(dashboard):
     expected = {
+        "gen_ai_client_inference_duration_seconds_bucket",
+        "gen_ai_client_inference_usage_input_tokens_total",
         "gen_ai_client_token_usage_sum",
         "gen_ai_client_operation_duration_seconds_bucket",
         "gen_ai_execute_tool_duration_seconds_bucket",

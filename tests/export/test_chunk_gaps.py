@@ -1,4 +1,4 @@
-"""gen_ai.client.operation.time_per_output_chunk: one value per gap between a streamed answer's
+"""gen_ai.client.inference.time_per_output_chunk: one value per gap between a streamed answer's
 chunks (the latest experimental conventions only), from the real openai SDK streaming from the
 fake server with paced chunks, exported as real OTLP metrics to a receiver on loopback by a
 program that exits; and the bound on what one call keeps."""
@@ -19,9 +19,9 @@ from fakes import otlp_receiver
 from fakes.model_server import Reply
 from loopscope.recorder.chunks import CAP, ChunkGaps
 
-PER_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
-FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
-DURATION = "gen_ai.client.operation.duration"
+PER_CHUNK = "gen_ai.client.inference.time_per_output_chunk"
+FIRST_CHUNK = "gen_ai.client.inference.time_to_first_chunk"
+DURATION = "gen_ai.client.operation.duration"  # the older conventions' (LOOPSCOPE_SEMCONV=v1.37)
 PACE = 0.04  # seconds before every SSE frame
 PAUSE = 0.4  # and this much more before the third content chunk
 WORDS = "one two three four five"
@@ -101,7 +101,7 @@ def _attributes(point: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("api", sorted(STREAMS))
 def test_each_gap_between_streamed_chunks_is_one_value(tmp_path, receiver, model_server, api):
-    run_program(tmp_path, receiver, model_server, api, OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental")
+    run_program(tmp_path, receiver, model_server, api)  # the current conventions: the default
     (point,) = _points(receiver, PER_CHUNK)  # the streamed call's only: the plain call has none
     attributes = _attributes(point)
     assert attributes["gen_ai.request.model"] == "gpt-stream"
@@ -124,8 +124,8 @@ def test_each_gap_between_streamed_chunks_is_one_value(tmp_path, receiver, model
     assert point["explicitBounds"][:3] == [0.01, 0.02, 0.04]
 
 
-def test_without_the_opt_in_no_chunk_metrics_are_sent(tmp_path, receiver, model_server):
-    run_program(tmp_path, receiver, model_server)
+def test_with_the_older_conventions_no_chunk_metrics_are_sent(tmp_path, receiver, model_server):
+    run_program(tmp_path, receiver, model_server, LOOPSCOPE_SEMCONV="v1.37")
     assert _points(receiver, DURATION)  # metrics were sent
     assert not _points(receiver, PER_CHUNK) and not _points(receiver, FIRST_CHUNK)
 

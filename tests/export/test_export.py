@@ -136,7 +136,9 @@ def test_users_own_exporters_see_the_policy(tmp_path):
     assert all(s.attributes.get("gen_ai.operation.name") for s in spans)
 
 
-def test_metrics_names_units_attributes_and_buckets(tmp_path):
+def test_metrics_names_units_attributes_and_buckets(tmp_path, monkeypatch):
+    # the older conventions' metrics (the current ones: tests/export/test_conventions.py, test_semconv_models.py)
+    monkeypatch.setenv("LOOPSCOPE_SEMCONV", "v1.37")
     reader = InMemoryMetricReader()
     loopscope.configure(tmp_path / "m.duckdb", tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]))
     record_turn()

@@ -6,7 +6,11 @@ A loopscope-instrumented loop (the real openai SDK against the fake model server
 two-round tool loop) and a hand-API turn with a tool call, exported over OTLP with content
 on, must give exactly one LLM span per model call, one TOOL span per tool call and one
 AGENT span per turn (start notices are log records, which Phoenix refuses and does not
-count), each with its input and output in Phoenix's message view.
+count), each with its input and output in Phoenix's message view. The spans follow the
+current GenAI conventions (the default): Phoenix still shows every message, and keeps the
+current names (the agent's finish reason and turn count, no provider on the agent span); the
+model calls it shows as LLM spans went as CLIENT spans (Phoenix keeps no OpenTelemetry span
+kind of its own: the same spans, read in memory beside the exporter, say it).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 import loopscope
 import stacks
@@ -108,6 +115,8 @@ def _messages(attributes: dict[str, Any], which: str) -> dict[int, dict[str, Any
 def test_phoenix_counts_one_span_per_call_tool_and_turn_and_shows_their_content(phoenix, tmp_path, model_server, protocol, caplog):
     project = f"loopscope-{protocol.replace('/', '-')}"
     provider = TracerProvider(resource=Resource.create({"service.name": "phoenix-test", "openinference.project.name": project}))
+    sent = InMemorySpanExporter()  # what went to Phoenix, kinds included
+    provider.add_span_processor(SimpleSpanProcessor(sent))
     pipeline = loopscope.configure(
         tmp_path / "local.duckdb", tracer_provider=provider, otlp_endpoint=phoenix["http" if protocol == "http/protobuf" else "grpc"],
         otlp_protocol=protocol, capture_content=True, flush_interval=0.05,
@@ -187,6 +196,24 @@ def test_phoenix_counts_one_span_per_call_tool_and_turn_and_shows_their_content(
     hand = by_name[("AGENT", "invoke_agent calculator")]
     assert _messages(hand, "input")[0] == {"role": "user", "content": "What is 1 + 2?"}
     assert _messages(hand, "output")[0] == {"role": "assistant", "content": "3", "finish_reason": "stop"}
+    # the current conventions' names, as Phoenix keeps them beside its own
+    for key, span in by_name.items():
+        attributes = span
+        if key[0] == "AGENT":
+            assert attributes["gen_ai.agent.finish_reason"] == "completed", key
+            assert attributes["gen_ai.agent.turn.count"] == 2, key
+            assert "gen_ai.provider.name" not in attributes, key  # not on the agent span any more
+        elif key[0] == "LLM" and key[1] == "chat gpt-test":
+            assert attributes["gen_ai.provider.name"] == "openai", key
+            assert [t["type"] for t in json.loads(attributes["gen_ai.tool.definitions"])] == ["function"], key
+            # Phoenix read the tool definitions (as OpenInference's llm.tools.N.tool.json_schema)
+            assert any(k.startswith("llm.tools.") for k in attributes), key
+    assert by_name[("AGENT", "invoke_agent")]["loopscope.turn.provider"] == "openai"
+    # every model call Phoenix shows as an LLM span went as a CLIENT span, the rest as INTERNAL
+    kind_of = {f"{s.context.span_id:016x}": s.kind for s in sent.get_finished_spans()}
+    for span in spans:
+        expected = SpanKind.CLIENT if span["span_kind"] == "LLM" else SpanKind.INTERNAL
+        assert kind_of[span["context"]["span_id"]] is expected, span["name"]
     asked, answered = sorted((s for s in spans if s["name"] == "chat"), key=lambda s: s["start_time"])
     assert _messages(asked["attributes"], "output")[0]["finish_reason"] == "tool_call"  # said by the round
     assert _messages(answered["attributes"], "output")[0]["finish_reason"] == "stop"

@@ -91,7 +91,7 @@ def test_input_tokens_include_cached_tokens_on_every_provider(api, mode, instrum
     assert turn.usage["input_tokens"] == 1532
     assert (turn.usage["cache_read_input_tokens"], turn.usage["cache_creation_input_tokens"]) == (1111, 418)
     chat = chat_span(instrumented).attributes
-    assert (chat[a.USAGE_INPUT], chat[a.USAGE_CACHE_READ], chat[a.USAGE_CACHE_CREATION]) == (1532, 1111, 418)
+    assert (chat[a.USAGE_INPUT], chat[a.USAGE_CACHE_READ], chat[a.USAGE_CACHE_WRITE]) == (1532, 1111, 418)
     assert agent_span(instrumented).attributes[a.USAGE_INPUT] == 1532  # what OTLP and the metrics read
     raw = json.loads(chat[a.USAGE_PROVIDER])
     if api == "messages":  # the provider's usage object, whole, as it reported it
