@@ -18,6 +18,7 @@ import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
+from tool_totals_check import assert_totals_exact
 
 API_KEY = "sk-ant-test-4f7c1d9e2b8a6350-secret"
 MODEL = "claude-test-1"
@@ -722,6 +723,7 @@ def test_a_served_call_whose_result_is_sent_back_as_an_error_is_failed(instrumen
     # counted once, as failed, where `loopscope tools` reads its figures
     _, stats = store.sql("SELECT tool, calls, finished, served, failed FROM tool_stats")
     assert stats == [("get_weather", 2, 2, 1, 1)]
+    assert_totals_exact(instrumented.db)  # the totals it reads are what the rows say
     # OTLP: each call's span as it ended (served), and one correction span under the turn
     # (the third request sends the error again: no second one)
     tools = spans(instrumented, a.OP_EXECUTE_TOOL)
