@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -1083,6 +1084,11 @@ class Assembler:
         self._clock = clock
         self._traces: collections.OrderedDict[int, _Trace] = collections.OrderedDict()
         self._held = 0
+        # the anthropic SDK's own spans outside any trace held here (beside another
+        # instrumentation's span of the same call, in a trace of its own): by response id,
+        # until that span comes (then it is left out) or SDK_SPAN_WAIT seconds pass
+        self._sdk_spans: collections.OrderedDict[str, tuple[SpanRecord, str | None, float]] = collections.OrderedDict()
+        self._responses: collections.OrderedDict[str, None] = collections.OrderedDict()  # of calls mapped alone
 
     def tracks(self, trace_id: int) -> bool:
         """Whether spans of this trace are held (a span of loopscope's own there must be seen too)."""
@@ -1115,7 +1121,9 @@ class Assembler:
         if state is None:
             if role is None or (parent is None and role != AGENT):
                 # nothing to group: a lone span, or a root with nothing held below it
-                return self._alone(record, role, framework) if role in (CHAT, TOOL) else []
+                if role == CHAT:
+                    return self._lone_chat(record, framework)
+                return self._alone(record, role, framework) if role == TOOL else []
             state = self._traces[tid] = _Trace()
         self._traces.move_to_end(tid)
         state.touched = self._clock()
@@ -1135,9 +1143,38 @@ class Assembler:
             out += self._release_trace(next(iter(self._traces)))
         return out
 
+    def _lone_chat(self, record: SpanRecord, framework: str | None) -> list[tuple[int, Any]]:
+        """A model call's span in no trace of its own: mapped alone, but one call once. The
+        anthropic SDK's own span of a call (OpenLLMetry's span of it is no parent of it, but
+        a root beside it) waits for the other (see :data:`SDK_SPAN_WAIT`); the other,
+        richer, is mapped and the SDK's left out."""
+        response_id = _text((record.attributes or {}).get(a.RESPONSE_ID))
+        if response_id and record.name == ANTHROPIC_SDK_SPAN:
+            if response_id in self._responses:
+                return []  # another span of this call was mapped
+            self._sdk_spans[response_id] = (record, framework, self._clock())
+            return []
+        if response_id:
+            self._sdk_spans.pop(response_id, None)
+            self._responses[response_id] = None
+            while len(self._responses) > self.max_traces:
+                self._responses.popitem(last=False)
+        return self._alone(record, CHAT, framework)
+
+    def _release_sdk_spans(self, before: float = math.inf) -> list[tuple[int, Any]]:
+        """Map alone the SDK's spans held since before ``before`` (all by default), in order."""
+        out: list[tuple[int, Any]] = []
+        while self._sdk_spans:
+            response_id, (record, framework, at) = next(iter(self._sdk_spans.items()))
+            if at > before:
+                break
+            del self._sdk_spans[response_id]
+            out += self._alone(record, CHAT, framework)
+        return out
+
     def expire(self) -> list[tuple[int, Any]]:
         """Map the spans of traces idle for ``idle_seconds``, alone."""
-        out: list[tuple[int, Any]] = []
+        out: list[tuple[int, Any]] = self._release_sdk_spans(self._clock() - min(SDK_SPAN_WAIT, self.idle_seconds))
         now = self._clock()
         for tid in [t for t, s in self._traces.items() if now - s.touched >= self.idle_seconds]:
             out += self._release_trace(tid)
@@ -1147,7 +1184,7 @@ class Assembler:
 
     def drain(self) -> list[tuple[int, Any]]:
         """Map everything still held (at shutdown)."""
-        out: list[tuple[int, Any]] = []
+        out: list[tuple[int, Any]] = self._release_sdk_spans()
         for tid in list(self._traces):
             out += self._release_trace(tid)
         if self.stitcher is not None:
@@ -1163,8 +1200,11 @@ class Assembler:
         out: list[tuple[int, Any]] = []
         held = sorted(state.buffered.values(), key=lambda b: b.span.end_time)
         self._held -= len(held)
+        chats = [(item, read_chat(item.span)) for item in held if item.role == CHAT]
+        kept = {id(item) for item, _ in _one_per_call(chats)} if len(chats) > 1 else None
         for item in held:
-            out += self._alone(item.span, item.role, item.framework)
+            if kept is None or item.role != CHAT or id(item) in kept:
+                out += self._alone(item.span, item.role, item.framework)
         return out
 
     def _alone(self, record: SpanRecord, role: str | None, framework: str | None) -> list[tuple[int, Any]]:
@@ -1190,10 +1230,9 @@ class Assembler:
         chats: list[tuple[_Buffered, Chat]] = []
         tools: list[tuple[_Buffered, ToolCall]] = []
         for item in items:
-            if item.role == CHAT:
-                chats.append((item, read_chat(item.span)))
-            else:
+            if item.role != CHAT:
                 tools.append((item, read_tool(item.span)))
+        chats = _one_per_call([(item, read_chat(item.span)) for item in items if item.role == CHAT])
         chats.sort(key=lambda c: c[0].span.end_time)
         tools.sort(key=lambda t: t[0].span.start_time)
         session = run.session or next(
@@ -1276,6 +1315,48 @@ class Assembler:
         out = [(kind, span) for _, _, kind, span in rows]
         out.append((END, canon_agent))
         return out
+
+
+def _one_per_call(chats: list[tuple[_Buffered, Chat]]) -> list[tuple[_Buffered, Chat]]:
+    """``chats`` with one span per model call: two spans that give the same response id
+    describe one call (the anthropic SDK's own ``anthropic.messages.create`` span under or
+    beside another instrumentation's): the richer is kept (:func:`_richness`), in order."""
+    # a model call's span inside another's is the same call seen twice (OpenInference's span,
+    # without a response id, around the SDK's own)
+    by_id = {item.span.context.span_id: (item, chat) for item, chat in chats}
+    dropped: set[int] = set()
+    for item, chat in chats:
+        parent = item.span.parent
+        outer = by_id.get(parent.span_id) if parent is not None else None
+        if outer is not None and id(outer[0]) not in dropped:
+            dropped.add(id(item) if _richness(*outer) >= _richness(item, chat) else id(outer[0]))
+    if dropped:
+        chats = [(item, chat) for item, chat in chats if id(item) not in dropped]
+    best: dict[str, tuple[_Buffered, Chat]] = {}
+    for item, chat in chats:
+        if chat.response_id:
+            other = best.get(chat.response_id)
+            if other is None or _richness(item, chat) > _richness(*other):
+                best[chat.response_id] = (item, chat)
+    if len(best) == sum(1 for _, chat in chats if chat.response_id):
+        return chats  # no call twice
+    return [(item, chat) for item, chat in chats if not chat.response_id or best[chat.response_id][0] is item]
+
+
+def _richness(item: _Buffered, chat: Chat) -> tuple[int, ...]:
+    """What a model call's span says, to keep the richer of two spans of one call: its
+    messages, finish reasons, declared tools, usage figures; then another instrumentation's
+    span before the anthropic SDK's own (named for the API method, not the model call)."""
+    attrs = item.span.attributes or {}
+    messages = sum(1 for key in _MESSAGES if key in attrs) or int(bool(chat.text or chat.tool_calls or chat.user_text))
+    return (messages, len(chat.finish_reasons), len(chat.declared), len(chat.usage), int(item.span.name != ANTHROPIC_SDK_SPAN))
+
+
+ANTHROPIC_SDK_SPAN = "anthropic.messages.create"
+"""The name of the anthropic SDK's own span of a Messages call (2.x, whenever a tracer provider exists)."""
+SDK_SPAN_WAIT = 2.0
+"""Seconds the anthropic SDK's own span of a call, in a trace of its own, waits for another
+instrumentation's span of the same call (same response id) before it is mapped alone."""
 
 
 def _echoed_id(echoed: list[tuple[str | None, str, str | None]], tool: ToolCall, claimed: set[int]) -> str | None:

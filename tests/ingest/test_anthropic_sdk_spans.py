@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from fakes.model_server import Reply, ToolCall, Usage
+from loopscope.ingest.foreign import ANTHROPIC_SDK_SPAN
 from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +96,46 @@ def test_the_sdks_own_spans_alone_are_stitched_into_one_turn_per_question(collec
         assert asked == [("Weather in Lyon? (0)",), ("Weather in Lyon? (1)",)]
         results = query(db, "SELECT content->>'result' FROM events WHERE type = 'tool_call_end' ORDER BY created_at")
         assert [json.loads(r) for (r,) in results] == [{"temp_c": 21}] * 2
+
+
+# -- beside another instrumentation ----------------------------------------------------------------
+
+FAMILIES = ("otel-genai", "openllmetry", "openinference")
+
+
+@pytest.mark.parametrize("agent", [False, True], ids=["bare", "agent"])
+@pytest.mark.parametrize("lib", FAMILIES)
+def test_beside_another_instrumentation_each_call_is_counted_once(tmp_path, lib, agent):
+    """The SDK's span and the instrumentation's describe one call (its child under the
+    official GenAI and OpenInference instrumentations, a root beside OpenLLMetry's): one
+    model-call row per call, the richer span's (the instrumentation's), the tokens once."""
+    import stacks
+
+    python = stacks.require("peers-anthropic") / "bin" / "python"
+    db = tmp_path / f"{lib}.duckdb"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc", "--idle", "3600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert "OTLP/HTTP on http://" in line, line + proc.stderr.read()  # type: ignore[union-attr]
+        endpoint = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
+        done = subprocess.run(
+            [str(python), "-W", "ignore", str(ROOT / "tests" / "fixtures" / "foreign" / "record_anthropic.py"), "--lib", lib,
+             *(["--agent"] if agent else []), "--endpoint", endpoint],
+            check=False, capture_output=True, text=True, timeout=180, cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    # both spans of each call arrived, and are kept as they came
+    assert query(db, "SELECT count(*) FROM spans WHERE name = 'anthropic.messages.create'") == [(4,)]
+    assert query(db, "SELECT count(*) FROM spans WHERE role = 'chat' AND name <> 'anthropic.messages.create'") == [(4,)]
+    assert query(db, "SELECT count(*), sum(model_call_count), sum(input_tokens), sum(output_tokens) FROM turns") == [(2, 4, 200, 28)]
+    assert query(db, "SELECT count(*), sum(input_tokens) FROM model_calls") == [(4, 200)]
+    # each row the instrumentation's span's, not the SDK's
+    kept = query(db, "SELECT s.name FROM model_calls m JOIN spans s ON s.trace_id = m.trace_id AND s.span_id = m.span_id")
+    assert len(kept) == 4 and ANTHROPIC_SDK_SPAN not in {name for (name,) in kept}, kept
