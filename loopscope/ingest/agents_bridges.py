@@ -278,11 +278,11 @@ def call_details(span: Any, finish_reasons: tuple[str, ...] = ()) -> dict[str, A
             out[key] = attrs[key]
         elif scope == OI_BRIDGE and f"{prefix}.0.message.role" in attrs:
             reason = finish_reasons[0] if finish_reasons else None
-            out[key] = _json.dumps(_oi_messages(attrs, prefix, reason if key == a.OUTPUT_MESSAGES else None))
+            out[key] = _json.dumps(oi_messages(attrs, prefix, reason if key == a.OUTPUT_MESSAGES else None))
     return out
 
 
-def _oi_messages(attrs: Mapping[str, Any], prefix: str, reason: str | None) -> list[dict[str, Any]]:
+def oi_messages(attrs: Mapping[str, Any], prefix: str, reason: str | None) -> list[dict[str, Any]]:
     """OpenInference's flattened messages (``llm.input_messages.N.message.*``) in the GenAI
     conventions' schema, as loopscope's adapters store a call's messages: system messages
     are instructions, not messages (left out); the output (``reason`` given: its finish
@@ -351,4 +351,4 @@ def _oi_response_id(value: Any) -> str | None:
     return None
 
 
-__all__ = ["BRIDGES", "OI_BRIDGE", "OTEL_BRIDGE", "bridge_of", "call_details", "echoed_calls", "finish_reasons", "repair"]
+__all__ = ["BRIDGES", "OI_BRIDGE", "OTEL_BRIDGE", "bridge_of", "call_details", "echoed_calls", "finish_reasons", "oi_messages", "repair"]

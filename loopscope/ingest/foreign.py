@@ -238,8 +238,13 @@ def _chat_messages(span: Any) -> Messages:
         out.user_text = _genai_last_user(attrs[a.INPUT_MESSAGES])
     elif "llm.input_messages.0.message.role" in attrs:
         for message in _indexed(attrs, "llm.input_messages"):
-            if message.get("message.role") == "user" and message.get("message.content"):
-                out.user_text = str(message["message.content"])
+            if message.get("message.role") == "user":
+                # its text whole, or in parts (a Responses input's input_text parts)
+                text = message.get("message.content") or "".join(
+                    str(v) for k, v in sorted(message.items()) if k.startswith("message.contents.") and k.endswith("message_content.text")
+                )
+                if text:
+                    out.user_text = str(text)
     elif "gen_ai.prompt.0.role" in attrs or "gen_ai.prompt.0.content" in attrs:
         for message in _indexed(attrs, "gen_ai.prompt"):
             if message.get("role", "user") == "user" and message.get("content"):
@@ -532,40 +537,16 @@ def _openinference_response_id(attrs: Mapping[str, Any]) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
-def _openinference_parts(message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One flattened OpenInference message's content as the GenAI conventions' parts."""
-    parts: list[dict[str, Any]] = []
-    content = message.get("message.content")
-    texts = [content] if isinstance(content, str) and content else [
-        str(v) for k, v in sorted(message.items()) if k.startswith("message.contents.") and k.endswith("message_content.text")
-    ]
-    if message.get("message.role") == "tool":
-        parts += [{"type": "tool_call_response", "id": message.get("message.tool_call_id"), "response": "".join(texts)}]
-    else:
-        parts += [{"type": "text", "content": text} for text in texts]
-    for call in _indexed(message, "message.tool_calls"):
-        arguments = call.get("tool_call.function.arguments")
-        parsed = _loads(arguments)
-        parts.append({"type": "tool_call", "id": call.get("tool_call.id"), "name": call.get("tool_call.function.name"),
-                      "arguments": parsed if parsed is not None else arguments})
-    return parts
-
-
 def openinference_messages(attrs: Mapping[str, Any], reasons: tuple[str, ...]) -> dict[str, str]:
     """An OpenInference LLM span's flattened messages (``llm.input_messages.N.message.*``,
     ``llm.output_messages.N...``) in the GenAI conventions' JSON, under their attribute names:
-    the model-call row's messages, as every other source gives them."""
+    the model-call row's messages, as every other source gives them (read as the Agents
+    SDK's OpenInference bridge's are)."""
     out: dict[str, str] = {}
     for prefix, key in (("llm.input_messages", a.INPUT_MESSAGES), ("llm.output_messages", a.OUTPUT_MESSAGES)):
-        if f"{prefix}.0.message.role" not in attrs:
-            continue
-        messages = []
-        for message in _indexed(attrs, prefix):
-            item: dict[str, Any] = {"role": message.get("message.role"), "parts": _openinference_parts(message)}
-            if key == a.OUTPUT_MESSAGES and len(reasons) == 1:
-                item["finish_reason"] = reasons[0]
-            messages.append(item)
-        out[key] = _json.dumps(messages)
+        if f"{prefix}.0.message.role" in attrs:
+            reason = (reasons[0] if reasons else None) if key == a.OUTPUT_MESSAGES else None
+            out[key] = _json.dumps(bridges.oi_messages(attrs, prefix, reason))
     return out
 
 

@@ -160,15 +160,18 @@ def test_without_start_notices_the_users_message_comes_first_in_its_turn(tmp_pat
     first index of its turn, before the tool calls and the answer."""
     for name, value in switch.items():
         monkeypatch.setenv(name, value)
-    local, collected = tmp_path / "local.duckdb", tmp_path / "collected.duckdb"
+    collected = tmp_path / "collected.duckdb"
     with collect_child(collected, "--no-grpc") as endpoints:
-        loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=endpoints["http"],
-                            capture_content=True, flush_interval=0.05)
+        loopscope.configure(False, tracer_provider=TracerProvider(), otlp_endpoint=endpoints["http"], capture_content=True)
         record_weather_turn()
         loopscope.shutdown()
-    rows = ordered_rows(collected)
-    assert rows == ordered_rows(local)
-    assert [r[1:3] for r in rows[:3]] == [("message", "Weather in Paris? (0)"), ("message", "Looking."), ("tool_call_start", "get_weather")]
+    # the order a local store has of the same turns (loopscope.configure(path), the same calls)
+    turn = [("message", "Weather in Paris? ({})", None), ("message", "Looking.", None),
+            ("tool_call_start", "get_weather", "pending"), ("tool_call_end", "get_weather", "completed"),
+            ("tool_call_start", "get_time", "pending"), ("tool_call_end", "get_time", "completed"),
+            ("message", "Dry, at noon.", None)]
+    expected = [(kind, text.format(i), status) for i in range(2) for kind, text, status in turn]
+    assert ordered_rows(collected) == [(i, *row) for i, row in enumerate(expected, 1)]
     assert query(collected, "SELECT count(*) FROM turns") == [(2,)]
 
 
@@ -189,3 +192,25 @@ def test_logfires_finish_reasons_sent_as_one_json_string_are_read_as_the_list(tm
     assert raw == ('["tool_calls"]',)  # what logfire sent: a string
     calls = query(db, "SELECT finish_reasons::VARCHAR, outcome FROM model_calls ORDER BY started_at")
     assert [(json.loads(reasons), outcome) for reasons, outcome in calls] == [(["tool_calls"], "completed"), (["stop"], "completed")]
+
+
+# -- openai-agents through OpenInference's bridge, the user's input as parts ---------------------
+
+
+def test_the_users_message_given_as_input_text_parts_is_kept_through_the_openinference_bridge(tmp_path):
+    """openai-agents with its default Responses model, its input a user message of
+    ``input_text`` parts (as a chat front end sends it), OpenInference's bridge (agents-oi
+    stack): OpenInference flattens the parts (``message.contents.N.message_content.text``);
+    the turn keeps the user's message first, and each call's request holds it."""
+    db = tmp_path / "c.duckdb"
+    python = stacks.require("agents-oi") / "bin" / "python"
+    with collect_child(db, "--no-grpc") as endpoints:
+        done = subprocess.run([str(python), "-W", "ignore", str(FIXTURES / "record_agents.py"), "--lib", "agents-oi", "--input", "parts",
+                               "--endpoint", endpoints["http"]], check=False, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+    (first,) = query(db, "SELECT content::VARCHAR FROM events ORDER BY idx LIMIT 1")
+    assert json.loads(first[0]) == {"type": "text", "body": "Dinner outside in Paris tonight?", "role": "user"}
+    assert query(db, "SELECT count(*) FROM events WHERE type = 'message' AND content->>'role' = 'user'") == [(1,)]
+    requests = [json.loads(m) for (m,) in query(db, "SELECT input_messages::VARCHAR FROM model_calls ORDER BY started_at")]
+    assert len(requests) == 3
+    assert all(m[0]["role"] == "user" and m[0]["parts"][0]["content"] == "Dinner outside in Paris tonight?" for m in requests)

@@ -430,10 +430,10 @@ class Ingest:
             self._end_own(span)
             return role, "loopscope"
         role, framework = classify(span)
+        if self._unstarted:  # loopscope's calls under another instrumentation's span: before it, as they came
+            self._release_unstarted((tid, sid))
         for kind, row in self.assembler.add(span):
             writer.submit(kind, row)
-        if self._unstarted:
-            self._release_unstarted((tid, sid))
         return role, framework
 
     def _start_own(self, span: SpanRecord) -> None:
