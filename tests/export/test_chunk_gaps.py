@@ -21,7 +21,8 @@ from loopscope.recorder.chunks import CAP, ChunkGaps
 
 PER_CHUNK = "gen_ai.client.inference.time_per_output_chunk"
 FIRST_CHUNK = "gen_ai.client.inference.time_to_first_chunk"
-DURATION = "gen_ai.client.operation.duration"  # the older conventions' (LOOPSCOPE_SEMCONV=v1.37)
+DURATION = "gen_ai.client.inference.duration"
+OLDER_DURATION = "gen_ai.client.operation.duration"  # the older conventions' (LOOPSCOPE_SEMCONV=v1.37)
 PACE = 0.04  # seconds before every SSE frame
 PAUSE = 0.4  # and this much more before the third content chunk
 WORDS = "one two three four five"
@@ -76,7 +77,7 @@ def run_program(tmp_path: Path, receiver: otlp_receiver.OTLPReceiver, model_serv
     full.update({"LOOPSCOPE_STRICT": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **env})
     done = subprocess.run([sys.executable, str(script)], env=full, check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert receiver.wait_for(lambda r: any(_points(r, DURATION))), "metrics are sent at exit"
+    assert receiver.wait_for(lambda r: any(_points(r, DURATION)) or any(_points(r, OLDER_DURATION))), "metrics are sent at exit"
 
 
 def _points(receiver: otlp_receiver.OTLPReceiver, name: str) -> list[dict[str, Any]]:
@@ -126,7 +127,7 @@ def test_each_gap_between_streamed_chunks_is_one_value(tmp_path, receiver, model
 
 def test_with_the_older_conventions_no_chunk_metrics_are_sent(tmp_path, receiver, model_server):
     run_program(tmp_path, receiver, model_server, LOOPSCOPE_SEMCONV="v1.37")
-    assert _points(receiver, DURATION)  # metrics were sent
+    assert _points(receiver, OLDER_DURATION) and not _points(receiver, DURATION)  # metrics were sent
     assert not _points(receiver, PER_CHUNK) and not _points(receiver, FIRST_CHUNK)
 
 
