@@ -11,10 +11,17 @@ app runs it and sends the result back; the model answers) runs under each varian
 * ``otel-genai-openai`` -- ``opentelemetry-instrumentation-genai-openai`` (its successor);
 * ``otel-genai-openai-otlp`` -- (on request with ``--variants``) the same instrumentation with
   the SDK's ``BatchSpanProcessor`` and its OTLP exporter (http/protobuf) sending to a loopback
-  sink this script runs (:class:`_OtlpSink`: it accepts ``/v1/traces`` and counts): what an
-  application pays to ship its spans somewhere. The sink runs in this script's process, not the
-  variant's, so its CPU is not counted (a collector's work would not be either). An extra
-  column: issue 19's goal compares against the counting null exporter of ``otel-genai-openai``.
+  sink this script runs (:class:`_OtlpSink`: it accepts ``/v1/traces``, ``/v1/logs`` and
+  ``/v1/metrics``, and counts): what an application pays to ship its spans somewhere. The
+  sink runs in this script's process, not the variant's, so its CPU is not counted (a
+  collector's work would not be either). An extra column: issue 19's goal compares against
+  the counting null exporter of ``otel-genai-openai``.
+* ``loopscope-otlp`` -- (on request with ``--variants``) ``loopscope`` with its own OTLP export
+  on (``configure(otlp_endpoint=)``, http/protobuf) to the same loopback sink: its spans, start
+  notices (``/v1/logs``) and metrics (``/v1/metrics``), flushed at each settle. With
+  ``loopscope``, ``otel-genai-openai`` and ``otel-genai-openai-otlp`` in the run, the script
+  prints issue 31's ratio: what loopscope's export adds to its CPU a call over storing alone,
+  over what the OTLP exporter adds to genai-openai's over its null exporter (goal <= 2x).
 * ``openllmetry``       -- Traceloop's ``opentelemetry-instrumentation-openai``;
 * ``openinference``     -- Arize's ``openinference-instrumentation-openai``;
 * ``loopscope-nostore`` -- (reference, on request with ``--variants``) loopscope with
@@ -135,6 +142,7 @@ VARIANTS = [
             "opentelemetry-instrumentation-genai-openai"),
     Variant("otel-genai-openai-otlp", "genai-openai (OTLP)", PEERS, "opentelemetry.instrumentation.genai.openai",
             "opentelemetry-instrumentation-genai-openai"),
+    Variant("loopscope-otlp", "loopscope (store+OTLP)", PROJECT, dist="loopscope"),
     Variant("openllmetry", "OpenLLMetry", PEERS, "opentelemetry.instrumentation.openai",
             "opentelemetry-instrumentation-openai"),
     Variant("openinference", "OpenInference", PEERS, "openinference.instrumentation.openai",
@@ -142,8 +150,12 @@ VARIANTS = [
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 REFERENCES = ("loopscope-nostore", "loopscope-metrics")
-ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread", "loopscope-against", "otel-genai-openai-otlp")
-STORING = ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread", "loopscope-against")
+ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread", "loopscope-against", "otel-genai-openai-otlp",
+              "loopscope-otlp")
+STORING = ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread", "loopscope-against", "loopscope-otlp")
+EXPORT_GOAL = 2.0
+"""Issue 31: loopscope's OTLP export may cost at most this many times genai-openai's OTLP exporter
+(CPU a call over each one's own variant without export)."""
 DEFAULT_VARIANTS = [v for v in VARIANTS if v.key not in ON_REQUEST]  # the references run on request
 MODES = ("nonstream", "stream")
 TRANSPORTS = ("server", "inproc")
@@ -394,9 +406,19 @@ def worker(args: argparse.Namespace) -> int:
             meter_provider = MeterProvider(metric_readers=[metrics_reader])
         if variant.key in ("loopscope-process", "loopscope-thread"):
             os.environ["LOOPSCOPE_WRITER"] = variant.key.rsplit("-", 1)[1]
-        loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider)
+        otlp = {"otlp_endpoint": args.otlp_url} if variant.key == "loopscope-otlp" else {}
+        loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider, **otlp)
         loopscope.instrument()
         settle = loopscope.flush
+        if otlp:  # flush() waits for the store only: the export's batches and metrics are sent too, and counted
+            def flush_all() -> None:
+                loopscope.flush()
+                pipeline = loopscope.pipeline.active()
+                for part in (pipeline.exporter, pipeline.metrics) if pipeline is not None else ():
+                    if part is not None:
+                        part.force_flush()
+
+            settle = flush_all
         # an older checkout (--against) may have no writer process, nor ``pipeline.active()``
         active = getattr(loopscope.pipeline, "active", lambda: None)
         writer_cpu = lambda: _process_cpu_ns(getattr(getattr(active(), "writer", None), "child_pid", lambda: None)())
@@ -544,10 +566,10 @@ def _fake_server():  # type: ignore[no-untyped-def]
 
 
 class _OtlpSink:
-    """A loopback OTLP/HTTP receiver for ``otel-genai-openai-otlp``: it reads each request to
-    ``/v1/traces``, counts it and its bytes, and answers 200 with an empty (valid)
-    ``ExportTraceServiceResponse``. It runs in this script's process, so its CPU is not
-    counted in the variant's."""
+    """A loopback OTLP/HTTP receiver for the ``-otlp`` variants: it reads each request to
+    ``/v1/traces``, ``/v1/logs`` (loopscope's start notices) and ``/v1/metrics``, counts it and
+    its bytes, and answers 200 with an empty (valid) response. It runs in this script's
+    process, so its CPU is not counted in the variant's."""
 
     def __init__(self) -> None:
         import threading
@@ -555,16 +577,20 @@ class _OtlpSink:
 
         sink = self
         self.requests = self.bytes = 0
+        self.by_path: dict[str, list[int]] = {}
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a collector answers
 
             def do_POST(self) -> None:  # http.server's name for it
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                ok = self.path == "/v1/traces"
+                ok = self.path in ("/v1/traces", "/v1/logs", "/v1/metrics")
                 if ok:
                     sink.requests += 1
                     sink.bytes += len(body)
+                    counted = sink.by_path.setdefault(self.path, [0, 0])
+                    counted[0] += 1
+                    counted[1] += len(body)
                 self.send_response(200 if ok else 404)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -755,7 +781,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         server.stop()
         if sink is not None:
             sink.stop()
-            _say(f"OTLP sink: {sink.requests} requests, {sink.bytes} bytes received")
+            _say(f"OTLP sink: {sink.requests} requests, {sink.bytes} bytes received ("
+                 + ", ".join(f"{path} {n} / {size} B" for path, (n, size) in sorted(sink.by_path.items())) + ")")
 
     if "uninstrumented" in failed:
         _say(f"the uninstrumented baseline failed ({failed['uninstrumented']}): no table")
@@ -804,6 +831,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24} {extra_cpu:>+11.0f} "
                  f"{extra_app:>+8.0f}")
 
+    _export_ratio(ok, series_list, cpu)
     _say("")
     peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", *ON_REQUEST)]
     if "loopscope" in added[series_list[0]] and peers:
@@ -833,6 +861,31 @@ def orchestrate(args: argparse.Namespace) -> int:
         _say(f"not measured: {key}: {why.splitlines()[0]}")
     _say(f"total {time.monotonic() - started:.0f}s")
     return 0
+
+
+def _export_ratio(ok: list[Variant], series_list: list[str], cpu: dict[str, dict[str, list[float]]]) -> None:
+    """Issue 31's ratio: the CPU a call loopscope's OTLP export adds (``loopscope-otlp`` over
+    ``loopscope``) over what the SDK's OTLP exporter adds to genai-openai
+    (``otel-genai-openai-otlp`` over ``otel-genai-openai``), medians over the rounds."""
+    keys = {v.key for v in ok}
+    need = ("loopscope", "loopscope-otlp", "otel-genai-openai", "otel-genai-openai-otlp")
+    if not all(k in keys for k in need):
+        return
+    _say("")
+    _say(f"loopscope export CPU / genai-openai OTLP exporter CPU (goal <= {EXPORT_GOAL:.0f}x; CPU us a call, all threads, "
+         "median over the rounds; each over its own variant without export):")
+    for series in series_list:
+        med = {k: statistics.median(cpu[k][series]) for k in need if cpu[k][series]}
+        if len(med) < len(need):
+            continue
+        mine = med["loopscope-otlp"] - med["loopscope"]
+        theirs = med["otel-genai-openai-otlp"] - med["otel-genai-openai"]
+        if theirs <= 0:
+            verdict = "ratio n/a (the exporter's cost is <= 0 in this run: noise)"
+        else:
+            ratio = mine / theirs
+            verdict = f"ratio {ratio:.2f}x -> {'MET' if ratio <= EXPORT_GOAL else 'NOT MET'}"
+        _say(f"  {series:<17} loopscope export {mine:+7.0f} us, genai-openai OTLP exporter {theirs:+7.0f} us: {verdict}")
 
 
 def main() -> int:
