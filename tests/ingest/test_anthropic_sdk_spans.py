@@ -105,22 +105,15 @@ FAMILIES = ("otel-genai", "openllmetry", "openinference")
 
 @pytest.mark.parametrize("agent", [False, True], ids=["bare", "agent"])
 @pytest.mark.parametrize("lib", FAMILIES)
-def test_beside_another_instrumentation_each_call_is_counted_once(tmp_path, lib, agent):
+def test_beside_another_instrumentation_each_call_is_counted_once(collect, lib, agent):
     """The SDK's span and the instrumentation's describe one call (its child under the
     official GenAI and OpenInference instrumentations, a root beside OpenLLMetry's): one
     model-call row per call, the richer span's (the instrumentation's), the tokens once."""
     import stacks
 
     python = stacks.require("peers-anthropic") / "bin" / "python"
-    db = tmp_path / f"{lib}.duckdb"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc", "--idle", "3600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    db, endpoint, proc = collect
     try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "OTLP/HTTP on http://" in line, line + proc.stderr.read()  # type: ignore[union-attr]
-        endpoint = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
         done = subprocess.run(
             [str(python), "-W", "ignore", str(ROOT / "tests" / "fixtures" / "foreign" / "record_anthropic.py"), "--lib", lib,
              *(["--agent"] if agent else []), "--endpoint", endpoint],
