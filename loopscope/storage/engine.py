@@ -29,3 +29,13 @@ else:
         import duckdb
 
 __all__ = ["duckdb"]
+
+
+def library() -> str | None:
+    """The file of DuckDB's compiled engine, once loaded (None when it is not, or has no file):
+    where :mod:`~loopscope.storage.allocator` finds DuckDB's own allocator."""
+    import sys
+
+    module = sys.modules.get("_duckdb")
+    path = getattr(module, "__file__", None)
+    return path if isinstance(path, str) else None
