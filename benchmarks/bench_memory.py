@@ -15,7 +15,10 @@ in this process, recording nothing):
   and Arrow's alone are ~130 MB in the writer process); and the RSS before the first call
   (imports, ``configure``). The writer process alone, after its start and after the calls:
   its anonymous memory (what issue 29's fixed cost, under 64 MB, is read against) and its
-  file-backed pages, those shared with other processes and its own, and its PSS split the same way.
+  file-backed pages, those shared with other processes and its own, and its PSS split the same way,
+  and its CPU over the calls. A ``GOAL`` line says whether issue 29's goal is met: the
+  application and its writer process together, in anonymous memory after the calls, at most
+  1.5x the plain SDK's plus a fixed cost (the tree before the calls, less plain) under 64 MB.
 * ``unanswered``: every call a new conversation whose tool call the program never answers
   (a benchmark scoring first answers, a crash between calls): each leaves a stitched turn
   open, waiting for the idle timeout (300 s). Printed: RSS growth per call over the second
