@@ -15,7 +15,10 @@ in this process, recording nothing):
   and Arrow's alone are ~130 MB in the writer process); and the RSS before the first call
   (imports, ``configure``). The writer process alone, after its start and after the calls:
   its anonymous memory (what issue 29's fixed cost, under 64 MB, is read against) and its
-  file-backed pages, those shared with other processes and its own, and its PSS split the same way.
+  file-backed pages, those shared with other processes and its own, and its PSS split the same way,
+  and its CPU over the calls. A ``GOAL`` line says whether issue 29's goal is met: the
+  application and its writer process together, in anonymous memory after the calls, at most
+  1.5x the plain SDK's plus a fixed cost (the tree before the calls, less plain) under 64 MB.
 * ``unanswered``: every call a new conversation whose tool call the program never answers
   (a benchmark scoring first answers, a crash between calls): each leaves a stitched turn
   open, waiting for the idle timeout (300 s). Printed: RSS growth per call over the second
@@ -82,7 +85,16 @@ def memory(pid: int | str = "self") -> dict[str, int]:
         out["Pss"] = out.get("VmRSS", 0)
     for key in ROLLUP:  # Pss_Anon / Pss_File since Linux 5.9
         out.setdefault(key, 0)
+    out["cpu_ms"] = cpu_ms(pid)
     return out
+
+
+def cpu_ms(pid: int | str = "self") -> int:
+    """A process's CPU so far (user + system), in ms: the writer process's cost of its memory
+    settings, read beside its memory."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
 
 
 def tree(app: dict[str, int], writer: dict[str, int]) -> dict[str, int]:
@@ -253,10 +265,29 @@ def loop_report(off: dict[str, Any], on: dict[str, Any], proc: dict[str, Any], d
                   f"{mb(fixed)}, the rest {grown / a:.2f}x plain (goal: 1.5x + {mb(FIXED_GOAL)} fixed: {goal})")
     if proc["writer"]:
         writer_report(proc["writer_before"], proc["writer"], on["calls"])
+        goal_report(off, proc)
     a, d = off["after"]["VmRSS"], default["after"]["VmRSS"]
     dw = default["writer"].get("VmRSS", 0)
     print(f"  {'default (no writer=)':<22} app {mb(d)} + writer {mb(dw)}  {(d + dw) / a:.2f}x "
           f"({'a writer process' if default['writer'] else 'the thread writer'})")
+
+
+def goal_report(off: dict[str, Any], proc: dict[str, Any]) -> bool:
+    """Issue 29's goal, on one line: the application and its writer process together, their
+    anonymous memory after the calls, at most 1.5x the plain SDK's plus a fixed cost (what the
+    tree adds before the calls: imports, the writer process's start) under 64 MB. Anonymous
+    memory is what the processes allocated; their file-backed pages are the libraries' code,
+    shared and reclaimable (see :func:`memory`). Returns whether it is met."""
+    plain = off["after"]["RssAnon"]
+    whole = tree(proc["after"], proc["writer"])["RssAnon"]
+    fixed = tree(proc["before"], proc["writer_before"])["RssAnon"] - off["before"]["RssAnon"]
+    bound = 1.5 * plain + FIXED_GOAL
+    met = whole <= bound and fixed <= FIXED_GOAL
+    print(f"  GOAL (issue 29, anonymous memory after {proc['calls']} calls): app + writer {mb(whole)} "
+          f"(app {mb(proc['after']['RssAnon'])}, writer {mb(proc['writer']['RssAnon'])}) against 1.5 x plain {mb(plain)} "
+          f"+ {mb(FIXED_GOAL)} = {mb(bound)}; fixed {mb(fixed)} (under {mb(FIXED_GOAL)}): "
+          f"{'goal met' if met else 'goal NOT met'}")
+    return met
 
 
 def writer_report(idle: dict[str, int], after: dict[str, int], calls: int) -> None:
@@ -273,6 +304,8 @@ def writer_report(idle: dict[str, int], after: dict[str, int], calls: int) -> No
     fixed, grown = idle["RssAnon"], after["RssAnon"]
     print(f"    anonymous after its start {mb(fixed)} (goal: under {mb(FIXED_GOAL)}: "
           f"{'met' if fixed <= FIXED_GOAL else 'NOT met'}); after the calls {mb(grown)}")
+    print(f"    CPU over the calls {(after['cpu_ms'] - idle['cpu_ms']) / 1000:.2f} s "
+          f"({(after['cpu_ms'] - idle['cpu_ms']) * 1000 / max(1, calls):.0f} us a call)")
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ At a close message, or when stdin ends (the application died), it closes the wri
 
 from __future__ import annotations
 
+import functools
 import marshal
 import os
 import pickle
@@ -25,6 +26,7 @@ import duckdb
 
 from .. import pricing, semconv
 from .._guard import logger
+from ..storage.allocator import give_back
 from ..storage.recording import share_db
 from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
 from .spans import Ctx, Status
@@ -121,15 +123,11 @@ class _Answers:
                 _to_null(self._stream)
 
     def stats_loop(self, stop: threading.Event) -> None:
-        trim = _trimmer()
         while not stop.wait(STATS_EVERY):
             counters = self.counters()
             if counters != self._last:
-                written = self._last is None or counters["batches"] != self._last["batches"]
                 self._last = counters
                 self.send(STATS, counters)
-                if written and trim is not None:
-                    trim(0)  # what the batch freed, back to the system (see writer_process.CHILD_ENV)
 
 
 def _to_null(stream: IO[bytes]) -> None:
@@ -140,16 +138,6 @@ def _to_null(stream: IO[bytes]) -> None:
         os.close(null)
     except (OSError, ValueError):
         pass
-
-
-def _trimmer() -> Any:
-    """glibc's ``malloc_trim`` (None elsewhere): the C heap's free pages handed back."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError, ImportError):
-        return None
 
 
 def _prepare(path: str, recover: bool) -> str | None:
@@ -207,6 +195,9 @@ def main() -> None:
         # application's record of what it sent is set against that, never against a stale count
         report_each_batch=True,
     )
+    # this process is the writer's own: the C heap's free pages go back after each batch too
+    # (Arrow's rows, see writer_process.CHILD_ENV), beside DuckDB's (StoreWriter's default)
+    writer.after_write = functools.partial(give_back, c_heap=True)
     otlp = [0, 0]
     writer.report.otlp = lambda: (otlp[0], otlp[1])
     writer.report.mode, writer.report.app_pid = "process", config.get("app_pid")  # what `loopscope status` shows

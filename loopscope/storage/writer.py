@@ -37,7 +37,7 @@ import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from . import arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals
+from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals
 from .connection import Cancelled, open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
@@ -202,6 +202,12 @@ class StoreWriter:
         be counted nowhere else meanwhile: read after :meth:`stats`' ``queued`` to know that
         everything queued before was written or kept)."""
         self._con: Any = None  # the connection of the write (or checkpoint) under way: close() may interrupt it
+        self.after_write: Callable[[], None] | None = allocator.give_back
+        """Called by the writer's thread after each batch and checkpoint, once the file is
+        detached (and before a flush waiting for the batch is answered): by default the
+        pages of DuckDB's allocator the batch freed go back to the system there (the writer
+        process gives the C heap's back too), so that between batches the writer holds what it uses, not what
+        its largest batch used (:mod:`.allocator`)."""
         self._beside_lock = threading.Lock()
         self._beside = False  # an entry of this writer's is in the file beside the store
         self._room_kept = False  # the spare beside the store was made (health.reserve_room)
@@ -769,6 +775,7 @@ class StoreWriter:
         finally:
             self._inflight, self._inflight_rows = 0, (0, 0)
             self._held_bytes = self._backlog_bytes()
+            self._written_out()
         self._held = False
         if self._last_error is not None:
             logger.warning("loopscope: writing to %s works again", self.path)
@@ -896,6 +903,12 @@ class StoreWriter:
             self._wal_pending = False
         except (duckdb.Error, StoreError, OSError):
             pass  # the rows are safe in the WAL; the next idle wait or the close tries again
+        self._written_out()
+
+    def _written_out(self) -> None:
+        """A batch (or a checkpoint) is done and its database detached: :attr:`after_write`."""
+        if self.after_write is not None:
+            self.after_write()
 
     def _lock_wait(self) -> float:
         """How long a write waits for a file another process holds: ``lock_timeout``, and
