@@ -10,6 +10,8 @@ openai SDK and flushed, and the rows all stored.
 
 from __future__ import annotations
 
+import os
+
 import duckdb
 import pytest
 
@@ -60,3 +62,23 @@ def test_give_back_returns_the_pages_a_query_freed() -> None:
         con.close()
     assert before is not None and after is not None
     assert after[1] - after[0] < 12 * MiB, (before, after)
+
+
+def test_the_purge_switch_off_leaves_duckdbs_allocator_alone() -> None:
+    """``LOOPSCOPE_DUCKDB_PURGE=0``: DuckDB's allocator is not looked up (its ``mallctl`` is a
+    private name of DuckDB's library), so nothing is purged, and a write still works."""
+    import subprocess
+    import sys
+
+    script = (
+        "import duckdb\n"
+        "from loopscope.storage import allocator, engine\n"
+        "duckdb.connect().execute('SELECT 1').fetchall()\n"
+        "allocator.give_back(c_heap=True)\n"
+        "print(engine.mallctl() is None, allocator.kept() is None)\n"
+    )
+    for switch, expected in (("0", "True True"), ("1", "False False")):
+        env = {**os.environ, "LOOPSCOPE_DUCKDB_PURGE": switch}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == expected, (switch, done.stdout, done.stderr)
