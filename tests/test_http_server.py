@@ -56,8 +56,13 @@ def test_requests_are_answered_while_slow_clients_hold_hundreds_of_connections(t
         with slow_clients(port, idle=200, trickling=200):
             assert request() == 200
             assert request() == 200
-        # the oldest waiting connections were closed for the newer ones: the listener kept accepting
-        assert stats["evicted"] >= 400 - BOUNDS["max_open"]
+            # the oldest waiting connections are closed for the newer ones: the listener keeps
+            # accepting (on a loaded machine it reaches the last ones late: waited for, up to 60 s)
+            for _ in range(600):
+                if stats["evicted"] >= 400 - BOUNDS["max_open"]:
+                    break
+                time.sleep(0.1)
+            assert stats["evicted"] >= 400 - BOUNDS["max_open"]
         assert request() == 200
 
 

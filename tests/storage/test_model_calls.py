@@ -215,11 +215,13 @@ def test_a_failed_call_is_a_row_with_its_error(tmp_path, provider, model_server)
 def _chat_span(tracer_provider: TracerProvider, attributes: dict[str, Any], *, error: str | None = None,
                duration: float = 0.01) -> None:
     tracer = tracer_provider.get_tracer(OWN_SCOPE)
-    span = tracer.start_span("chat m", attributes={a.OPERATION: a.OP_CHAT, **attributes})
-    time.sleep(duration)
+    start = time.time_ns()
+    span = tracer.start_span("chat m", attributes={a.OPERATION: a.OP_CHAT, **attributes}, start_time=start)
+    time.sleep(duration)  # the spans follow each other in time, as calls do
     if error is not None:
         span.set_status(Status(StatusCode.ERROR, error))
-    span.end()
+    # lasting exactly ``duration``: a loaded machine's late wake-up must not reorder the slowest calls
+    span.end(end_time=start + round(duration * 1e9))
 
 
 EXPLICIT = {
