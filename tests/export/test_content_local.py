@@ -98,7 +98,7 @@ def test_secrets_never_reach_the_store_file(tmp_path):
 
 def test_secrets_reach_neither_store_when_exporting_to_a_collector_with_capture_on(tmp_path):
     local = tmp_path / "local.duckdb"
-    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as collector:
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
                             capture_content=True, flush_interval=0.05)
         record()
@@ -119,7 +119,7 @@ def test_a_custom_pattern_and_the_hook_apply_in_both_destinations(tmp_path):
         redact=lambda where, text: text.replace("ann", "<user>"),
     )
     local = tmp_path / "local.duckdb"
-    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as collector:
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
                             content_policy=policy, flush_interval=0.05)
 

@@ -171,7 +171,7 @@ def test_a_foreign_spans_tool_definitions_lose_their_secrets_in_a_collector(tmp_
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     definitions = json.dumps([{"type": "function", "name": "download", "description": DESCRIPTION, "parameters": SCHEMA}])
-    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as collector:
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.http_endpoint + "/v1/traces")))
         tracer = provider.get_tracer("opentelemetry.instrumentation.genai.openai")

@@ -203,7 +203,7 @@ def test_every_secret_shape_vanishes_from_the_otlp_payload(tmp_path, receiver):
 
 def test_every_secret_shape_vanishes_from_a_collector_and_its_raw_spans(tmp_path):
     local = tmp_path / "local.duckdb"
-    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as collector:
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=collector.http_endpoint,
                             capture_content=True, flush_interval=0.05)
         record_cases()
@@ -284,7 +284,7 @@ def test_a_foreign_senders_secrets_vanish_from_the_collectors_raw_spans(tmp_path
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import Status, StatusCode
 
-    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as collector:
+    with Collector(str(tmp_path / "collected.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.http_endpoint + "/v1/traces")))
         tracer = provider.get_tracer("foreign")

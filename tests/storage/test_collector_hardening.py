@@ -219,7 +219,7 @@ def test_requests_resent_to_a_restarted_collector_add_no_rows(tmp_path):
     first, second = _one_turn_payload(), _one_turn_payload()  # two turns of session "payload"
 
     def run(body: bytes) -> None:
-        with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05, raw_wait=True) as c:
+        with Collector(db, http_port=0, grpc_port=None, flush_interval=0.05) as c:
             assert send(c.http_port, body)[0] == 200
 
     run(first)

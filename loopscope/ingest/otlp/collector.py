@@ -115,7 +115,6 @@ class Collector:
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_spans: int = DEFAULT_MAX_SPANS,
         raw: bool = True,
-        raw_wait: bool = False,
         idle_seconds: float = 60.0,
         flush_timeout: float = 30.0,
         flush_interval: float = 0.5,
@@ -143,7 +142,7 @@ class Collector:
         self._http_port = http_port
         self._grpc_port = grpc_port
         self._ingest_args = {
-            "raw": raw, "raw_wait": raw_wait, "idle_seconds": idle_seconds, "flush_timeout": flush_timeout, "flush_interval": flush_interval,
+            "raw": raw, "idle_seconds": idle_seconds, "flush_timeout": flush_timeout, "flush_interval": flush_interval,
             "max_queued_bytes": max_queued_bytes,
         }
         self.ingest: Ingest = None  # type: ignore[assignment]

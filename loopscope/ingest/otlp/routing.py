@@ -219,7 +219,6 @@ class Ingest:
     :meth:`~loopscope.storage.writer.StoreWriter.begin_bundle`): a collector killed at any
     moment keeps a request whole or not at all, never model-call rows without the spans
     they came from (the raw copies had a writer of their own, a transaction behind).
-    ``raw_wait`` is accepted for earlier callers and changes nothing.
     """
 
     def __init__(
@@ -229,7 +228,6 @@ class Ingest:
         raw: bool = True,
         max_pending_ids: int = 100_000,
         dedupe_window: int = 200_000,
-        raw_wait: bool = False,
         idle_seconds: float = 60.0,
         flush_timeout: float = 30.0,
         flush_interval: float = 0.5,
@@ -244,7 +242,6 @@ class Ingest:
             migrate(con)
         self.writer = SpanWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout, skip_stored=True)
         self.raw = raw  # keep the raw copies of the spans received (the ``spans`` table)
-        self.raw_wait = raw_wait
         # model calls under no agent run (a bare instrumented SDK loop) are stitched into turns
         self.assembler = Assembler(idle_seconds=idle_seconds, stitcher=Stitcher(idle_seconds=idle_seconds))
         self.stats = CollectorStats()
