@@ -56,13 +56,19 @@ def test_requests_are_answered_while_slow_clients_hold_hundreds_of_connections(t
         with slow_clients(port, idle=200, trickling=200):
             assert request() == 200
             assert request() == 200
-            # the oldest waiting connections are closed for the newer ones: the listener keeps
-            # accepting (on a loaded machine it reaches the last ones late: waited for, up to 60 s)
-            for _ in range(600):
-                if stats["evicted"] >= 400 - BOUNDS["max_open"]:
+            # the listener keeps accepting: waiting connections are closed for newer ones, or at
+            # their head's deadline when the newer ones come late (on a loaded machine a SYN past
+            # the listen queue is retried up to a minute later: waited for, up to 120 s). Either
+            # way, all but the last max_open connections are closed by the server.
+            def closed() -> int:
+                return stats["evicted"] + stats["timed_out"]
+
+            for _ in range(1200):
+                if closed() >= 400 - BOUNDS["max_open"]:
                     break
                 time.sleep(0.1)
-            assert stats["evicted"] >= 400 - BOUNDS["max_open"]
+            assert closed() >= 400 - BOUNDS["max_open"], stats
+            assert stats["evicted"] > 0
         assert request() == 200
 
 
