@@ -1,4 +1,4 @@
-"""Test doubles for loopscope's tests: a fake model server speaking the OpenAI and Anthropic wire formats."""
+"""Test doubles for loopscope's tests: a fake model server speaking the providers' wire formats (tests/fakes/wires/)."""
 
 from .model_server import FakeModelServer, RecordedRequest, Reply, ToolCall, Usage
 
