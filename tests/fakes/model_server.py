@@ -6,6 +6,7 @@ Endpoints, all ``POST``, answered by the wire (``tests/fakes/wires/``) whose rou
 - ``/v1/responses``         OpenAI Responses
 - ``/v1/messages``          Anthropic Messages (``anthropic_base_url`` = ``http://127.0.0.1:PORT``, no ``/v1``)
 - ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}`` without consuming a reply
+- ``/v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``  Gemini (``gemini_client()``)
 
 A :class:`Reply` is provider-neutral (text, tool calls, stop reason, usage, faults); the server renders it in the
 format of whichever endpoint was called, so one script drives any of the APIs::
@@ -490,6 +491,12 @@ class FakeModelServer:
         return AsyncAnthropic(
             **{"base_url": self.anthropic_base_url, "api_key": "test-key", "max_retries": 0, **kwargs}
         )
+
+    def gemini_client(self, **kwargs: Any) -> Any:
+        """A google-genai ``Client`` on the Gemini API wire (``client.aio`` is its async side); no retries."""
+        from google import genai
+
+        return genai.Client(**{"api_key": "test-key", "http_options": {"base_url": self.url}, **kwargs})
 
     # ---- internals used by the handler ----------------------------------------------------------------------------
 

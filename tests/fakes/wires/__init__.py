@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from .anthropic import AnthropicWire
 from .base import Frame, Framing, Renderer, Route, Wire
+from .gemini import GeminiWire
 from .openai import OpenAIWire
 
 __all__ = ["WIRES", "Frame", "Framing", "Renderer", "Route", "Wire", "route", "wire_named"]
 
-WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire())
+WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire())
 
 
 def route(path: str) -> tuple[Wire, str, dict[str, str]] | None:
