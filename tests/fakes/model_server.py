@@ -7,6 +7,7 @@ Endpoints, all ``POST``, answered by the wire (``tests/fakes/wires/``) whose rou
 - ``/v1/messages``          Anthropic Messages (``anthropic_base_url`` = ``http://127.0.0.1:PORT``, no ``/v1``)
 - ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}`` without consuming a reply
 - ``/v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``  Gemini (``gemini_client()``)
+- ``/api/chat``             Ollama, JSON or NDJSON streams (``ollama_client()``)
 
 A :class:`Reply` is provider-neutral (text, tool calls, stop reason, usage, faults); the server renders it in the
 format of whichever endpoint was called, so one script drives any of the APIs::
@@ -497,6 +498,17 @@ class FakeModelServer:
         from google import genai
 
         return genai.Client(**{"api_key": "test-key", "http_options": {"base_url": self.url}, **kwargs})
+
+    def ollama_client(self, **kwargs: Any) -> Any:
+        """An ``ollama.Client`` on Ollama's native wire (``/api/chat``)."""
+        from ollama import Client
+
+        return Client(**{"host": self.url, **kwargs})
+
+    def async_ollama_client(self, **kwargs: Any) -> Any:
+        from ollama import AsyncClient
+
+        return AsyncClient(**{"host": self.url, **kwargs})
 
     # ---- internals used by the handler ----------------------------------------------------------------------------
 

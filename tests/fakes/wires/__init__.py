@@ -9,11 +9,12 @@ from __future__ import annotations
 from .anthropic import AnthropicWire
 from .base import Frame, Framing, Renderer, Route, Wire
 from .gemini import GeminiWire
+from .ollama import OllamaWire
 from .openai import OpenAIWire
 
 __all__ = ["WIRES", "Frame", "Framing", "Renderer", "Route", "Wire", "route", "wire_named"]
 
-WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire())
+WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire())
 
 
 def route(path: str) -> tuple[Wire, str, dict[str, str]] | None:
