@@ -8,6 +8,7 @@ Endpoints, all ``POST``, answered by the wire (``tests/fakes/wires/``) whose rou
 - ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}`` without consuming a reply
 - ``/v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``  Gemini (``gemini_client()``)
 - ``/api/chat``             Ollama, JSON or NDJSON streams (``ollama_client()``)
+- ``/v2/chat``              Cohere v2 (``cohere_client()``)
 
 A :class:`Reply` is provider-neutral (text, tool calls, stop reason, usage, faults); the server renders it in the
 format of whichever endpoint was called, so one script drives any of the APIs::
@@ -510,6 +511,17 @@ class FakeModelServer:
 
         return AsyncClient(**{"host": self.url, **kwargs})
 
+    def cohere_client(self, **kwargs: Any) -> Any:
+        """A cohere ``ClientV2`` on Cohere's v2 wire, its retries off (the SDK retries 429 and 5xx twice)."""
+        from cohere import ClientV2
+
+        return _no_retries(ClientV2(**{"base_url": self.url, "api_key": "test-key", **kwargs}))
+
+    def async_cohere_client(self, **kwargs: Any) -> Any:
+        from cohere import AsyncClientV2
+
+        return _no_retries(AsyncClientV2(**{"base_url": self.url, "api_key": "test-key", **kwargs}))
+
     # ---- internals used by the handler ----------------------------------------------------------------------------
 
     def _next_id(self) -> int:
@@ -549,3 +561,9 @@ class FakeModelServer:
                 self._global.served.append(req)
                 return self._global.pending.popleft(), "global"
             return self.default_reply, "default"
+
+
+def _no_retries(client: Any) -> Any:
+    """A Fern-made SDK client (cohere) without its default two retries: each scripted reply is one request."""
+    client._client_wrapper.httpx_client.base_max_retries = 0
+    return client

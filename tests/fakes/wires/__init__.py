@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from .anthropic import AnthropicWire
 from .base import Frame, Framing, Renderer, Route, Wire
+from .cohere import CohereWire
 from .gemini import GeminiWire
 from .ollama import OllamaWire
 from .openai import OpenAIWire
 
 __all__ = ["WIRES", "Frame", "Framing", "Renderer", "Route", "Wire", "route", "wire_named"]
 
-WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire())
+WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire(), CohereWire())
 
 
 def route(path: str) -> tuple[Wire, str, dict[str, str]] | None:
