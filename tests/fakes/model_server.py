@@ -9,6 +9,8 @@ Endpoints, all ``POST``, answered by the wire (``tests/fakes/wires/``) whose rou
 - ``/v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``  Gemini (``gemini_client()``)
 - ``/api/chat``             Ollama, JSON or NDJSON streams (``ollama_client()``)
 - ``/v2/chat``              Cohere v2 (``cohere_client()``)
+- ``/mistral/v1/chat/completions``  Mistral (``mistral_client()``: ``server_url`` = ``mistral_url``)
+- ``/openai/v1/chat/completions``   Groq (``groq_client()``)
 
 A :class:`Reply` is provider-neutral (text, tool calls, stop reason, usage, faults); the server renders it in the
 format of whichever endpoint was called, so one script drives any of the APIs::
@@ -521,6 +523,28 @@ class FakeModelServer:
         from cohere import AsyncClientV2
 
         return _no_retries(AsyncClientV2(**{"base_url": self.url, "api_key": "test-key", **kwargs}))
+
+    @property
+    def mistral_url(self) -> str:
+        """The mistralai SDK's ``server_url``: Mistral's paths are OpenAI's, so its wire sits under ``/mistral``."""
+        return f"{self.url}/mistral"
+
+    def mistral_client(self, **kwargs: Any) -> Any:
+        """A mistralai ``Mistral`` client (sync and async methods alike) on Mistral's wire; no retries."""
+        from mistralai.client import Mistral
+
+        return Mistral(**{"api_key": "test-key", "server_url": self.mistral_url, **kwargs})
+
+    def groq_client(self, **kwargs: Any) -> Any:
+        """A ``groq.Groq`` client on Groq's wire (``/openai/v1/chat/completions``); no retries."""
+        from groq import Groq
+
+        return Groq(**{"base_url": self.url, "api_key": "test-key", "max_retries": 0, **kwargs})
+
+    def async_groq_client(self, **kwargs: Any) -> Any:
+        from groq import AsyncGroq
+
+        return AsyncGroq(**{"base_url": self.url, "api_key": "test-key", "max_retries": 0, **kwargs})
 
     # ---- internals used by the handler ----------------------------------------------------------------------------
 

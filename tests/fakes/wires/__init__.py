@@ -10,12 +10,14 @@ from .anthropic import AnthropicWire
 from .base import Frame, Framing, Renderer, Route, Wire
 from .cohere import CohereWire
 from .gemini import GeminiWire
+from .groq import GroqWire
+from .mistral import MistralWire
 from .ollama import OllamaWire
 from .openai import OpenAIWire
 
 __all__ = ["WIRES", "Frame", "Framing", "Renderer", "Route", "Wire", "route", "wire_named"]
 
-WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire(), CohereWire())
+WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire(), CohereWire(), MistralWire(), GroqWire())
 
 
 def route(path: str) -> tuple[Wire, str, dict[str, str]] | None:
