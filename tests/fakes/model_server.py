@@ -11,6 +11,7 @@ Endpoints, all ``POST``, answered by the wire (``tests/fakes/wires/``) whose rou
 - ``/v2/chat``              Cohere v2 (``cohere_client()``)
 - ``/mistral/v1/chat/completions``  Mistral (``mistral_client()``: ``server_url`` = ``mistral_url``)
 - ``/openai/v1/chat/completions``   Groq (``groq_client()``)
+- ``/model/{modelId}/converse`` / ``converse-stream``  Bedrock Runtime, JSON or AWS event-stream (``bedrock_client()``)
 
 A :class:`Reply` is provider-neutral (text, tool calls, stop reason, usage, faults); the server renders it in the
 format of whichever endpoint was called, so one script drives any of the APIs::
@@ -545,6 +546,18 @@ class FakeModelServer:
         from groq import AsyncGroq
 
         return AsyncGroq(**{"base_url": self.url, "api_key": "test-key", "max_retries": 0, **kwargs})
+
+    def bedrock_client(self, **kwargs: Any) -> Any:
+        """A boto3 ``bedrock-runtime`` client on Bedrock's Converse wire: dummy credentials (signed, never
+        checked), ``us-east-1``, one attempt per call (botocore retries throttling and 5xx by default)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(**{
+            "service_name": "bedrock-runtime", "endpoint_url": self.url, "region_name": "us-east-1",
+            "aws_access_key_id": "testing", "aws_secret_access_key": "testing-secret",
+            "config": Config(retries={"total_max_attempts": 1, "mode": "standard"}), **kwargs,
+        })
 
     # ---- internals used by the handler ----------------------------------------------------------------------------
 

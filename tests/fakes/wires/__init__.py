@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .anthropic import AnthropicWire
 from .base import Frame, Framing, Renderer, Route, Wire
+from .bedrock import BedrockWire
 from .cohere import CohereWire
 from .gemini import GeminiWire
 from .groq import GroqWire
@@ -17,7 +18,7 @@ from .openai import OpenAIWire
 
 __all__ = ["WIRES", "Frame", "Framing", "Renderer", "Route", "Wire", "route", "wire_named"]
 
-WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire(), CohereWire(), MistralWire(), GroqWire())
+WIRES: tuple[Wire, ...] = (OpenAIWire(), AnthropicWire(), GeminiWire(), OllamaWire(), CohereWire(), MistralWire(), GroqWire(), BedrockWire())
 
 
 def route(path: str) -> tuple[Wire, str, dict[str, str]] | None:
