@@ -55,7 +55,7 @@ def _given(value: Any) -> Any:
 
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     items = _given(r.items(kwargs, "input"))
-    input_text, results, messages = _read_input(items)
+    input_text, results, messages = read_input(items)
     reasoning = _given(kwargs.get("reasoning"))
     server = r.stainless_server(instance)
     request = request_parameters(
@@ -95,7 +95,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
     )
 
 
-def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | str | None]:
+def read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | str | None]:
     """The last user text of ``input``, the tool results it carries, and its items as
     GenAI messages (one per message, call and result item; others are left out), for a
     long conversation as their JSON text, the items of an earlier request not converted
@@ -164,7 +164,7 @@ def _tools(tools: Any) -> list[Any] | None:
 # -- the response ---------------------------------------------------------------------
 
 
-def _usage(usage: Any) -> dict[str, int]:
+def response_usage(usage: Any) -> dict[str, int]:
     if usage is None:
         return {}
     input_details = r.get(usage, "input_tokens_details")
@@ -184,7 +184,7 @@ def _error(source: Any, default: str) -> ResponseError:
     return ResponseError(text)
 
 
-def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, str | None]:
+def read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, str | None]:
     """Text (message items joined), the tool calls, the reasoning summary and the refusal of an output list."""
     texts: list[str] = []
     refusals: list[str] = []
@@ -213,7 +213,7 @@ def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, st
     return text, calls, "\n".join(thinking) or None, refusal
 
 
-def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
+def response_finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
     status = r.get(response, "status")
     if status == "incomplete":
         return r.get(r.get(response, "incomplete_details"), "reason") or "incomplete"
@@ -239,15 +239,15 @@ def _finish(response: Any, model_call: ModelCall, *, text_streamed: bool = False
             )
         )
         return
-    text, calls, thinking, refusal = _read_output(output if output else items)
+    text, calls, thinking, refusal = read_output(output if output else items)
     reported = r.get(response, "usage")
-    usage = _usage(reported)
+    usage = response_usage(reported)
     model_call.finish(
         ModelResponse(
             text=None if text_streamed else text,
             tool_calls=calls,
             usage=usage,
-            finish_reason=_finish_reason(response, calls),
+            finish_reason=response_finish_reason(response, calls),
             response_id=r.get(response, "id"),
             model=r.get(response, "model"),
             thinking=thinking,
@@ -307,7 +307,7 @@ class _ResponseEvents:
 
     def finish(self, model_call: ModelCall) -> None:
         """The stream ended without a final event: what it carried is the response."""
-        text, calls, thinking, refusal = _read_output(self._items())
+        text, calls, thinking, refusal = read_output(self._items())
         model_call.finish(
             ModelResponse(
                 text=None if self.streamed else text,

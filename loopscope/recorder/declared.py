@@ -79,7 +79,7 @@ def _object_fields(obj: Any) -> dict[str, Any] | None:
         if callable(dump):
             found = dump(mode="json", exclude_none=True)
             return found if isinstance(found, dict) else None
-        if dataclasses.is_dataclass(obj):
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             return {k: v for k, v in dataclasses.asdict(obj).items() if v is not None}
         to_dict = getattr(obj, "to_dict", None)
         if callable(to_dict):

@@ -105,10 +105,10 @@ def message_dict(message: Any) -> dict[str, Any]:
     return message
 
 
-def genai_messages(messages: Any) -> Any:
+def genai_messages(messages: Any) -> list[dict[str, Any]] | str | None:
     """``ModelRequest.input_messages`` as the recorder keeps it: typed messages become the
     schema's dicts; dicts and JSON text stay as they are."""
-    if type(messages) is list and messages and isinstance(messages[0], (InputMessage, OutputMessage)):
+    if type(messages) is list and messages and type(messages[0]) is not dict:
         return [message_dict(m) for m in messages]
     return messages
 

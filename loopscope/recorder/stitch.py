@@ -436,9 +436,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         if tools is not None:
             tools = tool_set(tools)  # normalised once for the turn and its round
         stream, parameters = request.stream, request.parameters
-        input_messages = request.input_messages
-        if type(input_messages) is list and input_messages and type(input_messages[0]) is not dict:
-            input_messages = genai_messages(input_messages)  # the kit's typed messages
+        # the kit's typed messages become the schema's dicts; dicts and JSON text stay as they are
+        input_messages = genai_messages(request.input_messages)
         hand = current_turn.get()
         mine = current_round.get()
         if mine is not None and not mine.ended and not mine._turn.ended and (hand is None or mine._turn is hand):
