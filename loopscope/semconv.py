@@ -607,11 +607,12 @@ REQUEST_PARAMETERS = {
     "response_format": "loopscope.request.response_format",
     "reasoning": "loopscope.request.reasoning",
     "thinking": "loopscope.request.thinking",
+    "other": "loopscope.request.other",  # a provider's parameters with no name here (recorder/parameters.py)
 }
 """Neutral request parameter names (what adapters report) and their span attributes: the
 GenAI conventions' where they name one, ``loopscope.request.*`` otherwise. A mapping value
 (``reasoning``, ``thinking``, ``response_format``) is JSON text (:data:`JSON_PARAMETERS`)."""
-JSON_PARAMETERS = frozenset(("response_format", "reasoning", "thinking"))
+JSON_PARAMETERS = frozenset(("response_format", "reasoning", "thinking", "other"))
 """Request parameters whose value is an object, carried as JSON text and stored as the object."""
 
 

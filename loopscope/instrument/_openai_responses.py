@@ -17,10 +17,11 @@ from ..recorder.adapter import (
     ModelRequest,
     ModelResponse,
     ToolResult,
-    provider_of_server,
-    result_value,
-    wants_result,
+    ToolResults,
+    provider_at,
+    request_parameters,
 )
+from ..recorder.adapter import usage as make_usage
 from . import _history
 from . import _read as r
 from ._calls import async_call, sync_call
@@ -54,23 +55,24 @@ def _given(value: Any) -> Any:
 
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     items = _given(r.items(kwargs, "input"))
-    input_text, results, messages = _read_input(items)
+    input_text, results, messages = read_input(items)
     reasoning = _given(kwargs.get("reasoning"))
-    server = r.server(instance)
-    request = {
-        "temperature": _given(kwargs.get("temperature")),
-        "top_p": _given(kwargs.get("top_p")),
-        "max_tokens": _given(kwargs.get("max_output_tokens")),
-        "reasoning_effort": r.get(reasoning, "effort"),
-        "service_tier": _given(kwargs.get("service_tier")),
-        "tool_choice": r.tool_choice(_given(kwargs.get("tool_choice"))),
-        "system_instructions": _given(kwargs.get("instructions")),
-        "reasoning": reasoning if isinstance(reasoning, dict) else None,
-        "include": _given(kwargs.get("include")),
-        "store": _given(kwargs.get("store")),
-        "parallel_tool_calls": _given(kwargs.get("parallel_tool_calls")),
-        **server,
-    }
+    server = r.stainless_server(instance)
+    request = request_parameters(
+        provider=PROVIDER,
+        temperature=_given(kwargs.get("temperature")),
+        top_p=_given(kwargs.get("top_p")),
+        max_tokens=_given(kwargs.get("max_output_tokens")),
+        reasoning_effort=r.get(reasoning, "effort"),
+        service_tier=_given(kwargs.get("service_tier")),
+        tool_choice=r.tool_choice(_given(kwargs.get("tool_choice"))),
+        system_instructions=_given(kwargs.get("instructions")),
+        reasoning=reasoning if isinstance(reasoning, dict) else None,
+        include=_given(kwargs.get("include")),
+        store=_given(kwargs.get("store")),
+        parallel_tool_calls=_given(kwargs.get("parallel_tool_calls")),
+        server=server,
+    )
     # structured output: text.format (create), or the class parse() is given as text_format
     text_format = _given(kwargs.get("text_format"))
     if text_format is None:
@@ -80,7 +82,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
     model = _given(kwargs.get("model"))
     previous = _given(kwargs.get("previous_response_id"))  # the server keeps the conversation
     return ModelRequest(
-        provider_of_server(PROVIDER, server.get("server_address"), server.get("server_port")) if server else PROVIDER,
+        provider_at(PROVIDER, server),
         model if isinstance(model, str) else None,
         tools=_tools(_given(r.items(kwargs, "tools"))),
         tool_results=results,
@@ -93,7 +95,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
     )
 
 
-def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | str | None]:
+def read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str, Any]] | str | None]:
     """The last user text of ``input``, the tool results it carries, and its items as
     GenAI messages (one per message, call and result item; others are left out), for a
     long conversation as their JSON text, the items of an earlier request not converted
@@ -103,12 +105,11 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str
     if not isinstance(items, (list, tuple)):
         return None, [], None
     text = None
-    results = []
+    # results without a call id (an OpenAI-compatible server's calls may have none) answer
+    # the last response's calls without one, by position (the kit pairs them)
+    results = ToolResults()
     messages: list[dict[str, Any]] = []
     known, kept, found = _conversations.reuse(items)
-    # results without a call id (an OpenAI-compatible server's calls may have none) answer
-    # the last response's calls without one, by position: those after its call items
-    unnamed: list[ToolResult] | None = [] if wants_result("") else None
     for index, item in enumerate(items):
         fresh = index >= known  # not one of an earlier request's items, whose JSON is kept
         kind = r.get(item, "type")
@@ -117,30 +118,23 @@ def _read_input(items: Any) -> tuple[str | None, list[ToolResult], list[dict[str
             output = r.get(item, "output")
             if fresh:
                 messages.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": output}]})
-            if call_id and wants_result(str(call_id)):  # results of calls still open only
-                content = r.text_of(output) if isinstance(output, list) else output
-                results.append(ToolResult(str(call_id), result_value(content)))
-            elif not call_id and unnamed is not None:
-                content = r.text_of(output) if isinstance(output, list) else output
-                unnamed.append(ToolResult("", result_value(content)))
+            if results.wanted(call_id):  # results of calls still open only
+                results.add(call_id, r.text_of(output) if isinstance(output, list) else output)
         elif kind in _CALL_TYPES:
             if fresh:
                 arguments = r.get(item, "arguments") if kind == "function_call" else r.get(item, "input")
                 part = {"type": "tool_call", "id": r.get(item, "call_id"), "name": r.get(item, "name"), "arguments": arguments}
                 messages.append({"role": "assistant", "parts": [part]})
-            if unnamed:
-                unnamed = []  # a later response's calls: the results before answered an earlier one
+            results.model_spoke()  # a later response's calls: the results before answered an earlier one
         elif kind in (None, "message"):
             role, content = r.get(item, "role"), r.get(item, "content")
             if fresh:
                 messages.append({"role": role, "parts": r.content_parts(content)})
             if role == "user":
                 text = r.text_of(content)
-            elif unnamed and role == "assistant":
-                unnamed = []
-    if unnamed:
-        results += unnamed
-    return text, results, _conversations.join(items, messages, known, kept, found)
+            elif role == "assistant":
+                results.model_spoke()
+    return text, results.results, _conversations.join(items, messages, known, kept, found)
 
 
 _conversations = _history.History()
@@ -170,18 +164,18 @@ def _tools(tools: Any) -> list[Any] | None:
 # -- the response ---------------------------------------------------------------------
 
 
-def _usage(usage: Any) -> dict[str, int]:
+def response_usage(usage: Any) -> dict[str, int]:
     if usage is None:
         return {}
     input_details = r.get(usage, "input_tokens_details")
-    out = {
-        "input_tokens": r.number(r.get(usage, "input_tokens")),
-        "output_tokens": r.number(r.get(usage, "output_tokens")),
-        "cache_read_input_tokens": r.number(r.get(input_details, "cached_tokens")),
-        "cache_creation_input_tokens": r.number(r.get(input_details, "cache_write_tokens")),
-        "reasoning_tokens": r.number(r.get(r.get(usage, "output_tokens_details"), "reasoning_tokens")),
-    }
-    return {k: v for k, v in out.items() if v is not None}
+    # the Responses API counts as Chat Completions does: cache in the input, reasoning in the output
+    return make_usage(
+        input=r.get(usage, "input_tokens"),
+        output=r.get(usage, "output_tokens"),
+        cache_read=r.get(input_details, "cached_tokens"),
+        cache_write=r.get(input_details, "cache_write_tokens"),
+        reasoning=r.get(r.get(usage, "output_tokens_details"), "reasoning_tokens"),
+    )
 
 
 def _error(source: Any, default: str) -> ResponseError:
@@ -190,7 +184,7 @@ def _error(source: Any, default: str) -> ResponseError:
     return ResponseError(text)
 
 
-def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, str | None]:
+def read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, str | None]:
     """Text (message items joined), the tool calls, the reasoning summary and the refusal of an output list."""
     texts: list[str] = []
     refusals: list[str] = []
@@ -219,7 +213,7 @@ def _read_output(items: Any) -> tuple[str | None, list[ToolCall], str | None, st
     return text, calls, "\n".join(thinking) or None, refusal
 
 
-def _finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
+def response_finish_reason(response: Any, calls: list[ToolCall]) -> str | None:
     status = r.get(response, "status")
     if status == "incomplete":
         return r.get(r.get(response, "incomplete_details"), "reason") or "incomplete"
@@ -245,15 +239,15 @@ def _finish(response: Any, model_call: ModelCall, *, text_streamed: bool = False
             )
         )
         return
-    text, calls, thinking, refusal = _read_output(output if output else items)
+    text, calls, thinking, refusal = read_output(output if output else items)
     reported = r.get(response, "usage")
-    usage = _usage(reported)
+    usage = response_usage(reported)
     model_call.finish(
         ModelResponse(
             text=None if text_streamed else text,
             tool_calls=calls,
             usage=usage,
-            finish_reason=_finish_reason(response, calls),
+            finish_reason=response_finish_reason(response, calls),
             response_id=r.get(response, "id"),
             model=r.get(response, "model"),
             thinking=thinking,
@@ -313,7 +307,7 @@ class _ResponseEvents:
 
     def finish(self, model_call: ModelCall) -> None:
         """The stream ended without a final event: what it carried is the response."""
-        text, calls, thinking, refusal = _read_output(self._items())
+        text, calls, thinking, refusal = read_output(self._items())
         model_call.finish(
             ModelResponse(
                 text=None if self.streamed else text,

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel  # adapters test it through is_model
 
 from .. import _json
+from ..recorder.adapter import server_of
 
 _models: set[type] = set()  # the response classes seen that are pydantic models
 
@@ -60,8 +61,10 @@ def text_of(content: Any) -> str | None:
 _servers: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(base URL) -> (that URL, its server fields)
 
 
-def server(instance: Any) -> dict[str, Any]:
-    """server.address / server.port of the client a resource belongs to (do not change it)."""
+def stainless_server(instance: Any) -> dict[str, Any]:
+    """server.address / server.port of the client a Stainless SDK's resource belongs to (the
+    openai and anthropic SDKs: ``resource._client.base_url``), through the kit's ``server_of``
+    (an adapter of another SDK hands its own client's URL to ``server_of``). Do not change it."""
     client = getattr(instance, "_client", None)
     # what the openai and anthropic clients' ``base_url`` property returns; that property
     # runs an import statement on every read in openai 3
@@ -71,8 +74,7 @@ def server(instance: Any) -> dict[str, Any]:
     known = _servers.get(id(url))
     if known is not None and known[0] is url:
         return known[1]
-    host = getattr(url, "host", None)
-    out = {"server_address": host, "server_port": getattr(url, "port", None)} if host else {}
+    out = server_of(url)
     if type(url).__name__ == "URL":  # httpx's URL is immutable: remember it (it is held, so its id stays its own)
         if len(_servers) >= 64:
             _servers.clear()

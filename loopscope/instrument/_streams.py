@@ -12,6 +12,7 @@ handed on, the values it will read (see :class:`Accumulator`).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from time import monotonic_ns
@@ -311,13 +312,23 @@ class AsyncStream(_Proxy):
         return item
 
     async def close(self) -> Any:
-        try:
-            return await self.__wrapped__.close()
-        finally:
-            self._self_abandon()
+        """The source's ``close`` (a Stainless stream's), else its ``aclose`` (an async generator's)."""
+        return await self._self_close("close", "aclose")
 
     async def aclose(self) -> Any:
-        return await self.close()
+        """The source's ``aclose`` (an async generator's: google-genai's streams), else its ``close``."""
+        return await self._self_close("aclose", "close")
+
+    async def _self_close(self, first: str, second: str) -> Any:
+        wrapped = self.__wrapped__
+        closer = getattr(wrapped, first, None)
+        if closer is None:
+            closer = getattr(wrapped, second)  # neither: the AttributeError the source itself gives
+        try:
+            result = closer()
+            return await result if inspect.isawaitable(result) else result
+        finally:
+            self._self_abandon()
 
     async def __aenter__(self) -> Self:
         await self.__wrapped__.__aenter__()
@@ -331,6 +342,16 @@ class AsyncStream(_Proxy):
 
 
 StreamFactory = Callable[[Any, ModelCall], Any]
+
+
+def proxy_stream(source: Any, model_call: ModelCall, accumulator: Accumulator) -> Any:
+    """The proxy for a streamed answer, whatever the SDK streams with: an async iterable (a
+    Stainless ``AsyncStream``, an async generator) gets an :class:`AsyncStream`, anything else
+    iterable (a Stainless ``Stream``, a generator) a :class:`SyncStream`. The user gets the
+    source's chunks and methods as they are; the round ends once either way."""
+    if hasattr(type(source), "__aiter__"):
+        return AsyncStream(source, model_call, accumulator)
+    return SyncStream(source, model_call, accumulator)
 
 
 def closes_inner_stream(

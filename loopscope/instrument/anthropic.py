@@ -33,16 +33,17 @@ from typing import Any
 from .. import _json
 from ..models import ToolCall
 from ..recorder.adapter import (
+    COMMON_FINISH,
     ModelCall,
     ModelRequest,
     ModelResponse,
-    ToolResult,
-    provider_of_server,
+    ToolResults,
+    provider_at,
     recorded_elsewhere,
+    request_parameters,
     requested_call_span,
-    result_value,
-    wants_result,
 )
+from ..recorder.adapter import usage as make_usage
 from . import _history
 from . import _read as r
 from ._calls import async_call, calling, sync_call
@@ -50,6 +51,9 @@ from ._patch import Patch, wrap
 from ._streams import AsyncStream, SyncStream
 
 PROVIDER = "anthropic"
+FINISH = COMMON_FINISH
+"""Anthropic's stop reasons (``end_turn``, ``tool_use``, ``max_tokens``, ``stop_sequence``,
+``pause_turn``, ``refusal``, ``model_context_window_exceeded``) in the kit's vocabulary."""
 
 
 # -- the request ------------------------------------------------------------------------
@@ -103,7 +107,7 @@ def _tools(tools: Any) -> list[Any] | None:
 def _request(
     instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool | None = None
 ) -> ModelRequest:
-    results = []
+    results = ToolResults()
     input_text = None
     given = _sequence(kwargs.get("messages"))
     source = given or ()
@@ -127,14 +131,8 @@ def _request(
         for block in blocks:
             # only the results of calls still open are read (a long history holds many)
             call_id = r.get(block, "tool_use_id")
-            if r.get(block, "type") == "tool_result" and call_id and wants_result(str(call_id)):
-                results.append(
-                    ToolResult(
-                        str(call_id),
-                        result_value(_result_content(r.get(block, "content"))),
-                        bool(r.get(block, "is_error")),
-                    )
-                )
+            if r.get(block, "type") == "tool_result" and call_id and results.wanted(call_id):
+                results.add(call_id, _result_content(r.get(block, "content")), bool(r.get(block, "is_error")))
         text = _blocks_text(blocks)
         if text is not None:  # a message of tool results alone is not the user speaking
             input_text = text
@@ -142,33 +140,39 @@ def _request(
     extra = kwargs.get("extra_body")
     params = {**kwargs, **extra} if isinstance(extra, dict) else kwargs
     stop = params.get("stop_sequences")
-    server = r.server(instance)
-    request = {
-        "temperature": params.get("temperature"),
-        "top_p": params.get("top_p"),
-        "top_k": params.get("top_k"),
-        "max_tokens": params.get("max_tokens"),
-        "stop": list(stop) if isinstance(stop, (list, tuple)) else None,
-        "service_tier": params.get("service_tier"),
-        "tool_choice": r.tool_choice(params.get("tool_choice")),
-        "system_instructions": kwargs.get("system"),  # gen_ai.system_instructions: apart from the messages
-        "thinking": params.get("thinking"),  # extended thinking: {"type": "enabled", "budget_tokens": N}
-        **server,
-    }
+    server = r.stainless_server(instance)
+    request = request_parameters(
+        provider=PROVIDER,
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        top_k=params.get("top_k"),
+        max_tokens=params.get("max_tokens"),
+        stop=stop if isinstance(stop, (list, tuple)) else None,
+        service_tier=params.get("service_tier"),
+        tool_choice=r.tool_choice(params.get("tool_choice")),
+        system_instructions=_system(kwargs.get("system")),  # gen_ai.system_instructions: apart from the messages
+        thinking=params.get("thinking"),  # extended thinking: {"type": "enabled", "budget_tokens": N}
+        server=server,
+    )
     return ModelRequest(
-        provider_of_server(PROVIDER, server.get("server_address"), server.get("server_port")) if server else PROVIDER,
+        provider_at(PROVIDER, server),
         kwargs.get("model"),
         tools=_tools(kwargs.get("tools")),
-        tool_results=results,
+        tool_results=results.results,
         input_text=input_text,
         stream=kwargs.get("stream") is True if stream is None else stream,
-        parameters={k: v for k, v in request.items() if isinstance(v, (str, int, float, list, dict))},
+        parameters=request,
         input_messages=_conversations.join(source, messages, known, kept, found),
         messages=given,
     )
 
 
 _conversations = _history.History()
+
+
+def _system(system: Any) -> Any:
+    """The system prompt as recorded: a text or a list of blocks (an iterable the SDK consumes is left alone)."""
+    return system if isinstance(system, (str, list, dict)) else None
 
 
 def _parts(blocks: Any) -> list[dict[str, Any]]:
@@ -192,7 +196,8 @@ def _parts(blocks: Any) -> list[dict[str, Any]]:
 
 def _usage(usage: Any) -> dict[str, int]:
     """The figures as Anthropic gives them (its ``input_tokens`` leave the cached ones
-    out), by loopscope's names; :func:`_normalized` makes the usage recorded of them."""
+    out), by loopscope's names; :func:`_normalized` makes the usage recorded of them (a
+    stream's message_delta replaces some of message_start's: they are merged raw first)."""
     if usage is None:
         return {}
     out = {
@@ -208,13 +213,20 @@ def _usage(usage: Any) -> dict[str, int]:
 
 
 def _normalized(raw: dict[str, int]) -> dict[str, int]:
-    """The usage recorded: input tokens including the cache read and written, as the GenAI
-    conventions and OpenAI count them (Anthropic's own figures go whole in provider_usage)."""
-    if not raw or "input_tokens" not in raw:
+    """The usage recorded, by the kit's builder: Anthropic's input tokens leave the cache
+    (read and written) out, its output tokens count the thinking (Anthropic's own figures
+    go whole in provider_usage)."""
+    if not raw:
         return raw
-    usage = dict(raw)
-    usage["input_tokens"] += raw.get("cache_read_input_tokens", 0) + raw.get("cache_creation_input_tokens", 0)
-    return usage
+    return make_usage(
+        input=raw.get("input_tokens"),
+        output=raw.get("output_tokens"),
+        cache_read=raw.get("cache_read_input_tokens"),
+        cache_write=raw.get("cache_creation_input_tokens"),
+        reasoning=raw.get("reasoning_tokens"),
+        input_includes_cache=False,
+        web_search_requests=raw.get("web_search_requests"),
+    )
 
 
 def _reported(usages: list[Any]) -> str | None:
@@ -272,6 +284,7 @@ def _finish_message(message: Any, model_call: ModelCall) -> None:
             tool_calls=calls,
             usage=usage,
             finish_reason=stop_reason,
+            finish=FINISH(stop_reason),
             response_id=r.get(message, "id"),
             model=r.get(message, "model"),
             thinking="\n".join(t for t in thinking if t) or None,
@@ -380,6 +393,7 @@ class _Events:
         return ModelResponse(
             usage=_normalized(self.usage),
             finish_reason=self.stop_reason,
+            finish=FINISH(self.stop_reason),
             response_id=self.response_id,
             model=self.model,
             provider_usage=_reported(self.reported) if self.reported else None,

@@ -65,7 +65,7 @@ from ..recorder.adapter import (
     start_tool,
 )
 from . import _read as r
-from ._openai_responses import _finish_reason, _read_input, _read_output, _usage
+from ._openai_responses import read_input, read_output, response_finish_reason, response_usage
 from ._patch import Patch, Registration, wrap
 
 FRAMEWORK = "openai_agents"
@@ -107,7 +107,7 @@ def _input_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, (list, tuple)):
-        return _read_input(list(value))[0]
+        return read_input(list(value))[0]
     return None  # a RunState: a resumed run, no new input
 
 
@@ -449,8 +449,8 @@ def _fill_round(rnd: Round, data: Any) -> None:
         if response is None:
             rnd.response(usage=usage)
             return
-        text, calls, thinking, refusal = _read_output(r.get(response, "output"))
-        rnd.response(text, calls, usage or _usage(r.get(response, "usage")), _finish_reason(response, calls),
+        text, calls, thinking, refusal = read_output(r.get(response, "output"))
+        rnd.response(text, calls, usage or response_usage(r.get(response, "usage")), response_finish_reason(response, calls),
                      thinking=thinking, response_id=r.get(response, "id"), model=r.get(response, "model"), refusal=refusal)
         return
     text, calls, finish, response_id, model = _read_generation(getattr(data, "output", None))
@@ -481,10 +481,10 @@ def _read_generation(output: Any) -> tuple[str | None, list[ToolCall], str | Non
         return None, [], None, None, None
     first = output[0]
     if r.get(first, "output") is not None:  # a response the SDK assembled from the chunks
-        text, calls, _, _ = _read_output(r.get(first, "output"))
+        text, calls, _, _ = read_output(r.get(first, "output"))
         if r.get(first, "id") == FAKE_RESPONSES_ID:  # the SDK's own: its id a placeholder, its model the one asked for
-            return text, calls, _finish_reason(first, calls), None, None
-        return text, calls, _finish_reason(first, calls), r.get(first, "id"), r.get(first, "model")
+            return text, calls, response_finish_reason(first, calls), None, None
+        return text, calls, response_finish_reason(first, calls), r.get(first, "id"), r.get(first, "model")
     calls = []
     for call in r.get(first, "tool_calls") or ():
         function = r.get(call, "function")

@@ -29,12 +29,31 @@ Turns, rounds and tools (a framework adapter)
     own model calls defers the SDK adapters with :func:`defer_model_calls_to`.
 
 The provider of an SDK's call follows its server: :func:`provider_of_server` (the SDK's
-provider name, the server's host and port) names the provider whose host it is.
+provider name, the server's host and port) names the provider whose host it is;
+:func:`provider_at` does it for the server :func:`server_of` read from a base URL.
+
+The provider kit (docs/writing-an-adapter.md): what every provider adapter would
+otherwise derive again, so that an adapter only translates.
+
+- :func:`request_parameters`: typed keyword-only request parameters; a provider's own
+  keys kept under ``other`` and said once; :func:`server_of` the server of a base URL.
+- :class:`InputMessage`, :class:`OutputMessage` and their parts (:class:`Text`,
+  :class:`ToolCallRequest`, :class:`ToolCallResponse`, :class:`Reasoning`, :class:`Part`):
+  util-genai's shapes, for ``ModelRequest.input_messages``.
+- declared tools in any provider's objects (pydantic models, dataclasses, objects with a
+  ``name``, Gemini's ``Tool`` with its ``function_declarations``): ``ModelRequest.tools``
+  takes them as they are.
+- :class:`Finish`, :class:`FinishMap`, :data:`FINISH_OUTCOMES`: the finish-reason
+  vocabulary and the outcome each gives (``ModelResponse.finish``).
+- :func:`usage`: one builder of the recorded usage, told what the provider's figures include.
+- :class:`ToolResults`: the request's tool results, with and without ids, paired once.
+- ``loopscope/instrument/_streams.py`` (stream proxies, :func:`proxy_stream`) and
+  ``loopscope/instrument/openai_compat.py`` (the OpenAI format) are the kit's instrument side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any, NamedTuple
 
@@ -48,7 +67,13 @@ from .context import current_round, current_session, current_turn, last_stitched
 from .elsewhere import defer_to as defer_model_calls_to
 from .elsewhere import note_request as note_request_elsewhere
 from .elsewhere import recorded_elsewhere
+from .finish import COMMON as COMMON_FINISH
+from .finish import OUTCOMES as FINISH_OUTCOMES
+from .finish import Finish, FinishMap
+from .parameters import request_parameters, server_of
+from .parts import InputMessage, OutputMessage, Part, Reasoning, Text, ToolCallRequest, ToolCallResponse
 from .records import Choice, ModelRequest, ModelResponse, ToolResult
+from .results import ToolResults
 from .settings import on_exit
 from .stitch import (
     ModelCall,
@@ -63,6 +88,16 @@ from .tool import ToolExecution, running_tool, start_requested
 from .tool import reported_elsewhere as report_own_tool_calls
 from .turn import Round, Turn, call_owners
 from .turn import _new_id as new_id
+from .usage import USAGE_KEYS, usage
+
+
+def provider_at(provider: str, server: Mapping[str, Any] | None) -> str:
+    """The provider of a call to ``server`` (what :func:`server_of` gave) by an SDK of
+    ``provider``: the one whose host it is (Groq's, Gemini's OpenAI endpoint...), else ``provider``."""
+    if not server:
+        return provider
+    return provider_of_server(provider, server.get("server_address"), server.get("server_port"))
+
 
 _CURRENT: Any = object()  # "the current turn", where a turn may be named
 _UNSET: Any = object()
@@ -269,15 +304,28 @@ def end_tool(
 
 
 __all__ = [
+    "COMMON_FINISH",
+    "FINISH_OUTCOMES",
+    "USAGE_KEYS",
     "Choice",
     "Entered",
+    "Finish",
+    "FinishMap",
+    "InputMessage",
     "ModelCall",
     "ModelRequest",
     "ModelResponse",
+    "OutputMessage",
+    "Part",
+    "Reasoning",
     "Round",
     "StreamClosed",
+    "Text",
+    "ToolCallRequest",
+    "ToolCallResponse",
     "ToolExecution",
     "ToolResult",
+    "ToolResults",
     "Turn",
     "call_owner",
     "claim_call",
@@ -297,17 +345,21 @@ __all__ = [
     "on_exit",
     "open_round",
     "open_turn",
+    "provider_at",
     "provider_of_server",
     "recorded_elsewhere",
     "report_own_tool_calls",
+    "request_parameters",
     "requested_call_span",
     "result_value",
     "rounds_done",
     "running_tool",
     "serve_call",
+    "server_of",
     "start_model_call",
     "start_requested_call",
     "start_tool",
     "tool_turn",
+    "usage",
     "wants_result",
 ]

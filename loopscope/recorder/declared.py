@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
@@ -29,6 +30,10 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
         origin = "always"  # not one of the origins: the tool was offered, that is all that is known
     if isinstance(tool, str):
         return DeclaredTool(name=tool, origin=origin)  # type: ignore[arg-type]
+    if not isinstance(tool, dict) and not inspect.isroutine(tool) and not isinstance(tool, type):
+        fields = _object_fields(tool)  # a provider's own tool object: read as the dict it stands for
+        if fields is not None:
+            tool = fields
     if isinstance(tool, dict):
         spec = tool.get("function")
         if not isinstance(spec, dict):
@@ -37,6 +42,10 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
         if not name:
             return None
         params = spec.get("parameters", spec.get("input_schema", spec.get("inputSchema")))
+        if params is None:  # Gemini's FunctionDeclaration: a JSON schema beside its own Schema
+            params = spec.get("parameters_json_schema", spec.get("parametersJsonSchema"))
+        if not isinstance(params, dict) and params is not None:
+            params = _object_fields(params)  # a schema object (Gemini's types.Schema)
         description = spec.get("description")
         own_origin = tool.get("origin", origin)
         kind = tool.get("type")  # a server tool's own type; "function" / "custom": the application's
@@ -53,6 +62,65 @@ def declared_tool(tool: Any, origin: str = "always") -> DeclaredTool | None:
             return None
         return DeclaredTool(name=name, description=inspect.getdoc(tool), parameters=_parameters(tool), origin=origin)  # type: ignore[arg-type]
     return None
+
+
+_TOOL_FIELDS = (
+    "type", "name", "description", "parameters", "parameters_json_schema", "input_schema", "inputSchema", "function",
+)
+
+
+def _object_fields(obj: Any) -> dict[str, Any] | None:
+    """A tool (or a schema) written as an object, as the dict it stands for: a pydantic model
+    (``model_dump``: Gemini's ``types.FunctionDeclaration``, openai's and anthropic's
+    models), a dataclass, or any object with the fields a tool has (``name``,
+    ``description``, ``parameters``...). None when it has none of them."""
+    try:
+        dump = getattr(obj, "model_dump", None)
+        if callable(dump):
+            found = dump(mode="json", exclude_none=True)
+            return found if isinstance(found, dict) else None
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return {k: v for k, v in dataclasses.asdict(obj).items() if v is not None}
+        to_dict = getattr(obj, "to_dict", None)
+        if callable(to_dict):
+            found = to_dict()
+            if isinstance(found, dict):
+                return found
+        fields = {key: getattr(obj, key, None) for key in _TOOL_FIELDS}
+        fields = {key: value for key, value in fields.items() if value is not None}
+        if not fields.get("name") and not fields.get("function"):
+            return None
+        for key in ("parameters", "parameters_json_schema", "input_schema", "inputSchema", "function"):
+            value = fields.get(key)
+            if value is not None and not isinstance(value, dict):
+                nested = _object_fields(value) if not isinstance(value, (str, bytes)) else None
+                fields[key] = nested if nested is not None else value
+        return fields
+    except Exception:  # a provider object that will not be read: the tool is left out
+        return None
+
+
+def _expanded(tool: Any) -> list[Any]:
+    """The tools one entry declares: a Gemini ``Tool`` (an object or its dict) holds several
+    ``function_declarations``, each a tool; its server tools (``google_search``,
+    ``code_execution``...) are tools of their own, by their name. Any other entry is itself."""
+    if type(tool) is str or type(tool) is DeclaredTool:
+        return [tool]
+    if type(tool) is dict:
+        if "function_declarations" not in tool and "functionDeclarations" not in tool:
+            return [tool]
+        fields: dict[str, Any] | None = tool
+    elif inspect.isroutine(tool) or isinstance(tool, type) or getattr(tool, "function_declarations", None) is None:
+        return [tool]
+    else:
+        fields = _object_fields(tool)
+    if not fields:
+        return [tool]
+    out: list[Any] = list(fields.get("function_declarations") or fields.get("functionDeclarations") or ())
+    for key, value in fields.items():
+        if key not in ("function_declarations", "functionDeclarations") and value is not None:
+            out.append({"name": key, "type": key})  # a server tool: run at the provider
+    return out
 
 
 _ORIGINS = frozenset(get_args(ToolOrigin))
@@ -93,10 +161,11 @@ def declared_tools(tools: Iterable[Any] | None, origin: str = "always") -> list[
     if not tools:
         return []
     out = []
-    for tool in tools:
-        record = declared_tool(tool, origin)
-        if record is not None:
-            out.append(record)
+    for entry in tools:
+        for tool in _expanded(entry):
+            record = declared_tool(tool, origin)
+            if record is not None:
+                out.append(record)
     return out
 
 
@@ -224,13 +293,17 @@ def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> T
     cacheable = True
     for tool in tools:
         kind = type(tool)
-        if kind is dict:
+        if kind is dict and "function_declarations" not in tool:
             record = _cached_dict(tool, origin)
         elif kind is str:
             record = _cached_name(tool, origin, tool)
         else:
-            record = declared_tool(tool, origin)
             cacheable = False
+            for each in _expanded(tool):
+                found = declared_tool(each, origin)
+                if found is not None:
+                    records.append(found)
+            continue
         if record is not None:
             records.append(record)
     if not records:

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .finish import Finish
+from .parts import InputMessage
+
 
 @dataclass(frozen=True)
 class ToolResult:
@@ -51,8 +54,9 @@ class ModelRequest:
     framework: str | None = None
     agent: str | None = None
     caller_ends_turn: bool = False
-    input_messages: list[dict[str, Any]] | str | None = None
-    """The request's messages in the GenAI message schema (``{"role", "parts": [...]}``,
+    input_messages: list[dict[str, Any]] | list[InputMessage] | str | None = None
+    """The request's messages: the kit's :class:`~loopscope.recorder.parts.InputMessage` s, or
+    in the GenAI message schema (``{"role", "parts": [...]}``,
     parts ``{"type": "text", "content"}``, ``{"type": "tool_call", "id", "name",
     "arguments"}``, ``{"type": "tool_call_response", "id", "response"}``), or that list's
     JSON text already made (an adapter on the hot path): recorded as
@@ -103,6 +107,10 @@ class ModelResponse:
     error_type: str | None = None
     provider_usage: Mapping[str, Any] | str | None = None
     choices: Sequence[Choice] = ()
+    finish: Finish | None = None
+    """``finish_reason`` mapped into the kit's vocabulary (a :class:`~loopscope.recorder.finish.FinishMap`
+    gives it): the call's outcome follows it. None: ``finish_reason`` is read by the common map
+    (OpenAI's and Anthropic's words)."""
 
 
 __all__ = ["Choice", "ModelRequest", "ModelResponse", "ToolResult"]

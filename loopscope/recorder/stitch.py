@@ -35,6 +35,8 @@ from .chunks import ChunkGaps
 from .context import current_round, current_session, current_turn, last_stitched
 from .conversations import Boundary, boundary, conversations
 from .declared import tool_set
+from .finish import finish_of
+from .parts import genai_messages
 from .records import ModelRequest, ModelResponse, ToolResult
 from .turn import Round, Turn, anonymous_owners, call_owners, served_owners
 
@@ -274,6 +276,8 @@ class ModelCall:
                 error_type=response.error_type,
                 choices=response.choices,
             )
+            if response.finish is not None:
+                rnd.finish = finish_of(response.finish)
             if not self._owns_round:
                 return  # the user's ``with turn.round()`` ends it
             rnd._finish(None)
@@ -316,6 +320,8 @@ class ModelCall:
             model=response.model,
             choices=response.choices,
         )
+        if response.finish is not None:
+            self.round.finish = finish_of(response.finish)
 
     def abandon(self, response: ModelResponse = _NO_RESPONSE) -> None:
         """The stream was closed or dropped before its end: the turn was cut off.
@@ -430,6 +436,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
         if tools is not None:
             tools = tool_set(tools)  # normalised once for the turn and its round
         stream, parameters = request.stream, request.parameters
+        # the kit's typed messages become the schema's dicts; dicts and JSON text stay as they are
+        input_messages = genai_messages(request.input_messages)
         hand = current_turn.get()
         mine = current_round.get()
         if mine is not None and not mine.ended and not mine._turn.ended and (hand is None or mine._turn is hand):
@@ -438,8 +446,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
                 mine._stream = True
             if parameters:
                 mine.add_request(parameters)  # what the SDK sends, on the round it fills
-            if request.input_messages is not None:
-                mine.add_input_messages(request.input_messages)
+            if input_messages is not None:
+                mine.add_input_messages(input_messages)
             return ModelCall(mine._turn, mine, False, False)
         stitched_turn = False
         model, provider = request.model, request.provider
@@ -485,8 +493,8 @@ def start_model_call(request: ModelRequest) -> ModelCall | None:
             stitched.add(turn)
             stitched_turn = True
         rnd = Round(turn, model, provider, tools, stream, parameters)
-        if request.input_messages is not None:
-            rnd.input_messages = request.input_messages
+        if input_messages is not None:
+            rnd.input_messages = input_messages
         rnd.eager = True
         rnd._start(attach=False)
         call = ModelCall(turn, rnd, True, stitched_turn and not request.caller_ends_turn)

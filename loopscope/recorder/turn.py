@@ -38,6 +38,7 @@ from .chunks import ChunkGaps
 from .context import current_round, current_session, current_turn
 from .declared import ToolSet, declared_json, declared_tools, definitions_json, tool_set, union_into
 from .declared import declared_tools as declared_tools_of
+from .finish import COMMON, OUTCOMES, Finish
 from .tool import ToolExecution, record_unserved, start_requested
 
 if TYPE_CHECKING:
@@ -65,9 +66,6 @@ def _anonymous_key() -> str:
     never recorded (its span, rows and output message keep the id the provider sent, empty),
     and never an id a provider sends (it starts with a NUL)."""
     return f"\0{next(_anonymous_keys)}"
-
-_TRUNCATION_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length", "model_context_window_exceeded"})
-
 
 _OUTCOME_REASONS = {
     "refusal": LoopEndReason.REFUSAL,
@@ -157,6 +155,8 @@ class Round:
     # immutable defaults live on the class: a round per model call sets only what differs
     text = ""
     finish_reason: str | None = None
+    finish: Finish | None = None
+    """The finish reason mapped by the adapter (the outcome's source); None: read from ``finish_reason``."""
     thinking = ""
     response_id: str | None = None
     response_model: str | None = None
@@ -458,14 +458,16 @@ class Round:
             return "cancelled" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else "error"
         if self.error is not None:
             return "error"
-        reason = self.finish_reason
-        if self.refused or reason == "refusal":
+        if self.refused:
             return "refusal"
-        if reason == "content_filter":
-            return "content_filter"
-        if reason in _TRUNCATION_REASONS:
-            return "truncated"
-        return "completed"
+        finish = self.finish_kind()
+        return "completed" if finish is None else OUTCOMES[finish]
+
+    def finish_kind(self) -> Finish | None:
+        """Why the response ended, in the kit's vocabulary (:mod:`loopscope.recorder.finish`):
+        what the adapter mapped, else the provider's reason read by the common map."""
+        finish = self.finish
+        return finish if finish is not None else COMMON(self.finish_reason)
 
     def _release_context(self) -> None:
         """Undo what :meth:`_start` attached, once (a later call does nothing)."""
@@ -1167,7 +1169,7 @@ class Turn:
         outcome = last.outcome
         if outcome in _OUTCOME_REASONS:
             return _OUTCOME_REASONS[outcome]
-        if last.finish_reason in _TRUNCATION_REASONS:
+        if last.finish_kind() is Finish.LENGTH:
             return LoopEndReason.TRUNCATED
         if not last.text.strip():
             return LoopEndReason.EMPTY_RESPONSE

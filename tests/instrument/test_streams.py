@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import loopscope
 from fakes.model_server import Reply, ToolCall
 from loopscope import semconv as a
 from recorded import only_turn, spans_of
@@ -170,3 +171,94 @@ def test_an_anthropic_streams_first_chunk_is_its_first_event(instrumented, serve
     [call] = instrumented.store.model_calls()
     assert call.time_to_first_chunk_ms is not None and call.duration_ms is not None
     assert call.time_to_first_chunk_ms < call.duration_ms - 1000
+
+
+# -- the kit's proxies over plain generators (google-genai streams are async generators) -------
+
+
+class _Texts:
+    """The simplest accumulator: each chunk is text."""
+
+    def add(self, chunk: Any, model_call: Any, /) -> None:
+        model_call.delta(chunk)
+
+    def finish(self, model_call: Any, /) -> None:
+        from loopscope.recorder.adapter import ModelResponse
+
+        model_call.finish(ModelResponse(finish_reason="STOP"))
+
+    def partial(self) -> Any:
+        from loopscope.recorder.adapter import ModelResponse
+
+        return ModelResponse()
+
+
+def _streamed_call() -> Any:
+    from loopscope.recorder.adapter import ModelRequest, start_model_call
+
+    return start_model_call(ModelRequest("gemini", "gemini-test", input_text="Count.", stream=True))
+
+
+@pytest.mark.parametrize("how", ["aclose", "close"])
+def test_an_async_generator_stream_closed_early_ends_its_call_once(how, recording):
+    """The async proxy called close() on its source: an async generator has only aclose(), so
+    aclose() on a proxied google-genai stream raised AttributeError in the user's code."""
+    from loopscope.instrument._streams import AsyncStream
+
+    closed = []
+
+    async def source() -> Any:
+        try:
+            for word in ("one ", "two ", "three"):
+                yield word
+        finally:
+            closed.append(True)
+
+    async def read() -> str:
+        stream = AsyncStream(source(), _streamed_call(), _Texts())
+        got = ""
+        async for chunk in stream:
+            got += chunk
+            break
+        await (stream.close() if how == "close" else stream.aclose())
+        return got
+
+    assert asyncio.run(read()) == "one "
+    assert closed == [True]  # the user's generator was closed, as without loopscope
+    assert loopscope.flush()
+    [call] = recording.store.model_calls()
+    assert call.outcome == "cancelled" and call.streaming
+    assert only_turn(recording.store).loop_end_reason == "cancelled"
+
+
+@pytest.mark.parametrize("source_kind", ["sync", "async"])
+def test_a_generator_stream_read_to_its_end_is_one_call(source_kind, recording):
+    from loopscope.instrument._streams import AsyncStream, SyncStream, proxy_stream
+
+    words = ["Three ", "two ", "one."]
+
+    def sync_source() -> Any:
+        yield from words
+
+    async def async_source() -> Any:
+        for word in words:
+            yield word
+
+    if source_kind == "sync":
+        stream = proxy_stream(sync_source(), _streamed_call(), _Texts())
+        assert isinstance(stream, SyncStream)
+        assert "".join(stream) == "Three two one."
+    else:
+        stream = proxy_stream(async_source(), _streamed_call(), _Texts())
+        assert isinstance(stream, AsyncStream)
+
+        async def read(proxy: Any) -> str:
+            return "".join([chunk async for chunk in proxy])
+
+        assert asyncio.run(read(stream)) == "Three two one."
+    del stream
+    assert loopscope.flush()
+    [call] = recording.store.model_calls()
+    assert (call.outcome, call.finish_reasons, call.streaming) == ("completed", ["STOP"], True)
+    assert call.time_to_first_chunk_ms is not None
+    assert only_turn(recording.store).response_content == "Three two one."
