@@ -849,6 +849,8 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         path, _, query = self.path.partition("?")
         api = _ROUTES.get(path.rstrip("/"), "unknown")
+        if api == "unknown" and path.startswith("/openai/deployments/") and path.endswith("/chat/completions"):
+            api = CHAT  # Azure OpenAI's deployment path: Chat Completions
         raw = self._read_body()
         try:
             body = json.loads(raw) if raw else None
