@@ -408,3 +408,31 @@ def test_the_openai_sdk_called_inside_a_litellm_callback_is_a_call_of_its_own(in
     assert sorted(c.attributes[a.ROUND_TEXT] for c in chats) == ["Hello.", "Yes."]
     _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
     assert count == 2
+
+
+# -- LiteLLM's late success callbacks ----------------------------------------------------------------
+
+
+class Slow(CustomLogger):
+    """An application's logger whose success callback takes its time: LiteLLM runs it before
+    ours (it was registered first), so each answer is recorded well after LiteLLM returned it."""
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        time.sleep(0.3)
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        await asyncio.sleep(0.3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_next_request_waits_for_the_answer_litellm_records_late(recording, server, mode):
+    litellm.callbacks.append(Slow())
+    loopscope.instrument()
+    try:
+        tool_round_script(server)
+        with loopscope.session("conv-late"):
+            run_loop(mode, route(server, "openai"))
+        settle(recording, 2)
+        assert_tool_loop(recording, "conv-late", "openai")
+    finally:
+        loopscope.uninstrument()
