@@ -294,6 +294,42 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
     assert len(spans(instrumented, a.OP_CHAT)) == 2 and len(instrumented.store.list_turns(limit=None)) == 2
 
 
+def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
+    server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve"))
+
+    async def main() -> None:
+        stream = await litellm.acompletion(messages=[{"role": "user", "content": "Count"}], stream=True, **route(server, "anthropic"))
+        async for _chunk in stream:
+            break
+        await stream.aclose()
+
+    asyncio.run(main())
+    gc.collect()
+    settle(instrumented, 1)
+    [chat] = spans(instrumented, a.OP_CHAT)
+    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
+    [turn] = instrumented.store.list_turns(limit=None)
+    assert turn.loop_end_reason == LoopEndReason.CANCELLED
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+def test_a_stream_broken_midway_is_an_error(instrumented, server, mode):
+    server.queue(Reply.stream_failure(after=4))
+    with pytest.raises(Exception) as caught:
+        if mode == "stream":
+            list(litellm.completion(messages=[{"role": "user", "content": "Count"}], stream=True, **route(server, "openai")))
+        else:
+            asyncio.run(acall("astream", route(server, "openai"), [{"role": "user", "content": "Count"}]))
+    settle(instrumented, 1)
+    [chat] = spans(instrumented, a.OP_CHAT)
+    # the error LiteLLM reports to its callbacks: the provider's (APIError), which the one it
+    # raises to the application (MidStreamFallbackError) wraps
+    assert type(caught.value).__module__.startswith("litellm")
+    assert chat.status.status_code is StatusCode.ERROR and hasattr(litellm.exceptions, chat.attributes[a.ERROR_TYPE])
+    [turn] = instrumented.store.list_turns(limit=None)
+    assert turn.loop_end_reason == LoopEndReason.ERROR
+
+
 # -- secrets ------------------------------------------------------------------------------------------
 
 
