@@ -32,6 +32,7 @@ ADAPTERS: dict[str, Adapter] = {
     "pydantic_ai": Adapter("pydantic_ai", "loopscope.instrument.pydantic_ai"),
     "langchain": Adapter("langchain_core", "loopscope.instrument.langchain"),
     "mcp": Adapter("mcp", "loopscope.instrument.mcp"),
+    "litellm": Adapter("litellm", "loopscope.instrument.litellm"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 

@@ -28,6 +28,15 @@ Turns, rounds and tools (a framework adapter)
     calls it runs claims them with :func:`report_own_tool_calls`; one that records its
     own model calls defers the SDK adapters with :func:`defer_model_calls_to`.
 
+One call, one record (an adapter over other adapters)
+    A library that makes model calls itself and may do so through an SDK loopscope also
+    wraps (LiteLLM: its HTTP code for most routes, the openai SDK for Azure) records the
+    call where it sees it first: :func:`open_outer_call` says, in the context its SDK
+    calls run in, that this call is open; an inner adapter's :func:`start_model_call`
+    for the same request there (as many messages, the same last user text) is then no
+    second call (it returns None, and the inner adapter leaves the call alone).
+    :func:`close_outer_call` ends that, and an outer call that has ended covers nothing.
+
 The provider of an SDK's call follows its server: :func:`provider_of_server` (the SDK's
 provider name, the server's host and port) names the provider whose host it is;
 :func:`provider_at` does it for the server :func:`server_of` read from a base URL.
@@ -81,9 +90,9 @@ from .stitch import (
     close_turn,
     requested_call_span,
     result_value,
-    start_model_call,
     wants_result,
 )
+from .stitch import start_model_call as _start_model_call
 from .tool import ToolExecution, running_tool, start_requested
 from .tool import reported_elsewhere as report_own_tool_calls
 from .turn import Round, Turn, call_owners
@@ -101,6 +110,47 @@ def provider_at(provider: str, server: Mapping[str, Any] | None) -> str:
 
 _CURRENT: Any = object()  # "the current turn", where a turn may be named
 _UNSET: Any = object()
+
+
+# -- one call, one record ---------------------------------------------------------------
+
+
+class _Outer(NamedTuple):
+    call: ModelCall
+    inputs: int  # how many messages its request has
+    text: str | None  # its request's last user text
+
+
+_outer: ContextVar[_Outer | None] = ContextVar("loopscope_outer_call", default=None)
+
+
+def open_outer_call(call: ModelCall, request: ModelRequest) -> Token[_Outer | None]:
+    """``call`` (recorded by an adapter over other adapters) is open in this context: an
+    inner adapter's call here for the same request is not recorded again. The token is
+    for :func:`close_outer_call`."""
+    messages = request.messages
+    return _outer.set(_Outer(call, len(messages) if messages is not None else -1, request.input_text))
+
+
+def close_outer_call(token: Token[_Outer | None]) -> bool:
+    """Undo :func:`open_outer_call`; False when the token is of another context (nothing undone)."""
+    try:
+        _outer.reset(token)
+    except ValueError:
+        return False
+    return True
+
+
+def start_model_call(request: ModelRequest) -> ModelCall | None:
+    """:func:`loopscope.recorder.stitch.start_model_call`, unless an outer adapter's call
+    open in this context is this very request (:func:`open_outer_call`): then None, and
+    the calling adapter leaves the call to it."""
+    outer = _outer.get()
+    if outer is not None and not outer.call._done:
+        messages = request.messages
+        if (len(messages) if messages is not None else -1) == outer.inputs and request.input_text == outer.text:
+            return None
+    return _start_model_call(request)
 
 
 # -- turns ------------------------------------------------------------------------------
@@ -329,6 +379,7 @@ __all__ = [
     "Turn",
     "call_owner",
     "claim_call",
+    "close_outer_call",
     "current_round",
     "current_session",
     "current_turn",
@@ -343,6 +394,7 @@ __all__ = [
     "new_id",
     "note_request_elsewhere",
     "on_exit",
+    "open_outer_call",
     "open_round",
     "open_turn",
     "provider_at",

@@ -272,7 +272,9 @@ class OpenAIRenderer(Renderer):
 
 class OpenAIWire(Wire):
     name = "openai"
-    routes = (Route("/v1/chat/completions", CHAT), Route("/v1/responses", RESPONSES))
+    # Azure OpenAI's deployment path is Chat Completions too (LiteLLM's azure route)
+    routes = (Route("/v1/chat/completions", CHAT), Route(r"/openai/deployments/[^/]+/chat/completions", CHAT),
+              Route("/v1/responses", RESPONSES))
     renderer = OpenAIRenderer
 
     def first_user_text(self, api: str, body: Any) -> str:

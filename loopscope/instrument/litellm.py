@@ -1,0 +1,452 @@
+"""LiteLLM through its own callback API: one ``CustomLogger`` sees every provider it routes to.
+
+LiteLLM (1.109 on) reaches most providers with its own HTTP code, the openai SDK's
+wrapped methods only on a few routes (Azure): its callbacks are the one place every call
+passes. Ours is registered in LiteLLM's callback lists (never replacing the user's):
+
+- ``log_pre_api_call`` (in the caller's thread or task, before the HTTP request) starts
+  the call, with the provider and model as LiteLLM resolved them; it is an outer call
+  (``open_outer_call``): an SDK adapter under it for the same request records nothing.
+- ``log_success_event`` / ``async_log_success_event`` end it with LiteLLM's response (a
+  stream's assembled one) and LiteLLM's own cost (``response_cost``), kept beside the
+  provider's usage figures (``provider_usage``: ``litellm_response_cost``).
+- ``log_failure_event`` / ``async_log_failure_event`` end it failed with LiteLLM's exception.
+
+LiteLLM runs success callbacks after it returned the response: on a thread pool (sync) or
+its logging worker task (async). A loop's next request may so come before the last
+response is recorded, and its tool results would find no call waiting for them. So a new
+request in the same thread (sync: in ``log_pre_api_call``) or task (async: in
+``async_pre_call_deployment_hook``, awaited) first waits, bounded, for the previous call
+of that thread or task to end. LiteLLM tells no callback of a stream closed early: the
+call ends as abandoned when LiteLLM's logging object for it is collected. Per-chunk stream
+events come unordered on a thread pool and are not read: the success event carries the
+whole stream, its first chunk's time included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import sys
+import threading
+import time
+import weakref
+from contextvars import ContextVar, Token
+from typing import Any
+
+from .._guard import internal_error
+from ..models import ToolCall
+from ..recorder.adapter import (
+    ModelCall,
+    ModelRequest,
+    ModelResponse,
+    ToolResult,
+    close_outer_call,
+    open_outer_call,
+    provider_of_server,
+    result_value,
+    start_model_call,
+    wants_result,
+)
+from . import _read as r
+from ._patch import Registration
+
+WAIT_S = 5.0
+"""How long a request waits for the previous call of its thread or task to be recorded
+(LiteLLM's success callbacks run after it returned): milliseconds, unless its thread pool
+is starved; past it the request goes on and is recorded as LiteLLM's callbacks allow."""
+
+_CHAT_CALLS = frozenset({"completion", "acompletion"})
+_LISTS = ("input_callback", "success_callback", "failure_callback", "_async_success_callback", "_async_failure_callback")
+
+
+class _Call:
+    """One LiteLLM call being recorded."""
+
+    __slots__ = ("__weakref__", "done", "model_call", "owner", "stream", "token")
+
+    def __init__(self, model_call: ModelCall, stream: bool, owner: object, token: Token[Any] | None) -> None:
+        self.model_call = model_call
+        self.stream = stream
+        self.owner = owner  # the thread (sync) or task (async) that made it
+        self.token = token
+        self.done = threading.Event()
+
+
+_open: dict[str, _Call] = {}  # litellm_call_id -> the call, until it ends
+_lock = threading.Lock()
+_previous: ContextVar[_Call | None] = ContextVar("loopscope_litellm_previous", default=None)
+
+
+def _owner() -> object:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        task = None
+    return task if task is not None else threading.get_ident()
+
+
+def _must_wait(previous: _Call | None, messages: Any) -> bool:
+    """Whether a new request of this thread or task waits for ``previous`` to be recorded:
+    a call it made that has not ended. A stream may still be read while a new call is made,
+    so one is waited for only when the request sends tool results."""
+    if previous is None or previous.done.is_set() or previous.owner != _owner():
+        return False
+    if not previous.stream:
+        return True
+    return any(r.get(message, "role") == "tool" for message in messages or ())
+
+
+# -- the request ------------------------------------------------------------------------------
+
+_PARAMETERS = (  # the request's parameters in LiteLLM's (OpenAI's) names, in their span attributes' order
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("max_tokens", "max_tokens"),
+    ("max_tokens", "max_completion_tokens"),
+    ("frequency_penalty", "frequency_penalty"),
+    ("presence_penalty", "presence_penalty"),
+    ("seed", "seed"),
+    ("stop", "stop"),
+    ("choice_count", "n"),
+    ("reasoning_effort", "reasoning_effort"),
+    ("parallel_tool_calls", "parallel_tool_calls"),
+)
+
+
+def _parameters(kwargs: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, key in _PARAMETERS:
+        value = kwargs.get(key, optional.get(key))
+        if value is None or name in out:
+            continue
+        out[name] = [value] if name == "stop" and isinstance(value, str) else value
+    choice = kwargs.get("tool_choice", optional.get("tool_choice"))
+    if choice is not None:
+        out["tool_choice"] = r.tool_choice(choice)
+    response_format = kwargs.get("response_format", optional.get("response_format"))
+    if response_format is not None:
+        out["response_format"], out["output_type"] = r.output_format(response_format)
+    return out
+
+
+def _server(api_base: Any) -> dict[str, Any]:
+    """server.address / server.port of the base URL LiteLLM resolved (never its key or headers)."""
+    if not isinstance(api_base, str) or "://" not in api_base:
+        return {}
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(api_base)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return {}
+    if not host:
+        return {}
+    return {"server_address": host, "server_port": port or (443 if parts.scheme == "https" else 80)}
+
+
+def _message(role: Any, content: Any, calls: Any) -> dict[str, Any]:
+    """One OpenAI-format message in the GenAI message schema."""
+    parts: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        if content:
+            parts.append({"type": "text", "content": content})
+    elif content is not None:
+        parts.extend(r.content_parts(content))
+    for call in calls or ():
+        function = r.get(call, "function")
+        parts.append({"type": "tool_call", "id": r.get(call, "id"), "name": r.get(function, "name"),
+                      "arguments": r.arguments(r.get(function, "arguments"))})
+    return {"role": role, "parts": parts}
+
+
+def _request(model: Any, messages: Any, kwargs: dict[str, Any]) -> ModelRequest:
+    messages = list(messages or ())
+    params = kwargs.get("litellm_params") or {}
+    optional = kwargs.get("optional_params") or {}
+    results: list[ToolResult] = []
+    converted: list[dict[str, Any]] = []
+    input_text = None
+    for message in messages:
+        role, content = r.get(message, "role"), r.get(message, "content")
+        if role == "tool":
+            call_id = r.get(message, "tool_call_id")
+            converted.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": content}]})
+            if call_id and wants_result(str(call_id)):
+                text = content if isinstance(content, str) else r.text_of(content)
+                results.append(ToolResult(str(call_id), result_value(text or content)))
+            continue
+        converted.append(_message(role, content, r.get(message, "tool_calls") if role == "assistant" else None))
+        if role == "user":
+            input_text = content if isinstance(content, str) else r.text_of(content)
+    server = _server(params.get("api_base") or kwargs.get("api_base"))
+    provider = kwargs.get("custom_llm_provider") or params.get("custom_llm_provider") or "litellm"
+    parameters = _parameters(kwargs, optional)
+    parameters.update(server)
+    tools = kwargs.get("tools") or optional.get("tools")
+    return ModelRequest(
+        provider_of_server(str(provider), server.get("server_address"), server.get("server_port")) if server else str(provider),
+        kwargs.get("model") or model,
+        [t for t in tools if r.get(t, "type", "function") == "function"] if isinstance(tools, (list, tuple)) else None,
+        results,
+        input_text,
+        bool(kwargs.get("stream")),
+        parameters,
+        input_messages=converted,
+        messages=messages,
+    )
+
+
+# -- the response ------------------------------------------------------------------------------
+
+_USAGE = (
+    ("input_tokens", ("prompt_tokens",)),
+    ("output_tokens", ("completion_tokens",)),
+    ("cache_read_input_tokens", ("prompt_tokens_details", "cached_tokens")),
+    ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
+    ("reasoning_tokens", ("completion_tokens_details", "reasoning_tokens")),
+)
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    """LiteLLM's usage (OpenAI's shape for every provider: prompt tokens count cached ones in)."""
+    out: dict[str, int] = {}
+    for name, path in _USAGE:
+        value = usage
+        for key in path:
+            value = r.get(value, key)
+        number = r.number(value)
+        if number is not None and (number or name in ("input_tokens", "output_tokens")):
+            out[name] = number
+    return out
+
+
+def _figures(usage: Any, cost: Any) -> dict[str, Any] | None:
+    """The usage as LiteLLM reported it, and LiteLLM's own cost of the call beside ours."""
+    figures: dict[str, Any] = {}
+    if usage is not None:
+        dumped = usage.model_dump() if hasattr(usage, "model_dump") else usage
+        if isinstance(dumped, dict):
+            figures.update((k, v) for k, v in dumped.items() if v is not None)
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        figures["litellm_response_cost"] = float(cost)
+    return figures or None
+
+
+def _response(response: Any, kwargs: dict[str, Any]) -> ModelResponse:
+    choices = r.get(response, "choices") or []
+    choice = choices[0] if choices else None
+    message = r.get(choice, "message")
+    calls = []
+    for call in r.get(message, "tool_calls") or ():
+        function = r.get(call, "function")
+        calls.append(ToolCall(id=str(r.get(call, "id") or ""), name=str(r.get(function, "name")),
+                              arguments=r.arguments(r.get(function, "arguments"))))
+    usage = r.get(response, "usage")
+    refusal = r.get(message, "refusal")
+    return ModelResponse(
+        text=r.get(message, "content") or refusal,
+        tool_calls=calls,
+        usage=_usage(usage),
+        finish_reason=r.get(choice, "finish_reason"),
+        response_id=r.get(response, "id"),
+        model=r.get(response, "model") or kwargs.get("model"),
+        refusal=refusal or None,
+        provider_usage=_figures(usage, kwargs.get("response_cost")),
+    )
+
+
+def _first_chunk(model_call: ModelCall, kwargs: dict[str, Any]) -> None:
+    """A stream's time to first chunk, from LiteLLM's wall-clock stamp of it."""
+    first = kwargs.get("completion_start_time")
+    if isinstance(first, datetime.datetime):
+        now = datetime.datetime.now(first.tzinfo)
+        model_call.date_first_chunk(time.monotonic_ns() - int((now - first).total_seconds() * 1e9))
+
+
+# -- the callbacks -----------------------------------------------------------------------------
+
+
+def _pre(model: Any, messages: Any, kwargs: dict[str, Any], logging_obj: Any) -> None:
+    if kwargs.get("call_type") not in _CHAT_CALLS:
+        return
+    call_id = kwargs.get("litellm_call_id")
+    if not isinstance(call_id, str) or call_id in _open:  # a retry of a call already open
+        return
+    previous = _previous.get()
+    if _owner() == threading.get_ident() and _must_wait(previous, messages) and previous is not None:
+        previous.done.wait(WAIT_S)  # a sync caller: LiteLLM's thread pool ends it
+    request = _request(model, messages, kwargs)
+    model_call = start_model_call(request)
+    if model_call is None:
+        return
+    call = _Call(model_call, request.stream, _owner(), open_outer_call(model_call, request))
+    with _lock:
+        _open[call_id] = call
+    _previous.set(call)
+    if logging_obj is not None:
+        try:
+            weakref.finalize(logging_obj, _collected, call_id)
+        except TypeError:  # not weak-referenceable: a stream closed early ends at the idle reaper
+            pass
+
+
+def _collected(call_id: str) -> None:
+    """LiteLLM's logging object of a call is gone and no event ended the call: a stream let go early."""
+    try:
+        with _lock:
+            call = _open.pop(call_id, None)
+        if call is not None:
+            call.model_call.abandon()
+            call.done.set()
+    except Exception:
+        internal_error("litellm stream collected")
+
+
+def _take(kwargs: dict[str, Any]) -> _Call | None:
+    call_id = kwargs.get("litellm_call_id")
+    with _lock:
+        return _open.pop(call_id, None) if isinstance(call_id, str) else None
+
+
+def _success(kwargs: dict[str, Any], response: Any) -> None:
+    call = _take(kwargs)
+    if call is None:
+        return
+    try:
+        model_call = call.model_call
+        response_record = _response(response, kwargs)
+        if call.stream:
+            _first_chunk(model_call, kwargs)
+            if response_record.text:
+                model_call.delta(response_record.text)  # the whole streamed text, as one piece
+                response_record.text = None
+        model_call.finish(response_record)
+    finally:
+        call.done.set()
+
+
+def _failure(kwargs: dict[str, Any]) -> None:
+    call = _take(kwargs)
+    if call is None:
+        return
+    try:
+        exc = kwargs.get("exception")
+        call.model_call.fail(exc if isinstance(exc, BaseException) else RuntimeError(str(exc or "LiteLLM call failed")))
+    finally:
+        call.done.set()
+
+
+def _post(kwargs: dict[str, Any]) -> None:
+    """The HTTP response came (in the caller's context): SDK calls after it are not this call's."""
+    call_id = kwargs.get("litellm_call_id")
+    call = _open.get(call_id) if isinstance(call_id, str) else None
+    if call is not None and call.token is not None and close_outer_call(call.token):
+        call.token = None
+
+
+async def _wait_previous(kwargs: dict[str, Any]) -> None:
+    """An async caller's new request waits (yielding to LiteLLM's logging worker) for its task's previous call."""
+    previous = _previous.get()
+    if not _must_wait(previous, kwargs.get("messages")) or previous is None:
+        return
+    deadline = time.monotonic() + WAIT_S
+    spins = 0
+    while not previous.done.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0 if spins < 50 else 0.001)
+        spins += 1
+
+
+def _logger_class() -> type:
+    from litellm.integrations.custom_logger import CustomLogger
+
+    class LoopscopeLogger(CustomLogger):
+        """loopscope's recording of LiteLLM's calls (``loopscope.instrument()``)."""
+
+        def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+            try:
+                _keep_in_callbacks(self)
+                caller = sys._getframe(1).f_locals.get("self")  # LiteLLM's logging object of this call
+                _pre(model, messages, kwargs, caller if type(caller).__name__ == "Logging" else None)
+            except Exception:
+                internal_error("litellm pre-call")
+
+        def log_post_api_call(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            try:
+                _post(kwargs)
+            except Exception:
+                internal_error("litellm post-call")
+
+        def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            try:
+                _success(kwargs, response_obj)
+            except Exception:
+                internal_error("litellm success")
+
+        async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            try:
+                _success(kwargs, response_obj)
+            except Exception:
+                internal_error("litellm success")
+
+        def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            try:
+                _failure(kwargs)
+            except Exception:
+                internal_error("litellm failure")
+
+        async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            try:
+                _failure(kwargs)
+            except Exception:
+                internal_error("litellm failure")
+
+        async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
+            try:
+                await _wait_previous(kwargs)
+            except Exception:
+                internal_error("litellm wait")
+            return None
+
+    return LoopscopeLogger
+
+
+def _keep_in_callbacks(logger: Any) -> None:
+    """Ours stays in ``litellm.callbacks`` (its async hooks read only that list) when the
+    application set a list of its own after ``instrument()``: appended, nothing else touched."""
+    import litellm
+
+    callbacks = litellm.callbacks
+    if isinstance(callbacks, list) and not any(c is logger for c in callbacks):
+        callbacks.append(logger)
+
+
+# -- patching ------------------------------------------------------------------------------------
+
+
+def patch() -> list[Registration]:
+    import litellm
+
+    logger = _logger_class()()
+    # ours in each list LiteLLM dispatches from (so a ``litellm.callbacks`` the application
+    # sets later cannot drop it), and in ``litellm.callbacks``: appended, the lists' other
+    # entries left as they are
+    for name in ("callbacks", *_LISTS):
+        found = getattr(litellm, name, None)
+        if isinstance(found, list) and not any(c is logger for c in found):
+            found.append(logger)
+
+    def undo() -> None:
+        for name in ("callbacks", *_LISTS):
+            found = getattr(litellm, name, None)
+            if isinstance(found, list):
+                found[:] = [c for c in found if c is not logger]
+        with _lock:
+            pending = list(_open.values())
+            _open.clear()
+        for call in pending:  # what was open when recording stopped ends now, once
+            call.model_call.abandon()
+            call.done.set()
+
+    return [Registration(undo)]

@@ -1,0 +1,474 @@
+"""LiteLLM through its callbacks: the real library from PyPI at the fake model server, on its openai and anthropic routes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import random
+import time
+from typing import Any
+
+import litellm
+import pytest
+from litellm.integrations.custom_logger import CustomLogger
+from opentelemetry.trace import StatusCode
+
+import loopscope
+from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from loopscope import LoopEndReason
+from loopscope import semconv as a
+
+API_KEY = "sk-litellm-test-5d1c9e07b3a2f684-secret"
+MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
+QUESTION = "What's the weather in Paris?"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+MODES = ["sync", "async", "stream", "astream"]
+USAGE = {"include_usage": True}  # an OpenAI stream's usage (else LiteLLM counts tokens itself)
+
+
+@pytest.fixture(autouse=True)
+def own_callbacks():
+    """Each test starts with LiteLLM's callback lists empty, and leaves them so."""
+    names = ("callbacks", "input_callback", "success_callback", "failure_callback", "_async_success_callback",
+             "_async_failure_callback")
+    saved = {name: list(getattr(litellm, name)) for name in names}
+    for name in names:
+        getattr(litellm, name).clear()
+    yield
+    for name in names:
+        setattr(litellm, name, saved[name])
+
+
+def route(server: FakeModelServer, provider: str) -> dict[str, Any]:
+    base = server.openai_base_url if provider == "openai" else server.anthropic_base_url
+    return {"model": f"{provider}/{MODELS[provider]}", "api_base": base, "api_key": API_KEY, "num_retries": 0}
+
+
+def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "call_w1", city: str = "Paris", **first: Any) -> None:
+    server.queue(
+        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
+              usage=Usage(100, 20), **first),
+        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
+        match=tag or None,
+    )
+
+
+def spans(recording, operation: str | None = None) -> list[Any]:
+    found = list(recording.spans())
+    if operation is not None:
+        found = [s for s in found if s.attributes.get(a.OPERATION) == operation]
+    return found
+
+
+def settle(recording, chats: int) -> None:
+    """Wait until ``chats`` model calls have ended, then for their rows: LiteLLM runs its success
+    callbacks after it returned the response (a thread pool; its logging worker task)."""
+    wait_for(lambda: len(spans(recording, a.OP_CHAT)) >= chats)
+    loopscope.flush()
+
+
+def wait_for(condition: Any) -> None:
+    deadline = time.monotonic() + 30
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert condition()
+
+
+# -- driving LiteLLM in each of its ways -------------------------------------------------------
+
+
+def assembled(chunks: list[Any]) -> dict[str, Any]:
+    """The assistant message a stream's chunks make (the test's own reading)."""
+    text, calls = "", {}
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for part in delta.tool_calls or ():
+            slot = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+            slot["id"] = slot["id"] or part.id
+            slot["name"] = slot["name"] or (part.function.name or "")
+            slot["arguments"] += part.function.arguments or ""
+    return {"content": text or None, "tool_calls": [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for _, c in sorted(calls.items())
+    ]}
+
+
+def message_of(response: Any) -> dict[str, Any]:
+    message = response.choices[0].message
+    return {"content": message.content, "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        for c in message.tool_calls or ()
+    ]}
+
+
+def call(mode: str, kw: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    if mode == "sync":
+        return message_of(litellm.completion(messages=messages, tools=[WEATHER], **kw))
+    return assembled(list(litellm.completion(messages=messages, tools=[WEATHER], stream=True, stream_options=USAGE, **kw)))
+
+
+async def acall(mode: str, kw: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    if mode == "async":
+        return message_of(await litellm.acompletion(messages=messages, tools=[WEATHER], **kw))
+    stream = await litellm.acompletion(messages=messages, tools=[WEATHER], stream=True, stream_options=USAGE, **kw)
+    return assembled([chunk async for chunk in stream])
+
+
+def follow_up(messages: list[Any], message: dict[str, Any], result: str) -> list[Any]:
+    [use] = message["tool_calls"]
+    return [*messages, {"role": "assistant", **message}, {"role": "tool", "tool_call_id": use["id"], "content": result}]
+
+
+def run_loop(mode: str, kw: dict[str, Any], first_text: str = QUESTION) -> None:
+    messages: list[Any] = [{"role": "user", "content": first_text}]
+    if mode in ("sync", "stream"):
+        message = call(mode, kw, messages)
+        call(mode, kw, follow_up(messages, message, "21 C and sunny"))
+        return
+
+    async def main() -> None:
+        message = await acall(mode, kw, messages)
+        await acall(mode, kw, follow_up(messages, message, "21 C and sunny"))
+
+    asyncio.run(main())
+
+
+# -- the two-round tool loop -----------------------------------------------------------------------
+
+
+def assert_tool_loop(recording, session: str, provider: str) -> Any:
+    events = recording.store.get_timeline(session)
+    kinds = [(e.type, getattr(e.content, "tool_id", None) or getattr(e.content, "body", None)) for e in events]
+    assert kinds == [
+        ("message", QUESTION),
+        ("message", "Let me check the weather."),
+        ("tool_call_start", "call_w1"),
+        ("tool_call_end", "call_w1"),
+        ("message", "It is 21 °C and sunny in Paris."),
+    ]
+    end = events[3].content
+    assert (end.tool_name, end.arguments, end.result, end.status, end.outcome) == (
+        "get_weather", {"city": "Paris"}, "21 C and sunny", "completed", "served",
+    )
+    [turn] = recording.store.list_turns(limit=None)
+    assert {e.correlation_id for e in events} == {turn.correlation_id}
+    assert turn.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
+    assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
+    assert (turn.usage["input_tokens"], turn.usage["output_tokens"]) == (250, 30)
+    assert [d.name for d in turn.declared_tools] == ["get_weather"]
+    assert (turn.model, turn.provider) == (MODELS[provider], provider)  # as LiteLLM resolved them
+    return turn
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("mode", MODES)
+def test_tool_loop_becomes_one_turn(instrumented, server, mode, provider):
+    tool_round_script(server)
+    with loopscope.session("conv-1"):
+        run_loop(mode, route(server, provider))
+    settle(instrumented, 2)
+    turn = assert_tool_loop(instrumented, "conv-1", provider)
+    assert turn.streaming is (mode in ("stream", "astream"))
+    chats = spans(instrumented, a.OP_CHAT)
+    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
+    assert len(chats) == 2 and all(c.parent.span_id == agent.context.span_id for c in chats)
+    assert [c.attributes[a.PROVIDER] for c in chats] == [provider, provider]
+    assert [c.attributes[a.RESPONSE_FINISH_REASONS] for c in chats] == [("tool_calls",), ("stop",)]
+    assert all(c.attributes[a.SERVER_ADDRESS] == "127.0.0.1" for c in chats)
+    # LiteLLM's own cost beside ours: on the span and in the call's row
+    figures = [json.loads(c.attributes[a.USAGE_PROVIDER]) for c in chats]
+    assert all(f["litellm_response_cost"] > 0 for f in figures)
+    _, rows = instrumented.store.sql("SELECT provider_usage, cost_usd FROM model_calls ORDER BY started_at")
+    assert len(rows) == 2
+    for (usage, cost), f in zip(rows, figures):
+        assert json.loads(usage)["litellm_response_cost"] == pytest.approx(f["litellm_response_cost"])
+        assert cost is not None and cost > 0  # ours, from the same usage
+
+
+@pytest.mark.parametrize("mode", ["sync", "astream"])
+def test_hand_written_turn_holds_the_litellm_calls(instrumented, server, mode):
+    tool_round_script(server)
+    with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
+        run_loop(mode, route(server, "openai"))
+        settle(instrumented, 2)
+    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
+    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
+    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
+    assert len(spans(instrumented, a.OP_CHAT)) == 2 and len(spans(instrumented, a.OP_EXECUTE_TOOL)) == 1
+    assert all(s.parent.span_id == agent.context.span_id for s in spans(instrumented, a.OP_CHAT))
+    events = instrumented.store.get_timeline("hand")
+    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, error", [(500, "InternalServerError"), (429, "RateLimitError")])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_failing_call_is_an_error_of_litellms_type(instrumented, server, mode, status, error):
+    server.queue(Reply.error(status, "the fake says no"))
+    kw = route(server, "openai")
+    messages = [{"role": "user", "content": QUESTION}]
+    with pytest.raises(Exception) as caught:
+        if mode == "sync":
+            litellm.completion(messages=messages, **kw)
+        else:
+            asyncio.run(litellm.acompletion(messages=messages, **kw))
+    assert type(caught.value).__name__ == error and type(caught.value).__module__.startswith("litellm")
+    settle(instrumented, 1)
+    [chat] = spans(instrumented, a.OP_CHAT)
+    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error
+    [turn] = instrumented.store.list_turns(limit=None)
+    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error)
+
+
+# -- concurrency ---------------------------------------------------------------------------------------
+
+
+def test_twenty_interleaved_async_conversations(instrumented, server):
+    n = 20
+    rng = random.Random(11)
+    for i in range(n):
+        tool_round_script(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
+
+    async def conversation(i: int) -> None:
+        mode = ["async", "astream"][i % 2]
+        kw = route(server, ["openai", "anthropic"][(i // 2) % 2])
+        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
+        message = await acall(mode, kw, messages)
+        await asyncio.sleep(rng.random() * 0.02)
+        await acall(mode, kw, follow_up(messages, message, f"sunny in city-{i}"))
+
+    async def main() -> None:
+        await asyncio.gather(*(conversation(i) for i in range(n)))
+
+    asyncio.run(main())
+    settle(instrumented, 2 * n)
+    assert len(server.requests) == 2 * n
+    turns = instrumented.store.list_turns(limit=None)
+    assert len(turns) == n
+    seen = set()
+    for turn in turns:
+        events = instrumented.store.get_timeline(turn.session_id)
+        assert {e.correlation_id for e in events} == {turn.correlation_id}
+        i = int(events[0].content.body.split("]")[0].removeprefix("[conv-"))
+        seen.add(i)
+        assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+        assert events[2].content.tool_id == events[3].content.tool_id == f"call_c{i:02d}"
+        assert (events[3].content.arguments, events[3].content.result) == ({"city": f"city-{i}"}, f"sunny in city-{i}")
+        assert events[4].content.body == f"It is 21 °C and sunny in city-{i}."
+        assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
+    assert seen == set(range(n))
+
+
+# -- streams let go early ------------------------------------------------------------------------------
+
+
+def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
+    server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve"))
+    stream = litellm.completion(messages=[{"role": "user", "content": "Count"}], stream=True, **route(server, "openai"))
+    for _, _chunk in zip(range(3), stream):
+        pass
+    stream.close()
+    del stream, _chunk
+    gc.collect()
+    settle(instrumented, 1)
+    [chat] = spans(instrumented, a.OP_CHAT)
+    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
+    [turn] = instrumented.store.list_turns(limit=None)
+    assert turn.loop_end_reason == LoopEndReason.CANCELLED
+    # a later call is a call of its own; nothing ends the first one again
+    server.queue(Reply(text="Hello."))
+    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+    settle(instrumented, 2)
+    assert len(spans(instrumented, a.OP_CHAT)) == 2 and len(instrumented.store.list_turns(limit=None)) == 2
+
+
+def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
+    server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve"))
+
+    async def main() -> None:
+        stream = await litellm.acompletion(messages=[{"role": "user", "content": "Count"}], stream=True, **route(server, "anthropic"))
+        async for _chunk in stream:
+            break
+        await stream.aclose()
+
+    asyncio.run(main())
+    gc.collect()
+    settle(instrumented, 1)
+    [chat] = spans(instrumented, a.OP_CHAT)
+    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
+    [turn] = instrumented.store.list_turns(limit=None)
+    assert turn.loop_end_reason == LoopEndReason.CANCELLED
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+def test_a_stream_broken_midway_is_an_error(instrumented, server, mode):
+    server.queue(Reply.stream_failure(after=4))
+    with pytest.raises(Exception) as caught:
+        if mode == "stream":
+            list(litellm.completion(messages=[{"role": "user", "content": "Count"}], stream=True, **route(server, "openai")))
+        else:
+            asyncio.run(acall("astream", route(server, "openai"), [{"role": "user", "content": "Count"}]))
+    settle(instrumented, 1)
+    [chat] = spans(instrumented, a.OP_CHAT)
+    # the error LiteLLM reports to its callbacks: the provider's (APIError), which the one it
+    # raises to the application (MidStreamFallbackError) wraps
+    assert type(caught.value).__module__.startswith("litellm")
+    assert chat.status.status_code is StatusCode.ERROR and hasattr(litellm.exceptions, chat.attributes[a.ERROR_TYPE])
+    [turn] = instrumented.store.list_turns(limit=None)
+    assert turn.loop_end_reason == LoopEndReason.ERROR
+
+
+# -- secrets ------------------------------------------------------------------------------------------
+
+
+def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, server):
+    tool_round_script(server)
+    tool_round_script(server)
+    run_loop("stream", route(server, "openai"))
+    run_loop("async", route(server, "anthropic"))
+    settle(instrumented, 4)
+    assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
+    assert server.requests[-1].headers["x-api-key"] == API_KEY
+    texts = []
+    for span in instrumented.spans():
+        texts += [span.name, repr(dict(span.attributes)), repr(span.resource.attributes)]
+        texts += [repr((e.name, dict(e.attributes))) for e in span.events]
+    store = instrumented.store
+    _, tables = store.sql("SELECT table_name FROM information_schema.tables")
+    for (table,) in tables:
+        _, rows = store.sql(f'SELECT * FROM "{table}"')
+        texts += [repr(row) for row in rows]
+    everything = "\n".join(texts)
+    assert "get_weather" in everything and "sunny" in everything
+    for secret in (API_KEY, "x-api-key", "authorization", "Bearer"):
+        assert secret not in everything
+
+
+# -- LiteLLM's callback lists ------------------------------------------------------------------------------
+
+
+class Theirs(CustomLogger):
+    """The application's own logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self.seen.append(kwargs["litellm_call_id"])
+
+
+def ours(listed: list[Any]) -> list[Any]:
+    return [c for c in listed if type(c).__name__ == "LoopscopeLogger"]
+
+
+def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
+    theirs = Theirs()
+    litellm.callbacks.append(theirs)
+    loopscope.instrument()
+    loopscope.instrument()
+    assert litellm.callbacks[0] is theirs and len(ours(litellm.callbacks)) == 1
+    assert all(len(ours(getattr(litellm, name))) == 1 for name in ("input_callback", "success_callback", "_async_success_callback"))
+    server.queue(Reply(text="Hello."))
+    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+    settle(recording, 1)
+    assert len(spans(recording, a.OP_CHAT)) == 1
+    loopscope.uninstrument()
+    assert litellm.callbacks == [theirs]
+    assert not any(ours(getattr(litellm, name)) for name in ("input_callback", "success_callback", "failure_callback",
+                                                              "_async_success_callback", "_async_failure_callback"))
+    server.queue(Reply(text="Hello again."))
+    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+    wait_for(lambda: len(theirs.seen) == 2)  # theirs kept hearing every call
+    loopscope.flush()
+    assert len(spans(recording, a.OP_CHAT)) == 1
+
+
+def test_callbacks_the_application_sets_after_instrument_keep_ours(instrumented, server):
+    theirs = Theirs()
+    litellm.callbacks = [theirs]  # replaced, after instrument()
+    tool_round_script(server)
+    with loopscope.session("conv-set"):
+        run_loop("async", route(server, "openai"))
+    settle(instrumented, 2)
+    assert_tool_loop(instrumented, "conv-set", "openai")
+    assert litellm.callbacks[0] is theirs and len(ours(litellm.callbacks)) == 1  # theirs left as set, ours appended
+    wait_for(lambda: len(theirs.seen) == 2)
+
+
+# -- one call, one record -----------------------------------------------------------------------------------
+
+
+def test_a_route_through_the_wrapped_openai_sdk_is_recorded_once(instrumented, server):
+    """LiteLLM's Azure route calls the openai SDK's ``chat.completions.create``, which loopscope wraps too."""
+    tool_round_script(server)
+    kw = {"model": "azure/my-deployment", "api_base": server.url, "api_key": API_KEY, "api_version": "2024-10-21", "num_retries": 0}
+    with loopscope.session("conv-azure"):
+        run_loop("sync", kw)
+    settle(instrumented, 2)
+    assert [r.path for r in server.requests] == ["/openai/deployments/my-deployment/chat/completions"] * 2
+    chats = spans(instrumented, a.OP_CHAT)
+    assert len(chats) == 2 and {c.attributes[a.PROVIDER] for c in chats} == {"azure"}
+    _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
+    assert count == 2 and len(instrumented.store.list_turns(limit=None)) == 1
+
+
+def test_the_openai_sdk_called_inside_a_litellm_callback_is_a_call_of_its_own(instrumented, server):
+    client = server.openai_client()
+    asked: list[str] = []
+
+    class Asks(CustomLogger):
+        def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+            reply = client.chat.completions.create(model="gpt-4.1-mini", messages=[{"role": "user", "content": "Is this polite?"}])
+            asked.append(reply.choices[0].message.content)
+
+    litellm.callbacks.append(Asks())
+    server.queue(Reply(text="Yes."), match="Is this polite?")
+    server.queue(Reply(text="Hello."), match="Hi")
+    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+    settle(instrumented, 2)
+    assert asked == ["Yes."]
+    chats = spans(instrumented, a.OP_CHAT)
+    assert sorted(c.attributes[a.ROUND_TEXT] for c in chats) == ["Hello.", "Yes."]
+    _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
+    assert count == 2
+
+
+# -- LiteLLM's late success callbacks ----------------------------------------------------------------
+
+
+class Slow(CustomLogger):
+    """An application's logger whose success callback takes its time: LiteLLM runs it before
+    ours (it was registered first), so each answer is recorded well after LiteLLM returned it."""
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        time.sleep(0.3)
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        await asyncio.sleep(0.3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_next_request_waits_for_the_answer_litellm_records_late(recording, server, mode):
+    litellm.callbacks.append(Slow())
+    loopscope.instrument()
+    try:
+        tool_round_script(server)
+        with loopscope.session("conv-late"):
+            run_loop(mode, route(server, "openai"))
+        settle(recording, 2)
+        assert_tool_loop(recording, "conv-late", "openai")
+    finally:
+        loopscope.uninstrument()
