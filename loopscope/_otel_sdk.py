@@ -76,6 +76,7 @@ _CONTEXT_VAR: Any = None  # attach_span, detach: the ContextVar behind the API's
 _READ_TYPES: frozenset[type] = frozenset()  # the span classes whose fields are read directly
 _READ_BOUNDED: type | None = None  # BoundedAttributes, when its dict is read directly
 _READ_SCOPE: type | None = None  # InstrumentationScope, when its name is read directly
+_READ_LISTS: frozenset[type] = frozenset()  # BoundedList, when an ended span's events and links are read directly
 # What the probes found at import
 _PROBED_SET = _PROBED_SPANS = _PROBED_READ = False
 _PROBED_CONTEXT_VAR: Any = None
@@ -90,7 +91,7 @@ def set_fast_path(enabled: bool) -> bool:
     """Turn the fast paths on (each one whose probe passed at import) or off (the SDK's
     public path for everything); returns :func:`fast_path`. ``LOOPSCOPE_SDK_FAST_PATH=0``
     does the same at import. Spans already started keep working either way."""
-    global _FAST_SET, _FAST_SPANS, _CONTEXT_VAR, _READ_TYPES, _READ_BOUNDED, _READ_SCOPE, _FIELDS, _OWN_ENCODER
+    global _FAST_SET, _FAST_SPANS, _CONTEXT_VAR, _READ_TYPES, _READ_BOUNDED, _READ_SCOPE, _FIELDS, _OWN_ENCODER, _READ_LISTS
     _FAST_SET = enabled and _PROBED_SET
     _OWN_ENCODER = enabled
     _FAST_SPANS = enabled and _PROBED_SET and _PROBED_SPANS
@@ -99,6 +100,7 @@ def set_fast_path(enabled: bool) -> bool:
     _READ_TYPES = _SDK_SPAN_TYPES if read else frozenset()
     _READ_BOUNDED = _BOUNDED if read else None
     _READ_SCOPE = _SCOPE if read else None
+    _READ_LISTS = _LISTS if read else frozenset()
     _FIELDS = SpanFields(_READ_TYPES, _READ_BOUNDED, *_READERS)
     return fast_path()
 
@@ -613,6 +615,44 @@ def span_attributes(span: Any) -> Mapping[str, Any] | None:
     return span.attributes  # type: ignore[no-any-return]
 
 
+_RECORD = attrgetter("_context", "_parent", "_name", "_kind", "_start_time", "_end_time", "_attributes", "_events", "_links", "_status")
+
+
+def span_record(span: Any) -> tuple[Any, ...]:
+    """An ended span's fields for an encoder, in one call: ``(context, parent, name, kind,
+    start_time, end_time, attributes, dropped_attributes, events, dropped_events, links,
+    dropped_links, status)``, the attributes a mapping and the events and links iterables,
+    all read only. An SDK span's are read from its fields (its properties cost a Python
+    frame each, and ``events`` / ``links`` build a tuple through a generator); any other
+    span's, or any span's while the fast path is off, from its public properties."""
+    if type(span) in _READ_TYPES:
+        context, parent, name, kind, start, end, attributes, events, links, status = _RECORD(span)
+        lists = _READ_LISTS
+        kind_of = type(attributes)
+        if kind_of is _READ_BOUNDED:
+            dropped_attributes, attributes = attributes.dropped, attributes._dict
+        elif kind_of is dict:
+            dropped_attributes = 0
+        else:
+            dropped_attributes, attributes = span.dropped_attributes, span.attributes
+        if type(events) is tuple:
+            dropped_events = 0
+        elif type(events) in lists:
+            dropped_events, events = events.dropped, events._dq  # an ended span's: no one adds to it
+        else:
+            dropped_events, events = span.dropped_events, span.events
+        if type(links) is tuple:
+            dropped_links = 0
+        elif type(links) in lists:
+            dropped_links, links = links.dropped, links._dq
+        else:
+            dropped_links, links = span.dropped_links, span.links
+        return (context, parent, name, kind, start, end, attributes, dropped_attributes, events, dropped_events, links,
+                dropped_links, status)
+    return (span.context, span.parent, span.name, span.kind, span.start_time, span.end_time, span.attributes,
+            span.dropped_attributes, span.events, span.dropped_events, span.links, span.dropped_links, span.status)
+
+
 def attributes_if_from(span: Any, scope_name: str) -> Mapping[str, Any] | None:
     """:func:`attributes_view` of a span made under the instrumentation scope ``scope_name``,
     None for any other span: both reads in one call, since the store's processor asks
@@ -640,6 +680,7 @@ def scope_name(span: Any) -> str | None:
 
 
 _PUBLIC_SPAN_TYPES: tuple[type, ...] = ()
+_LISTS: frozenset[type] = frozenset()
 try:
     from opentelemetry.attributes import BoundedAttributes as _Bounded
     from opentelemetry.sdk.trace import ReadableSpan as _Readable
@@ -661,6 +702,15 @@ try:
         )
 
     _PROBED_READ = bool(_SDK_SPAN_TYPES) and _probe_read()
+    if _PROBED_READ:
+        from opentelemetry.sdk.util import BoundedList as _List
+
+        _RECORD(_Readable("probe"))  # span_record's fields are there (an AttributeError: the except below)
+
+        _probe_list = _List(2)
+        _probe_list.append(1)
+        if type(getattr(_probe_list, "_dq", None)) is deque and list(_probe_list._dq) == [1] and _probe_list.dropped == 0:
+            _LISTS = frozenset({_List})
 except Exception:  # another SDK: its public properties, always right
     _PROBED_READ = False
 
@@ -782,5 +832,5 @@ set_fast_path(_wanted())
 __all__ = [
     "SWITCH", "SpanFields", "attach_span", "attribute_values", "attributes_dict", "attributes_view", "detach", "end_span",
     "exports_spans", "fast_path", "own_encoder", "queued_spans", "replace_span_processors", "scope_name", "set_attributes", "set_fast_path",
-    "shutdown_batch", "span_attributes", "span_fields", "span_processors", "start_span",
+    "shutdown_batch", "span_attributes", "span_fields", "span_processors", "span_record", "start_span",
 ]

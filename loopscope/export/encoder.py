@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from struct import Struct
 from typing import Any
 
-from .._otel_sdk import attributes_dict, span_attributes
+from .._otel_sdk import attributes_dict, span_record
 
 _logger = logging.getLogger("loopscope")
 
@@ -74,6 +74,8 @@ def _any_value(value: Any) -> bytes:
         return b"\x18" + _int64(value)
     if kind is float:
         return b"\x21" + _DOUBLE(value)
+    if kind is tuple or kind is list:
+        return _field(b"\x2a", b"".join([_field(b"\x0a", _any_value(item)) for item in value]))
     return _any_value_slow(value)
 
 
@@ -221,50 +223,47 @@ class SpanEncoder:
 
     def span(self, span: Any) -> bytes:
         """One ``Span`` message's body."""
-        context = span.context
+        (context, parent, name, kind, start, end, attributes, dropped_attributes, events, dropped_events, links,
+         dropped_links, status) = span_record(span)
         parts = [
             b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
             b"\x12\x08" + context.span_id.to_bytes(8, "big"),
         ]
         append = parts.append
         trace_state = context.trace_state
-        if trace_state:
+        if trace_state is not _NO_TRACE_STATE and trace_state:
             append(_field(b"\x1a", ",".join([f"{k}={v}" for k, v in trace_state.items()]).encode()))
-        parent = span.parent
         if parent is not None:
             append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-        name = span.name
         if name:
             append(_field(b"\x2a", name.encode()))
-        append(_KINDS[span.kind])
-        start, end = span.start_time, span.end_time
+        append(_KINDS[kind])
         if start:
             append(b"\x39" + _FIXED64(start))
         if end:
             append(b"\x41" + _FIXED64(end))
-        parts.extend(self.attributes(b"\x4a", span_attributes(span)))
-        dropped = span.dropped_attributes
-        if dropped:
-            append(b"\x50" + _varint(dropped))
-        for event in span.events:
+        if attributes:
+            parts.extend(self.attributes(b"\x4a", attributes))
+        if dropped_attributes:
+            append(b"\x50" + _varint(dropped_attributes))
+        for event in events:
             append(_field(b"\x5a", self._event(event)))
-        dropped = span.dropped_events
-        if dropped:
-            append(b"\x60" + _varint(dropped))
-        for link in span.links:
+        if dropped_events:
+            append(b"\x60" + _varint(dropped_events))
+        for link in links:
             append(_field(b"\x6a", self._link(link)))
-        dropped = span.dropped_links
-        if dropped:
-            append(b"\x70" + _varint(dropped))
-        status = span.status
+        if dropped_links:
+            append(b"\x70" + _varint(dropped_links))
         if status is not None:
-            body = b""
-            if status.description:
-                body = _field(b"\x12", status.description.encode())
             code = status.status_code.value
-            if code:
-                body += b"\x18" + _varint(code)
-            append(_field(b"\x7a", body))
+            description = status.description
+            if description:
+                body = _field(b"\x12", description.encode())
+                if code:
+                    body += b"\x18" + _varint(code)
+                append(_field(b"\x7a", body))
+            else:
+                append(_STATUS[code])
         append(_REMOTE_FLAGS if parent is not None and parent.is_remote else _FLAGS)
         return b"".join(parts)
 
@@ -290,8 +289,8 @@ class SpanEncoder:
 
     def encode(self, spans: Sequence[Any]) -> bytes:
         """The ``ExportTraceServiceRequest`` of ``spans``, serialized."""
-        # resource group -> (its bytes, its schema url, scope group -> (scope bytes, schema url, spans))
-        groups: dict[Any, tuple[bytes, str, dict[Any, tuple[bytes, str | None, list[bytes]]]]] = {}
+        # resource group -> [its field, its schema URL, scope group -> [its field, schema URL, pieces, their bytes]]
+        groups: dict[int, tuple[bytes, str, dict[int, list[Any]]]] = {}
         for span in spans:
             resource = span.resource
             resource_key, resource_bytes = self._resource(resource)
@@ -300,25 +299,37 @@ class SpanEncoder:
             group = groups.get(resource_key)
             if group is None:
                 group = groups[resource_key] = (resource_bytes, resource.schema_url, {})
-            scopes = group[2]
-            scoped = scopes.get(scope_key)
+            scoped = group[2].get(scope_key)
             if scoped is None:
-                scoped = scopes[scope_key] = (scope_bytes, scope_schema, [])
+                scoped = group[2][scope_key] = [scope_bytes, scope_schema, [scope_bytes], len(scope_bytes)]
             n = len(body)
-            scoped[2].append(b"\x12" + (_ONE_BYTE[n] if n < 128 else _varint(n)) + body)
+            head = b"\x12" + (_ONE_BYTE[n] if n < 128 else _varint(n))
+            pieces = scoped[2]
+            pieces.append(head)
+            pieces.append(body)
+            scoped[3] += len(head) + n
+        # the nested messages' lengths are summed, not measured on joined copies: the bytes
+        # are joined once, at the end (a batch of 2,048 spans is megabytes)
         out: list[bytes] = []
         for resource_bytes, resource_schema, scopes in groups.values():
             parts = [resource_bytes]
-            for scope_bytes, scope_schema, bodies in scopes.values():
-                scope_spans = scope_bytes + b"".join(bodies)
+            size = len(resource_bytes)
+            for _scope_bytes, scope_schema, pieces, scope_size in scopes.values():
                 if scope_schema:
-                    scope_spans += _field(b"\x1a", scope_schema.encode())
-                parts.append(_field(b"\x12", scope_spans))
+                    schema = _field(b"\x1a", scope_schema.encode())
+                    pieces.append(schema)
+                    scope_size += len(schema)
+                head = b"\x12" + _varint(scope_size)
+                parts.append(head)
+                parts.extend(pieces)
+                size += len(head) + scope_size
             if resource_schema:
-                parts.append(_field(b"\x1a", resource_schema.encode()))
-            out.append(_field(b"\x0a", b"".join(parts)))
+                schema = _field(b"\x1a", resource_schema.encode())
+                parts.append(schema)
+                size += len(schema)
+            out.append(b"\x0a" + _varint(size))
+            out.extend(parts)
         return b"".join(out)
-
 
 def _key(key: str) -> bytes:
     return _field(b"\x0a", key.encode())
@@ -326,6 +337,10 @@ def _key(key: str) -> bytes:
 
 _FLAGS = b"\x85\x01" + _FIXED32(0x100)  # field 16, fixed32: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _REMOTE_FLAGS = b"\x85\x01" + _FIXED32(0x300)  # and SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+
+
+# a status without description, by its code (UNSET, OK, ERROR)
+_STATUS = {code: _field(b"\x7a", b"\x18" + _varint(code) if code else b"") for code in range(3)}
 
 
 def _kinds() -> dict[Any, bytes]:
@@ -336,3 +351,12 @@ def _kinds() -> dict[Any, bytes]:
 
 
 _KINDS = _kinds()
+
+
+def _no_trace_state() -> Any:
+    from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
+    return DEFAULT_TRACE_STATE  # empty: the trace state of every span that was given none
+
+
+_NO_TRACE_STATE = _no_trace_state()

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import guard, logger, warn_once
-from .._otel_sdk import attribute_values, own_encoder, queued_spans, shutdown_batch
+from .._otel_sdk import attribute_values, own_encoder, queued_spans, shutdown_batch, span_attributes
 from ..content.policy import ContentPolicy
 from .encoder import SpanEncoder
 from .notices import NoticeSender, NoticeSplitter, logs_endpoint, notices_wanted
@@ -149,9 +149,10 @@ class PolicyExporter(SpanExporter):
 
 def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
     """``span`` as it may leave the process: content dropped or scrubbed, a copy if changed."""
-    attributes = policy.export_attributes(span.attributes)
+    # the span's own dict, read only (the public view iterates in Python frames, two a key)
+    attributes = policy.export_attributes(span_attributes(span))
     events = span.events
-    scrub_events = any(e.attributes and ("exception.message" in e.attributes) for e in events)
+    scrub_events = bool(events) and any(e.attributes and ("exception.message" in e.attributes) for e in events)
     status = span.status
     # an error's description quotes the exception message, which may quote inputs
     description = status.description
