@@ -709,7 +709,7 @@ try:
 
         _probe_list = _List(2)
         _probe_list.append(1)
-        if type(getattr(_probe_list, "_dq", None)) is deque and list(_probe_list._dq) == [1] and _probe_list.dropped == 0:
+        if type(getattr(_probe_list, "_dq", None)) is deque and list(getattr(_probe_list, "_dq", ())) == [1] and _probe_list.dropped == 0:
             _LISTS = frozenset({_List})
 except Exception:  # another SDK: its public properties, always right
     _PROBED_READ = False

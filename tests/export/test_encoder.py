@@ -91,8 +91,17 @@ def _made_spans(**limits: Any) -> list[ReadableSpan]:
     return spans
 
 
-def test_the_same_bytes_as_the_sdks_encoder(caplog):
+@pytest.fixture
+def fast_path_restored() -> Iterator[None]:
+    yield
+    _otel_sdk.set_fast_path(_otel_sdk._wanted())
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fields", "public-properties"])
+def test_the_same_bytes_as_the_sdks_encoder(caplog, fast_path_restored, fast):
+    """Read through the SDK's fields (the fast path) or its public properties (switched off)."""
     spans = _made_spans()
+    _otel_sdk.set_fast_path(fast)
     with caplog.at_level(logging.ERROR):
         expected = _sdk_bytes(spans)
         encoded = SpanEncoder().encode(spans)
