@@ -22,6 +22,12 @@ app runs it and sends the result back; the model answers) runs under each varian
   ``loopscope``, ``otel-genai-openai`` and ``otel-genai-openai-otlp`` in the run, the script
   prints issue 31's ratio: what loopscope's export adds to its CPU a call over storing alone,
   over what the OTLP exporter adds to genai-openai's over its null exporter (goal <= 2x).
+* ``loopscope-otlp-spans`` -- (on request) ``loopscope-otlp`` without its metrics
+  (``OTEL_METRICS_EXPORTER=none``): spans and start notices, what genai-openai-otlp sends.
+* ``otel-genai-openai-otlp-metrics`` -- (on request) ``otel-genai-openai-otlp`` with its GenAI
+  metrics (duration, token usage) sent over OTLP too (an SDK ``MeterProvider``, flushed at
+  each settle), what ``loopscope-otlp`` sends. With these two in the run the ratio is printed
+  like for like as well: spans against spans, spans and metrics against spans and metrics.
 * ``openllmetry``       -- Traceloop's ``opentelemetry-instrumentation-openai``;
 * ``openinference``     -- Arize's ``openinference-instrumentation-openai``;
 * ``loopscope-nostore`` -- (reference, on request with ``--variants``) loopscope with
@@ -142,7 +148,10 @@ VARIANTS = [
             "opentelemetry-instrumentation-genai-openai"),
     Variant("otel-genai-openai-otlp", "genai-openai (OTLP)", PEERS, "opentelemetry.instrumentation.genai.openai",
             "opentelemetry-instrumentation-genai-openai"),
+    Variant("otel-genai-openai-otlp-metrics", "genai-openai (OTLP+met)", PEERS, "opentelemetry.instrumentation.genai.openai",
+            "opentelemetry-instrumentation-genai-openai"),
     Variant("loopscope-otlp", "loopscope (store+OTLP)", PROJECT, dist="loopscope"),
+    Variant("loopscope-otlp-spans", "loopscope (OTLP spans)", PROJECT, dist="loopscope"),
     Variant("openllmetry", "OpenLLMetry", PEERS, "opentelemetry.instrumentation.openai",
             "opentelemetry-instrumentation-openai"),
     Variant("openinference", "OpenInference", PEERS, "openinference.instrumentation.openai",
@@ -151,8 +160,9 @@ VARIANTS = [
 BY_KEY = {v.key: v for v in VARIANTS}
 REFERENCES = ("loopscope-nostore", "loopscope-metrics")
 ON_REQUEST = (*REFERENCES, "loopscope-process", "loopscope-thread", "loopscope-against", "otel-genai-openai-otlp",
-              "loopscope-otlp")
-STORING = ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread", "loopscope-against", "loopscope-otlp")
+              "otel-genai-openai-otlp-metrics", "loopscope-otlp", "loopscope-otlp-spans")
+STORING = ("loopscope", "loopscope-metrics", "loopscope-process", "loopscope-thread", "loopscope-against", "loopscope-otlp",
+           "loopscope-otlp-spans")
 EXPORT_GOAL = 2.0
 """Issue 31: loopscope's OTLP export may cost at most this many times genai-openai's OTLP exporter
 (CPU a call over each one's own variant without export)."""
@@ -351,9 +361,22 @@ def _setup_peer(variant: Variant, otlp_url: str | None = None) -> object:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    meter_provider = None
+    if variant.key.endswith("-metrics") and otlp_url:
+        # its GenAI metrics (duration, token usage) over OTLP too, as loopscope-otlp sends its own
+        from opentelemetry import metrics
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter(f"{otlp_url}/v1/metrics"))])
+        metrics.set_meter_provider(meter_provider)
     module = importlib.import_module(variant.module)  # type: ignore[arg-type]
-    module.OpenAIInstrumentor().instrument(tracer_provider=provider)
-    return provider, exporter
+    if meter_provider is not None:
+        module.OpenAIInstrumentor().instrument(tracer_provider=provider, meter_provider=meter_provider)
+    else:
+        module.OpenAIInstrumentor().instrument(tracer_provider=provider)
+    return provider, exporter, meter_provider
 
 
 def _versions(variant: Variant) -> dict[str, str]:
@@ -406,7 +429,9 @@ def worker(args: argparse.Namespace) -> int:
             meter_provider = MeterProvider(metric_readers=[metrics_reader])
         if variant.key in ("loopscope-process", "loopscope-thread"):
             os.environ["LOOPSCOPE_WRITER"] = variant.key.rsplit("-", 1)[1]
-        otlp = {"otlp_endpoint": args.otlp_url} if variant.key == "loopscope-otlp" else {}
+        otlp = {"otlp_endpoint": args.otlp_url} if variant.key.startswith("loopscope-otlp") else {}
+        if variant.key == "loopscope-otlp-spans":
+            os.environ["OTEL_METRICS_EXPORTER"] = "none"  # spans and start notices only, as genai-openai-otlp
         loopscope.configure(db if variant.key != "loopscope-nostore" else False, meter_provider=meter_provider, **otlp)
         loopscope.instrument()
         settle = loopscope.flush
@@ -423,8 +448,10 @@ def worker(args: argparse.Namespace) -> int:
         active = getattr(loopscope.pipeline, "active", lambda: None)
         writer_cpu = lambda: _process_cpu_ns(getattr(getattr(active(), "writer", None), "child_pid", lambda: None)())
     elif variant.module:
-        peer = _setup_peer(variant, args.otlp_url if variant.key.endswith("-otlp") else None)
+        peer = _setup_peer(variant, args.otlp_url if "-otlp" in variant.key else None)
         settle = peer[0].force_flush
+        if peer[2] is not None:  # its metrics too, sent at each settle as loopscope-otlp's are
+            settle = lambda tracing=peer[0], meters=peer[2]: (tracing.force_flush(), meters.force_flush())
 
     from openai import OpenAI
 
@@ -699,7 +726,7 @@ def orchestrate(args: argparse.Namespace) -> int:
 
     server, rescript = _fake_server()
     _say(f"fake model server: {server.openai_base_url} (tests/fakes/model_server.py, in this process)")
-    sink = _OtlpSink() if any(v.key.endswith("-otlp") for v in chosen) else None
+    sink = _OtlpSink() if any("-otlp" in v.key for v in chosen) else None
     if sink is not None:
         _say(f"OTLP sink: {sink.url}/v1/traces (in this process: its CPU is not the variant's)")
     samples: dict[str, dict[str, list[int]]] = {v.key: {s: [] for s in series_list} for v in chosen}
@@ -866,26 +893,38 @@ def orchestrate(args: argparse.Namespace) -> int:
 def _export_ratio(ok: list[Variant], series_list: list[str], cpu: dict[str, dict[str, list[float]]]) -> None:
     """Issue 31's ratio: the CPU a call loopscope's OTLP export adds (``loopscope-otlp`` over
     ``loopscope``) over what the SDK's OTLP exporter adds to genai-openai
-    (``otel-genai-openai-otlp`` over ``otel-genai-openai``), medians over the rounds."""
+    (``otel-genai-openai-otlp`` over ``otel-genai-openai``), medians over the rounds. Printed
+    for each pair of variants in the run: loopscope's spans, notices and metrics against
+    genai-openai's spans (the first line, as session 18 measured it); spans and notices
+    against spans (``loopscope-otlp-spans``); spans, notices and metrics against spans and
+    metrics (``otel-genai-openai-otlp-metrics``)."""
     keys = {v.key for v in ok}
-    need = ("loopscope", "loopscope-otlp", "otel-genai-openai", "otel-genai-openai-otlp")
-    if not all(k in keys for k in need):
+    pairs = [
+        ("loopscope-otlp", "otel-genai-openai-otlp", "loopscope spans+notices+metrics / genai-openai spans"),
+        ("loopscope-otlp-spans", "otel-genai-openai-otlp", "loopscope spans+notices / genai-openai spans"),
+        ("loopscope-otlp", "otel-genai-openai-otlp-metrics", "loopscope spans+notices+metrics / genai-openai spans+metrics"),
+    ]
+    pairs = [p for p in pairs if {"loopscope", "otel-genai-openai", p[0], p[1]} <= keys]
+    if not pairs:
         return
     _say("")
     _say(f"loopscope export CPU / genai-openai OTLP exporter CPU (goal <= {EXPORT_GOAL:.0f}x; CPU us a call, all threads, "
          "median over the rounds; each over its own variant without export):")
-    for series in series_list:
-        med = {k: statistics.median(cpu[k][series]) for k in need if cpu[k][series]}
-        if len(med) < len(need):
-            continue
-        mine = med["loopscope-otlp"] - med["loopscope"]
-        theirs = med["otel-genai-openai-otlp"] - med["otel-genai-openai"]
-        if theirs <= 0:
-            verdict = "ratio n/a (the exporter's cost is <= 0 in this run: noise)"
-        else:
-            ratio = mine / theirs
-            verdict = f"ratio {ratio:.2f}x -> {'MET' if ratio <= EXPORT_GOAL else 'NOT MET'}"
-        _say(f"  {series:<17} loopscope export {mine:+7.0f} us, genai-openai OTLP exporter {theirs:+7.0f} us: {verdict}")
+    for mine_key, theirs_key, label in pairs:
+        _say(f" {label}:")
+        for series in series_list:
+            need = ("loopscope", "otel-genai-openai", mine_key, theirs_key)
+            med = {k: statistics.median(cpu[k][series]) for k in need if cpu[k][series]}
+            if len(med) < len(need):
+                continue
+            mine = med[mine_key] - med["loopscope"]
+            theirs = med[theirs_key] - med["otel-genai-openai"]
+            if theirs <= 0:
+                verdict = "ratio n/a (the exporter's cost is <= 0 in this run: noise)"
+            else:
+                ratio = mine / theirs
+                verdict = f"ratio {ratio:.2f}x -> {'MET' if ratio <= EXPORT_GOAL else 'NOT MET'}"
+            _say(f"  {series:<17} loopscope export {mine:+7.0f} us, genai-openai OTLP exporter {theirs:+7.0f} us: {verdict}")
 
 
 def main() -> int:

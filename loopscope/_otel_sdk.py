@@ -24,6 +24,13 @@ Fast paths (each checked by a probe at import, each with the SDK's public path b
   the SDK does, so every processor and exporter sees an ordinary SDK span. The probe
   builds one span both ways and compares every field.
 * :func:`attach_span` / :func:`detach`: the API's context calls, on its ``ContextVar``.
+* :func:`own_encoder`: the SDK's OTLP span exporters (http/protobuf, gRPC) encode a batch
+  with ``encode_spans``, which builds a protobuf object per attribute in Python: most of
+  what loopscope's export cost (benchmarks/README.md, issue 31). For an exporter loopscope
+  made, the method that calls it is given a copy of its module's globals where
+  ``encode_spans`` is loopscope's encoder (:mod:`loopscope.export.encoder`, the same bytes:
+  tests/export/test_encoder.py); the application's exporters are not touched. The
+  switch is read at each batch.
 * Reading spans (the store's processor and the span-to-row mapping read a few fields of
   every span): :func:`span_fields`, :func:`attributes_view`, :func:`attribute_values`,
   :func:`scope_name` read the SDK's fields without its properties' Python frames.
@@ -64,10 +71,12 @@ _SCALARS = frozenset({str, bool, int, float})
 # when the switch is and its probe passed.
 _FAST_SET = False  # set_attributes (and end_span's attributes)
 _FAST_SPANS = False  # start_span, end_span
+_OWN_ENCODER = False  # own_encoder: loopscope's exporters encode spans with loopscope's encoder
 _CONTEXT_VAR: Any = None  # attach_span, detach: the ContextVar behind the API's runtime context
 _READ_TYPES: frozenset[type] = frozenset()  # the span classes whose fields are read directly
 _READ_BOUNDED: type | None = None  # BoundedAttributes, when its dict is read directly
 _READ_SCOPE: type | None = None  # InstrumentationScope, when its name is read directly
+_READ_LISTS: frozenset[type] = frozenset()  # BoundedList, when an ended span's events and links are read directly
 # What the probes found at import
 _PROBED_SET = _PROBED_SPANS = _PROBED_READ = False
 _PROBED_CONTEXT_VAR: Any = None
@@ -82,14 +91,16 @@ def set_fast_path(enabled: bool) -> bool:
     """Turn the fast paths on (each one whose probe passed at import) or off (the SDK's
     public path for everything); returns :func:`fast_path`. ``LOOPSCOPE_SDK_FAST_PATH=0``
     does the same at import. Spans already started keep working either way."""
-    global _FAST_SET, _FAST_SPANS, _CONTEXT_VAR, _READ_TYPES, _READ_BOUNDED, _READ_SCOPE, _FIELDS
+    global _FAST_SET, _FAST_SPANS, _CONTEXT_VAR, _READ_TYPES, _READ_BOUNDED, _READ_SCOPE, _FIELDS, _OWN_ENCODER, _READ_LISTS
     _FAST_SET = enabled and _PROBED_SET
+    _OWN_ENCODER = enabled
     _FAST_SPANS = enabled and _PROBED_SET and _PROBED_SPANS
     _CONTEXT_VAR = _PROBED_CONTEXT_VAR if enabled else None
     read = enabled and _PROBED_READ
     _READ_TYPES = _SDK_SPAN_TYPES if read else frozenset()
     _READ_BOUNDED = _BOUNDED if read else None
     _READ_SCOPE = _SCOPE if read else None
+    _READ_LISTS = _LISTS if read else frozenset()
     _FIELDS = SpanFields(_READ_TYPES, _READ_BOUNDED, *_READERS)
     return fast_path()
 
@@ -97,7 +108,7 @@ def set_fast_path(enabled: bool) -> bool:
 def fast_path() -> bool:
     """Whether every fast path is on: the switch is, and this SDK's objects are the ones
     the probes expect."""
-    return _FAST_SET and _FAST_SPANS and _CONTEXT_VAR is not None and bool(_READ_TYPES)
+    return _FAST_SET and _FAST_SPANS and _CONTEXT_VAR is not None and bool(_READ_TYPES) and _OWN_ENCODER
 
 
 def _clean(attributes: Mapping[str, Any]) -> bool:
@@ -590,6 +601,58 @@ def attribute_values(span: Any) -> Iterable[Any] | None:
     return attributes.values() if attributes is not None else None
 
 
+def span_attributes(span: Any) -> Mapping[str, Any] | None:
+    """An ended span's attributes, to read them all once (not to keep, not to change): the
+    dict inside an SDK span's ``BoundedAttributes`` or a plain dict it was given (the
+    public view iterates in Python frames, two a key), else its public ``attributes``."""
+    if type(span) in _READ_TYPES:
+        attributes = span._attributes
+        kind = type(attributes)
+        if kind is _READ_BOUNDED:
+            return attributes._dict  # type: ignore[no-any-return]
+        if kind is dict:
+            return attributes  # type: ignore[no-any-return]
+    return span.attributes  # type: ignore[no-any-return]
+
+
+_RECORD = attrgetter("_context", "_parent", "_name", "_kind", "_start_time", "_end_time", "_attributes", "_events", "_links", "_status")
+
+
+def span_record(span: Any) -> tuple[Any, ...]:
+    """An ended span's fields for an encoder, in one call: ``(context, parent, name, kind,
+    start_time, end_time, attributes, dropped_attributes, events, dropped_events, links,
+    dropped_links, status)``, the attributes a mapping and the events and links iterables,
+    all read only. An SDK span's are read from its fields (its properties cost a Python
+    frame each, and ``events`` / ``links`` build a tuple through a generator); any other
+    span's, or any span's while the fast path is off, from its public properties."""
+    if type(span) in _READ_TYPES:
+        context, parent, name, kind, start, end, attributes, events, links, status = _RECORD(span)
+        lists = _READ_LISTS
+        kind_of = type(attributes)
+        if kind_of is _READ_BOUNDED:
+            dropped_attributes, attributes = attributes.dropped, attributes._dict
+        elif kind_of is dict:
+            dropped_attributes = 0
+        else:
+            dropped_attributes, attributes = span.dropped_attributes, span.attributes
+        if type(events) is tuple:
+            dropped_events = 0
+        elif type(events) in lists:
+            dropped_events, events = events.dropped, events._dq  # an ended span's: no one adds to it
+        else:
+            dropped_events, events = span.dropped_events, span.events
+        if type(links) is tuple:
+            dropped_links = 0
+        elif type(links) in lists:
+            dropped_links, links = links.dropped, links._dq
+        else:
+            dropped_links, links = span.dropped_links, span.links
+        return (context, parent, name, kind, start, end, attributes, dropped_attributes, events, dropped_events, links,
+                dropped_links, status)
+    return (span.context, span.parent, span.name, span.kind, span.start_time, span.end_time, span.attributes,
+            span.dropped_attributes, span.events, span.dropped_events, span.links, span.dropped_links, span.status)
+
+
 def attributes_if_from(span: Any, scope_name: str) -> Mapping[str, Any] | None:
     """:func:`attributes_view` of a span made under the instrumentation scope ``scope_name``,
     None for any other span: both reads in one call, since the store's processor asks
@@ -617,6 +680,7 @@ def scope_name(span: Any) -> str | None:
 
 
 _PUBLIC_SPAN_TYPES: tuple[type, ...] = ()
+_LISTS: frozenset[type] = frozenset()
 try:
     from opentelemetry.attributes import BoundedAttributes as _Bounded
     from opentelemetry.sdk.trace import ReadableSpan as _Readable
@@ -638,8 +702,88 @@ try:
         )
 
     _PROBED_READ = bool(_SDK_SPAN_TYPES) and _probe_read()
+    if _PROBED_READ:
+        from opentelemetry.sdk.util import BoundedList as _List
+
+        _RECORD(_Readable("probe"))  # span_record's fields are there (an AttributeError: the except below)
+
+        _probe_list = _List(2)
+        _probe_list.append(1)
+        if type(getattr(_probe_list, "_dq", None)) is deque and list(getattr(_probe_list, "_dq", ())) == [1] and _probe_list.dropped == 0:
+            _LISTS = frozenset({_List})
 except Exception:  # another SDK: its public properties, always right
     _PROBED_READ = False
+
+
+# -- encoding loopscope's OTLP exports ------------------------------------------------------
+
+
+class _Encoded:
+    """What ``encode_spans`` returns to an exporter loopscope's encoder works for: the request
+    already serialized. The HTTP exporter only serializes it; anything else it is asked is
+    answered by the decoded request (the same message the SDK would have built)."""
+
+    __slots__ = ("_message", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._message: Any = None
+
+    def SerializePartialToString(self, **_: Any) -> bytes:
+        return self.data
+
+    SerializeToString = SerializePartialToString
+
+    def ByteSize(self) -> int:
+        return len(self.data)
+
+    def __getattr__(self, name: str) -> Any:
+        if self._message is None:
+            self._message = _request_type().FromString(self.data)
+        return getattr(self._message, name)
+
+
+def _request_type() -> Any:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    return ExportTraceServiceRequest
+
+
+def own_encoder(exporter: Any, encode: Callable[[Any], bytes]) -> bool:
+    """Make ``exporter`` (an SDK OTLP span exporter loopscope made, HTTP or gRPC) encode its
+    batches with ``encode`` (spans -> ``ExportTraceServiceRequest`` bytes) while the fast
+    path is on, with the SDK's ``encode_spans`` while it is off. False (and nothing
+    changed) for an exporter whose encoding is not where this SDK version has it."""
+    from types import FunctionType, MethodType
+
+    kind = type(exporter)
+    module = getattr(kind, "__module__", "")
+    if not module.startswith("opentelemetry.exporter.otlp.proto."):
+        return False
+    grpc = ".grpc." in module
+    name = "_translate_data" if grpc else "export"
+    method = getattr(kind, name, None)
+    if not isinstance(method, FunctionType):
+        return False
+    code = method.__code__
+    sdk_encode = method.__globals__.get("encode_spans")
+    if sdk_encode is None or "encode_spans" not in code.co_names or method.__closure__:
+        return False
+    request_type = _request_type()
+
+    def encode_spans(spans: Any) -> Any:
+        if not _OWN_ENCODER:
+            return sdk_encode(spans)
+        data = encode(spans)
+        # gRPC hands the request to its stub, which wants the message itself
+        return request_type.FromString(data) if grpc else _Encoded(data)
+
+    own_globals = dict(method.__globals__)
+    own_globals["encode_spans"] = encode_spans
+    function = FunctionType(code, own_globals, method.__name__, method.__defaults__)
+    function.__kwdefaults__ = method.__kwdefaults__
+    setattr(exporter, name, MethodType(function, exporter))
+    return True
 
 
 # -- what has no public path ----------------------------------------------------------------
@@ -687,6 +831,6 @@ set_fast_path(_wanted())
 
 __all__ = [
     "SWITCH", "SpanFields", "attach_span", "attribute_values", "attributes_dict", "attributes_view", "detach", "end_span",
-    "exports_spans", "fast_path", "queued_spans", "replace_span_processors", "scope_name", "set_attributes", "set_fast_path",
-    "shutdown_batch", "span_fields", "span_processors", "start_span",
+    "exports_spans", "fast_path", "own_encoder", "queued_spans", "replace_span_processors", "scope_name", "set_attributes", "set_fast_path",
+    "shutdown_batch", "span_attributes", "span_fields", "span_processors", "span_record", "start_span",
 ]
