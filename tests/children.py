@@ -111,10 +111,16 @@ def hold(spawn: Callable[..., Child], db: str | Path, folder: Path, give_up: flo
     return Held(holder, release)
 
 
+FELL_BACK = "loopscope: the store's writer runs in a thread: "
+"""What a child whose default writer (``auto``) fell back to the thread says on stderr."""
+
+
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
+def spawn(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Child]]:
     """``spawn(name, code, *args)`` runs ``code`` as a script in a fresh interpreter
-    (LOOPSCOPE_STRICT=1, no OTEL_* or LOOPSCOPE_DB from the test's environment)."""
+    (LOOPSCOPE_STRICT=1, no OTEL_* or LOOPSCOPE_DB from the test's environment). A child whose
+    default writer fell back to the thread (:data:`FELL_BACK` on its stderr) fails the test,
+    unless it is marked ``writer_fallback``, as the conftest does for the test's own process."""
     children: list[Child] = []
 
     def start(name: str, code: str, *args: Any) -> Child:
@@ -137,6 +143,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
             if child.running():
                 child.proc.kill()
             child.proc.wait(10)
+    if not request.node.get_closest_marker("writer_fallback"):
+        fell = [c for c in children if FELL_BACK in c.err.read_text(errors="replace")]
+        assert not fell, f"a child's writer fell back to the thread\n{fell[0].output()}"
 
 
 @final
