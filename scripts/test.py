@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,6 +208,15 @@ def install_system(package: stacks.SystemPackage, in_ci: bool) -> str | None:
     return None if Path(package.binary).exists() else f"apt-get installed {package.package}, but there is no {package.binary}"
 
 
+def build_order(runs: list[Run], needed: set[str], all_stacks: dict[str, stacks.Stack]) -> tuple[list[str], list[str]]:
+    """The stacks to build before any test runs (those the core run's tests drive: they start
+    those venvs' programs), and those built beside the core run, each waited for before its own
+    run (and all of them before a serial pass)."""
+    core_paths = [p for run in runs if run.stack == CORE for p in run.paths]
+    first = sorted(n for n in needed if any(stacks.overlaps(p, d) for p in core_paths for d in all_stacks[n].drives))
+    return first, sorted(needed - set(first))
+
+
 def build_or_why(stack: stacks.Stack) -> str | None:
     """Build a stack if it is missing or stale; None when it is ready, else why not."""
     try:
@@ -232,15 +241,20 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     tally = Tally()
     unbuilt: dict[str, str] = {}
+    first, later = build_order(runs, needed, all_stacks)
     # a few at once: uv downloads in parallel anyway, and compiling bytecode takes a core
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        for name, error in zip(sorted(needed), pool.map(lambda n: build_or_why(all_stacks[n]), sorted(needed))):
-            if error is not None:
-                unbuilt[name] = error
-                say(f"stack {name} could not be built: {error}")
+    builder = ThreadPoolExecutor(max_workers=3)
+    for name, error in zip(first, builder.map(lambda n: build_or_why(all_stacks[n]), first)):
+        if error is not None:
+            unbuilt[name] = error
+            say(f"stack {name} could not be built: {error}")
     if unbuilt and in_ci:
         say("CI needs every stack it runs: stopping")
+        builder.shutdown(cancel_futures=True)
         return 1
+    # the stacks no core test drives are built while the core's parallel pass runs (their
+    # downloads wait on the network, not on the cores); each stack's run waits for its own
+    building = {name: builder.submit(build_or_why, all_stacks[name]) for name in later}
     core_paths = [p for run in runs if run.stack == CORE for p in run.paths]
     for package in stacks.load_system().values():
         if any(stacks.overlaps(p, t) for p in core_paths for t in package.tests):
@@ -256,35 +270,114 @@ def main(argv: list[str]) -> int:
     # loopscope's own are then compiled once, not in every worker and child interpreter
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     env = {**os.environ, "LOOPSCOPE_REQUIRE_STACKS": "1" if in_ci else os.environ.get("LOOPSCOPE_REQUIRE_STACKS", "0")}
+
+    def built(names: list[str], label: str) -> None:
+        """Wait for these stacks' builds (started beside the core run); note those that failed,
+        and the wait, when there was one, in the times (as ``label``)."""
+        waited = time.monotonic()
+        for name in names:
+            future = building.pop(name, None)
+            error = future.result() if future is not None else None
+            if error is not None:
+                unbuilt[name] = error
+                say(f"stack {name} could not be built: {error}")
+        if time.monotonic() - waited > 1:
+            tally.times.append((label, time.monotonic() - waited))
+
+    def runnable(run: Run) -> bool:
+        """Whether ``run``'s stack is built (waited for); one that could not be is said, and a
+        failure unless the stack is not for this Python."""
+        nonlocal status
+        built([run.stack], f"{run.stack} build")
+        if run.stack not in unbuilt:
+            return True
+        if stacks.too_old(all_stacks[run.stack]) is not None:  # not for this Python: CI (3.12) runs it
+            say(f"{run.stack}: not run ({' '.join(run.paths)}): {unbuilt[run.stack]}")
+        else:
+            say(f"{run.stack}: not run ({' '.join(run.paths)}): its stack could not be built")
+            tally.failed_runs.append(run.stack)
+            status = status or 1
+        return False
+
+    def one_pass(run: Run, cmd: list[str], output: Path | None = None) -> tuple[int, float]:
+        """Run one pytest pass, its output to the terminal or to ``output``: (exit code, seconds)."""
+        began = time.monotonic()
+        if output is None:
+            code = subprocess.run(cmd, cwd=ROOT, env={**env, **run.env}, check=False).returncode
+        else:
+            with output.open("w") as out:
+                code = subprocess.run(cmd, cwd=ROOT, env={**env, **run.env}, check=False, stdout=out,
+                                      stderr=subprocess.STDOUT).returncode
+        return code, time.monotonic() - began
+
+    def passed(run: Run, kind: str, xml: Path, code: int, seconds: float) -> bool:
+        """Count a finished pass; True when the suite stops there (``-x`` and a failure)."""
+        nonlocal status
+        tally.times.append((run.stack if kind == "parallel" else f"{run.stack} serial", seconds))
+        tally.add_junit(xml)
+        if keep_junit:
+            keep_junit.mkdir(parents=True, exist_ok=True)
+            if xml.exists():
+                shutil.copy(xml, keep_junit / xml.name)
+        if code in (0, 5):  # 5: nothing selected (no serial test in these paths, say)
+            return False
+        tally.failed_runs.append(f"{run.stack} {kind}")
+        status = status or code
+        return stop_at_first  # -x: the first failing run is the last
+
     with tempfile.TemporaryDirectory(prefix="loopscope-tests-") as tmp:
+        # the core run first (its serial pass alone), then the stacks' runs: several at once
+        # ($LOOPSCOPE_TEST_STACKS_AT_ONCE, 2: each run's start-up and tail leave the cores idle),
+        # then their serial passes alone
+        at_once = max(1, int(os.environ.get("LOOPSCOPE_TEST_STACKS_AT_ONCE", "2")))
+        stack_runs = [r for r in runs if r.stack != CORE]
+        together = stack_runs if at_once > 1 and len(stack_runs) > 1 else []
+        stopped = False
         for run in runs:
-            if run.stack in unbuilt:
-                if stacks.too_old(all_stacks[run.stack]) is not None:  # not for this Python: CI (3.12) runs it
-                    say(f"{run.stack}: not run ({' '.join(run.paths)}): {unbuilt[run.stack]}")
-                    continue
-                say(f"{run.stack}: not run ({' '.join(run.paths)}): its stack could not be built")
-                tally.failed_runs.append(run.stack)
-                status = status or 1
+            if run in together or stopped or not runnable(run):
                 continue
             for kind, paths, cmd, xml in pytest_passes(run, extra, workers, Path(tmp)):
+                if kind == "serial":  # serial tests run with nothing beside them: no build either
+                    built(list(building), "builds left")
                 say(f"{run.stack} ({kind}): {' '.join(paths)}")
-                began = time.monotonic()
-                code = subprocess.run(cmd, cwd=ROOT, env={**env, **run.env}, check=False).returncode
-                tally.times.append((run.stack if kind == "parallel" else f"{run.stack} serial", time.monotonic() - began))
-                tally.add_junit(xml)
-                if keep_junit:
-                    keep_junit.mkdir(parents=True, exist_ok=True)
-                    if xml.exists():
-                        shutil.copy(xml, keep_junit / xml.name)
-                if code == 5:  # nothing selected (no serial test in these paths, say)
-                    continue
-                if code != 0:
-                    tally.failed_runs.append(f"{run.stack} {kind}")
-                    status = status or code
-                    if stop_at_first:  # -x: the first failing run is the last
+                if stopped := passed(run, kind, xml, *one_pass(run, cmd)):
+                    break
+        if together and not stopped:
+            # each stack's passes: {stack: {"parallel" or "serial": (paths, command, junit file)}}
+            planned = {r.stack: {kind: (paths, cmd, xml) for kind, paths, cmd, xml in pytest_passes(r, extra, workers, Path(tmp))}
+                       for r in together}
+
+            def in_background(run: Run) -> tuple[int, float] | None:
+                """A stack's parallel pass, its output to a file, once its stack is built (None:
+                it could not be, or it has no parallel pass)."""
+                future = building.get(run.stack)
+                if (future is not None and future.result() is not None) or "parallel" not in planned[run.stack]:
+                    return None
+                return one_pass(run, planned[run.stack]["parallel"][1], Path(tmp) / f"{run.stack}.out")
+
+            say(f"the stacks' runs, {at_once} at once (each one's output once it ends): {', '.join(r.stack for r in together)}")
+            with ThreadPoolExecutor(max_workers=at_once) as pool:
+                futures = {pool.submit(in_background, r): r for r in together}
+                for future in as_completed(futures):
+                    run = futures[future]
+                    if future.cancelled() or not runnable(run) or (result := future.result()) is None:
+                        continue
+                    paths, _, xml = planned[run.stack]["parallel"]
+                    say(f"{run.stack} (parallel): {' '.join(paths)}")
+                    sys.stdout.write((Path(tmp) / f"{run.stack}.out").read_text(errors="replace"))
+                    sys.stdout.flush()
+                    if stopped := passed(run, "parallel", xml, *result):
+                        for other in futures:
+                            other.cancel()
                         break
-            if status and stop_at_first:
-                break
+            for run in together:  # then their serial passes, one at a time
+                if stopped or run.stack in unbuilt or "serial" not in planned[run.stack]:
+                    continue
+                paths, cmd, xml = planned[run.stack]["serial"]
+                built(list(building), "builds left")
+                say(f"{run.stack} (serial): {' '.join(paths)}")
+                stopped = passed(run, "serial", xml, *one_pass(run, cmd))
+    builder.shutdown(cancel_futures=True)  # -x: builds not started are not needed
     # where the time went (docs/testing.md: the budget), then the one summary line
     say("times: " + ", ".join(f"{label} {seconds:.0f}s" for label, seconds in tally.times))
     if tally.file_seconds:  # the test files that took longest, in worker-seconds (junit's times summed)

@@ -1,7 +1,8 @@
 """Child processes for tests that need a second interpreter (a writer, a reader, a crash):
 each runs a small script with its own loopscope, is bounded in time, and is killed at
 teardown if it is still running. Use the ``spawn`` fixture
-(tests/conftest.py makes it available to every test)."""
+(tests/conftest.py makes it available to every test), or :func:`collect_child` for a
+``loopscope collect`` command."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, final
+from typing import IO, Any, final
 
 import pytest
 
@@ -110,10 +111,16 @@ def hold(spawn: Callable[..., Child], db: str | Path, folder: Path, give_up: flo
     return Held(holder, release)
 
 
+FELL_BACK = "loopscope: the store's writer runs in a thread: "
+"""What a child whose default writer (``auto``) fell back to the thread says on stderr."""
+
+
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
+def spawn(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Child]]:
     """``spawn(name, code, *args)`` runs ``code`` as a script in a fresh interpreter
-    (LOOPSCOPE_STRICT=1, no OTEL_* or LOOPSCOPE_DB from the test's environment)."""
+    (LOOPSCOPE_STRICT=1, no OTEL_* or LOOPSCOPE_DB from the test's environment). A child whose
+    default writer fell back to the thread (:data:`FELL_BACK` on its stderr) fails the test,
+    unless it is marked ``writer_fallback``, as the conftest does for the test's own process."""
     children: list[Child] = []
 
     def start(name: str, code: str, *args: Any) -> Child:
@@ -136,3 +143,77 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
             if child.running():
                 child.proc.kill()
             child.proc.wait(10)
+    if not request.node.get_closest_marker("writer_fallback"):
+        fell = [c for c in children if FELL_BACK in c.err.read_text(errors="replace")]
+        assert not fell, f"a child's writer fell back to the thread\n{fell[0].output()}"
+
+
+@final
+class Collect:
+    """A ``loopscope collect`` child, ready (from :func:`collect_child`): ``http``, its OTLP/HTTP
+    endpoint (``http://127.0.0.1:PORT``), ``port``, ``grpc``, its gRPC target (``127.0.0.1:PORT``,
+    None with ``--no-grpc``), ``proc``. As a context manager it is killed at the end of the block
+    if it is still running (a test that failed before it stopped it)."""
+
+    def __init__(self, proc: subprocess.Popen[str], line: str) -> None:
+        self.proc, self.line = proc, line
+        self.http = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
+        self.port = int(self.http.rsplit(":", 1)[1])
+        self.grpc = line.split("OTLP/gRPC on http://")[1].split()[0] if "OTLP/gRPC on " in line else None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout: float = 120.0) -> tuple[str, str]:
+        """SIGTERM (it writes what it holds, then says what it took) and wait; its (stdout,
+        stderr). One that does not end within ``timeout`` is killed and fails the test."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            pytest.fail(f"loopscope collect did not stop within {timeout}s\n--- stdout ---\n{out}\n--- stderr ---\n{err}")
+
+    def stop_ok(self, timeout: float = 120.0) -> str:
+        """:meth:`stop`, which must end it cleanly (exit code 0); its stdout."""
+        out, err = self.stop(timeout)
+        assert self.proc.returncode == 0, err
+        return out
+
+    def kill(self) -> None:
+        """SIGKILL, and check that is how it ended."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=60)
+        assert self.proc.returncode == -signal.SIGKILL
+
+    def __enter__(self) -> Collect:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=60)
+
+
+def collect_child(db: str | Path, *args: str, env: dict[str, str] | None = None) -> Collect:
+    """``loopscope --db DB collect --http-port 0 ARGS`` in a fresh interpreter (this checkout's
+    loopscope; ``env``: its environment, else the test's), returned once it listens (its first
+    line names its endpoints). gRPC on a free port too unless ``args`` say ``--no-grpc`` or a
+    ``--grpc-port``. A child that ends or says something else first fails the test."""
+    grpc = [] if "--no-grpc" in args or "--grpc-port" in args else ["--grpc-port", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", *grpc, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)},
+    )
+    stdout: IO[str] = proc.stdout  # type: ignore[assignment]
+    line = stdout.readline()
+    if not line.startswith("loopscope collect: OTLP/HTTP on http://127.0.0.1:"):
+        proc.kill()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"loopscope collect did not start: {line}{out}\n{err}")
+    return Collect(proc, line)

@@ -53,6 +53,7 @@ class Recording:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "thread_writer: the test's `recording` pipeline runs the thread writer (a test of its insides)")
+    config.addinivalue_line("markers", "writer_fallback: the test makes the default writer fall back to the thread (a test of that)")
     config.addinivalue_line("markers", "serial: runs alone, after the parallel tests, with nothing beside it (docs/testing.md)")
     config.addinivalue_line("markers", "stack(name): runs in that stack's venv (tests/stacks.toml), in no other")
 
@@ -96,6 +97,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+# the warnings of a default writer (``auto``) that runs the thread instead of a writer process:
+# no child could start, or none can run here (loopscope.ingest.writer_process)
+FELL_BACK = frozenset({"writer-fallback", "writer-process-unavailable"})
+
+
+@pytest.fixture(autouse=True)
+def _writer_process_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The default writer runs a writer process here: a test whose writer fell back to the thread
+    fails, unless it is marked ``writer_fallback`` (a test of the fallback). So every test that
+    records under the default checks the writer process, and none passes on the thread unseen
+    (docs/testing.md: what test_writer_process_suite.py did). Children: the ``spawn`` fixture."""
+    yield
+    with _guard._seen_lock:
+        fell = _guard._seen & FELL_BACK
+        _guard._seen -= FELL_BACK  # said again by the next test whose writer falls back
+    if fell and not request.node.get_closest_marker("writer_fallback"):
+        pytest.fail(f"the store's writer fell back to the thread ({', '.join(sorted(fell))}): see the warning above")
 
 
 @pytest.fixture

@@ -69,6 +69,19 @@ def test_the_full_suite_runs_every_stack_and_builds_every_driven_peer():
     assert needed >= {s.name for s in ALL.values() if s.runs or s.drives}
 
 
+def test_the_stacks_no_core_test_drives_are_built_beside_the_core_run():
+    runs, needed = runner.plan([], [], ALL)
+    first, later = runner.build_order(runs, needed, ALL)
+    # built before any test: those whose programs core tests start (openai-agents is both)
+    assert first == sorted(s.name for s in ALL.values() if s.drives)
+    assert "openai-agents" in first and "peers" in first
+    # the frameworks' own runs and the `again` stacks wait for their builds, not the core run
+    assert later == sorted(needed - set(first)) and {"roomkit", "mcp", "oldsdk", "py310"} <= set(later)
+    # a selection without a core run builds everything in the second group, each awaited by its run
+    runs, needed = runner.plan(["tests/instrument/test_roomkit.py"], [], ALL)
+    assert runner.build_order(runs, needed, ALL) == ([], ["roomkit"])
+
+
 def test_a_named_again_stack_runs_alone():
     runs, needed = planned(named=("oldsdk",))
     assert set(runs) == {"oldsdk"} and needed == {"oldsdk"}

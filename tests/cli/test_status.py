@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from children import HOLDER
+from children import FELL_BACK, HOLDER
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -32,6 +32,7 @@ def run(tmp_path: Path, name: str, code: str, *args: Any, wait: bool = True) -> 
     if wait:
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0, f"{name} exited with {proc.returncode}\n{out}\n{err}"
+        assert FELL_BACK not in err, f"{name}'s writer fell back to the thread\n{err}"
     return proc
 
 
@@ -172,6 +173,7 @@ def test_failed_writes_while_another_process_holds_the_file_show(tmp_path, child
     assert holder.wait(TIMEOUT) == 0
     out, err = writer.communicate(timeout=TIMEOUT)
     assert writer.returncode == 0, err
+    assert FELL_BACK not in err, err
 
     report = status_json(db)
     [row] = report["writers"]
@@ -273,6 +275,7 @@ def run_with_endpoint(tmp_path: Path, name: str, endpoint: str) -> Path:
     done = subprocess.run([sys.executable, str(script), str(db)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr
+    assert FELL_BACK not in done.stderr, done.stderr
     return db
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from children import Child, hold
+from children import Child, collect_child, hold
 from loopscope import EventFilter
 from loopscope.cli import main as cli_main
 from loopscope.models import RESPONSE_SEGMENT_SEPARATOR
@@ -431,30 +430,16 @@ def test_turns_received_by_a_collector_are_left_open(tmp_path, spawn):
     db = tmp_path / "collected.duckdb"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({"PYTHONPATH": str(ROOT), "LOOPSCOPE_STRICT": "1"})
-    collector = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-    try:
-        line = collector.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("loopscope collect: OTLP/HTTP on http://127.0.0.1:"), line + collector.stderr.read()  # type: ignore[union-attr]
-        endpoint = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
+    with collect_child(db, "--no-grpc", env=env) as collector:
         holding = tmp_path / "holding"
-        agent = spawn("exporting", EXPORTING_AGENT, endpoint, holding)
+        agent = spawn("exporting", EXPORTING_AGENT, collector.http, holding)
         wait_for([holding], agent)
         deadline = time.monotonic() + 20
         while not db.exists() or not sql(db, "SELECT 1 FROM events WHERE type = 'tool_call_start'"):
             assert time.monotonic() < deadline, "the collector did not write the pending call"
             time.sleep(0.05)
         agent.kill()
-        os.kill(collector.pid, signal.SIGKILL)  # the collector dies too: its process is provably gone
-        collector.wait(10)
-    finally:
-        if collector.poll() is None:
-            collector.kill()
-            collector.wait(10)
-        collector.stdout.close()  # type: ignore[union-attr]
-        collector.stderr.close()  # type: ignore[union-attr]
+        collector.kill()  # the collector dies too: its process is provably gone
 
     open_for_writing(db)
     assert sql(db, "SELECT count(*) FROM turns") == [(0,)]

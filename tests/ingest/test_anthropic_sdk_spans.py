@@ -9,10 +9,7 @@ OTLP/HTTP, through the OpenTelemetry SDK's exporter, to a ``loopscope collect`` 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from children import Collect, collect_child
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope.ingest.foreign import ANTHROPIC_SDK_SPAN
 from loopscope.storage.connection import open_store
@@ -37,21 +35,11 @@ def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture
-def collect(tmp_path) -> Iterator[tuple[Path, str, subprocess.Popen]]:
-    """A ``loopscope collect`` child (HTTP only, on a free port): (its store, endpoint, process)."""
+def collect(tmp_path) -> Iterator[tuple[Path, Collect]]:
+    """A ``loopscope collect`` child (HTTP only, on a free port): (its store, the child)."""
     db = tmp_path / "anthropic.duckdb"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc", "--idle", "3600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "OTLP/HTTP on http://" in line, line + proc.stderr.read()  # type: ignore[union-attr]
-        yield db, line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0], proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with collect_child(db, "--no-grpc", "--idle", "3600") as child:
+        yield db, child
 
 
 def two_turn_loop(client: Any, server: Any) -> None:
@@ -71,16 +59,14 @@ def two_turn_loop(client: Any, server: Any) -> None:
 
 @pytest.mark.parametrize("content", [False, True], ids=["metadata", "content"])
 def test_the_sdks_own_spans_alone_are_stitched_into_one_turn_per_question(collect, model_server, content):
-    db, endpoint, proc = collect
+    db, child = collect
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=child.http + "/v1/traces")))
     traces: dict[str, Any] = {"content_mode": "content"} if content else {}
     client = model_server.anthropic_client(open_telemetry={"tracer_provider": provider, "traces": traces})
     two_turn_loop(client, model_server)
     provider.shutdown()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    child.stop_ok()
 
     assert query(db, "SELECT count(*) FROM spans WHERE name = 'anthropic.messages.create'") == [(4,)]
     # two turns of two model calls, the tokens counted once
@@ -112,18 +98,14 @@ def test_beside_another_instrumentation_each_call_is_counted_once(collect, lib, 
     import stacks
 
     python = stacks.require("peers-anthropic") / "bin" / "python"
-    db, endpoint, proc = collect
-    try:
-        done = subprocess.run(
-            [str(python), "-W", "ignore", str(ROOT / "tests" / "fixtures" / "foreign" / "record_anthropic.py"), "--lib", lib,
-             *(["--agent"] if agent else []), "--endpoint", endpoint],
-            check=False, capture_output=True, text=True, timeout=180, cwd=ROOT,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    db, child = collect
+    done = subprocess.run(
+        [str(python), "-W", "ignore", str(ROOT / "tests" / "fixtures" / "foreign" / "record_anthropic.py"), "--lib", lib,
+         *(["--agent"] if agent else []), "--endpoint", child.http],
+        check=False, capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    child.stop_ok()
     # both spans of each call arrived, and are kept as they came
     assert query(db, "SELECT count(*) FROM spans WHERE name = 'anthropic.messages.create'") == [(4,)]
     assert query(db, "SELECT count(*) FROM spans WHERE role = 'chat' AND name <> 'anthropic.messages.create'") == [(4,)]

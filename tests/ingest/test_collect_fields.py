@@ -11,10 +11,7 @@ metrics service gets.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 import stacks
+from children import Collect, collect_child
 from loopscope.storage.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,29 +35,12 @@ def query(db: Path | str, sql: str) -> list[tuple[Any, ...]]:
 
 
 @contextmanager
-def collect_child(db: Path, *args: str) -> Iterator[dict[str, str]]:
-    """``loopscope collect`` in a child process on free ports; its endpoints (``http``, and
-    ``grpc`` unless ``--no-grpc`` is given). Stopped with SIGTERM (it writes what it holds)."""
-    grpc = ["--grpc-port", "0"] if "--no-grpc" not in args else []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", *grpc, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("loopscope collect: OTLP/HTTP on http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
-        endpoints = {"http": line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]}
-        if "OTLP/gRPC on " in line:
-            endpoints["grpc"] = line.split("OTLP/gRPC on ")[1].split(",")[0].split()[0]
-        yield endpoints
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _out, err = proc.communicate()
-    assert proc.returncode == 0, err
+def collecting(db: Path, *args: str) -> Iterator[Collect]:
+    """A ``loopscope collect`` child (:func:`children.collect_child`) for the block, then stopped
+    with SIGTERM (it writes what it holds), which must end it cleanly."""
+    with collect_child(db, *args) as child:
+        yield child
+        child.stop_ok()
 
 
 # -- a failed tool's message, masked whole and nothing more -------------------------------------
@@ -82,8 +63,8 @@ def record_failed_login() -> None:
 def test_a_failed_tools_masked_message_keeps_its_closing_parenthesis_in_process_and_in_collect(tmp_path):
     local = tmp_path / "local.duckdb"
     collected = tmp_path / "collected.duckdb"
-    with collect_child(collected, "--no-grpc") as endpoints:
-        loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=endpoints["http"],
+    with collecting(collected, "--no-grpc") as child:
+        loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=child.http,
                             capture_content=True, flush_interval=0.05)
         record_failed_login()
         loopscope.shutdown()
@@ -112,8 +93,8 @@ def test_model_calls_of_a_streamed_agent_run_keep_their_ids_streaming_and_messag
     ``llm.invocation_parameters``), and both messages (OpenInference's flattened ones in the
     GenAI conventions' JSON)."""
     db = tmp_path / "c.duckdb"
-    with collect_child(db, "--no-grpc") as endpoints:
-        run_peer("peers", lib, endpoints["http"], "--stream")
+    with collecting(db, "--no-grpc") as child:
+        run_peer("peers", lib, child.http, "--stream")
     calls = query(db, "SELECT position, response_id, streaming, outcome, input_messages::VARCHAR, output_messages::VARCHAR "
                       "FROM model_calls ORDER BY started_at")
     assert [c[:4] for c in calls] == [(1, "chatcmpl-fake00001", True, "completed"), (2, "chatcmpl-fake00002", True, "completed")]
@@ -161,8 +142,8 @@ def test_without_start_notices_the_users_message_comes_first_in_its_turn(tmp_pat
     for name, value in switch.items():
         monkeypatch.setenv(name, value)
     collected = tmp_path / "collected.duckdb"
-    with collect_child(collected, "--no-grpc") as endpoints:
-        loopscope.configure(False, tracer_provider=TracerProvider(), otlp_endpoint=endpoints["http"], capture_content=True)
+    with collecting(collected, "--no-grpc") as child:
+        loopscope.configure(False, tracer_provider=TracerProvider(), otlp_endpoint=child.http, capture_content=True)
         record_weather_turn()
         loopscope.shutdown()
     # the order a local store has of the same turns (loopscope.configure(path), the same calls)
@@ -184,8 +165,8 @@ def test_logfires_finish_reasons_sent_as_one_json_string_are_read_as_the_list(tm
     is, and the call's outcome read from it."""
     db = tmp_path / "c.duckdb"
     python = stacks.require("peers-logfire") / "bin" / "python"
-    with collect_child(db, "--no-grpc") as endpoints:
-        done = subprocess.run([str(python), "-W", "ignore", str(FIXTURES / "record_logfire.py"), "--endpoint", endpoints["http"]],
+    with collecting(db, "--no-grpc") as child:
+        done = subprocess.run([str(python), "-W", "ignore", str(FIXTURES / "record_logfire.py"), "--endpoint", child.http],
                               check=False, capture_output=True, text=True, timeout=180, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
     (raw,) = query(db, "SELECT attributes->>'gen_ai.response.finish_reasons' FROM spans ORDER BY start_time LIMIT 1")
@@ -204,9 +185,9 @@ def test_the_users_message_given_as_input_text_parts_is_kept_through_the_openinf
     the turn keeps the user's message first, and each call's request holds it."""
     db = tmp_path / "c.duckdb"
     python = stacks.require("agents-oi") / "bin" / "python"
-    with collect_child(db, "--no-grpc") as endpoints:
+    with collecting(db, "--no-grpc") as child:
         done = subprocess.run([str(python), "-W", "ignore", str(FIXTURES / "record_agents.py"), "--lib", "agents-oi", "--input", "parts",
-                               "--endpoint", endpoints["http"]], check=False, capture_output=True, text=True, timeout=180, cwd=ROOT)
+                               "--endpoint", child.http], check=False, capture_output=True, text=True, timeout=180, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
     (first,) = query(db, "SELECT content::VARCHAR FROM events ORDER BY idx LIMIT 1")
     assert json.loads(first[0]) == {"type": "text", "body": "Dinner outside in Paris tonight?", "role": "user"}

@@ -7,7 +7,6 @@ import base64
 import gzip
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from children import collect_child
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
@@ -401,20 +401,9 @@ def test_eight_worker_processes_share_one_store(tmp_path, collector):
 
 def test_loopscope_collect_command(tmp_path):
     db = tmp_path / "cli.duckdb"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--grpc-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("loopscope collect: OTLP/HTTP on http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
-        endpoint = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
-        assert post(endpoint + "/v1/traces", _one_turn_payload())[0] == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    with collect_child(db) as child:
+        assert post(child.http + "/v1/traces", _one_turn_payload())[0] == 200
+        out = child.stop_ok(30)
     assert "stopped;" in out
     assert rows(db, "SELECT count(*) FROM turns") == [(1,)]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from test_collector import ROOT, _one_turn_payload, rows
 
+from children import collect_child
 from idle_sockets import serve_past_idle_sockets
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
@@ -111,22 +111,11 @@ def test_with_a_token_every_request_must_carry_it_over_http_and_grpc(tmp_path):
 
 def test_the_collect_command_takes_its_token_from_the_environment(tmp_path):
     db = tmp_path / "cli.duckdb"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOOPSCOPE_COLLECT_TOKEN": "from-env"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "OTLP/HTTP on http://127.0.0.1:" in line, line + proc.stderr.read()  # type: ignore[union-attr]
-        port = int(line.split("OTLP/HTTP on http://127.0.0.1:")[1].split()[0])
+    with collect_child(db, "--no-grpc", env={**os.environ, "LOOPSCOPE_COLLECT_TOKEN": "from-env"}) as child:
         body = _one_turn_payload()
-        assert send(port, body)[0] == 401
-        assert send(port, body, {"Authorization": "Bearer from-env"})[0] == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+        assert send(child.port, body)[0] == 401
+        assert send(child.port, body, {"Authorization": "Bearer from-env"})[0] == 200
+        out = child.stop_ok(30)
     assert "1 not allowed" in out
     assert rows(db, "SELECT count(*) FROM turns") == [(1,)]
 
@@ -141,24 +130,15 @@ def _status(db, *flags: str) -> str:
 
 def test_requests_the_collect_command_refuses_are_counted_in_status(tmp_path):
     db = tmp_path / "refused.duckdb"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     body = _one_turn_payload()  # one turn
     request = ExportTraceServiceRequest()
     request.ParseFromString(body)
     spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc",
-         "--max-spans", str(spans)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "OTLP/HTTP on http://127.0.0.1:" in line, line + proc.stderr.read()  # type: ignore[union-attr]
-        port = int(line.split("OTLP/HTTP on http://127.0.0.1:")[1].split()[0])
-        status, _, answer = send(port, _merged(body, _one_turn_payload()))
+    with collect_child(db, "--no-grpc", "--max-spans", str(spans)) as child:
+        status, _, answer = send(child.port, _merged(body, _one_turn_payload()))
         assert status == 413 and b"--max-spans" in answer
-        assert send(port, b"\x00garbage")[0] == 400  # a bad payload
-        assert send(port, body)[0] == 200  # within the bound: stored (and its rows written, answered after)
+        assert send(child.port, b"\x00garbage")[0] == 400  # a bad payload
+        assert send(child.port, body)[0] == 200  # within the bound: stored (and its rows written, answered after)
         # the refusals' row is written by a flush of their own, right after them: wait for it
         deadline = time.monotonic() + 60
         while True:
@@ -170,10 +150,7 @@ def test_requests_the_collect_command_refuses_are_counted_in_status(tmp_path):
         text = _status(db)
         assert "2 traces requests refused by loopscope collect" in text and f"{2 * spans} spans in those over --max-spans" in text
         assert "nothing was dropped" not in text
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+        out = child.stop_ok(30)
     assert "2 refused (1 of them over --max-spans)" in out
     # kept in the store after the collector stopped, with the last reason
     [writer] = [w for w in json.loads(_status(db, "--json"))["writers"] if w["refused_requests"]]

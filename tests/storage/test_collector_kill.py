@@ -4,13 +4,10 @@ every model call's raw span its row), and every request it acknowledged is store
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import urllib.error
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +16,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_collector import ROOT, post, rows
+from test_collector import post, rows
 
 import loopscope
+from children import collect_child
 from fakes.model_server import Reply, Usage
 
 ROUNDS = 3
@@ -49,16 +47,6 @@ def _payloads(model_server: Any, count: int) -> list[tuple[bytes, str]]:
     finally:
         loopscope.shutdown()
     return out
-
-
-def _start(db: Path) -> tuple[subprocess.Popen, str, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--grpc-port", "0", "--idle", "3600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    assert "OTLP/gRPC on http://" in line, line + proc.stderr.read()  # type: ignore[union-attr]
-    return proc, line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0], line.split("OTLP/gRPC on http://")[1].split()[0]
 
 
 def _over_http(proc: subprocess.Popen, http: str, batch: list[tuple[bytes, str]], kill_after: int, acknowledged: list[str],
@@ -101,25 +89,22 @@ def test_a_collector_killed_mid_load_keeps_each_request_whole(tmp_path, model_se
     acknowledged: list[str] = []
     lock = threading.Lock()
     for round_ in range(ROUNDS):
-        proc, http, target = _start(db)
-        mine = payloads[round_ * REQUESTS * 2:(round_ + 1) * REQUESTS * 2]
-        kill_after = 4 + 3 * round_  # HTTP acknowledgements before the kill, a different moment each round
+        with collect_child(db, "--idle", "3600") as child:
+            assert child.grpc is not None
+            mine = payloads[round_ * REQUESTS * 2:(round_ + 1) * REQUESTS * 2]
+            kill_after = 4 + 3 * round_  # HTTP acknowledgements before the kill, a different moment each round
 
-        senders = [threading.Thread(target=_over_http, args=(proc, http, mine[::2], kill_after, acknowledged, lock)),
-                   threading.Thread(target=_over_grpc, args=(target, mine[1::2], acknowledged, lock))]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join(300)
-        proc.kill()  # killed already, unless every request was answered first
-        proc.communicate(timeout=60)
-        assert proc.returncode == -signal.SIGKILL
+            senders = [threading.Thread(target=_over_http, args=(child.proc, child.http, mine[::2], kill_after, acknowledged, lock)),
+                       threading.Thread(target=_over_grpc, args=(child.grpc, mine[1::2], acknowledged, lock))]
+            for sender in senders:
+                sender.start()
+            for sender in senders:
+                sender.join(300)
+            child.kill()  # killed already, unless every request was answered first
 
     # a last collector opens the file (the WAL replayed) and stops cleanly
-    proc, _, _ = _start(db)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    with collect_child(db, "--idle", "3600") as child:
+        child.stop_ok()
 
     assert len(acknowledged) >= ROUNDS * 4
     calls = rows(db, "SELECT trace_id, span_id FROM model_calls")

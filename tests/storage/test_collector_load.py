@@ -4,10 +4,6 @@ more spans than it takes in one request, and spans whose start notices never arr
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -19,9 +15,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import TracerProvider
-from test_collector import ROOT, events, rows, turns
+from test_collector import events, rows, turns
 
 import loopscope
+from children import collect_child
 from loopscope.ingest.otlp import routing
 from loopscope.ingest.otlp.collector import Collector
 
@@ -82,28 +79,13 @@ def test_a_chain_of_twenty_thousand_spans_is_stored_in_one_request(tmp_path):
     answered well within the generous timeout (the descendant search was quadratic:
     2,000 spans took 8 s, 20,000 would take many minutes), and every span has its row."""
     db = tmp_path / "chain.duckdb"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", str(db), "collect", "--http-port", "0", "--no-grpc", "--idle", "3600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
     n = 20_000
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("loopscope collect: OTLP/HTTP on http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
-        endpoint = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
-        status, _ = post(endpoint + "/v1/traces", chain_payload(n), timeout=240)
+    with collect_child(db, "--no-grpc", "--idle", "3600") as child:
+        status, _ = post(child.http + "/v1/traces", chain_payload(n), timeout=240)
         assert status == 200
         # and a one-span request after it is answered too (it waited behind the chain before)
-        assert post(endpoint + "/v1/traces", chain_payload(1, trace=8, first_id=n + 1), timeout=60)[0] == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-    assert proc.returncode == 0, err
+        assert post(child.http + "/v1/traces", chain_payload(1, trace=8, first_id=n + 1), timeout=60)[0] == 200
+        out = child.stop_ok()
     assert "stopped;" in out
     # every agent run a turn of its own, every model call a row (those under no agent run
     # that has not ended: mapped alone when the collector stops, each a stitched turn)

@@ -6,10 +6,6 @@ the collector stops."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +14,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from test_collector import ROOT, _one_turn_payload, _otlp_json, post, rows
+from test_collector import _one_turn_payload, _otlp_json, post, rows
+
+from children import Collect, collect_child
 
 
 def _with_bad_span(body: bytes) -> tuple[bytes, int]:
@@ -36,30 +34,20 @@ def _with_bad_span(body: bytes) -> tuple[bytes, int]:
 
 
 @pytest.fixture
-def collect(tmp_path) -> Iterator[tuple[str, str, str, subprocess.Popen]]:
-    """A ``loopscope collect`` child on free ports: (db, HTTP endpoint, gRPC target, process)."""
+def collect(tmp_path) -> Iterator[tuple[str, Collect]]:
+    """A ``loopscope collect`` child on free ports (HTTP and gRPC): (db, the child)."""
     db = str(tmp_path / "partial.duckdb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopscope", "--db", db, "collect", "--http-port", "0", "--grpc-port", "0", "--idle", "3600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "OTLP/gRPC on http://" in line, line + proc.stderr.read()  # type: ignore[union-attr]
-        http = line.split("OTLP/HTTP on ")[1].split(",")[0].split()[0]
-        grpc_target = line.split("OTLP/gRPC on http://")[1].split()[0]
-        yield db, http, grpc_target, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with collect_child(db, "--idle", "3600") as child:
+        yield db, child
 
 
 def test_a_span_with_an_all_zero_trace_id_is_rejected_alone_over_http_and_grpc(collect):
     import grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-    db, http, grpc_target, proc = collect
+    db, child = collect
+    http, grpc_target = child.http, child.grpc
+    assert grpc_target is not None
     stored = 0
     answers: list[ExportTraceServiceResponse] = []
 
@@ -90,9 +78,7 @@ def test_a_span_with_an_all_zero_trace_id_is_rejected_alone_over_http_and_grpc(c
         assert answer.partial_success.rejected_spans == 1
         assert "traceId is all zeros" in answer.partial_success.error_message
 
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    out = child.stop_ok()
     assert "3 spans with bad ids rejected" in out
     # every good span is stored, as received and as rows: one turn per request
     assert rows(db, "SELECT count(*), count(*) FILTER (WHERE trace_id = repeat('0', 32)) FROM spans") == [(stored, 0)]
@@ -102,14 +88,13 @@ def test_a_span_with_an_all_zero_trace_id_is_rejected_alone_over_http_and_grpc(c
 
 def test_a_request_whose_every_span_is_bad_is_refused_whole(collect):
     """Nothing to store: a 400 with the reason, as before."""
-    db, http, _, proc = collect
+    db, child = collect
     request = ExportTraceServiceRequest()
     request.ParseFromString(_with_bad_span(_one_turn_payload())[0])
     spans = request.resource_spans[0].scope_spans[0].spans
     for span in spans:
         span.trace_id = bytes(16)
-    status, answer, _ = post(http + "/v1/traces", request.SerializeToString())
+    status, answer, _ = post(child.http + "/v1/traces", request.SerializeToString())
     assert status == 400 and b"traceId is all zeros" in answer
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+    child.stop()
     assert rows(db, "SELECT count(*) FROM spans") == [(0,)]

@@ -74,6 +74,7 @@ def test_auto_runs_the_writer_process_where_it_can_and_status_names_it(tmp_path:
     assert f"process of {app.pid}" in _status_text(db)
 
 
+@pytest.mark.writer_fallback
 def test_a_frozen_application_records_with_the_thread_writer_and_says_so_once(tmp_path: Path, spawn) -> None:
     db = tmp_path / "loopscope.duckdb"
     app = spawn("app", _script("sys.frozen = True  # as PyInstaller sets it"))
@@ -93,6 +94,7 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
     return path
 
 
+@pytest.mark.writer_fallback
 def test_an_executable_that_is_no_python_by_its_name_is_not_started(tmp_path: Path, spawn) -> None:
     """``sys.executable`` a program that embeds Python (uWSGI, Blender): never run with the
     child's arguments; the thread writer runs, said once."""
@@ -105,6 +107,7 @@ def test_an_executable_that_is_no_python_by_its_name_is_not_started(tmp_path: Pa
     assert "LOOPSCOPE_WRITER=thread" in err  # how to ask for it without the warning
 
 
+@pytest.mark.writer_fallback
 def test_a_writer_process_that_dies_at_once_hands_every_span_to_the_thread_writer(tmp_path: Path, spawn) -> None:
     """``sys.executable`` a Python that cannot start the child (it exits at once): the spans
     recorded before that was known are written by the thread writer, none lost, with one
@@ -121,6 +124,7 @@ def test_a_writer_process_that_dies_at_once_hands_every_span_to_the_thread_write
     assert "exit status 3" in err
 
 
+@pytest.mark.writer_fallback
 def test_a_writer_process_that_never_says_it_is_ready_is_replaced_by_the_thread_writer(tmp_path: Path, spawn) -> None:
     silent = _fake_python(tmp_path, "exec sleep 120")  # starts, reads nothing, says nothing
     setup = f"sys.executable = {str(silent)!r}; writer_process.READY_WAIT = 1.0"

@@ -1,8 +1,8 @@
 """The key writer tests again, with the store's writer the thread of the recording process
-(``LOOPSCOPE_WRITER=thread``, what ``configure(writer="thread")`` forces): the mirror of
-test_writer_process_suite.py, now that the default runs a writer process where one can run.
-Each module in a pytest of its own, so that every ``configure()`` in it (its children's too)
-runs the thread."""
+(``LOOPSCOPE_WRITER=thread``, what ``configure(writer="thread")`` forces): the default runs a
+writer process where one can run, so the core run checks that one (a test whose writer falls
+back to the thread fails there: tests/conftest.py), and this file the thread. Each module in a
+pytest of its own, so that every ``configure()`` in it (its children's too) runs the thread."""
 
 from __future__ import annotations
 
