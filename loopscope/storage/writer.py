@@ -1127,9 +1127,11 @@ def write_batch(
             next_index[session] = value
             add(value)
         events = events.append_column("idx", pa.array(indices, pa.int64()))
-        made = arrow_rows.event_rows(events)  # the rows themselves: a plain insert binds in a quarter of the time
         parts = None
-        if values.may_cut(events):
+        cutting = values.may_cut(events)
+        # the rows themselves: a plain insert binds in a quarter of the time
+        made = arrow_rows.event_rows(events, any_length=cutting)
+        if cutting:
             # a value long enough to be kept in parts (rare): the rows made here, or by
             # DuckDB's SQL read back as Arrow, then cut (values.py)
             if made is None:
