@@ -38,7 +38,7 @@ import duckdb
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
 from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals, values
-from .connection import Cancelled, open_store
+from .connection import Cancelled, mark_parted, open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
 from .limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
@@ -796,6 +796,8 @@ class StoreWriter:
         # (A closing writer's last batch goes to the WAL too: _run's checkpoint moves it, a
         # statement that close() can interrupt, where a commit's checkpoint and a detach's are not.)
         final = _wal_size(self.path) >= WAL_LIMIT and _facts_bytes(facts) < LARGE_BATCH
+        if facts.events and values.may_cut(facts.event_table()):
+            mark_parted(self.path)  # this block writes parts: its attach gives ROW_GROUP_SIZE
         try:
             with self._store(checkpoint=final) as con:
                 _ensure_schema(self.path, con)
@@ -1078,6 +1080,8 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
         if path in _schema_ready:
             return
         migrate(con)
+        if values.has_parts(con):
+            mark_parted(path)  # from the next attach on (see connection.ROW_GROUP_SIZE)
         _schema_ready.add(path)
 
 
@@ -1141,6 +1145,10 @@ def write_batch(
                 made = _arrow_of(con, rows.events_select(overrides=not plain), {rows.EVENTS_TABLE: events})
                 made = made.rename_columns(list(rows.EVENT_COLUMNS))
             made, parts = values.cut(made)
+            if parts is not None:  # the next attach of this file, whoever writes it here, gives ROW_GROUP_SIZE
+                found = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+                if found and found[0][0]:
+                    mark_parted(str(found[0][0]))
         if made is not None:
             tables.register(arrow_rows.EVENT_ROWS, made)
             script.append(arrow_rows.EVENTS_INSERT)
