@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys, time
     import loopscope
 
-    db, mode, calls, value = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    db, mode, calls, value, gap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 
     def status(pid="self"):
         out = {}
@@ -59,6 +59,8 @@ CHILD = textwrap.dedent("""
     for i in range(calls):
         with loopscope.turn(session_id=f"s{i % 8}", input="q"):
             fetch(i)
+        if gap:
+            time.sleep(gap)
     ok = loopscope.flush(timeout=600)
     took = time.perf_counter() - start
     child = writer.child_pid() if mode == "process" else None
@@ -71,13 +73,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run(mode: str, calls: int, value: int, root: Path = ROOT) -> dict[str, float]:
+def run(mode: str, calls: int, value: int, root: Path = ROOT, gap: float = 0.0) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "child.py"
         script.write_text(CHILD)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LOOPSCOPE_"))}
         env["PYTHONPATH"] = str(root)
-        done = subprocess.run([sys.executable, str(script), str(Path(tmp) / "big.duckdb"), mode, str(calls), str(value)],
+        done = subprocess.run([sys.executable, str(script), str(Path(tmp) / "big.duckdb"), mode, str(calls), str(value), str(gap)],
                               capture_output=True, text=True, env=env, timeout=1800, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{mode} child exited {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}")
@@ -90,20 +92,23 @@ def main() -> None:
     parser.add_argument("--value-kib", type=int, default=1024)
     parser.add_argument("--modes", nargs="+", default=["thread", "process"])
     parser.add_argument("--against", type=Path, help="another checkout (main, say): its rows printed under this one's")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="a pause after each call: an application that leaves the writer time (0: calls back to back)")
     parser.add_argument("--smoke", action="store_true", help="20 calls: checks that it runs, measures nothing")
     args = parser.parse_args()
     if args.smoke:
         args.calls = 20
     value = args.value_kib << 10
     sent_mib = args.calls * value / (1 << 20)
-    print(f"{args.calls} calls, one tool result of {args.value_kib} KiB each ({sent_mib:.0f} MiB of values); 3 events a call")
+    print(f"{args.calls} calls, one tool result of {args.value_kib} KiB each ({sent_mib:.0f} MiB of values); 3 events a call; "
+          f"{args.gap_ms:g} ms after each call")
     print(f"{'checkout writer':16} {'values':>7} {'app peak-before MiB':>20} {'x baseline':>10} {'writer proc peak MiB':>21} "
           f"{'MiB/s written':>13} {'written':>8} {'dropped':>8}")
     checkouts = [("this", ROOT)] + ([("against", args.against.resolve())] if args.against else [])
     for mode in args.modes:
         for label, root in checkouts:
-            base = run(mode, args.calls, 1 << 10, root)
-            big = run(mode, args.calls, value, root)
+            base = run(mode, args.calls, 1 << 10, root, args.gap_ms / 1000)
+            big = run(mode, args.calls, value, root, args.gap_ms / 1000)
             base_growth = max(1, base["peak_kb"] - base["before_kb"]) / 1024
             for name, result, size in (("1 KiB", base, 1 << 10), (f"{args.value_kib} KiB", big, value)):
                 growth = (result["peak_kb"] - result["before_kb"]) / 1024

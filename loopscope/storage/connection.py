@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from . import store_file
+from . import store_file, values
 from .engine import duckdb
 from .errors import StoreError, StoreLockedError
 from .recording import resolve  # noqa: F401  # re-exported: defined where configure() reads it without DuckDB
@@ -471,6 +471,28 @@ def _retrying(
                 os.unlink(writer_marker(path))
 
 
+ROW_GROUP_SIZE = 2048
+"""Rows a row group holds in what a write appends (DuckDB's least; 122,880 by default),
+in a store that holds large values in parts (storage/values.py). DuckDB rewrites a table's
+last row group whole at each checkpoint and holds its values meanwhile, so a writer's
+memory grows with the bytes one row group holds: 2,048 parts are 32 MiB at most. An option
+of the attach, not kept in the file, for every table of it: a store without parts (most)
+keeps DuckDB's default, as its reads are 1.2-1.7x as slow in row groups of 2,048 rows
+(``benchmarks/bench_row_groups.py``)."""
+
+_parted: set[str] = set()
+"""Store files this process knows to hold values in parts (:func:`mark_parted`): every
+writing attach of them gives :data:`ROW_GROUP_SIZE`."""
+
+
+def mark_parted(path: str) -> None:
+    """From now on, attach ``path`` for writing with :data:`ROW_GROUP_SIZE`: the store holds
+    (or its next batch writes) values in parts. Parts written by an attach without it (the
+    batch that found them first, another process's WAL replayed) are a WAL's worth at most
+    (DuckDB's 16 MiB ``checkpoint_threshold``)."""
+    _parted.add(path)
+
+
 def _attach_to(
     home: _Home, path: str, alias: str, timeout: float, *, read_only: bool, checkpoint: bool = True,
     cancelled: Callable[[], bool] | None = None,
@@ -479,7 +501,8 @@ def _attach_to(
     :func:`_detach`, then close it); waits for the file as :func:`_retrying` does. For a
     write, ``checkpoint=False`` leaves the block's rows in the WAL (see :func:`open_store`)."""
     con = home.cursor()
-    statements = [f"ATTACH {_sql_text(path)} AS {alias}{' (READ_ONLY)' if read_only else ''}", f"USE {alias}", *home.quiet]
+    options = " (READ_ONLY)" if read_only else f" (ROW_GROUP_SIZE {ROW_GROUP_SIZE})" if path in _parted else ""
+    statements = [f"ATTACH {_sql_text(path)} AS {alias}{options}", f"USE {alias}", *home.quiet]
     keep_wal = not checkpoint
     if not read_only and home.keeps_wal is not keep_wal:  # the mode changes with this block
         statements += _KEEP_WAL if keep_wal else _CHECKPOINT
@@ -687,6 +710,7 @@ def open_store(
             con = _retrying(path, timeout, lambda: duckdb.connect(path, read_only=True, config=config))
             try:
                 con.execute(";\n".join(_SEAL) if sealed else _NO_PROGRESS_BAR)
+                values.shadow(con)  # `events` with its large values whole (values.py)
                 with _reading_of(con, path):
                     yield con
             finally:

@@ -30,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 from .. import _json
 from .._json import result_value
 from ..models import ActivityEvent
-from . import tool_totals
+from . import tool_totals, values
 from .connection import open_store, resolve
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import event_of as _event
@@ -168,7 +168,7 @@ def _rows(con: Any, conversation_id: str) -> list[tuple[Any, ...]]:
         sql, params = _ROWS_SQL.replace("{span}", " AND created_at BETWEEN ? AND ?"), [conversation_id, span[0], span[1]]
     else:
         sql, params = _ROWS_SQL.replace("{span}", ""), [conversation_id]
-    return con.execute(sql, params).fetchall()
+    return values.fill(con, con.execute(sql, params).fetchall(), 0, _CONTENT)  # large messages whole (values.py)
 
 
 def _replay(rows: Sequence[tuple[Any, ...]]) -> _History:
@@ -208,7 +208,7 @@ def _replay(rows: Sequence[tuple[Any, ...]]) -> _History:
 
 
 _RECORDED_SQL = (
-    f"SELECT idx, type, correlation_id, content FROM events WHERE session_id = ? AND idx > ? "
+    f"SELECT idx, type, correlation_id, content, id FROM events WHERE session_id = ? AND idx > ? "
     f"AND NOT starts_with(id, '{ID_PREFIX}') AND type IN ('message', 'tool_call_start', 'tool_call_end') ORDER BY idx"
 )
 
@@ -228,7 +228,8 @@ class _Recorded:
 
     def __init__(self, con: Any, conversation_id: str, after: int) -> None:
         self.rows: list[tuple[int, tuple[Any, ...], str | None]] = []
-        for idx, kind, correlation, text in con.execute(_RECORDED_SQL, [conversation_id, after]).fetchall():
+        found = values.fill(con, con.execute(_RECORDED_SQL, [conversation_id, after]).fetchall(), 4, 3)
+        for idx, kind, correlation, text, _ in found:
             content = json.loads(text) if text else None
             if isinstance(content, dict):
                 self.rows.append((idx, _row_key(kind, content), correlation))

@@ -16,6 +16,8 @@ EVENT_COLUMNS = (
     "source_framework, status, content, trace_id, span_id"
 )
 """The ``events`` columns :func:`event_of` reads, in its order."""
+ID_AT, CONTENT_AT = 0, 10
+"""Where :data:`EVENT_COLUMNS` has ``id`` and ``content`` (:func:`~loopscope.storage.values.fill`)."""
 
 
 def _content(text: str | None) -> Any:

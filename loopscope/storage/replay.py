@@ -29,10 +29,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..models import ActivityEvent
+from . import values
 from .connection import open_store
 from .engine import duckdb
 from .errors import StoreLockedError
-from .events import EVENT_COLUMNS, event_of
+from .events import CONTENT_AT, EVENT_COLUMNS, ID_AT, event_of
 from .policy import RECEIVED, EventFilter
 from .schema import check_readable
 
@@ -134,7 +135,10 @@ def read_after(
     if more:
         rows = rows[:limit]
         top = int(rows[-1][0])
-    return AfterPage([r[1:] for r in rows], names, top, more, mark)
+    rows = [r[1:] for r in rows]
+    if "id" in names and "content" in names:  # large values whole (values.py)
+        rows = values.fill(con, rows, names.index("id"), names.index("content"))
+    return AfterPage(rows, names, top, more, mark)
 
 
 @contextlib.contextmanager
@@ -434,6 +438,7 @@ class Follower:
                     f"SELECT {_columns()} FROM events {where} ORDER BY created_at DESC, session_id DESC, idx DESC LIMIT {int(newest)}",
                     params,
                 ).fetchall()
+            rows = values.fill(con, rows, ID_AT, CONTENT_AT)
         if self.session_id is None:  # (events made once the file is let go)
             return interleave(_events(rows))
         rows.reverse()

@@ -319,15 +319,22 @@ _PLAIN_TOOL_COLUMNS_SQL = f"""CASE WHEN code <= {TOOL_END} THEN tool_name END, C
 
 
 def _events_sql(overrides: bool) -> str:
+    return f"""
+INSERT INTO events ({", ".join(EVENT_COLUMNS)})
+{events_select(overrides)}"""
+
+
+def events_select(overrides: bool) -> str:
+    """The ``SELECT`` of :data:`EVENTS_SQL` (``overrides``) or :data:`PLAIN_EVENTS_SQL`:
+    the rows themselves, in :data:`EVENT_COLUMNS`' order (what the writer reads back as
+    Arrow to cut a batch's large values: see :mod:`.values`)."""
     content = (
         f"""CASE WHEN content IS NOT NULL THEN (CASE WHEN json_valid(content) THEN content ELSE to_json(content)::VARCHAR END)
        WHEN code <= {TOOL_END} THEN {_TOOL_CONTENT}
        ELSE {_TEXT_CONTENT} END"""
         if overrides else f"CASE WHEN code <= {TOOL_END} THEN {_TOOL_CONTENT} ELSE {_TEXT_CONTENT} END"
     )
-    return f"""
-INSERT INTO events ({", ".join(EVENT_COLUMNS)})
-SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' WHEN {MODEL_ERROR} THEN 'f' ELSE 'm' END,
+    return f"""SELECT th || sh || CASE code WHEN {TOOL_START} THEN 's' WHEN {TOOL_END} THEN 'e' WHEN {INPUT_MESSAGE} THEN 'i' WHEN {STATE_SNAPSHOT} THEN 'x' WHEN {STATE_DELTA} THEN 'x' WHEN {MODEL_ERROR} THEN 'f' ELSE 'm' END,
   session_id, idx,
   CASE code WHEN {TOOL_START} THEN 'tool_call_start' WHEN {TOOL_END} THEN 'tool_call_end'
     WHEN {STATE_SNAPSHOT} THEN 'state_snapshot' WHEN {STATE_DELTA} THEN 'state_delta'
@@ -420,9 +427,11 @@ def fix_sql(since_us: int) -> str:
     the columns and the ``content`` JSON alike, where they say ``served``: so every reader
     (the views, the timeline, the dashboard) reads the call as failed, and a fact applied
     twice (a resent span) changes nothing more. Run after the batch's rows (the call's row
-    may be one); ``since_us``: the least ``since_us`` of the facts."""
+    may be one); ``since_us``: the least ``since_us`` of the facts. A row whose content is
+    in parts (:mod:`.values`) keeps it NULL: its columns say failed, its content as served."""
     return f"""UPDATE events SET tool_status = 'failed', tool_outcome = 'failed',
-  content = json_merge_patch(content, json_object('status', 'failed', 'outcome', 'failed', 'error', f.error))
+  content = CASE WHEN content IS NOT NULL
+    THEN json_merge_patch(content, json_object('status', 'failed', 'outcome', 'failed', 'error', f.error)) END
 FROM {FIXES_TABLE} f WHERE {_since("events", since_us)} AND {_fixed("events")}"""
 
 

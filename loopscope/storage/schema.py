@@ -400,6 +400,16 @@ def m016_collector_refusals() -> list[str]:
     return refused_migration()
 
 
+@migration
+def m017_value_parts() -> list[str]:
+    """The parts of ``events.content`` values over 64 KiB, in ``loopscope_values``
+    (storage/values.py): a checkpoint rewrites a row group of 2,048 parts, not of 2,048
+    values of a MiB each, so the writer's memory stays bounded."""
+    from .values import MIGRATION
+
+    return list(MIGRATION)
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""

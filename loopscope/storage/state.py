@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from .replay import _span, session_mark
+from .values import fill
 
 __all__ = ["StatePatchError", "apply_patch", "derive_state"]
 
@@ -133,14 +134,15 @@ def derive_state(con: duckdb.DuckDBPyConnection, session_id: str, at_index: int 
         params.append(at_index)
     condition = " AND ".join(where)
     rows = con.execute(
-        f"""SELECT idx, type, content FROM events
+        f"""SELECT idx, type, content, id FROM events
             WHERE {condition} AND list_contains(?, type)
               AND idx >= (SELECT coalesce(max(idx), 0) FROM events WHERE {condition} AND type = 'state_snapshot')
             ORDER BY idx""",
         [*params, _STATE_TYPES, *params],
     ).fetchall()
+    rows = fill(con, rows, 3, 2)  # a large snapshot whole (values.py)
     state: Any = None
-    for index, kind, text in rows:
+    for index, kind, text, _ in rows:
         content = json.loads(text) if text else {}
         if not isinstance(content, dict):
             continue

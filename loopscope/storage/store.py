@@ -13,9 +13,11 @@ from datetime import datetime
 from typing import Any
 
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
+from . import values
 from .connection import open_store, resolve
 from .engine import duckdb
 from .errors import SQLRefusedError
+from .events import CONTENT_AT as _CONTENT_AT
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import call_of as _call
 from .events import event_of as _event
@@ -64,11 +66,14 @@ class Store:
     def _flush_own(self) -> None:
         flush_own(self.path)
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, params: Sequence[Any] = (), *, events: bool = False) -> list[tuple[Any, ...]]:
+        """``sql``'s rows; with ``events``, rows of :data:`_EVENT_COLUMNS` given their large
+        values whole (:func:`values.fill`)."""
         self._flush_own()
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
             check_readable(con)
-            return con.execute(sql, list(params)).fetchall()
+            found = con.execute(sql, list(params)).fetchall()
+            return values.fill(con, found, 0, _CONTENT_AT) if events else found
 
     # -- events --------------------------------------------------------------------------
 
@@ -151,7 +156,9 @@ class Store:
                 params = [*params, span[0], span[1]]
             else:
                 sql = sql.replace("{span}", "")
-            return con.execute(sql, params).fetchall()
+            found = con.execute(sql, params).fetchall()
+            # a page of events (a count's one row has no id to look up)
+            return values.fill(con, found, 0, _CONTENT_AT) if found and len(found[0]) > _CONTENT_AT else found
 
     def get_timeline(
         self,
@@ -180,7 +187,7 @@ class Store:
 
     def get_event(self, event_id: str) -> ActivityEvent | None:
         """One event by id, whatever its status."""
-        rows = self._query(f"SELECT {_EVENT_COLUMNS} FROM events WHERE id = ?", [event_id])
+        rows = self._query(f"SELECT {_EVENT_COLUMNS} FROM events WHERE id = ?", [event_id], events=True)
         return _event(rows[0]) if rows else None
 
     def get_event_count(self, session_id: str, event_filter: EventFilter | None = None) -> int:
@@ -205,6 +212,7 @@ class Store:
         rows = self._query(
             f"SELECT {_EVENT_COLUMNS} FROM events {where} ORDER BY created_at DESC, session_id DESC, idx DESC LIMIT {int(limit)}",
             params,
+            events=True,
         )
         rows.reverse()
         return [_event(r) for r in rows]

@@ -37,8 +37,8 @@ import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals
-from .connection import Cancelled, open_store
+from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals, values
+from .connection import Cancelled, mark_parted, open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
 from .limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
@@ -796,6 +796,8 @@ class StoreWriter:
         # (A closing writer's last batch goes to the WAL too: _run's checkpoint moves it, a
         # statement that close() can interrupt, where a commit's checkpoint and a detach's are not.)
         final = _wal_size(self.path) >= WAL_LIMIT and _facts_bytes(facts) < LARGE_BATCH
+        if facts.events and values.may_cut(facts.event_table()):
+            mark_parted(self.path)  # this block writes parts: its attach gives ROW_GROUP_SIZE
         try:
             with self._store(checkpoint=final) as con:
                 _ensure_schema(self.path, con)
@@ -1078,6 +1080,8 @@ def _ensure_schema(path: str, con: duckdb.DuckDBPyConnection) -> None:
         if path in _schema_ready:
             return
         migrate(con)
+        if values.has_parts(con):
+            mark_parted(path)  # from the next attach on (see connection.ROW_GROUP_SIZE)
         _schema_ready.add(path)
 
 
@@ -1127,10 +1131,30 @@ def write_batch(
             next_index[session] = value
             add(value)
         events = events.append_column("idx", pa.array(indices, pa.int64()))
-        made = arrow_rows.event_rows(events)  # the rows themselves: a plain insert binds in a quarter of the time
+        parts = None
+        cutting = values.may_cut(events)
+        # the rows themselves: a plain insert binds in a quarter of the time
+        made = arrow_rows.event_rows(events, any_length=cutting)
+        if cutting:
+            # a value long enough to be kept in parts (rare): the rows made here, or by
+            # DuckDB's SQL read back as Arrow, then cut (values.py)
+            if made is None:
+                if go_on is not None:
+                    go_on()
+                plain = events.column("content").null_count == events.num_rows
+                made = _arrow_of(con, rows.events_select(overrides=not plain), {rows.EVENTS_TABLE: events})
+                made = made.rename_columns(list(rows.EVENT_COLUMNS))
+            made, parts = values.cut(made)
+            if parts is not None:  # the next attach of this file, whoever writes it here, gives ROW_GROUP_SIZE
+                found = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+                if found and found[0][0]:
+                    mark_parted(str(found[0][0]))
         if made is not None:
             tables.register(arrow_rows.EVENT_ROWS, made)
             script.append(arrow_rows.EVENTS_INSERT)
+            if parts is not None:
+                tables.register(values.PARTS_ROWS, parts)
+                script.append(values.PARTS_INSERT)
         else:
             # most batches have no content made in Python: a statement without its branches binds faster
             plain = events.column("content").null_count == events.num_rows
@@ -1198,6 +1222,21 @@ def write_batch(
             pass  # no transaction left to roll back
         raise
     return facts.event_rows, facts.turn_rows
+
+
+_ARROW_SCAN = compile("result = con.sql(sql)", "<loopscope batch>", "exec")
+
+
+def _arrow_of(con: duckdb.DuckDBPyConnection, sql: str, tables: dict[str, Any]) -> Any:
+    """The rows of ``sql`` as a pyarrow Table, where the names of ``tables`` are those
+    tables (as :func:`scanning`). A relation's, not a result's (DuckDB 1.4 warns that an
+    Arrow table of a result is an extra copy), named ``to_arrow_table`` since DuckDB 1.4,
+    ``arrow`` before."""
+    scope = {"con": con, "sql": sql, **tables}
+    exec(_ARROW_SCAN, scope)  # noqa: S102  # a constant statement; the namespace is what DuckDB looks names up in
+    relation = scope["result"]
+    to_table = getattr(relation, "to_arrow_table", None) or relation.arrow
+    return to_table()
 
 
 class Tables:

@@ -99,7 +99,7 @@ def _both_ways(tmp_path, monkeypatch, make) -> tuple[dict[str, list[tuple]], dic
     arrow = _stored(str(tmp_path / "arrow.duckdb"), make())
     with monkeypatch.context() as patch:
         for name in ("event_rows", "turn_rows", "call_rows"):
-            patch.setattr(arrow_rows, name, lambda table: None)
+            patch.setattr(arrow_rows, name, lambda table, **_: None)
         sql = _stored(str(tmp_path / "sql.duckdb"), make())
     return arrow, sql
 

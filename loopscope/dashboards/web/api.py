@@ -36,6 +36,7 @@ from ...storage.policy import EventFilter
 from ...storage.replay import SessionMark, read_after
 from ...storage.schema import check_readable, has_model_calls, has_tool_columns
 from ...storage.store import Store
+from ...storage.values import fill_dicts
 from ...storage.views import tool_rows
 
 __all__ = [
@@ -479,7 +480,7 @@ def timeline(
             more, cursor = after.more, after.cursor
         else:
             sql = _EVENT_SQL.format(where=" AND ".join(clauses), order="DESC" if descending else "ASC")
-            events = [_event_row(r) for r in _rows(con, sql, [*params, limit + 1])]
+            events = [_event_row(r) for r in fill_dicts(con, _rows(con, sql, [*params, limit + 1]))]
             more = len(events) > limit
             events = events[:limit]
             events.reverse()
@@ -518,7 +519,7 @@ def timeline(
 def event(store: Store, event_id: str) -> dict[str, Any] | None:
     """One event in full (a timeline page cuts long contents)."""
     with _reading(store) as con:
-        rows = _rows(con, _EVENT_SQL.format(where="id = ?", order="ASC"), [event_id, 1])
+        rows = fill_dicts(con, _rows(con, _EVENT_SQL.format(where="id = ?", order="ASC"), [event_id, 1]))
     return _event_row(rows[0], clip=False) if rows else None
 
 
