@@ -219,6 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if reply.delay and owner._sleep(reply.delay):
                 raise _Abort
+            if reply.hold is not None and not owner._hold(reply.hold):
+                raise _Abort
             if reply.raw_body is not None:
                 req.status = reply.status
                 rb = reply.raw_body
@@ -497,11 +499,20 @@ class FakeModelServer:
             **{"base_url": self.anthropic_base_url, "api_key": "test-key", "max_retries": 0, **kwargs}
         )
 
-    def gemini_client(self, **kwargs: Any) -> Any:
-        """A google-genai ``Client`` on the Gemini API wire (``client.aio`` is its async side); no retries."""
+    def gemini_client(self, *, vertex: bool = False, **kwargs: Any) -> Any:
+        """A google-genai ``Client`` on the Gemini API wire (``client.aio`` is its async side); no retries.
+        ``vertex=True``: in Vertex AI mode (project ``fake-project``, ``us-central1``, an OAuth token that needs no
+        refresh: ``Authorization: Bearer fake-token``), which calls Vertex's paths."""
         from google import genai
 
-        return genai.Client(**{"api_key": "test-key", "http_options": {"base_url": self.url}, **kwargs})
+        if vertex:
+            from google.oauth2.credentials import Credentials
+
+            auth: dict[str, Any] = {"vertexai": True, "project": "fake-project", "location": "us-central1",
+                                    "credentials": Credentials(token="fake-token")}
+        else:
+            auth = {"api_key": "test-key"}
+        return genai.Client(**{**auth, "http_options": {"base_url": self.url}, **kwargs})
 
     def ollama_client(self, **kwargs: Any) -> Any:
         """An ``ollama.Client`` on Ollama's native wire (``/api/chat``)."""
@@ -567,6 +578,14 @@ class FakeModelServer:
     def _sleep(self, seconds: float) -> bool:
         """Sleep; True when the server is stopping (the handler should give up)."""
         return self._stopping.wait(seconds)
+
+    def _hold(self, event: threading.Event, timeout: float = 60.0) -> bool:
+        """Wait for a reply's ``hold`` event; False when the server stops first or it never comes."""
+        deadline = time.monotonic() + timeout
+        while not event.wait(0.05):
+            if self._stopping.is_set() or time.monotonic() > deadline:
+                return False
+        return True
 
     def _track(self, conn: socket.socket, *, add: bool) -> None:
         with self._lock:
