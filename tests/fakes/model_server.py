@@ -82,8 +82,16 @@ class RecordedRequest:
     script: str | None = None  # label of the script that served it; "global", "default", or None (no reply)
     reply: Reply | None = None
     status: int | None = None  # HTTP status sent (200 for streams, even ones that fail later)
-    wire: str = ""  # the wire's name ("openai", "anthropic", "gemini", ...); "" for an unknown path
-    params: dict[str, str] = field(default_factory=dict)  # the route's path parameters (a model in the path)
+    # the wire's name ("openai", "anthropic", "gemini", ...; "" for an unknown path) and the route's path
+    # parameters (a model in the path): found from the path when not given
+    wire: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.wire:
+            found = route(self.path)
+            if found is not None:
+                self.wire, self.params = found[0].name, found[2]
 
     @property
     def _wire(self) -> Wire | None:
@@ -186,8 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        req = owner._record(api, self.command, path, query, {k.lower(): v for k, v in self.headers.items()}, body, raw,
-                            wire=wire.name if wire is not None else "", params=params)
+        req = owner._record(api, self.command, path, query, {k.lower(): v for k, v in self.headers.items()}, body, raw)
         if wire is None:
             req.status = 404
             self._not_found(path)
@@ -596,10 +603,9 @@ class FakeModelServer:
                 self._conns.discard(conn)
 
     def _record(self, api: str, method: str, path: str, query: str, headers: dict[str, str], body: Any,
-                raw: bytes, *, wire: str = "", params: Mapping[str, str] | None = None) -> RecordedRequest:
+                raw: bytes) -> RecordedRequest:
         with self._changed:
-            req = RecordedRequest(len(self._requests), api, method, path, query, headers, body, raw, wire=wire,
-                                  params=dict(params or {}))
+            req = RecordedRequest(len(self._requests), api, method, path, query, headers, body, raw)
             self._requests.append(req)
             self._changed.notify_all()
             return req
