@@ -82,8 +82,16 @@ class RecordedRequest:
     script: str | None = None  # label of the script that served it; "global", "default", or None (no reply)
     reply: Reply | None = None
     status: int | None = None  # HTTP status sent (200 for streams, even ones that fail later)
-    wire: str = ""  # the wire's name ("openai", "anthropic", "gemini", ...); "" for an unknown path
-    params: dict[str, str] = field(default_factory=dict)  # the route's path parameters (a model in the path)
+    # the wire's name ("openai", "anthropic", "gemini", ...; "" for an unknown path) and the route's path
+    # parameters (a model in the path): found from the path when not given
+    wire: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.wire:
+            found = route(self.path)
+            if found is not None:
+                self.wire, self.params = found[0].name, found[2]
 
     @property
     def _wire(self) -> Wire | None:
@@ -186,8 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        req = owner._record(api, self.command, path, query, {k.lower(): v for k, v in self.headers.items()}, body, raw,
-                            wire=wire.name if wire is not None else "", params=params)
+        req = owner._record(api, self.command, path, query, {k.lower(): v for k, v in self.headers.items()}, body, raw)
         if wire is None:
             req.status = 404
             self._not_found(path)
@@ -218,6 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {wire.request_id_header: r.request_id, **reply.headers}
         try:
             if reply.delay and owner._sleep(reply.delay):
+                raise _Abort
+            if reply.hold is not None and not owner._hold(reply.hold):
                 raise _Abort
             if reply.raw_body is not None:
                 req.status = reply.status
@@ -497,11 +506,20 @@ class FakeModelServer:
             **{"base_url": self.anthropic_base_url, "api_key": "test-key", "max_retries": 0, **kwargs}
         )
 
-    def gemini_client(self, **kwargs: Any) -> Any:
-        """A google-genai ``Client`` on the Gemini API wire (``client.aio`` is its async side); no retries."""
+    def gemini_client(self, *, vertex: bool = False, **kwargs: Any) -> Any:
+        """A google-genai ``Client`` on the Gemini API wire (``client.aio`` is its async side); no retries.
+        ``vertex=True``: in Vertex AI mode (project ``fake-project``, ``us-central1``, an OAuth token that needs no
+        refresh: ``Authorization: Bearer fake-token``), which calls Vertex's paths."""
         from google import genai
 
-        return genai.Client(**{"api_key": "test-key", "http_options": {"base_url": self.url}, **kwargs})
+        if vertex:
+            from google.oauth2.credentials import Credentials
+
+            auth: dict[str, Any] = {"vertexai": True, "project": "fake-project", "location": "us-central1",
+                                    "credentials": Credentials(token="fake-token")}
+        else:
+            auth = {"api_key": "test-key"}
+        return genai.Client(**{**auth, "http_options": {"base_url": self.url}, **kwargs})
 
     def ollama_client(self, **kwargs: Any) -> Any:
         """An ``ollama.Client`` on Ollama's native wire (``/api/chat``)."""
@@ -568,6 +586,14 @@ class FakeModelServer:
         """Sleep; True when the server is stopping (the handler should give up)."""
         return self._stopping.wait(seconds)
 
+    def _hold(self, event: threading.Event, timeout: float = 60.0) -> bool:
+        """Wait for a reply's ``hold`` event; False when the server stops first or it never comes."""
+        deadline = time.monotonic() + timeout
+        while not event.wait(0.05):
+            if self._stopping.is_set() or time.monotonic() > deadline:
+                return False
+        return True
+
     def _track(self, conn: socket.socket, *, add: bool) -> None:
         with self._lock:
             if add:
@@ -577,10 +603,9 @@ class FakeModelServer:
                 self._conns.discard(conn)
 
     def _record(self, api: str, method: str, path: str, query: str, headers: dict[str, str], body: Any,
-                raw: bytes, *, wire: str = "", params: Mapping[str, str] | None = None) -> RecordedRequest:
+                raw: bytes) -> RecordedRequest:
         with self._changed:
-            req = RecordedRequest(len(self._requests), api, method, path, query, headers, body, raw, wire=wire,
-                                  params=dict(params or {}))
+            req = RecordedRequest(len(self._requests), api, method, path, query, headers, body, raw)
             self._requests.append(req)
             self._changed.notify_all()
             return req

@@ -7,6 +7,7 @@ accepts and what each means, so a script written for one provider can be served 
 from __future__ import annotations
 
 import json
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,12 @@ class Usage:
       ``.cache_write_tokens``, ``output_tokens_details.reasoning_tokens``.
     - Anthropic: ``input_tokens``, ``output_tokens``, ``cache_read_input_tokens`` (= cached_tokens),
       ``cache_creation_input_tokens`` (= cache_creation_tokens).
+    - Gemini: ``promptTokenCount``, ``candidatesTokenCount`` (= output_tokens, thoughts apart),
+      ``thoughtsTokenCount`` (= reasoning_tokens), ``cachedContentTokenCount``, ``totalTokenCount`` (all three).
+    - Ollama: ``prompt_eval_count``, ``eval_count``. Cohere: ``tokens`` and ``billed_units`` (``input_tokens``,
+      ``output_tokens``), ``cached_tokens``. Mistral: Chat's three counts, no details. Groq: Chat's, with its
+      timings. Bedrock: ``inputTokens``, ``outputTokens``, ``totalTokens``, ``cacheReadInputTokens``,
+      ``cacheWriteInputTokens``.
     """
 
     input_tokens: int = 12
@@ -146,7 +153,7 @@ class Reply:
     - ``fail_after=N``: a stream stops after N SSE frames, with the provider's in-stream error event
       (``fail_mode="error"``) or by dropping the connection mid-body (``fail_mode="abort"``). For a non-streaming
       request, ``"error"`` becomes an HTTP 500 and ``"abort"`` closes the connection without a response.
-    - ``delay``: seconds before the response starts; ``chunk_delay``: seconds before each SSE frame;
+    - ``delay``: seconds before the response starts (``hold``: until an event is set); ``chunk_delay``: seconds before each SSE frame;
       ``pauses``: further seconds before given frames (``{3: 0.4}``: frame 3, the first being 0), for uneven pacing.
     """
 
@@ -170,6 +177,9 @@ class Reply:
     fail_mode: FailMode = "error"
 
     delay: float = 0.0
+    # the response waits for this event (set by the test: e.g. once N requests have arrived, which proves they are
+    # served at once) instead of for a time; a server stopping, or 60 s without it, drops the connection
+    hold: threading.Event | None = None
     chunk_delay: float | None = None  # None: the server's default
     pauses: Mapping[int, float] = field(default_factory=dict)  # frame index -> extra seconds before it
     chunk_size: int | None = None  # characters per text/argument delta; None: words for text, 12 for arguments

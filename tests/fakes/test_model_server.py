@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -399,11 +400,22 @@ def test_tool_loop_async(model_server: FakeModelServer, api: str, mode: str) -> 
 
 def test_fifty_concurrent_async_conversations(model_server: FakeModelServer) -> None:
     """Each conversation is keyed by a marker in its first user message and gets its own script; every first
-    round is held for 0.3 s, so a server that served them one at a time would need 15 s."""
+    round is held until all fifty first rounds have arrived, which a server serving them one at a time never
+    sees (it would hang, then drop them)."""
     n = 50
     combos = [(api, mode) for api in APIS for mode in MODES]
+    gate = threading.Event()
     for i in range(n):
-        model_server.queue(*script_for(f"City{i:02d}", delay=0.3), match=f"[conv-{i:02d}]")
+        first, second = script_for(f"City{i:02d}")
+        first.hold = gate
+        model_server.queue(first, second, match=f"[conv-{i:02d}]")
+    arrived: list[int] = []
+
+    def open_gate() -> None:
+        arrived.append(len(model_server.wait_for_requests(n, timeout=60)))
+        gate.set()
+
+    threading.Thread(target=open_gate, daemon=True).start()
 
     async def main() -> list[list[Round]]:
         async with model_server.async_openai_client() as oc, model_server.async_anthropic_client() as ac:
@@ -412,15 +424,13 @@ def test_fifty_concurrent_async_conversations(model_server: FakeModelServer) -> 
                 for i in range(n)
             ])
 
-    t0 = time.monotonic()
     results = asyncio.run(main())
-    elapsed = time.monotonic() - t0
+    assert arrived == [n], "the first rounds were not all in flight at once"
     for i, rounds in enumerate(results):
         api, mode = combos[i % 9]
         check_loop(model_server, api, mode, f"[conv-{i:02d}]", rounds, f"City{i:02d}")
     assert len(model_server.requests) == 2 * n
     model_server.assert_all_served()
-    assert elapsed < 5, f"the conversations did not run concurrently ({elapsed:.1f} s)"
 
 
 # --------------------------------------------------------------------------------------------------------------------

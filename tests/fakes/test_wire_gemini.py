@@ -205,3 +205,18 @@ def test_mid_stream_error(model_server: FakeModelServer) -> None:
 
     with pytest.raises(errors.ServerError):
         asyncio.run(run())
+
+
+def test_vertex_mode(model_server: FakeModelServer) -> None:
+    """Vertex AI's paths (project and location in them, an OAuth bearer token) answer the same bodies."""
+    script(model_server)
+    client = model_server.gemini_client(vertex=True)
+    first = client.models.generate_content(model=MODEL, contents="Weather in Paris?", config=CONFIG)
+    assert first.function_calls and first.function_calls[0].args == {"city": "Paris"}
+    chunks = list(client.models.generate_content_stream(model=MODEL, contents=second_turn(first), config=CONFIG))
+    assert "".join(c.text or "" for c in chunks) == "21 °C and dry in Paris."
+    one, two = model_server.requests
+    prefix = f"/v1beta1/projects/fake-project/locations/us-central1/publishers/google/models/{MODEL}"
+    assert (one.path, two.path) == (f"{prefix}:generateContent", f"{prefix}:streamGenerateContent")
+    assert one.model == MODEL and two.stream and one.headers["authorization"] == "Bearer fake-token"
+    assert two.tool_results == [{"id": None, "name": "get_weather", "content": {"temp_c": 21}}]
