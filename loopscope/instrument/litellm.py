@@ -34,7 +34,7 @@ import weakref
 from contextvars import ContextVar, Token
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import internal_error, warn_once
 from ..models import ToolCall
 from ..recorder.adapter import (
     ModelCall,
@@ -275,8 +275,9 @@ def _pre(model: Any, messages: Any, kwargs: dict[str, Any], logging_obj: Any) ->
     if not isinstance(call_id, str) or call_id in _open:  # a retry of a call already open
         return
     previous = _previous.get()
-    if _owner() == threading.get_ident() and _must_wait(previous, messages) and previous is not None:
-        previous.done.wait(WAIT_S)  # a sync caller: LiteLLM's thread pool ends it
+    sync = _owner() == threading.get_ident()  # a sync caller waits: LiteLLM's thread pool ends the call
+    if sync and _must_wait(previous, messages) and previous is not None and not previous.done.wait(WAIT_S):
+        _late()
     request = _request(model, messages, kwargs)
     model_call = start_model_call(request)
     if model_call is None:
@@ -353,9 +354,21 @@ async def _wait_previous(kwargs: dict[str, Any]) -> None:
         return
     deadline = time.monotonic() + WAIT_S
     spins = 0
-    while not previous.done.is_set() and time.monotonic() < deadline:
+    while not previous.done.is_set():
+        if time.monotonic() >= deadline:
+            _late()
+            return
         await asyncio.sleep(0 if spins < 50 else 0.001)
         spins += 1
+
+
+def _late() -> None:
+    warn_once(
+        "litellm late",
+        "loopscope: LiteLLM had not reported a call %.0f s after it returned (its success callbacks are held up, "
+        "or loopscope's logger was taken out of litellm.success_callback): the next call was recorded without waiting",
+        WAIT_S,
+    )
 
 
 def _logger_class() -> type:
@@ -413,13 +426,15 @@ def _logger_class() -> type:
 
 
 def _keep_in_callbacks(logger: Any) -> None:
-    """Ours stays in ``litellm.callbacks`` (its async hooks read only that list) when the
-    application set a list of its own after ``instrument()``: appended, nothing else touched."""
+    """Ours stays in ``litellm.callbacks`` (its async hooks read only that list) and in the
+    lists LiteLLM dispatches from when the application set lists of its own after
+    ``instrument()``: appended, nothing else touched."""
     import litellm
 
-    callbacks = litellm.callbacks
-    if isinstance(callbacks, list) and not any(c is logger for c in callbacks):
-        callbacks.append(logger)
+    for name in ("callbacks", *_LISTS):
+        found = getattr(litellm, name, None)
+        if isinstance(found, list) and not any(c is logger for c in found):
+            found.append(logger)
 
 
 # -- patching ------------------------------------------------------------------------------------
@@ -432,10 +447,7 @@ def patch() -> list[Registration]:
     # ours in each list LiteLLM dispatches from (so a ``litellm.callbacks`` the application
     # sets later cannot drop it), and in ``litellm.callbacks``: appended, the lists' other
     # entries left as they are
-    for name in ("callbacks", *_LISTS):
-        found = getattr(litellm, name, None)
-        if isinstance(found, list) and not any(c is logger for c in found):
-            found.append(logger)
+    _keep_in_callbacks(logger)
 
     def undo() -> None:
         for name in ("callbacks", *_LISTS):
