@@ -68,9 +68,15 @@ class _Call:
     def __init__(self, model_call: ModelCall, stream: bool, owner: object, token: Token[Any] | None) -> None:
         self.model_call = model_call
         self.stream = stream
-        self.owner = owner  # the thread (sync) or task (async) that made it
-        self.token = token
+        self.owner: object = owner  # the thread (sync) or task (async) that made it
+        self.token: Token[Any] | None = token
         self.done = threading.Event()
+
+    def ended(self) -> None:
+        """Recorded: a request waiting for it goes on. What it holds is let go (it may stay
+        its context's previous call for long)."""
+        self.done.set()
+        self.owner = self.token = None
 
 
 _open: dict[str, _Call] = {}  # litellm_call_id -> the call, until it ends
@@ -300,7 +306,7 @@ def _collected(call_id: str) -> None:
             call = _open.pop(call_id, None)
         if call is not None:
             call.model_call.abandon()
-            call.done.set()
+            call.ended()
     except Exception:
         internal_error("litellm stream collected")
 
@@ -325,7 +331,7 @@ def _success(kwargs: dict[str, Any], response: Any) -> None:
                 response_record.text = None
         model_call.finish(response_record)
     finally:
-        call.done.set()
+        call.ended()
 
 
 def _failure(kwargs: dict[str, Any]) -> None:
@@ -336,7 +342,7 @@ def _failure(kwargs: dict[str, Any]) -> None:
         exc = kwargs.get("exception")
         call.model_call.fail(exc if isinstance(exc, BaseException) else RuntimeError(str(exc or "LiteLLM call failed")))
     finally:
-        call.done.set()
+        call.ended()
 
 
 def _post(kwargs: dict[str, Any]) -> None:
@@ -459,6 +465,6 @@ def patch() -> list[Registration]:
             _open.clear()
         for call in pending:  # what was open when recording stopped ends now, once
             call.model_call.abandon()
-            call.done.set()
+            call.ended()
 
     return [Registration(undo)]
