@@ -34,7 +34,7 @@ import weakref
 from contextvars import ContextVar, Token
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import internal_error, warn_once
 from ..models import ToolCall
 from ..recorder.adapter import (
     ModelCall,
@@ -68,9 +68,15 @@ class _Call:
     def __init__(self, model_call: ModelCall, stream: bool, owner: object, token: Token[Any] | None) -> None:
         self.model_call = model_call
         self.stream = stream
-        self.owner = owner  # the thread (sync) or task (async) that made it
-        self.token = token
+        self.owner: object = owner  # the thread (sync) or task (async) that made it
+        self.token: Token[Any] | None = token
         self.done = threading.Event()
+
+    def ended(self) -> None:
+        """Recorded: a request waiting for it goes on. What it holds is let go (it may stay
+        its context's previous call for long)."""
+        self.done.set()
+        self.owner = self.token = None
 
 
 _open: dict[str, _Call] = {}  # litellm_call_id -> the call, until it ends
@@ -275,8 +281,9 @@ def _pre(model: Any, messages: Any, kwargs: dict[str, Any], logging_obj: Any) ->
     if not isinstance(call_id, str) or call_id in _open:  # a retry of a call already open
         return
     previous = _previous.get()
-    if _owner() == threading.get_ident() and _must_wait(previous, messages) and previous is not None:
-        previous.done.wait(WAIT_S)  # a sync caller: LiteLLM's thread pool ends it
+    sync = _owner() == threading.get_ident()  # a sync caller waits: LiteLLM's thread pool ends the call
+    if sync and _must_wait(previous, messages) and previous is not None and not previous.done.wait(WAIT_S):
+        _late()
     request = _request(model, messages, kwargs)
     model_call = start_model_call(request)
     if model_call is None:
@@ -299,7 +306,7 @@ def _collected(call_id: str) -> None:
             call = _open.pop(call_id, None)
         if call is not None:
             call.model_call.abandon()
-            call.done.set()
+            call.ended()
     except Exception:
         internal_error("litellm stream collected")
 
@@ -324,7 +331,7 @@ def _success(kwargs: dict[str, Any], response: Any) -> None:
                 response_record.text = None
         model_call.finish(response_record)
     finally:
-        call.done.set()
+        call.ended()
 
 
 def _failure(kwargs: dict[str, Any]) -> None:
@@ -335,7 +342,7 @@ def _failure(kwargs: dict[str, Any]) -> None:
         exc = kwargs.get("exception")
         call.model_call.fail(exc if isinstance(exc, BaseException) else RuntimeError(str(exc or "LiteLLM call failed")))
     finally:
-        call.done.set()
+        call.ended()
 
 
 def _post(kwargs: dict[str, Any]) -> None:
@@ -353,9 +360,21 @@ async def _wait_previous(kwargs: dict[str, Any]) -> None:
         return
     deadline = time.monotonic() + WAIT_S
     spins = 0
-    while not previous.done.is_set() and time.monotonic() < deadline:
+    while not previous.done.is_set():
+        if time.monotonic() >= deadline:
+            _late()
+            return
         await asyncio.sleep(0 if spins < 50 else 0.001)
         spins += 1
+
+
+def _late() -> None:
+    warn_once(
+        "litellm late",
+        "loopscope: LiteLLM had not reported a call %.0f s after it returned (its success callbacks are held up, "
+        "or loopscope's logger was taken out of litellm.success_callback): the next call was recorded without waiting",
+        WAIT_S,
+    )
 
 
 def _logger_class() -> type:
@@ -413,13 +432,15 @@ def _logger_class() -> type:
 
 
 def _keep_in_callbacks(logger: Any) -> None:
-    """Ours stays in ``litellm.callbacks`` (its async hooks read only that list) when the
-    application set a list of its own after ``instrument()``: appended, nothing else touched."""
+    """Ours stays in ``litellm.callbacks`` (its async hooks read only that list) and in the
+    lists LiteLLM dispatches from when the application set lists of its own after
+    ``instrument()``: appended, nothing else touched."""
     import litellm
 
-    callbacks = litellm.callbacks
-    if isinstance(callbacks, list) and not any(c is logger for c in callbacks):
-        callbacks.append(logger)
+    for name in ("callbacks", *_LISTS):
+        found = getattr(litellm, name, None)
+        if isinstance(found, list) and not any(c is logger for c in found):
+            found.append(logger)
 
 
 # -- patching ------------------------------------------------------------------------------------
@@ -432,10 +453,7 @@ def patch() -> list[Registration]:
     # ours in each list LiteLLM dispatches from (so a ``litellm.callbacks`` the application
     # sets later cannot drop it), and in ``litellm.callbacks``: appended, the lists' other
     # entries left as they are
-    for name in ("callbacks", *_LISTS):
-        found = getattr(litellm, name, None)
-        if isinstance(found, list) and not any(c is logger for c in found):
-            found.append(logger)
+    _keep_in_callbacks(logger)
 
     def undo() -> None:
         for name in ("callbacks", *_LISTS):
@@ -447,6 +465,6 @@ def patch() -> list[Registration]:
             _open.clear()
         for call in pending:  # what was open when recording stopped ends now, once
             call.model_call.abandon()
-            call.done.set()
+            call.ended()
 
     return [Registration(undo)]
