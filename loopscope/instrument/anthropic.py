@@ -48,7 +48,7 @@ from . import _history
 from . import _read as r
 from ._calls import async_call, calling, sync_call
 from ._patch import Patch, wrap
-from ._streams import AsyncStream, SyncStream
+from ._streams import proxy_stream
 
 PROVIDER = "anthropic"
 FINISH = COMMON_FINISH
@@ -406,10 +406,8 @@ def _deliver(result: Any, model_call: ModelCall) -> Any:
         return result
     import anthropic
 
-    if isinstance(result, anthropic.Stream):
-        return SyncStream(result, model_call, _Events())
-    if isinstance(result, anthropic.AsyncStream):
-        return AsyncStream(result, model_call, _Events())
+    if isinstance(result, (anthropic.Stream, anthropic.AsyncStream)):
+        return proxy_stream(result, model_call, _Events())
     if hasattr(result, "http_response") and hasattr(result, "parse"):
         from ._raw import RawResponse
 

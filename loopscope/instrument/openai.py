@@ -1,6 +1,6 @@
 """The openai SDK: Chat Completions and Responses calls as rounds of stitched turns.
 
-Chat Completions are read by the kit's OpenAI-format reader (:mod:`.openai_compat`, shared
+Chat Completions are read by the kit's OpenAI-format reader (:mod:`._openai_compat`, shared
 with every provider of that format); the Responses API by :mod:`._openai_responses`. What
 is the openai SDK's own is here: which methods are wrapped, its stream and raw-response
 classes, its chunk classes for the reader's fast path, and the errors ``parse()`` raises
@@ -15,9 +15,9 @@ from typing import Any
 from ..recorder.adapter import ModelCall, ModelRequest
 from . import _read as r
 from ._calls import async_call, sync_call
+from ._openai_compat import ChatChunks, chat_request, conversations, finish_completion
 from ._patch import Patch, Registration, when_imported, wrap
-from ._streams import AsyncStream, SyncStream, closes_inner_stream
-from .openai_compat import ChatChunks, chat_request, conversations, finish_completion
+from ._streams import closes_inner_stream, proxy_stream
 
 PROVIDER = "openai"
 
@@ -80,10 +80,8 @@ def _deliver(result: Any, model_call: ModelCall, finish_one: Any, chunks: Any) -
         return result
     import openai
 
-    if isinstance(result, openai.Stream):
-        return SyncStream(result, model_call, chunks())
-    if isinstance(result, openai.AsyncStream):
-        return AsyncStream(result, model_call, chunks())
+    if isinstance(result, (openai.Stream, openai.AsyncStream)):
+        return proxy_stream(result, model_call, chunks())
     if hasattr(result, "http_response") and hasattr(result, "parse"):
         return _raw_response(result, model_call, finish_one, chunks)
     finish_one(result, model_call)

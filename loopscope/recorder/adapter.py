@@ -57,7 +57,7 @@ otherwise derive again, so that an adapter only translates.
 - :func:`usage`: one builder of the recorded usage, told what the provider's figures include.
 - :class:`ToolResults`: the request's tool results, with and without ids, paired once.
 - ``loopscope/instrument/_streams.py`` (stream proxies, :func:`proxy_stream`) and
-  ``loopscope/instrument/openai_compat.py`` (the OpenAI format) are the kit's instrument side.
+  ``loopscope/instrument/_openai_compat.py`` (the OpenAI format) are the kit's instrument side.
 """
 
 from __future__ import annotations

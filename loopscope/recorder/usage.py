@@ -52,17 +52,21 @@ def usage(
     (OpenAI, Anthropic); False: they are apart (Gemini's thoughts) and are added. ``more``:
     other counts kept by their name (``web_search_requests``: a server tool's requests).
     """
+    # the common values (ints) are taken without a function call each: this runs on every model call
     out: dict[str, int] = {}
-    input_count, output_count = _count(input), _count(output)
-    read, write, thought = _count(cache_read), _count(cache_write), _count(reasoning)
-    if input_count is not None:
+    read = cache_read if type(cache_read) is int else _count(cache_read)
+    write = cache_write if type(cache_write) is int else _count(cache_write)
+    thought = reasoning if type(reasoning) is int else _count(reasoning)
+    count = input if type(input) is int else _count(input)
+    if count is not None:
         if not input_includes_cache:
-            input_count += (read or 0) + (write or 0)
-        out["input_tokens"] = input_count
-    if output_count is not None:
+            count += (read or 0) + (write or 0)
+        out["input_tokens"] = count
+    count = output if type(output) is int else _count(output)
+    if count is not None:
         if not output_includes_reasoning:
-            output_count += thought or 0
-        out["output_tokens"] = output_count
+            count += thought or 0
+        out["output_tokens"] = count
     elif not output_includes_reasoning and thought is not None:
         out["output_tokens"] = thought  # the thoughts alone (no answer text): still generated
     if read is not None:
@@ -71,6 +75,8 @@ def usage(
         out["cache_creation_input_tokens"] = write
     if thought is not None:
         out["reasoning_tokens"] = thought
+    if not more:
+        return out
     for key, value in more.items():
         count = _count(value)
         if count is not None:

@@ -1,4 +1,4 @@
-"""The kit's OpenAI-format reader (loopscope/instrument/openai_compat.py): shared by the openai
+"""The kit's OpenAI-format reader (loopscope/instrument/_openai_compat.py): shared by the openai
 adapter and every adapter of a provider that answers in that format, importable without side
 effects, and reading that format's requests and answers whoever's SDK carries them."""
 
@@ -9,7 +9,7 @@ import sys
 
 import loopscope
 from fakes.model_server import Reply, ToolCall
-from loopscope.instrument.openai_compat import ChatChunks, chat_request, finish_completion
+from loopscope.instrument._openai_compat import ChatChunks, chat_request, finish_completion
 from loopscope.recorder.adapter import server_of, start_model_call
 from recorded import only_turn
 
@@ -27,7 +27,7 @@ def test_importing_the_reader_imports_no_sdk_and_leaves_the_openai_adapter_alone
         "adapters = sys.modules['loopscope.instrument']\n"
         "loopscope.configure(False)\n"
         "loopscope.instrument()\n"
-        "import loopscope.instrument.openai_compat\n"
+        "import loopscope.instrument._openai_compat\n"
         "import loopscope.instrument.openai  # the adapter's own module: no SDK either\n"
         "assert 'openai' not in sys.modules, 'the reader imported the SDK'\n"
         "assert 'openai' not in adapters.active()\n"
