@@ -514,7 +514,7 @@ def worker(args: argparse.Namespace) -> int:
                        for p in m.data.data_points)
             check += f"; {gaps} chunk gaps measured (time_per_output_chunk)"
     elif peer is not None:
-        provider, exporter = peer
+        provider, exporter, _meters = peer
         provider.force_flush()
         check = f"{exporter.spans} spans exported for {total} calls"
         provider.shutdown()
