@@ -514,7 +514,7 @@ def worker(args: argparse.Namespace) -> int:
                        for p in m.data.data_points)
             check += f"; {gaps} chunk gaps measured (time_per_output_chunk)"
     elif peer is not None:
-        provider, exporter = peer
+        provider, exporter, _meters = peer
         provider.force_flush()
         check = f"{exporter.spans} spans exported for {total} calls"
         provider.shutdown()
@@ -858,7 +858,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             _say(f"{v.label:<22} {med / 1000:>14.3f} {add:>14.0f} {med / base:>6.2f}x   {spread:<24} {extra_cpu:>+11.0f} "
                  f"{extra_app:>+8.0f}")
 
-    _export_ratio(ok, series_list, cpu)
+    _export_ratio(ok, series_list, app_cpu)
     _say("")
     peers = [v.key for v in ok if v.key not in ("uninstrumented", "loopscope", *ON_REQUEST)]
     if "loopscope" in added[series_list[0]] and peers:
@@ -897,7 +897,13 @@ def _export_ratio(ok: list[Variant], series_list: list[str], cpu: dict[str, dict
     for each pair of variants in the run: loopscope's spans, notices and metrics against
     genai-openai's spans (the first line, as session 18 measured it); spans and notices
     against spans (``loopscope-otlp-spans``); spans, notices and metrics against spans and
-    metrics (``otel-genai-openai-otlp-metrics``)."""
+    metrics (``otel-genai-openai-otlp-metrics``).
+
+    ``cpu`` is the application process's CPU (all its threads: the export's batch thread
+    and metrics thread included), not the writer process's too: the export runs entirely
+    in the application's process, and the writer process's CPU, the same with and without
+    export, swings by milliseconds a call from round to round on a loaded machine (session
+    19 saw +4,840 to +8,837 us for the same work), which drowned the difference."""
     keys = {v.key for v in ok}
     pairs = [
         ("loopscope-otlp", "otel-genai-openai-otlp", "loopscope spans+notices+metrics / genai-openai spans"),
@@ -908,8 +914,8 @@ def _export_ratio(ok: list[Variant], series_list: list[str], cpu: dict[str, dict
     if not pairs:
         return
     _say("")
-    _say(f"loopscope export CPU / genai-openai OTLP exporter CPU (goal <= {EXPORT_GOAL:.0f}x; CPU us a call, all threads, "
-         "median over the rounds; each over its own variant without export):")
+    _say(f"loopscope export CPU / genai-openai OTLP exporter CPU (goal <= {EXPORT_GOAL:.0f}x; CPU us a call, all threads "
+         "of the application's process, median over the rounds; each over its own variant without export):")
     for mine_key, theirs_key, label in pairs:
         _say(f" {label}:")
         for series in series_list:

@@ -50,6 +50,7 @@ processor's queue and its bounded shutdown).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import deque
@@ -61,6 +62,8 @@ from time import time_ns
 from typing import Any, NamedTuple, cast
 
 from opentelemetry.trace import SpanKind
+
+_logger = logging.getLogger("loopscope")
 
 SWITCH = "LOOPSCOPE_SDK_FAST_PATH"
 """The environment variable that turns the fast paths off (``0``, ``false``, ``no``, ``off``)."""
@@ -774,7 +777,11 @@ def own_encoder(exporter: Any, encode: Callable[[Any], bytes]) -> bool:
     def encode_spans(spans: Any) -> Any:
         if not _OWN_ENCODER:
             return sdk_encode(spans)
-        data = encode(spans)
+        try:
+            data = encode(spans)
+        except Exception:  # a span it cannot read: the SDK's encoder says what it makes of it
+            _logger.debug("loopscope: its OTLP encoder failed; the SDK's encodes this batch", exc_info=True)
+            return sdk_encode(spans)
         # gRPC hands the request to its stub, which wants the message itself
         return request_type.FromString(data) if grpc else _Encoded(data)
 

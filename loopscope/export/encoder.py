@@ -13,19 +13,18 @@ Same rules as ``encode_spans``: spans grouped by resource, then by instrumentati
 in the order first seen (equal resources and scopes are one group, as dict keys there);
 proto3 defaults left out; an attribute whose value cannot be encoded (an int past 64
 bits, a string with a lone surrogate, an unknown type) is left out of its span, and
-logged, the rest of the span is sent.
+logged once a key, the rest of the span is sent. A batch it cannot encode at all goes
+to the SDK's encoder (:func:`loopscope._otel_sdk.own_encoder`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from struct import Struct
 from typing import Any
 
+from .._guard import warn_once
 from .._otel_sdk import attributes_dict, span_record
-
-_logger = logging.getLogger("loopscope")
 
 _DOUBLE = Struct("<d").pack
 _FIXED64 = Struct("<Q").pack
@@ -177,8 +176,8 @@ class SpanEncoder:
         """A ``KeyValue`` field; None (and logged, as the SDK does) for a value it refuses."""
         try:
             return _field(tag, self._key(key) + _field(b"\x12", _any_value(value)))
-        except Exception as error:
-            _logger.error("loopscope: OTLP export left out attribute %s: %s", key, error)
+        except Exception as error:  # the SDK's encoder logs each one; once a key is enough
+            warn_once(f"otlp-attribute:{key}", "loopscope: OTLP export leaves out attribute %s: %s", key, error)
             return None
 
     # -- resources and scopes

@@ -34,10 +34,12 @@ the start rows from the ended span. Both are counted (:class:`NoticeSender` ``re
 from __future__ import annotations
 
 import gzip
+import http.client
 import os
 import ssl
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -222,6 +224,8 @@ class NoticeSender:
         self._lock = threading.Lock()
         self._channel: Any = None
         self._stub: Any = None
+        self._http_lock = threading.Lock()
+        self._connection: Any = None  # the kept-alive HTTP connection (http.client), made at the first send
 
     def send(self, notices: Sequence[tuple[ReadableSpan, str | None]]) -> None:
         """Send ``notices`` (pending copies, each with the span that comes next) as one logs
@@ -256,6 +260,9 @@ class NoticeSender:
         if self.gzip:
             body = gzip.compress(body)
             headers["Content-Encoding"] = "gzip"
+        kept = self._kept_alive(body, headers)
+        if kept is not _NO_CONNECTION:
+            return kept
         request = urllib.request.Request(self.endpoint, data=body, method="POST", headers=headers)
         context = None
         if self.endpoint.startswith("https:"):
@@ -270,6 +277,43 @@ class NoticeSender:
         except (urllib.error.URLError, OSError) as exc:
             return f"failed: {getattr(exc, 'reason', exc)}"
         return None
+
+    def _kept_alive(self, body: bytes, headers: dict[str, str]) -> str | None:
+        """POST ``body`` on a connection kept open from one batch to the next (as the span
+        exporter's session does: a new connection a batch cost more CPU than the notices
+        themselves); :data:`_NO_CONNECTION` where ``urllib`` is to send it (a proxy is set
+        for the endpoint, or it is not plain http/https)."""
+        with self._http_lock:
+            connection = self._connection
+            fresh = connection is None  # a connection opens at its first request (http.client)
+            if fresh:
+                connection = self._connection = _connection(self.endpoint, self.timeout)
+            if connection is _NO_CONNECTION:
+                return _NO_CONNECTION
+            while True:
+                try:
+                    connection.request("POST", self._path, body=body, headers=headers)
+                    response = connection.getresponse()
+                    response.read()
+                    status = response.status
+                    if response.will_close:
+                        connection.close()
+                    break
+                except (http.client.HTTPException, OSError) as exc:
+                    connection.close()
+                    # the server closed the idle connection meanwhile: once more on a new one
+                    if not fresh and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+                        fresh = True
+                        continue
+                    return f"failed: {exc}"
+        if 200 <= status < 300:
+            return None
+        return f"refused: HTTP {status}" if status in _REFUSED_HTTP else f"failed: HTTP {status}"
+
+    @property
+    def _path(self) -> str:
+        parts = urllib.parse.urlsplit(self.endpoint)
+        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     def _grpc(self, request: Any) -> str | None:
         import grpc
@@ -299,10 +343,35 @@ class NoticeSender:
         return None
 
     def close(self) -> None:
+        with self._http_lock:
+            if self._connection is not None and self._connection is not _NO_CONNECTION:
+                self._connection.close()
+            self._connection = None
         with self._lock:
             if self._channel is not None:
                 self._channel.close()
                 self._channel = self._stub = None
+
+
+_NO_CONNECTION: Any = "urllib"
+"""What :meth:`NoticeSender._kept_alive` answers when ``urllib`` is to send the request."""
+
+
+def _connection(endpoint: str, timeout: float) -> Any:
+    """An ``http.client`` connection to ``endpoint`` (opened at its first request), or
+    :data:`_NO_CONNECTION` when a proxy is set for it (``urllib`` honours the proxy
+    variables) or it is not an http/https URL."""
+    parts = urllib.parse.urlsplit(endpoint)
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        return _NO_CONNECTION
+    proxies = urllib.request.getproxies()
+    if parts.scheme in proxies and not urllib.request.proxy_bypass(host):
+        return _NO_CONNECTION
+    if parts.scheme == "https":
+        cafile = _env("OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=ssl.create_default_context(cafile=cafile))
+    return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
 
 def is_notice(span: ReadableSpan) -> bool:

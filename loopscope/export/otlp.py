@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import guard, logger, warn_once
-from .._otel_sdk import attribute_values, own_encoder, queued_spans, shutdown_batch, span_attributes
+from .._otel_sdk import attribute_values, own_encoder, queued_spans, set_attributes, shutdown_batch, span_attributes
 from ..content.policy import ContentPolicy
 from .encoder import SpanEncoder
 from .notices import NoticeSender, NoticeSplitter, logs_endpoint, notices_wanted
@@ -266,7 +266,7 @@ class CountingBatchProcessor(BatchSpanProcessor):
             if scope is None or scope.name != _OWN_SCOPE:  # another instrumentation's (pydantic-ai's): no start rows of its own
                 return
             pending = pending_span(span, attributes)
-            span.set_attribute(a.PENDING_SENT, True)
+            set_attributes(span, {a.PENDING_SENT: True})  # span.set_attribute, without the SDK's validation frames
             self.on_end(pending)
 
     def on_end(self, span: ReadableSpan) -> None:

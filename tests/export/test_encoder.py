@@ -241,3 +241,15 @@ def test_loopscopes_exporters_encode_with_it_and_no_other():
     exporter = Mine()
     assert not _otel_sdk.own_encoder(exporter, SpanEncoder().encode)
     assert "export" not in vars(exporter)
+
+
+def test_a_batch_it_cannot_encode_goes_to_the_sdks_encoder(receiver, monkeypatch):
+    def broken(self: SpanEncoder, spans: Any) -> bytes:
+        raise RuntimeError("a span it cannot read")
+
+    monkeypatch.setattr(SpanEncoder, "encode", broken)
+    exporter = span_exporter(OTLPSettings(endpoint=receiver.endpoint))
+    spans = _made_spans()
+    assert exporter.export(spans).name == "SUCCESS"
+    exporter.shutdown()
+    assert [body for path, body in receiver.bodies if path.endswith("/v1/traces")] == [_sdk_bytes(spans)]
