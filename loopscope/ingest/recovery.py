@@ -24,7 +24,7 @@ from .. import _json
 from .. import semconv as a
 from .._guard import logger
 from ..models import RESPONSE_SEGMENT_SEPARATOR
-from ..storage import writer
+from ..storage import values, writer
 from ..storage.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, owner_gone, sql_text
 from ..storage.rows import END
 from .mapping import facts_of
@@ -66,6 +66,7 @@ def recover(con: duckdb.DuckDBPyConnection) -> int:
             "ORDER BY session_id, idx",
             [sorted({o[1] for o in opened}), sorted({o[0] for o in opened}), min(o[3] for o in opened) / 1e6 - 1.0],
         ).fetchall()
+        rows = values.fill(con, rows, 10, 7)  # large contents whole (storage/values.py)
         by_turn: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         for row in rows:
             by_turn.setdefault((row[1], row[0]), []).append(row)

@@ -20,6 +20,7 @@ SMOKE_RUNS = {
     "memory": ["bench_memory.py", "--smoke"],
     "big-values": ["bench_big_values.py", "--smoke"],
     "value-layout": ["bench_value_layout.py", "--smoke"],
+    "row-groups": ["bench_row_groups.py", "--smoke"],
     "ingest": ["bench_ingest.py", "--turns", "100", "--repeats", "1"],
     "collector-throughput": ["bench_collector.py", "--turns", "40", "--repeats", "1", "--senders", "1"],
     "collector-foreign": ["bench_collector.py", "--foreign", "--turns", "40", "--repeats", "1", "--senders", "1"],

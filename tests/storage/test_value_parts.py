@@ -124,6 +124,20 @@ def test_a_value_of_a_few_mib_is_stored_in_parts_and_read_back_whole_everywhere(
     printed = _cli_json(capsys, "sql", "--db", db, "--json", "SELECT content->>'$.result' AS result FROM events WHERE type = 'tool_call_end'")
     assert printed == [{"result": value}]
 
+    # loopscope export --parquet: the events' Parquet holds the value whole
+    out = tmp_path / "export"
+    capsys.readouterr()
+    assert main(["export", "--db", str(db), "--parquet", str(out), "--tables", "events"]) == 0
+    parquet = duckdb.connect()
+    try:
+        exported = parquet.execute(
+            "SELECT content::JSON->>'$.result' FROM read_parquet(?, hive_partitioning = true) WHERE type = 'tool_call_end'",
+            [str(out / "events" / "*" / "*.parquet")],
+        ).fetchall()
+    finally:
+        parquet.close()
+    assert exported == [(value,)]
+
 
 def test_a_normal_store_has_no_parts_and_sql_reads_the_table(tmp_path: Path, model_server: FakeModelServer) -> None:
     """Values under the threshold stay in ``events.content``: nothing in parts, and
