@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from . import _exits, pricing
 from . import semconv as semconv_module
-from ._guard import internal_error, warn_once
+from ._guard import guard, internal_error, warn_once
 from ._otel_sdk import exports_spans, replace_span_processors, span_processors
 from ._version import __version__
 from .content.policy import ContentPolicy
@@ -739,8 +739,9 @@ def _forked() -> None:
     held it at the fork; it would never be released here). The writer, the stitched turns and
     the exporters' batch processors see the fork themselves; the child records into the same
     store, through a writer process of its own started at its first span."""
-    global _lock
+    global _lock, _term_claim
     _lock = threading.RLock()
+    _term_claim = threading.Lock()  # (a parent dying by SIGTERM as it forked: not the child's end)
     pipeline = _active
     if pipeline is None or pipeline.fork_writer is None or isinstance(pipeline.writer, ProcessSpanWriter):
         return
@@ -774,10 +775,16 @@ def _catch_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):  # no SIGTERM here, or an embedded interpreter's rules
-        pass
+        return
+    # Python runs the handler on the main thread only, and only when it wakes: a SIGTERM that
+    # comes as it falls asleep for good (a pool worker in its task queue's lock, which a sibling
+    # killed by terminate() held) would never end the process, where the default action would
+    with guard("SIGTERM watch"):
+        _exits.watch_sigterm(_on_sigterm, _term_handled, _sigterm_unhandled)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -791,15 +798,59 @@ def _on_sigterm(signum: int, frame: object) -> None:
     A SIGTERM while :func:`_at_exit` runs already (at exit, or at ``os._exit()``: a
     ``multiprocessing`` pool's ``terminate()`` sends it to workers still storing what they
     recorded) lets that finish, within its own bound, and then ends the process by it (from
-    the main thread; at ``os._exit()``, with the status asked for)."""
+    the main thread; at ``os._exit()``, with the status asked for).
+
+    Once only: a SIGTERM while the first one's close runs (another one sent, or the watch of
+    :func:`loopscope._exits.watch_sigterm` waking the main thread) leaves the end to it."""
     global _term_pending
+    if not _term_claim.acquire(blocking=False):
+        return
     if _exiting:
         _term_pending = True
         return
     closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
-    closer.start()
-    closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+    try:
+        closer.start()
+    except RuntimeError:
+        # the interpreter is ending (Python 3.12+ starts no thread then): this thread is in its
+        # exit (waiting for the application's threads, or about to run our exit hook), not
+        # inside loopscope, so the close runs here, as it would at exit, and the process dies
+        # by SIGTERM after it (returning would leave the exit waiting on, perhaps for ever)
+        _quietly(_at_exit)
+    else:
+        closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
     _die_by_sigterm()
+
+
+_term_claim = threading.Lock()
+"""Taken by what ends the process for a SIGTERM: the handler, or the watch in its stead."""
+
+
+def _term_handled() -> bool:
+    return _term_claim.locked()
+
+
+def _sigterm_unhandled() -> None:
+    """A SIGTERM whose handler the main thread did not run (it blocks the signal, or sleeps in
+    C code that never returns to Python), called by the SIGTERM watch's thread: what
+    :func:`_on_sigterm` does, from here, and the process ends with the status a shell gives a
+    death by SIGTERM (128 + 15; only the main thread may restore the default action)."""
+    global _term_pending
+    if not _term_claim.acquire(blocking=False):
+        return  # the handler started meanwhile
+    _term_pending = True  # an exit under way on the main thread ends by SIGTERM once it is done
+    closer = None
+    if not _exiting:
+        closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
+        try:
+            closer.start()
+        except RuntimeError:  # the interpreter is ending: the main thread runs our exit hook itself
+            closer = None
+    if closer is not None:
+        closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
+    else:  # an exit under way (at exit, at os._exit()) ends the process within its bound, or this does
+        time.sleep(CLOSE_TIMEOUT + EXPORT_SHUTDOWN_SECONDS + _EXIT_THREAD_GRACE)
+    _exits.exit_now(128 + signal.SIGTERM)
 
 
 def _die_by_sigterm() -> None:

@@ -96,14 +96,9 @@ def _expected(count: int) -> list[str]:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 @pytest.mark.parametrize(("shape", "count"), [("process", 4), ("pool", 40)])
 def test_every_worker_turn_reaches_the_application_store(method: str, shape: str, count: int, spawn, tmp_path: Path,
-                                                         model_server: FakeModelServer, request: pytest.FixtureRequest) -> None:
+                                                         model_server: FakeModelServer) -> None:
     """Today: fork ``Process`` 0 of 4 workers' turns stored, a fork pool 38 of 41, spawned
     workers record to ``./loopscope.duckdb``; ``status`` says nothing was lost."""
-    if (method, shape) == ("spawn", "pool"):
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "issue 30, a known hang (on baf9772 too): now and then a spawned pool worker stays alive after "
-            "Pool.terminate()'s SIGTERM, its main thread in the task queue's lock, and the application waits "
-            "for it in join() for ever; loopscope's SIGTERM handler returned without ending it")))
     db = tmp_path / "app.duckdb"
     app = spawn("app", WORKERS, method, shape, count, model_server.openai_base_url, db)
     assert app.finish_ok(240).splitlines()[-1] == "done"
