@@ -12,22 +12,11 @@ import cohere
 import pytest
 from cohere.core.api_error import ApiError
 
-from .model_server import FakeModelServer, Reply, ToolCall, Usage
+from .model_server import FakeModelServer, Reply
+from .weather_loop import ANSWER, QUESTION, TOOLS, queue_tool_loop
 
 MODEL = "command-a-03-2025"
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}]
-QUESTION = {"role": "user", "content": "Weather in Paris?"}
 
-
-def script(server: FakeModelServer) -> None:
-    server.queue(
-        Reply(text="I will look up the weather.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})],
-              usage=Usage(100, 20, cached_tokens=30)),
-        Reply(text="21 °C and dry in Paris.", usage=Usage(140, 9)),
-    )
 
 
 def second_messages(plan: str, calls: list[Any]) -> list[Any]:
@@ -46,7 +35,7 @@ def check_rounds(server: FakeModelServer, plan: str, calls: list[Any], first_end
     u = first_end.usage
     assert (u.tokens.input_tokens, u.tokens.output_tokens, u.billed_units.input_tokens, u.cached_tokens) == \
         (100, 20, 100, 30)
-    assert text == "21 °C and dry in Paris."
+    assert text == ANSWER
     assert second_end.finish_reason == "COMPLETE" and second_end.usage.tokens.input_tokens == 140
 
     one, two = server.requests
@@ -60,7 +49,7 @@ def check_rounds(server: FakeModelServer, plan: str, calls: list[Any], first_end
 
 
 def test_tool_loop_sync(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server, text="I will look up the weather.", cached_tokens=30)
     client = model_server.cohere_client()
     first = client.chat(model=MODEL, messages=[QUESTION], tools=TOOLS, max_tokens=256)
     assert first.message.content is None  # with tool calls the text is the plan
@@ -72,7 +61,7 @@ def test_tool_loop_sync(model_server: FakeModelServer) -> None:
 
 
 def test_tool_loop_async(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server, text="I will look up the weather.", cached_tokens=30)
     client = model_server.async_cohere_client()
 
     async def run() -> tuple[Any, Any]:
@@ -101,7 +90,7 @@ def gather(events: list[Any]) -> tuple[str, str, list[Any], Any]:
 
 
 def test_tool_loop_streamed(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server, text="I will look up the weather.", cached_tokens=30)
     client = model_server.cohere_client()
     events = list(client.chat_stream(model=MODEL, messages=[QUESTION], tools=TOOLS, max_tokens=256))
     kinds = [e.type for e in events]

@@ -11,22 +11,11 @@ from typing import Any
 import groq
 import pytest
 
-from .model_server import FakeModelServer, Reply, ToolCall, Usage
+from .model_server import FakeModelServer, Reply
+from .weather_loop import ANSWER, QUESTION, TOOLS, queue_tool_loop
 
 MODEL = "llama-3.3-70b-versatile"
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}]
-QUESTION = {"role": "user", "content": "Weather in Paris?"}
 
-
-def script(server: FakeModelServer) -> None:
-    server.queue(
-        Reply(text="Let me look.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})],
-              usage=Usage(100, 20, cached_tokens=30)),
-        Reply(text="21 °C and dry in Paris.", usage=Usage(140, 9)),
-    )
 
 
 def second_messages(text: str, calls: list[Any]) -> list[Any]:
@@ -42,7 +31,7 @@ def check_rounds(server: FakeModelServer, calls: list[Any], usage: Any, finish: 
     assert (usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens, finish) == \
         (100, 20, 30, "tool_calls")
     assert usage.queue_time and usage.total_time
-    assert (text, usage2.prompt_tokens) == ("21 °C and dry in Paris.", 140)
+    assert (text, usage2.prompt_tokens) == (ANSWER, 140)
     one, two = server.requests
     assert one.path == "/openai/v1/chat/completions" and one.wire == "groq" and one.model == MODEL
     assert one.stream is stream and one.headers["authorization"] == "Bearer test-key"
@@ -52,7 +41,7 @@ def check_rounds(server: FakeModelServer, calls: list[Any], usage: Any, finish: 
 
 
 def test_tool_loop_sync(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server, cached_tokens=30)
     client = model_server.groq_client()
     first = client.chat.completions.create(model=MODEL, messages=[QUESTION], tools=TOOLS, max_completion_tokens=256)
     m = first.choices[0].message
@@ -64,7 +53,7 @@ def test_tool_loop_sync(model_server: FakeModelServer) -> None:
 
 
 def test_tool_loop_async(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server, cached_tokens=30)
     client = model_server.async_groq_client()
 
     async def run() -> tuple[Any, Any]:
@@ -102,7 +91,7 @@ def gather(chunks: list[Any]) -> tuple[str, list[Any], Any, str]:
 
 
 def test_tool_loop_streamed(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server, cached_tokens=30)
     client = model_server.groq_client()
     text, calls, usage, finish = gather(list(client.chat.completions.create(
         model=MODEL, messages=[QUESTION], tools=TOOLS, max_completion_tokens=256, stream=True)))

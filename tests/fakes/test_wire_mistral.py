@@ -11,21 +11,11 @@ from typing import Any
 import pytest
 from mistralai.client import errors
 
-from .model_server import FakeModelServer, Reply, ToolCall, Usage
+from .model_server import FakeModelServer, Reply
+from .weather_loop import ANSWER, QUESTION, TOOLS, queue_tool_loop
 
 MODEL = "mistral-large-latest"
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}]
-QUESTION = {"role": "user", "content": "Weather in Paris?"}
 
-
-def script(server: FakeModelServer) -> None:
-    server.queue(
-        Reply(text="Let me look.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})], usage=Usage(100, 20)),
-        Reply(text="21 °C and dry in Paris.", usage=Usage(140, 9)),
-    )
 
 
 def second_messages(text: str, calls: list[Any]) -> list[Any]:
@@ -39,7 +29,7 @@ def check_rounds(server: FakeModelServer, calls: list[Any], usage: Any, finish: 
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
     assert len(calls[0].id) == 9
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens, finish) == (100, 20, 120, "tool_calls")
-    assert (text, usage2.prompt_tokens, finish2) == ("21 °C and dry in Paris.", 140, "stop")
+    assert (text, usage2.prompt_tokens, finish2) == (ANSWER, 140, "stop")
     one, two = server.requests
     assert one.path == "/mistral/v1/chat/completions" and one.wire == "mistral" and one.model == MODEL
     assert one.stream is stream and one.headers["authorization"] == "Bearer test-key"
@@ -49,7 +39,7 @@ def check_rounds(server: FakeModelServer, calls: list[Any], usage: Any, finish: 
 
 
 def test_tool_loop_sync(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server)
     client = model_server.mistral_client()
     first = client.chat.complete(model=MODEL, messages=[QUESTION], tools=TOOLS, max_tokens=256)
     m = first.choices[0].message
@@ -61,7 +51,7 @@ def test_tool_loop_sync(model_server: FakeModelServer) -> None:
 
 
 def test_tool_loop_async(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server)
     client = model_server.mistral_client()
 
     async def run() -> tuple[Any, Any]:
@@ -86,7 +76,7 @@ def gather(events: list[Any]) -> tuple[str, list[Any], Any, str]:
 
 def test_tool_loop_streamed(model_server: FakeModelServer) -> None:
     """Text in pieces, each call whole in one delta, usage and finish reason in the last chunk."""
-    script(model_server)
+    queue_tool_loop(model_server)
     client = model_server.mistral_client()
     text, calls, usage, finish = gather(list(client.chat.stream(model=MODEL, messages=[QUESTION], tools=TOOLS,
                                                                  max_tokens=256)))

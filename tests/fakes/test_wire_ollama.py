@@ -10,21 +10,11 @@ from typing import Any
 import pytest
 from ollama import ChatResponse, ResponseError
 
-from .model_server import FakeModelServer, Reply, ToolCall, Usage
+from .model_server import FakeModelServer, Reply
+from .weather_loop import ANSWER, QUESTION, TOOLS, queue_tool_loop
 
 MODEL = "llama3.2"
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}]
-QUESTION = {"role": "user", "content": "Weather in Paris?"}
 
-
-def script(server: FakeModelServer) -> None:
-    server.queue(
-        Reply(text="Let me look.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})], usage=Usage(100, 20)),
-        Reply(text="21 °C and dry in Paris.", usage=Usage(140, 9)),
-    )
 
 
 def second_messages(first: Any) -> list[Any]:
@@ -37,7 +27,7 @@ def check_rounds(server: FakeModelServer, first: ChatResponse, second: ChatRespo
         [("get_weather", {"city": "Paris"})]
     assert (first.prompt_eval_count, first.eval_count, first.done, first.done_reason) == (100, 20, True, "stop")
     assert (second.prompt_eval_count, second.eval_count, second.done_reason) == (140, 9, "stop")
-    assert second.message.content == "21 °C and dry in Paris."
+    assert second.message.content == ANSWER
 
     one, two = server.requests
     assert one.path == "/api/chat" and one.wire == "ollama" and one.model == MODEL and one.stream is stream
@@ -50,7 +40,7 @@ def check_rounds(server: FakeModelServer, first: ChatResponse, second: ChatRespo
 
 
 def test_tool_loop_sync(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server)
     client = model_server.ollama_client()
     first = client.chat(model=MODEL, messages=[QUESTION], tools=TOOLS, options={"num_predict": 256})
     assert first.message.content == "Let me look."
@@ -60,7 +50,7 @@ def test_tool_loop_sync(model_server: FakeModelServer) -> None:
 
 
 def test_tool_loop_async(model_server: FakeModelServer) -> None:
-    script(model_server)
+    queue_tool_loop(model_server)
     client = model_server.async_ollama_client()
 
     async def run() -> tuple[ChatResponse, ChatResponse]:
@@ -84,7 +74,7 @@ def joined(parts: list[ChatResponse]) -> ChatResponse:
 
 def test_tool_loop_streamed(model_server: FakeModelServer) -> None:
     """NDJSON lines: text in pieces, the call whole in one line, then ``done: true`` with the counts."""
-    script(model_server)
+    queue_tool_loop(model_server)
     client = model_server.ollama_client()
     parts = list(client.chat(model=MODEL, messages=[QUESTION], tools=TOOLS, options={"num_predict": 256},
                              stream=True))
