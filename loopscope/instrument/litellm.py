@@ -40,15 +40,13 @@ from ..recorder.adapter import (
     ModelCall,
     ModelRequest,
     ModelResponse,
-    ToolResult,
     close_outer_call,
     open_outer_call,
-    provider_of_server,
-    result_value,
+    server_of,
     start_model_call,
-    wants_result,
 )
 from . import _read as r
+from ._openai_compat import chat_request
 from ._patch import Registration
 
 WAIT_S = 5.0
@@ -105,103 +103,18 @@ def _must_wait(previous: _Call | None, messages: Any) -> bool:
 
 # -- the request ------------------------------------------------------------------------------
 
-_PARAMETERS = (  # the request's parameters in LiteLLM's (OpenAI's) names, in their span attributes' order
-    ("temperature", "temperature"),
-    ("top_p", "top_p"),
-    ("max_tokens", "max_tokens"),
-    ("max_tokens", "max_completion_tokens"),
-    ("frequency_penalty", "frequency_penalty"),
-    ("presence_penalty", "presence_penalty"),
-    ("seed", "seed"),
-    ("stop", "stop"),
-    ("choice_count", "n"),
-    ("reasoning_effort", "reasoning_effort"),
-    ("parallel_tool_calls", "parallel_tool_calls"),
-)
-
-
-def _parameters(kwargs: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, key in _PARAMETERS:
-        value = kwargs.get(key, optional.get(key))
-        if value is None or name in out:
-            continue
-        out[name] = [value] if name == "stop" and isinstance(value, str) else value
-    choice = kwargs.get("tool_choice", optional.get("tool_choice"))
-    if choice is not None:
-        out["tool_choice"] = r.tool_choice(choice)
-    response_format = kwargs.get("response_format", optional.get("response_format"))
-    if response_format is not None:
-        out["response_format"], out["output_type"] = r.output_format(response_format)
-    return out
-
-
-def _server(api_base: Any) -> dict[str, Any]:
-    """server.address / server.port of the base URL LiteLLM resolved (never its key or headers)."""
-    if not isinstance(api_base, str) or "://" not in api_base:
-        return {}
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(api_base)
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        return {}
-    if not host:
-        return {}
-    return {"server_address": host, "server_port": port or (443 if parts.scheme == "https" else 80)}
-
-
-def _message(role: Any, content: Any, calls: Any) -> dict[str, Any]:
-    """One OpenAI-format message in the GenAI message schema."""
-    parts: list[dict[str, Any]] = []
-    if isinstance(content, str):
-        if content:
-            parts.append({"type": "text", "content": content})
-    elif content is not None:
-        parts.extend(r.content_parts(content))
-    for call in calls or ():
-        function = r.get(call, "function")
-        parts.append({"type": "tool_call", "id": r.get(call, "id"), "name": r.get(function, "name"),
-                      "arguments": r.arguments(r.get(function, "arguments"))})
-    return {"role": role, "parts": parts}
-
-
 def _request(model: Any, messages: Any, kwargs: dict[str, Any]) -> ModelRequest:
-    messages = list(messages or ())
+    """LiteLLM's request in OpenAI's format (its messages and parameters whatever the provider),
+    read by the kit's reader of that format; the provider and model as LiteLLM resolved them."""
     params = kwargs.get("litellm_params") or {}
     optional = kwargs.get("optional_params") or {}
-    results: list[ToolResult] = []
-    converted: list[dict[str, Any]] = []
-    input_text = None
-    for message in messages:
-        role, content = r.get(message, "role"), r.get(message, "content")
-        if role == "tool":
-            call_id = r.get(message, "tool_call_id")
-            converted.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": content}]})
-            if call_id and wants_result(str(call_id)):
-                text = content if isinstance(content, str) else r.text_of(content)
-                results.append(ToolResult(str(call_id), result_value(text or content)))
-            continue
-        converted.append(_message(role, content, r.get(message, "tool_calls") if role == "assistant" else None))
-        if role == "user":
-            input_text = content if isinstance(content, str) else r.text_of(content)
-    server = _server(params.get("api_base") or kwargs.get("api_base"))
+    # a parameter the call passed, else the one LiteLLM mapped for the provider
+    merged = {k: v for k, v in optional.items() if v is not None}
+    merged.update((k, v) for k, v in kwargs.items() if v is not None)
+    merged["messages"] = list(messages or ())
+    merged["model"] = kwargs.get("model") or model
     provider = kwargs.get("custom_llm_provider") or params.get("custom_llm_provider") or "litellm"
-    parameters = _parameters(kwargs, optional)
-    parameters.update(server)
-    tools = kwargs.get("tools") or optional.get("tools")
-    return ModelRequest(
-        provider_of_server(str(provider), server.get("server_address"), server.get("server_port")) if server else str(provider),
-        kwargs.get("model") or model,
-        [t for t in tools if r.get(t, "type", "function") == "function"] if isinstance(tools, (list, tuple)) else None,
-        results,
-        input_text,
-        bool(kwargs.get("stream")),
-        parameters,
-        input_messages=converted,
-        messages=messages,
-    )
+    return chat_request(merged, provider=str(provider), server=server_of(params.get("api_base") or kwargs.get("api_base")))
 
 
 # -- the response ------------------------------------------------------------------------------
