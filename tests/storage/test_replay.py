@@ -175,8 +175,14 @@ def test_stop_flag_ends_a_waiting_replay_and_position_resumes(recording) -> None
         t.generation("second", tool_calls=[{"id": "x", "name": "noop", "arguments": {}}])
         t.end("max_rounds")
     seen = [first]
-    threading.Timer(0.5, stop.set).start()
-    seen += list(replay)  # the live part, then the flag ends it
+    # a watchdog, so that a replay deaf to the flag fails instead of waiting for ever
+    deaf = threading.Timer(60, lambda: (seen.append(None), stop.set()))  # type: ignore[func-returns-value]
+    deaf.start()
+    for event in replay:  # the live part; once it is all read, the flag ends the waiting replay
+        seen.append(event)
+        if len(seen) == 4:
+            stop.set()
+    deaf.cancel()
     assert [e.type for e in seen] == ["message", "message", "tool_call_start", "tool_call_end"]
     assert replay.position == 4
     # taking up from the position gives what came after, and only that
