@@ -328,7 +328,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="loopscope-tests-") as tmp:
         # the core run first (its serial pass alone), then the stacks' runs: one after another, or
         # several at once ($LOOPSCOPE_TEST_STACKS_AT_ONCE: each run's start-up and tail leave the
-        # cores idle; not the default yet, docs/testing.md says why), then their serial passes alone
+        # cores idle, but on a quiet machine it gained nothing: docs/testing.md), then their serial passes alone
         at_once = max(1, int(os.environ.get("LOOPSCOPE_TEST_STACKS_AT_ONCE", "1")))
         stack_runs = [r for r in runs if r.stack != CORE]
         together = stack_runs if at_once > 1 and len(stack_runs) > 1 else []
