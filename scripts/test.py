@@ -326,10 +326,10 @@ def main(argv: list[str]) -> int:
         return stop_at_first  # -x: the first failing run is the last
 
     with tempfile.TemporaryDirectory(prefix="loopscope-tests-") as tmp:
-        # the core run first (its serial pass alone), then the stacks' runs: several at once
-        # ($LOOPSCOPE_TEST_STACKS_AT_ONCE, 2: each run's start-up and tail leave the cores idle),
-        # then their serial passes alone
-        at_once = max(1, int(os.environ.get("LOOPSCOPE_TEST_STACKS_AT_ONCE", "2")))
+        # the core run first (its serial pass alone), then the stacks' runs: one after another, or
+        # several at once ($LOOPSCOPE_TEST_STACKS_AT_ONCE: each run's start-up and tail leave the
+        # cores idle, but on a quiet machine it gained nothing: docs/testing.md), then their serial passes alone
+        at_once = max(1, int(os.environ.get("LOOPSCOPE_TEST_STACKS_AT_ONCE", "1")))
         stack_runs = [r for r in runs if r.stack != CORE]
         together = stack_runs if at_once > 1 and len(stack_runs) > 1 else []
         stopped = False

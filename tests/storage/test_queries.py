@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -57,10 +58,23 @@ def types(events) -> list[str]:
 # -- list_events: windows, offsets, cursors -------------------------------------------------
 
 
-@pytest.fixture
-def seven(recording):
-    record_messages("s", MSGS)
-    return recording.store
+def recorded_once(folder: Path, record) -> loopscope.Store:
+    """A store ``record()`` wrote, shut down after: the read-only tests of a module share it
+    (one writer process started for them all, not one a test)."""
+    db = folder / "store.duckdb"
+    loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05, capture_content=True)
+    try:
+        record()
+        assert loopscope.flush()
+    finally:
+        loopscope.shutdown()
+    return loopscope.Store(str(db))
+
+
+@pytest.fixture(scope="module")
+def seven(tmp_path_factory: pytest.TempPathFactory) -> loopscope.Store:
+    """Seven messages in one turn of session ``s``; read only."""
+    return recorded_once(tmp_path_factory.mktemp("seven"), lambda: record_messages("s", MSGS))
 
 
 def test_seven_messages_newest_first_limit_five_is_the_tail_in_ascending_order(seven):
@@ -181,11 +195,11 @@ def test_page_window_chosen_under_a_filter(recording):
 # -- blocked rows ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def with_blocked(recording):
+@pytest.fixture(scope="module")
+def with_blocked(tmp_path_factory: pytest.TempPathFactory) -> loopscope.Store:
+    """Ten messages of session ``s``, three of them blocked; read only."""
     texts = [f"m{i}" for i in range(1, 11)]
-    record_messages("s", texts, blocked={"m3", "m8", "m9"})
-    return recording.store
+    return recorded_once(tmp_path_factory.mktemp("blocked"), lambda: record_messages("s", texts, blocked={"m3", "m8", "m9"}))
 
 
 def test_blocked_rows_are_skipped_before_the_page_is_cut(with_blocked):
