@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from tool_totals_check import assert_totals_exact
@@ -590,21 +591,7 @@ def test_fifty_interleaved_async_conversations(instrumented, server):
 
     asyncio.run(main())
     assert len(server.requests) == 2 * n
-    turns = instrumented.store.list_turns(limit=None)
-    assert len(turns) == n
-    seen = set()
-    for turn in turns:
-        events = instrumented.store.get_timeline(turn.session_id)
-        assert {e.correlation_id for e in events} == {turn.correlation_id}
-        i = int(events[0].content.body.split("]")[0].removeprefix("[conv-"))
-        seen.add(i)
-        assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
-        assert events[2].content.tool_id == events[3].content.tool_id == f"toolu_c{i:02d}"
-        assert events[3].content.arguments == {"city": f"city-{i}"}
-        assert events[3].content.result == f"sunny in city-{i}"
-        assert events[4].content.body == f"It is 21 °C and sunny in city-{i}."
-        assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert seen == set(range(n))
+    assert_conversations_apart(instrumented.store, n, "toolu_c{i:02d}")
 
 
 # -- a decorated tool between the rounds ------------------------------------------------------
