@@ -27,6 +27,7 @@ import loopscope
 import stacks
 from fakes.model_server import STANDS_FOR, FakeModelServer
 from loopscope import _guard
+from loopscope.semconv import OPERATION
 
 _guard.set_strict(True)
 
@@ -47,8 +48,13 @@ class Recording:
     def store(self) -> loopscope.Store:
         return loopscope.Store(str(self.db))
 
-    def spans(self):  # a tuple of ReadableSpan
-        return self.exporter.get_finished_spans()
+    def spans(self, operation: str | None = None):
+        """Every finished span (a tuple of ReadableSpan), or a list of those of one
+        ``gen_ai.operation.name``."""
+        found = self.exporter.get_finished_spans()
+        if operation is None:
+            return found
+        return [s for s in found if s.attributes.get(OPERATION) == operation]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -58,13 +58,6 @@ def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = 
     )
 
 
-def spans(recording, operation: str | None = None) -> list[Any]:
-    found = list(recording.spans())
-    if operation is not None:
-        found = [s for s in found if s.attributes.get(a.OPERATION) == operation]
-    return found
-
-
 def only_turn(recording) -> Any:
     [turn] = recording.store.list_turns(limit=None)
     return turn
@@ -172,10 +165,10 @@ def test_tool_loop_becomes_one_turn(instrumented, server, mode, flavour, api):
     seen_at_response: dict[str, Any] = {}
 
     def between(content: list[dict[str, Any]]) -> None:
-        turn_id = spans(recording, a.OP_CHAT)[0].attributes[a.TURN_ID]
-        assert not spans(recording, a.OP_INVOKE_AGENT)  # the turn is still open
+        turn_id = recording.spans(a.OP_CHAT)[0].attributes[a.TURN_ID]
+        assert not recording.spans(a.OP_INVOKE_AGENT)  # the turn is still open
         seen_at_response["events"] = recording.store.get_timeline("conv-1")
-        seen_at_response["tools_ended"] = len(spans(recording, a.OP_EXECUTE_TOOL))
+        seen_at_response["tools_ended"] = len(recording.spans(a.OP_EXECUTE_TOOL))
         seen_at_response["turn_id"] = turn_id
 
     with loopscope.session("conv-1"):
@@ -214,9 +207,9 @@ def test_tool_loop_becomes_one_turn(instrumented, server, mode, flavour, api):
     ]
     assert (turn.model, turn.provider, turn.streaming) == (MODEL, "anthropic", mode != "json")
 
-    chats = spans(recording, a.OP_CHAT)
-    [agent] = spans(recording, a.OP_INVOKE_AGENT)
-    [tool] = spans(recording, a.OP_EXECUTE_TOOL)
+    chats = recording.spans(a.OP_CHAT)
+    [agent] = recording.spans(a.OP_INVOKE_AGENT)
+    [tool] = recording.spans(a.OP_EXECUTE_TOOL)
     assert len(chats) == 2
     assert [c.attributes[a.RESPONSE_FINISH_REASONS] for c in chats] == [("tool_use",), ("end_turn",)]
     assert all(c.parent.span_id == agent.context.span_id for c in chats + [tool])
@@ -257,7 +250,7 @@ def test_request_parameters_and_the_last_user_text(instrumented, server):
     turn = only_turn(instrumented)
     [first] = [e for e in instrumented.store.get_timeline(turn.session_id)][:1]
     assert (first.content.role, first.content.body) == ("user", "The new question")
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     attrs = chat.attributes
     assert attrs["gen_ai.request.temperature"] == 0.2 and attrs["gen_ai.request.top_p"] == 0.9
     assert attrs["gen_ai.request.top_k"] == 40 and attrs["gen_ai.request.max_tokens"] == 300
@@ -286,7 +279,7 @@ def test_max_tokens_ends_the_turn_truncated(instrumented, server, mode):
     turn = only_turn(instrumented)
     assert turn.loop_end_reason == LoopEndReason.TRUNCATED
     assert turn.segments == ["This answer is cut off in the mid"]
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     assert chat.attributes[a.RESPONSE_FINISH_REASONS] == ("max_tokens",)
 
 
@@ -372,7 +365,7 @@ def test_stream_read_up_to_message_stop_is_complete(instrumented, server):
                 break
     turn = only_turn(instrumented)
     assert (turn.loop_end_reason, turn.segments) == (LoopEndReason.COMPLETED, ["All of it."])
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     assert chat.status.status_code is not StatusCode.ERROR
 
 
@@ -419,7 +412,7 @@ def test_sdk_errors_pass_through_unchanged(instrumented, server, monkeypatch, mo
     turn = only_turn(instrumented)
     assert turn.loop_end_reason == LoopEndReason.ERROR
     assert turn.error == f"{error.__name__}: {caught.value}"
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error.__name__
 
 
@@ -452,7 +445,7 @@ def test_error_in_a_later_round_ends_the_stitched_turn_with_error(instrumented, 
         call(c, "json", messages=follow_up(messages, content, "cold"), tools=[WEATHER])
     turn = only_turn(instrumented)
     assert (turn.loop_end_reason, turn.round_count, turn.tool_calls_count) == (LoopEndReason.ERROR, 1, 1)
-    assert len(spans(instrumented, a.OP_INVOKE_AGENT)) == 1
+    assert len(instrumented.spans(a.OP_INVOKE_AGENT)) == 1
 
 
 # -- streams that end early ----------------------------------------------------------------
@@ -460,8 +453,8 @@ def test_error_in_a_later_round_ends_the_stitched_turn_with_error(instrumented, 
 
 def assert_one_cut_turn(recording, reason: LoopEndReason) -> Any:
     """One finished round and one turn, ended once, with ``reason``."""
-    [chat] = spans(recording, a.OP_CHAT)
-    [agent] = spans(recording, a.OP_INVOKE_AGENT)
+    [chat] = recording.spans(a.OP_CHAT)
+    [agent] = recording.spans(a.OP_INVOKE_AGENT)
     assert chat.end_time is not None and chat.parent.span_id == agent.context.span_id
     [turn] = recording.store.list_turns(limit=None)
     assert turn.loop_end_reason == reason
@@ -561,8 +554,8 @@ def test_async_stream_closed_early_and_break_in_async_with(instrumented, server)
                     break
 
     asyncio.run(main())
-    chats = spans(instrumented, a.OP_CHAT)
-    agents = spans(instrumented, a.OP_INVOKE_AGENT)
+    chats = instrumented.spans(a.OP_CHAT)
+    agents = instrumented.spans(a.OP_INVOKE_AGENT)
     assert len(chats) == 2 and len(agents) == 2
     assert all(c.attributes[a.ERROR_TYPE] == "StreamClosed" for c in chats)
     turns = instrumented.store.list_turns(limit=None)
@@ -640,7 +633,7 @@ def test_async_decorated_tool_serves_the_call_once(instrumented, server):
 
 
 def _assert_served_once(recording) -> None:
-    [tool] = spans(recording, a.OP_EXECUTE_TOOL)
+    [tool] = recording.spans(a.OP_EXECUTE_TOOL)
     assert tool.attributes[a.TOOL_CALL_ID] == "toolu_w1"
     turn = only_turn(recording)
     events = recording.store.get_timeline(turn.session_id)
@@ -713,12 +706,12 @@ def test_a_served_call_whose_result_is_sent_back_as_an_error_is_failed(instrumen
     assert_totals_exact(instrumented.db)  # the totals it reads are what the rows say
     # OTLP: each call's span as it ended (served), and one correction span under the turn
     # (the third request sends the error again: no second one)
-    tools = spans(instrumented, a.OP_EXECUTE_TOOL)
+    tools = instrumented.spans(a.OP_EXECUTE_TOOL)
     assert sorted((t.attributes[a.TOOL_CALL_ID], t.attributes[a.TOOL_OUTCOME]) for t in tools) == [
         ("toolu_a1", "served"), ("toolu_p1", "served"),
     ]
     [fix] = [s for s in instrumented.spans() if a.TOOL_CORRECTION in s.attributes]
-    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
+    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
     assert fix.name == "tool_outcome_correction get_weather" and fix.parent.span_id == agent.context.span_id
     assert (fix.attributes[a.TOOL_CALL_ID], fix.attributes[a.TOOL_CORRECTION], fix.attributes[a.TOOL_ERROR]) == (
         "toolu_a1", "failed", error,
@@ -794,7 +787,7 @@ def test_without_loopscope_the_sdk_emits_its_own_chat_span(recording, global_pro
     loopscope.uninstrument()
     server.queue(Reply(text="Hello."))
     client(server).messages.create(model=MODEL, max_tokens=20, messages=HI)
-    [sdk] = spans(recording, a.OP_CHAT)
+    [sdk] = recording.spans(a.OP_CHAT)
     assert sdk.instrumentation_scope.name == "com.anthropic.sdk.python"
     assert "traceparent" in server.requests[0].headers
 
@@ -805,7 +798,7 @@ def test_one_chat_span_per_model_call_whatever_the_sdk_setting(global_provider, 
     tool_round_script(server)
     c = client(server, **sdk_options(setting, global_provider))
     tool_loop(c, mode)
-    chats = spans(instrumented, a.OP_CHAT)
+    chats = instrumented.spans(a.OP_CHAT)
     assert len(chats) == len(server.requests) == 2
     assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"loopscope"}
     turn = only_turn(instrumented)
@@ -822,7 +815,7 @@ def test_one_chat_span_per_model_call_whatever_the_sdk_setting(global_provider, 
 def test_one_chat_span_per_async_call_with_sdk_tracing_on(global_provider, instrumented, server):
     tool_round_script(server)
     asyncio.run(atool_loop(async_client(server, open_telemetry={"traces": True}), "helper"))
-    assert len(spans(instrumented, a.OP_CHAT)) == 2
+    assert len(instrumented.spans(a.OP_CHAT)) == 2
     assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"loopscope"}
 
 
@@ -909,11 +902,11 @@ def test_tool_runner_is_one_turn_without_the_sdks_spans(global_provider, instrum
         runner = client(server).beta.messages.tool_runner(model=MODEL, max_tokens=100, messages=HI, tools=[runner_weather])
         assert [m.stop_reason for m in runner] == ["tool_use", "end_turn"]
     assert {s.instrumentation_scope.name for s in instrumented.spans()} == {"loopscope", "app"}
-    [_agent] = spans(instrumented, a.OP_INVOKE_AGENT)
-    [tool] = spans(instrumented, a.OP_EXECUTE_TOOL)
+    [_agent] = instrumented.spans(a.OP_INVOKE_AGENT)
+    [tool] = instrumented.spans(a.OP_EXECUTE_TOOL)
     [lookup] = [s for s in instrumented.spans() if s.name == "weather lookup"]
     assert lookup.parent.span_id == tool.context.span_id  # what the tool does nests under its call
-    assert len(spans(instrumented, a.OP_CHAT)) == 2
+    assert len(instrumented.spans(a.OP_CHAT)) == 2
     turn = only_turn(instrumented)
     assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
     assert turn.segments == ["Let me check.", "Done."] and turn.usage["input_tokens"] == 30 and turn.usage["output_tokens"] == 8
@@ -948,9 +941,9 @@ def test_hand_written_turn_holds_the_sdk_calls(instrumented, server):
         call(c, "json", messages=_decorated_follow_up(messages, content, result), tools=[WEATHER])
     assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
     assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
-    assert len(spans(instrumented, a.OP_CHAT)) == 2 and len(spans(instrumented, a.OP_EXECUTE_TOOL)) == 1
-    assert all(s.parent.span_id == agent.context.span_id for s in spans(instrumented, a.OP_CHAT))
+    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
+    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
+    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
 
 
 def test_async_helper_never_entered_adds_no_warning_of_ours(instrumented, server):

@@ -62,19 +62,12 @@ def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = 
     )
 
 
-def spans(recording, operation: str | None = None) -> list[Any]:
-    found = list(recording.spans())
-    if operation is not None:
-        found = [s for s in found if s.attributes.get(a.OPERATION) == operation]
-    return found
-
-
 def settle(recording, chats: int, collect: bool = False) -> None:
     """Wait until ``chats`` model calls have ended, then for their rows: LiteLLM runs its success
     callbacks after it returned the response (a thread pool; its logging worker task). With
     ``collect``, collecting garbage meanwhile: a stream let go ends when LiteLLM's objects of it
     are collected, which LiteLLM's logging threads may hold a while yet."""
-    wait_for(lambda: (not collect or gc.collect() >= 0) and len(spans(recording, a.OP_CHAT)) >= chats)
+    wait_for(lambda: (not collect or gc.collect() >= 0) and len(recording.spans(a.OP_CHAT)) >= chats)
     loopscope.flush()
 
 
@@ -182,8 +175,8 @@ def test_tool_loop_becomes_one_turn(instrumented, server, mode, provider):
     settle(instrumented, 2)
     turn = assert_tool_loop(instrumented, "conv-1", provider)
     assert turn.streaming is (mode in ("stream", "astream"))
-    chats = spans(instrumented, a.OP_CHAT)
-    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
+    chats = instrumented.spans(a.OP_CHAT)
+    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
     assert len(chats) == 2 and all(c.parent.span_id == agent.context.span_id for c in chats)
     assert [c.attributes[a.PROVIDER] for c in chats] == [provider, provider]
     assert [c.attributes[a.RESPONSE_FINISH_REASONS] for c in chats] == [("tool_calls",), ("stop",)]
@@ -206,9 +199,9 @@ def test_hand_written_turn_holds_the_litellm_calls(instrumented, server, mode):
         settle(instrumented, 2)
     assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
     assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = spans(instrumented, a.OP_INVOKE_AGENT)
-    assert len(spans(instrumented, a.OP_CHAT)) == 2 and len(spans(instrumented, a.OP_EXECUTE_TOOL)) == 1
-    assert all(s.parent.span_id == agent.context.span_id for s in spans(instrumented, a.OP_CHAT))
+    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
+    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
+    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
     events = instrumented.store.get_timeline("hand")
     assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
 
@@ -229,7 +222,7 @@ def test_a_failing_call_is_an_error_of_litellms_type(instrumented, server, mode,
             asyncio.run(litellm.acompletion(messages=messages, **kw))
     assert type(caught.value).__name__ == error and type(caught.value).__module__.startswith("litellm")
     settle(instrumented, 1)
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error
     [turn] = instrumented.store.list_turns(limit=None)
     assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error)
@@ -272,7 +265,7 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
     stream.close()
     del stream, _chunk
     settle(instrumented, 1, collect=True)
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
     [turn] = instrumented.store.list_turns(limit=None)
     assert turn.loop_end_reason == LoopEndReason.CANCELLED
@@ -280,7 +273,7 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
     server.queue(Reply(text="Hello."))
     litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
     settle(instrumented, 2)
-    assert len(spans(instrumented, a.OP_CHAT)) == 2 and len(instrumented.store.list_turns(limit=None)) == 2
+    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.store.list_turns(limit=None)) == 2
 
 
 def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
@@ -294,7 +287,7 @@ def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
 
     asyncio.run(main())
     settle(instrumented, 1, collect=True)
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
     [turn] = instrumented.store.list_turns(limit=None)
     assert turn.loop_end_reason == LoopEndReason.CANCELLED
@@ -309,7 +302,7 @@ def test_a_stream_broken_midway_is_an_error(instrumented, server, mode):
         else:
             asyncio.run(acall("astream", route(server, "openai"), [{"role": "user", "content": "Count"}]))
     settle(instrumented, 1)
-    [chat] = spans(instrumented, a.OP_CHAT)
+    [chat] = instrumented.spans(a.OP_CHAT)
     # the error LiteLLM reports to its callbacks: the provider's (APIError), which the one it
     # raises to the application (MidStreamFallbackError) wraps
     assert type(caught.value).__module__.startswith("litellm")
@@ -372,7 +365,7 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     server.queue(Reply(text="Hello."))
     litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
     settle(recording, 1)
-    assert len(spans(recording, a.OP_CHAT)) == 1
+    assert len(recording.spans(a.OP_CHAT)) == 1
     loopscope.uninstrument()
     assert litellm.callbacks == [theirs]
     assert not any(ours(getattr(litellm, name)) for name in ("input_callback", "success_callback", "failure_callback",
@@ -381,7 +374,7 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
     wait_for(lambda: len(theirs.seen) == 2)  # theirs kept hearing every call
     loopscope.flush()
-    assert len(spans(recording, a.OP_CHAT)) == 1
+    assert len(recording.spans(a.OP_CHAT)) == 1
 
 
 def test_callbacks_the_application_sets_after_instrument_keep_ours(instrumented, server):
@@ -407,7 +400,7 @@ def test_a_route_through_the_wrapped_openai_sdk_is_recorded_once(instrumented, s
         run_loop("sync", kw)
     settle(instrumented, 2)
     assert [r.path for r in server.requests] == ["/openai/deployments/my-deployment/chat/completions"] * 2
-    chats = spans(instrumented, a.OP_CHAT)
+    chats = instrumented.spans(a.OP_CHAT)
     assert len(chats) == 2 and {c.attributes[a.PROVIDER] for c in chats} == {"azure"}
     _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
     assert count == 2 and len(instrumented.store.list_turns(limit=None)) == 1
@@ -428,7 +421,7 @@ def test_the_openai_sdk_called_inside_a_litellm_callback_is_a_call_of_its_own(in
     litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
     settle(instrumented, 2)
     assert asked == ["Yes."]
-    chats = spans(instrumented, a.OP_CHAT)
+    chats = instrumented.spans(a.OP_CHAT)
     assert sorted(c.attributes[a.ROUND_TEXT] for c in chats) == ["Hello.", "Yes."]
     _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
     assert count == 2
