@@ -808,18 +808,27 @@ def _on_sigterm(signum: int, frame: object) -> None:
     if _exiting:
         _term_pending = True
         return
-    closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
-    try:
-        closer.start()
-    except RuntimeError:
-        # the interpreter is ending (Python 3.12+ starts no thread then): this thread is in its
-        # exit (waiting for the application's threads, or about to run our exit hook), not
-        # inside loopscope, so the close runs here, as it would at exit, and the process dies
-        # by SIGTERM after it (returning would leave the exit waiting on, perhaps for ever)
+    closer = _start_closer()
+    if closer is None:
+        # the interpreter is ending: this thread is in its exit (waiting for the application's
+        # threads, or about to run our exit hook), not inside loopscope, so the close runs
+        # here, as it would at exit, and the process dies by SIGTERM after it (returning would
+        # leave the exit waiting on, perhaps for ever)
         _quietly(_at_exit)
     else:
         closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
     _die_by_sigterm()
+
+
+def _start_closer() -> threading.Thread | None:
+    """:func:`_at_exit` in a thread of its own, started (the SIGTERM's close, bounded by a
+    join); None where the interpreter is ending (Python 3.12+ starts no thread then)."""
+    closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
+    try:
+        closer.start()
+    except RuntimeError:
+        return None
+    return closer
 
 
 _term_claim = threading.Lock()
@@ -839,13 +848,8 @@ def _sigterm_unhandled() -> None:
     if not _term_claim.acquire(blocking=False):
         return  # the handler started meanwhile
     _term_pending = True  # an exit under way on the main thread ends by SIGTERM once it is done
-    closer = None
-    if not _exiting:
-        closer = threading.Thread(target=_quietly, args=(_at_exit,), name="loopscope-sigterm", daemon=True)
-        try:
-            closer.start()
-        except RuntimeError:  # the interpreter is ending: the main thread runs our exit hook itself
-            closer = None
+    # (where the interpreter is ending, no closer: the main thread runs our exit hook itself)
+    closer = None if _exiting else _start_closer()
     if closer is not None:
         closer.join(CLOSE_TIMEOUT + _EXIT_THREAD_GRACE)
     else:  # an exit under way (at exit, at os._exit()) ends the process within its bound, or this does

@@ -288,7 +288,7 @@ class SpanEncoder:
 
     def encode(self, spans: Sequence[Any]) -> bytes:
         """The ``ExportTraceServiceRequest`` of ``spans``, serialized."""
-        # resource group -> [its field, its schema URL, scope group -> [its field, schema URL, pieces, their bytes]]
+        # resource group -> (its field, its schema URL, scope group -> [schema URL, pieces (the scope's field first), their bytes])
         groups: dict[int, tuple[bytes, str, dict[int, list[Any]]]] = {}
         for span in spans:
             resource = span.resource
@@ -300,20 +300,20 @@ class SpanEncoder:
                 group = groups[resource_key] = (resource_bytes, resource.schema_url, {})
             scoped = group[2].get(scope_key)
             if scoped is None:
-                scoped = group[2][scope_key] = [scope_bytes, scope_schema, [scope_bytes], len(scope_bytes)]
+                scoped = group[2][scope_key] = [scope_schema, [scope_bytes], len(scope_bytes)]
             n = len(body)
             head = b"\x12" + (_ONE_BYTE[n] if n < 128 else _varint(n))
-            pieces = scoped[2]
+            pieces = scoped[1]
             pieces.append(head)
             pieces.append(body)
-            scoped[3] += len(head) + n
+            scoped[2] += len(head) + n
         # the nested messages' lengths are summed, not measured on joined copies: the bytes
         # are joined once, at the end (a batch of 2,048 spans is megabytes)
         out: list[bytes] = []
         for resource_bytes, resource_schema, scopes in groups.values():
             parts = [resource_bytes]
             size = len(resource_bytes)
-            for _scope_bytes, scope_schema, pieces, scope_size in scopes.values():
+            for scope_schema, pieces, scope_size in scopes.values():
                 if scope_schema:
                     schema = _field(b"\x1a", scope_schema.encode())
                     pieces.append(schema)
@@ -329,6 +329,7 @@ class SpanEncoder:
             out.append(b"\x0a" + _varint(size))
             out.extend(parts)
         return b"".join(out)
+
 
 def _key(key: str) -> bytes:
     return _field(b"\x0a", key.encode())

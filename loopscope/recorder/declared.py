@@ -299,10 +299,7 @@ def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> T
             record = _cached_name(tool, origin, tool)
         else:
             cacheable = False
-            for each in _expanded(tool):
-                found = declared_tool(each, origin)
-                if found is not None:
-                    records.append(found)
+            records.extend(declared_tools((tool,), origin))  # a provider's object may declare several
             continue
         if record is not None:
             records.append(record)
