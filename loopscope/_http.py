@@ -250,8 +250,9 @@ class BoundedHTTPServer(HTTPServer):
     """An HTTP server that stays available to clients with requests to make while others
     hold connections open (see the module's docstring). Serve with ``serve_forever()``,
     stop with ``shutdown()`` then ``server_close()``. ``stats`` counts the connections it
-    closed: waiting too long for a head (``timed_out``), for a newer one (``evicted``), or
-    refused at once (``refused``: every connection was busy with a request)."""
+    took (``accepted``) and those it closed: waiting too long for a head (``timed_out``), for
+    a newer one (``evicted``), or refused at once (``refused``: every connection was busy
+    with a request)."""
 
     allow_reuse_address = True
     request_queue_size = 128
@@ -271,7 +272,7 @@ class BoundedHTTPServer(HTTPServer):
         self.socket_timeout = socket_timeout
         self.max_open = max_open
         self.max_per_client = max_per_client if max_per_client is not None else max(1, max_open // 2)
-        self.stats = {"timed_out": 0, "evicted": 0, "refused": 0}
+        self.stats = {"accepted": 0, "timed_out": 0, "evicted": 0, "refused": 0}
         self._lock = threading.Lock()
         self._waiting: collections.OrderedDict[_Connection, None] = collections.OrderedDict()  # oldest first
         self._ready: collections.deque[_Connection] = collections.deque()  # heads read, waiting for a thread
@@ -343,6 +344,7 @@ class BoundedHTTPServer(HTTPServer):
             with self._lock:
                 self._open += 1
                 self._per_client[connection.client] += 1
+            self.stats["accepted"] += 1
             self._wait(connection)
             self._read_head(connection)  # a client with a request sent it with the connection: served before any eviction
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from idle_sockets import slow_clients
+from loopscope._http import BoundedHTTPServer
 from loopscope.dashboards.web.server import make_server, serve_in_thread
 from loopscope.ingest.otlp.collector import Collector
 
@@ -56,18 +57,21 @@ def test_requests_are_answered_while_slow_clients_hold_hundreds_of_connections(t
         with slow_clients(port, idle=200, trickling=200):
             assert request() == 200
             assert request() == 200
-            # the listener keeps accepting: waiting connections are closed for newer ones, or at
-            # their head's deadline when the newer ones come late (on a loaded machine a SYN past
-            # the listen queue is retried up to a minute later: waited for, up to 120 s). Either
-            # way, all but the last max_open connections are closed by the server.
-            def closed() -> int:
-                return stats["evicted"] + stats["timed_out"]
-
+            # the listener keeps accepting: waiting connections are closed for newer ones (or at
+            # their head's deadline when the newer ones come late: on a loaded machine a SYN past
+            # the listen queue is retried up to a minute later). The kernel may lose up to a listen
+            # queue's worth of them for good (a SYN cookie's ACK dropped while the queue was full:
+            # an idle client never sends again), so what is waited for is that the server took all
+            # but those, and at every moment held no more than max_open of what it took (the two
+            # requests above were closed after they were answered, uncounted).
+            lost_at_most = BoundedHTTPServer.request_queue_size
             for _ in range(1200):
-                if closed() >= 400 - BOUNDS["max_open"]:
+                if stats["accepted"] >= 400 - lost_at_most:
                     break
                 time.sleep(0.1)
-            assert closed() >= 400 - BOUNDS["max_open"], stats
+            assert stats["accepted"] >= 400 - lost_at_most, stats
+            held = stats["accepted"] - stats["evicted"] - stats["timed_out"] - 2
+            assert held <= BOUNDS["max_open"], stats
             assert stats["evicted"] > 0
         assert request() == 200
 
