@@ -56,6 +56,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
+from itertools import islice
 from operator import attrgetter
 from random import getrandbits
 from time import time_ns
@@ -157,6 +158,31 @@ def set_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
     if _FAST_SET and type(span) is _SPAN and _fast_set(span, attributes):
         return
     span.set_attributes(attributes)
+
+
+def start_attributes(span: Any, count: int, mark: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The first ``count`` attributes of a span that has not ended (those it started with:
+    keys keep their place), with ``mark`` set on it in the same step, from a thread that
+    does not own the span; None once it has ended (then nothing is set)."""
+    if _FAST_SET and type(span) is _SPAN:
+        bounded = span._attributes
+        if (type(bounded) is _BOUNDED and bounded.max_value_len is None and not bounded._immutable and _clean(mark)
+                and (bounded.maxlen is None or len(bounded._dict) + len(mark) <= bounded.maxlen)):
+            with span._lock:  # the span's end() takes it too: it cannot end halfway through
+                if span._end_time is not None:
+                    return None
+                with bounded._lock:
+                    items = bounded._dict
+                    first = dict(islice(items.items(), count))
+                    for key in mark:
+                        items.pop(key, None)  # as the SDK does: a key set again moves to the end
+                    items.update(mark)
+            return first
+    if not span.is_recording():
+        return None
+    first = dict(islice((span.attributes or {}).items(), count))
+    span.set_attributes(mark)  # (it may have ended meanwhile: the SDK then says so, and sets nothing)
+    return first
 
 
 _SPAN: type | None = None
@@ -839,5 +865,5 @@ set_fast_path(_wanted())
 __all__ = [
     "SWITCH", "SpanFields", "attach_span", "attribute_values", "attributes_dict", "attributes_view", "detach", "end_span",
     "exports_spans", "fast_path", "own_encoder", "queued_spans", "replace_span_processors", "scope_name", "set_attributes", "set_fast_path",
-    "shutdown_batch", "span_attributes", "span_fields", "span_processors", "span_record", "start_span",
+    "shutdown_batch", "span_attributes", "span_fields", "span_processors", "span_record", "start_attributes", "start_span",
 ]

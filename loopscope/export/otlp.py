@@ -12,7 +12,6 @@ import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, cast
 
 from opentelemetry.context import Context
@@ -22,7 +21,7 @@ from opentelemetry.trace import SpanContext, Status
 
 from .. import semconv as a
 from .._guard import guard, logger, warn_once
-from .._otel_sdk import attribute_values, own_encoder, queued_spans, set_attributes, shutdown_batch, span_attributes
+from .._otel_sdk import attribute_values, own_encoder, queued_spans, shutdown_batch, span_attributes, start_attributes
 from ..content.policy import ContentPolicy
 from .encoder import SpanEncoder
 from .notices import NoticeSender, NoticeSplitter, logs_endpoint, notices_wanted
@@ -129,7 +128,7 @@ class PolicyExporter(SpanExporter):
         self.failed_spans = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        filtered = [filtered_span(span, self.policy) for span in spans]
+        filtered = [filtered_span(span, self.policy) for span in starts_made(spans)]
         try:
             result = self.inner.export(filtered)
         except Exception as exc:  # an exporter that raises must not kill the batch thread
@@ -190,12 +189,13 @@ _random = random.Random()
 
 
 def pending_span(span: Span, attributes: dict[str, Any] | None = None) -> ReadableSpan:
-    """A zero-duration copy of a span that just started, queued for export at once.
+    """A zero-duration copy of a span that started and still runs, made when the batch its
+    start was queued in leaves (:class:`StartMarker`).
 
     OTLP carries spans when they end; loopscope's store writes a tool call's start row
     when the tool starts and a turn's input message when the turn starts. The copy lets
     a collector (``loopscope collect``) write those rows in the same order the
-    in-process store does: the start attributes as they are now (the content policy
+    in-process store does: the start attributes as they were (the content policy
     applies on export as to any span) and ``loopscope.pending_for`` = the real span's id
     in hex. It never leaves as a span: :class:`loopscope.export.notices.NoticeSplitter`
     takes it out of the batch and sends it as an OTLP log record (a *start notice*),
@@ -222,12 +222,47 @@ def pending_span(span: Span, attributes: dict[str, Any] | None = None) -> Readab
     )
 
 
+class StartMarker:
+    """Where a started span's start notice belongs in the export stream: queued when the
+    span starts (a reference and its count of start attributes, not a copy), and made into
+    a pending copy (:func:`pending_span`) by :func:`starts_made` when its batch leaves, if
+    the span still runs. A span that has ended by then carries its start itself (it is in
+    that batch or the next), so most short spans cost no copy and no notice: a copy made at
+    every start was a third of what the export cost an instrumented call (issue 31)."""
+
+    __slots__ = ("context", "count", "span")
+
+    def __init__(self, span: Span, count: int) -> None:
+        self.span = span
+        self.count = count
+        self.context = span.get_span_context()  # the batch processor reads it (sampled or not)
+
+
+def starts_made(spans: Sequence[ReadableSpan]) -> Sequence[ReadableSpan]:
+    """A batch with each :class:`StartMarker` made into its span's pending copy (its start
+    attributes as they were, and ``loopscope.pending_sent`` set on the span) where the span
+    still runs, or left out where it has ended."""
+    if not any(type(span) is StartMarker for span in spans):
+        return spans
+    made: list[ReadableSpan] = []
+    for span in spans:
+        if type(span) is not StartMarker:
+            made.append(span)
+            continue
+        marker = cast(StartMarker, span)
+        with guard("export pending span"):
+            attributes = start_attributes(marker.span, marker.count, {a.PENDING_SENT: True})
+            if attributes is not None:
+                made.append(pending_span(marker.span, attributes))
+    return made
+
+
 class CountingBatchProcessor(BatchSpanProcessor):
     """A batch processor that counts the spans its full queue had to drop, and queues a
-    pending copy of each ``invoke_agent`` and ``execute_tool`` span when it starts
-    (:func:`pending_span`), sent as a start notice by ``notices`` (see
-    :mod:`loopscope.export.notices`), so that the export stream carries the starts in
-    order. Without ``notices``, or once they are refused, no copies are made."""
+    :class:`StartMarker` for each ``invoke_agent`` and ``execute_tool`` span when it
+    starts: one still running when its batch leaves is sent as a start notice by
+    ``notices`` (see :mod:`loopscope.export.notices`), so that the export stream carries
+    the starts in order. Without ``notices``, or once they are refused, nothing is queued."""
 
     def __init__(
         self,
@@ -257,17 +292,13 @@ class CountingBatchProcessor(BatchSpanProcessor):
         if notices is None or not notices.enabled:
             return
         with guard("export pending span"):
-            # a live span's attributes: copy() is one dict copy, get() on them runs Python frames
-            # (the SDK's read-only view of them, typed as an optional Mapping)
-            attributes = cast("MappingProxyType[str, Any]", span.attributes).copy()
-            if attributes.get(a.OPERATION) not in _PENDING_OPS or not span.get_span_context().trace_flags.sampled:
+            attributes = span_attributes(span)  # read on the thread that owns the span, which just started it
+            if attributes is None or attributes.get(a.OPERATION) not in _PENDING_OPS or not span.get_span_context().trace_flags.sampled:
                 return
             scope = span.instrumentation_scope
             if scope is None or scope.name != _OWN_SCOPE:  # another instrumentation's (pydantic-ai's): no start rows of its own
                 return
-            pending = pending_span(span, attributes)
-            set_attributes(span, {a.PENDING_SENT: True})  # span.set_attribute, without the SDK's validation frames
-            self.on_end(pending)
+            self.on_end(StartMarker(span, len(attributes)))  # type: ignore[arg-type]  # the batch's exporter takes it out
 
     def on_end(self, span: ReadableSpan) -> None:
         queued = queued_spans(self)

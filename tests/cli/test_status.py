@@ -250,13 +250,14 @@ NOTICES = """
     import sys
     import loopscope
 
-    loopscope.configure(sys.argv[1], flush_interval=0.05)  # OTLP to OTEL_EXPORTER_OTLP_ENDPOINT
+    pipeline = loopscope.configure(sys.argv[1], flush_interval=0.05)  # OTLP to OTEL_EXPORTER_OTLP_ENDPOINT
 
     @loopscope.tool
     def add(x: int, y: int) -> int:
+        pipeline.exporter.force_flush()  # a batch leaves while the turn and the tool run: each sends its start notice
         return x + y
 
-    for i in range(2):  # each turn and each tool call sends a start notice as it starts
+    for i in range(2):
         with loopscope.turn(session_id="n", agent="calc", input=f"{i} + 1?") as t:
             t.generation("adding", tool_calls=[{"id": f"c{i}", "name": "add", "arguments": {"x": i, "y": 1}}])
             add(i, 1)
@@ -295,7 +296,7 @@ def test_start_notices_sent_or_refused_show_in_status(tmp_path, logs_status):
     out = status(db).stdout
     assert report["problems"] == [] and "nothing was dropped and no write failed" in out  # notices lose nothing
     if logs_status == 200:
-        # 2 turns and 2 tool calls: 4 notices, every one of them sent (the last ones at exit)
+        # 2 turns and 2 tool calls: 4 notices, every one of them sent
         assert len(receiver.notices) == 4
         assert (writer["notices_sent"], writer["notices_refused"], writer["notices_failed"]) == (4, 0, 0)
         assert writer["notices_off"] is None and report["notices"] == {"sent": 4, "refused": 0, "failed": 0}

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from exporting import batch_leaves
 from fakes import otlp_receiver
 from fakes.model_server import FakeModelServer, Reply, ToolCall
 from loopscope import semconv as a
@@ -152,15 +153,17 @@ def test_a_tools_description_loses_its_secret_over_otlp(tmp_path, receiver):
     @loopscope.tool
     def notify(channel: str) -> str:
         """Posts with xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy to a channel."""
+        batch_leaves()  # while it runs: its start notice carries the description too
         return "sent"
 
     with loopscope.turn(session_id="d", agent="ops", input="notify ops") as t:
         notify("ops")
         t.generation("Sent.", finish_reason="stop")
     loopscope.shutdown()
-    assert receiver.wait_for(lambda r: any(s.name == "execute_tool notify" for s in r.spans + r.notices))
-    descriptions = {s.attributes.get(a.TOOL_DESCRIPTION) for s in receiver.spans + receiver.notices if s.name == "execute_tool notify"}
-    assert descriptions - {None} == {"Posts with [REDACTED] to a channel."}
+    assert receiver.wait_for(lambda r: any(s.name == "execute_tool notify" for s in r.spans)
+                             and any(s.name == "execute_tool notify" for s in r.notices))
+    descriptions = [s.attributes.get(a.TOOL_DESCRIPTION) for s in receiver.spans + receiver.notices if s.name == "execute_tool notify"]
+    assert descriptions == ["Posts with [REDACTED] to a channel."] * 2  # the span and its start notice
 
 
 def test_a_foreign_spans_tool_definitions_lose_their_secrets_in_a_collector(tmp_path):

@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope import pipeline
+from exporting import batch_leaves
 
 
 class KeepAliveReceiver:
@@ -70,13 +70,12 @@ def receiver() -> Iterator[KeepAliveReceiver]:
 
 def _turn(name: str) -> None:
     with loopscope.turn(session_id="keep", agent=name, input="hi", model="m", provider="openai") as t:
+        batch_leaves()  # while the turn runs: it sends its start notice
         t.generation("Done.", finish_reason="stop", usage={"input_tokens": 3, "output_tokens": 1})
 
 
 def _flush() -> None:
-    active = pipeline.active()
-    assert active is not None and active.exporter is not None
-    active.exporter.force_flush()
+    batch_leaves()
 
 
 def test_notices_reuse_one_connection(tmp_path: Path, receiver: KeepAliveReceiver) -> None:

@@ -150,6 +150,8 @@ def test_phoenix_counts_one_span_per_call_tool_and_turn_and_shows_their_content(
 
         with loopscope.turn(session_id="hand", agent="calculator", input="What is 1 + 2?") as t:  # the hand API
             t.generation("", tool_calls=[{"id": "add-1", "name": "add", "arguments": {"x": 1, "y": 2}}])
+            assert pipeline.exporter is not None
+            pipeline.exporter.force_flush()  # a batch leaves while the turn runs: its start notice is sent (and refused)
             add(1, 2)
             t.generation("3")  # no finish reason given
         assert pipeline.exporter is not None

@@ -13,6 +13,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from children import collect_child
+from exporting import batch_leaves
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.connection import open_store
@@ -67,16 +69,18 @@ def post(url: str, body: bytes, content_type: str = "application/x-protobuf", **
 # -- the invariant ----------------------------------------------------------------------------------
 
 
-def run_scenario(server: Any) -> None:
+def run_scenario(server: Any, in_tools: Callable[[], None] = lambda: None) -> None:
     """Hand API turns with tools (one fails), a nested turn, and an SDK tool loop through the
-    openai adapter against the fake model server."""
+    openai adapter against the fake model server; ``in_tools`` runs inside each tool."""
 
     @loopscope.tool
     def weather(city: str) -> dict:
+        in_tools()
         return {"city": city, "temp_c": 21}
 
     @loopscope.tool
     def book(room: str) -> str:
+        in_tools()
         raise RuntimeError(f"room {room} is taken")
 
     for i in range(3):
@@ -109,15 +113,20 @@ def run_scenario(server: Any) -> None:
         client.chat.completions.create(model="gpt-test", messages=history, tools=tools)
 
 
+@pytest.mark.parametrize("notices", ["none", "mid-tool"])
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, collector, model_server, protocol):
+def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, collector, model_server, protocol, notices, monkeypatch):
+    """The same rows, in the same order, whether the runs' starts came as start notices (a
+    batch left while each tool ran: its turn and itself were running) or only with their
+    ended spans (every span ended before its batch left; nested turns included)."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # batches leave when the test says, and at the end
     local = tmp_path / "local.duckdb"
     endpoint = collector.http_endpoint if protocol == "http/protobuf" else collector.grpc_endpoint
     pipeline = loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=endpoint, otlp_protocol=protocol,
                                    capture_content=True, flush_interval=0.05)
     loopscope.instrument(anthropic=False)
     try:
-        run_scenario(model_server)
+        run_scenario(model_server, batch_leaves if notices == "mid-tool" else lambda: None)
     finally:
         loopscope.uninstrument()
         loopscope.shutdown()
@@ -139,7 +148,9 @@ def test_local_store_and_collector_hold_the_same_events_and_turns(tmp_path, coll
     # every span is also kept raw, pending copies are not
     raw = rows(collector.db, "SELECT role, count(*) FROM spans GROUP BY role ORDER BY role")
     assert dict(raw) == {"agent": 7, "chat": 11, "tool": 7}
-    assert collector.ingest.stats.pending == 14  # 7 agent runs + 7 tool calls
+    # mid-tool: the 3 outer turns, the SDK loop's turn and the 7 tool calls were running (the
+    # nested turns were not); none: every span had ended
+    assert collector.ingest.stats.pending == (11 if notices == "mid-tool" else 0)
 
 
 def test_without_content_the_collector_keeps_every_row_without_its_text(tmp_path, collector, model_server):
@@ -451,7 +462,7 @@ def test_starts_leave_as_log_record_notices_never_as_spans(tmp_path, monkeypatch
 
         @loopscope.tool
         def noop() -> None:
-            return None
+            batch_leaves()  # while the turn and the tool run
 
         with loopscope.turn(session_id="p", agent="pa") as t:
             t.generation("", tool_calls=[{"id": "n1", "name": "noop", "arguments": {}}])
@@ -470,6 +481,18 @@ def test_starts_leave_as_log_record_notices_never_as_spans(tmp_path, monkeypatch
             assert notice.attributes["gen_ai.operation.name"] == target.attributes["gen_ai.operation.name"]
             assert target.attributes["loopscope.pending_sent"] is True
         assert receiver.paths.index("/v1/logs") < receiver.paths.index("/v1/traces")  # notices first
+
+        # a turn that ended before its batch left: its span carries its start, no notice is made
+        receiver.spans.clear()
+        receiver.notices.clear()
+        loopscope.configure(tmp_path / "p.duckdb", tracer_provider=TracerProvider(), otlp_endpoint=receiver.endpoint, flush_interval=0.05)
+        with loopscope.turn(session_id="p1", agent="pq") as t:
+            t.generation("ok", finish_reason="stop")
+        batch_leaves()
+        loopscope.shutdown()
+        assert receiver.wait_for(lambda r: len(r.spans) >= 2)
+        assert receiver.notices == [] and receiver.pending == []
+        assert [s.attributes.get("loopscope.pending_sent") for s in receiver.spans] == [None, None]
 
         monkeypatch.setenv("LOOPSCOPE_OTLP_PENDING", "0")
         receiver.spans.clear()
@@ -496,8 +519,8 @@ def test_an_endpoint_without_logs_is_asked_once_and_the_spans_still_go(tmp_path,
         assert pipeline.exporter is not None and pipeline.exporter.notices is not None
         for n in range(3):
             with loopscope.turn(session_id="r", agent="ra") as t:
+                pipeline.exporter.force_flush()  # while the turn runs: its start notice is due
                 t.generation(f"ok {n}", finish_reason="stop")
-            pipeline.exporter.force_flush()
         notices = pipeline.exporter.notices
         loopscope.shutdown()
         assert receiver.wait_for(lambda r: len(r.spans) >= 6)

@@ -19,6 +19,7 @@ from test_collector import events, rows, turns
 
 import loopscope
 from children import collect_child
+from exporting import batch_leaves
 from loopscope.ingest.otlp import routing
 from loopscope.ingest.otlp.collector import Collector
 
@@ -155,6 +156,7 @@ def test_a_request_resent_without_its_start_notices_opens_the_store_once(tmp_pat
 
         @loopscope.tool
         def step(n: int) -> int:
+            batch_leaves()  # while the turn and the tool run: both send their start notice
             return n
 
         for i in range(24):  # 24 turns of 5 spans: 120 spans, 72 of them (agent runs, tool calls) with a start notice

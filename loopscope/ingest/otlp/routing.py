@@ -408,17 +408,20 @@ class Ingest:
             if pending_for is not None:
                 self._pending_start(span, pending_for)
                 return "pending", "loopscope"
+            parent = span.parent
             if a.STATE_KIND in attrs and a.OPERATION not in attrs:  # a state snapshot or delta
-                writer.submit_end(span)
+                if parent is not None and self._not_started(tid, parent.span_id):
+                    self._hold_unstarted((tid, parent.span_id), span)  # after its turn's input, as in-process
+                else:
+                    writer.submit_end(span)
                 return "state", "loopscope"
             if a.TOOL_CORRECTION in attrs and a.OPERATION not in attrs:  # a served tool call found failed
                 writer.submit_end(span)
                 return "correction", "loopscope"
             op = attrs.get(a.OPERATION)
             role = _OWN_ROLES.get(op) if isinstance(op, str) else None
-            parent = span.parent
-            if ((op == a.OP_CHAT or op == a.OP_EXECUTE_TOOL) and parent is not None and (tid, parent.span_id) not in self._noticed
-                    and _seen_key(Ctx(tid, parent.span_id)) not in self._seen):  # (its parent not come and gone)
+            if ((op == a.OP_CHAT or op == a.OP_EXECUTE_TOOL or (op == a.OP_INVOKE_AGENT and a.PARENT_TURN_ID in attrs))
+                    and parent is not None and self._not_started(tid, parent.span_id)):
                 self._hold_unstarted((tid, parent.span_id), span)
                 return role, "loopscope"
             self._start_own(span)
@@ -432,6 +435,10 @@ class Ingest:
         for kind, row in self.assembler.add(span):
             writer.submit(kind, row)
         return role, framework
+
+    def _not_started(self, trace_id: int, parent_id: int) -> bool:
+        """Whether the run ``parent_id`` neither sent its start notice here nor came and went."""
+        return (trace_id, parent_id) not in self._noticed and _seen_key(Ctx(trace_id, parent_id)) not in self._seen
 
     def _start_own(self, span: SpanRecord) -> None:
         """The start rows of one of loopscope's own agent runs or tool calls, from its ended
@@ -454,6 +461,9 @@ class Ingest:
     def _end_own(self, span: SpanRecord) -> None:
         """The end rows of one of loopscope's own spans (and its place in a foreign run above it)."""
         op = span.attributes.get(a.OPERATION)
+        if op is None and a.STATE_KIND in span.attributes:  # a state snapshot or delta, held for its turn's start
+            self.writer.submit_end(span)
+            return
         if op in _STARTS or op == a.OP_CHAT:
             self.writer.submit_end(span)
         if self.assembler.tracks(span.context.trace_id):
@@ -461,11 +471,12 @@ class Ingest:
                 self.writer.submit(kind, row)
 
     def _hold_unstarted(self, run: tuple[int, int], span: SpanRecord) -> None:
-        """Hold one of loopscope's own model or tool calls whose parent (its agent run) has not
-        started here: without its start notice the run's span comes after its calls (children
-        end first), and the turn's input message, written at the run's start rows, would
-        follow them. Released when the run's start rows are queued (its notice or its span),
-        after ``notice_wait`` seconds, past ``max_held_notices``, or at close."""
+        """Hold one of loopscope's own model or tool calls, or a turn nested in another,
+        whose parent (its agent run, a tool call) has not started here: without its start
+        notice the run's span comes after its calls (children end first), and the turn's
+        input message, written at the run's start rows, would follow them. Released when the
+        run's start rows are queued (its notice or its span), after ``notice_wait`` seconds,
+        past ``max_held_notices``, or at close."""
         waiting = self._unstarted.get(run)
         if waiting is None:
             self._unstarted[run] = waiting = []
@@ -477,16 +488,26 @@ class Ingest:
     def _release_unstarted(self, run: tuple[int, int]) -> None:
         """Queue the calls held for the agent run ``run``, whose start rows are queued: the
         start rows of each (a tool call's) at its start, the end rows at its end, in time
-        order as in-process (a tool call that ran beside another starts before that ends)."""
+        order as in-process (a tool call that ran beside another starts before that ends).
+        What was held for those calls in turn (a nested turn's calls, a tool call's turn) goes
+        with them, in the same order."""
         waiting = self._unstarted.pop(run, None)
         if waiting is None:
             return
-        self._unstarted_count -= len(waiting)
         steps: list[tuple[int, int, int, SpanRecord]] = []
-        for order, (span, start_due, _) in enumerate(waiting):
-            if start_due:
-                steps.append((span.start_time, 0, order, span))
-            steps.append((span.end_time, 1, order, span))
+        runs = [waiting]
+        order = 0
+        while runs:
+            held = runs.pop()
+            self._unstarted_count -= len(held)
+            for span, start_due, _ in held:
+                if start_due:
+                    steps.append((span.start_time, 0, order, span))
+                steps.append((span.end_time, 1, order, span))
+                order += 1
+                inner = self._unstarted.pop((span.context.trace_id, span.context.span_id), None)
+                if inner is not None:
+                    runs.append(inner)
         steps.sort(key=lambda step: step[:3])
         for _, end, _, span in steps:
             if end:
