@@ -91,7 +91,7 @@ def _part(block: dict[str, Any]) -> Any:
     reasoning = block.get("reasoningContent")
     if reasoning is not None:
         return Reasoning(_reasoning_text(reasoning))
-    return Part(next(iter(block), "unknown"))  # image, document, video, cachePoint, guardContent...
+    return Part(next(iter(block), "unknown"))  # image, document, video, guardContent...
 
 
 def _reasoning_text(reasoning: Any) -> str:
@@ -138,7 +138,8 @@ def _converse_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, An
         role, blocks = message.get("role"), message.get("content") or ()
         if role == "assistant":
             results.model_spoke()
-        messages.append(InputMessage(role, [_part(block) for block in blocks]))
+        # a cachePoint marks where the prompt cache ends: no content of the message
+        messages.append(InputMessage(role, [_part(block) for block in blocks if "cachePoint" not in block]))
         if role != "user":
             continue
         for block in blocks:
@@ -219,6 +220,8 @@ def _finish_converse(response: Any, call: ModelCall) -> Any:
 class ConverseEvents:
     """Accumulates a ConverseStream's events (``{"contentBlockDelta": {...}}``...) into one answer."""
 
+    final_events = frozenset({"metadata"})  # the stream's last event: the call ends as the user reads it
+
     def __init__(self, response_id: str | None) -> None:
         self.response_id = response_id
         self.uses: dict[Any, dict[str, Any]] = {}  # tool uses by content block index
@@ -251,6 +254,7 @@ class ConverseEvents:
             self.stop = event["messageStop"].get("stopReason")
         elif "metadata" in event:
             self.usage = event["metadata"].get("usage")
+            self.finish(call)  # complete now, even if the reader stops before the stream's end
 
     def finish(self, call: ModelCall, /) -> None:
         response = self.partial()
@@ -272,18 +276,32 @@ def _stream_converse(response: Any, call: ModelCall) -> Any:
 
 
 def _finish_invoke(response: Any, call: ModelCall) -> Any:
+    import io
+
     from botocore.response import StreamingBody
 
-    data = response["body"].read()
-    response["body"] = StreamingBody(_bytes_io(data), len(data))  # the user reads the same bytes
+    try:
+        data = response["body"].read()
+    except Exception as exc:  # the connection broke: the user's read raises what ours did
+        response["body"] = StreamingBody(_Broken(exc), None)
+        call.fail(exc)
+        return response
+    response["body"] = StreamingBody(io.BytesIO(data), len(data))  # the user reads the same bytes
     finish_invoke(data, request_id(response), call)
     return response
 
 
-def _bytes_io(data: bytes) -> Any:
-    import io
+class _Broken:
+    """A raw stream whose read raises what reading the answer's body raised."""
 
-    return io.BytesIO(data)
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def read(self, *_: Any) -> bytes:
+        raise self.exc
+
+    def close(self) -> None:
+        pass
 
 
 def _stream_invoke(response: Any, call: ModelCall) -> Any:

@@ -8,6 +8,7 @@ import gc
 import json
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +34,8 @@ TOOLS = {"tools": [{"toolSpec": {"name": "get_weather", "description": "Current 
                                  "inputSchema": {"json": SCHEMA}}}]}
 CLAUDE_TOOLS = [{"name": "get_weather", "description": "Current weather for a city", "input_schema": SCHEMA}]
 MODES = ["converse", "converse_stream", "invoke", "invoke_stream"]
+
+pytestmark = pytest.mark.stack("bedrock")  # one test runs in the litellm stack (at the end)
 
 
 @pytest.fixture(autouse=True)
@@ -245,7 +248,7 @@ def test_request_parameters_system_and_the_last_user_text(instrumented, server):
     messages = [
         {"role": "user", "content": [{"text": "An old question"}]},
         {"role": "assistant", "content": [{"text": "An old answer"}]},
-        {"role": "user", "content": [{"text": "The new "}, {"text": "question"}]},
+        {"role": "user", "content": [{"text": "The new "}, {"text": "question"}, {"cachePoint": {"type": "default"}}]},
     ]
     client(server).converse(
         modelId=MODEL, messages=messages, system=[{"text": "You are terse."}],
@@ -268,6 +271,7 @@ def test_request_parameters_system_and_the_last_user_text(instrumented, server):
     assert stored["other"] == {"performance_latency": "optimized"}
     messages_json = json.loads(attrs["gen_ai.input.messages"])
     assert [m["role"] for m in messages_json] == ["user", "assistant", "user"]
+    assert messages_json[-1]["parts"] == [{"type": "text", "content": "The new "}, {"type": "text", "content": "question"}]
 
 
 def test_meta_llama_bodies(instrumented, server):
@@ -366,6 +370,22 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server, mode):
     assert instrumented.spans(a.OP_CHAT)[0].attributes[a.ROUND_TEXT].startswith("one")
 
 
+def test_a_converse_stream_read_up_to_its_metadata_is_complete(instrumented, server):
+    """The metadata event is the stream's last: a reader that stops there (and lets the stream go)
+    has the whole answer; the call ends completed, with its usage, not cancelled."""
+    server.queue(Reply(text="Hello there.", usage=Usage(10, 4)))
+    stream = client(server).converse_stream(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])["stream"]
+    for event in stream:
+        if "metadata" in event:
+            break
+    stream.close()
+    turn = only_turn(instrumented)
+    assert (turn.loop_end_reason, turn.segments, turn.usage) == (
+        LoopEndReason.COMPLETED, ["Hello there."], {"input_tokens": 10, "output_tokens": 4})
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert chat.status.status_code is not StatusCode.ERROR
+
+
 def test_a_stream_dropped_unread_is_collected(instrumented, server):
     long_reply(server)
     response = client(server).converse_stream(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Count"}]}])
@@ -459,3 +479,30 @@ def test_credentials_and_signatures_are_never_recorded(instrumented, server):
     for secret in (KEY_ID, SECRET, TOKEN, signature, "AWS4-HMAC-SHA256", "authorization", "Authorization",
                    "x-amz-", "X-Amz-"):
         assert secret not in everything
+
+
+# -- one call, one record ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.stack("litellm")
+@pytest.mark.parametrize("stream", [False, True])
+def test_litellm_over_bedrock_is_one_call(instrumented, server, stream):
+    """LiteLLM's Bedrock route signs with botocore but sends with its own HTTP client: the LiteLLM
+    adapter records the call, the bedrock adapter (on too) adds none."""
+    import litellm
+
+    server.queue(Reply(text="Hello from Bedrock.", usage=Usage(10, 4)))
+    answer = litellm.completion(model=f"bedrock/converse/{MODEL}", messages=[{"role": "user", "content": "Hi"}],
+                                aws_bedrock_runtime_endpoint=server.url, aws_region_name="us-east-1", num_retries=0,
+                                stream=stream)
+    text = "".join(c.choices[0].delta.content or "" for c in answer) if stream else answer.choices[0].message.content
+    assert text == "Hello from Bedrock."
+    assert [r.api for r in server.requests] == ["converse_stream" if stream else "converse"]
+    deadline = time.monotonic() + 30  # LiteLLM records after it returned (its callbacks' thread)
+    while not instrumented.spans(a.OP_CHAT) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loopscope.flush()
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert chat.attributes[a.PROVIDER] == "bedrock"  # as LiteLLM names it
+    _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
+    assert count == 1
