@@ -337,6 +337,20 @@ def test_an_exception_event_mid_stream_fails_the_call(instrumented, server, mode
     assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
 
 
+def test_an_invoke_model_body_cut_short_fails_the_call_and_the_users_read(instrumented, server):
+    """The answer's body is read to be recorded: a connection that breaks while it is read fails the
+    call, and the user's own read raises what the read raised (as it would have without loopscope)."""
+    server.queue(Reply(text="Hello there, this answer never arrives whole.", cut_body=20))
+    body = json.dumps({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 50, "messages": [{"role": "user", "content": "Hi"}]})
+    response = client(server).invoke_model(modelId=MODEL, body=body)
+    with pytest.raises(Exception) as caught:
+        response["body"].read()
+    assert type(caught.value).__module__.startswith("botocore")
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == type(caught.value).__name__
+    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
+
+
 # -- streams let go early -------------------------------------------------------------------------------------------
 
 
