@@ -274,6 +274,19 @@ def test_request_parameters_system_and_the_last_user_text(instrumented, server):
     assert messages_json[-1]["parts"] == [{"type": "text", "content": "The new "}, {"type": "text", "content": "question"}]
 
 
+@pytest.mark.parametrize("mode", ["converse", "invoke_stream"])
+def test_a_chat_continued_is_one_session(instrumented, server, mode):
+    """A second request that sends the first one's history and answer continues its conversation."""
+    server.queue(Reply(text="Hello!"), Reply(text="Sunny."))
+    c = client(server)
+    first = [{"role": "user", "content": [{"text": "Hi"}]}]
+    content, _ = call(c, mode, first)
+    call(c, mode, [*first, {"role": "assistant", "content": content}, {"role": "user", "content": [{"text": "Weather?"}]}])
+    loopscope.flush()
+    turns = instrumented.store.list_turns(limit=None)
+    assert len(turns) == 2 and len({t.session_id for t in turns}) == 1
+
+
 def test_meta_llama_bodies(instrumented, server):
     server.queue(Reply(text="Paris is sunny today.", usage=Usage(12, 5)),
                  Reply(text="Paris is sunny and warm, with a light breeze from", usage=Usage(12, 9), stop="length"))
