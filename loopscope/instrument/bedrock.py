@@ -66,7 +66,7 @@ def _call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str,
     return operation, params if isinstance(params, dict) else {}
 
 
-def result_content(content: Any) -> Any:
+def _result_content(content: Any) -> Any:
     """A ``toolResult``'s content: its one JSON value, its text, or each block's JSON, text or kind."""
     if not isinstance(content, list):
         return content
@@ -87,7 +87,7 @@ def _part(block: dict[str, Any]) -> Any:
         return ToolCallRequest(use.get("name"), use.get("input"), id=use.get("toolUseId"))
     result = block.get("toolResult")
     if result is not None:
-        return ToolCallResponse(result_content(result.get("content")), id=result.get("toolUseId"))
+        return ToolCallResponse(_result_content(result.get("content")), id=result.get("toolUseId"))
     reasoning = block.get("reasoningContent")
     if reasoning is not None:
         return Reasoning(_reasoning_text(reasoning))
@@ -145,7 +145,7 @@ def _converse_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, An
         for block in blocks:
             result = block.get("toolResult")
             if result is not None and results.wanted(result.get("toolUseId")):
-                results.add(result.get("toolUseId"), result_content(result.get("content")), result.get("status") == "error")
+                results.add(result.get("toolUseId"), _result_content(result.get("content")), result.get("status") == "error")
         text = "".join(block["text"] for block in blocks if isinstance(block.get("text"), str))
         if text:  # a message of tool results alone is not the user speaking
             input_text = text
@@ -188,7 +188,7 @@ def _invoke_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 # -- the answer -----------------------------------------------------------------------------
 
 
-def request_id(response: Any) -> str | None:
+def _request_id(response: Any) -> str | None:
     """The answer's ``x-amzn-RequestId``, as botocore parsed it (``ResponseMetadata.RequestId``)."""
     return r.get(r.get(response, "ResponseMetadata"), "RequestId")
 
@@ -210,7 +210,7 @@ def _finish_converse(response: Any, call: ModelCall) -> Any:
         usage=bedrock_usage(reported),
         finish_reason=stop,
         finish=FINISH(stop),
-        response_id=request_id(response),
+        response_id=_request_id(response),
         thinking="".join(thinking) or None,
         provider_usage=reported,
     ))
@@ -271,7 +271,7 @@ class ConverseEvents:
 
 
 def _stream_converse(response: Any, call: ModelCall) -> Any:
-    response["stream"] = proxy_stream(response["stream"], call, ConverseEvents(request_id(response)))
+    response["stream"] = proxy_stream(response["stream"], call, ConverseEvents(_request_id(response)))
     return response
 
 
@@ -287,7 +287,7 @@ def _finish_invoke(response: Any, call: ModelCall) -> Any:
         call.fail(exc)
         return response
     response["body"] = StreamingBody(io.BytesIO(data), len(data))  # the user reads the same bytes
-    finish_invoke(data, request_id(response), call)
+    finish_invoke(data, _request_id(response), call)
     return response
 
 
@@ -305,7 +305,7 @@ class _Broken:
 
 
 def _stream_invoke(response: Any, call: ModelCall) -> Any:
-    response["body"] = proxy_stream(response["body"], call, InvokeEvents(request_id(response)))
+    response["body"] = proxy_stream(response["body"], call, InvokeEvents(_request_id(response)))
     return response
 
 
