@@ -107,6 +107,11 @@ SERVER_PROVIDERS = {
 equal to it or ending in ``.entry`` (``myres.openai.azure.com``) or ``-entry``
 (``us-east5-aiplatform.googleapis.com``). Kept in docs/model-calls.md."""
 
+REGIONAL_HOSTS = (("bedrock-runtime", ".amazonaws.com", "aws.bedrock"), ("bedrock-runtime", ".amazonaws.com.cn", "aws.bedrock"))
+"""Providers whose API host names a region between a service and a domain the provider
+shares with its other services (``bedrock-runtime.us-east-1.amazonaws.com``, its FIPS twin
+``bedrock-runtime-fips.us-east-1.amazonaws.com``): (service, domain, provider). Kept in docs/model-calls.md."""
+
 SAME_AS_SDK = "sdk"
 """A ``providers`` value: the server stands for the provider of the SDK that calls it (a
 gateway that forwards OpenAI calls to OpenAI and Anthropic calls to Anthropic)."""
@@ -273,6 +278,9 @@ def _server_provider(host: str, port: Any) -> str | None:
             if name == entry or (name.endswith(entry) and name[-len(entry) - 1] in ".-"):
                 found = provider
                 break
+    if found is None:
+        service = name.split(".", 1)[0].removesuffix("-fips")
+        found = next((p for prefix, domain, p in REGIONAL_HOSTS if service == prefix and name.endswith(domain)), None)
     if len(_server_cache) >= 256:
         _server_cache.clear()
     _server_cache[key] = found

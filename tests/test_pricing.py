@@ -172,9 +172,11 @@ def test_a_bad_providers_table_is_refused_where_it_is_given():
     ("generativelanguage.googleapis.com", "gcp.gemini"), ("us-east5-aiplatform.googleapis.com", "gcp.vertex_ai"),
     ("api.mistral.ai", "mistral_ai"), ("openrouter.ai", "openrouter"), ("api.deepseek.com", "deepseek"),
     ("api.together.xyz", "together"), ("api.fireworks.ai", "fireworks"), ("api.x.ai", "x_ai"),
-    ("api.anthropic.com", "anthropic"),
+    ("api.anthropic.com", "anthropic"), ("bedrock-runtime.us-east-1.amazonaws.com", "aws.bedrock"),
+    ("bedrock-runtime-fips.us-west-2.amazonaws.com", "aws.bedrock"), ("bedrock-runtime.cn-north-1.amazonaws.com.cn", "aws.bedrock"),
     # unknown: the SDK's own name
     ("127.0.0.1", "openai"), ("localhost", "openai"), ("llm.internal.example", "openai"), ("notapi.openai.com", "openai"),
+    ("s3.us-east-1.amazonaws.com", "openai"), ("bedrock-runtime.example.com", "openai"),
 ])
 def test_the_provider_of_a_server_follows_its_host(host, provider):
     assert pricing.provider_of("openai", host, 443) == provider
@@ -190,6 +192,9 @@ def test_spans_from_elsewhere_are_priced_by_their_server():
     # an OpenAI SDK span to Groq's endpoint: Groq's prices
     assert cost("openai", "llama-3.3-70b-versatile", "api.groq.com") == pytest.approx(
         _price("llama-3.3-70b-versatile", "groq", usage))
+    # a Bedrock model id at Bedrock's regional endpoint: AWS's prices
+    assert cost("aws.bedrock", "anthropic.claude-3-5-sonnet-20240620-v1:0", "bedrock-runtime.us-east-1.amazonaws.com") == pytest.approx(
+        _price("anthropic.claude-3-5-sonnet-20240620-v1:0", "aws", usage))
     assert cost("openai", "gpt-4o", "localhost") is None
     assert cost("openai", "gpt-4o", "10.0.0.7") is None
 

@@ -60,8 +60,11 @@ def _final_events(accumulator: Accumulator) -> frozenset[str]:
 
 
 def _is_final(item: Any, finals: frozenset[str]) -> bool:
-    kind = item.get("type") if type(item) is dict else getattr(item, "type", None)
-    return kind in finals
+    """Whether ``item`` is an event of ``finals``: by its ``type``, or a dict's one key (botocore's
+    event streams name each event so: ``{"metadata": {...}}``)."""
+    if type(item) is dict:
+        return item.get("type") in finals or (len(item) == 1 and next(iter(item)) in finals)
+    return getattr(item, "type", None) in finals
 
 
 BATCH = 32

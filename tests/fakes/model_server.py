@@ -250,6 +250,16 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Abort
                 req.status = 500
                 self._send_json(500, r.error_body(500), {**r.error_headers(500), **headers})
+            elif reply.cut_body is not None:  # the headers and the first bytes of the body, then a dropped connection
+                req.status = 200
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                for k, v in {"content-type": "application/json", "content-length": str(len(data)), **headers}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data[:reply.cut_body])
+                self.wfile.flush()
+                raise _Abort
             else:
                 req.status = 200
                 self._send_json(200, payload, headers)

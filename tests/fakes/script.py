@@ -153,6 +153,7 @@ class Reply:
     - ``fail_after=N``: a stream stops after N SSE frames, with the provider's in-stream error event
       (``fail_mode="error"``) or by dropping the connection mid-body (``fail_mode="abort"``). For a non-streaming
       request, ``"error"`` becomes an HTTP 500 and ``"abort"`` closes the connection without a response.
+    - ``cut_body=N``: a JSON answer's connection drops after N bytes of its body (the headers promised it whole).
     - ``delay``: seconds before the response starts (``hold``: until an event is set); ``chunk_delay``: seconds before each SSE frame;
       ``pauses``: further seconds before given frames (``{3: 0.4}``: frame 3, the first being 0), for uneven pacing.
     """
@@ -175,6 +176,8 @@ class Reply:
 
     fail_after: int | None = None
     fail_mode: FailMode = "error"
+    # a JSON answer whose connection drops after this many bytes of its body (its Content-Length says the whole)
+    cut_body: int | None = None
 
     delay: float = 0.0
     # the response waits for this event (set by the test: e.g. once N requests have arrived, which proves they are

@@ -178,3 +178,54 @@ def test_mid_stream_error(model_server: FakeModelServer) -> None:
     assert got == [["messageStart"], ["contentBlockDelta"]]
     assert isinstance(caught.value, ClientError)
     assert caught.value.response["Error"] == {"Code": "modelStreamErrorException", "Message": "model fell over"}
+
+
+# -- InvokeModel: the model's own body -----------------------------------------------------------------------------
+
+CLAUDE = {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 256,
+          "tools": [{"name": "get_weather", "description": "The weather in a city.",
+                     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+          "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+LLAMA = "meta.llama3-1-70b-instruct-v1:0"
+
+
+def invoke_events(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's events of an invoke_model_with_response_stream: each chunk's bytes, as JSON."""
+    return [json.loads(ev["chunk"]["bytes"]) for ev in response["body"]]
+
+
+def test_invoke_model_with_anthropics_body(model_server: FakeModelServer) -> None:
+    script(model_server)
+    client = model_server.bedrock_client()
+    first = json.loads(client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE))["body"].read())
+    assert (first["type"], first["stop_reason"], first["model"]) == ("message", "tool_use", MODEL)
+    [use] = [b for b in first["content"] if b["type"] == "tool_use"]
+    assert (use["name"], use["input"]) == ("get_weather", {"city": "Paris"})
+    assert first["usage"]["cache_read_input_tokens"] == 30
+    follow = {**CLAUDE, "messages": [*CLAUDE["messages"], {"role": "assistant", "content": first["content"]},
+                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
+                                                                   "content": "21 C"}]}]}
+    events = invoke_events(client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(follow)))
+    assert [e["type"] for e in events][:2] == ["message_start", "content_block_start"]
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == "21 °C and dry in Paris."
+    assert events[-1]["type"] == "message_stop"
+    assert events[-1]["amazon-bedrock-invocationMetrics"]["outputTokenCount"] == 9
+    one, two = model_server.requests
+    assert (one.api, two.api, one.stream, two.stream) == ("invoke_model", "invoke_model_stream", False, True)
+    assert one.first_user_text == "Weather in Paris?" and one.model == MODEL
+    assert two.tool_results == [{"id": use["id"], "content": "21 C", "is_error": False}]
+
+
+def test_invoke_model_with_metas_body(model_server: FakeModelServer) -> None:
+    model_server.queue(Reply(text="Paris is sunny today.", usage=Usage(12, 5)),
+                       Reply(text="Paris is sunny today.", usage=Usage(12, 5), stop="length"))
+    client = model_server.bedrock_client()
+    body = json.dumps({"prompt": "Weather in Paris?", "max_gen_len": 64, "temperature": 0.2})
+    answer = json.loads(client.invoke_model(modelId=LLAMA, body=body)["body"].read())
+    assert answer == {"generation": "Paris is sunny today.", "prompt_token_count": 12, "generation_token_count": 5,
+                      "stop_reason": "stop"}
+    events = invoke_events(client.invoke_model_with_response_stream(modelId=LLAMA, body=body))
+    assert "".join(e["generation"] for e in events) == "Paris is sunny today."
+    assert events[0]["prompt_token_count"] == 12 and events[-1]["stop_reason"] == "length"
+    assert events[-1]["amazon-bedrock-invocationMetrics"]["inputTokenCount"] == 12
+    assert model_server.requests[0].first_user_text == "Weather in Paris?"
