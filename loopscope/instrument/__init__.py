@@ -33,6 +33,8 @@ ADAPTERS: dict[str, Adapter] = {
     "langchain": Adapter("langchain_core", "loopscope.instrument.langchain"),
     "mcp": Adapter("mcp", "loopscope.instrument.mcp"),
     "litellm": Adapter("litellm", "loopscope.instrument.litellm"),
+    "groq": Adapter("groq", "loopscope.instrument.groq"),
+    "mistral": Adapter("mistralai", "loopscope.instrument.mistral"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 
