@@ -21,6 +21,7 @@ from ..recorder.adapter import ModelCall, ModelRequest, ModelResponse, server_of
 from ._calls import async_call, sync_call
 from ._openai_compat import ChatChunks, chat_request, chat_usage, finish_completion
 from ._patch import Patch, Registration, when_imported, wrap
+from ._raw import RawResponse
 from ._streams import proxy_stream
 
 PROVIDER = "groq"
@@ -100,6 +101,8 @@ def _deliver(result: Any, model_call: ModelCall) -> Any:
 
     if isinstance(result, (groq.Stream, groq.AsyncStream)):
         return proxy_stream(result, model_call, _GroqChunks())
+    if hasattr(result, "http_response") and hasattr(result, "parse"):  # with_raw_response: read when parsed
+        return RawResponse(result, model_call, lambda parsed: _deliver(parsed, model_call))
     finish_completion(
         result, model_call, provider_usage=_provider_usage(getattr(result, "usage", None), getattr(result, "x_groq", None))
     )

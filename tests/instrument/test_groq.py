@@ -155,6 +155,20 @@ def test_hand_written_turn_holds_the_groq_calls(instrumented, server, mode):
     assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
 
 
+def test_raw_response_is_recorded_when_parsed(instrumented, server):
+    tool_round_script(server)
+    raw = server.groq_client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER])
+    assert raw.http_response.status_code == 200
+    assert not instrumented.spans(a.OP_CHAT)  # not read yet
+    answer = raw.parse()
+    assert answer.choices[0].message.tool_calls[0].id == "call_w1"
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert chat.attributes[a.RESPONSE_FINISH_REASONS] == ("tool_calls",)
+    _, [(usage,)] = instrumented.store.sql("SELECT provider_usage FROM model_calls")
+    assert json.loads(usage)["x_groq_id"].startswith("req_fake")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_max_tokens_ends_the_turn_truncated(instrumented, server, mode):
     server.queue(Reply(text="It is", stop="length", usage=Usage(10, 2)))
