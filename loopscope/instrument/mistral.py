@@ -19,6 +19,7 @@ Importing this module imports no SDK: :func:`patch` runs once ``mistralai`` is i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .. import _json
@@ -85,6 +86,9 @@ def _choices(choices: Any, key: str) -> list[Any]:
 
 def _describe(stream: bool) -> Any:
     def describe(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
+        for key in ("messages", "tools"):  # a one-shot iterable, read here, is put back whole for the SDK
+            if isinstance(kwargs.get(key), Iterator):
+                kwargs[key] = list(kwargs[key])
         kw = dict(kwargs)
         messages = kw.get("messages")
         if isinstance(messages, (list, tuple)):

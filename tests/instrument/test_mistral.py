@@ -155,6 +155,15 @@ def test_hand_written_turn_holds_the_mistral_calls(instrumented, server, mode):
     assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
 
 
+def test_a_one_shot_iterable_of_messages_is_sent_whole_and_recorded(instrumented, server):
+    server.queue(Reply(text="Hello."))
+    answer = server.mistral_client().chat.complete(model=MODEL, messages=iter([{"role": "user", "content": QUESTION}]))
+    assert answer.choices[0].message.content == "Hello."
+    assert server.requests[0].first_user_text == QUESTION  # the SDK sent what loopscope read
+    [(sent,)] = instrumented.store.sql("SELECT input_messages FROM model_calls")[1]
+    assert json.loads(sent) == [{"role": "user", "parts": [{"type": "text", "content": QUESTION}]}]
+
+
 @pytest.mark.parametrize(("mode", "stop"), [("sync", "length"), *((mode, "model_length") for mode in MODES)])
 def test_length_ends_the_turn_truncated(instrumented, server, mode, stop):
     server.queue(Reply(text="It is", stop=stop, usage=Usage(10, 2)))
