@@ -4,6 +4,7 @@ Groq answers in OpenAI's Chat Completions format, read by the kit's reader
 (:mod:`._openai_compat`). What is Groq's own is here: the wrapped methods, its stream
 classes, and ``x_groq``: the request id Groq support knows a call by, and in a stream the
 call's usage (the final chunk's ``x_groq.usage``, sent whatever ``stream_options`` says).
+A parsed reasoning format's ``reasoning`` text is the round's thinking.
 Groq's usage adds its timings (``queue_time``, ``prompt_time``, ``completion_time``,
 ``total_time``, seconds): they are kept whole in the call's provider usage, with
 ``x_groq_id`` and ``x_groq``'s hardware cache counts.
@@ -71,9 +72,15 @@ class _GroqChunks(ChatChunks):
         super().__init__()
         self.x_groq_id: str | None = None
         self.x_groq_error: str | None = None
+        self.reasoning: list[str] = []
 
     def capture(self, chunk: Any) -> Any:
         captured = super().capture(chunk)
+        choices = getattr(chunk, "choices", None)
+        if choices:  # the reasoning of a parsed reasoning format, in pieces
+            reasoning = getattr(getattr(choices[0], "delta", None), "reasoning", None)
+            if isinstance(reasoning, str) and reasoning:
+                self.reasoning.append(reasoning)
         x_groq = getattr(chunk, "x_groq", None)
         if x_groq is None:
             return captured
@@ -93,6 +100,8 @@ class _GroqChunks(ChatChunks):
             response.provider_usage = {**_fields(self.reported_usage), "x_groq_id": self.x_groq_id}
         if self.x_groq_error:
             response.error = self.x_groq_error
+        if self.reasoning:
+            response.thinking = "".join(self.reasoning)
         return response
 
 
@@ -103,8 +112,13 @@ def _deliver(result: Any, model_call: ModelCall) -> Any:
         return proxy_stream(result, model_call, _GroqChunks())
     if hasattr(result, "http_response") and hasattr(result, "parse"):  # with_raw_response: read when parsed
         return RawResponse(result, model_call, lambda parsed: _deliver(parsed, model_call))
+    choices = getattr(result, "choices", None)
+    reasoning = getattr(getattr(choices[0], "message", None), "reasoning", None) if choices else None
     finish_completion(
-        result, model_call, provider_usage=_provider_usage(getattr(result, "usage", None), getattr(result, "x_groq", None))
+        result,
+        model_call,
+        provider_usage=_provider_usage(getattr(result, "usage", None), getattr(result, "x_groq", None)),
+        thinking=reasoning if isinstance(reasoning, str) and reasoning else None,
     )
     return result
 

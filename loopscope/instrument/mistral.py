@@ -4,7 +4,7 @@ Mistral's chat format is OpenAI's Chat Completions, read by the kit's reader
 (:mod:`._openai_compat`); its SDK (Speakeasy's, not Stainless') hands pydantic models whose
 unset fields are a sentinel, so requests, answers and stream events are read as the dicts
 the models dump to, with Mistral's few differences translated here: ``random_seed`` is the
-seed, content may be a list of chunks (text, and a reasoning model's ``thinking``), tool
+seed, content may be a list of chunks (text, and a reasoning model's ``thinking``: the round's thinking), tool
 call arguments may be an object, a stream's chunk is an event's ``data``, and
 ``model_length`` means truncated. ``chat.parse`` goes through ``complete`` and is recorded
 there.
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import _json
-from ..recorder.adapter import Finish, FinishMap, ModelCall, ModelRequest, server_of
+from ..recorder.adapter import Finish, FinishMap, ModelCall, ModelRequest, ModelResponse, server_of
 from ._calls import async_call, calling, sync_call
 from ._openai_compat import ChatChunks, chat_request, finish_completion
 from ._patch import Patch, Registration, when_imported, wrap
@@ -45,11 +45,23 @@ def _plain(value: Any) -> Any:
 
 
 def _text(content: Any) -> Any:
-    """A content of chunks as its text (a reasoning model's ``thinking`` chunks left out)."""
+    """A content of chunks as its text (a reasoning model's ``thinking`` chunks apart: :func:`_thinking`)."""
     if not isinstance(content, list):
         return content
     texts = [part.get("text") for part in map(_plain, content) if isinstance(part, dict) and part.get("type") == "text"]
     return "".join(t for t in texts if isinstance(t, str)) or None
+
+
+def _thinking(content: Any) -> str | None:
+    """The text of a content's ``thinking`` chunks (a reasoning model's), if any."""
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for part in map(_plain, content):
+        if isinstance(part, dict) and part.get("type") == "thinking":
+            inner = part.get("thinking")
+            texts.append(inner if isinstance(inner, str) else _text(inner) or "")
+    return "".join(texts) or None
 
 
 def _message(message: Any) -> Any:
@@ -117,21 +129,35 @@ class _Chunks(ChatChunks):
 
     def __init__(self) -> None:
         super().__init__(finish=FINISH)
+        self.thinking: list[str] = []
 
     def capture(self, event: Any) -> Any:
         chunk = _plain(getattr(event, "data", event))
         if isinstance(chunk, dict) and chunk.get("choices"):
+            delta = _plain(chunk["choices"][0]).get("delta")
+            thinking = _thinking(_plain(delta).get("content")) if delta is not None else None
+            if thinking:
+                self.thinking.append(thinking)
             chunk = {**chunk, "choices": _choices(chunk["choices"], "delta")}
         return super().capture(chunk)
+
+    def partial(self) -> ModelResponse:
+        response = super().partial()
+        if self.thinking:
+            response.thinking = "".join(self.thinking)
+        return response
 
 
 def _deliver(result: Any, model_call: ModelCall) -> Any:
     if hasattr(result, "generator") and hasattr(result, "response"):  # an EventStream / EventStreamAsync
         return proxy_stream(result, model_call, _Chunks())
     completion = _plain(result)
+    thinking = None
     if isinstance(completion, dict) and completion.get("choices"):
+        message = completion["choices"][0].get("message")
+        thinking = _thinking(message.get("content")) if isinstance(message, dict) else None
         completion["choices"] = _choices(completion["choices"], "message")
-    finish_completion(completion, model_call, FINISH)
+    finish_completion(completion, model_call, FINISH, thinking=thinking)
     return result
 
 

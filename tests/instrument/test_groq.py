@@ -169,6 +169,34 @@ def test_raw_response_is_recorded_when_parsed(instrumented, server):
     assert json.loads(usage)["x_groq_id"].startswith("req_fake")
 
 
+def _sse(*chunks: dict[str, Any]) -> str:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "chatcmpl-r1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_parsed_reasoning_is_the_turns_thinking(instrumented, server, mode):
+    if mode == "sync":
+        server.queue(Reply(raw_body={
+            "id": "chatcmpl-r1", "object": "chat.completion", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "Hello!", "reasoning": "The user wants a greeting."}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}, "x_groq": {"id": "req_r1"}}))
+    else:
+        server.queue(Reply(raw_body=_sse(
+            _chunk({"role": "assistant", "reasoning": "The user wants "}), _chunk({"reasoning": "a greeting."}),
+            _chunk({"content": "Hello!"}), _chunk({}, "stop"),
+        ), headers={"content-type": "text/event-stream"}))
+    answer = call(server.groq_client(), mode, [{"role": "user", "content": "Hi"}], reasoning_format="parsed")
+    assert answer["content"] == "Hello!"
+    turn = only_turn(instrumented)
+    assert (turn.thinking, turn.segments, turn.loop_end_reason) == ("The user wants a greeting.", ["Hello!"], LoopEndReason.COMPLETED)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_max_tokens_ends_the_turn_truncated(instrumented, server, mode):
     server.queue(Reply(text="It is", stop="length", usage=Usage(10, 2)))

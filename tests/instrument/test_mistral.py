@@ -164,6 +164,32 @@ def test_a_one_shot_iterable_of_messages_is_sent_whole_and_recorded(instrumented
     assert json.loads(sent) == [{"role": "user", "parts": [{"type": "text", "content": QUESTION}]}]
 
 
+THOUGHT = {"type": "thinking", "thinking": [{"type": "text", "text": "The user wants a greeting."}]}
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "r1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thinking_chunks_are_the_turns_thinking(instrumented, server, mode):
+    """A reasoning model's answer: content as chunks, a thinking chunk before the text."""
+    if mode in ("sync", "async"):
+        server.queue(Reply(raw_body={
+            "id": "r1", "object": "chat.completion", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": [THOUGHT, {"type": "text", "text": "Hello!"}]}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}}))
+    else:
+        frames = [_chunk({"role": "assistant", "content": [THOUGHT]}), _chunk({"content": "Hello!"}), _chunk({"content": ""}, "stop")]
+        server.queue(Reply(raw_body="".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n",
+                           headers={"content-type": "text/event-stream"}))
+    ask(server, mode)
+    turn = only_turn(instrumented)
+    assert (turn.thinking, turn.segments, turn.loop_end_reason) == ("The user wants a greeting.", ["Hello!"], LoopEndReason.COMPLETED)
+
+
 @pytest.mark.parametrize(("mode", "stop"), [("sync", "length"), *((mode, "model_length") for mode in MODES)])
 def test_length_ends_the_turn_truncated(instrumented, server, mode, stop):
     server.queue(Reply(text="It is", stop=stop, usage=Usage(10, 2)))
