@@ -102,10 +102,27 @@ SERVER_PROVIDERS = {
     "api.cerebras.ai": "cerebras",
     "api.moonshot.ai": "moonshotai",
     "api.moonshot.cn": "moonshotai",
+    "api.cohere.ai": "cohere",  # its OpenAI-compatible API, /compatibility/v1
+    "api.cohere.com": "cohere",
+    "api.novita.ai": "novita",
+    "api.z.ai": "zai",
+    "open.bigmodel.cn": "zhipuai",
+    "api.minimax.io": "minimax",
+    "api.minimaxi.com": "minimax",
+    "inference.baseten.co": "baseten",
+    "api.sambanova.ai": "sambanova",
+    "api.deepinfra.com": "deepinfra",
+    "api.hyperbolic.xyz": "hyperbolic",
+    "api.studio.nebius.com": "nebius",
+    "integrate.api.nvidia.com": "nvidia",
+    "localhost:11434": "ollama",  # Ollama's own port (its OpenAI-compatible /v1 too)
+    "127.0.0.1:11434": "ollama",
 }
 """The providers' own API hosts -> their ``gen_ai.provider.name``: a host matches an entry
 equal to it or ending in ``.entry`` (``myres.openai.azure.com``) or ``-entry``
-(``us-east5-aiplatform.googleapis.com``). Kept in docs/model-calls.md."""
+(``us-east5-aiplatform.googleapis.com``); an entry with a port (``localhost:11434``,
+Ollama's) matches that host and port only. A provider genai-prices does not know (Ollama's,
+a local one) leaves its calls unpriced. Kept in docs/model-calls.md."""
 
 REGIONAL_HOSTS = (("bedrock-runtime", ".amazonaws.com", "aws.bedrock"), ("bedrock-runtime", ".amazonaws.com.cn", "aws.bedrock"))
 """Providers whose API host names a region between a service and a domain the provider
@@ -274,8 +291,9 @@ def _server_provider(host: str, port: Any) -> str | None:
         if found is not None:
             break
     if found is None:
+        address = f"{name}:{port}" if port is not None else name
         for entry, provider in SERVER_PROVIDERS.items():
-            if name == entry or (name.endswith(entry) and name[-len(entry) - 1] in ".-"):
+            if address == entry or name == entry or (name.endswith(entry) and name[-len(entry) - 1] in ".-"):
                 found = provider
                 break
     if found is None:

@@ -34,6 +34,8 @@ ADAPTERS: dict[str, Adapter] = {
     "mcp": Adapter("mcp", "loopscope.instrument.mcp"),
     "litellm": Adapter("litellm", "loopscope.instrument.litellm"),
     "bedrock": Adapter("botocore", "loopscope.instrument.bedrock"),
+    "groq": Adapter("groq", "loopscope.instrument.groq"),
+    "mistral": Adapter("mistralai", "loopscope.instrument.mistral"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 

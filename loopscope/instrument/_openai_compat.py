@@ -263,11 +263,16 @@ def _other_choices(choices: Any) -> list[Choice]:
     return out
 
 
-def finish_completion(completion: Any, model_call: ModelCall, finish: FinishMap = FINISH) -> None:
+def finish_completion(
+    completion: Any, model_call: ModelCall, finish: FinishMap = FINISH, *, provider_usage: Any = None,
+    thinking: str | None = None,
+) -> None:
     """End ``model_call`` with a ``chat.completion`` (a dict or an SDK's model); ``finish``
-    maps its finish reasons into the kit's vocabulary."""
+    maps its finish reasons into the kit's vocabulary; ``provider_usage``: the provider's
+    own figures where its ``usage`` is not all of them (Groq's ``x_groq``), else that usage;
+    ``thinking``: the reasoning text a provider sends beside the format (Groq's ``reasoning``)."""
     if r.is_model(completion):
-        return _finish_model(completion, model_call, finish)
+        return _finish_model(completion, model_call, finish, provider_usage, thinking)
     choices = r.get(completion, "choices") or []
     if not choices and r.get(completion, "error"):
         return model_call.finish(_error_response(r.get(completion, "error"), completion))
@@ -286,13 +291,16 @@ def finish_completion(completion: Any, model_call: ModelCall, finish: FinishMap 
             response_id=r.get(completion, "id"),
             model=r.get(completion, "model"),
             refusal=refusal or None,
-            provider_usage=r.reported_json(reported),
+            provider_usage=provider_usage or r.reported_json(reported),
             choices=_other_choices(choices) if len(choices) > 1 else (),
+            thinking=thinking,
         )
     )
 
 
-def _finish_model(completion: Any, model_call: ModelCall, finish: FinishMap) -> None:
+def _finish_model(
+    completion: Any, model_call: ModelCall, finish: FinishMap, provider_usage: Any = None, thinking: str | None = None
+) -> None:
     """:func:`finish_completion` for the SDK's response model: its fields are attributes
     (``r.get`` is ``getattr`` for them), read without a Python call each."""
     choices = getattr(completion, "choices", None) or []
@@ -300,10 +308,10 @@ def _finish_model(completion: Any, model_call: ModelCall, finish: FinishMap) -> 
         return model_call.finish(_error_response(completion.error, completion))
     choice = choices[0] if choices else None
     if type(choice) is dict:
-        return finish_completion(dict(completion), model_call, finish)  # not the SDK's own shape: the general way
+        return finish_completion(dict(completion), model_call, finish, provider_usage=provider_usage, thinking=thinking)  # not the SDK's own shape
     message = getattr(choice, "message", None)
     if type(message) is dict:
-        return finish_completion(dict(completion), model_call, finish)
+        return finish_completion(dict(completion), model_call, finish, provider_usage=provider_usage, thinking=thinking)
     calls = []
     for call in getattr(message, "tool_calls", None) or []:
         if type(call) is dict:
@@ -329,8 +337,9 @@ def _finish_model(completion: Any, model_call: ModelCall, finish: FinishMap) -> 
             response_id=getattr(completion, "id", None),
             model=getattr(completion, "model", None),
             refusal=refusal or None,
-            provider_usage=r.reported_json(reported),
+            provider_usage=provider_usage or r.reported_json(reported),
             choices=_other_choices(choices) if len(choices) > 1 else (),
+            thinking=thinking,
         )
     )
 

@@ -233,7 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
                 rb = reply.raw_body
                 if isinstance(rb, (bytes, str)):
                     payload = rb.encode() if isinstance(rb, str) else rb
-                    self._send_bytes(reply.status, payload, "application/json", headers)
+                    # the reply's own content type if it names one (an SSE body: text/event-stream)
+                    ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), "application/json")
+                    rest = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+                    self._send_bytes(reply.status, payload, ctype, rest)
                 else:
                     self._send_json(reply.status, rb, headers)
             elif reply.is_error:
