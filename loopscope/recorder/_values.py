@@ -18,9 +18,13 @@ from ..semconv import MAX_COUNT, token_count
 
 
 def text(value: Any) -> str | None:
-    """An id, a name or a text as ``str`` (None stays None): see :func:`loopscope._json.to_text`."""
+    """An id, a name or a text as ``str`` (None stays None): see :func:`loopscope._json.to_text`.
+    A ``str`` subclass (an SDK's open enum: mistralai's ``UnrecognizedStr``, a ``StrEnum``)
+    is the text it holds, not its JSON."""
     if value is None or type(value) is str:
         return value
+    if isinstance(value, str):
+        return str.__str__(value)
     return _json.to_text(value)
 
 

@@ -118,6 +118,19 @@ def test_without_a_mapped_reason_the_common_words_decide_as_before(recording):
     assert sorted(c.outcome for c in recording.store.model_calls()) == ["completed", "truncated"]
 
 
+def test_a_finish_reason_in_a_str_subclass_is_its_text(recording):
+    """An SDK's open enum (mistralai's ``UnrecognizedStr`` for a reason it does not know) is
+    a ``str`` subclass: stored as its text, not as the JSON of it, and mapped as that word."""
+
+    class Unrecognized(str):
+        pass
+
+    _one_call(ModelResponse(text="Cut", finish_reason=Unrecognized("model_length")))
+    assert loopscope.flush()
+    [call] = recording.store.model_calls()
+    assert (call.finish_reasons, call.outcome) == (["model_length"], "truncated")
+
+
 # -- the usage builder --------------------------------------------------------------------------
 
 
