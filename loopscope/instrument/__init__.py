@@ -33,6 +33,8 @@ ADAPTERS: dict[str, Adapter] = {
     "langchain": Adapter("langchain_core", "loopscope.instrument.langchain"),
     "mcp": Adapter("mcp", "loopscope.instrument.mcp"),
     "litellm": Adapter("litellm", "loopscope.instrument.litellm"),
+    "cohere": Adapter("cohere", "loopscope.instrument.cohere"),
+    "ollama": Adapter("ollama", "loopscope.instrument.ollama"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 
