@@ -377,3 +377,31 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     made_after.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])  # made while instrumented: no longer recorded
     loopscope.flush()
     assert len(recording.spans(a.OP_CHAT)) == 4
+
+
+# -- one call, one record ------------------------------------------------------------------------------
+
+
+def test_a_pydantic_ai_agent_over_the_sdk_is_recorded_once(instrumented, server):
+    """pydantic-ai's CohereModel calls ``AsyncClientV2.chat``: its own model-call spans record each call, the SDK
+    adapter leaves them alone."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.cohere import CohereModel
+    from pydantic_ai.providers.cohere import CohereProvider
+
+    tool_round_script(server)
+    agent = Agent(CohereModel(MODEL, provider=CohereProvider(cohere_client=async_client(server))))
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        return f"sunny in {city}"
+
+    assert agent.run_sync(QUESTION).output == ANSWER
+    loopscope.flush()
+    assert len(server.requests) == 2
+    chats = instrumented.spans(a.OP_CHAT)
+    assert len(chats) == 2 and {c.instrumentation_scope.name for c in chats} != {"loopscope"}
+    _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
+    assert count == 2
+    turn = only_turn(instrumented.store)
+    assert (turn.round_count, turn.tool_calls_count, turn.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
