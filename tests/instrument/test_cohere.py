@@ -185,6 +185,27 @@ def test_the_v2_client_of_a_v1_client_is_recorded_too(instrumented, server):
     assert only_turn(instrumented.store).response_content == "Hello."
 
 
+def test_thinking_and_the_request_options_cohere_names_its_own_way(instrumented, server):
+    """A reasoning model's ``thinking`` content items are the turn's thinking; ``tool_choice`` and
+    ``response_format`` in Cohere's words."""
+    server.queue(Reply(raw_body=json.dumps({
+        "id": "fake-think", "finish_reason": "COMPLETE",
+        "message": {"role": "assistant", "content": [{"type": "thinking", "thinking": "The user greets."},
+                                                     {"type": "text", "text": "Hello!"}]},
+        "usage": {"billed_units": {"input_tokens": 5, "output_tokens": 3}, "tokens": {"input_tokens": 12, "output_tokens": 30}},
+    })))
+    sync_client(server).chat(model=MODEL, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                             tools=[WEATHER], tool_choice="NONE", response_format={"type": "json_object"},
+                             thinking={"type": "enabled", "token_budget": 500})
+    loopscope.flush()
+    turn = only_turn(instrumented.store)
+    assert (turn.thinking, turn.response_content, turn.usage) == ("The user greets.", "Hello!", {"input_tokens": 12, "output_tokens": 30})
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert (chat.attributes[a.REQUEST_TOOL_CHOICE], chat.attributes[a.OUTPUT_TYPE]) == ("none", "json")
+    assert json.loads(chat.attributes["loopscope.request.thinking"]) == {"type": "enabled", "token_budget": 500}
+    assert [m["role"] for m in json.loads(chat.attributes[a.INPUT_MESSAGES])] == ["system", "user"]
+
+
 # -- finish reasons and outcomes ---------------------------------------------------------------------
 
 

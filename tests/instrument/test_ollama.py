@@ -192,6 +192,32 @@ def test_thinking_is_the_turns_thinking(instrumented, server):
     assert json.loads(chat.attributes["loopscope.request.thinking"]) == {"type": "enabled"}
 
 
+def _line(content: str, thinking: str = "", *, done: bool = False) -> dict[str, Any]:
+    line: dict[str, Any] = {"model": MODEL, "created_at": "2026-01-01T00:00:00Z", "done": done,
+                            "message": {"role": "assistant", "content": content, "thinking": thinking}}
+    if done:
+        line.update(done_reason="stop", prompt_eval_count=12, eval_count=30, total_duration=5_000_000)
+    return line
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_answers_thinking_is_the_turns_thinking(instrumented, server, streaming):
+    """``think=True``: the model's thinking comes in ``message.thinking`` (a stream's parts: in pieces before the text)."""
+    if streaming:
+        lines = [_line("", "The user "), _line("", "greets."), _line("Hello"), _line("!"), _line("", done=True)]
+        server.queue(Reply(raw_body="".join(json.dumps(line) + "\n" for line in lines),
+                           headers={"content-type": "application/x-ndjson"}))
+        parts = list(server.ollama_client().chat(MODEL, [{"role": "user", "content": "Hi"}], think=True, stream=True))
+        assert "".join(p.message.thinking or "" for p in parts) == "The user greets."
+    else:
+        server.queue(Reply(raw_body=json.dumps(_line("Hello!", "The user greets.", done=True))))
+        assert server.ollama_client().chat(MODEL, [{"role": "user", "content": "Hi"}], think=True).message.thinking
+    loopscope.flush()
+    turn = only_turn(instrumented.store)
+    assert (turn.thinking, turn.response_content, turn.usage) == (
+        "The user greets.", "Hello!", {"input_tokens": 12, "output_tokens": 30})
+
+
 # -- finish reasons ----------------------------------------------------------------------------------
 
 
@@ -366,3 +392,25 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server, m
     ollama.chat(MODEL, [{"role": "user", "content": "Hi"}])
     loopscope.flush()
     assert len(recording.spans(a.OP_CHAT)) == 3
+
+
+# -- one call, one record ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_langchain_chat_model_over_the_sdk_is_recorded_once(instrumented, server, streaming):
+    """langchain-ollama's ChatOllama calls ``Client.chat``: the LangChain adapter's round and the SDK's call are one."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_ollama import ChatOllama
+
+    tool_round_script(server)
+    model = ChatOllama(model=MODEL, base_url=server.url, streaming=streaming).bind_tools([WEATHER])
+    messages: list[Any] = [HumanMessage(QUESTION)]
+    first = model.invoke(messages)
+    [use] = first.tool_calls
+    second = model.invoke([*messages, first, ToolMessage('{"temp_c": 21}', tool_call_id=use["id"])])
+    assert second.content == ANSWER
+    loopscope.flush()
+    assert len(server.requests) == 2
+    _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
+    assert count == 2 and len(instrumented.spans(a.OP_CHAT)) == 2
