@@ -28,6 +28,7 @@ from ..recorder.adapter import (
     ModelCall,
     ModelRequest,
     ModelResponse,
+    Reasoning,
     Text,
     ToolCallRequest,
     ToolCallResponse,
@@ -40,7 +41,7 @@ from ..recorder.adapter import (
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, wrap
-from ._streams import AsyncStream, SyncStream, proxy_stream
+from ._streams import closes_inner_stream, proxy_stream
 
 PROVIDER = "cohere"
 FINISH = FinishMap(
@@ -59,22 +60,20 @@ FINISH = FinishMap(
 )
 
 
-def _given(value: Any) -> Any:
-    """A request argument, None for one the caller left out (the SDK passes ``...`` for those)."""
-    return None if value is Ellipsis else value
-
-
 # -- the request ------------------------------------------------------------------------
+
+
+def _texts(content: Any, kind: str) -> list[str]:
+    """A content list's items of ``kind`` (``text``, ``thinking``): their text."""
+    if not isinstance(content, (list, tuple)):
+        return []
+    found = [r.get(item, kind) for item in content if r.get(item, "type") == kind]
+    return [t for t in found if isinstance(t, str) and t]
 
 
 def _text(content: Any) -> str | None:
     """A message content's text: a string, or its ``text`` items joined."""
-    if content is None or isinstance(content, str):
-        return content
-    if not isinstance(content, (list, tuple)):
-        return None
-    texts = [r.get(item, "text") for item in content if r.get(item, "type") == "text"]
-    return "".join(t for t in texts if isinstance(t, str)) or None
+    return content if content is None or isinstance(content, str) else "".join(_texts(content, "text")) or None
 
 
 def _result(content: Any) -> Any:
@@ -105,7 +104,8 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
     results = ToolResults()
     messages: list[InputMessage] = []
     input_text = None
-    given = _given(kwargs.get("messages"))
+    kwargs = {key: value for key, value in kwargs.items() if value is not Ellipsis}  # the SDK's "not given"
+    given = kwargs.get("messages")
     for message in given if isinstance(given, (list, tuple)) else ():
         role, content = r.get(message, "role"), r.get(message, "content")
         if role == "tool":
@@ -119,6 +119,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
         parts: list[Any] = []
         if role == "assistant":
             results.model_spoke()
+            parts += [Reasoning(t) for t in _texts(content, "thinking")]
             plan = r.get(message, "tool_plan")
             if isinstance(plan, str) and plan:
                 parts.append(Text(plan))
@@ -129,32 +130,32 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
         elif role == "user" and text is not None:
             input_text = text
         messages.append(InputMessage(str(role), parts))
-    choice = _given(kwargs.get("tool_choice"))
-    output = _given(kwargs.get("response_format"))
+    choice = kwargs.get("tool_choice")
+    output = kwargs.get("response_format")
     output_type = r.get(output, "type")
-    thinking = _given(kwargs.get("thinking"))
+    thinking: Any = kwargs.get("thinking")  # a dict or the SDK's Thinking
     server = server_of(instance._client_wrapper.get_base_url())
     parameters = request_parameters(
         provider=PROVIDER,
-        temperature=_given(kwargs.get("temperature")),
-        top_p=_given(kwargs.get("p")),
-        top_k=_given(kwargs.get("k")),
-        max_tokens=_given(kwargs.get("max_tokens")),
-        stop=_given(kwargs.get("stop_sequences")),
-        seed=_given(kwargs.get("seed")),
-        frequency_penalty=_given(kwargs.get("frequency_penalty")),
-        presence_penalty=_given(kwargs.get("presence_penalty")),
-        logprobs=_given(kwargs.get("logprobs")),
+        temperature=kwargs.get("temperature"),
+        top_p=kwargs.get("p"),
+        top_k=kwargs.get("k"),
+        max_tokens=kwargs.get("max_tokens"),
+        stop=kwargs.get("stop_sequences"),
+        seed=kwargs.get("seed"),
+        frequency_penalty=kwargs.get("frequency_penalty"),
+        presence_penalty=kwargs.get("presence_penalty"),
+        logprobs=kwargs.get("logprobs"),
         tool_choice=choice.lower() if isinstance(choice, str) else None,  # REQUIRED, NONE
         output_type={"text": "text", "json_object": "json"}.get(output_type) if isinstance(output_type, str) else None,
         thinking=thinking.model_dump(exclude_none=True) if r.is_model(thinking) else thinking,
         server=server,
-        other={key: _given(kwargs.get(key)) for key in ("safety_mode", "strict_tools", "priority")},
+        other={key: kwargs.get(key) for key in ("safety_mode", "strict_tools", "priority")},
     )
     return ModelRequest(
         provider_at(PROVIDER, server),
-        _given(kwargs.get("model")),
-        tools=_given(kwargs.get("tools")),
+        kwargs.get("model"),
+        tools=kwargs.get("tools"),
         tool_results=results.results,
         input_text=input_text,
         stream=stream,
@@ -195,21 +196,15 @@ def _response(reason: Any, reported: Any, **found: Any) -> ModelResponse:
 
 def _finish(answer: Any, model_call: ModelCall) -> None:
     message = r.get(answer, "message")
-    texts, thinking = [], []
-    for item in r.get(message, "content") or ():
-        kind = r.get(item, "type")
-        if kind == "text":
-            texts.append(r.get(item, "text") or "")
-        elif kind == "thinking":
-            thinking.append(r.get(item, "thinking") or "")
+    content = r.get(message, "content")
     calls = [ToolCall(id=str(c.id or ""), name=c.name, arguments=c.arguments) for c in _calls(r.get(message, "tool_calls"))]
     model_call.finish(
         _response(
             r.get(answer, "finish_reason"),
             r.get(answer, "usage"),
-            text="".join(texts) or r.get(message, "tool_plan") or None,  # the plan: the text before the calls
+            text=_text(content) or r.get(message, "tool_plan") or None,  # the plan: the text before the calls
             tool_calls=calls,
-            thinking="".join(thinking) or None,
+            thinking="".join(_texts(content, "thinking")) or None,
             response_id=r.get(answer, "id"),
         )
     )
@@ -288,50 +283,37 @@ def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     return _request(instance, args, kwargs, stream=True)
 
 
-class _Entered:
-    """The response of an entered ``chat_stream``, whose ``data`` our proxy replaces."""
+class _StreamManager:
+    """``RawV2Client.chat_stream(...)`` as the SDK made it (not entered yet): the model call
+    starts when it is entered, its events are read through our proxy (the response's
+    ``data``), and it ends, at the latest, when the manager is left: the SDK's async
+    generator reads the events with ``async for``, which leaves them unclosed when the user
+    closes it early, but it leaves this manager then."""
 
-    def __init__(self) -> None:
-        self.stream: Any = None
+    _exit = staticmethod(closes_inner_stream("stream"))
+    _aexit = staticmethod(closes_inner_stream("stream", is_async=True))
 
-    def deliver(self, response: Any, model_call: ModelCall) -> Any:
+    def __init__(self, manager: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._manager = manager
+        self._describe = functools.partial(_stream_request, instance, args, kwargs)
+        self.stream: Any = None  # our proxy of the events, once entered
+
+    def _deliver(self, response: Any, model_call: ModelCall) -> Any:
         self.stream = proxy_stream(response.data, model_call, _Events())
         response._data = self.stream
         return response
 
-
-class _StreamManager:
-    """``RawV2Client.chat_stream(...)`` as the SDK made it (not entered yet): the model call
-    starts when it is entered and ends, at the latest, when it is left."""
-
-    def __init__(self, manager: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._manager = manager
-        self._entered = _Entered()
-        self._describe = functools.partial(_stream_request, instance, args, kwargs)
-
     def __enter__(self) -> Any:
-        enter = sync_call(self._describe, self._entered.deliver)
-        return enter(lambda: self._manager.__enter__(), None, (), {})
+        return sync_call(self._describe, self._deliver)(lambda: self._manager.__enter__(), None, (), {})
 
     def __exit__(self, *exc_info: object) -> Any:
-        try:
-            return self._manager.__exit__(*exc_info)
-        finally:
-            if isinstance(self._entered.stream, SyncStream):
-                self._entered.stream.close()  # the response is closed: a stream not read to its end is cancelled
+        return self._exit(self._manager.__exit__, self, exc_info, {})
 
     async def __aenter__(self) -> Any:
-        enter = async_call(self._describe, self._entered.deliver)
-        return await enter(lambda: self._manager.__aenter__(), None, (), {})
+        return await async_call(self._describe, self._deliver)(lambda: self._manager.__aenter__(), None, (), {})
 
     async def __aexit__(self, *exc_info: object) -> Any:
-        try:
-            return await self._manager.__aexit__(*exc_info)
-        finally:
-            # the SDK's generator reads the events with ``async for``, which leaves them open when
-            # the user closes it early: the response is closed now, and so is the round
-            if isinstance(self._entered.stream, AsyncStream):
-                await self._entered.stream.aclose()
+        return await self._aexit(self._manager.__aexit__, self, exc_info, {})
 
 
 def _chat_stream(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
