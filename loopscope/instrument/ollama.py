@@ -91,8 +91,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         elif role == "user" and isinstance(content, str):
             input_text = content
         messages.append(InputMessage(str(role), parts))
-    options = kwargs.get("options")
-    option = options.get if isinstance(options, dict) else lambda key: r.get(options, key)
+    option = _options(kwargs.get("options")).get
     think, output = kwargs.get("think"), kwargs.get("format")
     server = server_of(instance._client.base_url)
     parameters = request_parameters(
@@ -114,7 +113,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         other={
             "keep_alive": kwargs.get("keep_alive"),
             # the model's runtime options loopscope has no name for (num_ctx, mirostat, ...)
-            **{k: v for k, v in _options(options).items() if k not in _OPTIONS},
+            **{k: v for k, v in _options(kwargs.get("options")).items() if k not in _OPTIONS},
         },
     )
     return ModelRequest(
@@ -131,6 +130,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
 
 
 def _options(options: Any) -> dict[str, Any]:
+    """``options``: a dict or the SDK's ``Options``, the options set."""
     if isinstance(options, dict):
         return {k: v for k, v in options.items() if v is not None}
     return options.model_dump(exclude_none=True) if r.is_model(options) else {}
