@@ -171,6 +171,29 @@ def test_two_calls_in_one_response_are_answered_by_position(instrumented, server
     assert turn.loop_end_reason == LoopEndReason.COMPLETED
 
 
+def test_python_function_tools_and_an_options_object(instrumented, server):
+    """The SDK takes a Python function as a tool (its docstring describes it) and ``ollama.Options``."""
+
+    def get_weather(city: str) -> str:
+        """The weather in a city.
+
+        Args:
+          city: The city's name
+        """
+        return "sunny"
+
+    server.queue(Reply(text="Hello."))
+    server.ollama_client().chat(MODEL, [{"role": "user", "content": "Hi"}], tools=[get_weather],
+                                options=ollama.Options(temperature=0.2, num_predict=64, mirostat=2))
+    loopscope.flush()
+    turn = only_turn(instrumented.store)
+    [declared] = turn.declared_tools
+    assert declared.name == "get_weather" and declared.description.startswith("The weather in a city.")
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert (chat.attributes["gen_ai.request.temperature"], chat.attributes["gen_ai.request.max_tokens"]) == (0.2, 64)
+    assert json.loads(chat.attributes["loopscope.request.other"]) == {"mirostat": 2}
+
+
 def test_the_module_level_chat_is_recorded(instrumented, server, monkeypatch):
     """``ollama.chat`` is the default client's bound ``chat``, taken at ``import ollama``."""
     monkeypatch.setattr(ollama._client._client, "base_url", server.url)  # the default client at the fake server
