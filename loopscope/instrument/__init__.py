@@ -36,6 +36,8 @@ ADAPTERS: dict[str, Adapter] = {
     "bedrock": Adapter("botocore", "loopscope.instrument.bedrock"),
     "groq": Adapter("groq", "loopscope.instrument.groq"),
     "mistral": Adapter("mistralai", "loopscope.instrument.mistral"),
+    "cohere": Adapter("cohere", "loopscope.instrument.cohere"),
+    "ollama": Adapter("ollama", "loopscope.instrument.ollama"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 

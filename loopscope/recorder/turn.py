@@ -70,6 +70,7 @@ def _anonymous_key() -> str:
 _OUTCOME_REASONS = {
     "refusal": LoopEndReason.REFUSAL,
     "content_filter": LoopEndReason.CONTENT_FILTER,
+    "error": LoopEndReason.ERROR,  # the provider ended the answer with an error (Finish.ERROR: Cohere's ERROR)
 }
 """A last call's outcome and the loop end reason it gives its turn."""
 

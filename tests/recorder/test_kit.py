@@ -96,7 +96,7 @@ def _one_call(response: ModelResponse, **request: Any) -> None:
         ("MAX_TOKENS", "truncated", "truncated"),
         ("SAFETY", "content_filter", "content_filter"),
         ("RECITATION", "content_filter", "content_filter"),
-        ("MALFORMED_FUNCTION_CALL", "error", None),
+        ("MALFORMED_FUNCTION_CALL", "error", "error"),
         ("STOP", "completed", "completed"),
     ],
 )
