@@ -3,7 +3,7 @@
 The openai SDK's ``chat.completions``, and the providers that answer in its format (Groq,
 Mistral, DeepSeek, Together, OpenRouter, Ollama's and Gemini's OpenAI endpoints, vLLM, ...)
 through their own SDKs or the openai one: the request (:func:`chat_request`), the response
-(:func:`finish_completion`), the stream's chunks (:class:`ChatChunks`), and the usage
+(:func:`finish_completion`, :func:`completion_response`), the stream's chunks (:class:`ChatChunks`), and the usage
 (:func:`chat_usage`). Plain functions of dicts and objects alike; an adapter gives its
 provider's name and its client's server, and, if it has them, its SDK's chunk classes for
 the fast path.
@@ -271,47 +271,51 @@ def finish_completion(
     maps its finish reasons into the kit's vocabulary; ``provider_usage``: the provider's
     own figures where its ``usage`` is not all of them (Groq's ``x_groq``), else that usage;
     ``thinking``: the reasoning text a provider sends beside the format (Groq's ``reasoning``)."""
+    model_call.finish(completion_response(completion, finish, provider_usage=provider_usage, thinking=thinking))
+
+
+def completion_response(
+    completion: Any, finish: FinishMap = FINISH, *, provider_usage: Any = None, thinking: str | None = None
+) -> ModelResponse:
+    """What a ``chat.completion`` (a dict or an SDK's model) said, read the way
+    :func:`finish_completion` records it: for an adapter whose library adds figures of its own
+    to the format (LiteLLM's cost), which it sets on the response before it finishes the call."""
     if r.is_model(completion):
-        return _finish_model(completion, model_call, finish, provider_usage, thinking)
+        return _model_response(completion, finish, provider_usage, thinking)
     choices = r.get(completion, "choices") or []
     if not choices and r.get(completion, "error"):
-        return model_call.finish(_error_response(r.get(completion, "error"), completion))
+        return _error_response(r.get(completion, "error"), completion)
     choice = choices[0] if choices else None
     message = r.get(choice, "message")
     refusal = r.get(message, "refusal")
     reported = r.get(completion, "usage")
-    usage = chat_usage(reported)
-    model_call.finish(
-        ModelResponse(
-            text=r.get(message, "content") or refusal,
-            tool_calls=_message_calls(message),
-            usage=usage,
-            finish_reason=(reason := r.get(choice, "finish_reason")),
-            finish=finish(reason),
-            response_id=r.get(completion, "id"),
-            model=r.get(completion, "model"),
-            refusal=refusal or None,
-            provider_usage=provider_usage or r.reported_json(reported),
-            choices=_other_choices(choices) if len(choices) > 1 else (),
-            thinking=thinking,
-        )
+    return ModelResponse(
+        text=r.get(message, "content") or refusal,
+        tool_calls=_message_calls(message),
+        usage=chat_usage(reported),
+        finish_reason=(reason := r.get(choice, "finish_reason")),
+        finish=finish(reason),
+        response_id=r.get(completion, "id"),
+        model=r.get(completion, "model"),
+        refusal=refusal or None,
+        provider_usage=provider_usage or r.reported_json(reported),
+        choices=_other_choices(choices) if len(choices) > 1 else (),
+        thinking=thinking,
     )
 
 
-def _finish_model(
-    completion: Any, model_call: ModelCall, finish: FinishMap, provider_usage: Any = None, thinking: str | None = None
-) -> None:
-    """:func:`finish_completion` for the SDK's response model: its fields are attributes
+def _model_response(completion: Any, finish: FinishMap, provider_usage: Any = None, thinking: str | None = None) -> ModelResponse:
+    """:func:`completion_response` of the SDK's response model: its fields are attributes
     (``r.get`` is ``getattr`` for them), read without a Python call each."""
     choices = getattr(completion, "choices", None) or []
     if not choices and getattr(completion, "error", None):  # an error body parsed as a completion
-        return model_call.finish(_error_response(completion.error, completion))
+        return _error_response(completion.error, completion)
     choice = choices[0] if choices else None
     if type(choice) is dict:
-        return finish_completion(dict(completion), model_call, finish, provider_usage=provider_usage, thinking=thinking)  # not the SDK's own shape
+        return completion_response(dict(completion), finish, provider_usage=provider_usage, thinking=thinking)  # not the SDK's own shape
     message = getattr(choice, "message", None)
     if type(message) is dict:
-        return finish_completion(dict(completion), model_call, finish, provider_usage=provider_usage, thinking=thinking)
+        return completion_response(dict(completion), finish, provider_usage=provider_usage, thinking=thinking)
     calls = []
     for call in getattr(message, "tool_calls", None) or []:
         if type(call) is dict:
@@ -326,21 +330,18 @@ def _finish_model(
             calls.append(ToolCall(id=str(call_id or ""), name=str(name), arguments=r.arguments(arguments)))
     refusal = getattr(message, "refusal", None)
     reported = getattr(completion, "usage", None)
-    usage = chat_usage(reported)
-    model_call.finish(
-        ModelResponse(
-            text=getattr(message, "content", None) or refusal,
-            tool_calls=calls,
-            usage=usage,
-            finish_reason=(reason := getattr(choice, "finish_reason", None)),
-            finish=finish(reason),
-            response_id=getattr(completion, "id", None),
-            model=getattr(completion, "model", None),
-            refusal=refusal or None,
-            provider_usage=provider_usage or r.reported_json(reported),
-            choices=_other_choices(choices) if len(choices) > 1 else (),
-            thinking=thinking,
-        )
+    return ModelResponse(
+        text=getattr(message, "content", None) or refusal,
+        tool_calls=calls,
+        usage=chat_usage(reported),
+        finish_reason=(reason := getattr(choice, "finish_reason", None)),
+        finish=finish(reason),
+        response_id=getattr(completion, "id", None),
+        model=getattr(completion, "model", None),
+        refusal=refusal or None,
+        provider_usage=provider_usage or r.reported_json(reported),
+        choices=_other_choices(choices) if len(choices) > 1 else (),
+        thinking=thinking,
     )
 
 
@@ -520,4 +521,7 @@ class ChatChunks:
         )
 
 
-__all__ = ["FINISH", "ChatChunks", "chat_request", "chat_usage", "conversations", "finish_completion", "function_tools"]
+__all__ = [
+    "FINISH", "ChatChunks", "chat_request", "chat_usage", "completion_response", "conversations", "finish_completion",
+    "function_tools",
+]

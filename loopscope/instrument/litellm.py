@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import sys
 import threading
 import time
@@ -35,7 +36,6 @@ from contextvars import ContextVar, Token
 from typing import Any
 
 from .._guard import internal_error, warn_once
-from ..models import ToolCall
 from ..recorder.adapter import (
     ModelCall,
     ModelRequest,
@@ -46,7 +46,7 @@ from ..recorder.adapter import (
     start_model_call,
 )
 from . import _read as r
-from ._openai_compat import chat_request
+from ._openai_compat import chat_request, completion_response
 from ._patch import Registration
 
 WAIT_S = 5.0
@@ -119,61 +119,37 @@ def _request(model: Any, messages: Any, kwargs: dict[str, Any]) -> ModelRequest:
 
 # -- the response ------------------------------------------------------------------------------
 
-_USAGE = (
-    ("input_tokens", ("prompt_tokens",)),
-    ("output_tokens", ("completion_tokens",)),
-    ("cache_read_input_tokens", ("prompt_tokens_details", "cached_tokens")),
-    ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
-    ("reasoning_tokens", ("completion_tokens_details", "reasoning_tokens")),
-)
-
-
-def _usage(usage: Any) -> dict[str, int]:
-    """LiteLLM's usage (OpenAI's shape for every provider: prompt tokens count cached ones in)."""
-    out: dict[str, int] = {}
-    for name, path in _USAGE:
-        value = usage
-        for key in path:
-            value = r.get(value, key)
-        number = r.number(value)
-        if number is not None and (number or name in ("input_tokens", "output_tokens")):
-            out[name] = number
-    return out
-
-
-def _figures(usage: Any, cost: Any) -> dict[str, Any] | None:
-    """The usage as LiteLLM reported it, and LiteLLM's own cost of the call beside ours."""
-    figures: dict[str, Any] = {}
-    if usage is not None:
-        dumped = usage.model_dump() if hasattr(usage, "model_dump") else usage
-        if isinstance(dumped, dict):
-            figures.update((k, v) for k, v in dumped.items() if v is not None)
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-        figures["litellm_response_cost"] = float(cost)
-    return figures or None
-
-
 def _response(response: Any, kwargs: dict[str, Any]) -> ModelResponse:
-    choices = r.get(response, "choices") or []
-    choice = choices[0] if choices else None
-    message = r.get(choice, "message")
-    calls = []
-    for call in r.get(message, "tool_calls") or ():
-        function = r.get(call, "function")
-        calls.append(ToolCall(id=str(r.get(call, "id") or ""), name=str(r.get(function, "name")),
-                              arguments=r.arguments(r.get(function, "arguments"))))
-    usage = r.get(response, "usage")
-    refusal = r.get(message, "refusal")
-    return ModelResponse(
-        text=r.get(message, "content") or refusal,
-        tool_calls=calls,
-        usage=_usage(usage),
-        finish_reason=r.get(choice, "finish_reason"),
-        response_id=r.get(response, "id"),
-        model=r.get(response, "model") or kwargs.get("model"),
-        refusal=refusal or None,
-        provider_usage=_figures(usage, kwargs.get("response_cost")),
-    )
+    """LiteLLM's response (OpenAI's format, whatever the provider: its usage too) read by the
+    kit's reader of that format, with what is LiteLLM's own set on it: its cost of the call,
+    a second figure beside ours in ``provider_usage``; the cache writes it keeps only as a
+    top-level ``cache_creation_input_tokens`` (its Anthropic mapping, when the usage has no
+    ``prompt_tokens_details`` to hold them); the model it was asked for when the provider
+    named none."""
+    record = completion_response(response)
+    usage = record.usage
+    if usage is not None and "cache_creation_input_tokens" not in usage:
+        written = r.number(r.get(r.get(response, "usage"), "cache_creation_input_tokens"))
+        if written is not None:
+            record.usage = {**usage, "cache_creation_input_tokens": written}
+    cost = kwargs.get("response_cost")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+        record.provider_usage = _with_cost(record.provider_usage, float(cost))
+    if not record.model:
+        record.model = kwargs.get("model")
+    return record
+
+
+def _with_cost(figures: Any, cost: float) -> Any:
+    """The provider's figures (the reader's JSON text of its usage object, or None) with
+    LiteLLM's cost added as ``litellm_response_cost``: spliced into the object's text, not
+    decoded and encoded again (every call passes here)."""
+    figure = '"litellm_response_cost":' + repr(cost)
+    if figures is None:
+        return "{" + figure + "}"
+    if type(figures) is str and figures.startswith("{") and figures.endswith("}"):
+        return "{" + figure + "}" if figures.strip() == "{}" else figures[:-1] + "," + figure + "}"
+    return figures  # not an object's text: kept as the provider reported it
 
 
 def _first_chunk(model_call: ModelCall, kwargs: dict[str, Any]) -> None:

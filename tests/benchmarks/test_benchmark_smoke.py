@@ -38,6 +38,8 @@ SMOKE_RUNS = {
                         "--rounds", "1", "--block", "8", "--inproc-block", "8", "--warmup", "4",
                         # --against: this very checkout as the "older" one, so that path runs too
                         "--against", str(Path(__file__).resolve().parents[2])],
+    # the peers' stacks (peers-litellm, peers-gemini) are built before this test runs (their `drives`)
+    "provider-overhead": ["bench_provider_overhead.py", "--smoke", "--no-setup"],
     "stub-openai-cpu": ["stub_openai_cpu.py", "--store", "--blocks", "2", "--calls", "10"],
     "wrapper-own-time": ["wrapper_own_time.py", "--calls", "40"],
     "writer-cpu": ["writer_cpu.py", "--calls", "40", "--rounds", "1"],
@@ -57,6 +59,9 @@ def test_benchmark_runs_in_smoke_mode(name: str) -> None:
     if name == "openai-overhead" and "not measured: otel-genai-openai" not in done.stdout:
         # issue 31: the export's cost, as a ratio to the SDK's OTLP exporter's, with its goal
         assert "loopscope export CPU / genai-openai OTLP exporter CPU (goal <= 2x" in done.stdout, done.stdout[-3000:]
+    if name == "provider-overhead":
+        # issue 32: each SDK's verdict against OpenInference (or why there is none)
+        assert "goal (issue 32" in done.stdout and "  litellm " in done.stdout and "  google-genai " in done.stdout, done.stdout[-3000:]
 
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:

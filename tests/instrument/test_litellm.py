@@ -206,6 +206,60 @@ def test_hand_written_turn_holds_the_litellm_calls(instrumented, server, mode):
     assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
 
 
+# -- usage: LiteLLM's through the kit's reader ------------------------------------------------------
+
+CACHE = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def sdk_call(server: FakeModelServer, provider: str) -> None:
+    """The same question through the provider's own SDK (the openai or anthropic adapter records it)."""
+    messages = [{"role": "user", "content": QUESTION}]
+    if provider == "openai":
+        server.openai_client().chat.completions.create(model=MODELS[provider], messages=messages)
+    else:
+        server.anthropic_client().messages.create(model=MODELS[provider], max_tokens=64, messages=messages)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_reported_zero_cache_counts_are_stored_as_through_the_providers_sdk(instrumented, server, provider, mode):
+    """A provider that says it read and wrote no cache: its zeros are figures, stored through
+    LiteLLM as the openai and anthropic adapters store them for the very same answer (LiteLLM's
+    own reader of the usage dropped them: "not reported")."""
+    server.queue(Reply(text="Sunny.", usage=Usage(100, 20)), Reply(text="Sunny.", usage=Usage(100, 20)))
+    with loopscope.session("via-litellm"):
+        if mode == "sync":
+            litellm.completion(messages=[{"role": "user", "content": QUESTION}], **route(server, provider))
+        else:
+            list(litellm.completion(messages=[{"role": "user", "content": QUESTION}], stream=True, stream_options=USAGE,
+                                    **route(server, provider)))
+        settle(instrumented, 1)
+    with loopscope.session("via-sdk"):
+        sdk_call(server, provider)
+    assert loopscope.flush()
+    usage = {row.session_id: row.usage for row in instrumented.store.model_calls()}
+    assert {k: usage["via-litellm"].get(k) for k in CACHE} == {k: usage["via-sdk"].get(k) for k in CACHE} == dict.fromkeys(CACHE, 0)
+    assert (usage["via-litellm"]["input_tokens"], usage["via-litellm"]["output_tokens"]) == (100, 20)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_anthropic_cache_reads_and_writes_through_litellm(instrumented, server, mode):
+    """Anthropic's cache figures as LiteLLM maps them (its prompt tokens count them in), beside
+    LiteLLM's cost: the call's row holds the reads and the writes."""
+    server.queue(Reply(text="Sunny.", usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=10)))
+    kw = route(server, "anthropic")
+    if mode == "sync":
+        litellm.completion(messages=[{"role": "user", "content": QUESTION}], **kw)
+    else:
+        list(litellm.completion(messages=[{"role": "user", "content": QUESTION}], stream=True, **kw))
+    settle(instrumented, 1)
+    loopscope.flush()
+    [row] = instrumented.store.model_calls()
+    assert {k: row.usage.get(k) for k in CACHE} == {"cache_read_input_tokens": 30, "cache_creation_input_tokens": 10}
+    _, [(figures,)] = instrumented.store.sql("SELECT provider_usage FROM model_calls")
+    assert json.loads(figures)["litellm_response_cost"] > 0
+
+
 # -- errors ------------------------------------------------------------------------------------------
 
 

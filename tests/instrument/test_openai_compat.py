@@ -4,12 +4,13 @@ effects, and reading that format's requests and answers whoever's SDK carries th
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import loopscope
 from fakes.model_server import Reply, ToolCall
-from loopscope.instrument._openai_compat import ChatChunks, chat_request, finish_completion
+from loopscope.instrument._openai_compat import ChatChunks, chat_request, completion_response, finish_completion
 from loopscope.recorder.adapter import server_of, start_model_call
 from recorded import only_turn
 
@@ -58,6 +59,27 @@ def test_the_reader_names_the_provider_by_its_server_and_reads_dicts(recording):
     assert (row.provider, row.outcome, row.finish_reasons) == ("groq", "truncated", ["length"])
     assert row.usage == {"input_tokens": 12, "output_tokens": 64, "cache_read_input_tokens": 8}
     assert only_turn(recording.store).loop_end_reason == "truncated"
+
+
+def test_an_adapter_finishes_the_call_with_its_own_figures_beside_the_readers(recording):
+    """completion_response is what finish_completion records: an adapter whose library adds
+    figures of its own (LiteLLM's cost) sets them on it and finishes the call with it."""
+    request = chat_request({"model": "m", "messages": [{"role": "user", "content": "Paris?"}]}, provider="litellm")
+    call = start_model_call(request)
+    response = completion_response({
+        "id": "chatcmpl-2", "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Sunny."}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}},
+    })
+    assert response.provider_usage is not None and response.provider_usage.endswith("}")
+    response.provider_usage = response.provider_usage[:-1] + ',"litellm_response_cost":0.25}'
+    call.finish(response)
+    assert loopscope.flush()
+    [row] = recording.store.model_calls()
+    assert (row.outcome, row.usage) == ("completed", {"input_tokens": 12, "output_tokens": 3, "cache_read_input_tokens": 0})
+    _, [(figures,)] = recording.store.sql("SELECT provider_usage FROM model_calls")
+    assert json.loads(figures) == {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0},
+                                   "litellm_response_cost": 0.25}
 
 
 def test_the_reader_accumulates_chunks_of_any_sdk_as_dicts(recording):
