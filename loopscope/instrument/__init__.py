@@ -33,6 +33,7 @@ ADAPTERS: dict[str, Adapter] = {
     "langchain": Adapter("langchain_core", "loopscope.instrument.langchain"),
     "mcp": Adapter("mcp", "loopscope.instrument.mcp"),
     "litellm": Adapter("litellm", "loopscope.instrument.litellm"),
+    "google_genai": Adapter("google.genai", "loopscope.instrument.google_genai"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 
