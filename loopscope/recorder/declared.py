@@ -271,6 +271,54 @@ def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
     return record
 
 
+# provider tool objects: a routine or class by identity, (id, origin) -> (it, its records); any
+# other object by value, (its type, its names, origin) -> (a deep copy of it as it was, its
+# records): an SDK may hand a copy of the user's tools with every call (google-genai
+# deep-copies its config each round), and a copy equal to the one seen is the same tools
+_by_object: dict[tuple[Any, ...], tuple[Any, tuple[DeclaredTool, ...]]] = {}
+
+
+def _names(tool: Any) -> Any:
+    """What tells a tool object from others of its type cheaply: its name, or its function
+    declarations' names (a Gemini ``Tool``); the entry's equality check decides."""
+    name = getattr(tool, "name", None)
+    if name is not None:
+        return name if type(name) is str else None
+    declarations = getattr(tool, "function_declarations", None)
+    if isinstance(declarations, list):
+        return tuple(getattr(d, "name", None) for d in declarations)
+    return None
+
+
+def _cached_object(tool: Any, origin: str) -> tuple[DeclaredTool, ...] | None:
+    """The records of a tool written as an object (not a dict or a name): cached, so that
+    the same tools offered call after call are not normalised again; None when it cannot be
+    (its type compares by identity only: a copy would never hit)."""
+    kind = type(tool)
+    if inspect.isroutine(tool) or isinstance(tool, type):
+        key: tuple[Any, ...] = (id(tool), origin)
+        entry = _by_object.get(key)
+        if entry is not None and entry[0] is tool:
+            return entry[1]
+        records = tuple(declared_tools((tool,), origin))
+        _remember(_by_object, key, (tool, records))  # held: its id stays its own while cached
+        return records
+    if kind.__eq__ is object.__eq__:
+        return None
+    key = (kind, _names(tool), origin)
+    entry = _by_object.get(key)
+    try:
+        if entry is not None and entry[0] == tool:
+            return entry[1]
+        records = tuple(declared_tools((tool,), origin))
+        snapshot = copy.deepcopy(tool)
+        if snapshot == tool:  # NaN and friends: never a hit, never cached
+            _remember(_by_object, key, (snapshot, records))
+        return records
+    except Exception:  # a value that will not copy or compare: read afresh every time
+        return None
+
+
 def _cached_name(name: str, origin: str, tool: Any) -> DeclaredTool | None:
     key = (name, origin)
     record = _by_name.get(key)
@@ -284,7 +332,8 @@ def _cached_name(name: str, origin: str, tool: Any) -> DeclaredTool | None:
 
 def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> ToolSet:
     """The :class:`ToolSet` of ``tools`` (see :func:`declared_tools`), shared between calls
-    that offer the same, unchanged tool dicts or names."""
+    that offer the same, unchanged tool dicts, names or objects (functions, a provider's tool
+    objects, or copies equal to them)."""
     if type(tools) is ToolSet:
         return tools
     if not tools:
@@ -298,8 +347,11 @@ def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> T
         elif kind is str:
             record = _cached_name(tool, origin, tool)
         else:
-            cacheable = False
-            records.extend(declared_tools((tool,), origin))  # a provider's object may declare several
+            found = _cached_object(tool, origin) if kind is not DeclaredTool else None
+            if found is None:
+                cacheable = False
+                found = tuple(declared_tools((tool,), origin))
+            records.extend(found)  # a provider's object may declare several
             continue
         if record is not None:
             records.append(record)
