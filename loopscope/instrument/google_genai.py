@@ -12,10 +12,9 @@ client, else ``gcp.gemini`` (the GenAI conventions' names), or the one whose hos
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from .._guard import internal_error
+from .._guard import guarded
 from ..models import ToolCall
 from ..recorder.adapter import (
     Finish,
@@ -75,47 +74,17 @@ def _enum(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
-class _Messages(Sequence[Any]):
-    """The request's contents as the recorder's conversation finder reads messages
-    (``role`` ``user`` / ``assistant`` / ``tool``, ``content`` text), made only where read."""
-
-    __slots__ = ("_contents",)
-
-    def __init__(self, contents: list[Any]) -> None:
-        self._contents = contents
-
-    def __len__(self) -> int:
-        return len(self._contents)
-
-    def __getitem__(self, index: Any) -> Any:
-        content = self._contents[index]
-        parts = _get(content, "parts") or ()
-        if _get(content, "role") == "model":
-            return {"role": "assistant", "content": _text(content) or ""}
-        if any(_get(p, "function_response", "functionResponse") is not None for p in parts if type(p) is not str):
-            return {"role": "tool", "content": ""}
-        return {"role": "user", "content": _text(content) or ""}
-
-
 def _contents(contents: Any) -> list[Any]:
     """The request's contents as a list of contents (loose parts and texts: one user content)."""
-    if contents is None:
-        return []
-    if type(contents) is not list:
-        contents = [contents]
     out: list[Any] = []
     loose: list[Any] = []
-    for item in contents:
+    for item in contents if type(contents) is list else [] if contents is None else [contents]:
         if type(item) is str or _get(item, "parts") is None:
             loose.append(item)
-            continue
-        if loose:
-            out.append({"role": "user", "parts": loose})
+        else:
+            out += [{"role": "user", "parts": loose}, item] if loose else [item]
             loose = []
-        out.append(item)
-    if loose:
-        out.append({"role": "user", "parts": loose})
-    return out
+    return [*out, {"role": "user", "parts": loose}] if loose else out
 
 
 def _result(response: Any) -> tuple[Any, bool]:
@@ -147,29 +116,27 @@ def _part(part: Any, results: ToolResults) -> Any:
     return Part(next(iter(fields), "unknown"))
 
 
+_CONFIG = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_output_tokens",
+           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed",
+           "stop": "stop_sequences", "choice_count": "candidate_count"}
+"""loopscope's parameter names -> ``GenerateContentConfig``'s (the SDK hands its call a config object)."""
+
+
 def _parameters(config: Any, server: dict[str, Any], provider: str) -> dict[str, Any]:
-    tool_config = _get(_get(config, "tool_config", "toolConfig"), "function_calling_config", "functionCallingConfig")
-    mode = _MODES.get(str(_enum(_get(tool_config, "mode"))))
-    names = _get(tool_config, "allowed_function_names", "allowedFunctionNames")
-    thinking = _get(config, "thinking_config", "thinkingConfig")
-    mime = _get(config, "response_mime_type", "responseMimeType")
+    calling = getattr(getattr(config, "tool_config", None), "function_calling_config", None)
+    mode = _MODES.get(str(_enum(getattr(calling, "mode", None))))
+    names = getattr(calling, "allowed_function_names", None)
+    thinking = getattr(config, "thinking_config", None)
+    mime = getattr(config, "response_mime_type", None)
     return request_parameters(
         provider=provider,
-        temperature=_get(config, "temperature"),
-        top_p=_get(config, "top_p", "topP"),
-        top_k=_get(config, "top_k", "topK"),
-        max_tokens=_get(config, "max_output_tokens", "maxOutputTokens"),
-        presence_penalty=_get(config, "presence_penalty", "presencePenalty"),
-        frequency_penalty=_get(config, "frequency_penalty", "frequencyPenalty"),
-        seed=_get(config, "seed"),
-        stop=_get(config, "stop_sequences", "stopSequences"),
-        choice_count=_get(config, "candidate_count", "candidateCount"),
+        **{name: getattr(config, field, None) for name, field in _CONFIG.items()},
         tool_choice=names[0] if mode == "required" and names and len(names) == 1 else mode,
         output_type="json" if mime == "application/json" else "text" if mime == "text/plain" else None,
-        thinking=thinking.model_dump(exclude_none=True) if r.is_model(thinking) else thinking,
-        system_instructions=_text(_get(config, "system_instruction", "systemInstruction")),
+        thinking=thinking.model_dump(exclude_none=True) if thinking is not None else None,
+        system_instructions=_text(getattr(config, "system_instruction", None)),
         server=server,
-        other={"cached_content": _get(config, "cached_content", "cachedContent")},
+        other={"cached_content": getattr(config, "cached_content", None)},
     )
 
 
@@ -180,32 +147,27 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
     config = kwargs.get("config")
     contents = _contents(kwargs.get("contents"))
     results = ToolResults()
-    messages = []
+    messages, said = [], []  # ``said``: as the recorder's conversation finder reads messages
     input_text = None
     for content in contents:
         role = _get(content, "role") or "user"
         if role == "model":
+            role = "assistant"
             results.model_spoke()
         parts = [_part(p, results) for p in _get(content, "parts") or ()]
         if role == "user" and parts and all(type(p) is ToolCallResponse for p in parts):
             role = "tool"
-        elif role == "user":
-            input_text = _text(content) or input_text
-        messages.append(InputMessage("assistant" if role == "model" else role, parts))
+        text = _text(content) or ""
+        if role == "user":
+            input_text = text or input_text
+        messages.append(InputMessage(role, parts))
+        said.append({"role": role, "content": text})
     model = kwargs.get("model")
     if type(model) is str and "models/" in model:
         model = model.rpartition("models/")[2]  # "models/x", "publishers/google/models/x": the model's name
-    return ModelRequest(
-        provider,
-        model,
-        tools=_get(config, "tools"),
-        tool_results=results.results,
-        input_text=input_text,
-        stream=stream,
-        parameters=_parameters(config, server, provider),
-        input_messages=messages,
-        messages=_Messages(contents),
-    )
+    return ModelRequest(provider, model, tools=getattr(config, "tools", None), tool_results=results.results,
+                        input_text=input_text, stream=stream, parameters=_parameters(config, server, provider),
+                        input_messages=messages, messages=said)
 
 
 def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
@@ -213,14 +175,6 @@ def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 # -- the answer --------------------------------------------------------------------------------
-
-
-def _usage(meta: Any) -> dict[str, int] | None:
-    if meta is None:
-        return None
-    return usage(input=meta.prompt_token_count, output=meta.candidates_token_count,
-                 cache_read=meta.cached_content_token_count, reasoning=meta.thoughts_token_count,
-                 output_includes_reasoning=False)  # Gemini counts thoughts apart from candidates
 
 
 class _Answer:
@@ -272,20 +226,22 @@ class _Answer:
         model_call.finish(self.partial())
 
     def partial(self) -> ModelResponse:
-        reason = _enum(self.reason)
+        reason, meta = _enum(self.reason), self.meta
         finish = Finish.CONTENT_FILTER if self.blocked else FINISH(reason)
         if self.calls and finish is Finish.STOP:
             finish = Finish.TOOL_CALL  # Gemini says STOP for function calls too
         return ModelResponse(
             text="".join(self.texts) or None,
             tool_calls=self.calls,
-            usage=_usage(self.meta),
+            usage=usage(input=meta.prompt_token_count, output=meta.candidates_token_count,
+                        cache_read=meta.cached_content_token_count, reasoning=meta.thoughts_token_count,
+                        output_includes_reasoning=False) if meta is not None else None,  # thoughts apart
             finish_reason=reason,
             finish=finish,
             response_id=self.response_id,
             model=self.model,
             thinking="".join(self.thoughts) or None,
-            provider_usage=r.reported_json(self.meta),
+            provider_usage=r.reported_json(meta),
         )
 
 
@@ -321,27 +277,20 @@ def _deliver(result: Any, model_call: ModelCall) -> Any:
 # -- automatic function calling: the SDK runs the user's functions ----------------------------------
 
 
+@guarded("google-genai function start")
 def _started(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    try:
-        arguments = args[0] if args else kwargs.get("args")
-        function = args[1] if len(args) > 1 else kwargs.get("function_to_invoke")
-        return start_tool(str(getattr(function, "__name__", function)), arguments)
-    except Exception:
-        internal_error("google-genai function start")
-        return None
+    arguments = args[0] if args else kwargs.get("args")
+    function = args[1] if len(args) > 1 else kwargs.get("function_to_invoke")
+    return start_tool(str(getattr(function, "__name__", function)), arguments)
 
 
+@guarded("google-genai function end")
 def _ended(execution: Any, exc: BaseException | None, result: Any = None) -> None:
-    if execution is None:
-        return
-    try:
-        if exc is None:
-            end_tool(execution, result=result)
-        else:  # the SDK's FunctionInvocationError wraps what the function raised: that is the error
-            cause = exc.__cause__ or exc.__context__
-            end_tool(execution, cause if isinstance(cause, Exception) else exc)
-    except Exception:
-        internal_error("google-genai function end")
+    if execution is not None and exc is None:
+        end_tool(execution, result=result)
+    elif execution is not None:  # the SDK's FunctionInvocationError wraps what the function raised: that is the error
+        cause = exc.__cause__ or exc.__context__
+        end_tool(execution, cause if isinstance(cause, Exception) else exc)
 
 
 def _invoke(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -546,3 +546,26 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     afc(server, "sync")
     loopscope.flush()
     assert len(recording.spans(a.OP_CHAT)) == 2 and len(server.requests) == 4
+
+
+@pytest.mark.parametrize("mode", ["chat", "achat"])
+def test_a_chats_questions_are_turns_of_one_session(instrumented, server, mode):
+    server.queue(Reply(text="Hello to you."), Reply(text="Fine, thanks."))
+    client = server.gemini_client()
+    if mode == "chat":
+        chat = client.chats.create(model=MODEL)
+        chat.send_message("Hello")
+        chat.send_message("How are you?")
+    else:
+        async def main() -> None:
+            chat = client.aio.chats.create(model=MODEL)
+            await chat.send_message("Hello")
+            await chat.send_message("How are you?")
+
+        asyncio.run(main())
+    loopscope.flush()
+    turns = instrumented.store.list_turns(limit=None)
+    assert sorted(t.response_content for t in turns) == ["Fine, thanks.", "Hello to you."]
+    assert len({t.session_id for t in turns}) == 1  # the second continues the first's conversation
+    _, [(count,)] = instrumented.store.sql("SELECT count(*) FROM model_calls")
+    assert count == len(server.requests) == 2  # one call, one record
