@@ -278,15 +278,39 @@ def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
 _by_object: dict[tuple[Any, ...], tuple[Any, tuple[DeclaredTool, ...]]] = {}
 
 
+_kinds: dict[type, int] = {}  # a tool object's type -> _BY_IDENTITY, _BY_VALUE or _NOT_CACHED
+_BY_IDENTITY, _BY_VALUE, _NOT_CACHED = 0, 1, 2
+
+
+def _kind(tool: Any) -> int:
+    """How a tool object of this type is cached (``inspect`` asked once per type: on a pydantic
+    model each of its lookups of a missing attribute raises and catches, microseconds a call)."""
+    kind = type(tool)
+    found = _kinds.get(kind)
+    if found is None:
+        if inspect.isroutine(tool) or isinstance(tool, type):
+            found = _BY_IDENTITY
+        else:
+            found = _NOT_CACHED if kind.__eq__ is object.__eq__ else _BY_VALUE
+        if len(_kinds) < _CACHE_SIZE:
+            _kinds[kind] = found
+    return found
+
+
 def _names(tool: Any) -> Any:
     """What tells a tool object from others of its type cheaply: its name, or its function
-    declarations' names (a Gemini ``Tool``); the entry's equality check decides."""
-    name = getattr(tool, "name", None)
+    declarations' names (a Gemini ``Tool``), read from its ``__dict__`` (a pydantic model's
+    fields are there); the entry's equality check decides."""
+    fields = getattr(tool, "__dict__", None)
+    if type(fields) is not dict:
+        return None
+    name = fields.get("name")
     if name is not None:
         return name if type(name) is str else None
-    declarations = getattr(tool, "function_declarations", None)
-    if isinstance(declarations, list):
-        return tuple(getattr(d, "name", None) for d in declarations)
+    declarations = fields.get("function_declarations")
+    if type(declarations) is list:
+        return tuple(getattr(d, "__dict__", {}).get("name") if type(d) is not dict else d.get("name")
+                     for d in declarations)
     return None
 
 
@@ -294,8 +318,8 @@ def _cached_object(tool: Any, origin: str) -> tuple[DeclaredTool, ...] | None:
     """The records of a tool written as an object (not a dict or a name): cached, so that
     the same tools offered call after call are not normalised again; None when it cannot be
     (its type compares by identity only: a copy would never hit)."""
-    kind = type(tool)
-    if inspect.isroutine(tool) or isinstance(tool, type):
+    how = _kind(tool)
+    if how == _BY_IDENTITY:
         key: tuple[Any, ...] = (id(tool), origin)
         entry = _by_object.get(key)
         if entry is not None and entry[0] is tool:
@@ -303,9 +327,9 @@ def _cached_object(tool: Any, origin: str) -> tuple[DeclaredTool, ...] | None:
         records = tuple(declared_tools((tool,), origin))
         _remember(_by_object, key, (tool, records))  # held: its id stays its own while cached
         return records
-    if kind.__eq__ is object.__eq__:
+    if how == _NOT_CACHED:
         return None
-    key = (kind, _names(tool), origin)
+    key = (type(tool), _names(tool), origin)
     entry = _by_object.get(key)
     try:
         if entry is not None and entry[0] == tool:
