@@ -71,7 +71,7 @@ def _text(value: Any) -> str | None:
 
 
 def _enum(value: Any) -> Any:
-    return getattr(value, "value", value)
+    return value if value is None or type(value) is str else getattr(value, "value", value)
 
 
 def _contents(contents: Any) -> list[Any]:
@@ -123,20 +123,20 @@ _CONFIG = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "ma
 
 
 def _parameters(config: Any, server: dict[str, Any], provider: str) -> dict[str, Any]:
-    calling = getattr(getattr(config, "tool_config", None), "function_calling_config", None)
+    f: dict[str, Any] = getattr(config, "__dict__", None) or {}  # the config model's fields: one lookup each
+    calling = getattr(f.get("tool_config"), "function_calling_config", None)
     mode = _MODES.get(str(_enum(getattr(calling, "mode", None))))
     names = getattr(calling, "allowed_function_names", None)
-    thinking = getattr(config, "thinking_config", None)
-    mime = getattr(config, "response_mime_type", None)
+    thinking, mime = f.get("thinking_config"), f.get("response_mime_type")
     return request_parameters(
         provider=provider,
-        **{name: getattr(config, field, None) for name, field in _CONFIG.items()},
+        **{name: f.get(field) for name, field in _CONFIG.items()},
         tool_choice=names[0] if mode == "required" and names and len(names) == 1 else mode,
         output_type="json" if mime == "application/json" else "text" if mime == "text/plain" else None,
         thinking=thinking.model_dump(exclude_none=True) if thinking is not None else None,
-        system_instructions=_text(getattr(config, "system_instruction", None)),
+        system_instructions=_text(f.get("system_instruction")),
         server=server,
-        other={"cached_content": getattr(config, "cached_content", None)},
+        other={"cached_content": f.get("cached_content")},
     )
 
 
