@@ -337,6 +337,24 @@ def test_thoughts_are_the_turns_thinking_counted_apart_from_the_answer(instrumen
     assert stored["other"] == {"cached_content": "cachedContents/abc"}
 
 
+def test_streamed_thoughts_are_the_turns_thinking(instrumented, server):
+    """Thought parts come in chunks of their own before the answer's; the last chunk has the usage."""
+    chunks = [body([{"text": "Thinking of ", "thought": True}]), body([{"text": "a haiku.", "thought": True}]),
+              body([{"text": "Autumn "}]), body([{"text": "moon."}], usageMetadata={
+                  "promptTokenCount": 50, "candidatesTokenCount": 7, "thoughtsTokenCount": 40, "totalTokenCount": 97})]
+    for chunk in chunks[:-1]:
+        del chunk["candidates"][0]["finishReason"]
+    server.queue(Reply(raw_body="".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks)))
+    client = server.gemini_client()
+    stream = client.models.generate_content_stream(model=MODEL, contents="A haiku")
+    assert "".join(c.text or "" for c in stream) == "Autumn moon."
+    turn = only_turn(instrumented)
+    assert (turn.thinking, turn.segments) == ("Thinking of a haiku.", ["Autumn moon."])
+    assert turn.usage == {"input_tokens": 50, "output_tokens": 47, "reasoning_tokens": 40}
+    [chat] = instrumented.spans(a.OP_CHAT)
+    assert chat.attributes[a.REQUEST_STREAM] is True and chat.attributes[a.RESPONSE_FINISH_REASONS] == ("STOP",)
+
+
 def test_a_blocked_prompt_is_a_content_filter(instrumented, server):
     server.queue(Reply(raw_body={"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": {"promptTokenCount": 8},
                                  "modelVersion": MODEL}))
