@@ -286,9 +286,11 @@ def _started(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @guarded("google-genai function end")
 def _ended(execution: Any, exc: BaseException | None, result: Any = None) -> None:
-    if execution is not None and exc is None:
+    if execution is None:
+        return
+    if exc is None:
         end_tool(execution, result=result)
-    elif execution is not None:  # the SDK's FunctionInvocationError wraps what the function raised: that is the error
+    else:  # the SDK's FunctionInvocationError wraps what the function raised: that is the error
         cause = exc.__cause__ or exc.__context__
         end_tool(execution, cause if isinstance(cause, Exception) else exc)
 
