@@ -348,9 +348,13 @@ def owned(path: str, stacks: dict[str, Stack]) -> list[str]:
     return [s.name for s in stacks.values() if not s.again and any(inside(path, r) for r in s.runs)]
 
 
+_ADAPTER_STACKS = {"google_genai": "gemini"}  # a provider SDK's stack is named after its extra
+
+
 def of_adapter(adapter: str) -> str:
-    """The stack that tests a framework adapter (``openai_agents`` -> ``openai-agents``)."""
-    return adapter.replace("_", "-")
+    """The stack that tests an adapter in a venv of its own (``openai_agents`` -> ``openai-agents``,
+    ``google_genai`` -> ``gemini``)."""
+    return _ADAPTER_STACKS.get(adapter) or adapter.replace("_", "-")
 
 
 def main(argv: list[str]) -> int:

@@ -38,6 +38,7 @@ ADAPTERS: dict[str, Adapter] = {
     "mistral": Adapter("mistralai", "loopscope.instrument.mistral"),
     "cohere": Adapter("cohere", "loopscope.instrument.cohere"),
     "ollama": Adapter("ollama", "loopscope.instrument.ollama"),
+    "google_genai": Adapter("google.genai", "loopscope.instrument.google_genai"),
 }
 """Every adapter, by name; the name is also the keyword that switches it off."""
 

@@ -271,6 +271,78 @@ def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
     return record
 
 
+# provider tool objects: a routine or class by identity, (id, origin) -> (it, its records); any
+# other object by value, (its type, its names, origin) -> (a deep copy of it as it was, its
+# records): an SDK may hand a copy of the user's tools with every call (google-genai
+# deep-copies its config each round), and a copy equal to the one seen is the same tools
+_by_object: dict[tuple[Any, ...], tuple[Any, tuple[DeclaredTool, ...]]] = {}
+
+
+_kinds: dict[type, int] = {}  # a tool object's type -> _BY_IDENTITY, _BY_VALUE or _NOT_CACHED
+_BY_IDENTITY, _BY_VALUE, _NOT_CACHED = 0, 1, 2
+
+
+def _kind(tool: Any) -> int:
+    """How a tool object of this type is cached (``inspect`` asked once per type: on a pydantic
+    model each of its lookups of a missing attribute raises and catches, microseconds a call)."""
+    kind = type(tool)
+    found = _kinds.get(kind)
+    if found is None:
+        if inspect.isroutine(tool) or isinstance(tool, type):
+            found = _BY_IDENTITY
+        else:
+            found = _NOT_CACHED if kind.__eq__ is object.__eq__ else _BY_VALUE
+        if len(_kinds) < _CACHE_SIZE:
+            _kinds[kind] = found
+    return found
+
+
+def _names(tool: Any) -> Any:
+    """What tells a tool object from others of its type cheaply: its name, or its function
+    declarations' names (a Gemini ``Tool``), read from its ``__dict__`` (a pydantic model's
+    fields are there); the entry's equality check decides."""
+    fields = getattr(tool, "__dict__", None)
+    if type(fields) is not dict:
+        return None
+    name = fields.get("name")
+    if name is not None:
+        return name if type(name) is str else None
+    declarations = fields.get("function_declarations")
+    if type(declarations) is list:
+        return tuple(getattr(d, "__dict__", {}).get("name") if type(d) is not dict else d.get("name")
+                     for d in declarations)
+    return None
+
+
+def _cached_object(tool: Any, origin: str) -> tuple[DeclaredTool, ...] | None:
+    """The records of a tool written as an object (not a dict or a name): cached, so that
+    the same tools offered call after call are not normalised again; None when it cannot be
+    (its type compares by identity only: a copy would never hit)."""
+    how = _kind(tool)
+    if how == _BY_IDENTITY:
+        key: tuple[Any, ...] = (id(tool), origin)
+        entry = _by_object.get(key)
+        if entry is not None and entry[0] is tool:
+            return entry[1]
+        records = tuple(declared_tools((tool,), origin))
+        _remember(_by_object, key, (tool, records))  # held: its id stays its own while cached
+        return records
+    if how == _NOT_CACHED:
+        return None
+    key = (type(tool), _names(tool), origin)
+    entry = _by_object.get(key)
+    try:
+        if entry is not None and entry[0] == tool:
+            return entry[1]
+        records = tuple(declared_tools((tool,), origin))
+        snapshot = copy.deepcopy(tool)
+        if snapshot == tool:  # NaN and friends: never a hit, never cached
+            _remember(_by_object, key, (snapshot, records))
+        return records
+    except Exception:  # a value that will not copy or compare: read afresh every time
+        return None
+
+
 def _cached_name(name: str, origin: str, tool: Any) -> DeclaredTool | None:
     key = (name, origin)
     record = _by_name.get(key)
@@ -284,7 +356,8 @@ def _cached_name(name: str, origin: str, tool: Any) -> DeclaredTool | None:
 
 def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> ToolSet:
     """The :class:`ToolSet` of ``tools`` (see :func:`declared_tools`), shared between calls
-    that offer the same, unchanged tool dicts or names."""
+    that offer the same, unchanged tool dicts, names or objects (functions, a provider's tool
+    objects, or copies equal to them)."""
     if type(tools) is ToolSet:
         return tools
     if not tools:
@@ -298,8 +371,11 @@ def tool_set(tools: Iterable[Any] | ToolSet | None, origin: str = "always") -> T
         elif kind is str:
             record = _cached_name(tool, origin, tool)
         else:
-            cacheable = False
-            records.extend(declared_tools((tool,), origin))  # a provider's object may declare several
+            found = _cached_object(tool, origin) if kind is not DeclaredTool else None
+            if found is None:
+                cacheable = False
+                found = tuple(declared_tools((tool,), origin))
+            records.extend(found)  # a provider's object may declare several
             continue
         if record is not None:
             records.append(record)

@@ -20,6 +20,7 @@ import pytest
 import loopscope
 from loopscope import semconv as a
 from loopscope.models import ToolCall
+from loopscope.recorder import declared
 from loopscope.recorder.adapter import (
     FINISH_OUTCOMES,
     Finish,
@@ -39,7 +40,7 @@ from loopscope.recorder.adapter import (
     start_model_call,
     usage,
 )
-from loopscope.recorder.declared import declared_tools
+from loopscope.recorder.declared import declared_tools, tool_set
 from recorded import only_turn, spans_of
 
 # Gemini's finish reasons (google-genai's types.FinishReason), as its adapter will map them
@@ -233,6 +234,34 @@ def test_tools_in_provider_objects_reach_the_store(recording):
     assert loopscope.flush()
     [declared] = only_turn(recording.store).declared_tools
     assert (declared.name, declared.parameters) == ("weather", CITY)
+
+
+def test_tool_objects_are_normalised_once_and_copies_equal_to_them_too():
+    """An SDK may hand the same tool objects call after call, or copies of them (google-genai
+    deep-copies its config each round): one ToolSet, its JSON made once; a changed copy is new."""
+
+    def weather(city: str) -> str:
+        """Weather of a city."""
+        return "sunny"
+
+    tool = GeminiTool(function_declarations=[FunctionDeclaration(name="weather", parameters_json_schema=CITY)])
+    first = tool_set([tool, weather])
+    assert [t.name for t in first.tools] == ["weather", "weather"]
+    assert tool_set([tool, weather]) is first
+    assert tool_set([tool.model_copy(deep=True), weather]) is first  # a copy equal to it
+    changed = tool.model_copy(deep=True)
+    changed.function_declarations[0].description = "Now with a description."
+    other = tool_set([changed, weather])
+    assert other is not first and other.tools[0].description == "Now with a description."
+    tool.function_declarations.append(FunctionDeclaration(name="time"))  # changed in place: read again
+    assert [t.name for t in tool_set([tool]).tools] == ["weather", "time"]
+    assert [t.name for t in tool_set([AttributeTool()]).tools] == ["lookup"]  # compares by identity: not cached
+
+
+def test_the_tool_object_cache_is_bounded():
+    for i in range(declared._CACHE_SIZE + 50):
+        tool_set([FunctionDeclaration(name=f"tool_{i}")])
+    assert len(declared._by_object) <= declared._CACHE_SIZE
 
 
 # -- typed request parameters, the server -----------------------------------------------------
