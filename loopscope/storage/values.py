@@ -40,13 +40,14 @@ row (a tool call's JSON is a few hundred bytes), well under the 1 MiB that made 
 group hold gigabytes."""
 
 PART_BYTES = 4 << 10
-"""Bytes (UTF-8) a part holds at most, cut at a character's start: DuckDB's string segments
-keep a string of up to 4,096 bytes in the segment itself, a longer one in overflow blocks of
-its own, and a checkpoint of parts past that size held several times its batch (plain DuckDB,
-8 MiB batches in row groups of 2,048 rows: 16 KiB parts peaked 150-217 MiB over the batch's
-start, 8 KiB 70-160, 4 KiB 20-23 and flat over 960 MiB; see ``benchmarks/README.md``,
-``bench_value_layout.py``). A row group of 2,048 parts holds 8 MiB at most. (Session 19
-stored 16 KiB parts: they read back the same.)"""
+"""Bytes (UTF-8) a part holds at most, cut at a character's start. Measured, in plain DuckDB
+(8 MiB batches in row groups of 2,048 rows, each checkpointed): a checkpoint of 16 KiB parts
+peaked 150-217 MiB over the batch's start, of 8 KiB 70-160, of 4,093-4,096 bytes 19-30 and
+flat over 960 MiB (4,000 bytes: 81; see ``benchmarks/README.md``, session 20). DuckDB keeps
+a string of more than 4,096 bytes in overflow blocks of its own, which may be why. A row
+group of 2,048 parts holds 8 MiB at most. The cost: DuckDB tries its compressions on many
+more strings, and writes parts ~1.5-2x as slowly. (Stores written before held 16 KiB parts:
+they read back the same.)"""
 
 MIGRATION = [
     f"CREATE TABLE IF NOT EXISTS {TABLE} (id VARCHAR NOT NULL, part INTEGER NOT NULL, text VARCHAR NOT NULL)",

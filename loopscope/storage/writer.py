@@ -689,6 +689,8 @@ class StoreWriter:
                 facts, markers, batch_bytes = rows.Facts(), [], 0
                 if not ok or self._abandoned:
                     return
+            elif not (facts.rows or facts.raw):
+                batch_bytes = 0  # what was taken made no row (left out by policy): nothing is held
             if idle:
                 if self._queue:  # queued while the drain ran, past the queue's first row: their wait starts now
                     self._arrived.set()

@@ -139,10 +139,10 @@ def test_a_value_of_a_few_mib_is_stored_in_parts_and_read_back_whole_everywhere(
     assert exported == [(value,)]
 
 
-def test_parts_are_at_most_4_kib_the_strings_duckdb_keeps_inline(tmp_path: Path, model_server: FakeModelServer) -> None:
-    """DuckDB keeps a string of up to 4,096 bytes in its segment, a longer one in overflow
-    blocks, whose checkpoint held several times a batch (benchmarks/README.md): every part
-    of a 1 MiB value is 4,096 bytes at most, and the value reads back whole."""
+def test_parts_are_at_most_4_kib_and_read_back_whole(tmp_path: Path, model_server: FakeModelServer) -> None:
+    """Parts of more than 4 KiB made DuckDB's checkpoint hold several times a batch
+    (values.PART_BYTES, benchmarks/README.md): every part of a 1 MiB value is 4,096 bytes
+    at most, and the value reads back whole."""
     db = tmp_path / "small-parts.duckdb"
     value = _value(1 << 20)
     _configure(db)
