@@ -14,6 +14,7 @@ wait for nothing).
 
     .venv/bin/python benchmarks/bench_big_values.py                  # 500 calls of 1 MiB
     .venv/bin/python benchmarks/bench_big_values.py --against ../main  # and another checkout's rows
+    .venv/bin/python benchmarks/bench_big_values.py --runs 3 --against ../main  # medians of 3, taking turns
     .venv/bin/python benchmarks/bench_big_values.py --smoke          # 20 calls: checks that it runs
 """
 
@@ -86,6 +87,16 @@ def run(mode: str, calls: int, value: int, root: Path = ROOT, gap: float = 0.0) 
         return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _medians(results: list[dict[str, float]]) -> dict[str, float]:
+    """Each number's median over the runs (a field of its own: the runs' rates are medians too)."""
+    import statistics
+
+    out = {key: statistics.median(r[key] for r in results) for key in results[0] if key != "flushed"}
+    out["rate"] = statistics.median(r["written"] / 3 / r["seconds"] for r in results)  # calls written a second
+    out["growth_kb"] = statistics.median(r["peak_kb"] - r["before_kb"] for r in results)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500)
@@ -94,6 +105,7 @@ def main() -> None:
     parser.add_argument("--against", type=Path, help="another checkout (main, say): its rows printed under this one's")
     parser.add_argument("--gap-ms", type=float, default=0.0,
                         help="a pause after each call: an application that leaves the writer time (0: calls back to back)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each case, the checkouts taking turns: medians printed")
     parser.add_argument("--smoke", action="store_true", help="20 calls: checks that it runs, measures nothing")
     args = parser.parse_args()
     if args.smoke:
@@ -105,16 +117,22 @@ def main() -> None:
     print(f"{'checkout writer':16} {'values':>7} {'app peak-before MiB':>20} {'x baseline':>10} {'writer proc peak MiB':>21} "
           f"{'MiB/s written':>13} {'written':>8} {'dropped':>8}")
     checkouts = [("this", ROOT)] + ([("against", args.against.resolve())] if args.against else [])
+    if args.smoke:
+        args.runs = 1
     for mode in args.modes:
-        for label, root in checkouts:
-            base = run(mode, args.calls, 1 << 10, root, args.gap_ms / 1000)
-            big = run(mode, args.calls, value, root, args.gap_ms / 1000)
-            base_growth = max(1, base["peak_kb"] - base["before_kb"]) / 1024
+        runs: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {label: [] for label, _ in checkouts}
+        for _ in range(max(1, args.runs)):  # the checkouts take turns: a change of load falls on each
+            for label, root in checkouts:
+                runs[label].append((run(mode, args.calls, 1 << 10, root, args.gap_ms / 1000),
+                                    run(mode, args.calls, value, root, args.gap_ms / 1000)))
+        for label, _ in checkouts:
+            base, big = _medians([r[0] for r in runs[label]]), _medians([r[1] for r in runs[label]])
+            base_growth = max(1, base["growth_kb"]) / 1024
             for name, result, size in (("1 KiB", base, 1 << 10), (f"{args.value_kib} KiB", big, value)):
-                growth = (result["peak_kb"] - result["before_kb"]) / 1024
-                rate = result["written"] / 3 * size / (1 << 20) / result["seconds"]  # 3 events a call
+                growth = result["growth_kb"] / 1024
+                rate = result["rate"] * size / (1 << 20)  # 3 events a call
                 print(f"{label + ' ' + mode:16} {name:>7} {growth:20.0f} {growth / base_growth:10.1f} "
-                      f"{result['child_peak_kb'] / 1024:21.0f} {rate:13.1f} {result['written']:8d} {result['dropped']:8d}")
+                      f"{result['child_peak_kb'] / 1024:21.0f} {rate:13.1f} {result['written']:8.0f} {result['dropped']:8.0f}")
 
 
 if __name__ == "__main__":

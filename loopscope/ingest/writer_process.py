@@ -1163,11 +1163,15 @@ class ProcessSpanWriter:
             self._config = pickle.dumps(config)
 
 
-CHILD_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2"}
+CHILD_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "262144"}
 """The writer process's allocators, unless the application's environment sets them: Arrow's
 rows through the C allocator (its default, jemalloc, kept ~30-40 MB of freed batches), which
 the child gives back to the system after its writes (``malloc_trim``), in at most two arenas
 (glibc makes up to eight a core, one per thread that allocates: the reader, the writer, DuckDB's).
+A block of 256 KiB or more is its own mapping, returned when freed: glibc's threshold otherwise
+rises to the largest block freed (up to 32 MiB), and the 1 MiB values received, queued and
+copied into a batch's Arrow rows then stayed in the heap until the trim after the batch (the
+writer's peak with 1 MiB tool results 360-365 MiB against 414-417, ``bench_big_values.py``).
 With DuckDB's allocator settings (``connection._ALLOCATOR``) the writer process held ~200 MB
 after 8,000 calls, flat, where it held 238-268 MB and grew (``benchmarks/bench_memory.py``)."""
 

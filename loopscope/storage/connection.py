@@ -475,7 +475,7 @@ ROW_GROUP_SIZE = 2048
 """Rows a row group holds in what a write appends (DuckDB's least; 122,880 by default),
 in a store that holds large values in parts (storage/values.py). DuckDB rewrites a table's
 last row group whole at each checkpoint and holds its values meanwhile, so a writer's
-memory grows with the bytes one row group holds: 2,048 parts are 32 MiB at most. An option
+memory grows with the bytes one row group holds: 2,048 parts are 8 MiB at most. An option
 of the attach, not kept in the file, for every table of it: a store without parts (most)
 keeps DuckDB's default, as its reads are 1.2-1.7x as slow in row groups of 2,048 rows
 (``benchmarks/bench_row_groups.py``)."""

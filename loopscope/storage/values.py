@@ -9,7 +9,8 @@ bytes is stored as parts of :data:`PART_BYTES` bytes at most in ``loopscope_valu
 (``id`` the event's id, ``part`` from 0, ``text``), and the row's ``content`` is NULL;
 the attaches that write a store holding parts give ``ROW_GROUP_SIZE 2048``
 (:data:`~loopscope.storage.connection.ROW_GROUP_SIZE`), so that a row group of parts holds
-32 MiB at most. A normal store has no value that long and pays nothing.
+8 MiB at most, each part kept inline in its segment (see :data:`PART_BYTES`). A normal
+store has no value that long and pays nothing.
 
 Reads give values back whole two ways. loopscope's own reads fetch their rows first,
 then the parts of the rows whose ``content`` is NULL by id (:func:`fill`): no view can
@@ -38,10 +39,15 @@ CUT_OVER = 64 << 10
 row (a tool call's JSON is a few hundred bytes), well under the 1 MiB that made a row
 group hold gigabytes."""
 
-PART_BYTES = 16 << 10
-"""Bytes (UTF-8) a part holds at most, cut at a character's start: a row group of 2,048
-parts holds 32 MiB at most. (64 KiB parts made 128 MiB row groups, and the writer's memory
-after each checkpoint climbed; see ``benchmarks/README.md``.)"""
+PART_BYTES = 4 << 10
+"""Bytes (UTF-8) a part holds at most, cut at a character's start. Measured, in plain DuckDB
+(8 MiB batches in row groups of 2,048 rows, each checkpointed): a checkpoint of 16 KiB parts
+peaked 150-217 MiB over the batch's start, of 8 KiB 70-160, of 4,093-4,096 bytes 19-30 and
+flat over 960 MiB (4,000 bytes: 81; see ``benchmarks/README.md``, session 20). DuckDB keeps
+a string of more than 4,096 bytes in overflow blocks of its own, which may be why. A row
+group of 2,048 parts holds 8 MiB at most. The cost: DuckDB tries its compressions on many
+more strings, and writes parts ~1.5-2x as slowly. (Stores written before held 16 KiB parts:
+they read back the same.)"""
 
 MIGRATION = [
     f"CREATE TABLE IF NOT EXISTS {TABLE} (id VARCHAR NOT NULL, part INTEGER NOT NULL, text VARCHAR NOT NULL)",

@@ -655,13 +655,22 @@ class StoreWriter:
         # ``max_bytes``), not ``max_queue`` + ``batch_size``
         limit = max(1, min(self.batch_size, self.max_queue))
         chunk = min(rows.CHUNK, limit)
+        # a batch takes about BATCH_SHARE of max_bytes from the queue, as the byte bound
+        # counts them: a chunk of 4,096 entries took the whole queue at once, so a batch of
+        # 1 MiB values held every value queued (64 MiB), and each copy made in writing it
+        # was as large (see bench_big_values.py)
+        share = max(1, int(self.max_bytes * BATCH_SHARE))
+        batch_bytes = 0
         left = len(self._queue)
         while True:
-            items, taken, consumed = self._take(min(chunk, left), facts)
+            items, taken, consumed, took = self._take(min(chunk, left), facts, share - batch_bytes)
             left -= consumed
-            if items:
+            batch_bytes += took
+            mapped = bool(items)
+            if mapped:
                 self._map(items, facts)
-            if items or facts.raw:
+                items.clear()  # the spans' values are in the facts now: not held through the write
+            if mapped or facts.raw:
                 self._mapped, self._mapped_facts = facts.rows, facts
                 self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
             markers += taken
@@ -669,7 +678,7 @@ class StoreWriter:
                 settle(markers, False, "store writer")
                 return
             idle = left <= 0
-            full = facts.rows >= limit or self._held_bytes >= self.max_bytes * BATCH_SHARE
+            full = facts.rows >= limit or self._held_bytes >= share or batch_bytes >= share
             if markers or ((facts.rows or facts.raw) and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
                 try:
@@ -677,24 +686,30 @@ class StoreWriter:
                 finally:
                     self._mapped, self._mapped_facts = 0, None
                     settle(markers, ok, "store writer")
-                facts, markers = rows.Facts(), []
+                facts, markers, batch_bytes = rows.Facts(), [], 0
                 if not ok or self._abandoned:
                     return
+            elif not (facts.rows or facts.raw):
+                batch_bytes = 0  # what was taken made no row (left out by policy): nothing is held
             if idle:
                 if self._queue:  # queued while the drain ran, past the queue's first row: their wait starts now
                     self._arrived.set()
                 return
 
-    def _take(self, count: int, facts: rows.Facts) -> tuple[list[Any], list[FlushRequest], int]:
-        """Up to ``count`` entries of the queue: their spans, the flushes among them, and how
-        many entries they were. A bundle's spans are taken whole, its raw rows put in ``facts``."""
+    def _take(self, count: int, facts: rows.Facts, budget: int) -> tuple[list[Any], list[FlushRequest], int, int]:
+        """Up to ``count`` entries of the queue, and no more once they count ``budget`` bytes
+        (the one that passes it taken): their spans, the flushes among them, how many entries
+        they were, and their bytes. A bundle's spans are taken whole, its raw rows put in ``facts``."""
         items: list[Any] = []
         markers: list[FlushRequest] = []
         queue = self._queue
         popleft = queue.popleft
         taken = 0
-        consumed = min(len(queue), count)
-        for _ in range(consumed):
+        consumed = 0
+        for _ in range(min(len(queue), count)):
+            if taken >= budget and consumed:
+                break
+            consumed += 1
             item = popleft()
             if type(item) is FlushRequest:
                 markers.append(item)
@@ -713,7 +728,7 @@ class StoreWriter:
                 if item[0]:  # as submit() counted it
                     taken += self._span_bytes(item[1])
         self._out_bytes += taken
-        return items, markers, consumed
+        return items, markers, consumed, taken
 
     def _map(self, items: list[Any], facts: rows.Facts) -> None:
         skip = self._skipped()

@@ -1,4 +1,4 @@
-"""Large values kept in parts (issue 30): a tool result of a few MiB is stored as 16 KiB
+"""Large values kept in parts (issue 30): a tool result of a few MiB is stored as 4 KiB
 parts in ``loopscope_values`` (a checkpoint then rewrites row groups of parts, not of whole
 values: the writer's memory stays bounded, measured by ``benchmarks/bench_big_values.py``),
 and every read gives it back whole: the timeline (``Store`` and ``loopscope timeline``), the
@@ -80,7 +80,7 @@ def test_a_value_of_a_few_mib_is_stored_in_parts_and_read_back_whole_everywhere(
     finally:
         _stop()
 
-    # in the file: the row's content in parts, none of them over 16 KiB, the column NULL
+    # in the file: the row's content in parts, none of them over PART_BYTES, the column NULL
     con = duckdb.connect(str(db), read_only=True)
     try:
         (end_id,) = con.execute("SELECT id FROM events WHERE type = 'tool_call_end'").fetchone() or (None,)
@@ -137,6 +137,30 @@ def test_a_value_of_a_few_mib_is_stored_in_parts_and_read_back_whole_everywhere(
     finally:
         parquet.close()
     assert exported == [(value,)]
+
+
+def test_parts_are_at_most_4_kib_and_read_back_whole(tmp_path: Path, model_server: FakeModelServer) -> None:
+    """Parts of more than 4 KiB made DuckDB's checkpoint hold several times a batch
+    (values.PART_BYTES, benchmarks/README.md): every part of a 1 MiB value is 4,096 bytes
+    at most, and the value reads back whole."""
+    db = tmp_path / "small-parts.duckdb"
+    value = _value(1 << 20)
+    _configure(db)
+    try:
+        _loop(model_server, "big", value)
+        assert loopscope.flush(timeout=60)
+    finally:
+        _stop()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        found = con.execute("SELECT count(*), max(strlen(text)), count(DISTINCT id) FROM loopscope_values").fetchone()
+    finally:
+        con.close()
+    assert found is not None
+    count, longest, ids = found
+    assert ids == 1 and longest <= 4096 and count >= len(value.encode()) // 4096
+    (end,) = [e for e in loopscope.Store(str(db)).get_timeline("big") if e.type == "tool_call_end"]
+    assert end.content.result == value  # type: ignore[union-attr]
 
 
 def test_a_normal_store_has_no_parts_and_sql_reads_the_table(tmp_path: Path, model_server: FakeModelServer) -> None:

@@ -36,3 +36,31 @@ def test_a_queue_half_full_in_bytes_is_written_before_the_interval_and_nothing_i
         loopscope.shutdown()
     [(turns,)] = loopscope.Store(str(tmp_path / "bytes.duckdb")).sql("SELECT count(*) FROM turns")[1]
     assert turns == recorded
+
+
+def test_a_batch_takes_about_a_quarter_of_the_byte_bound_from_the_queue(tmp_path: Path) -> None:
+    """What is queued is written in batches of about ``BATCH_SHARE`` of the bound, not all at
+    once: each copy writing a batch makes (the rows in Arrow, the content, its parts, DuckDB's)
+    is then that large, not as large as the whole queue (issue 30: 1 MiB tool results)."""
+    bound = 8 << 20
+    db = tmp_path / "share.duckdb"
+    pipeline = loopscope.configure(db, writer="thread", tracer_provider=TracerProvider(), flush_interval=120, queue_bytes=bound)
+    calls = 12  # 12 results of 256 KiB: 3 MiB, under the half of the bound that wakes the writer early
+
+    @loopscope.tool
+    def fetch(i: int) -> str:
+        return chr(ord("a") + i) * (256 << 10)
+
+    try:
+        before = pipeline.stats().batches
+        for i in range(calls):
+            with loopscope.turn(session_id="s", input="q"):
+                fetch(i)
+        assert loopscope.flush()
+        stats = pipeline.stats()
+        assert stats.dropped == 0
+        assert stats.batches - before >= 2, "the whole queue was taken into one batch"
+    finally:
+        loopscope.shutdown()
+    _, rows = loopscope.Store(str(db)).sql("SELECT length(content->>'$.result') FROM events WHERE type = 'tool_call_end'")
+    assert rows == [(256 << 10,)] * calls
