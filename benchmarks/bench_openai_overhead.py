@@ -639,22 +639,13 @@ def _median_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1000
 
 
-class Worker:
-    """One variant's process, driven block by block over its stdin/stdout."""
+class WorkerProcess:
+    """A benchmark's worker process, driven command by command over its stdin/stdout (a JSON
+    line each way); its stderr goes to ``log``. Also bench_provider_overhead.py's."""
 
-    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path, against: Path | None = None,
-                 otlp_url: str | None = None) -> None:
-        self.variant = variant
-        self.log = folder / f"{variant.key}.stderr.log"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OTEL_", "TRACELOOP_", "OPENINFERENCE_", "LOOPSCOPE_", "PYTHONPATH"))}
-        if variant.key == "loopscope-against" and against is not None:
-            env["PYTHONPATH"] = str(against)
-        cmd = [str(variant.venv.python), str(Path(__file__).resolve()), "--worker", variant.key,
-               "--base-url", base_url, "--warmup", str(warmup)]
-        if otlp_url is not None:
-            cmd += ["--otlp-url", otlp_url]
-        with self.log.open("w") as err:
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=err, text=True, bufsize=1)
 
@@ -678,6 +669,23 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class Worker(WorkerProcess):
+    """One variant's process, driven block by block."""
+
+    def __init__(self, variant: Variant, base_url: str, warmup: int, folder: Path, against: Path | None = None,
+                 otlp_url: str | None = None) -> None:
+        self.variant = variant
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OTEL_", "TRACELOOP_", "OPENINFERENCE_", "LOOPSCOPE_", "PYTHONPATH"))}
+        if variant.key == "loopscope-against" and against is not None:
+            env["PYTHONPATH"] = str(against)
+        cmd = [str(variant.venv.python), str(Path(__file__).resolve()), "--worker", variant.key,
+               "--base-url", base_url, "--warmup", str(warmup)]
+        if otlp_url is not None:
+            cmd += ["--otlp-url", otlp_url]
+        super().__init__(cmd, env, folder / f"{variant.key}.stderr.log")
 
 
 def _ask(w: Worker, command: dict, failed: dict[str, str]) -> dict | None:

@@ -54,10 +54,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,7 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_openai_overhead import Venv, _process_cpu_ns, ensure_venv
+from bench_openai_overhead import Venv, WorkerProcess, _process_cpu_ns, ensure_venv
 
 
 @dataclass(frozen=True)
@@ -348,43 +346,19 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-class Worker:
-    """One variant's process, driven block by block over its stdin/stdout."""
+class Worker(WorkerProcess):
+    """One variant's process, driven block by block."""
 
     def __init__(self, sdk: Sdk, variant: str, base_url: str, warmup: int, folder: Path) -> None:
         self.sdk = sdk
         self.variant = variant
         self.key = f"{sdk.name}:{variant}"
-        self.log = folder / f"{sdk.name}-{variant}.stderr.log"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("OTEL_", "OPENINFERENCE_", "LOOPSCOPE_", "LITELLM_", "PYTHONPATH"))}
         env.update(WORKER_ENV)
         cmd = [str(sdk.venv.python), str(Path(__file__).resolve()), "--worker", self.key, "--base-url", base_url,
                "--warmup", str(warmup)]
-        with self.log.open("w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, text=True, bufsize=1)
-
-    def ask(self, command: dict, timeout: float = 300.0) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        if command:
-            self.proc.stdin.write(json.dumps(command) + "\n")
-            self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)  # one line per command: nothing buffered
-        if not ready:
-            self.stop()
-            raise RuntimeError(f"no answer within {timeout:.0f}s")
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait()
-            tail = [ln for ln in self.log.read_text().splitlines() if ln.strip()][-1:] or [f"exit {self.proc.returncode}"]
-            raise RuntimeError(tail[0])
-        return json.loads(line)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(cmd, env, folder / f"{sdk.name}-{variant}.stderr.log")
 
 
 def _fake_server():  # type: ignore[no-untyped-def]
