@@ -1,4 +1,4 @@
-"""The wrapper factory every provider adapter uses for one model call.
+"""The wrapper factories adapters use for one model call (and for one tool a library runs).
 
 An adapter supplies two functions: ``describe(instance, args, kwargs)`` reads the request
 into a :class:`~loopscope.recorder.adapter.ModelRequest` (or None to leave the call
@@ -28,6 +28,7 @@ from .._guard import internal_error
 from ..recorder.adapter import (
     ModelCall,
     ModelRequest,
+    ToolExecution,
     detach,
     note_request_elsewhere,
     recorded_elsewhere,
@@ -139,6 +140,57 @@ def async_call(
                 if token is not None:
                     detach(token)
             return _deliver(deliver, result, model_call)
+
+        return run()
+
+    return wrapper
+
+
+# -- a tool the library runs: one tool call ------------------------------------------------------------
+
+StartTool = Callable[[tuple[Any, ...], dict[str, Any]], "ToolExecution | None"]
+"""``start(args, kwargs)``: the tool call the library's method is about to run (``start_tool``),
+or None to leave it alone. Guarded by the adapter (``@guarded``)."""
+EndTool = Callable[["ToolExecution", "BaseException | None", Any], None]
+"""``end(execution, exc, result)``: the tool call ended with what the method returned, or
+with the exception it raised (``end_tool``). Guarded by the adapter."""
+
+
+def sync_tool(start: StartTool, end: EndTool) -> Callable[..., Any]:
+    """A wrapt wrapper for a library's method that runs one tool (google-genai's function
+    calling, an MCP client's ``call_tool``): a tool call from its start to what it returned
+    or raised, which the user gets unchanged."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        execution = start(args, kwargs)
+        if execution is None:
+            return wrapped(*args, **kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            end(execution, exc, None)
+            raise
+        end(execution, None, result)
+        return result
+
+    return wrapper
+
+
+def async_tool(start: StartTool, end: EndTool) -> Callable[..., Any]:
+    """:func:`sync_tool` for a method that returns an awaitable."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        async def run() -> Any:
+            execution = start(args, kwargs)
+            if execution is None:
+                return await wrapped(*args, **kwargs)
+            try:
+                result = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                end(execution, exc, None)
+                raise
+            end(execution, None, result)
+            return result
 
         return run()
 

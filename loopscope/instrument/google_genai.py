@@ -37,7 +37,7 @@ from ..recorder.adapter import (
     usage,
 )
 from . import _read as r
-from ._calls import async_call, sync_call
+from ._calls import async_call, async_tool, sync_call, sync_tool
 from ._patch import Patch, wrap
 from ._streams import proxy_stream
 
@@ -285,39 +285,12 @@ def _started(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 @guarded("google-genai function end")
-def _ended(execution: Any, exc: BaseException | None, result: Any = None) -> None:
-    if execution is None:
-        return
+def _ended(execution: Any, exc: BaseException | None, result: Any) -> None:
     if exc is None:
         end_tool(execution, result=result)
     else:  # the SDK's FunctionInvocationError wraps what the function raised: that is the error
         cause = exc.__cause__ or exc.__context__
         end_tool(execution, cause if isinstance(cause, Exception) else exc)
-
-
-def _invoke(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    execution = _started(args, kwargs)
-    try:
-        result = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        _ended(execution, exc)
-        raise
-    _ended(execution, None, result)
-    return result
-
-
-def _invoke_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    async def run() -> Any:
-        execution = _started(args, kwargs)
-        try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            _ended(execution, exc)
-            raise
-        _ended(execution, None, result)
-        return result
-
-    return run()
 
 
 # -- patching -----------------------------------------------------------------------------------------
@@ -331,7 +304,7 @@ def patch() -> list[Patch]:
         wrap(models.Models, "_generate_content_stream", sync_call(_stream_request, _deliver, mark=False)),
         wrap(models.AsyncModels, "_generate_content", async_call(_request, _deliver, mark=False)),
         wrap(models.AsyncModels, "_generate_content_stream", async_call(_stream_request, _deliver, mark=False)),
-        wrap(_extra_utils, "invoke_function_from_dict_args", _invoke),  # type: ignore[arg-type]
-        wrap(_extra_utils, "invoke_function_from_dict_args_async", _invoke_async),  # type: ignore[arg-type]
+        wrap(_extra_utils, "invoke_function_from_dict_args", sync_tool(_started, _ended)),  # type: ignore[arg-type]
+        wrap(_extra_utils, "invoke_function_from_dict_args_async", async_tool(_started, _ended)),  # type: ignore[arg-type]
     ]
     return [p for p in patches if p is not None]

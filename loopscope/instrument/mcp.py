@@ -20,11 +20,11 @@ that does offer them declares them already.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._guard import guarded
 from ..recorder.adapter import ToolExecution, end_tool, result_value, running_tool, start_tool
+from ._calls import async_tool
 from ._patch import Patch, wrap
 
 
@@ -68,6 +68,12 @@ def _deliver(execution: ToolExecution, result: Any) -> None:
         execution.fail(text or "the tool returned an error")
 
 
+def _end(execution: ToolExecution, exc: BaseException | None, result: Any) -> None:
+    if exc is None:
+        _deliver(execution, result)
+    end_tool(execution, exc)
+
+
 @guarded("mcp tool start")
 def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolExecution | None:
     name, arguments = _call(args, kwargs)
@@ -76,25 +82,8 @@ def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolExecution | Non
     return start_tool(name, arguments)
 
 
-def _call_tool(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    async def run() -> Any:
-        execution = _start(args, kwargs)
-        if execution is None:
-            return await wrapped(*args, **kwargs)
-        try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            end_tool(execution, exc)
-            raise
-        _deliver(execution, result)
-        end_tool(execution)
-        return result
-
-    return run()
-
-
 def patch() -> list[Patch]:
     from mcp.client.session import ClientSession
 
-    patches = [wrap(ClientSession, "call_tool", _call_tool)]
+    patches = [wrap(ClientSession, "call_tool", async_tool(_start, _end))]
     return [p for p in patches if p is not None]
