@@ -178,6 +178,7 @@ class _Home:
         # whether writes leave their rows in the WAL now (open_store's checkpoint); None
         # after a block whose attach failed midway: unknown, set again by the next
         self.keeps_wal: bool | None = False
+        self.blocks = 0  # write blocks run on this database (renew_after)
 
     def database(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
@@ -212,6 +213,26 @@ class _Home:
         """Start a new database next time (this one closes with its last cursor)."""
         with self._lock:
             self._database = None
+            self.blocks = 0
+
+    def renew_after(self, blocks: int) -> None:
+        """Count a write block that has ended (its file detached, its cursor closed); after
+        ``blocks`` of them, close this database and start a new one at the next block.
+
+        A DuckDB database keeps a little C++ memory for every file attached to it and
+        written (outside its buffer manager and its allocator, so neither a purge nor
+        ``memory_limit`` reaches it): ~10 KB a batch of the store's writer, ~35 KB in the
+        writer process, where its glibc heap grew 16 -> 26 MB over 280 batches. Only closing
+        the database gives it back. A new one costs ~17 ms CPU (see :data:`RENEW_AFTER`)."""
+        with self._lock:
+            self.blocks += 1
+            if self.blocks < blocks or self._database is None:
+                return
+            database, self._database, self.blocks = self._database[1], None, 0
+        try:
+            database.close()  # no cursor of it is open: the caller's gate keeps other blocks out
+        except duckdb.Error:
+            pass
 
 
 _readers = _Home()
@@ -227,6 +248,13 @@ every thread (the dashboard's first page took 1.2x the wall time on one), unless
 reuse a page's kept attachment (:func:`_reusable`)."""
 _writers: dict[str, _Home] = {}
 _writers_lock = threading.Lock()
+RENEW_AFTER = 100
+"""Write blocks a writer's database (:func:`_writer_home`) runs before it is closed and a new
+one made (:meth:`_Home.renew_after`): what DuckDB kept of each attach and write (C++ memory,
+~10-35 KB a batch) is given back with it. Measured (2026-12-07, load ~28 on 2 shared cores,
+one batch a flushed turn, the thread writer): glibc's heap in use 17.5 -> 19.7 MB over 200
+batches kept, flat at 17.2-17.5 MB renewed every 64. A new database costs ~17 ms CPU: ~0.2 ms a
+batch at 100, where a batch of the writer process costs several ms."""
 
 
 # a commit checkpoints: its rows reach the file proper at once (a large batch skips the
@@ -728,3 +756,4 @@ def open_store(
             _detach(con, alias, home, checkpoint=not (cancelled is not None and cancelled()))
         finally:
             con.close()
+            home.renew_after(RENEW_AFTER)
