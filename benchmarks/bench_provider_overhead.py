@@ -65,7 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_openai_overhead import Venv, WorkerProcess, _process_cpu_ns, ensure_venv
+from bench_openai_overhead import Venv, WorkerProcess, _fake_server, _process_cpu_ns, ensure_venv
 
 
 @dataclass(frozen=True)
@@ -359,25 +359,6 @@ class Worker(WorkerProcess):
         cmd = [str(sdk.venv.python), str(Path(__file__).resolve()), "--worker", self.key, "--base-url", base_url,
                "--warmup", str(warmup)]
         super().__init__(cmd, env, folder / f"{sdk.name}-{variant}.stderr.log")
-
-
-def _fake_server():  # type: ignore[no-untyped-def]
-    from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-
-    tool_reply = Reply(tool_calls=[ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})],
-                       usage=Usage(182, 24, cached_tokens=64))
-    final_reply = Reply(text="It is 21 °C and dry in Paris right now, with a light breeze from the west.",
-                        usage=Usage(231, 19, cached_tokens=128))
-
-    def first_round(request) -> bool:  # type: ignore[no-untyped-def]
-        return not request.tool_results  # no tool result yet: the model asks for the tool
-
-    def rescript(server, calls: int) -> None:  # type: ignore[no-untyped-def]
-        server.reset()  # also forgets the recorded requests, so memory stays flat
-        server.default_reply = final_reply
-        server.queue(*[tool_reply] * calls, match=first_round)
-
-    return FakeModelServer().start(), rescript
 
 
 def orchestrate(args: argparse.Namespace) -> int:
