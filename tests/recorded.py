@@ -30,3 +30,15 @@ def only_turn(store: Any) -> Any:
 def spans_of(recording: Any, operation: str) -> list[Any]:
     """The finished spans of one GenAI operation (``chat``, ``execute_tool``, ...)."""
     return [s for s in recording.spans() if s.attributes.get(a.OPERATION) == operation]
+
+
+def assert_one_cancelled_call(recording: Any) -> None:
+    """One model call, its stream let go before its end: the call is ``StreamClosed`` and
+    its turn ended ``cancelled``."""
+    from loopscope import LoopEndReason
+
+    [chat] = recording.spans(a.OP_CHAT)
+    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
+    assert only_turn(recording.store).loop_end_reason == LoopEndReason.CANCELLED
+    _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
+    assert count == 1

@@ -4,6 +4,8 @@ checked on the same conversation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .script import Reply, ToolCall, Usage
 
 TOOLS = [{"type": "function", "function": {  # OpenAI's tool format, which these SDKs take as it is
@@ -22,3 +24,20 @@ def queue_tool_loop(server: object, text: str = "Let me look.", cached_tokens: i
         Reply(text=text, tool_calls=[ToolCall("get_weather", {"city": "Paris"})], usage=first_usage),
         Reply(text=ANSWER, usage=Usage(140, 9)),
     )
+
+
+def queue_tool_round(server: object, tag: str = "", *, call_id: str, city: str = "Paris", **first: Any) -> None:
+    """Queue a round that calls ``get_weather`` for ``city`` with the provider's id ``call_id``
+    (100 tokens in, 20 out, 30 cached; ``first``: more of the first reply's fields), then its
+    answer (150, 10), for the requests whose text holds ``tag`` (any, when empty)."""
+    server.queue(  # type: ignore[attr-defined]
+        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
+              usage=Usage(100, 20, cached_tokens=30), **first),
+        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
+        match=tag or None,
+    )
+
+
+def queue_long_reply(server: object) -> None:
+    """Queue an answer streamed in many chunks: a stream to let go before its end."""
+    server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve", chunk_size=4))  # type: ignore[attr-defined]

@@ -13,10 +13,12 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import loopscope
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.model_server import FakeModelServer, Reply, Usage
+from fakes.weather_loop import queue_long_reply, queue_tool_round
 from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
+from recorded import assert_one_cancelled_call
 
 API_KEY = "gsk_test_7a1e93c0d4b25f68_secret"
 MODEL = "llama-3.3-70b-versatile"
@@ -26,15 +28,6 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }}
 MODES = ["sync", "async", "stream", "astream"]
-
-
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "call_w1", city: str = "Paris", **first: Any) -> None:
-    server.queue(
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20, cached_tokens=30), **first),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
 
 
 # -- driving the SDK in each of its ways ---------------------------------------------------------
@@ -107,7 +100,7 @@ def only_turn(recording) -> Any:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_tool_loop_becomes_one_turn(instrumented, server, mode):
-    tool_round_script(server)
+    queue_tool_round(server, call_id="call_w1")
     with loopscope.session("conv-1"):
         run_loop(server, mode, reasoning_format="hidden")
     events = instrumented.store.get_timeline("conv-1")
@@ -143,7 +136,7 @@ def test_tool_loop_becomes_one_turn(instrumented, server, mode):
 
 @pytest.mark.parametrize("mode", ["sync", "astream"])
 def test_hand_written_turn_holds_the_groq_calls(instrumented, server, mode):
-    tool_round_script(server)
+    queue_tool_round(server, call_id="call_w1")
     with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
         run_loop(server, mode)
     assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
@@ -156,7 +149,7 @@ def test_hand_written_turn_holds_the_groq_calls(instrumented, server, mode):
 
 
 def test_raw_response_is_recorded_when_parsed(instrumented, server):
-    tool_round_script(server)
+    queue_tool_round(server, call_id="call_w1")
     raw = server.groq_client().chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER])
     assert raw.http_response.status_code == 200
@@ -243,20 +236,8 @@ def test_mid_stream_error(instrumented, server, mode):
 # -- streams let go -------------------------------------------------------------------------------------
 
 
-def long_reply(server: FakeModelServer) -> None:
-    server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve", chunk_size=4))
-
-
-def assert_one_cancelled_call(recording) -> None:
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    assert only_turn(recording).loop_end_reason == LoopEndReason.CANCELLED
-    _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-    assert count == 1
-
-
 def test_stream_closed_early(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
     stream = server.groq_client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}], stream=True)
     for _, _chunk in zip(range(2), stream):
         pass
@@ -266,7 +247,7 @@ def test_stream_closed_early(instrumented, server):
 
 
 def test_async_stream_closed_early(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
 
     async def main() -> None:
         stream = await server.async_groq_client().chat.completions.create(
@@ -280,7 +261,7 @@ def test_async_stream_closed_early(instrumented, server):
 
 
 def test_stream_dropped_unread_is_collected(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
     stream = server.groq_client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}], stream=True)
     del stream
     gc.collect()
@@ -294,7 +275,7 @@ def test_twenty_interleaved_async_conversations(instrumented, server):
     n = 20
     rng = random.Random(5)
     for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
+        queue_tool_round(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = server.async_groq_client()
 
     async def conversation(i: int) -> None:
@@ -320,7 +301,7 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     before = (completions.Completions.__dict__["create"], completions.AsyncCompletions.__dict__["create"])
     loopscope.instrument()
     loopscope.instrument()
-    tool_round_script(server)
+    queue_tool_round(server, call_id="call_w1")
     run_loop(server, "sync")
     assert len(recording.spans(a.OP_CHAT)) == 2  # each call once, not once per instrument()
     _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
@@ -349,8 +330,8 @@ def test_the_openai_adapter_stays_on_beside_groq(instrumented, server):
 
 
 def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, server):
-    tool_round_script(server)
-    tool_round_script(server)
+    queue_tool_round(server, call_id="call_w1")
+    queue_tool_round(server, call_id="call_w1")
     run_loop(server, "stream")
     run_loop(server, "async")
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"  # sent...

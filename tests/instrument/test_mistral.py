@@ -14,10 +14,12 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import loopscope
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.model_server import FakeModelServer, Reply, Usage
+from fakes.weather_loop import queue_long_reply, queue_tool_round
 from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
+from recorded import assert_one_cancelled_call
 
 API_KEY = "mistral-test-3b7f10c2e9d84a56-secret"
 MODEL = "mistral-large-latest"
@@ -27,15 +29,6 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }}
 MODES = ["sync", "async", "stream", "astream"]
-
-
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "wcall0001", city: str = "Paris", **first: Any) -> None:
-    server.queue(
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20), **first),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
 
 
 # -- driving the SDK in each of its ways ---------------------------------------------------------
@@ -105,7 +98,7 @@ def ask(server: FakeModelServer, mode: str) -> Any:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_tool_loop_becomes_one_turn(instrumented, server, mode):
-    tool_round_script(server)
+    queue_tool_round(server, call_id="wcall0001")
     with loopscope.session("conv-1"):
         run_loop(server, mode, random_seed=7, safe_prompt=True)
     events = instrumented.store.get_timeline("conv-1")
@@ -143,7 +136,7 @@ def test_tool_loop_becomes_one_turn(instrumented, server, mode):
 
 @pytest.mark.parametrize("mode", ["sync", "astream"])
 def test_hand_written_turn_holds_the_mistral_calls(instrumented, server, mode):
-    tool_round_script(server)
+    queue_tool_round(server, call_id="wcall0001")
     with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
         run_loop(server, mode)
     assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
@@ -228,23 +221,11 @@ def test_mid_stream_error(instrumented, server, mode):
 # -- streams let go -------------------------------------------------------------------------------------
 
 
-def long_reply(server: FakeModelServer) -> None:
-    server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve", chunk_size=4))
-
-
-def assert_one_cancelled_call(recording) -> None:
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    assert only_turn(recording).loop_end_reason == LoopEndReason.CANCELLED
-    _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-    assert count == 1
-
-
 HI = [{"role": "user", "content": "Count"}]
 
 
 def test_stream_closed_early(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
     stream = server.mistral_client().chat.stream(model=MODEL, messages=HI)
     for _, _event in zip(range(2), stream):
         pass
@@ -254,7 +235,7 @@ def test_stream_closed_early(instrumented, server):
 
 
 def test_break_inside_with(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
     with server.mistral_client().chat.stream(model=MODEL, messages=HI) as stream:
         for _event in stream:
             break
@@ -262,7 +243,7 @@ def test_break_inside_with(instrumented, server):
 
 
 def test_async_stream_closed_early(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
 
     async def main() -> None:
         stream = await server.mistral_client().chat.stream_async(model=MODEL, messages=HI)
@@ -275,7 +256,7 @@ def test_async_stream_closed_early(instrumented, server):
 
 
 def test_stream_dropped_unread_is_collected(instrumented, server):
-    long_reply(server)
+    queue_long_reply(server)
     stream = server.mistral_client().chat.stream(model=MODEL, messages=HI)
     del stream
     gc.collect()
@@ -289,7 +270,7 @@ def test_twenty_interleaved_async_conversations(instrumented, server):
     n = 20
     rng = random.Random(3)
     for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"callc{i:04d}", city=f"city-{i}", delay=rng.random() * 0.02)
+        queue_tool_round(server, f"[conv-{i}]", call_id=f"callc{i:04d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = server.mistral_client()
 
     async def conversation(i: int) -> None:
@@ -328,7 +309,7 @@ def test_without_loopscope_the_sdk_traces_its_calls(sdk_telemetry, server):
 def test_one_call_is_recorded_once_with_the_sdks_telemetry_on(sdk_telemetry, server, mode):
     loopscope.instrument()
     try:
-        tool_round_script(server)
+        queue_tool_round(server, call_id="wcall0001")
         run_loop(server, mode)
     finally:
         loopscope.uninstrument()
@@ -350,7 +331,7 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     before = [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span]
     loopscope.instrument()
     loopscope.instrument()
-    tool_round_script(server)
+    queue_tool_round(server, call_id="wcall0001")
     run_loop(server, "sync")
     assert len(recording.spans(a.OP_CHAT)) == 2  # each call once, not once per instrument()
     loopscope.uninstrument()
@@ -364,8 +345,8 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
 
 
 def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, server):
-    tool_round_script(server)
-    tool_round_script(server)
+    queue_tool_round(server, call_id="wcall0001")
+    queue_tool_round(server, call_id="wcall0001")
     run_loop(server, "stream")
     run_loop(server, "async")
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"  # sent...
