@@ -42,3 +42,20 @@ def assert_one_cancelled_call(recording: Any) -> None:
     assert only_turn(recording.store).loop_end_reason == LoopEndReason.CANCELLED
     _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
     assert count == 1
+
+
+def everything_recorded(recording: Any) -> str:
+    """All a recording kept, as text to search for what must not be there (a key, a header):
+    every span's name, attributes, resource and events, and every row of every table of
+    its store."""
+    texts = []
+    for span in recording.spans():
+        texts += [span.name, repr(dict(span.attributes)), repr(span.resource.attributes)]
+        texts += [repr((e.name, dict(e.attributes))) for e in span.events]
+    store = recording.store
+    _, tables = store.sql("SELECT table_name FROM information_schema.tables")
+    assert tables
+    for (table,) in tables:
+        _, rows = store.sql(f'SELECT * FROM "{table}"')
+        texts += [repr(row) for row in rows]
+    return "\n".join(texts)

@@ -19,7 +19,7 @@ from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
-from recorded import only_turn, rows
+from recorded import everything_recorded, only_turn, rows
 
 API_KEY = "co-test-7f3a91d2c4b86e05-secret"
 MODEL = "command-a-03-2025"
@@ -356,16 +356,7 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
         run_loop(mode, server)
     loopscope.flush()
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
-    texts = []
-    for span in instrumented.spans():
-        texts += [span.name, repr(dict(span.attributes)), repr(span.resource.attributes)]
-        texts += [repr((e.name, dict(e.attributes))) for e in span.events]
-    store = instrumented.store
-    _, tables = store.sql("SELECT table_name FROM information_schema.tables")
-    for (table,) in tables:
-        _, found = store.sql(f'SELECT * FROM "{table}"')
-        texts += [repr(row) for row in found]
-    everything = "\n".join(texts)
+    everything = everything_recorded(instrumented)
     assert "get_weather" in everything and "sunny" in everything
     for secret in (API_KEY, "authorization", "Bearer"):
         assert secret not in everything

@@ -18,6 +18,7 @@ from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
+from recorded import everything_recorded
 
 API_KEY = "AIzaSy-genai-test-4f1d7c2e9b8a0635-secret"
 MODEL = "gemini-2.5-flash"
@@ -514,19 +515,6 @@ def test_vertex_ai_is_its_own_provider(instrumented, server, mode):
 # -- secrets, instrumenting, one record per call -----------------------------------------------------------------
 
 
-def everything_recorded(recording: Any) -> str:
-    texts = []
-    for span in recording.spans():
-        texts += [span.name, repr(dict(span.attributes)), repr(span.resource.attributes)]
-        texts += [repr((e.name, dict(e.attributes))) for e in span.events]
-    store = recording.store
-    _, tables = store.sql("SELECT table_name FROM information_schema.tables")
-    for (table,) in tables:
-        _, found = store.sql(f'SELECT * FROM "{table}"')
-        texts += [repr(row) for row in found]
-    return "\n".join(texts) + recording.db.read_bytes().decode("latin-1")
-
-
 def test_api_keys_and_auth_headers_are_never_recorded(instrumented, server):
     script(server)
     script(server)
@@ -537,7 +525,7 @@ def test_api_keys_and_auth_headers_are_never_recorded(instrumented, server):
     loopscope.flush()
     assert server.requests[0].headers["x-goog-api-key"] == API_KEY
     assert server.requests[-1].headers["authorization"] == "Bearer fake-token"
-    found = everything_recorded(instrumented)
+    found = everything_recorded(instrumented) + instrumented.db.read_bytes().decode("latin-1")
     assert "get_weather" in found and "Paris" in found
     for secret in (API_KEY, "x-goog-api-key", "fake-token", "Bearer"):
         assert secret not in found

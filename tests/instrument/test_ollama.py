@@ -20,7 +20,7 @@ from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
-from recorded import only_turn, rows
+from recorded import everything_recorded, only_turn, rows
 
 MODEL = "llama3.2"
 QUESTION = "What's the weather in Paris?"
@@ -371,13 +371,7 @@ def test_authorization_headers_are_never_recorded(instrumented, server):
     call("sync", client, follow_up(messages, first, "sunny"))
     loopscope.flush()
     assert server.requests[0].headers["authorization"] == secret
-    texts = [repr(dict(s.attributes)) + repr([dict(e.attributes) for e in s.events]) for s in instrumented.spans()]
-    store = instrumented.store
-    _, tables = store.sql("SELECT table_name FROM information_schema.tables")
-    for (table,) in tables:
-        _, found = store.sql(f'SELECT * FROM "{table}"')
-        texts += [repr(row) for row in found]
-    everything = "\n".join(texts)
+    everything = everything_recorded(instrumented)
     assert "get_weather" in everything and "sunny" in everything
     assert "ol-9c2e4f6a8b0d1357" not in everything and "authorization" not in everything.lower()
     assert b"ol-9c2e4f6a8b0d1357" not in instrumented.db.read_bytes()
