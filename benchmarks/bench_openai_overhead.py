@@ -97,7 +97,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -326,19 +328,6 @@ def _setup_peer(variant: Variant, otlp_url: str | None = None) -> object:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    class CountingNullExporter(SpanExporter):
-        """Counts the spans and drops them: the export itself costs nothing."""
-
-        def __init__(self) -> None:
-            self.spans = 0
-
-        def export(self, spans):  # type: ignore[no-untyped-def]
-            self.spans += len(spans)
-            return SpanExportResult.SUCCESS
-
-        def shutdown(self) -> None:
-            pass
-
     class CountingOtlpExporter(SpanExporter):
         """The SDK's OTLP exporter (http/protobuf), counting the spans it sent."""
 
@@ -357,7 +346,7 @@ def _setup_peer(variant: Variant, otlp_url: str | None = None) -> object:
         def shutdown(self) -> None:
             self.inner.shutdown()
 
-    exporter = CountingOtlpExporter(f"{otlp_url}/v1/traces") if otlp_url else CountingNullExporter()
+    exporter = CountingOtlpExporter(f"{otlp_url}/v1/traces") if otlp_url else counting_null_exporter()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -379,17 +368,41 @@ def _setup_peer(variant: Variant, otlp_url: str | None = None) -> object:
     return provider, exporter, meter_provider
 
 
-def _versions(variant: Variant) -> dict[str, str]:
+def counting_null_exporter() -> Any:
+    """A span exporter that counts the spans (``.spans``) and drops them: the export itself
+    costs nothing. Made in a worker, which imports the SDK (also bench_provider_overhead.py's)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class CountingNullExporter(SpanExporter):
+        def __init__(self) -> None:
+            self.spans = 0
+
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            self.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    return CountingNullExporter()
+
+
+def versions(dists: Iterable[str | None]) -> dict[str, str]:
+    """The installed version of each distribution named ("-": not installed; None: skipped)."""
     from importlib import metadata
 
     out = {}
-    for dist in ("openai", "httpx2", "pydantic", "opentelemetry-sdk", variant.dist):
+    for dist in dists:
         if dist:
             try:
                 out[dist] = metadata.version(dist)
             except metadata.PackageNotFoundError:
                 out[dist] = "-"
     return out
+
+
+def _versions(variant: Variant) -> dict[str, str]:
+    return versions(("openai", "httpx2", "pydantic", "opentelemetry-sdk", variant.dist))
 
 
 def worker(args: argparse.Namespace) -> int:

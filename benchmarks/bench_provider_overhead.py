@@ -65,7 +65,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_openai_overhead import Venv, WorkerProcess, _fake_server, _process_cpu_ns, ensure_venv
+from bench_openai_overhead import (
+    Venv,
+    WorkerProcess,
+    _fake_server,
+    _process_cpu_ns,
+    counting_null_exporter,
+    ensure_venv,
+    versions,
+)
 
 
 @dataclass(frozen=True)
@@ -216,22 +224,9 @@ def _setup_openinference(sdk: Sdk):  # type: ignore[no-untyped-def]
     import importlib
 
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    class CountingNullExporter(SpanExporter):
-        """Counts the spans and drops them: the export itself costs nothing."""
-
-        def __init__(self) -> None:
-            self.spans = 0
-
-        def export(self, spans):  # type: ignore[no-untyped-def]
-            self.spans += len(spans)
-            return SpanExportResult.SUCCESS
-
-        def shutdown(self) -> None:
-            pass
-
-    exporter = CountingNullExporter()
+    exporter = counting_null_exporter()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     getattr(importlib.import_module(sdk.peer_module), sdk.peer_class)().instrument(tracer_provider=provider)
@@ -239,17 +234,8 @@ def _setup_openinference(sdk: Sdk):  # type: ignore[no-untyped-def]
 
 
 def _versions(sdk: Sdk, variant: str) -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for dist in (sdk.dist, "httpx", "opentelemetry-sdk", sdk.peer_dist if variant == "openinference" else None,
-                 "loopscope" if variant == "loopscope" else None):
-        if dist:
-            try:
-                out[dist] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                out[dist] = "-"
-    return out
+    return versions((sdk.dist, "httpx", "opentelemetry-sdk", sdk.peer_dist if variant == "openinference" else None,
+                     "loopscope" if variant == "loopscope" else None))
 
 
 def worker(args: argparse.Namespace) -> int:
