@@ -163,7 +163,7 @@ def test_an_internal_error_never_changes_what_the_user_gets(
     finally:
         loopscope.uninstrument()
     assert got == expected
-    loopscope.flush(timeout=5)
+    loopscope.flush(timeout=60)  # returns when the batch was tried; the bound is for a loaded machine
     assert _guard.error_count > before, f"the fault in {where} was not reached"
 
 
@@ -225,7 +225,7 @@ def test_hand_api_with_a_failing_recorder_returns_and_raises_as_without(recordin
     with pytest.raises(ValueError, match="mine") as mine, loopscope.turn(session_id="s2"):
         raise ValueError("mine")
     assert type(mine.value) is ValueError
-    loopscope.flush(timeout=5)
+    loopscope.flush(timeout=60)
     assert _guard.error_count > before, f"the fault in {where} was not reached"
 
 
@@ -236,7 +236,7 @@ def test_the_writer_recovers_after_a_failing_batch(recording, quiet, monkeypatch
     before = _guard.error_count
     with loopscope.turn(session_id="lost", input="first"):
         pass
-    loopscope.flush(timeout=5)
+    loopscope.flush(timeout=60)
     assert _guard.error_count > before  # reported
     monkeypatch.undo()
     with loopscope.turn(session_id="kept", input="second") as t:
