@@ -40,6 +40,8 @@ SMOKE_RUNS = {
                         "--against", str(Path(__file__).resolve().parents[2])],
     # the peers' stacks (peers-litellm, peers-gemini) are built before this test runs (their `drives`)
     "provider-overhead": ["bench_provider_overhead.py", "--smoke", "--no-setup"],
+    # issue 31's per-part export CPU (the peers stack is built before this test runs: its `drives`)
+    "export-cpu": ["bench_export_cpu.py", "--smoke", "--no-setup"],
     "stub-openai-cpu": ["stub_openai_cpu.py", "--store", "--blocks", "2", "--calls", "10"],
     "wrapper-own-time": ["wrapper_own_time.py", "--calls", "40"],
     "writer-cpu": ["writer_cpu.py", "--calls", "40", "--rounds", "1"],
@@ -59,6 +61,10 @@ def test_benchmark_runs_in_smoke_mode(name: str) -> None:
     if name == "openai-overhead" and "not measured: otel-genai-openai" not in done.stdout:
         # issue 31: the export's cost, as a ratio to the SDK's OTLP exporter's, with its goal
         assert "loopscope export CPU / genai-openai OTLP exporter CPU (goal <= 2x" in done.stdout, done.stdout[-3000:]
+    if name == "export-cpu" and "not measured" not in done.stdout:
+        # issue 31: each scenario's ratio, loopscope's export CPU to genai-openai's exporter's, with its goal
+        assert done.stdout.count("export CPU ratio (goal <= 2x") == 4 and "spans+notices+metrics / spans+metrics" in done.stdout, \
+            done.stdout[-3000:]
     if name == "provider-overhead":
         # issue 32: each SDK's verdict against OpenInference (or why there is none)
         assert "goal (issue 32" in done.stdout and "  litellm " in done.stdout and "  google-genai " in done.stdout, done.stdout[-3000:]
