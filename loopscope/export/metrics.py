@@ -14,6 +14,12 @@ histograms, ``gen_ai.client.inference.time_to_first_chunk`` and ``.time_per_outp
 Names and sources in :mod:`loopscope.semconv`.
 ``loopscope.*`` metrics are the same in both.
 
+Counters are added once per drain: a drain sums each counter's values per attribute set over
+its spans, then makes one measurement of each sum (a measurement through the SDK costs ~10 us
+whatever its value; a model call's five token counters, its tool's and its turn's were half
+the metrics' CPU a call: issue 31, benchmarks/bench_export_cpu.py). The totals are the same, and
+a counter a call added 0 to still gets its point (an add of 0 once per drain).
+
 Chunk gaps (time_per_output_chunk) do not travel on the span: the recorder hands each streamed
 call's stamps to :meth:`MetricsProcessor.chunk_gaps` as its span ends (a dict entry, on the
 calling thread); this thread computes the gaps when it measures the span.
@@ -120,12 +126,15 @@ class MetricsProcessor(SpanProcessor):
     def drain(self) -> None:
         with self._lock:
             queue = self._queue
+            sums = _Sums()
             while queue:
                 span = queue.popleft()
                 with guard("metrics"):
-                    self._measure(span)
+                    self._measure(span, sums)
+            with guard("metrics"):
+                sums.add_all()
 
-    def _measure(self, span: ReadableSpan) -> None:
+    def _measure(self, span: ReadableSpan, sums: _Sums) -> None:
         attrs: Any = span.attributes
         op = attrs.get(a.OPERATION)
         seconds = ((span.end_time or 0) - (span.start_time or 0)) / 1e9
@@ -138,7 +147,7 @@ class MetricsProcessor(SpanProcessor):
             self._duration.record(seconds, common)
             if self._latest is not None:
                 gaps = self._gaps.pop(span.context.span_id, None) if self._gaps and span.context is not None else None
-                self._latest.model_call(attrs, common, gaps)
+                self._latest.model_call(attrs, common, gaps, sums)
             elif self._tokens is not None:
                 for token_type, key in (("input", a.USAGE_INPUT), ("output", a.USAGE_OUTPUT)):
                     value = attrs.get(key)
@@ -149,12 +158,12 @@ class MetricsProcessor(SpanProcessor):
             if attrs.get(a.ERROR_TYPE):
                 tool[a.ERROR_TYPE] = attrs[a.ERROR_TYPE]
             self._tool_duration.record(seconds, tool)
-            self._tool_calls.add(1, {a.TOOL_NAME: tool[a.TOOL_NAME], a.TOOL_OUTCOME: tool[a.TOOL_OUTCOME]})
+            sums.add(self._tool_calls, 1, {a.TOOL_NAME: tool[a.TOOL_NAME], a.TOOL_OUTCOME: tool[a.TOOL_OUTCOME]})
         elif op == a.OP_INVOKE_AGENT:
             turn = {a.LOOP_END_REASON: attrs.get(a.LOOP_END_REASON) or "unknown"}
             if attrs.get(a.AGENT_NAME):
                 turn[a.AGENT_NAME] = attrs[a.AGENT_NAME]
-            self._turns.add(1, turn)
+            sums.add(self._turns, 1, turn)
             if self._latest is not None:
                 self._latest.agent_run(attrs, seconds)
 
@@ -165,6 +174,32 @@ class MetricsProcessor(SpanProcessor):
     def shutdown(self) -> None:
         self._stop.set()
         self.drain()
+
+
+class _Sums:
+    """A drain's counter values, summed per counter and attribute set until :meth:`add_all`."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[Any, ...], list[Any]] = {}
+
+    def add(self, counter: Any, value: int, attributes: dict[str, Any]) -> None:
+        key = (counter, *attributes.items())
+        try:
+            entry = self._values.get(key)
+        except TypeError:  # an attribute value that cannot be a key (a list): added on its own
+            counter.add(value, attributes)
+            return
+        if entry is None:
+            self._values[key] = [value, attributes]
+        else:
+            entry[0] += value
+
+    def add_all(self) -> None:
+        for key, (value, attributes) in self._values.items():
+            key[0].add(value, attributes)
+        self._values.clear()
 
 
 _USAGE_COUNTERS = (
@@ -223,14 +258,14 @@ class _LatestInstruments:
             explicit_bucket_boundaries_advisory=list(a.CALL_COUNT_BUCKETS),
         )
 
-    def model_call(self, attrs: Any, common: dict[str, Any], gaps: ChunkGaps | None = None) -> None:
+    def model_call(self, attrs: Any, common: dict[str, Any], gaps: ChunkGaps | None, sums: _Sums) -> None:
         # every call counts, a failed one too: 0 where the response said nothing (the conventions'
         # rule), of modality "unknown" (loopscope does not read a per-modality breakdown)
         # (the counters and the first-chunk histogram have no error.type; the per-call histograms do)
         plain = {k: v for k, v in common.items() if k != a.ERROR_TYPE}
         by_modality = {**plain, a.TOKEN_MODALITY: "unknown"}
         for counter, key, alias in self.counters:
-            counter.add(_tokens(attrs, key, alias), by_modality)
+            sums.add(counter, _tokens(attrs, key, alias), by_modality)
         self.input_histogram.record(_tokens(attrs, a.USAGE_INPUT, None), common)
         self.output_histogram.record(_tokens(attrs, a.USAGE_OUTPUT, None), common)
         first = attrs.get(a.TIME_TO_FIRST_CHUNK)  # set on streamed calls only
