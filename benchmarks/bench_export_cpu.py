@@ -50,7 +50,7 @@ export costs. This benchmark measures the export path alone:
 Not covered: streamed calls (loopscope's per-chunk metric values come from the recorder,
 not from the span; bench_openai_overhead's ``loopscope-metrics`` variant measures them).
 
-    .venv/bin/python benchmarks/bench_export_cpu.py             # ~1-2 min
+    .venv/bin/python benchmarks/bench_export_cpu.py             # both scenarios: ~6-8 min at load 12
     .venv/bin/python benchmarks/bench_export_cpu.py --smoke     # checks that it runs
 """
 
