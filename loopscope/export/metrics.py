@@ -131,8 +131,9 @@ class MetricsProcessor(SpanProcessor):
                 span = queue.popleft()
                 with guard("metrics"):
                     self._measure(span, sums)
-            with guard("metrics"):
-                sums.add_all()
+            for counter, value, attributes in sums.drained():
+                with guard("metrics"):  # one that fails loses its own sum only
+                    counter.add(value, attributes)
 
     def _measure(self, span: ReadableSpan, sums: _Sums) -> None:
         attrs: Any = span.attributes
@@ -177,7 +178,7 @@ class MetricsProcessor(SpanProcessor):
 
 
 class _Sums:
-    """A drain's counter values, summed per counter and attribute set until :meth:`add_all`."""
+    """A drain's counter values, summed per counter and attribute set until :meth:`drained`."""
 
     __slots__ = ("_values",)
 
@@ -196,10 +197,10 @@ class _Sums:
         else:
             entry[0] += value
 
-    def add_all(self) -> None:
-        for key, (value, attributes) in self._values.items():
-            key[0].add(value, attributes)
-        self._values.clear()
+    def drained(self) -> list[tuple[Any, int, dict[str, Any]]]:
+        """Each counter's sum per attribute set, once (then none are left)."""
+        values, self._values = self._values, {}
+        return [(key[0], value, attributes) for key, (value, attributes) in values.items()]
 
 
 _USAGE_COUNTERS = (
