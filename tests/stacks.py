@@ -321,8 +321,11 @@ def current() -> str:
 # -- which stacks a selection of tests needs ----------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def relative(path: str) -> str:
-    """A test path as the manifest writes it (relative to the root, no node id, no trailing /)."""
+    """A test path as the manifest writes it (relative to the root, no node id, no trailing /).
+    Cached: the conftest asks it of every collected test against every stack's paths (110,000
+    calls, each resolving symbolic links on the disk, were half of a worker's collection)."""
     plain = path.split("::", 1)[0]
     p = Path(plain)
     p = p.resolve() if p.is_absolute() or p.exists() else (ROOT / p)
