@@ -32,9 +32,14 @@ then are driven over a pipe. In each of ``--rounds`` rounds and each series (``n
 ``stream``), every worker of every SDK takes turns ``--slice`` calls at a time (the order
 rotating from sweep to sweep) until each has made ``--block`` calls, so load that comes and
 goes hits all alike. Each variant's background work (span batches, the store's writer,
-LiteLLM's own logging threads) runs meanwhile, wherever it falls; at the end of a block it is
-flushed, untimed, and the CPU the whole process spent since the last block counted (all its
-threads, and loopscope's writer process), per call. Each call is timed with ``perf_counter_ns``
+LiteLLM's own logging threads) runs meanwhile, wherever it falls. At the end of a block every
+process sits idle for ``--idle`` seconds (default 5.5: longer than loopscope's writer waits
+between batches and than the SDK's ``BatchSpanProcessor`` waits between exports, 5 s), so that
+what it does in the background runs on its own schedule, as in an application; then what is
+left is flushed, untimed, and the CPU the whole process spent since the last block counted (all
+its threads, and loopscope's writer process), per call. (A flush straight after each block
+would add a batch of the store's per 60 calls that no application pays: ~20 ms of the writer's,
+~330 us a call.) Each call is timed with ``perf_counter_ns``
 from the call until the response is in hand (a stream: until its last chunk was read).
 
 Reported per SDK and series, against that SDK's uninstrumented baseline in the same run: the
@@ -410,7 +415,8 @@ def orchestrate(args: argparse.Namespace) -> int:
                             answer = _ask(w, {"series": series, "calls": args.slice, "tag": f"{r}-{sweeps}"}, failed)
                             if answer is not None:
                                 got[w.key].extend(answer["samples"])
-                    for w in live:  # each one's background work flushed, untimed; its CPU per call counted
+                    time.sleep(args.idle)  # every process idle: its background work runs on its own schedule
+                    for w in live:  # what is left of each one's background work flushed, untimed; its CPU per call counted
                         if w.key in failed:
                             continue
                         answer = _ask(w, {"settle": True}, failed)
@@ -452,8 +458,8 @@ def _report(args, chosen, unavailable, failed, versions, checks, samples, per_ro
     _say("")
     _say(f"added = the median over the {args.rounds} rounds of (the variant's block median - the baseline's), "
          "[min..max] over the rounds; ratio = the variant's median per-call latency over the baseline's; cpu = the "
-         "whole process's CPU per call (all threads, loopscope's writer process too, the untimed flush after each "
-         "block included), median over the rounds, minus the baseline's; app cpu = the same for the application's "
+         "whole process's CPU per call (all threads, loopscope's writer process too, its background work after "
+         "each block included: an idle wait, then an untimed flush), median over the rounds, minus the baseline's; app cpu = the same for the application's "
          "process alone (without loopscope's writer process)")
     verdicts: dict[str, str] = {}
     for sdk in chosen:
@@ -532,12 +538,14 @@ def main() -> int:
     parser.add_argument("--slice", type=int, default=None, help="calls per worker per sweep (default 4, smoke 2): two turns")
     parser.add_argument("--warmup", type=int, default=None, help="unmeasured calls per series at start (default 30, smoke 2)")
     parser.add_argument("--sdks", nargs="+", choices=list(SDKS), default=list(SDKS), help="the SDKs to measure (default both)")
+    parser.add_argument("--idle", type=float, default=None,
+                        help="seconds every process sits idle after a block, before its CPU is counted (default 5.5, smoke 0)")
     parser.add_argument("--no-setup", action="store_true", help="do not build or update the stacks' venvs")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one variant's process, "sdk:variant"
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    defaults = ({"rounds": 1, "block": 4, "slice": 2, "warmup": 2} if args.smoke
-                else {"rounds": 8, "block": 60, "slice": 4, "warmup": 30})
+    defaults = ({"rounds": 1, "block": 4, "slice": 2, "warmup": 2, "idle": 0.0} if args.smoke
+                else {"rounds": 8, "block": 60, "slice": 4, "warmup": 30, "idle": 5.5})
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)

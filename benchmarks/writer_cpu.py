@@ -1,15 +1,17 @@
-"""The store writer's CPU per openai call under a steady load: a pinned interval against the default.
+"""The store writer's CPU per openai call: a pinned interval, the default before session 21, the default.
 
 The tool loop of ``bench_openai_overhead.py`` runs through the in-process transport (the
-whole SDK, no socket) in rounds of ``--calls`` calls, loopscope instrumenting it with the
-store on (the thread writer, whose CPU is its thread's); the rounds alternate between
-``flush_interval=0.5`` (a batch every half second), the default before session 11 (the wait
-after a batch its CPU time / 5%, whatever the load) and the default (``None``: the same, but
-/ 2% after a batch of ``BUSY_ROWS`` rows or more), all within 0.5-5 s. Per round: the CPU
-of the writer's thread per call, the round's last flush included, and the number of
-batches. Prints the medians and their ratios.
+whole SDK, no socket) in rounds of ``--calls`` calls, as fast as it goes or ``--rate`` calls
+a second (an agent whose model answers in a second or two makes one or two), loopscope
+instrumenting it with the store on (the thread writer, whose CPU is its thread's); the
+rounds alternate between ``flush_interval=0.5`` (a batch every half second), the default
+before session 21 (the wait after a batch its CPU time / 5%, within 0.5-5 s) and the default
+(``None``: its CPU time / 1%, within 1-5 s; loopscope's readers have held rows written first,
+``storage/wakeup.py``). Per round: the CPU of the writer's thread per call, the round's last
+flush included, and the number of batches. Prints the medians and their ratios.
 
-    .venv/bin/python benchmarks/writer_cpu.py              # ~1 min
+    .venv/bin/python benchmarks/writer_cpu.py                          # ~1 min: a steady load
+    .venv/bin/python benchmarks/writer_cpu.py --rate 2 --calls 40      # ~4 min: a real agent's pace
 """
 
 from __future__ import annotations
@@ -31,10 +33,22 @@ def _writer_cpu(writer: object) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
+def _paced(client: object, calls: int, rate: float, tag: str) -> int:
+    """Make ``calls`` calls of the loop (two a turn), ``rate`` a second (0: as fast as it goes)."""
+    if rate <= 0:
+        return len(bench._tool_loop(client, calls, False, tag))
+    started, made = time.monotonic(), 0
+    while made < calls:
+        made += len(bench._tool_loop(client, 2, False, f"{tag}-{made}"))
+        time.sleep(max(0.0, started + made / rate - time.monotonic()))
+    return made
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1200, help="calls per round (default 1200)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per setting (default 6)")
+    parser.add_argument("--rate", type=float, default=0.0, help="calls a second (default 0: as fast as they go)")
     args = parser.parse_args()
 
     import loopscope
@@ -44,17 +58,17 @@ def main() -> int:
     rescript(server, 100)
     from loopscope.storage import writer as store_writer
 
-    busy_rows = store_writer.BUSY_ROWS
-    # name: (flush_interval, BUSY_ROWS): a batch never counts as busy with BUSY_ROWS out of reach
-    settings = {"pinned 0.5 s": (0.5, busy_rows), "5% always (before)": (None, 1 << 62),
-                "default (2% when busy)": (None, busy_rows)}
+    default = (store_writer.AUTO_SHARE, store_writer.AUTO_INTERVAL)
+    # name: (flush_interval, AUTO_SHARE, AUTO_INTERVAL)
+    settings = {"pinned 0.5 s": (0.5, *default), "5%, 0.5-5 s (before)": (None, 0.05, (0.5, 5.0)),
+                "default (1%, 1-5 s)": (None, *default)}
     results: dict[str, list[tuple[float, int]]] = {name: [] for name in settings}
     try:
         client = bench._inproc_client(server.openai_base_url)
         with tempfile.TemporaryDirectory(prefix="loopscope-writer-cpu-") as tmp:
             for r in range(args.rounds):
                 for name in (list(settings) if r % 2 == 0 else list(settings)[::-1]):
-                    interval, store_writer.BUSY_ROWS = settings[name]
+                    interval, store_writer.AUTO_SHARE, store_writer.AUTO_INTERVAL = settings[name]
                     loopscope.configure(str(Path(tmp) / f"w{r}-{len(results[name])}.duckdb"),
                                         flush_interval=interval, writer="thread")
                     loopscope.instrument()
@@ -62,14 +76,14 @@ def main() -> int:
                     loopscope.flush()
                     writer = pipeline._active.writer  # type: ignore[union-attr]
                     cpu, batches = _writer_cpu(writer), writer.stats().batches
-                    calls = len(bench._tool_loop(client, args.calls, False, f"r{r}"))
+                    calls = _paced(client, args.calls, args.rate, f"r{r}")
                     loopscope.flush()
                     results[name].append(((_writer_cpu(writer) - cpu) / calls * 1e6, writer.stats().batches - batches))
                     loopscope.uninstrument()
                     loopscope.shutdown()
     finally:
         server.stop()
-        store_writer.BUSY_ROWS = busy_rows
+        store_writer.AUTO_SHARE, store_writer.AUTO_INTERVAL = default
     print(f"store writer's CPU per call, {args.rounds} rounds of {args.calls} calls per setting (median [min..max]):")
     medians = {}
     for name, rows in results.items():

@@ -332,11 +332,12 @@ def configure(
 
     Storage: ``db`` is the DuckDB file (default ``LOOPSCOPE_DB`` or
     ``./loopscope.duckdb``); ``False`` records spans without storing them.
-    ``flush_interval`` (seconds) bounds how long a recorded event waits before other
-    processes can read it; by default (``None``) that is half a second while the
-    application records little, and up to five seconds under a steady load, so that the
-    store writer's batches take about 5% of one core (2% while the application records
-    without a pause) (``loopscope.flush()`` writes at once, whatever the interval). ``queue_size`` (spans) and ``queue_bytes`` (their text
+    ``flush_interval`` (seconds) bounds how long a recorded event waits before it is in
+    the file; by default (``None``) that is the last batch's CPU time x 100, within one and
+    five seconds, so that the store writer's batches take about 1% of one core. loopscope's
+    own readers (``Store``, the CLI, the dashboard) do not wait for it: they have the
+    writers write what they hold first (docs/live-reads.md); ``loopscope.flush()`` writes
+    at once, whatever the interval. ``queue_size`` (spans) and ``queue_bytes`` (their text
     content and a fixed size a span, estimated; default 64 MiB) bound the memory held for
     events not yet written (past either, events are dropped and counted, in ``loopscope
     status``; a writer that cannot write holds about twice ``queue_bytes``). A ``db`` path

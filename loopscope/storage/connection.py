@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from . import store_file, values
+from . import store_file, values, wakeup
 from .engine import duckdb
 from .errors import StoreError, StoreLockedError
 from .recording import resolve  # noqa: F401  # re-exported: defined where configure() reads it without DuckDB
@@ -726,6 +726,12 @@ def open_store(
     block does not checkpoint.
     """
     _check_path(path, read_only=read_only)
+    if read_only:
+        asked = wakeup.ask(path)  # writers holding rows write them first (wakeup.py)
+        if asked:
+            with gate(path):
+                release(path)  # our kept attachment would keep them out of the file
+            wakeup.wait_written(asked)
     if read_only and not isolated:
         with _attached(path, timeout, keep, _page_readers if page else _readers) as con, _reading_of(con, path):
             yield con

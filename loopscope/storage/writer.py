@@ -37,7 +37,7 @@ import duckdb
 
 from .._guard import clear_warning, guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals, values
+from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals, values, wakeup
 from .connection import Cancelled, mark_parted, open_store
 from .errors import StoreError, StoreLockedError
 from .flush import FlushRequest, settle
@@ -48,26 +48,19 @@ from .schema import migrate
 
 __all__ = ["StoreWriter", "WriterStats", "write_batch"]
 
-AUTO_INTERVAL = (0.5, 5.0)
+AUTO_INTERVAL = (1.0, 5.0)
 """The shortest and the longest wait between two batches with ``flush_interval=None``."""
-AUTO_SHARE = 0.05
+AUTO_SHARE = 0.01
 """With ``flush_interval=None``, the share of one core the writer's batches may take: after
 a batch that took ``c`` seconds of the writer thread's CPU it waits ``c / AUTO_SHARE``
 (within :data:`AUTO_INTERVAL`). Most of a batch's cost is the same whatever its size
-(opening the file, a few statements: 17-25 ms), so while the application records
-little, rows are written within half a second, and under a steady load the batches grow
-instead of coming more often, and the writer keeps off the application's cores (and its
-GIL)."""
-BUSY_ROWS = 32
-"""Rows in a batch from which the application counts as busy (some 8 model calls since the
-last batch: 15 a second or more, a loop that nobody reads row by row), and the next wait
-follows :data:`BUSY_SHARE` instead of :data:`AUTO_SHARE`."""
-BUSY_SHARE = 0.02
-"""With ``flush_interval=None``, the share of one core the batches of a busy writer may take
-(see :data:`BUSY_ROWS`): fewer, larger batches. A batch's cost is mostly fixed, and at 5%
-the fixed part was most of the writer's CPU per call in ``bench_openai_overhead.py``
-(~4 batches a block of 100 calls, ~1.9 at 2%). An application that records little still
-sees its rows within half a second."""
+(attaching the file, a dozen statements: 20-40 ms), so the wait, not the rows, sets what
+the writer costs: an agent that calls a model every second or two paid one batch a call
+(~35 ms of CPU, 30x what its recording cost the application) at 5% and a wait of half a
+second. At 1% rows wait 2-5 s, as long as OpenTelemetry's batch span processor holds spans
+(5 s), and under a steady load the batches grow instead of coming more often. loopscope's
+own readers never see the wait: a read first has the writers that hold rows write them
+(:mod:`wakeup`)."""
 
 
 WAL_LIMIT = 128 << 10
@@ -177,6 +170,8 @@ class StoreWriter:
         # now (a flush, close, a full batch) rather than when the first row has waited
         self._arrived = threading.Event()
         self._wake = threading.Event()
+        self._holding = wakeup.Holding(path)  # while rows wait for a batch: readers may ask for them
+        self._last_batch_end = 0.0  # time.monotonic() when the last drain ended
         self._closed = False
         self._mapped = 0  # rows taken from the queue and mapped, not written yet
         self._mapped_facts: rows.Facts | None = None  # those rows (counted as lost by an abandoned close)
@@ -595,7 +590,7 @@ class StoreWriter:
         wait = self._wait_after(0.0)
         clock = time.thread_time  # this thread's CPU: a batch stretched by others' GIL is no dearer
         warm = False
-        rows_before = 0
+        wakeup.writer_thread()
         while True:
             if self._backlog is None:
                 if self._wal_pending and not self._arrived.wait(CHECKPOINT_IDLE):
@@ -603,8 +598,10 @@ class StoreWriter:
                     continue
                 self._arrived.wait()
                 self._arrived.clear()  # before the queue is read: a row queued after it sets it again
-            self._wake.wait(wait)
-            self._wake.clear()
+                if not self._queue and not self._closed:
+                    continue  # what set it was taken by the last drain: nothing is held
+                self._holding.open()  # readers may ask for these rows now (wakeup.py)
+            self._wait_for_batch(wait)
             closing = self._closed
             spent = clock()
             with _WRITER_GUARD:
@@ -613,6 +610,8 @@ class StoreWriter:
                     self._drain()
                 finally:
                     self.draining = False
+                    self._holding.close()  # written (or kept for a retry, which no reader waits for)
+                    self._last_batch_end = time.monotonic()
             if self._abandoned:
                 # close() stopped waiting while a write ran, and counted what was held as
                 # lost; the write ended after all: count again what is still unwritten
@@ -623,21 +622,36 @@ class StoreWriter:
                     self._checkpoint()  # a closed store's file holds every row by itself
                 return
             cost = clock() - spent
-            written = self._written_events + self._written_turns + self._written_calls
             # the first batch pays what is paid once (the schema, pyarrow's import, cold
             # caches): taken as the writer's cost, it would hold the next batch back for
             # seconds while the application goes on recording
-            wait = self._wait_after(cost if warm else 0.0, written - rows_before)
-            rows_before = written
+            wait = self._wait_after(cost if warm else 0.0)
             warm = warm or self._batches > 0
 
-    def _wait_after(self, cost: float, written: int = 0) -> float:
-        """How long to wait for the next batch, after one that took ``cost`` seconds of CPU
-        and wrote ``written`` rows (a busy writer's share of a core is :data:`BUSY_SHARE`)."""
+    def _wait_for_batch(self, wait: float) -> None:
+        """Wait ``wait`` seconds for the next batch; less when woken (a flush, the close, a
+        full batch) or when a reader asks for the rows held (:mod:`wakeup`)."""
+        if self._holding.path is None:
+            self._wake.wait(wait)
+        else:
+            deadline = time.monotonic() + wait
+            asked = False
+            while True:
+                if not asked and self._holding.asked():
+                    # asked: write now, but not sooner than ASK_GAP after the last batch (a
+                    # reader that polls, `loopscope tail --follow`, asks four times a second)
+                    asked, deadline = True, min(deadline, self._last_batch_end + wakeup.ASK_GAP)
+                left = deadline - time.monotonic()
+                if left <= 0 or self._wake.wait(min(left, wakeup.POLL)):
+                    break
+        self._wake.clear()
+
+    def _wait_after(self, cost: float) -> float:
+        """How long to wait for the next batch, after one that took ``cost`` seconds of CPU (:data:`AUTO_SHARE`)."""
         if self.flush_interval is not None:
             return self.flush_interval
         shortest, longest = AUTO_INTERVAL
-        return min(longest, max(shortest, cost / (BUSY_SHARE if written >= BUSY_ROWS else AUTO_SHARE)))
+        return min(longest, max(shortest, cost / AUTO_SHARE))
 
     def _drain(self) -> None:
         """Map what was queued when the drain began, a chunk at a time, and write it in batches.
@@ -667,13 +681,19 @@ class StoreWriter:
             left -= consumed
             batch_bytes += took
             mapped = bool(items)
+            markers += taken
             if mapped:
-                self._map(items, facts)
+                try:
+                    self._map(items, facts)
+                except BaseException:
+                    # a failure of ours (reported by the thread's guard): the flushes that
+                    # wait for this chunk are answered, not left waiting out their timeout
+                    settle(markers, False, "store writer")
+                    raise
                 items.clear()  # the spans' values are in the facts now: not held through the write
             if mapped or facts.raw:
                 self._mapped, self._mapped_facts = facts.rows, facts
                 self._held_bytes = self._backlog_bytes() + _facts_bytes(facts)
-            markers += taken
             if self._abandoned:  # close() gave up: what is mapped stays counted as lost (_unwritten)
                 settle(markers, False, "store writer")
                 return

@@ -252,3 +252,23 @@ def test_the_writer_recovers_after_a_failing_batch(recording, quiet, monkeypatch
         t.generation("ok", finish_reason="stop")
     assert loopscope.flush(timeout=10)
     assert [e.content.body for e in recording.store.get_timeline("kept")] == ["second", "ok"]
+
+
+def test_a_flush_is_answered_when_the_writer_fails_to_map_its_spans(recording, quiet, monkeypatch):
+    """A failure of ours while the writer maps the spans a flush waits for: the flush is
+    answered (not written), at once, not after its whole timeout; the writer goes on."""
+    import threading
+
+    monkeypatch.setattr(writer.StoreWriter, "_map", _boom)
+    with loopscope.turn(session_id="lost", input="first"):
+        pass
+    answered: list[bool] = []
+    done = threading.Event()
+    recording.pipeline.writer.flush_then(lambda ok: (answered.append(ok), done.set()))
+    assert done.wait(30), "the flush was never answered"
+    assert answered == [False]
+    monkeypatch.undo()
+    with loopscope.turn(session_id="kept", input="second") as t:
+        t.generation("ok", finish_reason="stop")
+    assert loopscope.flush(timeout=30)
+    assert [e.content.body for e in recording.store.get_timeline("kept")] == ["second", "ok"]

@@ -85,7 +85,7 @@ def test_the_writer_keeps_one_row_of_its_own_up_to_date_across_batches(recording
     assert _read(recording.db, "SELECT events_written, stopped_at IS NOT NULL FROM loopscope_writers") == [(15, True)]
 
 
-def test_by_default_rows_reach_the_file_within_about_half_a_second_without_a_flush(tmp_path):
+def test_by_default_rows_reach_the_file_within_seconds_without_a_flush_or_a_reader(tmp_path):
     db = tmp_path / "auto.duckdb"
     loopscope.configure(db, tracer_provider=TracerProvider())
     try:
@@ -97,7 +97,7 @@ def test_by_default_rows_reach_the_file_within_about_half_a_second_without_a_flu
             # another process reads the file, as a dashboard would
             count = _count_elsewhere(db) or 0  # None while the file is not there yet
         assert count == 5
-        # one batch, written half a second after the first row at the soonest: not a
+        # one batch, written a second after the first row at the soonest: not a
         # write per interval before the rows came, nor one per span
         assert loopscope.pipeline._active.writer.stats().batches == 1
     finally:
@@ -118,31 +118,15 @@ def test_a_flush_with_nothing_queued_answers_at_once_and_writes_nothing(tmp_path
 
 @pytest.mark.parametrize(
     ("cost", "wait"),
-    [(0.0, 0.5), (0.02, 0.5), (0.05, 1.0), (0.1, 2.0), (1.0, 5.0)],
+    [(0.0, 1.0), (0.005, 1.0), (0.02, 2.0), (0.035, 3.5), (0.05, 5.0), (1.0, 5.0)],
 )
 def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost, wait):
     w = SpanWriter(str(tmp_path / "w.duckdb"))
     try:
-        # a batch that took `cost` s of the writer's CPU is followed by a wait 20x as long
-        # (5% of a core), within half a second and five seconds
+        # a batch that took `cost` s of the writer's CPU is followed by a wait 100x as long
+        # (1% of a core), within one second and five; loopscope's readers do not wait for it
+        # (test_wakeup.py)
         assert w._wait_after(cost) == pytest.approx(wait)
-        assert writer.AUTO_SHARE == 0.05
-    finally:
-        w.close()
-
-
-@pytest.mark.parametrize(
-    ("cost", "rows", "wait"),
-    [(0.02, 31, 0.5), (0.05, 31, 1.0), (0.02, 32, 1.0), (0.05, 400, 2.5), (0.2, 400, 5.0)],
-)
-def test_a_busy_writer_waits_longer_between_batches(tmp_path, cost, rows, wait):
-    w = SpanWriter(str(tmp_path / "w.duckdb"))
-    try:
-        # a batch of BUSY_ROWS rows or more (the application records without a pause) is
-        # followed by a wait 50x its cost (2% of a core): fewer, larger batches; an
-        # application that records little still sees its rows within half a second
-        assert w._wait_after(cost, rows) == pytest.approx(wait)
-        assert (writer.BUSY_ROWS, writer.BUSY_SHARE) == (32, 0.02)
     finally:
         w.close()
 
