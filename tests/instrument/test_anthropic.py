@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import anthropic
@@ -14,9 +14,9 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
+import interleaved
 import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import everything_recorded
@@ -567,25 +567,14 @@ def test_async_stream_closed_early_and_break_in_async_with(instrumented, server)
 
 
 def test_fifty_interleaved_async_conversations(instrumented, server):
-    n = 50
-    rng = random.Random(7)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"toolu_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = async_client(server)
 
-    async def conversation(i: int) -> None:
-        mode = MODES[i % 3]
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
+    async def first_content(c: Any, mode: str, messages: list[Any]) -> Any:
         content, _ = await acall(c, mode, messages=messages, tools=[WEATHER])
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(c, mode, messages=follow_up(messages, content, f"sunny in city-{i}"), tools=[WEATHER])
+        return content
 
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "toolu_c{i:02d}")
+    interleaved.run_async(instrumented, server, n=50, seed=7, queue=partial(tool_round_script, server), call_id="toolu_c{i:02d}",
+                          client=lambda i: c, modes=MODES, call=first_content, follow_up=follow_up)
 
 
 # -- a decorated tool between the rounds ------------------------------------------------------

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gc
 import json
-import random
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -17,9 +15,10 @@ from botocore.client import BaseClient
 from botocore.exceptions import ClientError, EventStreamError
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import everything_recorded
@@ -427,57 +426,35 @@ def test_a_stream_dropped_unread_is_collected(instrumented, server):
 
 def test_twenty_interleaved_conversations_stay_apart(instrumented, server):
     """boto3 is synchronous: twenty conversations in threads, their rounds interleaved by a barrier."""
-    n = 20
-    rng = random.Random(7)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"tooluse_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = client(server)  # one client, shared by the threads, as boto3 allows
-    barrier = threading.Barrier(n)
-
-    def conversation(i: int) -> None:
-        mode = MODES[i % len(MODES)]
-        messages: list[Any] = [{"role": "user", "content": [{"text": f"[conv-{i}] weather?"}]}]
-        content, _ = call(c, mode, messages)
-        barrier.wait()  # every first round is done before any second one starts
-        call(c, mode, follow_up(messages, content, f"sunny in city-{i}"))
-
-    with ThreadPoolExecutor(n) as pool:
-        list(pool.map(conversation, range(n)))
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "tooluse_c{i:02d}")
+    interleaved.run_threads(instrumented, server, seed=7, queue=partial(tool_round_script, server), call_id="tooluse_c{i:02d}",
+                            client=lambda i: c, modes=MODES, follow_up=follow_up,
+                            call=lambda c, mode, messages: call(c, mode, messages)[0],
+                            question=lambda text: {"role": "user", "content": [{"text": text}]})
 
 
 # -- clients, instrument and uninstrument -------------------------------------------------------------------------
 
 
-def test_clients_made_before_and_after_instrument_are_recorded_once(recording, server):
+def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
+    """Clients made before and after ``instrument()`` are recorded once; ``uninstrument()``
+    puts back botocore's method, and a new client's call is recorded no more."""
     before = client(server)
-    loopscope.instrument()
-    loopscope.instrument()  # twice is once
-    try:
+
+    def calls() -> None:
         after = client(server)
         server.queue(Reply(text="Hello."), Reply(text="Hello again."))
         before.converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])
         after.converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi again"}]}])
         loopscope.flush()
         assert sorted(c.attributes[a.ROUND_TEXT] for c in recording.spans(a.OP_CHAT)) == ["Hello again.", "Hello."]
-        _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-        assert count == 2
-    finally:
-        loopscope.uninstrument()
 
+    def after() -> None:
+        server.queue(Reply(text="Hello."))
+        client(server).converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])
 
-def test_uninstrument_restores_the_original_method(recording, server):
-    original = BaseClient.__dict__["_make_api_call"]
-    loopscope.instrument()
-    assert BaseClient.__dict__["_make_api_call"] is not original
-    loopscope.uninstrument()
-    assert BaseClient.__dict__["_make_api_call"] is original
-    server.queue(Reply(text="Hello."))
-    client(server).converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])
-    loopscope.flush()
-    assert not recording.spans(a.OP_CHAT) and not recording.store.list_turns(limit=None)
+    switching.assert_instrument_twice_is_once(recording, chats=2, calls=calls, after=after,
+                                              originals=lambda: BaseClient.__dict__["_make_api_call"])
 
 
 # -- secrets --------------------------------------------------------------------------------------------------------

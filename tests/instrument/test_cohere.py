@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
 from typing import Any
 
 import cohere
 import pytest
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
@@ -270,26 +270,11 @@ def test_a_failure_mid_stream_is_an_error(instrumented, server, mode):
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(5)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"get_weather_c{i:02d}", city=f"city-{i}")
-
-    async def conversation(i: int) -> None:
-        mode = ["async", "astream"][i % 2]
-        client = async_client(server)
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        first = await acall(mode, client, messages)
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(mode, client, follow_up(messages, first, f"sunny in city-{i}"))
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "get_weather_c{i:02d}")
+    """A client each; the replies come at once (no delay), the rounds apart."""
+    interleaved.run_async(instrumented, server, seed=5, call_id="get_weather_c{i:02d}",
+                          queue=lambda tag, *, call_id, city, delay: tool_round_script(server, tag, call_id=call_id, city=city),
+                          client=lambda i: async_client(server), modes=["async", "astream"], follow_up=follow_up,
+                          call=lambda client, mode, messages: acall(mode, client, messages))
 
 
 # -- streams let go early ------------------------------------------------------------------------------
@@ -369,26 +354,23 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     from cohere.v2 import raw_client
 
-    originals = {(cls, name): cls.__dict__[name] for cls in (raw_client.RawV2Client, raw_client.AsyncRawV2Client)
-                 for name in ("chat", "chat_stream")}
-    made_before = sync_client(server)  # a client made before instrument() is recorded too
-    loopscope.instrument()
-    loopscope.instrument()
-    try:
-        made_after = sync_client(server)
-        for client in (made_before, made_after):
+    made = {"before": sync_client(server)}  # a client made before instrument() is recorded too
+
+    def calls() -> None:
+        made["after"] = sync_client(server)
+        for client in made.values():
             server.queue(Reply(text="Hello."), Reply(text="Hello."))
             client.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
             list(client.chat_stream(model=MODEL, messages=[{"role": "user", "content": "Hi"}]))
-        loopscope.flush()
-        assert len(recording.spans(a.OP_CHAT)) == 4
-    finally:
-        loopscope.uninstrument()
-    assert {key: key[0].__dict__[key[1]] for key in originals} == originals
-    server.queue(Reply(text="Hello again."))
-    made_after.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])  # made while instrumented: no longer recorded
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 4
+
+    def after() -> None:  # made while instrumented: no longer recorded
+        server.queue(Reply(text="Hello again."))
+        made["after"].chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=4, calls=calls, after=after,
+        originals=lambda: {(cls, name): cls.__dict__[name] for cls in (raw_client.RawV2Client, raw_client.AsyncRawV2Client)
+                           for name in ("chat", "chat_stream")})
 
 
 # -- one call, one record ------------------------------------------------------------------------------

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import pytest
 from google.genai import errors, types
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
@@ -476,20 +477,11 @@ def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(5)
-    for i in range(n):
-        script(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
+    """One client; a chat keeps its messages itself, so each conversation is :func:`aloop` whole."""
     client = server.gemini_client()
-
-    async def main() -> None:
-        await asyncio.gather(*(aloop(client, ["async", "astream", "achat", "achat_stream"][i % 4],
-                                     f"[conv-{i}] weather?", {"output": f"sunny in city-{i}"}) for i in range(n)))
-
-    asyncio.run(main())
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "call_c{i:02d}")
+    interleaved.run_async(instrumented, server, seed=5, queue=partial(script, server), call_id="call_c{i:02d}",
+                          client=lambda i: client, modes=ASYNC,
+                          loop=lambda client, mode, i: aloop(client, mode, f"[conv-{i}] weather?", {"output": f"sunny in city-{i}"}))
 
 
 # -- Vertex AI ---------------------------------------------------------------------------------------------
@@ -539,19 +531,20 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
                 _extra_utils.invoke_function_from_dict_args)
 
     before = originals()
-    loopscope.instrument()
-    loopscope.instrument()
-    assert originals()[0] is not before[0]
-    script(server)
-    afc(server, "sync")
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 2 and len(recording.spans(a.OP_EXECUTE_TOOL)) == 1
-    loopscope.uninstrument()
-    assert originals() == before
-    script(server)
-    afc(server, "sync")
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 2 and len(server.requests) == 4
+
+    def calls() -> None:
+        assert originals()[0] is not before[0]
+        script(server)
+        afc(server, "sync")
+        loopscope.flush()
+        assert len(recording.spans(a.OP_EXECUTE_TOOL)) == 1
+
+    def after() -> None:
+        script(server)
+        afc(server, "sync")
+
+    switching.assert_instrument_twice_is_once(recording, chats=2, calls=calls, after=after, originals=originals)
+    assert len(server.requests) == 4 and len(recording.spans(a.OP_EXECUTE_TOOL)) == 1
 
 
 @pytest.mark.parametrize("mode", ["chat", "achat"])

@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import groq
 import pytest
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, Usage
 from fakes.weather_loop import queue_long_reply, queue_tool_round
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import assert_one_cancelled_call, everything_recorded
@@ -272,24 +273,10 @@ def test_stream_dropped_unread_is_collected(instrumented, server):
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(5)
-    for i in range(n):
-        queue_tool_round(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = server.async_groq_client()
-
-    async def conversation(i: int) -> None:
-        mode = MODES[i % 4]
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        answer = await acall(c, mode, messages, tools=[WEATHER])
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(c, mode, follow_up(messages, answer, f"sunny in city-{i}"), tools=[WEATHER])
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    assert_conversations_apart(instrumented.store, n, "call_c{i:02d}")
+    interleaved.run_async(instrumented, server, seed=5, queue=partial(queue_tool_round, server), call_id="call_c{i:02d}",
+                          client=lambda i: c, modes=MODES, follow_up=follow_up,
+                          call=lambda c, mode, messages: acall(c, mode, messages, tools=[WEATHER]))
 
 
 # -- switching on and off ---------------------------------------------------------------------------------
@@ -298,19 +285,13 @@ def test_twenty_interleaved_async_conversations(instrumented, server):
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     from groq.resources.chat import completions
 
-    before = (completions.Completions.__dict__["create"], completions.AsyncCompletions.__dict__["create"])
-    loopscope.instrument()
-    loopscope.instrument()
-    queue_tool_round(server, call_id="call_w1")
-    run_loop(server, "sync")
-    assert len(recording.spans(a.OP_CHAT)) == 2  # each call once, not once per instrument()
-    _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-    assert count == 2
-    loopscope.uninstrument()
-    assert (completions.Completions.__dict__["create"], completions.AsyncCompletions.__dict__["create"]) == before
-    server.queue(Reply(text="Hello."))
-    server.groq_client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    assert len(recording.spans(a.OP_CHAT)) == 2
+    def tool_loop() -> None:
+        queue_tool_round(server, call_id="call_w1")
+        run_loop(server, "sync")
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=2, calls=tool_loop,
+        originals=lambda: (completions.Completions.__dict__["create"], completions.AsyncCompletions.__dict__["create"]))
 
 
 def test_the_openai_adapter_stays_on_beside_groq(instrumented, server):

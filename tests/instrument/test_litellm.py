@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
 import time
+from functools import partial
 from typing import Any
 
 import litellm
@@ -14,9 +14,10 @@ import pytest
 from litellm.integrations.custom_logger import CustomLogger
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import everything_recorded
@@ -287,26 +288,11 @@ def test_a_failing_call_is_an_error_of_litellms_type(instrumented, server, mode,
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(11)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
-
-    async def conversation(i: int) -> None:
-        mode = ["async", "astream"][i % 2]
-        kw = route(server, ["openai", "anthropic"][(i // 2) % 2])
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        message = await acall(mode, kw, messages)
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(mode, kw, follow_up(messages, message, f"sunny in city-{i}"))
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    settle(instrumented, 2 * n)
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "call_c{i:02d}")
+    """Half through LiteLLM's OpenAI route, half its Anthropic one."""
+    interleaved.run_async(instrumented, server, seed=11, queue=partial(tool_round_script, server), call_id="call_c{i:02d}",
+                          client=lambda i: route(server, ["openai", "anthropic"][(i // 2) % 2]), modes=["async", "astream"],
+                          call=lambda kw, mode, messages: acall(mode, kw, messages), follow_up=follow_up,
+                          settle=lambda: settle(instrumented, 40))
 
 
 # -- streams let go early ------------------------------------------------------------------------------
@@ -402,25 +388,27 @@ def ours(listed: list[Any]) -> list[Any]:
 
 
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
+    """Loopscope's callbacks are put in once and taken out again; the application's stay, first."""
     theirs = Theirs()
     litellm.callbacks.append(theirs)
-    loopscope.instrument()
-    loopscope.instrument()
-    assert litellm.callbacks[0] is theirs and len(ours(litellm.callbacks)) == 1
-    assert all(len(ours(getattr(litellm, name))) == 1 for name in ("input_callback", "success_callback", "_async_success_callback"))
-    server.queue(Reply(text="Hello."))
-    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
-    settle(recording, 1)
-    assert len(recording.spans(a.OP_CHAT)) == 1
-    loopscope.uninstrument()
-    assert litellm.callbacks == [theirs]
-    assert not any(ours(getattr(litellm, name)) for name in ("input_callback", "success_callback", "failure_callback",
-                                                              "_async_success_callback", "_async_failure_callback"))
-    server.queue(Reply(text="Hello again."))
-    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
-    wait_for(lambda: len(theirs.seen) == 2)  # theirs kept hearing every call
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 1
+    names = ("input_callback", "success_callback", "failure_callback", "_async_success_callback", "_async_failure_callback")
+
+    def calls() -> None:
+        assert litellm.callbacks[0] is theirs and len(ours(litellm.callbacks)) == 1
+        assert all(len(ours(getattr(litellm, name))) == 1 for name in ("input_callback", "success_callback", "_async_success_callback"))
+        server.queue(Reply(text="Hello."))
+        litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+        settle(recording, 1)
+
+    def after() -> None:
+        assert litellm.callbacks == [theirs]
+        server.queue(Reply(text="Hello again."))
+        litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+        wait_for(lambda: len(theirs.seen) == 2)  # theirs kept hearing every call
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=1, calls=calls, after=after,
+        originals=lambda: (list(litellm.callbacks), [ours(getattr(litellm, name)) for name in names]))
 
 
 def test_callbacks_the_application_sets_after_instrument_keep_ours(instrumented, server):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import pytest
@@ -13,10 +13,11 @@ from mistralai.client import errors
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, Usage
 from fakes.weather_loop import queue_long_reply, queue_tool_round
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import assert_one_cancelled_call, everything_recorded
@@ -267,24 +268,10 @@ def test_stream_dropped_unread_is_collected(instrumented, server):
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(3)
-    for i in range(n):
-        queue_tool_round(server, f"[conv-{i}]", call_id=f"callc{i:04d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = server.mistral_client()
-
-    async def conversation(i: int) -> None:
-        mode = MODES[i % 4]
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        answer = await acall(c, mode, messages, tools=[WEATHER])
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(c, mode, follow_up(messages, answer, f"sunny in city-{i}"), tools=[WEATHER])
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    assert_conversations_apart(instrumented.store, n, "callc{i:04d}")
+    interleaved.run_async(instrumented, server, seed=3, queue=partial(queue_tool_round, server), call_id="callc{i:04d}",
+                          client=lambda i: c, modes=MODES, follow_up=follow_up,
+                          call=lambda c, mode, messages: acall(c, mode, messages, tools=[WEATHER]))
 
 
 # -- the SDK's own spans --------------------------------------------------------------------------------
@@ -328,17 +315,14 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     from mistralai.client._hooks import tracing
 
     names = ("complete", "stream", "complete_async", "stream_async")
-    before = [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span]
-    loopscope.instrument()
-    loopscope.instrument()
-    queue_tool_round(server, call_id="wcall0001")
-    run_loop(server, "sync")
-    assert len(recording.spans(a.OP_CHAT)) == 2  # each call once, not once per instrument()
-    loopscope.uninstrument()
-    assert [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span] == before
-    server.queue(Reply(text="Hello."))
-    server.mistral_client().chat.complete(model=MODEL, messages=HI)
-    assert len(recording.spans(a.OP_CHAT)) == 2
+
+    def tool_loop() -> None:
+        queue_tool_round(server, call_id="wcall0001")
+        run_loop(server, "sync")
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=2, calls=tool_loop,
+        originals=lambda: [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span])
 
 
 # -- secrets ------------------------------------------------------------------------------------------------

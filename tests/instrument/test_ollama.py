@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
 from typing import Any
 
 import ollama
 import pytest
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
@@ -293,26 +293,10 @@ def test_a_failure_mid_stream_is_an_error(instrumented, server, mode):
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
     """Without ids, each conversation's result must still end its own call (found by the conversation, not an id)."""
-    n = 20
-    rng = random.Random(7)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", city=f"city-{i}")
-
-    async def conversation(i: int) -> None:
-        mode = ["async", "astream"][i % 2]
-        client = server.async_ollama_client()
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        first = await acall(mode, client, messages)
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(mode, client, follow_up(messages, first, f"sunny in city-{i}"))
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "")  # no ids: each result found its call by its conversation
+    interleaved.run_async(instrumented, server, seed=7, call_id="",  # no ids: each result found its call by its conversation
+                          queue=lambda tag, *, call_id, city, delay: tool_round_script(server, tag, city=city),
+                          client=lambda i: server.async_ollama_client(), modes=["async", "astream"], follow_up=follow_up,
+                          call=lambda client, mode, messages: acall(mode, client, messages))
 
 
 # -- streams let go early ------------------------------------------------------------------------------
@@ -381,27 +365,18 @@ def test_authorization_headers_are_never_recorded(instrumented, server):
 
 
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server, monkeypatch):
-    originals = {cls: cls.__dict__["chat"] for cls in (ollama.Client, ollama.AsyncClient)}
-    module_chat = ollama.chat
     monkeypatch.setattr(ollama._client._client, "base_url", server.url)
     made_before = server.ollama_client()
-    loopscope.instrument()
-    loopscope.instrument()
-    try:
+
+    def calls() -> None:
         server.queue(*(Reply(text="Hello.") for _ in range(3)))
         made_before.chat(MODEL, [{"role": "user", "content": "Hi"}])
         list(server.ollama_client().chat(MODEL, [{"role": "user", "content": "Hi"}], stream=True))
         ollama.chat(MODEL, [{"role": "user", "content": "Hi"}])
-        loopscope.flush()
-        assert len(recording.spans(a.OP_CHAT)) == 3
-    finally:
-        loopscope.uninstrument()
-    assert {cls: cls.__dict__["chat"] for cls in originals} == originals and ollama.chat == module_chat
-    server.queue(Reply(text="Hello again."), Reply(text="Hello again."))
-    made_before.chat(MODEL, [{"role": "user", "content": "Hi"}])
-    ollama.chat(MODEL, [{"role": "user", "content": "Hi"}])
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 3
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=3, calls=calls,
+        originals=lambda: ({cls: cls.__dict__["chat"] for cls in (ollama.Client, ollama.AsyncClient)}, ollama.chat))
 
 
 # -- one call, one record ------------------------------------------------------------------------------
