@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from loopscope import semconv as a
@@ -32,16 +33,28 @@ def spans_of(recording: Any, operation: str) -> list[Any]:
     return [s for s in recording.spans() if s.attributes.get(a.OPERATION) == operation]
 
 
-def assert_one_cancelled_call(recording: Any) -> None:
+def assert_one_cancelled_call(recording: Any, then: Callable[[], object] | None = None) -> None:
     """One model call, its stream let go before its end: the call is ``StreamClosed`` and
-    its turn ended ``cancelled``."""
+    its turn ended ``cancelled``. ``then``: a later call, which must be a call and a turn of
+    its own (nothing ends the first one again)."""
+    import loopscope
     from loopscope import LoopEndReason
 
+    loopscope.flush()
     [chat] = recording.spans(a.OP_CHAT)
     assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
     assert only_turn(recording.store).loop_end_reason == LoopEndReason.CANCELLED
-    _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-    assert count == 1
+    assert _model_calls(recording.store) == 1
+    if then is not None:
+        then()
+        loopscope.flush()
+        assert len(recording.spans(a.OP_CHAT)) == 2 and len(recording.store.list_turns(limit=None)) == 2
+        assert _model_calls(recording.store) == 2
+
+
+def _model_calls(store: Any) -> int:
+    _, [(count,)] = store.sql("SELECT count(*) FROM model_calls")
+    return count
 
 
 def everything_recorded(recording: Any) -> str:

@@ -21,7 +21,7 @@ import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import everything_recorded
+from recorded import assert_one_cancelled_call, everything_recorded
 
 MODEL = "anthropic.claude-3-5-sonnet-20240620-v1:0"
 LLAMA = "meta.llama3-1-70b-instruct-v1:0"
@@ -371,13 +371,6 @@ def long_reply(server: FakeModelServer) -> None:
     server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve"))
 
 
-def assert_cancelled_once(recording: Any) -> None:
-    turn = only_turn(recording)
-    assert turn.loop_end_reason == LoopEndReason.CANCELLED
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-
-
 @pytest.mark.parametrize("mode", ["converse_stream", "invoke_stream"])
 def test_a_stream_closed_early_ends_its_call_once(instrumented, server, mode):
     long_reply(server)
@@ -393,7 +386,7 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server, mode):
     stream.close()
     del stream
     gc.collect()
-    assert_cancelled_once(instrumented)
+    assert_one_cancelled_call(instrumented)
     assert instrumented.spans(a.OP_CHAT)[0].attributes[a.ROUND_TEXT].startswith("one")
 
 
@@ -418,7 +411,7 @@ def test_a_stream_dropped_unread_is_collected(instrumented, server):
     response = client(server).converse_stream(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Count"}]}])
     del response
     gc.collect()
-    assert_cancelled_once(instrumented)
+    assert_one_cancelled_call(instrumented)
 
 
 # -- concurrency ---------------------------------------------------------------------------------------------------
