@@ -52,6 +52,46 @@ def assert_one_cancelled_call(recording: Any, then: Callable[[], object] | None 
         assert _model_calls(recording.store) == 2
 
 
+def assert_one_failed_call(recording: Any, error_type: str) -> Any:
+    """One model call that failed with ``error_type`` (an HTTP error, a stream broken midway):
+    its span is an error of that type, and its turn ended ``error``, saying so first. Returns
+    the span, for a test's own checks."""
+    from opentelemetry.trace import StatusCode
+
+    import loopscope
+    from loopscope import LoopEndReason
+
+    loopscope.flush()
+    [chat] = recording.spans(a.OP_CHAT)
+    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error_type
+    turn = only_turn(recording.store)
+    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error_type), turn.error
+    return chat
+
+
+WEATHER_SEGMENTS = ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
+
+
+def assert_hand_turn(recording: Any, response: Any, *, tool_spans: int | None = None) -> list[Any]:
+    """The weather loop's two rounds (``fakes.weather_loop.queue_tool_round``'s replies) made
+    inside ``loopscope.turn(session_id="hand", ...)``: ``response`` (the turn's) is one round,
+    one tool call, completed, with both texts; both calls' spans are children of the turn's
+    agent span (and ``tool_spans`` tool spans, when given); the session's timeline is the
+    question, the first text, the tool call and the answer. Returns the timeline."""
+    from loopscope import LoopEndReason
+
+    assert (response.round_count, response.tool_calls_count, response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
+    assert response.segments == WEATHER_SEGMENTS
+    [agent] = recording.spans(a.OP_INVOKE_AGENT)
+    chats = recording.spans(a.OP_CHAT)
+    assert len(chats) == 2 and all(s.parent.span_id == agent.context.span_id for s in chats)
+    if tool_spans is not None:
+        assert len(recording.spans(a.OP_EXECUTE_TOOL)) == tool_spans
+    events = recording.store.get_timeline("hand")
+    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    return events
+
+
 def _model_calls(store: Any) -> int:
     _, [(count,)] = store.sql("SELECT count(*) FROM model_calls")
     return count

@@ -19,7 +19,7 @@ import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import everything_recorded
+from recorded import assert_hand_turn, everything_recorded
 from tool_totals_check import assert_totals_exact
 
 API_KEY = "sk-ant-test-4f7c1d9e2b8a6350-secret"
@@ -919,11 +919,7 @@ def test_hand_written_turn_holds_the_sdk_calls(instrumented, server):
         [use] = [b for b in content if b["type"] == "tool_use"]
         result = get_weather(**use["input"])
         call(c, "json", messages=_decorated_follow_up(messages, content, result), tools=[WEATHER])
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
-    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
+    assert_hand_turn(instrumented, t.response, tool_spans=1)
 
 
 def test_async_helper_never_entered_adds_no_warning_of_ours(instrumented, server):

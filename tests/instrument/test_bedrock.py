@@ -21,7 +21,7 @@ import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import assert_one_cancelled_call, everything_recorded
+from recorded import assert_hand_turn, assert_one_cancelled_call, assert_one_failed_call, everything_recorded
 
 MODEL = "anthropic.claude-3-5-sonnet-20240620-v1:0"
 LLAMA = "meta.llama3-1-70b-instruct-v1:0"
@@ -224,12 +224,8 @@ def test_a_hand_written_turn_holds_the_same_calls(instrumented, server, mode):
         [use] = [b["toolUse"] for b in content if "toolUse" in b]
         result = get_weather(**use["input"])
         call(c, mode, follow_up(messages, content, result))
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    events = instrumented.store.get_timeline("hand")
-    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    events = assert_hand_turn(instrumented, t.response, tool_spans=1)
     assert (events[3].content.tool_id, events[3].content.result, events[3].content.outcome) == ("tooluse_w1", "21 C and sunny", "served")
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
 
 
 @pytest.mark.parametrize("mode", ["converse", "invoke_stream"])
@@ -334,10 +330,7 @@ def test_http_errors_are_failed_calls(instrumented, server, mode, status, code):
     with pytest.raises(ClientError) as caught:
         call(client(server), mode, [{"role": "user", "content": [{"text": "Hi"}]}])
     assert caught.value.response["Error"]["Code"] == code  # the user's exception, as boto3 raised it
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == code
-    turn = only_turn(instrumented)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(code)
+    assert_one_failed_call(instrumented, code)
 
 
 @pytest.mark.parametrize("mode", ["converse_stream", "invoke_stream"])
@@ -345,9 +338,7 @@ def test_an_exception_event_mid_stream_fails_the_call(instrumented, server, mode
     server.queue(Reply.stream_failure(after=3, message="model fell over"))
     with pytest.raises(EventStreamError):
         call(client(server), mode, [{"role": "user", "content": [{"text": "Count to ten"}]}])
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "EventStreamError"
-    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
+    assert_one_failed_call(instrumented, "EventStreamError")
 
 
 def test_an_invoke_model_body_cut_short_fails_the_call_and_the_users_read(instrumented, server):

@@ -20,7 +20,7 @@ from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
-from recorded import assert_one_cancelled_call, everything_recorded, only_turn, rows
+from recorded import assert_one_cancelled_call, assert_one_failed_call, everything_recorded, only_turn, rows
 
 API_KEY = "co-test-7f3a91d2c4b86e05-secret"
 MODEL = "command-a-03-2025"
@@ -241,11 +241,7 @@ def test_an_http_error_is_a_failed_call(instrumented, server, mode, status, erro
     server.queue(Reply.error(status, "no such luck"))
     with pytest.raises(error):
         run_loop(mode, server)
-    loopscope.flush()
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error.__name__
-    turn = only_turn(instrumented.store)
-    assert turn.loop_end_reason == LoopEndReason.ERROR
+    assert_one_failed_call(instrumented, error.__name__)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])

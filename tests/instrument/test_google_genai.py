@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from google.genai import errors, types
-from opentelemetry.trace import StatusCode
 
 import interleaved
 import loopscope
@@ -19,7 +18,7 @@ from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
-from recorded import assert_one_cancelled_call, everything_recorded
+from recorded import assert_one_cancelled_call, assert_one_failed_call, everything_recorded
 
 API_KEY = "AIzaSy-genai-test-4f1d7c2e9b8a0635-secret"
 MODEL = "gemini-2.5-flash"
@@ -396,10 +395,7 @@ def test_an_http_error_is_a_failed_call(instrumented, server, status, kind, mode
             client.models.generate_content(model=MODEL, contents="x")
         else:
             asyncio.run(client.aio.models.generate_content(model=MODEL, contents="x"))
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == kind.__qualname__
-    turn = only_turn(instrumented)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(kind.__qualname__)
+    assert_one_failed_call(instrumented, kind.__qualname__)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -414,9 +410,8 @@ def test_a_mid_stream_error_is_a_failed_call_with_what_came(instrumented, server
                 [c async for c in await client.aio.models.generate_content_stream(model=MODEL, contents="x")]
 
             asyncio.run(main())
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "ServerError" and chat.attributes[a.ROUND_TEXT] == "This reply "
-    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
+    chat = assert_one_failed_call(instrumented, "ServerError")
+    assert chat.attributes[a.ROUND_TEXT] == "This reply "
 
 
 # -- streams let go early ------------------------------------------------------------------------------------

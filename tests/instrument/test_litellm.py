@@ -20,7 +20,7 @@ import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import assert_one_cancelled_call, everything_recorded
+from recorded import assert_hand_turn, assert_one_cancelled_call, assert_one_failed_call, everything_recorded
 
 API_KEY = "sk-litellm-test-5d1c9e07b3a2f684-secret"
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
@@ -199,13 +199,7 @@ def test_hand_written_turn_holds_the_litellm_calls(instrumented, server, mode):
     with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
         run_loop(mode, route(server, "openai"))
         settle(instrumented, 2)
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
-    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
-    events = instrumented.store.get_timeline("hand")
-    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    assert_hand_turn(instrumented, t.response, tool_spans=1)
 
 
 # -- usage: LiteLLM's through the kit's reader ------------------------------------------------------
@@ -278,10 +272,7 @@ def test_a_failing_call_is_an_error_of_litellms_type(instrumented, server, mode,
             asyncio.run(litellm.acompletion(messages=messages, **kw))
     assert type(caught.value).__name__ == error and type(caught.value).__module__.startswith("litellm")
     settle(instrumented, 1)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error
-    [turn] = instrumented.store.list_turns(limit=None)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error)
+    assert_one_failed_call(instrumented, error)
 
 
 # -- concurrency ---------------------------------------------------------------------------------------

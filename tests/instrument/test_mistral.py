@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from mistralai.client import errors
 from opentelemetry import trace
-from opentelemetry.trace import StatusCode
 
 import interleaved
 import loopscope
@@ -20,7 +19,7 @@ from fakes.model_server import FakeModelServer, Reply, Usage
 from fakes.weather_loop import queue_long_reply, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import assert_one_cancelled_call, everything_recorded
+from recorded import assert_hand_turn, assert_one_cancelled_call, assert_one_failed_call, everything_recorded
 
 API_KEY = "mistral-test-3b7f10c2e9d84a56-secret"
 MODEL = "mistral-large-latest"
@@ -140,13 +139,7 @@ def test_hand_written_turn_holds_the_mistral_calls(instrumented, server, mode):
     queue_tool_round(server, call_id="wcall0001")
     with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
         run_loop(server, mode)
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2
-    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
-    events = instrumented.store.get_timeline("hand")
-    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    assert_hand_turn(instrumented, t.response)
 
 
 def test_a_one_shot_iterable_of_messages_is_sent_whole_and_recorded(instrumented, server):
@@ -202,10 +195,7 @@ def test_http_errors_are_failed_calls(instrumented, server, mode, status, error)
     server.queue(Reply.error(status, "the fake says no"))
     with pytest.raises(error):
         ask(server, mode)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error.__name__
-    turn = only_turn(instrumented)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error.__name__)
+    assert_one_failed_call(instrumented, error.__name__)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -213,10 +203,8 @@ def test_mid_stream_error(instrumented, server, mode):
     server.queue(Reply.stream_failure(after=2, message="model overloaded"))
     with pytest.raises(errors.ResponseValidationError):
         ask(server, mode)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "ResponseValidationError"
+    chat = assert_one_failed_call(instrumented, "ResponseValidationError")
     assert chat.attributes[a.ROUND_TEXT] == "This "  # what came before the error
-    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
 
 
 # -- streams let go -------------------------------------------------------------------------------------

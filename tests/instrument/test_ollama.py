@@ -12,7 +12,6 @@ from typing import Any
 
 import ollama
 import pytest
-from opentelemetry.trace import StatusCode
 
 import interleaved
 import loopscope
@@ -21,7 +20,7 @@ from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.models import ToolCall as ModelToolCall
-from recorded import assert_one_cancelled_call, everything_recorded, only_turn, rows
+from recorded import assert_one_cancelled_call, assert_one_failed_call, everything_recorded, only_turn, rows
 
 MODEL = "llama3.2"
 QUESTION = "What's the weather in Paris?"
@@ -270,10 +269,7 @@ def test_an_http_error_is_a_failed_call(instrumented, server, mode, status):
     server.queue(Reply.error(status, "model 'nope' not found"))
     with pytest.raises(ollama.ResponseError):
         run_loop(mode, server)
-    loopscope.flush()
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "ResponseError"
-    assert only_turn(instrumented.store).loop_end_reason == LoopEndReason.ERROR
+    assert_one_failed_call(instrumented, "ResponseError")
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -281,12 +277,9 @@ def test_a_failure_mid_stream_is_an_error(instrumented, server, mode):
     server.queue(Reply.stream_failure(after=2, message="llama runner crashed"))
     with pytest.raises(ollama.ResponseError):
         run_loop(mode, server)
-    loopscope.flush()
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "ResponseError"
+    assert_one_failed_call(instrumented, "ResponseError")
     _, [(outcome, output)] = instrumented.store.sql("SELECT outcome, output_messages FROM model_calls")
     assert outcome == "error" and "This reply " in output  # what was streamed before the failure is kept
-    assert only_turn(instrumented.store).loop_end_reason == LoopEndReason.ERROR
 
 
 # -- concurrency ---------------------------------------------------------------------------------------
