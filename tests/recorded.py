@@ -21,8 +21,46 @@ def rows(store: Any, session_id: str) -> list[tuple[Any, ...]]:
     return out
 
 
-def only_turn(store: Any) -> Any:
-    """The one turn summary of a store that should hold exactly one."""
+SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
+                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
+"""A turn summary's fields an adapter's recording must share with the hand API's, for the same conversation."""
+
+
+def hand_tool_loop(session_id: str, *, model: str, provider: str, streaming: bool, tools: list[Any], question: str,
+                   texts: tuple[str, str], usages: tuple[dict[str, int], dict[str, int]], stops: tuple[str, str],
+                   result: Any, call_id: str = "", response_model: str | None = None) -> Any:
+    """A two-round conversation through the hand API (``loopscope.turn``, ``Turn.round``,
+    ``@loopscope.tool``), as an adapter should record it: the first round says ``texts[0]``
+    and calls ``get_weather`` for Paris (id ``call_id``), the tool returns ``result``, the
+    second round answers ``texts[1]``; each round with its usage, its stop reason and, when
+    given, the model the response named. Returns the ``loopscope.Turn``."""
+    import loopscope
+    from loopscope.models import ToolCall
+
+    @loopscope.tool("get_weather")
+    def get_weather(city: str) -> Any:
+        return result
+
+    response = {} if response_model is None else {"model": response_model}
+    with loopscope.turn(session_id=session_id, tools=tools, input=question, model=model, provider=provider) as t:
+        with t.round(model, provider=provider, stream=streaming) as rnd:
+            rnd.response(texts[0], [ToolCall(id=call_id, name="get_weather", arguments={"city": "Paris"})], usages[0],
+                         stops[0], **response)
+        get_weather("Paris")
+        with t.round(model, provider=provider, stream=streaming) as rnd:
+            rnd.response(texts[1], None, usages[1], stops[1], **response)
+    return t
+
+
+def only_turn(source: Any) -> Any:
+    """The one turn summary of a store that should hold exactly one; given a test's
+    recording (``recording``, ``instrumented``), of its store once flushed."""
+    store = source
+    if hasattr(source, "store"):
+        import loopscope
+
+        loopscope.flush()
+        store = source.store
     turns = store.list_turns()
     assert len(turns) == 1, turns
     return turns[0]
@@ -112,3 +150,19 @@ def everything_recorded(recording: Any) -> str:
         _, rows = store.sql(f'SELECT * FROM "{table}"')
         texts += [repr(row) for row in rows]
     return "\n".join(texts)
+
+
+def assert_never_recorded(recording: Any, *secrets: str, present: tuple[str, ...] = ("get_weather",)) -> None:
+    """What a test's calls sent and must not keep (keys, tokens, signatures, the names of the
+    headers that carried them) is nowhere in what was recorded, in any case: no span, no row
+    (:func:`everything_recorded`), and not in the store's file. ``present``: what must be
+    there, so that the search searched something."""
+    import loopscope
+
+    loopscope.flush()
+    everything = everything_recorded(recording)
+    for text in present:
+        assert text in everything, text
+    found = (everything + recording.db.read_bytes().decode("latin-1")).lower()
+    for secret in secrets:
+        assert secret.lower() not in found, secret

@@ -19,8 +19,15 @@ import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from loopscope.models import ToolCall as ModelToolCall
-from recorded import assert_one_cancelled_call, assert_one_failed_call, everything_recorded, only_turn, rows
+from recorded import (
+    SUMMARY_FIELDS,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    hand_tool_loop,
+    only_turn,
+    rows,
+)
 
 API_KEY = "co-test-7f3a91d2c4b86e05-secret"
 MODEL = "command-a-03-2025"
@@ -113,23 +120,9 @@ def run_loop(mode: str, server: FakeModelServer, question: str = QUESTION, resul
 
 def hand_recording(session_id: str, *, streaming: bool) -> loopscope.Turn:
     """The same conversation through the hand API, as the adapter should record it."""
-
-    @loopscope.tool("get_weather")
-    def get_weather(city: str) -> dict[str, Any]:
-        return {"temp_c": 21}
-
-    with loopscope.turn(session_id=session_id, tools=[WEATHER], input=QUESTION, model=MODEL, provider="cohere") as t:
-        with t.round(MODEL, provider="cohere", stream=streaming) as rnd:
-            rnd.response(PLAN, [ModelToolCall(id="get_weather_w1", name="get_weather", arguments={"city": "Paris"})],
-                         FIRST_USAGE, "TOOL_CALL")
-        get_weather("Paris")
-        with t.round(MODEL, provider="cohere", stream=streaming) as rnd:
-            rnd.response(ANSWER, None, SECOND_USAGE, "COMPLETE")
-    return t
-
-
-SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
-                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
+    return hand_tool_loop(session_id, model=MODEL, provider="cohere", streaming=streaming, tools=[WEATHER],
+                          question=QUESTION, texts=(PLAN, ANSWER), usages=(FIRST_USAGE, SECOND_USAGE),
+                          stops=("TOOL_CALL", "COMPLETE"), result={"temp_c": 21}, call_id="get_weather_w1")
 
 
 # -- the two-round tool loop ---------------------------------------------------------------------------
@@ -329,11 +322,7 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
         run_loop(mode, server)
     loopscope.flush()
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
-    everything = everything_recorded(instrumented)
-    assert "get_weather" in everything and "sunny" in everything
-    for secret in (API_KEY, "authorization", "Bearer"):
-        assert secret not in everything
-    assert API_KEY.encode() not in instrumented.db.read_bytes()
+    assert_never_recorded(instrumented, API_KEY, "authorization", "Bearer", present=("get_weather", "sunny"))
 
 
 # -- instrument and uninstrument ---------------------------------------------------------------------

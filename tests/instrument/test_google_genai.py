@@ -17,8 +17,15 @@ import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from loopscope.models import ToolCall as ModelToolCall
-from recorded import assert_one_cancelled_call, assert_one_failed_call, everything_recorded
+from recorded import (
+    SUMMARY_FIELDS,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    hand_tool_loop,
+    only_turn,
+    rows,
+)
 
 API_KEY = "AIzaSy-genai-test-4f1d7c2e9b8a0635-secret"
 MODEL = "gemini-2.5-flash"
@@ -32,8 +39,6 @@ RESULT = {"temp_c": 21}
 # what the turn's usage is: Gemini's thoughts counted into the output (20 + 5, + 9)
 USAGES = ({"input_tokens": 100, "output_tokens": 25, "cache_read_input_tokens": 30, "reasoning_tokens": 5},
           {"input_tokens": 140, "output_tokens": 9})
-SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
-                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
 
 
 def script(server: FakeModelServer, tag: str | None = None, *, call_id: str = "", city: str = "Paris",
@@ -127,22 +132,11 @@ def run(server: FakeModelServer, mode: str, **kwargs: Any) -> None:
 # -- what is recorded ---------------------------------------------------------------------------------
 
 
-def rows(store: Any, session: str) -> list[tuple[Any, ...]]:
-    out = []
-    for e in store.get_timeline(session):
-        c = e.content
-        if e.type == "message":
-            out.append((e.type, c.role, c.body))
-        else:
-            out.append((e.type, c.tool_name, c.tool_id, c.arguments, c.result, c.status, c.outcome))
-    return out
-
-
 ROWS = [
     ("message", "user", QUESTION),
     ("message", "assistant", FIRST),
-    ("tool_call_start", "get_weather", "", {"city": "Paris"}, None, "pending", None),
-    ("tool_call_end", "get_weather", "", {"city": "Paris"}, RESULT, "completed", "served"),
+    ("tool_call_start", "get_weather", "", {"city": "Paris"}, None, "pending", None, None),
+    ("tool_call_end", "get_weather", "", {"city": "Paris"}, RESULT, "completed", "served", None),
     ("message", "assistant", FINAL),
 ]
 
@@ -150,26 +144,11 @@ ROWS = [
 def hand_summary(recording: Any, *, streaming: bool, provider: str = "gcp.gemini") -> dict[str, Any]:
     """The same two rounds through the hand API (loopscope.turn, Turn.round, @loopscope.tool)."""
 
-    @loopscope.tool("get_weather")
-    def hand_weather(city: str) -> dict[str, int]:
-        return RESULT
-
-    call = ModelToolCall(id="", name="get_weather", arguments={"city": "Paris"})
-    with loopscope.turn(session_id="hand", tools=[WEATHER], input=QUESTION, model=MODEL, provider=provider) as t:
-        with t.round(MODEL, provider=provider, stream=streaming) as rnd:
-            rnd.response(FIRST, [call], USAGES[0], "STOP", model=MODEL)
-        hand_weather("Paris")
-        with t.round(MODEL, provider=provider, stream=streaming) as rnd:
-            rnd.response(FINAL, None, USAGES[1], "STOP", model=MODEL)
+    t = hand_tool_loop("hand", model=MODEL, provider=provider, streaming=streaming, tools=[WEATHER], question=QUESTION,
+                       texts=(FIRST, FINAL), usages=USAGES, stops=("STOP", "STOP"), result=RESULT, response_model=MODEL)
     loopscope.flush()
     assert rows(recording.store, "hand") == ROWS
     return t.response.model_dump(include=SUMMARY_FIELDS)
-
-
-def only_turn(recording: Any) -> Any:
-    loopscope.flush()
-    [turn] = recording.store.list_turns(limit=None)
-    return turn
 
 
 @pytest.mark.parametrize("mode", SYNC + ASYNC)
@@ -503,10 +482,7 @@ def test_api_keys_and_auth_headers_are_never_recorded(instrumented, server):
     loopscope.flush()
     assert server.requests[0].headers["x-goog-api-key"] == API_KEY
     assert server.requests[-1].headers["authorization"] == "Bearer fake-token"
-    found = everything_recorded(instrumented) + instrumented.db.read_bytes().decode("latin-1")
-    assert "get_weather" in found and "Paris" in found
-    for secret in (API_KEY, "x-goog-api-key", "fake-token", "Bearer"):
-        assert secret not in found
+    assert_never_recorded(instrumented, API_KEY, "x-goog-api-key", "fake-token", "Bearer", present=("get_weather", "Paris"))
 
 
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):

@@ -19,8 +19,15 @@ import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from loopscope.models import ToolCall as ModelToolCall
-from recorded import assert_one_cancelled_call, assert_one_failed_call, everything_recorded, only_turn, rows
+from recorded import (
+    SUMMARY_FIELDS,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    hand_tool_loop,
+    only_turn,
+    rows,
+)
 
 MODEL = "llama3.2"
 QUESTION = "What's the weather in Paris?"
@@ -90,23 +97,9 @@ def run_loop(mode: str, server: FakeModelServer, question: str = QUESTION, resul
 
 def hand_recording(session_id: str, *, streaming: bool) -> loopscope.Turn:
     """The same conversation through the hand API, as the adapter should record it."""
-
-    @loopscope.tool("get_weather")
-    def get_weather(city: str) -> dict[str, Any]:
-        return {"temp_c": 21}
-
-    with loopscope.turn(session_id=session_id, tools=[WEATHER], input=QUESTION, model=MODEL, provider="ollama") as t:
-        with t.round(MODEL, provider="ollama", stream=streaming) as rnd:
-            rnd.response(FIRST_TEXT, [ModelToolCall(id="", name="get_weather", arguments={"city": "Paris"})], FIRST_USAGE,
-                         "stop", model=MODEL)
-        get_weather("Paris")
-        with t.round(MODEL, provider="ollama", stream=streaming) as rnd:
-            rnd.response(ANSWER, None, SECOND_USAGE, "stop", model=MODEL)
-    return t
-
-
-SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
-                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
+    return hand_tool_loop(session_id, model=MODEL, provider="ollama", streaming=streaming, tools=[WEATHER],
+                          question=QUESTION, texts=(FIRST_TEXT, ANSWER), usages=(FIRST_USAGE, SECOND_USAGE),
+                          stops=("stop", "stop"), result={"temp_c": 21}, response_model=MODEL)
 
 
 # -- the two-round tool loop ---------------------------------------------------------------------------
@@ -343,10 +336,7 @@ def test_authorization_headers_are_never_recorded(instrumented, server):
     call("sync", client, follow_up(messages, first, "sunny"))
     loopscope.flush()
     assert server.requests[0].headers["authorization"] == secret
-    everything = everything_recorded(instrumented)
-    assert "get_weather" in everything and "sunny" in everything
-    assert "ol-9c2e4f6a8b0d1357" not in everything and "authorization" not in everything.lower()
-    assert b"ol-9c2e4f6a8b0d1357" not in instrumented.db.read_bytes()
+    assert_never_recorded(instrumented, "ol-9c2e4f6a8b0d1357", "authorization", present=("get_weather", "sunny"))
 
 
 # -- instrument and uninstrument ---------------------------------------------------------------------
