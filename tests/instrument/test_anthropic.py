@@ -17,6 +17,7 @@ from pydantic import BaseModel
 import interleaved
 import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.weather_loop import queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import assert_hand_turn, assert_never_recorded, only_turn
@@ -46,17 +47,7 @@ def async_client(server: FakeModelServer, **kwargs: Any) -> anthropic.AsyncAnthr
     return server.async_anthropic_client(api_key=API_KEY, **kwargs)
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "toolu_w1", city: str = "Paris", **first: Any) -> None:
-    server.queue(
-        Reply(
-            text="Let me check the weather.",
-            tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-            usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5),
-            **first,
-        ),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, call_id="toolu_w1", usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5))
 
 
 # -- driving the SDK in each of its ways -------------------------------------------------

@@ -18,7 +18,8 @@ from opentelemetry.trace import StatusCode
 import interleaved
 import loopscope
 import switching
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.model_server import FakeModelServer, Reply, Usage
+from fakes.weather_loop import queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import (
@@ -57,14 +58,7 @@ def client(server: FakeModelServer) -> Any:
     return server.bedrock_client(aws_access_key_id=None, aws_secret_access_key=None)
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "tooluse_w1", city: str = "Paris",
-                      **first: Any) -> None:
-    server.queue(
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5), **first),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, call_id="tooluse_w1", usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5))
 
 
 # -- driving boto3 in each of its ways: the assistant's content and the stop reason, in Converse's blocks ----------

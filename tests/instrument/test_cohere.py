@@ -16,7 +16,8 @@ from opentelemetry.trace import StatusCode
 import interleaved
 import loopscope
 import switching
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.model_server import FakeModelServer, Reply
+from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import (
@@ -34,23 +35,12 @@ MODEL = "command-a-03-2025"
 QUESTION = "What's the weather in Paris?"
 PLAN = "I will look up the weather."
 ANSWER = "It is 21 °C and sunny in Paris."
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 FIRST_USAGE = {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 30}
 SECOND_USAGE = {"input_tokens": 150, "output_tokens": 10}
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "get_weather_w1", city: str = "Paris",
-                      plan: str = PLAN) -> None:
-    server.queue(
-        Reply(text=plan, tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20, cached_tokens=30)),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, call_id="get_weather_w1", text=PLAN)
 
 
 def sync_client(server: FakeModelServer) -> cohere.ClientV2:

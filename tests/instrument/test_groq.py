@@ -15,7 +15,7 @@ import interleaved
 import loopscope
 import switching
 from fakes.model_server import FakeModelServer, Reply, Usage
-from fakes.weather_loop import queue_long_reply, queue_tool_round
+from fakes.weather_loop import WEATHER, queue_long_reply, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import (
@@ -29,10 +29,6 @@ from recorded import (
 API_KEY = "gsk_test_7a1e93c0d4b25f68_secret"
 MODEL = "llama-3.3-70b-versatile"
 QUESTION = "What's the weather in Paris?"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 
 

@@ -17,7 +17,8 @@ from opentelemetry.trace import StatusCode
 import interleaved
 import loopscope
 import switching
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.model_server import FakeModelServer, Reply, Usage
+from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import (
@@ -30,14 +31,6 @@ from recorded import (
 API_KEY = "sk-litellm-test-5d1c9e07b3a2f684-secret"
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
 QUESTION = "What's the weather in Paris?"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 MODES = ["sync", "async", "stream", "astream"]
 USAGE = {"include_usage": True}  # an OpenAI stream's usage (else LiteLLM counts tokens itself)
 
@@ -60,13 +53,7 @@ def route(server: FakeModelServer, provider: str) -> dict[str, Any]:
     return {"model": f"{provider}/{MODELS[provider]}", "api_base": base, "api_key": API_KEY, "num_retries": 0}
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "call_w1", city: str = "Paris", **first: Any) -> None:
-    server.queue(
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20), **first),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, call_id="call_w1", usage=Usage(100, 20))
 
 
 def settle(recording, chats: int, collect: bool = False) -> None:

@@ -16,7 +16,7 @@ import interleaved
 import loopscope
 import switching
 from fakes.model_server import FakeModelServer, Reply, Usage
-from fakes.weather_loop import queue_long_reply, queue_tool_round
+from fakes.weather_loop import WEATHER, queue_long_reply, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import (
@@ -30,10 +30,6 @@ from recorded import (
 API_KEY = "mistral-test-3b7f10c2e9d84a56-secret"
 MODEL = "mistral-large-latest"
 QUESTION = "What's the weather in Paris?"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 
 

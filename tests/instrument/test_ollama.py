@@ -17,6 +17,7 @@ import interleaved
 import loopscope
 import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
+from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
 from recorded import (
@@ -33,21 +34,12 @@ MODEL = "llama3.2"
 QUESTION = "What's the weather in Paris?"
 FIRST_TEXT = "Let me check the weather."
 ANSWER = "It is 21 °C and sunny in Paris."
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 FIRST_USAGE = {"input_tokens": 100, "output_tokens": 20}
 SECOND_USAGE = {"input_tokens": 150, "output_tokens": 10}
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, city: str = "Paris") -> None:
-    server.queue(
-        Reply(text=FIRST_TEXT, tool_calls=[ToolCall("get_weather", {"city": city})], usage=Usage(100, 20)),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, text=FIRST_TEXT, usage=Usage(100, 20))  # no ids: Ollama's calls have none
 
 
 # -- a user's loop, each way of calling ----------------------------------------------------------------
