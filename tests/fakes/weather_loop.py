@@ -13,6 +13,10 @@ TOOLS = [{"type": "function", "function": {  # OpenAI's tool format, which these
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }}]
 QUESTION = {"role": "user", "content": "Weather in Paris?"}
+WEATHER = {"type": "function", "function": {  # the adapters' tests' tool, in OpenAI's format too
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}}
 ANSWER = "21 °C and dry in Paris."
 
 
@@ -26,13 +30,15 @@ def queue_tool_loop(server: object, text: str = "Let me look.", cached_tokens: i
     )
 
 
-def queue_tool_round(server: object, tag: str = "", *, call_id: str, city: str = "Paris", **first: Any) -> None:
-    """Queue a round that calls ``get_weather`` for ``city`` with the provider's id ``call_id``
-    (100 tokens in, 20 out, 30 cached; ``first``: more of the first reply's fields), then its
-    answer (150, 10), for the requests whose text holds ``tag`` (any, when empty)."""
+def queue_tool_round(server: object, tag: str = "", *, call_id: str | None = None, city: str = "Paris",
+                     text: str = "Let me check the weather.", usage: Usage | None = None, **first: Any) -> None:
+    """Queue a round that says ``text`` and calls ``get_weather`` for ``city`` with the provider's
+    id ``call_id`` (the wire's own when None; ``usage``: 100 tokens in, 20 out, 30 cached unless
+    given; ``first``: more of the first reply's fields), then its answer (150, 10), for the
+    requests whose text holds ``tag`` (any, when empty)."""
     server.queue(  # type: ignore[attr-defined]
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20, cached_tokens=30), **first),
+        Reply(text=text, tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
+              usage=usage or Usage(100, 20, cached_tokens=30), **first),
         Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
         match=tag or None,
     )

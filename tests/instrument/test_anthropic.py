@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import anthropic
@@ -14,12 +14,13 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
+import interleaved
 import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
+from fakes.weather_loop import queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import everything_recorded
+from recorded import assert_hand_turn, assert_never_recorded, only_turn
 from tool_totals_check import assert_totals_exact
 
 API_KEY = "sk-ant-test-4f7c1d9e2b8a6350-secret"
@@ -46,22 +47,7 @@ def async_client(server: FakeModelServer, **kwargs: Any) -> anthropic.AsyncAnthr
     return server.async_anthropic_client(api_key=API_KEY, **kwargs)
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "toolu_w1", city: str = "Paris", **first: Any) -> None:
-    server.queue(
-        Reply(
-            text="Let me check the weather.",
-            tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-            usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5),
-            **first,
-        ),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
-
-
-def only_turn(recording) -> Any:
-    [turn] = recording.store.list_turns(limit=None)
-    return turn
+tool_round_script = partial(queue_tool_round, call_id="toolu_w1", usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5))
 
 
 # -- driving the SDK in each of its ways -------------------------------------------------
@@ -567,25 +553,14 @@ def test_async_stream_closed_early_and_break_in_async_with(instrumented, server)
 
 
 def test_fifty_interleaved_async_conversations(instrumented, server):
-    n = 50
-    rng = random.Random(7)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"toolu_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = async_client(server)
 
-    async def conversation(i: int) -> None:
-        mode = MODES[i % 3]
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
+    async def first_content(c: Any, mode: str, messages: list[Any]) -> Any:
         content, _ = await acall(c, mode, messages=messages, tools=[WEATHER])
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(c, mode, messages=follow_up(messages, content, f"sunny in city-{i}"), tools=[WEATHER])
+        return content
 
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "toolu_c{i:02d}")
+    interleaved.run_async(instrumented, server, n=50, seed=7, queue=partial(tool_round_script, server), call_id="toolu_c{i:02d}",
+                          client=lambda i: c, modes=MODES, call=first_content, follow_up=follow_up)
 
 
 # -- a decorated tool between the rounds ------------------------------------------------------
@@ -854,10 +829,8 @@ def test_api_keys_and_authorization_headers_are_never_recorded(global_provider, 
     # the secrets were sent...
     assert any(API_KEY in value for value in server.requests[0].headers.values())
     assert server.requests[-1].headers["authorization"] == f"Bearer {bearer}"
-    everything = everything_recorded(instrumented)  # ...and nowhere in what was recorded
-    assert "get_weather" in everything and "sunny" in everything
-    for secret in (API_KEY, bearer, "x-api-key", "authorization", "Bearer"):
-        assert secret not in everything
+    assert_never_recorded(instrumented, API_KEY, bearer, "x-api-key", "authorization", "Bearer",  # ...and nowhere in what was recorded
+                          present=("get_weather", "sunny"))
 
 
 # -- the beta tool runner -----------------------------------------------------------------------
@@ -930,11 +903,7 @@ def test_hand_written_turn_holds_the_sdk_calls(instrumented, server):
         [use] = [b for b in content if b["type"] == "tool_use"]
         result = get_weather(**use["input"])
         call(c, "json", messages=_decorated_follow_up(messages, content, result), tools=[WEATHER])
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
-    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
+    assert_hand_turn(instrumented, t.response, tool_spans=1)
 
 
 def test_async_helper_never_entered_adds_no_warning_of_ours(instrumented, server):

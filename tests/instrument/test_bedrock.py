@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gc
 import json
-import random
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -17,12 +15,20 @@ from botocore.client import BaseClient
 from botocore.exceptions import ClientError, EventStreamError
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
+import switching
+from fakes.model_server import FakeModelServer, Reply, Usage
+from fakes.weather_loop import queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import everything_recorded
+from recorded import (
+    assert_hand_turn,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    only_turn,
+)
 
 MODEL = "anthropic.claude-3-5-sonnet-20240620-v1:0"
 LLAMA = "meta.llama3-1-70b-instruct-v1:0"
@@ -52,20 +58,7 @@ def client(server: FakeModelServer) -> Any:
     return server.bedrock_client(aws_access_key_id=None, aws_secret_access_key=None)
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "tooluse_w1", city: str = "Paris",
-                      **first: Any) -> None:
-    server.queue(
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5), **first),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
-
-
-def only_turn(recording: Any) -> Any:
-    loopscope.flush()
-    [turn] = recording.store.list_turns(limit=None)
-    return turn
+tool_round_script = partial(queue_tool_round, call_id="tooluse_w1", usage=Usage(100, 20, cached_tokens=30, cache_creation_tokens=5))
 
 
 # -- driving boto3 in each of its ways: the assistant's content and the stop reason, in Converse's blocks ----------
@@ -225,12 +218,8 @@ def test_a_hand_written_turn_holds_the_same_calls(instrumented, server, mode):
         [use] = [b["toolUse"] for b in content if "toolUse" in b]
         result = get_weather(**use["input"])
         call(c, mode, follow_up(messages, content, result))
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    events = instrumented.store.get_timeline("hand")
-    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    events = assert_hand_turn(instrumented, t.response, tool_spans=1)
     assert (events[3].content.tool_id, events[3].content.result, events[3].content.outcome) == ("tooluse_w1", "21 C and sunny", "served")
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
 
 
 @pytest.mark.parametrize("mode", ["converse", "invoke_stream"])
@@ -335,10 +324,7 @@ def test_http_errors_are_failed_calls(instrumented, server, mode, status, code):
     with pytest.raises(ClientError) as caught:
         call(client(server), mode, [{"role": "user", "content": [{"text": "Hi"}]}])
     assert caught.value.response["Error"]["Code"] == code  # the user's exception, as boto3 raised it
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == code
-    turn = only_turn(instrumented)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(code)
+    assert_one_failed_call(instrumented, code)
 
 
 @pytest.mark.parametrize("mode", ["converse_stream", "invoke_stream"])
@@ -346,9 +332,7 @@ def test_an_exception_event_mid_stream_fails_the_call(instrumented, server, mode
     server.queue(Reply.stream_failure(after=3, message="model fell over"))
     with pytest.raises(EventStreamError):
         call(client(server), mode, [{"role": "user", "content": [{"text": "Count to ten"}]}])
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "EventStreamError"
-    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
+    assert_one_failed_call(instrumented, "EventStreamError")
 
 
 def test_an_invoke_model_body_cut_short_fails_the_call_and_the_users_read(instrumented, server):
@@ -372,13 +356,6 @@ def long_reply(server: FakeModelServer) -> None:
     server.queue(Reply(text="one two three four five six seven eight nine ten eleven twelve"))
 
 
-def assert_cancelled_once(recording: Any) -> None:
-    turn = only_turn(recording)
-    assert turn.loop_end_reason == LoopEndReason.CANCELLED
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-
-
 @pytest.mark.parametrize("mode", ["converse_stream", "invoke_stream"])
 def test_a_stream_closed_early_ends_its_call_once(instrumented, server, mode):
     long_reply(server)
@@ -394,7 +371,7 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server, mode):
     stream.close()
     del stream
     gc.collect()
-    assert_cancelled_once(instrumented)
+    assert_one_cancelled_call(instrumented)
     assert instrumented.spans(a.OP_CHAT)[0].attributes[a.ROUND_TEXT].startswith("one")
 
 
@@ -419,7 +396,7 @@ def test_a_stream_dropped_unread_is_collected(instrumented, server):
     response = client(server).converse_stream(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Count"}]}])
     del response
     gc.collect()
-    assert_cancelled_once(instrumented)
+    assert_one_cancelled_call(instrumented)
 
 
 # -- concurrency ---------------------------------------------------------------------------------------------------
@@ -427,57 +404,35 @@ def test_a_stream_dropped_unread_is_collected(instrumented, server):
 
 def test_twenty_interleaved_conversations_stay_apart(instrumented, server):
     """boto3 is synchronous: twenty conversations in threads, their rounds interleaved by a barrier."""
-    n = 20
-    rng = random.Random(7)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"tooluse_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = client(server)  # one client, shared by the threads, as boto3 allows
-    barrier = threading.Barrier(n)
-
-    def conversation(i: int) -> None:
-        mode = MODES[i % len(MODES)]
-        messages: list[Any] = [{"role": "user", "content": [{"text": f"[conv-{i}] weather?"}]}]
-        content, _ = call(c, mode, messages)
-        barrier.wait()  # every first round is done before any second one starts
-        call(c, mode, follow_up(messages, content, f"sunny in city-{i}"))
-
-    with ThreadPoolExecutor(n) as pool:
-        list(pool.map(conversation, range(n)))
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "tooluse_c{i:02d}")
+    interleaved.run_threads(instrumented, server, seed=7, queue=partial(tool_round_script, server), call_id="tooluse_c{i:02d}",
+                            client=lambda i: c, modes=MODES, follow_up=follow_up,
+                            call=lambda c, mode, messages: call(c, mode, messages)[0],
+                            question=lambda text: {"role": "user", "content": [{"text": text}]})
 
 
 # -- clients, instrument and uninstrument -------------------------------------------------------------------------
 
 
-def test_clients_made_before_and_after_instrument_are_recorded_once(recording, server):
+def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
+    """Clients made before and after ``instrument()`` are recorded once; ``uninstrument()``
+    puts back botocore's method, and a new client's call is recorded no more."""
     before = client(server)
-    loopscope.instrument()
-    loopscope.instrument()  # twice is once
-    try:
+
+    def calls() -> None:
         after = client(server)
         server.queue(Reply(text="Hello."), Reply(text="Hello again."))
         before.converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])
         after.converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi again"}]}])
         loopscope.flush()
         assert sorted(c.attributes[a.ROUND_TEXT] for c in recording.spans(a.OP_CHAT)) == ["Hello again.", "Hello."]
-        _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-        assert count == 2
-    finally:
-        loopscope.uninstrument()
 
+    def after() -> None:
+        server.queue(Reply(text="Hello."))
+        client(server).converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])
 
-def test_uninstrument_restores_the_original_method(recording, server):
-    original = BaseClient.__dict__["_make_api_call"]
-    loopscope.instrument()
-    assert BaseClient.__dict__["_make_api_call"] is not original
-    loopscope.uninstrument()
-    assert BaseClient.__dict__["_make_api_call"] is original
-    server.queue(Reply(text="Hello."))
-    client(server).converse(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "Hi"}]}])
-    loopscope.flush()
-    assert not recording.spans(a.OP_CHAT) and not recording.store.list_turns(limit=None)
+    switching.assert_instrument_twice_is_once(recording, chats=2, calls=calls, after=after,
+                                              originals=lambda: BaseClient.__dict__["_make_api_call"])
 
 
 # -- secrets --------------------------------------------------------------------------------------------------------
@@ -493,11 +448,8 @@ def test_credentials_and_signatures_are_never_recorded(instrumented, server):
     assert headers["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={KEY_ID}/")  # sent, signed...
     assert headers["x-amz-security-token"] == TOKEN
     signature = headers["authorization"].rsplit("Signature=", 1)[1]
-    everything = everything_recorded(instrumented)  # ...and nowhere in what was recorded
-    assert "get_weather" in everything and "sunny" in everything
-    for secret in (KEY_ID, SECRET, TOKEN, signature, "AWS4-HMAC-SHA256", "authorization", "Authorization",
-                   "x-amz-", "X-Amz-"):
-        assert secret not in everything
+    assert_never_recorded(instrumented, KEY_ID, SECRET, TOKEN, signature, "AWS4-HMAC-SHA256", "authorization", "x-amz-",
+                          present=("get_weather", "sunny"))  # ...and nowhere in what was recorded
 
 
 # -- one call, one record ------------------------------------------------------------------------------------------

@@ -6,43 +6,41 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import cohere
 import pytest
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
+import switching
+from fakes.model_server import FakeModelServer, Reply
+from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from loopscope.models import ToolCall as ModelToolCall
-from recorded import everything_recorded, only_turn, rows
+from recorded import (
+    SUMMARY_FIELDS,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    hand_tool_loop,
+    only_turn,
+    rows,
+)
 
 API_KEY = "co-test-7f3a91d2c4b86e05-secret"
 MODEL = "command-a-03-2025"
 QUESTION = "What's the weather in Paris?"
 PLAN = "I will look up the weather."
 ANSWER = "It is 21 °C and sunny in Paris."
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 FIRST_USAGE = {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 30}
 SECOND_USAGE = {"input_tokens": 150, "output_tokens": 10}
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "get_weather_w1", city: str = "Paris",
-                      plan: str = PLAN) -> None:
-    server.queue(
-        Reply(text=plan, tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20, cached_tokens=30)),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, call_id="get_weather_w1", text=PLAN)
 
 
 def sync_client(server: FakeModelServer) -> cohere.ClientV2:
@@ -112,23 +110,9 @@ def run_loop(mode: str, server: FakeModelServer, question: str = QUESTION, resul
 
 def hand_recording(session_id: str, *, streaming: bool) -> loopscope.Turn:
     """The same conversation through the hand API, as the adapter should record it."""
-
-    @loopscope.tool("get_weather")
-    def get_weather(city: str) -> dict[str, Any]:
-        return {"temp_c": 21}
-
-    with loopscope.turn(session_id=session_id, tools=[WEATHER], input=QUESTION, model=MODEL, provider="cohere") as t:
-        with t.round(MODEL, provider="cohere", stream=streaming) as rnd:
-            rnd.response(PLAN, [ModelToolCall(id="get_weather_w1", name="get_weather", arguments={"city": "Paris"})],
-                         FIRST_USAGE, "TOOL_CALL")
-        get_weather("Paris")
-        with t.round(MODEL, provider="cohere", stream=streaming) as rnd:
-            rnd.response(ANSWER, None, SECOND_USAGE, "COMPLETE")
-    return t
-
-
-SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
-                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
+    return hand_tool_loop(session_id, model=MODEL, provider="cohere", streaming=streaming, tools=[WEATHER],
+                          question=QUESTION, texts=(PLAN, ANSWER), usages=(FIRST_USAGE, SECOND_USAGE),
+                          stops=("TOOL_CALL", "COMPLETE"), result={"temp_c": 21}, call_id="get_weather_w1")
 
 
 # -- the two-round tool loop ---------------------------------------------------------------------------
@@ -240,11 +224,7 @@ def test_an_http_error_is_a_failed_call(instrumented, server, mode, status, erro
     server.queue(Reply.error(status, "no such luck"))
     with pytest.raises(error):
         run_loop(mode, server)
-    loopscope.flush()
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error.__name__
-    turn = only_turn(instrumented.store)
-    assert turn.loop_end_reason == LoopEndReason.ERROR
+    assert_one_failed_call(instrumented, error.__name__)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -270,26 +250,11 @@ def test_a_failure_mid_stream_is_an_error(instrumented, server, mode):
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(5)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"get_weather_c{i:02d}", city=f"city-{i}")
-
-    async def conversation(i: int) -> None:
-        mode = ["async", "astream"][i % 2]
-        client = async_client(server)
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        first = await acall(mode, client, messages)
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(mode, client, follow_up(messages, first, f"sunny in city-{i}"))
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "get_weather_c{i:02d}")
+    """A client each; the replies come at once (no delay), the rounds apart."""
+    interleaved.run_async(instrumented, server, seed=5, call_id="get_weather_c{i:02d}",
+                          queue=lambda tag, *, call_id, city, delay: tool_round_script(server, tag, call_id=call_id, city=city),
+                          client=lambda i: async_client(server), modes=["async", "astream"], follow_up=follow_up,
+                          call=lambda client, mode, messages: acall(mode, client, messages))
 
 
 # -- streams let go early ------------------------------------------------------------------------------
@@ -297,18 +262,9 @@ def test_twenty_interleaved_async_conversations(instrumented, server):
 LONG = "one two three four five six seven eight nine ten eleven twelve"
 
 
-def ends_cancelled_once(recording: Any, server: FakeModelServer) -> None:
-    loopscope.flush()
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    assert only_turn(recording.store).loop_end_reason == LoopEndReason.CANCELLED
-    # a later call is a call of its own; nothing ends the first one again
+def hello(server: FakeModelServer) -> None:
     server.queue(Reply(text="Hello."))
     sync_client(server).chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 2 and len(recording.store.list_turns(limit=None)) == 2
-    _, [(count,)] = recording.store.sql("SELECT count(*) FROM model_calls")
-    assert count == 2
 
 
 @pytest.mark.parametrize("how", ["close", "break", "collect"])
@@ -322,7 +278,7 @@ def test_a_stream_let_go_early_ends_its_call_once(instrumented, server, how):
         stream.close()
     del stream, _event
     gc.collect()
-    ends_cancelled_once(instrumented, server)
+    assert_one_cancelled_call(instrumented, then=partial(hello, server))
 
 
 def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
@@ -335,7 +291,7 @@ def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
         await stream.aclose()
 
     asyncio.run(main())
-    ends_cancelled_once(instrumented, server)
+    assert_one_cancelled_call(instrumented, then=partial(hello, server))
 
 
 def test_a_stream_never_read_ends_with_nothing_sent(instrumented, server):
@@ -356,11 +312,7 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
         run_loop(mode, server)
     loopscope.flush()
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
-    everything = everything_recorded(instrumented)
-    assert "get_weather" in everything and "sunny" in everything
-    for secret in (API_KEY, "authorization", "Bearer"):
-        assert secret not in everything
-    assert API_KEY.encode() not in instrumented.db.read_bytes()
+    assert_never_recorded(instrumented, API_KEY, "authorization", "Bearer", present=("get_weather", "sunny"))
 
 
 # -- instrument and uninstrument ---------------------------------------------------------------------
@@ -369,26 +321,23 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     from cohere.v2 import raw_client
 
-    originals = {(cls, name): cls.__dict__[name] for cls in (raw_client.RawV2Client, raw_client.AsyncRawV2Client)
-                 for name in ("chat", "chat_stream")}
-    made_before = sync_client(server)  # a client made before instrument() is recorded too
-    loopscope.instrument()
-    loopscope.instrument()
-    try:
-        made_after = sync_client(server)
-        for client in (made_before, made_after):
+    made = {"before": sync_client(server)}  # a client made before instrument() is recorded too
+
+    def calls() -> None:
+        made["after"] = sync_client(server)
+        for client in made.values():
             server.queue(Reply(text="Hello."), Reply(text="Hello."))
             client.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
             list(client.chat_stream(model=MODEL, messages=[{"role": "user", "content": "Hi"}]))
-        loopscope.flush()
-        assert len(recording.spans(a.OP_CHAT)) == 4
-    finally:
-        loopscope.uninstrument()
-    assert {key: key[0].__dict__[key[1]] for key in originals} == originals
-    server.queue(Reply(text="Hello again."))
-    made_after.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])  # made while instrumented: no longer recorded
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 4
+
+    def after() -> None:  # made while instrumented: no longer recorded
+        server.queue(Reply(text="Hello again."))
+        made["after"].chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=4, calls=calls, after=after,
+        originals=lambda: {(cls, name): cls.__dict__[name] for cls in (raw_client.RawV2Client, raw_client.AsyncRawV2Client)
+                           for name in ("chat", "chat_stream")})
 
 
 # -- one call, one record ------------------------------------------------------------------------------

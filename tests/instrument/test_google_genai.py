@@ -5,20 +5,27 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import pytest
 from google.genai import errors, types
-from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from loopscope.models import ToolCall as ModelToolCall
-from recorded import everything_recorded
+from recorded import (
+    SUMMARY_FIELDS,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    hand_tool_loop,
+    only_turn,
+    rows,
+)
 
 API_KEY = "AIzaSy-genai-test-4f1d7c2e9b8a0635-secret"
 MODEL = "gemini-2.5-flash"
@@ -32,8 +39,6 @@ RESULT = {"temp_c": 21}
 # what the turn's usage is: Gemini's thoughts counted into the output (20 + 5, + 9)
 USAGES = ({"input_tokens": 100, "output_tokens": 25, "cache_read_input_tokens": 30, "reasoning_tokens": 5},
           {"input_tokens": 140, "output_tokens": 9})
-SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
-                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
 
 
 def script(server: FakeModelServer, tag: str | None = None, *, call_id: str = "", city: str = "Paris",
@@ -127,22 +132,11 @@ def run(server: FakeModelServer, mode: str, **kwargs: Any) -> None:
 # -- what is recorded ---------------------------------------------------------------------------------
 
 
-def rows(store: Any, session: str) -> list[tuple[Any, ...]]:
-    out = []
-    for e in store.get_timeline(session):
-        c = e.content
-        if e.type == "message":
-            out.append((e.type, c.role, c.body))
-        else:
-            out.append((e.type, c.tool_name, c.tool_id, c.arguments, c.result, c.status, c.outcome))
-    return out
-
-
 ROWS = [
     ("message", "user", QUESTION),
     ("message", "assistant", FIRST),
-    ("tool_call_start", "get_weather", "", {"city": "Paris"}, None, "pending", None),
-    ("tool_call_end", "get_weather", "", {"city": "Paris"}, RESULT, "completed", "served"),
+    ("tool_call_start", "get_weather", "", {"city": "Paris"}, None, "pending", None, None),
+    ("tool_call_end", "get_weather", "", {"city": "Paris"}, RESULT, "completed", "served", None),
     ("message", "assistant", FINAL),
 ]
 
@@ -150,26 +144,11 @@ ROWS = [
 def hand_summary(recording: Any, *, streaming: bool, provider: str = "gcp.gemini") -> dict[str, Any]:
     """The same two rounds through the hand API (loopscope.turn, Turn.round, @loopscope.tool)."""
 
-    @loopscope.tool("get_weather")
-    def hand_weather(city: str) -> dict[str, int]:
-        return RESULT
-
-    call = ModelToolCall(id="", name="get_weather", arguments={"city": "Paris"})
-    with loopscope.turn(session_id="hand", tools=[WEATHER], input=QUESTION, model=MODEL, provider=provider) as t:
-        with t.round(MODEL, provider=provider, stream=streaming) as rnd:
-            rnd.response(FIRST, [call], USAGES[0], "STOP", model=MODEL)
-        hand_weather("Paris")
-        with t.round(MODEL, provider=provider, stream=streaming) as rnd:
-            rnd.response(FINAL, None, USAGES[1], "STOP", model=MODEL)
+    t = hand_tool_loop("hand", model=MODEL, provider=provider, streaming=streaming, tools=[WEATHER], question=QUESTION,
+                       texts=(FIRST, FINAL), usages=USAGES, stops=("STOP", "STOP"), result=RESULT, response_model=MODEL)
     loopscope.flush()
     assert rows(recording.store, "hand") == ROWS
     return t.response.model_dump(include=SUMMARY_FIELDS)
-
-
-def only_turn(recording: Any) -> Any:
-    loopscope.flush()
-    [turn] = recording.store.list_turns(limit=None)
-    return turn
 
 
 @pytest.mark.parametrize("mode", SYNC + ASYNC)
@@ -395,10 +374,7 @@ def test_an_http_error_is_a_failed_call(instrumented, server, status, kind, mode
             client.models.generate_content(model=MODEL, contents="x")
         else:
             asyncio.run(client.aio.models.generate_content(model=MODEL, contents="x"))
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == kind.__qualname__
-    turn = only_turn(instrumented)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(kind.__qualname__)
+    assert_one_failed_call(instrumented, kind.__qualname__)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -413,21 +389,14 @@ def test_a_mid_stream_error_is_a_failed_call_with_what_came(instrumented, server
                 [c async for c in await client.aio.models.generate_content_stream(model=MODEL, contents="x")]
 
             asyncio.run(main())
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "ServerError" and chat.attributes[a.ROUND_TEXT] == "This reply "
-    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
+    chat = assert_one_failed_call(instrumented, "ServerError")
+    assert chat.attributes[a.ROUND_TEXT] == "This reply "
 
 
 # -- streams let go early ------------------------------------------------------------------------------------
 
 
 COUNT = "one two three four five six seven eight nine ten eleven twelve"
-
-
-def assert_one_cancelled(recording: Any) -> None:
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    assert only_turn(recording).loop_end_reason == LoopEndReason.CANCELLED
 
 
 def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
@@ -438,11 +407,8 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
-    assert_one_cancelled(instrumented)
+    assert_one_cancelled_call(instrumented, then=lambda: models.generate_content(model=MODEL, contents="Hi"))
     assert instrumented.spans(a.OP_CHAT)[0].attributes[a.ROUND_TEXT].startswith("one two")
-    models.generate_content(model=MODEL, contents="Hi")  # a call of its own; nothing ends the first again
-    loopscope.flush()
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.store.list_turns(limit=None)) == 2
 
 
 def test_a_stream_dropped_unread_is_collected(instrumented, server):
@@ -452,7 +418,7 @@ def test_a_stream_dropped_unread_is_collected(instrumented, server):
     next(stream)
     del stream
     gc.collect()
-    assert_one_cancelled(instrumented)
+    assert_one_cancelled_call(instrumented)
 
 
 def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
@@ -469,27 +435,18 @@ def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
     # aclose() closes the SDK's outer generator; the inner ones (its continuation's, our proxy's)
     # are left to asyncio's finalizer, in a cycle with the loop's: collected, they end the call
     gc.collect()
-    assert_one_cancelled(instrumented)
+    assert_one_cancelled_call(instrumented)
 
 
 # -- concurrency ----------------------------------------------------------------------------------------------
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(5)
-    for i in range(n):
-        script(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
+    """One client; a chat keeps its messages itself, so each conversation is :func:`aloop` whole."""
     client = server.gemini_client()
-
-    async def main() -> None:
-        await asyncio.gather(*(aloop(client, ["async", "astream", "achat", "achat_stream"][i % 4],
-                                     f"[conv-{i}] weather?", {"output": f"sunny in city-{i}"}) for i in range(n)))
-
-    asyncio.run(main())
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "call_c{i:02d}")
+    interleaved.run_async(instrumented, server, seed=5, queue=partial(script, server), call_id="call_c{i:02d}",
+                          client=lambda i: client, modes=ASYNC,
+                          loop=lambda client, mode, i: aloop(client, mode, f"[conv-{i}] weather?", {"output": f"sunny in city-{i}"}))
 
 
 # -- Vertex AI ---------------------------------------------------------------------------------------------
@@ -525,10 +482,7 @@ def test_api_keys_and_auth_headers_are_never_recorded(instrumented, server):
     loopscope.flush()
     assert server.requests[0].headers["x-goog-api-key"] == API_KEY
     assert server.requests[-1].headers["authorization"] == "Bearer fake-token"
-    found = everything_recorded(instrumented) + instrumented.db.read_bytes().decode("latin-1")
-    assert "get_weather" in found and "Paris" in found
-    for secret in (API_KEY, "x-goog-api-key", "fake-token", "Bearer"):
-        assert secret not in found
+    assert_never_recorded(instrumented, API_KEY, "x-goog-api-key", "fake-token", "Bearer", present=("get_weather", "Paris"))
 
 
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
@@ -539,19 +493,20 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
                 _extra_utils.invoke_function_from_dict_args)
 
     before = originals()
-    loopscope.instrument()
-    loopscope.instrument()
-    assert originals()[0] is not before[0]
-    script(server)
-    afc(server, "sync")
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 2 and len(recording.spans(a.OP_EXECUTE_TOOL)) == 1
-    loopscope.uninstrument()
-    assert originals() == before
-    script(server)
-    afc(server, "sync")
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 2 and len(server.requests) == 4
+
+    def calls() -> None:
+        assert originals()[0] is not before[0]
+        script(server)
+        afc(server, "sync")
+        loopscope.flush()
+        assert len(recording.spans(a.OP_EXECUTE_TOOL)) == 1
+
+    def after() -> None:
+        script(server)
+        afc(server, "sync")
+
+    switching.assert_instrument_twice_is_once(recording, chats=2, calls=calls, after=after, originals=originals)
+    assert len(server.requests) == 4 and len(recording.spans(a.OP_EXECUTE_TOOL)) == 1
 
 
 @pytest.mark.parametrize("mode", ["chat", "achat"])

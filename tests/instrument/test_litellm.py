@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
 import time
+from functools import partial
 from typing import Any
 
 import litellm
@@ -14,24 +14,23 @@ import pytest
 from litellm.integrations.custom_logger import CustomLogger
 from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
-from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
+import switching
+from fakes.model_server import FakeModelServer, Reply, Usage
+from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import everything_recorded
+from recorded import (
+    assert_hand_turn,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+)
 
 API_KEY = "sk-litellm-test-5d1c9e07b3a2f684-secret"
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
 QUESTION = "What's the weather in Paris?"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 MODES = ["sync", "async", "stream", "astream"]
 USAGE = {"include_usage": True}  # an OpenAI stream's usage (else LiteLLM counts tokens itself)
 
@@ -54,13 +53,7 @@ def route(server: FakeModelServer, provider: str) -> dict[str, Any]:
     return {"model": f"{provider}/{MODELS[provider]}", "api_base": base, "api_key": API_KEY, "num_retries": 0}
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, call_id: str = "call_w1", city: str = "Paris", **first: Any) -> None:
-    server.queue(
-        Reply(text="Let me check the weather.", tool_calls=[ToolCall("get_weather", {"city": city}, id=call_id)],
-              usage=Usage(100, 20), **first),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, call_id="call_w1", usage=Usage(100, 20))
 
 
 def settle(recording, chats: int, collect: bool = False) -> None:
@@ -198,13 +191,7 @@ def test_hand_written_turn_holds_the_litellm_calls(instrumented, server, mode):
     with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
         run_loop(mode, route(server, "openai"))
         settle(instrumented, 2)
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.spans(a.OP_EXECUTE_TOOL)) == 1
-    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
-    events = instrumented.store.get_timeline("hand")
-    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    assert_hand_turn(instrumented, t.response, tool_spans=1)
 
 
 # -- usage: LiteLLM's through the kit's reader ------------------------------------------------------
@@ -277,36 +264,18 @@ def test_a_failing_call_is_an_error_of_litellms_type(instrumented, server, mode,
             asyncio.run(litellm.acompletion(messages=messages, **kw))
     assert type(caught.value).__name__ == error and type(caught.value).__module__.startswith("litellm")
     settle(instrumented, 1)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error
-    [turn] = instrumented.store.list_turns(limit=None)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error)
+    assert_one_failed_call(instrumented, error)
 
 
 # -- concurrency ---------------------------------------------------------------------------------------
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(11)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", call_id=f"call_c{i:02d}", city=f"city-{i}", delay=rng.random() * 0.02)
-
-    async def conversation(i: int) -> None:
-        mode = ["async", "astream"][i % 2]
-        kw = route(server, ["openai", "anthropic"][(i // 2) % 2])
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        message = await acall(mode, kw, messages)
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(mode, kw, follow_up(messages, message, f"sunny in city-{i}"))
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    settle(instrumented, 2 * n)
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "call_c{i:02d}")
+    """Half through LiteLLM's OpenAI route, half its Anthropic one."""
+    interleaved.run_async(instrumented, server, seed=11, queue=partial(tool_round_script, server), call_id="call_c{i:02d}",
+                          client=lambda i: route(server, ["openai", "anthropic"][(i // 2) % 2]), modes=["async", "astream"],
+                          call=lambda kw, mode, messages: acall(mode, kw, messages), follow_up=follow_up,
+                          settle=lambda: settle(instrumented, 40))
 
 
 # -- streams let go early ------------------------------------------------------------------------------
@@ -320,15 +289,13 @@ def test_a_stream_closed_early_ends_its_call_once(instrumented, server):
     stream.close()
     del stream, _chunk
     settle(instrumented, 1, collect=True)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    [turn] = instrumented.store.list_turns(limit=None)
-    assert turn.loop_end_reason == LoopEndReason.CANCELLED
-    # a later call is a call of its own; nothing ends the first one again
-    server.queue(Reply(text="Hello."))
-    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
-    settle(instrumented, 2)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2 and len(instrumented.store.list_turns(limit=None)) == 2
+
+    def hello() -> None:
+        server.queue(Reply(text="Hello."))
+        litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+        settle(instrumented, 2)
+
+    assert_one_cancelled_call(instrumented, then=hello)
 
 
 def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
@@ -342,10 +309,7 @@ def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
 
     asyncio.run(main())
     settle(instrumented, 1, collect=True)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    [turn] = instrumented.store.list_turns(limit=None)
-    assert turn.loop_end_reason == LoopEndReason.CANCELLED
+    assert_one_cancelled_call(instrumented)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -377,10 +341,7 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
     settle(instrumented, 4)
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
     assert server.requests[-1].headers["x-api-key"] == API_KEY
-    everything = everything_recorded(instrumented)
-    assert "get_weather" in everything and "sunny" in everything
-    for secret in (API_KEY, "x-api-key", "authorization", "Bearer"):
-        assert secret not in everything
+    assert_never_recorded(instrumented, API_KEY, "x-api-key", "authorization", "Bearer", present=("get_weather", "sunny"))
 
 
 # -- LiteLLM's callback lists ------------------------------------------------------------------------------
@@ -402,25 +363,27 @@ def ours(listed: list[Any]) -> list[Any]:
 
 
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
+    """Loopscope's callbacks are put in once and taken out again; the application's stay, first."""
     theirs = Theirs()
     litellm.callbacks.append(theirs)
-    loopscope.instrument()
-    loopscope.instrument()
-    assert litellm.callbacks[0] is theirs and len(ours(litellm.callbacks)) == 1
-    assert all(len(ours(getattr(litellm, name))) == 1 for name in ("input_callback", "success_callback", "_async_success_callback"))
-    server.queue(Reply(text="Hello."))
-    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
-    settle(recording, 1)
-    assert len(recording.spans(a.OP_CHAT)) == 1
-    loopscope.uninstrument()
-    assert litellm.callbacks == [theirs]
-    assert not any(ours(getattr(litellm, name)) for name in ("input_callback", "success_callback", "failure_callback",
-                                                              "_async_success_callback", "_async_failure_callback"))
-    server.queue(Reply(text="Hello again."))
-    litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
-    wait_for(lambda: len(theirs.seen) == 2)  # theirs kept hearing every call
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 1
+    names = ("input_callback", "success_callback", "failure_callback", "_async_success_callback", "_async_failure_callback")
+
+    def calls() -> None:
+        assert litellm.callbacks[0] is theirs and len(ours(litellm.callbacks)) == 1
+        assert all(len(ours(getattr(litellm, name))) == 1 for name in ("input_callback", "success_callback", "_async_success_callback"))
+        server.queue(Reply(text="Hello."))
+        litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+        settle(recording, 1)
+
+    def after() -> None:
+        assert litellm.callbacks == [theirs]
+        server.queue(Reply(text="Hello again."))
+        litellm.completion(messages=[{"role": "user", "content": "Hi"}], **route(server, "openai"))
+        wait_for(lambda: len(theirs.seen) == 2)  # theirs kept hearing every call
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=1, calls=calls, after=after,
+        originals=lambda: (list(litellm.callbacks), [ours(getattr(litellm, name)) for name in names]))
 
 
 def test_callbacks_the_application_sets_after_instrument_keep_ours(instrumented, server):

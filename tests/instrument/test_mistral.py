@@ -5,29 +5,31 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import pytest
 from mistralai.client import errors
 from opentelemetry import trace
-from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, Usage
-from fakes.weather_loop import queue_long_reply, queue_tool_round
-from interleaved import assert_conversations_apart
+from fakes.weather_loop import WEATHER, queue_long_reply, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from recorded import assert_one_cancelled_call, everything_recorded
+from recorded import (
+    assert_hand_turn,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    only_turn,
+)
 
 API_KEY = "mistral-test-3b7f10c2e9d84a56-secret"
 MODEL = "mistral-large-latest"
 QUESTION = "What's the weather in Paris?"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 
 
@@ -79,11 +81,6 @@ def run_loop(server: FakeModelServer, mode: str, **kw: Any) -> None:
         await acall(c, mode, follow_up(messages, answer, "21 C and sunny"), **kw)
 
     asyncio.run(main())
-
-
-def only_turn(recording) -> Any:
-    [turn] = recording.store.list_turns(limit=None)
-    return turn
 
 
 def ask(server: FakeModelServer, mode: str) -> Any:
@@ -139,13 +136,7 @@ def test_hand_written_turn_holds_the_mistral_calls(instrumented, server, mode):
     queue_tool_round(server, call_id="wcall0001")
     with loopscope.turn(session_id="hand", agent="weatherbot", tools=[WEATHER], input=QUESTION) as t:
         run_loop(server, mode)
-    assert (t.response.round_count, t.response.tool_calls_count, t.response.loop_end_reason) == (1, 1, LoopEndReason.COMPLETED)
-    assert t.response.segments == ["Let me check the weather.", "It is 21 °C and sunny in Paris."]
-    [agent] = instrumented.spans(a.OP_INVOKE_AGENT)
-    assert len(instrumented.spans(a.OP_CHAT)) == 2
-    assert all(s.parent.span_id == agent.context.span_id for s in instrumented.spans(a.OP_CHAT))
-    events = instrumented.store.get_timeline("hand")
-    assert [e.type for e in events] == ["message", "message", "tool_call_start", "tool_call_end", "message"]
+    assert_hand_turn(instrumented, t.response)
 
 
 def test_a_one_shot_iterable_of_messages_is_sent_whole_and_recorded(instrumented, server):
@@ -201,10 +192,7 @@ def test_http_errors_are_failed_calls(instrumented, server, mode, status, error)
     server.queue(Reply.error(status, "the fake says no"))
     with pytest.raises(error):
         ask(server, mode)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == error.__name__
-    turn = only_turn(instrumented)
-    assert turn.loop_end_reason == LoopEndReason.ERROR and turn.error.startswith(error.__name__)
+    assert_one_failed_call(instrumented, error.__name__)
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -212,10 +200,8 @@ def test_mid_stream_error(instrumented, server, mode):
     server.queue(Reply.stream_failure(after=2, message="model overloaded"))
     with pytest.raises(errors.ResponseValidationError):
         ask(server, mode)
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "ResponseValidationError"
+    chat = assert_one_failed_call(instrumented, "ResponseValidationError")
     assert chat.attributes[a.ROUND_TEXT] == "This "  # what came before the error
-    assert only_turn(instrumented).loop_end_reason == LoopEndReason.ERROR
 
 
 # -- streams let go -------------------------------------------------------------------------------------
@@ -267,24 +253,10 @@ def test_stream_dropped_unread_is_collected(instrumented, server):
 
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
-    n = 20
-    rng = random.Random(3)
-    for i in range(n):
-        queue_tool_round(server, f"[conv-{i}]", call_id=f"callc{i:04d}", city=f"city-{i}", delay=rng.random() * 0.02)
     c = server.mistral_client()
-
-    async def conversation(i: int) -> None:
-        mode = MODES[i % 4]
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        answer = await acall(c, mode, messages, tools=[WEATHER])
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(c, mode, follow_up(messages, answer, f"sunny in city-{i}"), tools=[WEATHER])
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    assert_conversations_apart(instrumented.store, n, "callc{i:04d}")
+    interleaved.run_async(instrumented, server, seed=3, queue=partial(queue_tool_round, server), call_id="callc{i:04d}",
+                          client=lambda i: c, modes=MODES, follow_up=follow_up,
+                          call=lambda c, mode, messages: acall(c, mode, messages, tools=[WEATHER]))
 
 
 # -- the SDK's own spans --------------------------------------------------------------------------------
@@ -328,17 +300,14 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
     from mistralai.client._hooks import tracing
 
     names = ("complete", "stream", "complete_async", "stream_async")
-    before = [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span]
-    loopscope.instrument()
-    loopscope.instrument()
-    queue_tool_round(server, call_id="wcall0001")
-    run_loop(server, "sync")
-    assert len(recording.spans(a.OP_CHAT)) == 2  # each call once, not once per instrument()
-    loopscope.uninstrument()
-    assert [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span] == before
-    server.queue(Reply(text="Hello."))
-    server.mistral_client().chat.complete(model=MODEL, messages=HI)
-    assert len(recording.spans(a.OP_CHAT)) == 2
+
+    def tool_loop() -> None:
+        queue_tool_round(server, call_id="wcall0001")
+        run_loop(server, "sync")
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=2, calls=tool_loop,
+        originals=lambda: [chat.Chat.__dict__[n] for n in names] + [tracing.get_traced_request_and_span])
 
 
 # -- secrets ------------------------------------------------------------------------------------------------
@@ -350,8 +319,4 @@ def test_api_keys_and_authorization_headers_are_never_recorded(instrumented, ser
     run_loop(server, "stream")
     run_loop(server, "async")
     assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"  # sent...
-    everything = everything_recorded(instrumented)  # ...and nowhere in what was recorded
-    assert "get_weather" in everything
-    for secret in (API_KEY, "authorization", "Bearer"):
-        assert secret not in everything
-    assert API_KEY.encode() not in instrumented.db.read_bytes()
+    assert_never_recorded(instrumented, API_KEY, "authorization", "Bearer")  # ...and nowhere in what was recorded

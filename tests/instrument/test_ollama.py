@@ -7,40 +7,39 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import random
+from functools import partial
 from typing import Any
 
 import ollama
 import pytest
-from opentelemetry.trace import StatusCode
 
+import interleaved
 import loopscope
+import switching
 from fakes.model_server import FakeModelServer, Reply, ToolCall, Usage
-from interleaved import assert_conversations_apart
+from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
-from loopscope.models import ToolCall as ModelToolCall
-from recorded import everything_recorded, only_turn, rows
+from recorded import (
+    SUMMARY_FIELDS,
+    assert_never_recorded,
+    assert_one_cancelled_call,
+    assert_one_failed_call,
+    hand_tool_loop,
+    only_turn,
+    rows,
+)
 
 MODEL = "llama3.2"
 QUESTION = "What's the weather in Paris?"
 FIRST_TEXT = "Let me check the weather."
 ANSWER = "It is 21 °C and sunny in Paris."
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
 MODES = ["sync", "async", "stream", "astream"]
 FIRST_USAGE = {"input_tokens": 100, "output_tokens": 20}
 SECOND_USAGE = {"input_tokens": 150, "output_tokens": 10}
 
 
-def tool_round_script(server: FakeModelServer, tag: str = "", *, city: str = "Paris") -> None:
-    server.queue(
-        Reply(text=FIRST_TEXT, tool_calls=[ToolCall("get_weather", {"city": city})], usage=Usage(100, 20)),
-        Reply(text=f"It is 21 °C and sunny in {city}.", usage=Usage(150, 10)),
-        match=tag or None,
-    )
+tool_round_script = partial(queue_tool_round, text=FIRST_TEXT, usage=Usage(100, 20))  # no ids: Ollama's calls have none
 
 
 # -- a user's loop, each way of calling ----------------------------------------------------------------
@@ -90,23 +89,9 @@ def run_loop(mode: str, server: FakeModelServer, question: str = QUESTION, resul
 
 def hand_recording(session_id: str, *, streaming: bool) -> loopscope.Turn:
     """The same conversation through the hand API, as the adapter should record it."""
-
-    @loopscope.tool("get_weather")
-    def get_weather(city: str) -> dict[str, Any]:
-        return {"temp_c": 21}
-
-    with loopscope.turn(session_id=session_id, tools=[WEATHER], input=QUESTION, model=MODEL, provider="ollama") as t:
-        with t.round(MODEL, provider="ollama", stream=streaming) as rnd:
-            rnd.response(FIRST_TEXT, [ModelToolCall(id="", name="get_weather", arguments={"city": "Paris"})], FIRST_USAGE,
-                         "stop", model=MODEL)
-        get_weather("Paris")
-        with t.round(MODEL, provider="ollama", stream=streaming) as rnd:
-            rnd.response(ANSWER, None, SECOND_USAGE, "stop", model=MODEL)
-    return t
-
-
-SUMMARY_FIELDS = {"response_content", "segments", "tool_calls_count", "round_count", "usage", "thinking",
-                  "loop_end_reason", "streaming", "declared_tools", "model", "provider", "error"}
+    return hand_tool_loop(session_id, model=MODEL, provider="ollama", streaming=streaming, tools=[WEATHER],
+                          question=QUESTION, texts=(FIRST_TEXT, ANSWER), usages=(FIRST_USAGE, SECOND_USAGE),
+                          stops=("stop", "stop"), result={"temp_c": 21}, response_model=MODEL)
 
 
 # -- the two-round tool loop ---------------------------------------------------------------------------
@@ -269,10 +254,7 @@ def test_an_http_error_is_a_failed_call(instrumented, server, mode, status):
     server.queue(Reply.error(status, "model 'nope' not found"))
     with pytest.raises(ollama.ResponseError):
         run_loop(mode, server)
-    loopscope.flush()
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "ResponseError"
-    assert only_turn(instrumented.store).loop_end_reason == LoopEndReason.ERROR
+    assert_one_failed_call(instrumented, "ResponseError")
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
@@ -280,12 +262,9 @@ def test_a_failure_mid_stream_is_an_error(instrumented, server, mode):
     server.queue(Reply.stream_failure(after=2, message="llama runner crashed"))
     with pytest.raises(ollama.ResponseError):
         run_loop(mode, server)
-    loopscope.flush()
-    [chat] = instrumented.spans(a.OP_CHAT)
-    assert chat.status.status_code is StatusCode.ERROR and chat.attributes[a.ERROR_TYPE] == "ResponseError"
+    assert_one_failed_call(instrumented, "ResponseError")
     _, [(outcome, output)] = instrumented.store.sql("SELECT outcome, output_messages FROM model_calls")
     assert outcome == "error" and "This reply " in output  # what was streamed before the failure is kept
-    assert only_turn(instrumented.store).loop_end_reason == LoopEndReason.ERROR
 
 
 # -- concurrency ---------------------------------------------------------------------------------------
@@ -293,26 +272,10 @@ def test_a_failure_mid_stream_is_an_error(instrumented, server, mode):
 
 def test_twenty_interleaved_async_conversations(instrumented, server):
     """Without ids, each conversation's result must still end its own call (found by the conversation, not an id)."""
-    n = 20
-    rng = random.Random(7)
-    for i in range(n):
-        tool_round_script(server, f"[conv-{i}]", city=f"city-{i}")
-
-    async def conversation(i: int) -> None:
-        mode = ["async", "astream"][i % 2]
-        client = server.async_ollama_client()
-        messages: list[Any] = [{"role": "user", "content": f"[conv-{i}] weather?"}]
-        first = await acall(mode, client, messages)
-        await asyncio.sleep(rng.random() * 0.02)
-        await acall(mode, client, follow_up(messages, first, f"sunny in city-{i}"))
-
-    async def main() -> None:
-        await asyncio.gather(*(conversation(i) for i in range(n)))
-
-    asyncio.run(main())
-    loopscope.flush()
-    assert len(server.requests) == 2 * n
-    assert_conversations_apart(instrumented.store, n, "")  # no ids: each result found its call by its conversation
+    interleaved.run_async(instrumented, server, seed=7, call_id="",  # no ids: each result found its call by its conversation
+                          queue=lambda tag, *, call_id, city, delay: tool_round_script(server, tag, city=city),
+                          client=lambda i: server.async_ollama_client(), modes=["async", "astream"], follow_up=follow_up,
+                          call=lambda client, mode, messages: acall(mode, client, messages))
 
 
 # -- streams let go early ------------------------------------------------------------------------------
@@ -320,15 +283,9 @@ def test_twenty_interleaved_async_conversations(instrumented, server):
 LONG = "one two three four five six seven eight nine ten eleven twelve"
 
 
-def ends_cancelled_once(recording: Any, server: FakeModelServer) -> None:
-    loopscope.flush()
-    [chat] = recording.spans(a.OP_CHAT)
-    assert chat.attributes[a.ERROR_TYPE] == "StreamClosed"
-    assert only_turn(recording.store).loop_end_reason == LoopEndReason.CANCELLED
+def hello(server: FakeModelServer) -> None:
     server.queue(Reply(text="Hello."))
     server.ollama_client().chat(MODEL, [{"role": "user", "content": "Hi"}])
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 2 and len(recording.store.list_turns(limit=None)) == 2
 
 
 @pytest.mark.parametrize("how", ["close", "collect"])
@@ -342,7 +299,7 @@ def test_a_stream_let_go_early_ends_its_call_once(instrumented, server, how):
         stream.close()
     del stream, _part
     gc.collect()
-    ends_cancelled_once(instrumented, server)
+    assert_one_cancelled_call(instrumented, then=partial(hello, server))
 
 
 def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
@@ -355,7 +312,7 @@ def test_an_async_stream_closed_early_ends_its_call_once(instrumented, server):
         await stream.aclose()
 
     asyncio.run(main())
-    ends_cancelled_once(instrumented, server)
+    assert_one_cancelled_call(instrumented, then=partial(hello, server))
 
 
 # -- secrets ------------------------------------------------------------------------------------------
@@ -371,37 +328,25 @@ def test_authorization_headers_are_never_recorded(instrumented, server):
     call("sync", client, follow_up(messages, first, "sunny"))
     loopscope.flush()
     assert server.requests[0].headers["authorization"] == secret
-    everything = everything_recorded(instrumented)
-    assert "get_weather" in everything and "sunny" in everything
-    assert "ol-9c2e4f6a8b0d1357" not in everything and "authorization" not in everything.lower()
-    assert b"ol-9c2e4f6a8b0d1357" not in instrumented.db.read_bytes()
+    assert_never_recorded(instrumented, "ol-9c2e4f6a8b0d1357", "authorization", present=("get_weather", "sunny"))
 
 
 # -- instrument and uninstrument ---------------------------------------------------------------------
 
 
 def test_instrument_twice_is_once_and_uninstrument_restores(recording, server, monkeypatch):
-    originals = {cls: cls.__dict__["chat"] for cls in (ollama.Client, ollama.AsyncClient)}
-    module_chat = ollama.chat
     monkeypatch.setattr(ollama._client._client, "base_url", server.url)
     made_before = server.ollama_client()
-    loopscope.instrument()
-    loopscope.instrument()
-    try:
+
+    def calls() -> None:
         server.queue(*(Reply(text="Hello.") for _ in range(3)))
         made_before.chat(MODEL, [{"role": "user", "content": "Hi"}])
         list(server.ollama_client().chat(MODEL, [{"role": "user", "content": "Hi"}], stream=True))
         ollama.chat(MODEL, [{"role": "user", "content": "Hi"}])
-        loopscope.flush()
-        assert len(recording.spans(a.OP_CHAT)) == 3
-    finally:
-        loopscope.uninstrument()
-    assert {cls: cls.__dict__["chat"] for cls in originals} == originals and ollama.chat == module_chat
-    server.queue(Reply(text="Hello again."), Reply(text="Hello again."))
-    made_before.chat(MODEL, [{"role": "user", "content": "Hi"}])
-    ollama.chat(MODEL, [{"role": "user", "content": "Hi"}])
-    loopscope.flush()
-    assert len(recording.spans(a.OP_CHAT)) == 3
+
+    switching.assert_instrument_twice_is_once(
+        recording, chats=3, calls=calls,
+        originals=lambda: ({cls: cls.__dict__["chat"] for cls in (ollama.Client, ollama.AsyncClient)}, ollama.chat))
 
 
 # -- one call, one record ------------------------------------------------------------------------------
