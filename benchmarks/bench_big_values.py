@@ -8,7 +8,8 @@ with the store's writer a thread (``writer="thread"``) and a process of its own
 same run. Printed per case: the application's peak RSS (``VmHWM``) over its RSS before the
 calls, against the byte bound (``QUEUE_BYTES``, 64 MiB) and as a ratio to the baseline's; the
 writer process's peak; the MiB a second of values the writer took (from the first call to
-``flush()`` returning: the calls, the pipe, the mapping, the scrubbing, DuckDB); and the
+``flush()`` returning: the calls, the pipe, the mapping, the scrubbing, DuckDB), and per second
+of the writer's own CPU (its thread's or its process's: less moved by the load); and the
 events written against those sent (nothing may be dropped on a free disk while the calls
 wait for nothing).
 
