@@ -93,6 +93,12 @@ Measured (``bench_big_values.py``, 300 calls of 1 MiB, medians of 3): the thread
 application peak 244 -> 199 MiB, the writer process's 323 -> 310 MiB, at the same MiB a
 second of its CPU. A batch of small values keeps :data:`BATCH_SHARE` (a flood of them would
 otherwise pay a batch's fixed cost twice as often)."""
+WRITE_COPIES = 3
+"""Copies of a batch of large values that writing it holds beside the batch itself (its rows
+in Arrow and its parts over them, the content policy's joined columns, DuckDB's insert and
+commit): while large values are written, that much of the bound (:data:`LARGE_SHARE` each) is
+kept free of the queue (``StoreWriter._reserve``), so that the writer's memory stays near the
+bound rather than the bound plus the write's copies."""
 LARGE_SPAN = 64 << 10
 """Bytes of a span (as the byte bound counts them) from which its batch holds
 :data:`LARGE_SHARE` of the bound: a value this long is stored in parts (``values.CUT_OVER``)."""
@@ -194,6 +200,7 @@ class StoreWriter:
         self._inflight = 0  # rows in the write under way (the backlog's among them)
         self._inflight_rows = (0, 0)  # of those, events and turn summaries
         self._held_bytes = 0  # Arrow bytes of the rows mapped, being written or kept
+        self._reserve = 0  # bytes of the bound kept for a write's copies while large values are written (WRITE_COPIES)
         self._backlog: rows.Facts | None = None  # rows that could not be written yet
         # bytes queued = _in_bytes - _out_bytes: the first only the application's threads
         # add to, the second only the writer's thread (no lock on the hot path)
@@ -250,7 +257,9 @@ class StoreWriter:
         size = len(queue) + self._bundled_in - self._bundled_out + (len(bundle) if bundle is not None else 0)
         # the bytes held all told: queued, and the rows mapped, being written or kept (so a
         # writer that is busy with a batch, or cannot write, holds max_bytes, not twice it)
-        if size >= self.max_queue or self._closed or self._in_bytes - self._out_bytes + self._held_bytes >= self.max_bytes:
+        if size >= self.max_queue or self._closed or (
+            self._in_bytes - self._out_bytes + self._held_bytes + self._reserve >= self.max_bytes
+        ):
             self._drop_span(kind, span)
             return
         if kind:  # an ended span: its content is final (a started one's is counted at its end)
@@ -684,6 +693,8 @@ class StoreWriter:
             large = large or large_taken
             mapped = bool(items)
             if mapped:
+                # the room a write of large values needs for its copies, kept from the queue
+                self._reserve = large_share * WRITE_COPIES if large else 0
                 self._map(items, facts)
                 items.clear()  # the spans' values are in the facts now: not held through the write
             if mapped or facts.raw:

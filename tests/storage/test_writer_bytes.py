@@ -4,11 +4,13 @@ flush interval until spans are dropped (issue 19)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+from children import Child, hold
 
 
 def test_a_queue_half_full_in_bytes_is_written_before_the_interval_and_nothing_is_dropped(tmp_path: Path) -> None:
@@ -80,3 +82,43 @@ def test_a_batch_of_small_values_takes_about_a_quarter_of_the_byte_bound(tmp_pat
     bound a batch: 128 results of 16 KiB (~2.8 MiB as the bound counts them, the bound 8 MiB) are two batches, not the
     three or more an eighth would make (each batch's fixed cost paid again)."""
     assert _batches_for(tmp_path, "small", 128, 16 << 10) == 2
+
+
+def test_while_large_values_are_written_the_queue_leaves_room_for_the_copies_of_a_write(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """Writing a batch of large values holds copies of it beside the queue (issue 30: the
+    writer's memory was the bound plus those): once a batch holds one, the queue takes the
+    bound less ``WRITE_COPIES`` batches of ``LARGE_SHARE``, and past it spans are dropped and
+    counted. The file is held by another process, so the writer keeps its batch and writes
+    nothing meanwhile; once it is let go, every value accepted is stored."""
+    bound = 8 << 20
+    db = tmp_path / "room.duckdb"
+    pipeline = loopscope.configure(db, writer="thread", tracer_provider=TracerProvider(), flush_interval=120, queue_bytes=bound)
+
+    @loopscope.tool
+    def fetch(i: int) -> str:
+        return chr(ord("a") + i % 26) * (256 << 10)
+
+    room = 3 << 20  # WRITE_COPIES (3) batches of LARGE_SHARE (an eighth) of the bound
+    try:
+        with loopscope.turn(session_id="s", input="q"):
+            fetch(0)
+        assert loopscope.flush()
+        with hold(spawn, db, tmp_path, give_up=120):
+            with loopscope.turn(session_id="s", input="q"):
+                fetch(1)
+            assert not loopscope.flush(timeout=60)  # the batch of one large value is kept, the file held
+            for i in range(2, 42):  # 40 values of 256 KiB: 10 MiB against the bound of 8
+                with loopscope.turn(session_id="s", input="q"):
+                    fetch(i)
+            stats = pipeline.stats()
+            assert stats.dropped > 0
+            assert stats.queued_bytes <= bound - room + (300 << 10), "the queue took the room a write's copies need"
+        assert loopscope.flush(timeout=60)
+        written = pipeline.stats()
+    finally:
+        loopscope.shutdown()
+    assert written.written_turns + written.dropped_turns == 42  # every turn stored or counted
+    _, rows = loopscope.Store(str(db)).sql("SELECT count(*) FROM turns")
+    assert rows == [(written.written_turns,)]
