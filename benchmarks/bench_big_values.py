@@ -8,7 +8,8 @@ with the store's writer a thread (``writer="thread"``) and a process of its own
 same run. Printed per case: the application's peak RSS (``VmHWM``) over its RSS before the
 calls, against the byte bound (``QUEUE_BYTES``, 64 MiB) and as a ratio to the baseline's; the
 writer process's peak; the MiB a second of values the writer took (from the first call to
-``flush()`` returning: the calls, the pipe, the mapping, the scrubbing, DuckDB); and the
+``flush()`` returning: the calls, the pipe, the mapping, the scrubbing, DuckDB), and per second
+of the writer's own CPU (its thread's or its process's: less moved by the load); and the
 events written against those sent (nothing may be dropped on a free disk while the calls
 wait for nothing).
 
@@ -55,6 +56,17 @@ CHILD = textwrap.dedent("""
     def fetch(i: int) -> str:
         return chr(ord("a") + i % 26) * value
 
+    def cpu(stat_path):  # user + system seconds of a process or a thread (/proc's stat)
+        with open(stat_path) as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def writer_cpu():
+        if mode == "process":
+            return cpu(f"/proc/{writer.child_pid()}/stat")
+        return cpu(f"/proc/self/task/{writer._thread.native_id}/stat")
+
+    cpu_before = writer_cpu()
     before = status()["VmRSS"]
     start = time.perf_counter()
     for i in range(calls):
@@ -66,11 +78,12 @@ CHILD = textwrap.dedent("""
     took = time.perf_counter() - start
     child = writer.child_pid() if mode == "process" else None
     child_peak = status(child)["VmHWM"] if child else 0
+    spent = writer_cpu() - cpu_before
     stats = pipeline.stats()
     peak = status()["VmHWM"]
     loopscope.shutdown()
     print(json.dumps({"flushed": ok, "seconds": took, "before_kb": before, "peak_kb": peak, "child_peak_kb": child_peak,
-                      "written": stats.written_events, "dropped": stats.dropped}))
+                      "written": stats.written_events, "dropped": stats.dropped, "writer_cpu": spent}))
 """)
 
 
@@ -94,6 +107,9 @@ def _medians(results: list[dict[str, float]]) -> dict[str, float]:
     out = {key: statistics.median(r[key] for r in results) for key in results[0] if key != "flushed"}
     out["rate"] = statistics.median(r["written"] / 3 / r["seconds"] for r in results)  # calls written a second
     out["growth_kb"] = statistics.median(r["peak_kb"] - r["before_kb"] for r in results)
+    # calls written a second of the writer's own CPU (its thread's, or its process's): what a
+    # write costs, where the wall-clock rate swings with the machine's load
+    out["cpu_rate"] = statistics.median(r["written"] / 3 / max(r["writer_cpu"], 1e-3) for r in results)
     return out
 
 
@@ -115,7 +131,7 @@ def main() -> None:
     print(f"{args.calls} calls, one tool result of {args.value_kib} KiB each ({sent_mib:.0f} MiB of values); 3 events a call; "
           f"{args.gap_ms:g} ms after each call")
     print(f"{'checkout writer':16} {'values':>7} {'app peak-before MiB':>20} {'x baseline':>10} {'writer proc peak MiB':>21} "
-          f"{'MiB/s written':>13} {'written':>8} {'dropped':>8}")
+          f"{'MiB/s written':>13} {'MiB/writer CPU s':>16} {'written':>8} {'dropped':>8}")
     checkouts = [("this", ROOT)] + ([("against", args.against.resolve())] if args.against else [])
     if args.smoke:
         args.runs = 1
@@ -131,8 +147,9 @@ def main() -> None:
             for name, result, size in (("1 KiB", base, 1 << 10), (f"{args.value_kib} KiB", big, value)):
                 growth = result["growth_kb"] / 1024
                 rate = result["rate"] * size / (1 << 20)  # 3 events a call
+                cpu_rate = result["cpu_rate"] * size / (1 << 20)
                 print(f"{label + ' ' + mode:16} {name:>7} {growth:20.0f} {growth / base_growth:10.1f} "
-                      f"{result['child_peak_kb'] / 1024:21.0f} {rate:13.1f} {result['written']:8.0f} {result['dropped']:8.0f}")
+                      f"{result['child_peak_kb'] / 1024:21.0f} {rate:13.1f} {cpu_rate:16.1f} {result['written']:8.0f} {result['dropped']:8.0f}")
 
 
 if __name__ == "__main__":

@@ -172,19 +172,25 @@ def event_rows(events: Any, *, any_length: bool = False) -> Any:
     try:
         traces, spans = _hex(column("trace_id").to_pylist()), _hex(column("span_id").to_pylist())
         tool = [code <= rows.TOOL_END for code in codes]
-        contents: list[str | None] = []
-        add = contents.append
         fields = ("tool_name", "tool_id", "arguments", "result", "tool_status", "outcome", "duration_ms", "error", "body")
-        for code, is_tool, name, tool_id, arguments, result, status, outcome, ms, error, body in zip(
-            codes, tool, *(column(f).to_pylist() for f in fields), strict=True
-        ):
-            if is_tool:
-                add(_tool_content(code, name, tool_id, arguments, result, status, outcome, ms, error))
-            elif body is None:
-                add(None)
-            else:
-                role = "user" if code == rows.INPUT_MESSAGE else "assistant"
-                add(f'{{"type":"text","body":{to_json_text(body)},"role":"{role}"}}')
+
+        def values(name: str) -> Any:
+            # a batch of large values (any_length) reads its texts one at a time, and its
+            # contents go into Arrow as they are made: a batch's texts as Python strings, and
+            # its contents too, were two more copies of its values held at once (issue 30)
+            if any_length and name in ("arguments", "result", "body"):
+                return (value.as_py() for value in column(name))
+            return column(name).to_pylist()
+
+        made = (
+            _tool_content(code, name, tool_id, arguments, result, status, outcome, ms, error) if is_tool
+            else None if body is None
+            else f'{{"type":"text","body":{to_json_text(body)},"role":"{"user" if code == rows.INPUT_MESSAGE else "assistant"}"}}'
+            for code, is_tool, name, tool_id, arguments, result, status, outcome, ms, error, body in zip(
+                codes, tool, *(values(f) for f in fields), strict=True
+            )
+        )
+        content = pa.array(made if any_length else list(made), pa.string())
     except _DuckDBsOwn:
         return None
     letter, kind = _LETTER.get, _TYPE.get
@@ -200,7 +206,7 @@ def event_rows(events: Any, *, any_length: bool = False) -> Any:
             column("session_id"), column("idx"),
             pa.array([kind(code, "message") for code in codes], pa.string()),
             column("created_us"), column("correlation_id"), column("source_channel_id"), column("source_provider"),
-            column("source_framework"), status, pa.array(contents, pa.string()),
+            column("source_framework"), status, content,
             pa.array(traces, pa.string()), pa.array(spans, pa.string()),
             only_tools(column("tool_name")), only_tools(column("tool_id")), pa.array(tool_status, pa.string()),
             only_tools(column("outcome")), _only(tools, pa.nulls(events.num_rows, pa.float64()))(column("duration_ms")),

@@ -82,8 +82,11 @@ def cut(made: Any) -> tuple[Any, Any]:
     parts (``id, part, text``), or None when no content is that long.
 
     Cut in bytes, each cut moved back to the start of its character (a UTF-8 continuation
-    byte is ``0b10xxxxxx``): no value is decoded to a Python string, each part is one copy
-    of its bytes (decoding a batch's 32 MiB and slicing it took ~0.9 s a batch)."""
+    byte is ``0b10xxxxxx``): no value is decoded to a Python string (decoding a batch's
+    32 MiB and slicing it took ~0.9 s a batch), and no part is copied: the parts of a value
+    are an Arrow array over the content's own data buffer, with offsets at the cuts (one
+    chunk a value). A copy of each part, in Python bytes and again in Arrow, held two more
+    copies of a batch's values while it was written (issue 30: 1 MiB tool results)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -93,23 +96,42 @@ def cut(made: Any) -> tuple[Any, Any]:
         return made, None
     ids: list[str] = []
     numbers: list[int] = []
-    texts: list[bytes] = []
+    chunks: list[Any] = []
     event_ids = made.column("id")
-    for row in pc.indices_nonzero(long).to_pylist():  # pyright: ignore[reportAttributeAccessIssue]
-        data = memoryview(contents[row].as_buffer())
-        event_id, size, at, number = event_ids[row].as_py(), len(data), 0, 0
-        while at < size:
-            end = min(at + PART_BYTES, size)
-            while end < size and data[end] & 0xC0 == 0x80:
-                end -= 1
-            ids.append(event_id)
-            numbers.append(number)
-            texts.append(bytes(data[at:end]))
-            at, number = end, number + 1
+    wide = pa.types.is_large_string(contents.type)
+    if not (wide or pa.types.is_string(contents.type)):  # (DuckDB's rows read back give text as string)
+        contents = contents.cast(pa.string())
+    text_type = contents.type
+    offset_type = pa.int64() if wide else pa.int32()
+    first = 0  # the table's row of the chunk's first
+    for chunk in contents.chunks:
+        rows_long = pc.indices_nonzero(long.slice(first, len(chunk))).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]
+        if rows_long:
+            _, offsets_buffer, data_buffer = chunk.buffers()
+            data = memoryview(data_buffer)  # the bytes of every value of the chunk, read in place
+            offsets = memoryview(offsets_buffer).cast("q" if wide else "i")
+            for row in rows_long:
+                at, size = offsets[chunk.offset + row], offsets[chunk.offset + row + 1]
+                event_id = event_ids[first + row].as_py()
+                cuts = [at]
+                while at < size:
+                    end = min(at + PART_BYTES, size)
+                    while end < size and data[end] & 0xC0 == 0x80:
+                        end -= 1
+                    cuts.append(end)
+                    at = end
+                count = len(cuts) - 1
+                ids += [event_id] * count
+                numbers += range(count)
+                chunks.append(pa.Array.from_buffers(
+                    pa.large_string() if wide else pa.string(), count, [None, pa.array(cuts, offset_type).buffers()[1], data_buffer]
+                ))
+        first += len(chunk)
     at = made.schema.get_field_index("content")
-    kept = pc.if_else(long, pa.nulls(made.num_rows, pa.string()), contents)  # pyright: ignore[reportAttributeAccessIssue]
+    kept = pc.if_else(long, pa.nulls(made.num_rows, text_type), contents)  # pyright: ignore[reportAttributeAccessIssue]
+    texts = pa.chunked_array(chunks, pa.large_string() if wide else pa.string())
     parts = pa.table(
-        [pa.array(ids, pa.string()), pa.array(numbers, pa.int32()), pa.array(texts, pa.binary()).cast(pa.string())],
+        [pa.chunked_array([pa.array(ids, pa.string())]), pa.chunked_array([pa.array(numbers, pa.int32())]), texts],
         names=["id", "part", "text"],
     )
     return made.set_column(at, "content", kept), parts

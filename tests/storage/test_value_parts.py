@@ -324,3 +324,36 @@ def test_parts_put_together_are_the_rows_either_way_of_making_them_stored_whole(
         finally:
             con.close()
         assert cut == (9,) and longest is not None and longest[0] <= values.PART_BYTES, name
+
+
+@pytest.mark.parametrize("text_type", ["string", "large_string"])
+def test_a_cut_over_a_table_in_several_slices_reads_each_value_whole_from_its_parts(text_type: str) -> None:
+    """The parts are read in place from the content's Arrow buffers (no copy of a batch's
+    values): a table of several chunks, each a slice of a larger array (offsets that do not
+    start at 0), long values between short and NULL ones, gives each long value's parts in
+    order, 4 KiB at most, each cut at a character's start."""
+    import pyarrow as pa
+
+    kind = getattr(pa, text_type)()
+    long = [_value((70 << 10) + i * 5000) for i in range(4)]
+    contents = [long[0], "short", None, long[1], long[2], "{}", long[3]]
+    ids = [f"e{i}" for i in range(len(contents))]
+    whole = pa.array(["padding", *contents, "tail"], kind)
+    chunks = [whole.slice(1, 3), whole.slice(4, 4)]  # slices of one array: their offsets start past 0
+    made = pa.table({"id": pa.chunked_array([pa.array(ids[:3]), pa.array(ids[3:])]),
+                     "content": pa.chunked_array(chunks, kind)})
+
+    kept, parts = values.cut(made)
+
+    assert parts is not None
+    assert kept.column("content").to_pylist() == [None, "short", None, None, None, "{}", None]
+    assert kept.column("id").to_pylist() == ids
+    by_id: dict[str, list[tuple[int, str]]] = {}
+    for event_id, number, text in zip(*(parts.column(n).to_pylist() for n in ("id", "part", "text")), strict=True):
+        assert len(text.encode()) <= values.PART_BYTES
+        by_id.setdefault(event_id, []).append((number, text))
+    assert sorted(by_id) == ["e0", "e3", "e4", "e6"]
+    for event_id, value in zip(["e0", "e3", "e4", "e6"], long, strict=True):
+        numbered = by_id[event_id]
+        assert [n for n, _ in numbered] == list(range(len(numbered)))
+        assert "".join(text for _, text in numbered) == value
