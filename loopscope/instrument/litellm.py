@@ -16,8 +16,9 @@ LiteLLM runs success callbacks after it returned the response: on a thread pool 
 its logging worker task (async). A loop's next request may so come before the last
 response is recorded, and its tool results would find no call waiting for them. So a new
 request in the same thread (sync: in ``log_pre_api_call``) or task (async: in
-``async_pre_call_deployment_hook``, awaited) first waits, bounded, for the previous call
-of that thread or task to end. LiteLLM tells no callback of a stream closed early: the
+``async_pre_call_deployment_hook``, awaited) that goes on from the previous call of that
+thread or task (its answer, its tool results) first waits, bounded, for that call to end;
+one that starts a conversation afresh does not. LiteLLM tells no callback of a stream closed early: the
 call ends as abandoned when LiteLLM's logging object for it is collected. Per-chunk stream
 events come unordered on a thread pool and are not read: the success event carries the
 whole stream, its first chunk's time included.
