@@ -16,8 +16,9 @@ LiteLLM runs success callbacks after it returned the response: on a thread pool 
 its logging worker task (async). A loop's next request may so come before the last
 response is recorded, and its tool results would find no call waiting for them. So a new
 request in the same thread (sync: in ``log_pre_api_call``) or task (async: in
-``async_pre_call_deployment_hook``, awaited) first waits, bounded, for the previous call
-of that thread or task to end. LiteLLM tells no callback of a stream closed early: the
+``async_pre_call_deployment_hook``, awaited) that goes on from the previous call of that
+thread or task (its answer, its tool results) first waits, bounded, for that call to end;
+one that starts a conversation afresh does not. LiteLLM tells no callback of a stream closed early: the
 call ends as abandoned when LiteLLM's logging object for it is collected. Per-chunk stream
 events come unordered on a thread pool and are not read: the success event carries the
 whole stream, its first chunk's time included.
@@ -33,6 +34,7 @@ import threading
 import time
 import weakref
 from contextvars import ContextVar, Token
+from types import FrameType
 from typing import Any
 
 from .._guard import internal_error, warn_once
@@ -64,7 +66,7 @@ class _Call:
     __slots__ = ("__weakref__", "done", "model_call", "owner", "stream", "token")
 
     def __init__(self, model_call: ModelCall, stream: bool, owner: object, token: Token[Any] | None) -> None:
-        self.model_call = model_call
+        self.model_call: ModelCall | None = model_call
         self.stream = stream
         self.owner: object = owner  # the thread (sync) or task (async) that made it
         self.token: Token[Any] | None = token
@@ -74,7 +76,7 @@ class _Call:
         """Recorded: a request waiting for it goes on. What it holds is let go (it may stay
         its context's previous call for long)."""
         self.done.set()
-        self.owner = self.token = None
+        self.owner = self.token = self.model_call = None
 
 
 _open: dict[str, _Call] = {}  # litellm_call_id -> the call, until it ends
@@ -92,13 +94,22 @@ def _owner() -> object:
 
 def _must_wait(previous: _Call | None, messages: Any) -> bool:
     """Whether a new request of this thread or task waits for ``previous`` to be recorded:
-    a call it made that has not ended. A stream may still be read while a new call is made,
-    so one is waited for only when the request sends tool results."""
+    a call it made that has not ended, and the request goes on from it. Only then does the
+    order matter: tool results end the calls that asked for them, and a conversation's next
+    request is found by the turn that ended (``find_conversations``). A request that starts
+    a conversation afresh (no assistant message, no tool result) goes on at once: the wait
+    would add LiteLLM's whole success handling to its latency. A stream may still be read
+    while a new call is made, so one is waited for only when the request sends tool results."""
     if previous is None or previous.done.is_set() or previous.owner != _owner():
         return False
-    if not previous.stream:
-        return True
-    return any(r.get(message, "role") == "tool" for message in messages or ())
+    wanted = ("tool",) if previous.stream else ("tool", "assistant")
+    try:
+        for message in reversed(messages or ()):  # what goes on from a call is at the end
+            if (message.get("role") if type(message) is dict else r.get(message, "role")) in wanted:
+                return True
+    except TypeError:  # not a sequence: nothing to go on from
+        return False
+    return False
 
 
 # -- the request ------------------------------------------------------------------------------
@@ -163,29 +174,34 @@ def _first_chunk(model_call: ModelCall, kwargs: dict[str, Any]) -> None:
 # -- the callbacks -----------------------------------------------------------------------------
 
 
-def _pre(model: Any, messages: Any, kwargs: dict[str, Any], logging_obj: Any) -> None:
+def _pre(model: Any, messages: Any, kwargs: dict[str, Any], caller: FrameType) -> None:
+    """``caller``: LiteLLM's frame that ran the callback, whose ``self`` is its logging
+    object of the call (read for a stream only)."""
     if kwargs.get("call_type") not in _CHAT_CALLS:
         return
     call_id = kwargs.get("litellm_call_id")
     if not isinstance(call_id, str) or call_id in _open:  # a retry of a call already open
         return
     previous = _previous.get()
-    sync = _owner() == threading.get_ident()  # a sync caller waits: LiteLLM's thread pool ends the call
+    owner = _owner()
+    sync = owner == threading.get_ident()  # a sync caller waits: LiteLLM's thread pool ends the call
     if sync and _must_wait(previous, messages) and previous is not None and not previous.done.wait(WAIT_S):
         _late()
     request = _request(model, messages, kwargs)
     model_call = start_model_call(request)
     if model_call is None:
         return
-    call = _Call(model_call, request.stream, _owner(), open_outer_call(model_call, request))
+    call = _Call(model_call, request.stream, owner, open_outer_call(model_call, request))
     with _lock:
         _open[call_id] = call
     _previous.set(call)
-    if logging_obj is not None:
-        try:
-            weakref.finalize(logging_obj, _collected, call_id)
-        except TypeError:  # not weak-referenceable: a stream closed early ends at the idle reaper
-            pass
+    if request.stream:  # a stream may be let go unread: no event ends it, its logging object's end does
+        logging_obj = caller.f_locals.get("self")
+        if type(logging_obj).__name__ == "Logging":
+            try:
+                weakref.finalize(logging_obj, _collected, call_id)
+            except TypeError:  # not weak-referenceable: a stream closed early ends at the idle reaper
+                pass
 
 
 def _collected(call_id: str) -> None:
@@ -193,7 +209,7 @@ def _collected(call_id: str) -> None:
     try:
         with _lock:
             call = _open.pop(call_id, None)
-        if call is not None:
+        if call is not None and call.model_call is not None:
             call.model_call.abandon()
             call.ended()
     except Exception:
@@ -212,6 +228,8 @@ def _success(kwargs: dict[str, Any], response: Any) -> None:
         return
     try:
         model_call = call.model_call
+        if model_call is None:  # ended already (never: a call leaves _open once)
+            return
         response_record = _response(response, kwargs)
         if call.stream:
             _first_chunk(model_call, kwargs)
@@ -229,7 +247,8 @@ def _failure(kwargs: dict[str, Any]) -> None:
         return
     try:
         exc = kwargs.get("exception")
-        call.model_call.fail(exc if isinstance(exc, BaseException) else RuntimeError(str(exc or "LiteLLM call failed")))
+        if call.model_call is not None:
+            call.model_call.fail(exc if isinstance(exc, BaseException) else RuntimeError(str(exc or "LiteLLM call failed")))
     finally:
         call.ended()
 
@@ -275,8 +294,7 @@ def _logger_class() -> type:
         def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
             try:
                 _keep_in_callbacks(self)
-                caller = sys._getframe(1).f_locals.get("self")  # LiteLLM's logging object of this call
-                _pre(model, messages, kwargs, caller if type(caller).__name__ == "Logging" else None)
+                _pre(model, messages, kwargs, sys._getframe(1))
             except Exception:
                 internal_error("litellm pre-call")
 
@@ -353,7 +371,8 @@ def patch() -> list[Registration]:
             pending = list(_open.values())
             _open.clear()
         for call in pending:  # what was open when recording stopped ends now, once
-            call.model_call.abandon()
+            if call.model_call is not None:
+                call.model_call.abandon()
             call.ended()
 
     return [Registration(undo)]

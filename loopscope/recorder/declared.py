@@ -260,6 +260,16 @@ def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
             return declared_tool(tool, origin)
     if len(tool) == 1 and type(tool.get("name")) is str and tool["name"]:
         return _cached_name(tool["name"], origin, tool)  # what a bare name gives
+    # a library may hand a copy of the same tools with every call (LiteLLM deep-copies its
+    # request): a copy equal to one seen is that tool
+    named = (_dict_name(tool), origin)
+    seen = _by_value.get(named) if named[0] is not None else None
+    if seen is not None:
+        try:
+            if seen[0] == tool:
+                return seen[1]
+        except Exception:
+            return declared_tool(tool, origin)
     record = declared_tool(tool, origin)
     try:
         snapshot = copy.deepcopy(tool)
@@ -268,7 +278,20 @@ def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
     except Exception:
         return record
     _remember(_by_dict, key, (tool, snapshot, record))
+    if named[0] is not None:
+        _remember(_by_value, named, (snapshot, record))
     return record
+
+
+# (a tool dict's name, origin) -> (a deep copy of the last dict of that name, its record)
+_by_value: dict[tuple[Any, str], tuple[Any, DeclaredTool | None]] = {}
+
+
+def _dict_name(tool: dict[str, Any]) -> str | None:
+    """A tool dict's name (OpenAI's ``function.name``, or a top-level ``name``), if a string."""
+    function = tool.get("function")
+    name = function.get("name") if type(function) is dict else tool.get("name")
+    return name if type(name) is str else None
 
 
 # provider tool objects: a routine or class by identity, (id, origin) -> (it, its records); any

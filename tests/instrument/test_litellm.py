@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
+import threading
 import time
 from functools import partial
 from typing import Any
@@ -21,6 +23,8 @@ from fakes.model_server import FakeModelServer, Reply, Usage
 from fakes.weather_loop import WEATHER, queue_tool_round
 from loopscope import LoopEndReason
 from loopscope import semconv as a
+from loopscope._guard import clear_warning
+from loopscope.instrument import litellm as loopscope_litellm
 from recorded import (
     assert_hand_turn,
     assert_never_recorded,
@@ -461,4 +465,36 @@ def test_the_next_request_waits_for_the_answer_litellm_records_late(recording, s
         settle(recording, 2)
         assert_tool_loop(recording, "conv-late", "openai")
     finally:
+        loopscope.uninstrument()
+
+
+def test_a_new_conversation_does_not_wait_for_the_last_answer_to_be_recorded(recording, server, monkeypatch, caplog):
+    """Only a request that goes on from the last call (its answer, its tool results) waits for
+    that call to be recorded: one that starts a conversation afresh is sent at once (the wait
+    would add LiteLLM's whole success handling to it), and each is its own turn once reported."""
+    go = threading.Event()
+    success = loopscope_litellm._success
+
+    def held(kwargs: Any, response: Any) -> None:  # LiteLLM's report of a call, held until let go
+        go.wait(30)
+        success(kwargs, response)
+
+    monkeypatch.setattr(loopscope_litellm, "_success", held)
+    monkeypatch.setattr(loopscope_litellm, "WAIT_S", 0.5)  # a wait that happened would end soon, and be said
+    clear_warning("litellm late")
+    loopscope.instrument()
+    try:
+        server.queue(Reply(text="Bonjour."), match="in French")
+        server.queue(Reply(text="Hallo."), match="in German")
+        litellm.completion(messages=[{"role": "user", "content": "Hello in French?"}], **route(server, "openai"))
+        with caplog.at_level(logging.WARNING, logger="loopscope"):
+            litellm.completion(messages=[{"role": "user", "content": "Hello in German?"}], **route(server, "openai"))
+        assert "had not reported a call" not in caplog.text  # it did not wait
+        go.set()
+        settle(recording, 2)
+        turns = recording.store.list_turns(limit=None)
+        assert sorted(t.segments[0] for t in turns) == ["Bonjour.", "Hallo."]
+        assert len({t.correlation_id for t in turns}) == 2
+    finally:
+        go.set()
         loopscope.uninstrument()

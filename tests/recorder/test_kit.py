@@ -9,6 +9,7 @@ a provider the kit was made for (Gemini's words) would report them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -256,6 +257,19 @@ def test_tool_objects_are_normalised_once_and_copies_equal_to_them_too():
     tool.function_declarations.append(FunctionDeclaration(name="time"))  # changed in place: read again
     assert [t.name for t in tool_set([tool]).tools] == ["weather", "time"]
     assert [t.name for t in tool_set([AttributeTool()]).tools] == ["lookup"]  # compares by identity: not cached
+
+
+def test_copies_of_the_same_tool_dicts_are_normalised_once():
+    """LiteLLM deep-copies its request: the tool dicts it hands are copies of the application's,
+    new every call. A copy equal to a dict seen is that tool (one ToolSet, its JSON made once);
+    a changed copy is read again."""
+    weather = {"type": "function", "function": {"name": "weather", "description": "Weather.", "parameters": CITY}}
+    first = tool_set([copy.deepcopy(weather)])
+    assert tool_set([copy.deepcopy(weather)]) is first
+    changed = copy.deepcopy(weather)
+    changed["function"]["description"] = "Weather, hourly."
+    assert [t.description for t in tool_set([changed]).tools] == ["Weather, hourly."]
+    assert [t.description for t in tool_set([copy.deepcopy(weather)]).tools] == ["Weather."]
 
 
 def test_the_tool_object_cache_is_bounded():
