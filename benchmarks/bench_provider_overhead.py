@@ -8,6 +8,9 @@ sends the result back; the model answers) runs under each variant of each SDK:
 * ``uninstrumented`` -- the plain SDK: the baseline, timed in the same run;
 * ``loopscope``      -- ``loopscope.configure(<tmp duckdb>)`` + ``loopscope.instrument()``, the
   store on (its writer process stores the rows while the loop runs);
+* ``loopscope-spans`` -- ``loopscope.configure(False, tracer_provider=...)`` + ``instrument()``:
+  no store; its spans go to the same ``BatchSpanProcessor`` and counting null exporter as
+  OpenInference's below (like for like: the instrumentation and its spans, nothing stored);
 * ``openinference``  -- Arize's ``openinference-instrumentation-litellm`` /
   ``-google-genai`` with its defaults, under an SDK ``TracerProvider`` with a
   ``BatchSpanProcessor`` into an exporter that counts and drops the spans (as
@@ -98,8 +101,9 @@ SDKS = {
                         "openinference.instrumentation.google_genai", "GoogleGenAIInstrumentor",
                         "openinference-instrumentation-google-genai"),
 }
-VARIANTS = ("uninstrumented", "loopscope", "openinference")
-LABELS = {"uninstrumented": "uninstrumented", "loopscope": "loopscope (store on)", "openinference": "OpenInference"}
+VARIANTS = ("uninstrumented", "loopscope", "loopscope-spans", "openinference")
+LABELS = {"uninstrumented": "uninstrumented", "loopscope": "loopscope (store on)",
+          "loopscope-spans": "loopscope (spans only)", "openinference": "OpenInference"}
 SERIES = ("nonstream", "stream")
 SYSTEM = "You are a helpful assistant. Use the tools when they help; answer in one sentence."
 CITIES = ("Paris", "Lyon", "Oslo", "Lima", "Quito", "Porto", "Turin", "Graz")
@@ -274,6 +278,18 @@ def worker(args: argparse.Namespace) -> int:
         settle = loopscope.flush
         writer_cpu = lambda: _process_cpu_ns(getattr(getattr(loopscope.pipeline.active(), "writer", None),
                                                      "child_pid", lambda: None)())
+    elif variant == "loopscope-spans":
+        import loopscope
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        exporter = counting_null_exporter()
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        loopscope.configure(False, tracer_provider=provider)  # no store: its spans to OpenInference's exporter
+        loopscope.instrument()
+        peer = (provider, exporter)
+        settle = provider.force_flush
     elif variant == "openinference":
         peer = _setup_openinference(sdk)
         settle = peer[0].force_flush
@@ -509,21 +525,26 @@ def _report(args, chosen, unavailable, failed, versions, checks, samples, per_ro
         if theirs not in checks or "openinference" not in added:
             verdicts[sdk.name] = f"OpenInference not measured ({failed.get(theirs, '?')})"
             continue
-        ours, peer = "loopscope", "openinference"
-        figures = "; ".join(
-            f"{s}: added {added[ours][s]:.0f} vs {added[peer][s]:.0f} us, cpu {extra_cpu[ours][s]:+.0f} vs "
-            f"{extra_cpu[peer][s]:+.0f} us (app {extra_app[ours][s]:+.0f} vs {extra_app[peer][s]:+.0f})" for s in SERIES)
-        parts = {
-            "wall": all(added[ours][s] < added[peer][s] for s in SERIES),
-            "whole-process cpu": all(extra_cpu[ours][s] < extra_cpu[peer][s] for s in SERIES),
-            "app-process cpu": all(extra_app[ours][s] < extra_app[peer][s] for s in SERIES),
-        }
-        met = parts["wall"] and parts["whole-process cpu"]
-        verdicts[sdk.name] = (f"{figures} -> {'MET' if met else 'NOT MET'} ("
-                              + ", ".join(f"{k} {'lower' if v else 'NOT lower'}" for k, v in parts.items()) + ")")
+        peer = "openinference"
+        lines = []
+        for ours in ("loopscope-spans", "loopscope"):
+            if ours not in added:
+                continue
+            figures = "; ".join(
+                f"{s}: added {added[ours][s]:.0f} vs {added[peer][s]:.0f} us, cpu {extra_cpu[ours][s]:+.0f} vs "
+                f"{extra_cpu[peer][s]:+.0f} us (app {extra_app[ours][s]:+.0f} vs {extra_app[peer][s]:+.0f})" for s in SERIES)
+            parts = {
+                "wall": all(added[ours][s] < added[peer][s] for s in SERIES),
+                "whole-process cpu": all(extra_cpu[ours][s] < extra_cpu[peer][s] for s in SERIES),
+                "app-process cpu": all(extra_app[ours][s] < extra_app[peer][s] for s in SERIES),
+            }
+            met = parts["wall"] and parts["whole-process cpu"]
+            lines.append(f"{LABELS[ours]}: {figures} -> {'MET' if met else 'NOT MET'} ("
+                         + ", ".join(f"{k} {'lower' if v else 'NOT lower'}" for k, v in parts.items()) + ")")
+        verdicts[sdk.name] = "\n                 ".join(lines)
     _say("")
     _say("goal (issue 32: loopscope's added wall time and whole-process CPU per call below OpenInference's, each "
-         "series; loopscope vs OpenInference):")
+         "series; like for like, loopscope's spans into OpenInference's null exporter, then loopscope with its store):")
     for name, verdict in verdicts.items():
         _say(f"  {name:<14} {verdict}")
     _say(f"total {time.monotonic() - started:.0f}s")
