@@ -279,9 +279,10 @@ def worker(args: argparse.Namespace) -> int:
         writer_cpu = lambda: _process_cpu_ns(getattr(getattr(loopscope.pipeline.active(), "writer", None),
                                                      "child_pid", lambda: None)())
     elif variant == "loopscope-spans":
-        import loopscope
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        import loopscope
 
         exporter = counting_null_exporter()
         provider = TracerProvider()
