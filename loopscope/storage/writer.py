@@ -116,9 +116,12 @@ their last row, whichever is later."""
 CLOSE_MARGIN = 0.25
 """Seconds of a close's bound kept for the writer's last report once its writes waited for
 a held file (see ``StoreWriter._lock_wait``)."""
-CHECKPOINT_IDLE = 5.0
+CHECKPOINT_IDLE = 30.0
 """Seconds without a batch after which a writer that left rows in the WAL checkpoints them,
-so that the file alone holds every row again while the application records nothing."""
+so that the file alone holds every row again while the application records nothing. A
+checkpoint costs about what a batch does (~15-20 ms): at 5 s an agent that a person talks
+to (a turn, then a pause to read and type) paid one after each turn, on top of the turn's
+batch, where the WAL (128 KB at most, :data:`WAL_LIMIT`) costs a reader ~2 ms to replay."""
 
 class StoreWriter:
     """Writes the rows of recorded spans to one DuckDB file from a background thread."""

@@ -192,6 +192,7 @@ def test_batches_leave_their_rows_in_the_wal_where_every_reader_sees_them(record
     assert _count_elsewhere(recording.db) == 10
 
 
+@pytest.mark.thread_writer  # CHECKPOINT_IDLE set in this process is the writer's
 def test_an_idle_writer_checkpoints_what_it_left_in_the_wal(recording, monkeypatch):
     monkeypatch.setattr(writer, "CHECKPOINT_IDLE", 0.3)
     _turn("s", "q1")
