@@ -731,7 +731,7 @@ def open_store(
         if asked:
             with gate(path):
                 release(path)  # our kept attachment would keep them out of the file
-            wakeup.wait_written(asked)
+            wakeup.wait_written(asked, timeout)  # as long as the read would wait for the file
     if read_only and not isolated:
         with _attached(path, timeout, keep, _page_readers if page else _readers) as con, _reading_of(con, path):
             yield con

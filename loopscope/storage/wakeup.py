@@ -30,9 +30,10 @@ from .._guard import guarded
 
 SUFFIX = ".loopscope-holding."
 """A holding FIFO's name after the store's path: ``<store>.loopscope-holding.<pid>.<random>``."""
-CATCH_UP = 2.0
-"""Seconds a reader waits at most for the writers it woke to write what they hold (a batch of
-the store's writer takes tens of milliseconds; a loaded machine or a large batch, more)."""
+CATCH_UP = 10.0
+"""Seconds a reader waits at most for the writers it woke to write what they hold, unless it
+says otherwise (``open_store`` gives its lock timeout: a read waits for writers as long as it
+would for the file). A batch takes tens of milliseconds; on a loaded machine, seconds."""
 POLL = 0.1
 """Seconds between a holding writer's looks at its FIFO while it waits for its batch."""
 ASK_GAP = 0.5

@@ -624,13 +624,15 @@ class StoreWriter:
                 if not self._queue and not self._closed:
                     continue  # what set it was taken by the last drain: nothing is held
                 self._holding.open()  # readers may ask for these rows now (wakeup.py)
-            self._wait_for_batch(wait)
+            asked = self._wait_for_batch(wait)
             closing = self._closed
             spent = clock()
             with _WRITER_GUARD:
                 self.draining = True
                 try:
                     self._drain()
+                    if asked and self._queue and not self._abandoned:
+                        self._drain()  # what came while it wrote: the reader that asked waits for it too
                 finally:
                     self.draining = False
                     self._holding.close()  # written (or kept for a retry, which no reader waits for)
@@ -651,14 +653,14 @@ class StoreWriter:
             wait = self._wait_after(cost if warm else 0.0)
             warm = warm or self._batches > 0
 
-    def _wait_for_batch(self, wait: float) -> None:
+    def _wait_for_batch(self, wait: float) -> bool:
         """Wait ``wait`` seconds for the next batch; less when woken (a flush, the close, a
-        full batch) or when a reader asks for the rows held (:mod:`wakeup`)."""
+        full batch) or when a reader asks for the rows held (:mod:`wakeup`). True when a reader asked."""
+        asked = False
         if self._holding.path is None:
             self._wake.wait(wait)
         else:
             deadline = time.monotonic() + wait
-            asked = False
             while True:
                 if not asked and self._holding.asked():
                     # asked: write now, but not sooner than ASK_GAP after the last batch (a
@@ -668,6 +670,7 @@ class StoreWriter:
                 if left <= 0 or self._wake.wait(min(left, wakeup.POLL)):
                     break
         self._wake.clear()
+        return asked
 
     def _wait_after(self, cost: float) -> float:
         """How long to wait for the next batch, after one that took ``cost`` seconds of CPU (:data:`AUTO_SHARE`)."""
