@@ -229,15 +229,22 @@ LOOPS = {"litellm": _litellm_loop, "google-genai": _genai_loop}
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _setup_openinference(sdk: Sdk):  # type: ignore[no-untyped-def]
-    import importlib
-
+def _null_provider():  # type: ignore[no-untyped-def]
+    """An SDK ``TracerProvider`` with a ``BatchSpanProcessor`` into a counting null exporter:
+    where OpenInference's spans go, and loopscope's with no store."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     exporter = counting_null_exporter()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _setup_openinference(sdk: Sdk):  # type: ignore[no-untyped-def]
+    import importlib
+
+    provider, exporter = _null_provider()
     getattr(importlib.import_module(sdk.peer_module), sdk.peer_class)().instrument(tracer_provider=provider)
     return provider, exporter
 
@@ -279,18 +286,12 @@ def worker(args: argparse.Namespace) -> int:
         writer_cpu = lambda: _process_cpu_ns(getattr(getattr(loopscope.pipeline.active(), "writer", None),
                                                      "child_pid", lambda: None)())
     elif variant == "loopscope-spans":
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
         import loopscope
 
-        exporter = counting_null_exporter()
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-        loopscope.configure(False, tracer_provider=provider)  # no store: its spans to OpenInference's exporter
+        peer = _null_provider()
+        loopscope.configure(False, tracer_provider=peer[0])  # no store: its spans to OpenInference's exporter
         loopscope.instrument()
-        peer = (provider, exporter)
-        settle = provider.force_flush
+        settle = peer[0].force_flush
     elif variant == "openinference":
         peer = _setup_openinference(sdk)
         settle = peer[0].force_flush

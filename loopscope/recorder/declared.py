@@ -236,6 +236,8 @@ _CACHE_SIZE = 512
 # was changed in place since.
 _by_dict: dict[tuple[int, str], tuple[Any, Any, DeclaredTool | None]] = {}
 _by_name: dict[tuple[str, str], DeclaredTool] = {}  # bare names and {"name": ...} dicts
+# (a tool dict's name, origin) -> (a deep copy of the last dict of that name, its record)
+_by_value: dict[tuple[Any, str], tuple[Any, DeclaredTool | None]] = {}
 # the ids of a list's records -> its ToolSet (which holds the records: ids stay theirs)
 _sets: dict[tuple[int, ...], ToolSet] = {}
 
@@ -282,9 +284,6 @@ def _cached_dict(tool: dict[str, Any], origin: str) -> DeclaredTool | None:
         _remember(_by_value, named, (snapshot, record))
     return record
 
-
-# (a tool dict's name, origin) -> (a deep copy of the last dict of that name, its record)
-_by_value: dict[tuple[Any, str], tuple[Any, DeclaredTool | None]] = {}
 
 
 def _dict_name(tool: dict[str, Any]) -> str | None:

@@ -68,12 +68,14 @@ class Holding:
         path = f"{self.store}{SUFFIX}{os.getpid()}.{os.urandom(4).hex()}"
         try:
             mkfifo(path, 0o600)  # fails on anything already there: nothing planted is used
+        except OSError:
+            return False
+        try:
             # read end, non-blocking: open at once without a writer, and read() never waits
             self._fd = os.open(path, os.O_RDONLY | _NONBLOCK | _NOFOLLOW | _CLOEXEC)
         except OSError:
             with contextlib.suppress(OSError):
-                if self._fd is None and os.path.lexists(path) and stat.S_ISFIFO(os.lstat(path).st_mode):
-                    os.unlink(path)
+                os.unlink(path)  # the FIFO made just above
             return False
         self.path = path
         return True
@@ -85,9 +87,7 @@ class Holding:
             return False
         try:
             return bool(os.read(self._fd, 4096))
-        except BlockingIOError:
-            return False
-        except OSError:
+        except OSError:  # BlockingIOError: nothing written since the last look
             return False
 
     @guarded("holding FIFO")
