@@ -27,9 +27,16 @@ def _holders(db: Path) -> list[str]:
     return [name for name in os.listdir(db.parent) if ".loopscope-holding." in name]
 
 
-def _wait_for_holder(db: Path) -> None:
-    """Until the writer holds the turn (its FIFO is there): the spans have reached it."""
+def _held_turn(db: Path, session: str) -> None:
+    """Record a turn and wait until the writer holds it (its FIFO is there): the spans have
+    reached the writer. A flush is answered before the writer removes the FIFO of the batch
+    it wrote, so the flushed batch's FIFO goes first: seen a moment later, it would stand for
+    a turn it does not hold (and a writer process gets spans ~0.25 s after they end)."""
     deadline = time.monotonic() + 30
+    while _holders(db):
+        assert time.monotonic() < deadline, "the writer kept its FIFO after the flush wrote everything"
+        time.sleep(0.01)
+    _turn(session)
     while not _holders(db):
         assert time.monotonic() < deadline, "the writer never said it held rows"
         time.sleep(0.01)
@@ -51,8 +58,7 @@ def test_a_read_has_the_writers_write_what_they_hold_first(tmp_path: Path, write
     try:
         _turn("first")
         assert loopscope.flush()
-        _turn("second")
-        _wait_for_holder(db)
+        _held_turn(db, "second")
         assert _plain_turns(db) == 1  # DuckDB itself reads the file as it is: the turn is held
         sessions = {s.session_id for s in loopscope.Store(str(db)).list_sessions()}
         assert sessions == {"first", "second"}
@@ -68,8 +74,7 @@ def test_the_cli_in_another_process_sees_what_the_application_just_recorded(tmp_
     try:
         _turn("first")
         assert loopscope.flush()
-        _turn("just-now")
-        _wait_for_holder(db)
+        _held_turn(db, "just-now")
         shown = subprocess.run(
             [sys.executable, "-m", "loopscope", "sessions", "--db", str(db)], capture_output=True, text=True, timeout=120, check=False
         )
@@ -112,8 +117,7 @@ def test_a_read_adds_no_file_beside_the_store(tmp_path: Path) -> None:
     try:
         _turn("first")
         assert loopscope.flush()
-        _turn("second")
-        _wait_for_holder(db)
+        _held_turn(db, "second")
         before = set(os.listdir(tmp_path)) - set(_holders(db))
         assert len(loopscope.Store(str(db)).list_sessions()) == 2
         assert set(os.listdir(tmp_path)) - set(_holders(db)) <= before  # the FIFO went; nothing came
