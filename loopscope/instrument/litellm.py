@@ -49,7 +49,7 @@ from ..recorder.adapter import (
 )
 from . import _read as r
 from ._openai_compat import chat_request, completion_response
-from ._patch import Registration
+from ._patch import Patch, Registration, wrap
 
 WAIT_S = 5.0
 """How long a request waits for the previous call of its thread or task to be recorded
@@ -63,20 +63,25 @@ _LISTS = ("input_callback", "success_callback", "failure_callback", "_async_succ
 class _Call:
     """One LiteLLM call being recorded."""
 
-    __slots__ = ("__weakref__", "done", "model_call", "owner", "stream", "token")
+    __slots__ = ("__weakref__", "answer", "call_id", "done", "model", "model_call", "owner", "stream", "token")
 
-    def __init__(self, model_call: ModelCall, stream: bool, owner: object, token: Token[Any] | None) -> None:
+    def __init__(
+        self, call_id: str, model_call: ModelCall, request: ModelRequest, owner: object, token: Token[Any] | None
+    ) -> None:
+        self.call_id = call_id
         self.model_call: ModelCall | None = model_call
-        self.stream = stream
+        self.stream = request.stream
+        self.model = request.model
         self.owner: object = owner  # the thread (sync) or task (async) that made it
         self.token: Token[Any] | None = token
+        self.answer: Any = None  # LiteLLM's response, as completion() returned it (not a stream's)
         self.done = threading.Event()
 
     def ended(self) -> None:
         """Recorded: a request waiting for it goes on. What it holds is let go (it may stay
         its context's previous call for long)."""
         self.done.set()
-        self.owner = self.token = self.model_call = None
+        self.owner = self.token = self.model_call = self.answer = None
 
 
 _open: dict[str, _Call] = {}  # litellm_call_id -> the call, until it ends
@@ -185,13 +190,14 @@ def _pre(model: Any, messages: Any, kwargs: dict[str, Any], caller: FrameType) -
     previous = _previous.get()
     owner = _owner()
     sync = owner == threading.get_ident()  # a sync caller waits: LiteLLM's thread pool ends the call
-    if sync and _must_wait(previous, messages) and previous is not None and not previous.done.wait(WAIT_S):
+    waits = sync and _must_wait(previous, messages) and previous is not None and not _end_answered(previous)
+    if waits and previous is not None and not previous.done.wait(WAIT_S):
         _late()
     request = _request(model, messages, kwargs)
     model_call = start_model_call(request)
     if model_call is None:
         return
-    call = _Call(model_call, request.stream, owner, open_outer_call(model_call, request))
+    call = _Call(call_id, model_call, request, owner, open_outer_call(model_call, request))
     with _lock:
         _open[call_id] = call
     _previous.set(call)
@@ -224,8 +230,13 @@ def _take(kwargs: dict[str, Any]) -> _Call | None:
 
 def _success(kwargs: dict[str, Any], response: Any) -> None:
     call = _take(kwargs)
-    if call is None:
-        return
+    if call is not None:
+        _end(call, response, kwargs)
+
+
+def _end(call: _Call, response: Any, kwargs: dict[str, Any]) -> None:
+    """End ``call`` (taken out of ``_open``) with LiteLLM's ``response``; ``kwargs``: its
+    success callback's (LiteLLM's cost of the call, its model)."""
     try:
         model_call = call.model_call
         if model_call is None:  # ended already (never: a call leaves _open once)
@@ -239,6 +250,36 @@ def _success(kwargs: dict[str, Any], response: Any) -> None:
         model_call.finish(response_record)
     finally:
         call.ended()
+
+
+def _answered(response: Any) -> None:
+    """``completion()`` / ``acompletion()`` returned ``response`` (in the caller's thread or
+    task): kept on its call, which the caller's next request that goes on from it ends
+    with it (:func:`_end_answered`) rather than wait for LiteLLM's success callback. A stream
+    is not kept: its response is whole only in that callback."""
+    hidden = getattr(response, "_hidden_params", None)  # LiteLLM's documented per-response figures
+    call_id = hidden.get("litellm_call_id") if type(hidden) is dict else None
+    call = _open.get(call_id) if isinstance(call_id, str) else None
+    if call is not None and not call.stream:
+        call.answer = response
+
+
+def _end_answered(call: _Call) -> bool:
+    """End ``call`` here with the response its ``completion()`` returned, if it has one and
+    LiteLLM's success callback has not taken it: the next request goes on at once (it
+    waited for LiteLLM's whole success handling, on its thread pool, before). True when
+    ended here or already."""
+    if call.answer is None:
+        return call.done.is_set()
+    with _lock:
+        mine = _open.get(call.call_id) is call and _open.pop(call.call_id) is call
+    if not mine:  # the success callback has it: it ends it
+        return call.done.is_set()
+    response = call.answer
+    hidden = getattr(response, "_hidden_params", None)
+    _end(call, response, {"response_cost": hidden.get("response_cost") if type(hidden) is dict else None,
+                          "model": call.model})
+    return True
 
 
 def _failure(kwargs: dict[str, Any]) -> None:
@@ -264,7 +305,7 @@ def _post(kwargs: dict[str, Any]) -> None:
 async def _wait_previous(kwargs: dict[str, Any]) -> None:
     """An async caller's new request waits (yielding to LiteLLM's logging worker) for its task's previous call."""
     previous = _previous.get()
-    if not _must_wait(previous, kwargs.get("messages")) or previous is None:
+    if not _must_wait(previous, kwargs.get("messages")) or previous is None or _end_answered(previous):
         return
     deadline = time.monotonic() + WAIT_S
     spins = 0
@@ -353,7 +394,7 @@ def _keep_in_callbacks(logger: Any) -> None:
 # -- patching ------------------------------------------------------------------------------------
 
 
-def patch() -> list[Registration]:
+def patch() -> list[Patch | Registration]:
     import litellm
 
     logger = _logger_class()()
@@ -361,6 +402,11 @@ def patch() -> list[Registration]:
     # sets later cannot drop it), and in ``litellm.callbacks``: appended, the lists' other
     # entries left as they are
     _keep_in_callbacks(logger)
+    # completion() and acompletion() only hand their response over (_answered): what the
+    # caller's next request needs before it goes on. Calls made through references taken
+    # before instrument() (``from litellm import completion``) are ended by the callbacks
+    # alone, the next request waiting for them as before.
+    wrapped = [wrap(litellm, "completion", _returned), wrap(litellm, "acompletion", _returned_async)]  # type: ignore[arg-type]
 
     def undo() -> None:
         for name in ("callbacks", *_LISTS):
@@ -375,4 +421,25 @@ def patch() -> list[Registration]:
                 call.model_call.abandon()
             call.ended()
 
-    return [Registration(undo)]
+    return [*(p for p in wrapped if p is not None), Registration(undo)]
+
+
+def _returned(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    response = wrapped(*args, **kwargs)
+    try:
+        _answered(response)
+    except Exception:
+        internal_error("litellm answered")
+    return response
+
+
+def _returned_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def run() -> Any:
+        response = await wrapped(*args, **kwargs)
+        try:
+            _answered(response)
+        except Exception:
+            internal_error("litellm answered")
+        return response
+
+    return run()

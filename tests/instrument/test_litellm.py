@@ -468,6 +468,64 @@ def test_the_next_request_waits_for_the_answer_litellm_records_late(recording, s
         loopscope.uninstrument()
 
 
+class Held(CustomLogger):
+    """An application's logger whose success callback holds LiteLLM's report of each call
+    (ours comes after it) until the test lets go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self.go.wait(30)
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        while not self.go.is_set():
+            await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_next_round_goes_on_with_the_answer_completion_returned(recording, server, monkeypatch, caplog, mode):
+    """A round's answer is recorded from what ``completion()`` / ``acompletion()`` returned
+    when the next round goes on from it: that request does not wait for LiteLLM's success
+    callbacks (its whole success handling, on its thread pool or logging task), held here
+    until both rounds were sent."""
+    held = Held()
+    # in the lists LiteLLM reports from, before ours (instrument() appends ours)
+    litellm.success_callback.append(held)
+    litellm._async_success_callback.append(held)
+    monkeypatch.setattr(loopscope_litellm, "WAIT_S", 0.5)  # a wait that happened would end soon, and be said
+    clear_warning("litellm late")
+    loopscope.instrument()
+    try:
+        tool_round_script(server)
+        with loopscope.session("conv-held"), caplog.at_level(logging.WARNING, logger="loopscope"):
+            if mode == "sync":
+                run_loop(mode, route(server, "openai"))
+            else:
+
+                async def main() -> None:
+                    messages: list[Any] = [{"role": "user", "content": QUESTION}]
+                    message = await acall(mode, route(server, "openai"), messages)
+                    await acall(mode, route(server, "openai"), follow_up(messages, message, "21 C and sunny"))
+                    assert "had not reported a call" not in caplog.text
+                    held.go.set()  # in the loop: LiteLLM's logging task reports the last call now
+                    while len(recording.spans(a.OP_CHAT)) < 2:
+                        await asyncio.sleep(0.005)
+
+                asyncio.run(main())
+        assert "had not reported a call" not in caplog.text  # it did not wait
+        held.go.set()
+        settle(recording, 2)
+        assert_tool_loop(recording, "conv-held", "openai")
+        # LiteLLM's cost of each call: of the first from its response, of the last from its callback
+        figures = [json.loads(c.attributes[a.USAGE_PROVIDER]) for c in recording.spans(a.OP_CHAT)]
+        assert len(figures) == 2 and all(f["litellm_response_cost"] > 0 for f in figures)
+    finally:
+        held.go.set()
+        loopscope.uninstrument()
+
+
 def test_a_new_conversation_does_not_wait_for_the_last_answer_to_be_recorded(recording, server, monkeypatch, caplog):
     """Only a request that goes on from the last call (its answer, its tool results) waits for
     that call to be recorded: one that starts a conversation afresh is sent at once (the wait
