@@ -82,8 +82,13 @@ def record_conversation() -> None:
         with pytest.raises(ConnectionError), t.round("scripted-1", provider="scripted"):
             raise ConnectionError("model down")
         t.generation("Back again.", finish_reason="stop", usage={"input_tokens": 9, "output_tokens": 3})
-    with loopscope.turn(session_id="s2", agent="helper", input="What is 2+2?", correlation_id="turn-4") as t:
-        t.generation("4", finish_reason="stop", usage={"input_tokens": 5, "output_tokens": 1}, model="scripted-1")
+    with loopscope.turn(session_id="s2", agent="helper", input="Café ☕ \"quoted\"\nnew line", correlation_id="turn-4",
+                        input_blocked=True) as t:
+        t.generation("4 — ünïcode", finish_reason="stop", usage={"input_tokens": 5, "output_tokens": 1},
+                     model="scripted-1", thinking="2 and 2")
+    with pytest.raises(ValueError), loopscope.turn(session_id="s2", agent="helper", input="fail", correlation_id="turn-5") as t:
+        t.generation("Trying.", usage={"input_tokens": 7, "output_tokens": 2})
+        raise ValueError("the agent broke")
 
 
 def _json(text: Any) -> Any:
@@ -184,6 +189,10 @@ def test_views_hold_what_the_duckdb_store_holds(recording: Any, local: Local) ->
     calls = {(r[1], r[2]): r for r in found["calls"]}
     assert calls[("turn-3", 1)][7] == "error" and calls[("turn-3", 1)][14] == "model down"
     assert calls[("turn-2", 1)][4:9] == ("scripted-2-2026", "resp-1", ["tool_calls"], "completed", True)
+    turns = {r[0]: r for r in found["turns"]}
+    assert turns["turn-5"][8] == "error" and "the agent broke" in turns["turn-5"][14]
+    assert turns["turn-2"][11] is True and turns["turn-2"][7] == 128
+    assert next(r[7] for r in found["events"] if r[0] == "s2") == "blocked"
     types = [r[2] for r in found["events"] if r[0] == "s1"]
     assert types.count("tool_call_start") == types.count("tool_call_end") == 4
     assert "model_error" in types
