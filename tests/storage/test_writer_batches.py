@@ -144,13 +144,17 @@ def test_rows_reach_the_file_while_the_application_records_without_a_pause(recor
     # a steady stream of turns: the queue is seldom empty when the writer looks, and each
     # batch ends with what was queued when it began, not with a pause in the stream
     writer = recording.pipeline.writer
-    started = time.monotonic()
+    started = looked = time.monotonic()
     n = 0
-    while time.monotonic() - started < 1.5:
+    during = writer.stats()
+    # until two batches were written (a loaded machine's writer takes longer to get there;
+    # the stream never pauses meanwhile), for 30 s at most
+    while during.batches < 2 and time.monotonic() - started < 30:
         _turn(f"s{n % 7}", f"q{n}")
         n += 1
         time.sleep(0.0002)
-    during = writer.stats()
+        if time.monotonic() - looked > 0.25:
+            during, looked = writer.stats(), time.monotonic()
     assert during.batches >= 2
     assert 0 < during.written_events < 5 * n
     assert loopscope.flush()
