@@ -14,11 +14,15 @@ passes. Ours is registered in LiteLLM's callback lists (never replacing the user
 
 LiteLLM runs success callbacks after it returned the response: on a thread pool (sync) or
 its logging worker task (async). A loop's next request may so come before the last
-response is recorded, and its tool results would find no call waiting for them. So a new
-request in the same thread (sync: in ``log_pre_api_call``) or task (async: in
-``async_pre_call_deployment_hook``, awaited) that goes on from the previous call of that
-thread or task (its answer, its tool results) first waits, bounded, for that call to end;
-one that starts a conversation afresh does not. LiteLLM tells no callback of a stream closed early: the
+response is recorded, and its tool results would find no call waiting for them. So
+``completion()`` and ``acompletion()`` are wrapped to hand the response they return to
+its call (nothing else), and a new request in the same thread (sync: in
+``log_pre_api_call``) or task (async: in ``async_pre_call_deployment_hook``) that goes on
+from the previous call of that thread or task (its answer, its tool results) ends that
+call first with that response (LiteLLM's cost of it read from the response's
+``_hidden_params``, as LiteLLM's docs show), or, for a stream or a call made through a
+reference to ``completion`` taken before ``instrument()``, waits, bounded, for LiteLLM's
+success callback to end it; one that starts a conversation afresh does neither. LiteLLM tells no callback of a stream closed early: the
 call ends as abandoned when LiteLLM's logging object for it is collected. Per-chunk stream
 events come unordered on a thread pool and are not read: the success event carries the
 whole stream, its first chunk's time included.
