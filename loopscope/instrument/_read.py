@@ -109,6 +109,11 @@ def number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def count(value: Any) -> int | None:
+    """A count a provider may send as a float (Cohere's ``100.0``) as the int it is; None for no number."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def items(kwargs: dict[str, Any], key: str) -> Any:
     """The request's ``key`` (messages, input...) ready to read: a one-shot iterator, such as
     a generator, is read into a list and put back, so that the SDK still sends all of it."""

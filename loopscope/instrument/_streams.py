@@ -402,6 +402,9 @@ class StreamedCalls:
     def start(self, index: Any, call_id: Any, name: Any, arguments: Any = None) -> None:
         self.started[index] = [call_id, name, [arguments or ""]]
 
+    def __contains__(self, index: Any) -> bool:
+        return index in self.started
+
     def more(self, index: Any, arguments: Any) -> None:
         """A fragment of the arguments of the call at ``index`` (one never started: left out)."""
         slot = self.started.get(index)

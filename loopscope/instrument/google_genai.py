@@ -36,7 +36,7 @@ from ..recorder.adapter import (
     usage,
 )
 from . import _read as r
-from ._calls import async_call, async_tool, sync_call, sync_tool
+from ._calls import async_call, async_tool, streamed, sync_call, sync_tool
 from ._patch import Patch, wrap
 from ._streams import Gathered, answer_or_stream
 
@@ -149,10 +149,6 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
                             parameters=_parameters(config, server, provider), messages=said)
 
 
-def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
-    return _request(instance, args, kwargs, stream=True)
-
-
 # -- the answer --------------------------------------------------------------------------------
 
 
@@ -262,9 +258,9 @@ def patch() -> list[Patch]:
 
     patches = [
         wrap(models.Models, "_generate_content", sync_call(_request, _deliver, mark=False)),
-        wrap(models.Models, "_generate_content_stream", sync_call(_stream_request, _deliver, mark=False)),
+        wrap(models.Models, "_generate_content_stream", sync_call(streamed(_request), _deliver, mark=False)),
         wrap(models.AsyncModels, "_generate_content", async_call(_request, _deliver, mark=False)),
-        wrap(models.AsyncModels, "_generate_content_stream", async_call(_stream_request, _deliver, mark=False)),
+        wrap(models.AsyncModels, "_generate_content_stream", async_call(streamed(_request), _deliver, mark=False)),
         wrap(_extra_utils, "invoke_function_from_dict_args", sync_tool(_started, _ended)),  # type: ignore[arg-type]
         wrap(_extra_utils, "invoke_function_from_dict_args_async", async_tool(_started, _ended)),  # type: ignore[arg-type]
     ]
