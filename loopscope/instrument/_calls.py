@@ -46,6 +46,17 @@ Answered = Callable[[BaseException], Any]
 it), or None: the call failed."""
 
 
+def streamed(describe: Callable[..., ModelRequest | None]) -> Callable[..., ModelRequest | None]:
+    """The ``describe`` of a method that streams, of an adapter whose ``describe`` reads both:
+    ``describe(instance, args, kwargs, stream=True)`` (more arguments, as a stream helper that
+    begins the call itself passes them, are left out)."""
+
+    def describe_stream(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *_: Any) -> ModelRequest | None:
+        return describe(instance, args, kwargs, stream=True)
+
+    return describe_stream
+
+
 def _begin(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ModelCall | None, object | None]:
     try:
         if recorded_elsewhere():  # a framework's own model-call span records this call,

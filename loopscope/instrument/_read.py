@@ -38,6 +38,29 @@ def get(obj: Any, key: str, default: Any = None) -> Any:
     return getattr(obj, key, default)
 
 
+def field(obj: Any, snake: str, camel: str | None = None) -> Any:
+    """A field of an SDK object (``obj.snake``), or of the dict a user wrote it as, in either
+    spelling (``snake``, else ``camel``: an SDK whose pydantic models take their JSON aliases,
+    google-genai's ``function_call`` / ``functionCall``). Only a ``dict`` is read as a dict."""
+    if type(obj) is dict:
+        found = obj.get(snake)
+        return obj.get(camel) if found is None and camel else found
+    return getattr(obj, snake, None)
+
+
+def enum_value(value: Any) -> Any:
+    """An SDK's enum member as its value (``FinishReason.STOP`` -> ``"STOP"``); text and None as they are."""
+    return value if value is None or type(value) is str else getattr(value, "value", value)
+
+
+def kind(value: Any) -> str:
+    """What a part of a kind the adapter has no reader for is, by its first field: a dict's first
+    key (Bedrock's ``{"image": {...}}``), an SDK model's first field set (google-genai's
+    ``Part(inline_data=...)``); ``unknown`` for anything else."""
+    fields = value if type(value) is dict else (value.model_dump(exclude_none=True) if is_model(value) else {})
+    return next(iter(fields), "unknown")
+
+
 def arguments(raw: Any) -> Any:
     """Tool call arguments: the JSON the model wrote, decoded when it decodes."""
     if isinstance(raw, str):
@@ -84,6 +107,11 @@ def stainless_server(instance: Any) -> dict[str, Any]:
 
 def number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def count(value: Any) -> int | None:
+    """A count a provider may send as a float (Cohere's ``100.0``) as the int it is; None for no number."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def items(kwargs: dict[str, Any], key: str) -> Any:

@@ -26,7 +26,9 @@ import wrapt
 # 0.3 us a block measured, several per call: a tenth of a hand tool call's cost, see
 # benchmarks/bench_tool_call.py).
 from .._guard import guard, internal_error
+from ..models import ToolCall
 from ..recorder.adapter import ModelCall, ModelResponse, on_exit
+from . import _read as r
 from ._json_body import JsonBody, watch
 
 if TYPE_CHECKING:
@@ -345,6 +347,91 @@ class AsyncStream(_Proxy):
 
 
 StreamFactory = Callable[[Any, ModelCall], Any]
+
+
+# -- what accumulators share ---------------------------------------------------------------------
+
+
+class Gathered:
+    """What an answer has said so far, gathered by an adapter's accumulator from a whole
+    response or from a stream's chunks: its text (:meth:`said`), reasoning (``thinking``),
+    tool calls (``calls``), the provider's finish reason (``reason``), the response id and
+    the model. ``call``: the streamed call the text is handed to as it comes (None: a whole
+    response, whose text is kept in ``texts``). The adapter's :meth:`partial` makes the
+    ``ModelResponse`` of them; :meth:`finish` ends the call with it."""
+
+    def __init__(self, call: ModelCall | None = None) -> None:
+        self.call = call
+        self.texts: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: list[ToolCall] = []
+        self.reason: Any = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+
+    def said(self, text: str) -> None:
+        """Text of the answer: a stream's is handed to its call as it comes, a whole response's kept."""
+        if self.call is None:
+            self.texts.append(text)
+        else:
+            self.call.delta(text)
+
+    def chunk(self) -> None:
+        """A stream's chunk that said something other than text (its first one dates the output)."""
+        if self.call is not None:
+            self.call.first_chunk()
+
+    def finish(self, model_call: ModelCall, /) -> None:
+        model_call.finish(self.partial())
+
+    def partial(self) -> ModelResponse:
+        """What the answer said so far, as the adapter reports it."""
+        raise NotImplementedError
+
+
+class StreamedCalls:
+    """Tool calls a stream sends in pieces, by their index (Cohere's ``tool-call-start`` and
+    ``-delta`` events, Bedrock's content blocks): :meth:`start` at a call's first event,
+    :meth:`more` with each later fragment of its arguments, :meth:`calls` in the end."""
+
+    __slots__ = ("started",)
+
+    def __init__(self) -> None:
+        self.started: dict[Any, list[Any]] = {}  # index -> [id, name, argument fragments]
+
+    def start(self, index: Any, call_id: Any, name: Any, arguments: Any = None) -> None:
+        self.started[index] = [call_id, name, [arguments or ""]]
+
+    def __contains__(self, index: Any) -> bool:
+        return index in self.started
+
+    def more(self, index: Any, arguments: Any) -> None:
+        """A fragment of the arguments of the call at ``index`` (one never started: left out)."""
+        slot = self.started.get(index)
+        if slot is not None:
+            slot[2].append(arguments or "")
+
+    def calls(self) -> list[ToolCall]:
+        """The calls in their order, their arguments the JSON the model wrote, decoded
+        (none: ``{}``); a call without an id has ``""``."""
+        return [
+            ToolCall(id=str(call_id or ""), name=str(name), arguments=r.arguments("".join(parts)))
+            for _, (call_id, name, parts) in sorted(self.started.items(), key=lambda item: item[0] if isinstance(item[0], int) else 0)
+        ]
+
+
+def answer_or_stream(finish: Callable[[Any, ModelCall], None], accumulator: Callable[[ModelCall], Accumulator]) -> StreamFactory:
+    """``deliver`` for an SDK method that returns its answer as a pydantic model, or else a
+    stream (a generator, an SDK stream): ``finish(answer, call)`` reads the answer, a stream is
+    proxied with a new ``accumulator(call)``."""
+
+    def deliver(result: Any, model_call: ModelCall) -> Any:
+        if r.is_model(result):
+            finish(result, model_call)
+            return result
+        return proxy_stream(result, model_call, accumulator(model_call))
+
+    return deliver
 
 
 def proxy_stream(source: Any, model_call: ModelCall, accumulator: Accumulator) -> Any:

@@ -51,7 +51,7 @@ from . import _read as r
 from ._bedrock_invoke import FINISH, PROVIDER, InvokeEvents, bedrock_usage, finish_invoke, invoke_request
 from ._calls import sync_call
 from ._patch import Patch, wrap
-from ._streams import proxy_stream
+from ._streams import StreamedCalls, proxy_stream
 
 SERVICE = "bedrock-runtime"
 
@@ -91,7 +91,7 @@ def _part(block: dict[str, Any]) -> Any:
     reasoning = block.get("reasoningContent")
     if reasoning is not None:
         return Reasoning(_reasoning_text(reasoning))
-    return Part(next(iter(block), "unknown"))  # image, document, video, guardContent...
+    return Part(r.kind(block))  # image, document, video, guardContent...
 
 
 def _reasoning_text(reasoning: Any) -> str:
@@ -224,7 +224,7 @@ class ConverseEvents:
 
     def __init__(self, response_id: str | None) -> None:
         self.response_id = response_id
-        self.uses: dict[Any, dict[str, Any]] = {}  # tool uses by content block index
+        self.uses = StreamedCalls()  # tool uses by content block index
         self.thinking: list[str] = []
         self.stop: str | None = None
         self.usage: Any = None
@@ -237,9 +237,9 @@ class ConverseEvents:
                 call.delta(part["text"])
                 return
             call.first_chunk()
-            use = self.uses.get(delta.get("contentBlockIndex"))
-            if use is not None and "toolUse" in part:
-                use["input"].append(part["toolUse"].get("input") or "")
+            index = delta.get("contentBlockIndex")
+            if index in self.uses and "toolUse" in part:
+                self.uses.more(index, part["toolUse"].get("input"))
             elif "reasoningContent" in part:
                 self.thinking.append(r.get(part["reasoningContent"], "text") or "")
         elif "contentBlockStart" in event:
@@ -247,7 +247,7 @@ class ConverseEvents:
             start = event["contentBlockStart"]
             use = r.get(start.get("start"), "toolUse")
             if use is not None:
-                self.uses[start.get("contentBlockIndex")] = {"id": use.get("toolUseId"), "name": use.get("name"), "input": []}
+                self.uses.start(start.get("contentBlockIndex"), str(use.get("toolUseId")), use.get("name"))
         elif "messageStart" in event:
             call.first_chunk()
         elif "messageStop" in event:
@@ -258,10 +258,7 @@ class ConverseEvents:
 
     def finish(self, call: ModelCall, /) -> None:
         response = self.partial()
-        response.tool_calls = [
-            ToolCall(id=str(use["id"]), name=str(use["name"]), arguments=r.arguments("".join(use["input"]) or "{}"))
-            for _, use in sorted(self.uses.items(), key=lambda item: item[0] if isinstance(item[0], int) else 0)
-        ]
+        response.tool_calls = self.uses.calls()
         response.thinking = "".join(self.thinking) or None
         call.finish(response)
 

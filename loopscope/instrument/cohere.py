@@ -20,28 +20,25 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..models import ToolCall
 from ..recorder.adapter import (
     Finish,
     FinishMap,
-    InputMessage,
     ModelCall,
     ModelRequest,
     ModelResponse,
     Reasoning,
+    RequestMessages,
     Text,
     ToolCallRequest,
-    ToolCallResponse,
-    ToolResults,
     provider_at,
     request_parameters,
     server_of,
     usage,
 )
 from . import _read as r
-from ._calls import async_call, sync_call
+from ._calls import async_call, streamed, sync_call
 from ._patch import Patch, wrap
-from ._streams import closes_inner_stream, proxy_stream
+from ._streams import Gathered, StreamedCalls, closes_inner_stream, proxy_stream
 
 PROVIDER = "cohere"
 FINISH = FinishMap(
@@ -101,24 +98,17 @@ def _calls(calls: Any) -> list[ToolCallRequest]:
 
 
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool = False) -> ModelRequest:
-    results = ToolResults()
-    messages: list[InputMessage] = []
-    input_text = None
+    messages = RequestMessages()
     kwargs = {key: value for key, value in kwargs.items() if value is not Ellipsis}  # the SDK's "not given"
     given = kwargs.get("messages")
     for message in given if isinstance(given, (list, tuple)) else ():
         role, content = r.get(message, "role"), r.get(message, "content")
         if role == "tool":
-            call_id = r.get(message, "tool_call_id")
-            response = _result(content)
-            if results.wanted(call_id):
-                results.add(call_id, response)
-            messages.append(InputMessage("tool", [ToolCallResponse(response, id=call_id)]))
+            messages.add("tool", [messages.result(r.get(message, "tool_call_id"), _result(content))])
             continue
         text = _text(content)
         parts: list[Any] = []
         if role == "assistant":
-            results.model_spoke()
             parts += [Reasoning(t) for t in _texts(content, "thinking")]
             plan = r.get(message, "tool_plan")
             if isinstance(plan, str) and plan:
@@ -127,9 +117,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
             parts.append(Text(text))
         if role == "assistant":
             parts += _calls(r.get(message, "tool_calls"))
-        elif role == "user" and text is not None:
-            input_text = text
-        messages.append(InputMessage(str(role), parts))
+        messages.add(str(role), parts, text)  # a user message's text is the input text
     choice = kwargs.get("tool_choice")
     output = kwargs.get("response_format")
     output_type = r.get(output, "type")
@@ -152,15 +140,12 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
         server=server,
         other={key: kwargs.get(key) for key in ("safety_mode", "strict_tools", "priority")},
     )
-    return ModelRequest(
+    return messages.request(
         provider_at(PROVIDER, server),
         kwargs.get("model"),
         tools=kwargs.get("tools"),
-        tool_results=results.results,
-        input_text=input_text,
         stream=stream,
         parameters=parameters,
-        input_messages=messages,
         messages=given if isinstance(given, (list, tuple)) else None,
     )
 
@@ -168,19 +153,14 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
 # -- the answer -------------------------------------------------------------------------
 
 
-def _count(value: Any) -> int | None:
-    """A count Cohere sends as a float (``100.0``) as the int it is."""
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _usage(reported: Any) -> dict[str, int]:
     """Recorded: ``tokens`` (what the model read and wrote; its input counts the cached
     tokens), not ``billed_units`` (what is charged, which may leave tokens out)."""
     tokens = r.get(reported, "tokens")
     return usage(
-        input=_count(r.get(tokens, "input_tokens")),
-        output=_count(r.get(tokens, "output_tokens")),
-        cache_read=_count(r.get(reported, "cached_tokens")),
+        input=r.count(r.get(tokens, "input_tokens")),
+        output=r.count(r.get(tokens, "output_tokens")),
+        cache_read=r.count(r.get(reported, "cached_tokens")),
     )
 
 
@@ -197,30 +177,27 @@ def _response(reason: Any, reported: Any, **found: Any) -> ModelResponse:
 def _finish(answer: Any, model_call: ModelCall) -> None:
     message = r.get(answer, "message")
     content = r.get(message, "content")
-    calls = [ToolCall(id=str(c.id or ""), name=c.name, arguments=c.arguments) for c in _calls(r.get(message, "tool_calls"))]
     model_call.finish(
         _response(
             r.get(answer, "finish_reason"),
             r.get(answer, "usage"),
             text=_text(content) or r.get(message, "tool_plan") or None,  # the plan: the text before the calls
-            tool_calls=calls,
+            tool_calls=_calls(r.get(message, "tool_calls")),  # read as calls (id, name, arguments)
             thinking="".join(_texts(content, "thinking")) or None,
             response_id=r.get(answer, "id"),
         )
     )
 
 
-class _Events:
+class _Events(Gathered):
     """Reads the v2 stream's events: text and the tool plan as streamed text, tool calls
     from their start and argument deltas, the end (reason, usage, error) at ``message-end``."""
 
     final_events = frozenset({"message-end"})
 
     def __init__(self) -> None:
-        self.calls: dict[Any, list[Any]] = {}  # index -> [id, name, argument fragments]
-        self.thinking: list[str] = []
-        self.response_id: str | None = None
-        self.reason: Any = None
+        super().__init__()
+        self.pieces = StreamedCalls()  # the tool calls, from their start and argument deltas
         self.reported: Any = None
         self.error: str | None = None
 
@@ -243,11 +220,9 @@ class _Events:
         elif kind == "tool-call-start":
             call = r.get(message, "tool_calls")
             function = r.get(call, "function")
-            self.calls[r.get(event, "index")] = [r.get(call, "id"), r.get(function, "name"), [r.get(function, "arguments") or ""]]
+            self.pieces.start(r.get(event, "index"), r.get(call, "id"), r.get(function, "name"), r.get(function, "arguments"))
         elif kind == "tool-call-delta":
-            slot = self.calls.get(r.get(event, "index"))
-            if slot is not None:
-                slot[2].append(r.get(r.get(r.get(message, "tool_calls"), "function"), "arguments") or "")
+            self.pieces.more(r.get(event, "index"), r.get(r.get(r.get(message, "tool_calls"), "function"), "arguments"))
         elif kind == "message-start":
             self.response_id = r.get(event, "id")
         elif kind == "message-end":
@@ -259,10 +234,7 @@ class _Events:
 
     def finish(self, model_call: ModelCall) -> None:
         response = self.partial()
-        response.tool_calls = [
-            ToolCall(id=str(i or ""), name=str(name), arguments=r.arguments("".join(parts)))
-            for _, (i, name, parts) in sorted(self.calls.items(), key=lambda item: item[0] if isinstance(item[0], int) else 0)
-        ]
+        response.tool_calls = self.pieces.calls()
         response.thinking = "".join(self.thinking) or None
         response.error = self.error or None  # a failure mid-answer: message-end says it
         model_call.finish(response)
@@ -279,10 +251,6 @@ def _deliver(result: Any, model_call: ModelCall) -> Any:
 # -- chat_stream: a context manager whose response holds the events ------------------------
 
 
-def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *_: Any) -> ModelRequest:
-    return _request(instance, args, kwargs, stream=True)
-
-
 class _StreamManager:
     """``RawV2Client.chat_stream(...)`` as the SDK made it (not entered yet): the model call
     starts when it is entered, its events are read through our proxy (the response's
@@ -295,7 +263,7 @@ class _StreamManager:
 
     def __init__(self, manager: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._manager = manager
-        self._describe = functools.partial(_stream_request, instance, args, kwargs)
+        self._describe = functools.partial(streamed(_request), instance, args, kwargs)
         self.stream: Any = None  # our proxy of the events, once entered
 
     def _deliver(self, response: Any, model_call: ModelCall) -> Any:

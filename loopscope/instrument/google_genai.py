@@ -19,16 +19,15 @@ from ..models import ToolCall
 from ..recorder.adapter import (
     Finish,
     FinishMap,
-    InputMessage,
     ModelCall,
     ModelRequest,
     ModelResponse,
     Part,
     Reasoning,
+    RequestMessages,
     Text,
     ToolCallRequest,
     ToolCallResponse,
-    ToolResults,
     end_tool,
     provider_at,
     request_parameters,
@@ -37,9 +36,9 @@ from ..recorder.adapter import (
     usage,
 )
 from . import _read as r
-from ._calls import async_call, async_tool, sync_call, sync_tool
+from ._calls import async_call, async_tool, streamed, sync_call, sync_tool
 from ._patch import Patch, wrap
-from ._streams import proxy_stream
+from ._streams import Gathered, answer_or_stream
 
 FINISH = FinishMap({
     "STOP": Finish.STOP, "MAX_TOKENS": Finish.LENGTH, "MALFORMED_FUNCTION_CALL": Finish.ERROR,
@@ -53,25 +52,13 @@ FINISH = FinishMap({
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
 
 
-def _get(obj: Any, snake: str, camel: str | None = None) -> Any:
-    """A field of an SDK object, or of the dict a user wrote it as (either spelling)."""
-    if type(obj) is dict:
-        found = obj.get(snake)
-        return obj.get(camel) if found is None and camel else found
-    return getattr(obj, snake, None)
-
-
 def _text(value: Any) -> str | None:
     """The text of a system instruction or a content: a string, or its parts' texts."""
     if value is None or type(value) is str:
         return value
-    parts = _get(value, "parts") if not isinstance(value, list) else value
-    texts = [p if type(p) is str else _get(p, "text") for p in parts or ()]
+    parts = r.field(value, "parts") if not isinstance(value, list) else value
+    texts = [p if type(p) is str else r.field(p, "text") for p in parts or ()]
     return "\n".join(t for t in texts if isinstance(t, str)) or None
-
-
-def _enum(value: Any) -> Any:
-    return value if value is None or type(value) is str else getattr(value, "value", value)
 
 
 def _contents(contents: Any) -> list[Any]:
@@ -79,7 +66,7 @@ def _contents(contents: Any) -> list[Any]:
     out: list[Any] = []
     loose: list[Any] = []
     for item in contents if type(contents) is list else [] if contents is None else [contents]:
-        if type(item) is str or _get(item, "parts") is None:
+        if type(item) is str or r.field(item, "parts") is None:
             loose.append(item)
         else:
             out += [{"role": "user", "parts": loose}, item] if loose else [item]
@@ -97,23 +84,20 @@ def _result(response: Any) -> tuple[Any, bool]:
     return response, False
 
 
-def _part(part: Any, results: ToolResults) -> Any:
+def _part(part: Any, messages: RequestMessages) -> Any:
     if type(part) is str:
         return Text(part)
-    text = _get(part, "text")
+    text = r.field(part, "text")
     if text is not None:
-        return Reasoning(text) if _get(part, "thought") else Text(text)
-    call = _get(part, "function_call", "functionCall")
+        return Reasoning(text) if r.field(part, "thought") else Text(text)
+    call = r.field(part, "function_call", "functionCall")
     if call is not None:
-        return ToolCallRequest(str(_get(call, "name")), _get(call, "args"), _get(call, "id"))
-    answer = _get(part, "function_response", "functionResponse")
+        return ToolCallRequest(str(r.field(call, "name")), r.field(call, "args"), r.field(call, "id"))
+    answer = r.field(part, "function_response", "functionResponse")
     if answer is not None:
-        response, call_id = _get(answer, "response"), _get(answer, "id")
-        if results.wanted(call_id):
-            results.add(call_id, *_result(response))
-        return ToolCallResponse(response, call_id)
-    fields = part if type(part) is dict else (part.model_dump(exclude_none=True) if r.is_model(part) else {})
-    return Part(next(iter(fields), "unknown"))
+        response = r.field(answer, "response")
+        return messages.result(r.field(answer, "id"), response, *_result(response))
+    return Part(r.kind(part))
 
 
 _CONFIG = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_output_tokens",
@@ -125,7 +109,7 @@ _CONFIG = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "ma
 def _parameters(config: Any, server: dict[str, Any], provider: str) -> dict[str, Any]:
     f: dict[str, Any] = getattr(config, "__dict__", None) or {}  # the config model's fields: one lookup each
     calling = getattr(f.get("tool_config"), "function_calling_config", None)
-    mode = _MODES.get(str(_enum(getattr(calling, "mode", None))))
+    mode = _MODES.get(str(r.enum_value(getattr(calling, "mode", None))))
     names = getattr(calling, "allowed_function_names", None)
     thinking, mime = f.get("thinking_config"), f.get("response_mime_type")
     return request_parameters(
@@ -146,52 +130,39 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], strea
     provider = provider_at("gcp.vertex_ai" if api.vertexai else "gcp.gemini", server)
     config = kwargs.get("config")
     contents = _contents(kwargs.get("contents"))
-    results = ToolResults()
-    messages, said = [], []  # ``said``: as the recorder's conversation finder reads messages
-    input_text = None
+    messages = RequestMessages()
+    said = []  # the messages as the recorder's conversation finder reads them
     for content in contents:
-        role = _get(content, "role") or "user"
+        role = r.field(content, "role") or "user"
         if role == "model":
             role = "assistant"
-            results.model_spoke()
-        parts = [_part(p, results) for p in _get(content, "parts") or ()]
+        parts = [_part(p, messages) for p in r.field(content, "parts") or ()]
         if role == "user" and parts and all(type(p) is ToolCallResponse for p in parts):
             role = "tool"
         text = _text(content) or ""
-        if role == "user":
-            input_text = text or input_text
-        messages.append(InputMessage(role, parts))
+        messages.add(role, parts, text or None)  # an empty text leaves the last user text
         said.append({"role": role, "content": text})
     model = kwargs.get("model")
     if type(model) is str and "models/" in model:
         model = model.rpartition("models/")[2]  # "models/x", "publishers/google/models/x": the model's name
-    return ModelRequest(provider, model, tools=getattr(config, "tools", None), tool_results=results.results,
-                        input_text=input_text, stream=stream, parameters=_parameters(config, server, provider),
-                        input_messages=messages, messages=said)
-
-
-def _stream_request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
-    return _request(instance, args, kwargs, stream=True)
+    return messages.request(provider, model, tools=getattr(config, "tools", None), stream=stream,
+                            parameters=_parameters(config, server, provider), messages=said)
 
 
 # -- the answer --------------------------------------------------------------------------------
 
 
-class _Answer:
-    """What one response, or a stream's chunks, said: read from each ``GenerateContentResponse``."""
+class _Answer(Gathered):
+    """What one response (no ``call``), or a stream's chunks, said: read from each
+    ``GenerateContentResponse``."""
 
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self.thoughts: list[str] = []
-        self.calls: list[ToolCall] = []
-        self.reason: Any = None
+    def __init__(self, call: ModelCall | None = None) -> None:
+        super().__init__(call)
         self.meta: Any = None
-        self.response_id: str | None = None
-        self.model: str | None = None
         self.blocked = False  # the prompt was blocked: its block reason is the finish reason
 
-    def read(self, response: Any, model_call: ModelCall | None = None) -> None:
-        """One response (``model_call``: a stream's chunk, its text handed on as it comes)."""
+    def read(self, response: Any) -> None:
+        """One response (a stream's chunk: its text handed on as it comes)."""
         self.response_id = response.response_id or self.response_id
         self.model = response.model_version or self.model
         self.meta = response.usage_metadata or self.meta
@@ -201,8 +172,7 @@ class _Answer:
             blocked = feedback.block_reason if feedback is not None else None
             if blocked is not None:
                 self.reason, self.blocked = blocked, True
-            if model_call is not None:
-                model_call.first_chunk()
+            self.chunk()
             return
         candidate = candidates[0]
         self.reason = candidate.finish_reason or self.reason
@@ -210,26 +180,16 @@ class _Answer:
         for part in (content.parts if content is not None else None) or ():
             text, call = part.text, part.function_call
             if text is not None and part.thought:
-                self.thoughts.append(text)
+                self.thinking.append(text)
             elif text is not None:
-                if model_call is None:
-                    self.texts.append(text)
-                else:
-                    model_call.delta(text)
-                    continue
+                self.said(text)
+                continue
             elif call is not None:
                 self.calls.append(ToolCall(id=call.id or "", name=str(call.name), arguments=call.args or {}))
-            if model_call is not None:
-                model_call.first_chunk()
-
-    def finish(self, model_call: ModelCall) -> None:
-        model_call.finish(self.partial())
+            self.chunk()
 
     def partial(self) -> ModelResponse:
-        reason, meta = _enum(self.reason), self.meta
-        finish = Finish.CONTENT_FILTER if self.blocked else FINISH(reason)
-        if self.calls and finish is Finish.STOP:
-            finish = Finish.TOOL_CALL  # Gemini says STOP for function calls too
+        reason, meta = r.enum_value(self.reason), self.meta
         return ModelResponse(
             text="".join(self.texts) or None,
             tool_calls=self.calls,
@@ -237,10 +197,11 @@ class _Answer:
                         cache_read=meta.cached_content_token_count, reasoning=meta.thoughts_token_count,
                         output_includes_reasoning=False) if meta is not None else None,  # thoughts apart
             finish_reason=reason,
-            finish=finish,
+            # Gemini says STOP for function calls too
+            finish=Finish.CONTENT_FILTER if self.blocked else FINISH.with_calls(reason, self.calls),
             response_id=self.response_id,
             model=self.model,
-            thinking="".join(self.thoughts) or None,
+            thinking="".join(self.thinking) or None,
             provider_usage=r.reported_json(meta),
         )
 
@@ -251,27 +212,23 @@ class _Chunks(_Answer):
     before it reads the next, so the call ends at the chunk with the finish reason, and its
     function calls wait for their runs."""
 
-    def __init__(self, model_call: ModelCall) -> None:
-        super().__init__()
-        self.call = model_call
-
     def capture(self, chunk: Any) -> None:
-        self.read(chunk, self.call)
+        self.read(chunk)
         candidates = chunk.candidates
-        if candidates and candidates[0].finish_reason is not None:
+        if candidates and candidates[0].finish_reason is not None and self.call is not None:
             self.finish(self.call)
 
     def add(self, item: Any, model_call: ModelCall, /) -> None:
         """Read already (``capture``)."""
 
 
-def _deliver(result: Any, model_call: ModelCall) -> Any:
-    if r.is_model(result):
-        answer = _Answer()
-        answer.read(result)
-        answer.finish(model_call)
-        return result
-    return proxy_stream(result, model_call, _Chunks(model_call))
+def _finish(response: Any, model_call: ModelCall) -> None:
+    answer = _Answer()
+    answer.read(response)
+    answer.finish(model_call)
+
+
+_deliver = answer_or_stream(_finish, _Chunks)
 
 
 # -- automatic function calling: the SDK runs the user's functions ----------------------------------
@@ -301,9 +258,9 @@ def patch() -> list[Patch]:
 
     patches = [
         wrap(models.Models, "_generate_content", sync_call(_request, _deliver, mark=False)),
-        wrap(models.Models, "_generate_content_stream", sync_call(_stream_request, _deliver, mark=False)),
+        wrap(models.Models, "_generate_content_stream", sync_call(streamed(_request), _deliver, mark=False)),
         wrap(models.AsyncModels, "_generate_content", async_call(_request, _deliver, mark=False)),
-        wrap(models.AsyncModels, "_generate_content_stream", async_call(_stream_request, _deliver, mark=False)),
+        wrap(models.AsyncModels, "_generate_content_stream", async_call(streamed(_request), _deliver, mark=False)),
         wrap(_extra_utils, "invoke_function_from_dict_args", sync_tool(_started, _ended)),  # type: ignore[arg-type]
         wrap(_extra_utils, "invoke_function_from_dict_args_async", async_tool(_started, _ended)),  # type: ignore[arg-type]
     ]

@@ -21,16 +21,14 @@ from ..models import ToolCall
 from ..recorder.adapter import (
     Finish,
     FinishMap,
-    InputMessage,
     ModelCall,
     ModelRequest,
     ModelResponse,
     Part,
     Reasoning,
+    RequestMessages,
     Text,
     ToolCallRequest,
-    ToolCallResponse,
-    ToolResults,
     provider_at,
     request_parameters,
     server_of,
@@ -39,7 +37,7 @@ from ..recorder.adapter import (
 from . import _read as r
 from ._calls import async_call, sync_call
 from ._patch import Patch, Registration, wrap
-from ._streams import proxy_stream
+from ._streams import Gathered, answer_or_stream
 
 PROVIDER = "ollama"
 FINISH = FinishMap({"stop": Finish.STOP, "length": Finish.LENGTH, "load": Finish.STOP, "unload": Finish.STOP})
@@ -67,19 +65,15 @@ def _calls(calls: Any) -> list[ToolCallRequest]:
 def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelRequest:
     model, given = _arguments(args, kwargs)
     source = given if isinstance(given, (list, tuple)) else ()
-    results = ToolResults()
-    messages: list[InputMessage] = []
-    input_text = None
+    messages = RequestMessages()
     for message in source:
         role, content = r.get(message, "role"), r.get(message, "content")
         if role == "tool":
-            if results.wanted(None):  # no ids: the results after the last answer, in order
-                results.add(None, content)
-            messages.append(InputMessage("tool", [ToolCallResponse(content)]))
+            # no ids: the results after the last answer, in order
+            messages.add("tool", [messages.result(None, content)])
             continue
         parts: list[Any] = []
         if role == "assistant":
-            results.model_spoke()
             thinking = r.get(message, "thinking")
             if thinking:
                 parts.append(Reasoning(thinking))
@@ -88,9 +82,7 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
         parts += [Part("image") for _ in r.get(message, "images") or ()]
         if role == "assistant":
             parts += _calls(r.get(message, "tool_calls"))
-        elif role == "user" and isinstance(content, str):
-            input_text = content
-        messages.append(InputMessage(str(role), parts))
+        messages.add(str(role), parts, content if isinstance(content, str) else None)  # a user's: the input text
     option = _options(kwargs.get("options")).get
     think, output = kwargs.get("think"), kwargs.get("format")
     server = server_of(instance._client.base_url)
@@ -116,15 +108,12 @@ def _request(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mo
             **{k: v for k, v in _options(kwargs.get("options")).items() if k not in _OPTIONS},
         },
     )
-    return ModelRequest(
+    return messages.request(
         provider_at(PROVIDER, server),
         model if isinstance(model, str) else None,
         tools=kwargs.get("tools"),
-        tool_results=results.results,
-        input_text=input_text,
         stream=kwargs.get("stream") is True,
         parameters=parameters,
-        input_messages=messages,
         messages=given if isinstance(given, (list, tuple)) else None,
     )
 
@@ -142,13 +131,12 @@ def _options(options: Any) -> dict[str, Any]:
 def _response(last: Any, calls: list[ToolCall], **found: Any) -> ModelResponse:
     """A response of the final part's (``done: true``) reason and counts."""
     reason = r.get(last, "done_reason")
-    finish = FINISH(reason)
     figures = {key: r.get(last, key) for key in _DURATIONS}
     reported = {key: value for key, value in figures.items() if value is not None}
     return ModelResponse(
         tool_calls=calls,
         finish_reason=reason,
-        finish=Finish.TOOL_CALL if calls and finish is Finish.STOP else finish,
+        finish=FINISH.with_calls(reason, calls),  # Ollama says stop for tool calls too
         usage=usage(input=figures["prompt_eval_count"], output=figures["eval_count"]),
         provider_usage=reported or None,
         model=r.get(last, "model"),
@@ -172,13 +160,12 @@ def _finish(answer: Any, model_call: ModelCall) -> None:
     )
 
 
-class _Parts:
+class _Parts(Gathered):
     """Reads a stream's ``ChatResponse`` parts: text as it comes, thinking and whole tool
     calls gathered, the reason and counts of the last part."""
 
-    def __init__(self) -> None:
-        self.calls: list[ToolCall] = []
-        self.thinking: list[str] = []
+    def __init__(self, call: ModelCall | None = None) -> None:
+        super().__init__(call)
         self.last: Any = None
 
     def add(self, part: Any, model_call: ModelCall) -> None:
@@ -195,18 +182,11 @@ class _Parts:
         elif thought or calls:
             model_call.first_chunk()
 
-    def finish(self, model_call: ModelCall) -> None:
-        model_call.finish(self.partial())
-
     def partial(self) -> ModelResponse:
         return _response(self.last, self.calls, thinking="".join(self.thinking) or None)
 
 
-def _deliver(result: Any, model_call: ModelCall) -> Any:
-    if r.is_model(result):
-        _finish(result, model_call)
-        return result
-    return proxy_stream(result, model_call, _Parts())  # stream=True: a generator of parts
+_deliver = answer_or_stream(_finish, _Parts)  # stream=True: a generator of parts
 
 
 # -- patching ---------------------------------------------------------------------------

@@ -55,7 +55,9 @@ otherwise derive again, so that an adapter only translates.
 - :class:`Finish`, :class:`FinishMap`, :data:`FINISH_OUTCOMES`: the finish-reason
   vocabulary and the outcome each gives (``ModelResponse.finish``).
 - :func:`usage`: one builder of the recorded usage, told what the provider's figures include.
-- :class:`ToolResults`: the request's tool results, with and without ids, paired once.
+- :class:`ToolResults`: the request's tool results, with and without ids, paired once;
+  :class:`RequestMessages`: the walk over a request's messages that gathers them, the typed
+  messages and the last user text, and makes the :class:`ModelRequest`.
 - ``loopscope/instrument/_streams.py`` (stream proxies, :func:`proxy_stream`) and
   ``loopscope/instrument/_openai_compat.py`` (the OpenAI format) are the kit's instrument side.
 """
@@ -82,7 +84,7 @@ from .finish import Finish, FinishMap
 from .parameters import request_parameters, server_of
 from .parts import InputMessage, OutputMessage, Part, Reasoning, Text, ToolCallRequest, ToolCallResponse
 from .records import Choice, ModelRequest, ModelResponse, ToolResult
-from .results import ToolResults
+from .results import RequestMessages, ToolResults
 from .settings import on_exit
 from .stitch import (
     ModelCall,
@@ -368,6 +370,7 @@ __all__ = [
     "OutputMessage",
     "Part",
     "Reasoning",
+    "RequestMessages",
     "Round",
     "StreamClosed",
     "Text",

@@ -89,6 +89,13 @@ class FinishMap:
         lowered = reason.lower()
         return self._map.get(lowered) or _BY_VALUE.get(lowered) or self.default
 
+    def with_calls(self, reason: Any, calls: Any) -> Finish | None:
+        """For a provider that says its ``stop`` word for an answer that asks for tool calls
+        too (Gemini's ``STOP``, Ollama's ``stop``): ``tool_call`` when the answer has ``calls``
+        and ``reason`` is a stop, else what ``reason`` maps to."""
+        finish = self(reason)
+        return Finish.TOOL_CALL if calls and finish is Finish.STOP else finish
+
     def extended(self, reasons: Mapping[str, Finish | str]) -> FinishMap:
         """This map with more (or other) reasons, for a provider that adds a few to another's."""
         both: dict[str, Finish | str] = dict(self._map)

@@ -31,6 +31,7 @@ from loopscope.recorder.adapter import (
     ModelResponse,
     Part,
     Reasoning,
+    RequestMessages,
     Text,
     ToolCallRequest,
     ToolCallResponse,
@@ -395,3 +396,51 @@ def test_results_without_ids_answer_the_last_responses_calls_by_position(recordi
 def test_results_are_read_only_while_a_call_waits_for_them(recording):
     assert _results([("tool", "call_gone", "x"), ("tool", "", "y")]) == []
     assert not ToolResults().wanted("call_gone") and not ToolResults().wanted("")
+
+
+# -- a request's messages walked once (RequestMessages) ------------------------------------------------
+
+
+def test_a_request_walked_with_request_messages_pairs_its_results_and_reaches_the_store(recording):
+    """What the google-genai, cohere and ollama adapters do: a part per tool result, a message
+    after its parts; the request made of them carries the results, the messages and the
+    last user text."""
+    call = start_model_call(ModelRequest("ollama", "llama-test", input_text="Paris?"))
+    call.finish(ModelResponse(tool_calls=[ToolCall(id="", name="weather", arguments={})], finish_reason="tool_calls"))
+    messages = RequestMessages()
+    messages.add("user", [Text("Paris?")], "Paris?")
+    messages.add("tool", [messages.result(None, "stale")])  # answers no call: an assistant message follows
+    # an assistant message whose own parts send a result back (no provider does; the order is kept
+    # all the same): the model spoke at its start, so the result counts
+    messages.add("assistant", [messages.result(None, "21 °C")])
+    messages.add("user", [Text("")], None)  # no text: the input text stays the last one said
+    request = messages.request("ollama", "llama-test", stream=True, parameters={"temperature": 0.2})
+    assert request.input_text == "Paris?" and request.stream and request.parameters == {"temperature": 0.2}
+    assert [(r.call_id, r.content) for r in request.tool_results] == [("", "21 °C")]
+    assert [m.role for m in request.input_messages] == ["user", "tool", "assistant", "user"]
+    assert request.input_messages[1].parts == [ToolCallResponse("stale", None)]
+    second = start_model_call(request)
+    second.finish(ModelResponse(text="21 °C.", finish_reason="stop"))
+    assert loopscope.flush()
+    turn = only_turn(recording.store)
+    ends = [e.content for e in recording.store.get_timeline(turn.session_id) if e.type == "tool_call_end"]
+    assert [(c.tool_name, c.result, c.outcome) for c in ends] == [("weather", "21 °C", "served")]
+
+
+def test_request_messages_keep_a_result_apart_from_the_part_and_its_error(recording):
+    call = start_model_call(ModelRequest("gcp.gemini", "gemini-test", input_text="Paris?"))
+    call.finish(ModelResponse(tool_calls=[ToolCall(id="c1", name="weather", arguments={})], finish_reason="STOP"))
+    messages = RequestMessages()
+    part = messages.result("c1", {"error": "no such city"}, "no such city", is_error=True)
+    assert part == ToolCallResponse({"error": "no such city"}, "c1")  # the part: what the model is sent
+    messages.add("tool", [part])
+    assert [(r.call_id, r.content, r.is_error) for r in messages.results.results] == [("c1", "no such city", True)]
+    assert RequestMessages().result("c_nobody_waits_for", "x") == ToolCallResponse("x", "c_nobody_waits_for")
+
+
+def test_a_stop_with_tool_calls_is_a_tool_call():
+    """Gemini and Ollama say stop for an answer that asks for tools too."""
+    assert GEMINI.with_calls("STOP", [ToolCall(id="", name="weather", arguments={})]) is Finish.TOOL_CALL
+    assert GEMINI.with_calls("STOP", []) is Finish.STOP
+    assert GEMINI.with_calls("MAX_TOKENS", [ToolCall(id="", name="weather", arguments={})]) is Finish.LENGTH
+    assert GEMINI.with_calls(None, []) is None
