@@ -418,7 +418,11 @@ def test_fifty_concurrent_async_conversations(model_server: FakeModelServer) -> 
     threading.Thread(target=open_gate, daemon=True).start()
 
     async def main() -> list[list[Round]]:
-        async with model_server.async_openai_client() as oc, model_server.async_anthropic_client() as ac:
+        # fifty connections at once: a loaded machine's server accepts them in more than the SDKs'
+        # 5 s connect timeout (CI's core run, 4 workers on 2 cores, did not); a number sets every timeout
+        patient = 120.0
+        async with model_server.async_openai_client(timeout=patient) as oc, \
+                model_server.async_anthropic_client(timeout=patient) as ac:
             return await asyncio.gather(*[
                 loop_async(ac if combos[i % 9][0] == "messages" else oc, *combos[i % 9], f"[conv-{i:02d}]")
                 for i in range(n)

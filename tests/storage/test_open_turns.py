@@ -6,6 +6,7 @@ that starts and ends within one batch is never listed."""
 from __future__ import annotations
 
 import threading
+import time
 
 import duckdb
 import pytest
@@ -102,13 +103,26 @@ def test_a_batch_that_opens_one_turn_and_ends_another_does_both(recording, monke
     assert seen == [["open"], ["open", "close"], ["close"]]
 
 
+def _hold(db) -> duckdb.DuckDBPyConnection:
+    """A connection of the test's own to the file, once the writer's batch (the turn's start,
+    written meanwhile) has let it go."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return duckdb.connect(str(db))
+        except (duckdb.IOException, duckdb.Error):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 @pytest.mark.thread_writer  # its batches spied on in this process
 def test_a_batch_that_could_not_be_written_notes_its_turns_when_it_is(recording, monkeypatch):
     writer = recording.pipeline.writer
     seen = _spy(monkeypatch)
     with loopscope.turn(session_id="s", agent="a", input="q", correlation_id="c-1") as t:
         t.generation("thinking")
-        held = duckdb.connect(str(recording.db))  # another connection holds the file: the batch fails
+        held = _hold(recording.db)  # another connection holds the file: the batch fails
         writer.lock_timeout = 0.2
         try:
             assert not loopscope.flush(timeout=10)

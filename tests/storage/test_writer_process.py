@@ -31,7 +31,17 @@ def _turns(count: int, prefix: str = "s") -> None:
 
 
 def _count(db: Path, table: str = "events") -> int:
-    con = duckdb.connect(str(db), read_only=True)
+    # a writer process that outlived its application's wait at exit (a loaded machine) may
+    # still hold the file a moment: a reader waits for it, as loopscope's own readers do
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            con = duckdb.connect(str(db), read_only=True)
+            break
+        except duckdb.IOException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     try:
         return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
     finally:
