@@ -387,7 +387,8 @@ def test_instrument_twice_is_once_and_uninstrument_restores(recording, server):
 
     switching.assert_instrument_twice_is_once(
         recording, chats=1, calls=calls, after=after,
-        originals=lambda: (list(litellm.callbacks), [ours(getattr(litellm, name)) for name in names]))
+        originals=lambda: (list(litellm.callbacks), [ours(getattr(litellm, name)) for name in names],
+                           litellm.completion, litellm.acompletion))
 
 
 def test_callbacks_the_application_sets_after_instrument_keep_ours(instrumented, server):
