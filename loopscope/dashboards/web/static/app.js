@@ -189,7 +189,7 @@
       const row = h("div", {
         class: `wf-row ${bar.kind}`, title: bar.title, "data-kind": bar.kind, "data-name": bar.name, "data-outcome": outcome,
         "data-start": bar.start - origin, "data-end": bar.end === null ? null : bar.end - origin, ...(bar.attrs || {}),
-        tabindex: 0, role: "button", "aria-expanded": String(pins.has(key)), "aria-controls": detailId,
+        tabindex: 0, role: "button", "aria-expanded": String(pins.has(key)), "aria-controls": detailId, "data-wf-key": key,
         "aria-label": `${bar.kind === "call" ? "model call" : "tool call"} ${bar.name}, ${label}${plain ? "" : `, ${outcome}`}: details`,
       },
       h("span", { class: "wf-label" },
@@ -615,6 +615,8 @@
 
     function render() {
       const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+      // a live redraw replaces the rows: the waterfall row the keyboard was on keeps the focus
+      const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.dataset.wfKey : null;
       renderHeader();
       earlier.hidden = !state.moreBefore;
       clear(body);
@@ -635,6 +637,7 @@
         byTurn.get(key).events.push(e);
       }
       for (const group of groups) put(body, turnBlock(group));
+      if (focused) for (const row of body.querySelectorAll(".wf-row[data-wf-key]")) if (row.dataset.wfKey === focused) row.focus({ preventScroll: true });
       if (atBottom && rendered) window.scrollTo(0, document.body.scrollHeight);
       rendered = true;
     }
