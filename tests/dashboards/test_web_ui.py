@@ -187,6 +187,9 @@ def test_a_running_tool_shows_as_running_then_the_turn_finishes(page, tmp_path):
             assert [rows.nth(i).get_attribute("data-outcome") for i in range(rows.count())] == ["completed", "running"]
             assert "running" in page.locator('.wf-row.tool[data-outcome="running"] .wf-duration').inner_text()
             shoot(page, tmp_path / "running.png")
+            # the keyboard's row keeps its focus and its details through the live redraws
+            page.focus('.wf-row.tool[data-tool-id="slow_1"]')
+            assert "outcome: running" in page.locator(".wf-detail:not([hidden])").inner_text()
 
             release.touch()
             # the live poll picks up the end row and the turn summary without a reload
@@ -199,6 +202,8 @@ def test_a_running_tool_shows_as_running_then_the_turn_finishes(page, tmp_path):
             page.wait_for_selector(".waterfall .wf-row.call >> nth=1", timeout=WAIT_MS)
             assert [rows.nth(i).get_attribute("data-kind") for i in range(rows.count())] == ["call", "tool", "call"]
             assert page.locator('.wf-row.tool[data-outcome="served"]').count() == 1
+            assert page.evaluate("document.activeElement.dataset.toolId") == "slow_1"
+            assert "outcome: served" in page.locator(".wf-detail:not([hidden])").inner_text()
             shoot(page, tmp_path / "finished-live.png")
 
             # and a fresh load shows it finished too

@@ -148,19 +148,25 @@
   // -- the waterfall: a turn's model calls and tool calls on one time axis ---------------------
 
   // bars: [{kind: "call"|"tool", name, start, end (null: running), ttfc (ms after start),
-  // outcome, title, attrs}], times in epoch ms; origin: the turn's start; until: the axis end
-  function waterfall(bars, origin, until) {
+  // outcome, title, attrs}], times in epoch ms; origin: the turn's start; until: the axis end.
+  // opts.pins: a Set of the rows (opts.key, the turn's, and the bar's key) whose details the user
+  // opened, kept across redraws.
+  // A row's details (its title's lines) are text on the page, not only a native tooltip that
+  // keyboard and touch cannot reach: a row is focusable; focus shows them, Enter, Space, a click
+  // or a tap keeps them open (or closes them again), Escape closes them.
+  function waterfall(bars, origin, until, opts = {}) {
+    const pins = opts.pins || new Set();
     const span = Math.max(1, until - origin);
     const at = (t) => `${Math.max(0, Math.min(100, ((t - origin) / span) * 100))}%`;
     const box = h("div", { class: "waterfall", role: "group", "aria-label": "model calls and tool calls on one time axis" });
     const ticks = h("div", { class: "wf-track wf-axis" });
     for (const frac of [0, 0.25, 0.5, 0.75, 1]) {
-      const tick = h("span", { class: `wf-tick${frac === 1 ? " last" : ""}`, text: frac ? fmtMs(span * frac) : "0" });
+      const tick = h("span", { class: `wf-tick${frac === 1 ? " last" : frac === 0.25 || frac === 0.75 ? " quarter" : ""}`, text: frac ? fmtMs(span * frac) : "0" });
       tick.style.left = `${frac * 100}%`;
       put(ticks, tick);
     }
     put(box, h("div", { class: "wf-row wf-head" }, h("span", { class: "wf-label muted", text: "since the turn started" }), ticks));
-    for (const bar of bars) {
+    bars.forEach((bar, i) => {
       const end = bar.end === null ? Math.max(bar.start, until) : bar.end;
       const duration = end - bar.start;
       const label = bar.end === null ? `running ${fmtMs(duration)}` : fmtMs(bar.duration ?? duration);
@@ -177,9 +183,14 @@
       }
       const tone = bar.kind === "call" ? CALL_TONE[outcome] : OUTCOME_TONE[outcome];
       const plain = outcome === "completed" || outcome === "served";
-      put(box, h("div", {
+      const key = `${opts.key || ""}:${bar.kind}:${bar.key ?? i}`;
+      const detailId = `wf-detail-${++wfSerial}`;
+      const detail = h("div", { class: "wf-detail", id: detailId, role: "note", hidden: !pins.has(key), text: bar.title });
+      const row = h("div", {
         class: `wf-row ${bar.kind}`, title: bar.title, "data-kind": bar.kind, "data-name": bar.name, "data-outcome": outcome,
         "data-start": bar.start - origin, "data-end": bar.end === null ? null : bar.end - origin, ...(bar.attrs || {}),
+        tabindex: 0, role: "button", "aria-expanded": String(pins.has(key)), "aria-controls": detailId, "data-wf-key": key,
+        "aria-label": `${bar.kind === "call" ? "model call" : "tool call"} ${bar.name}, ${label}${plain ? "" : `, ${outcome}`}: details`,
       },
       h("span", { class: "wf-label" },
         h("span", { class: "wf-icon", "aria-hidden": "true", text: bar.kind === "call" ? "◆" : "⚙" }),
@@ -187,16 +198,35 @@
         h("span", { class: "wf-duration", text: label }),
         plain ? null : badge(outcome.replace("_", " "), tone || "muted", "wf-outcome"),
       ),
-      track));
-    }
+      track);
+      const show = (open) => {
+        detail.hidden = !open;
+        row.setAttribute("aria-expanded", String(open));
+        row.classList.toggle("open", open);
+      };
+      const pin = (open) => {
+        if (open) pins.add(key); else pins.delete(key);
+        show(open);
+      };
+      row.classList.toggle("open", pins.has(key));
+      row.addEventListener("focus", () => show(true));
+      row.addEventListener("blur", () => show(pins.has(key)));
+      row.addEventListener("click", () => pin(!pins.has(key)));
+      row.addEventListener("keydown", (ev) => {
+        if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pin(!pins.has(key)); }
+        else if (ev.key === "Escape") { ev.preventDefault(); pin(false); }
+      });
+      put(box, row, detail);
+    });
     put(box, h("div", { class: "wf-legend muted" },
       h("span", null, h("span", { class: "wf-icon call", text: "◆" }), " model call"),
       h("span", null, h("span", { class: "wf-icon", text: "⚙" }), " tool call"),
       bars.some((b) => b.ttfc !== null && b.ttfc !== undefined) ? h("span", null, h("span", { class: "wf-ttfc-key" }), " first chunk of a stream") : null,
-      h("span", { text: "hover a row for tokens and cost" }),
+      h("span", { text: "select a row (hover, focus, tap) for tokens and cost" }),
     ));
     return box;
   }
+  let wfSerial = 0; // ids tying a waterfall row to its details (aria-controls)
 
   // a turn's model calls: the summary's count (older stores: none, so null)
   const modelCalls = (t) => t.model_calls ?? t.model_call_count ?? null;
@@ -251,23 +281,46 @@
 
   // -- charts (SVG built from elements; values only ever become text) -----------------------
 
+  // An axis from 0 to at least `max`: about four steps of 1, 2, 2.5 or 5 times a power of ten
+  // (a count's step is a whole number, never below 1), the top the first tick at or above max.
+  // label(v) writes a tick exactly: as many decimals as the step has, so 2.5 never reads "3".
+  function niceTicks(max, count) {
+    const target = (max > 0 ? Math.max(max, count ? 1 : 0) : 1) / 4;
+    const power = 10 ** Math.floor(Math.log10(target));
+    let stepSize = [1, 2, 2.5, 5, 10].map((m) => m * power).find((m) => m >= target * (1 - 1e-9));
+    if (count) stepSize = Math.max(1, stepSize === 2.5 ? 2 : Math.round(stepSize)); // 2.5 is no count; 2 when 4 steps of it still reach max
+    if (count && stepSize * 4 < max) stepSize = Math.ceil(max / 4);
+    const n = Math.max(1, Math.ceil(max / stepSize - 1e-9));
+    const decimals = count ? 0 : Math.max(0, -Math.floor(Math.log10(stepSize) + 1e-9) + (String(stepSize / power).includes(".") ? 1 : 0));
+    const fmt = new Intl.NumberFormat("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+    const ticks = [];
+    for (let i = 0; i <= n; i++) ticks.push(Number((i * stepSize).toFixed(decimals)));
+    return { ticks, top: ticks[ticks.length - 1], label: (v) => fmt.format(v) };
+  }
+
   // buckets: [{t, values: {key: number}}]; keys: series in stacking order
   function stackedBars(buckets, keys, opts = {}) {
-    const W = opts.width || 760, H = opts.height || 180, left = 48, bottom = 22, top = 8, right = 8;
+    // no wider than the page's content (a phone's): the SVG scales to its box, and a 760-wide
+    // drawing shrunk to 350 px would print its labels at half size
+    const W = Math.round(Math.min(opts.width || 760, Math.max(300, main.clientWidth - 50)));
+    const H = opts.height || 180, left = 48, bottom = 22, top = 8, right = 8;
     const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": opts.label || "chart" });
     if (!buckets.length) {
       put(svg, s("text", { x: W / 2, y: H / 2, class: "chart-empty", "text-anchor": "middle", text: "no data in this range" }));
       return svg;
     }
     const totals = buckets.map((b) => keys.reduce((sum, k) => sum + (b.values[k] || 0), 0));
-    const max = Math.max(1, ...totals);
+    // the axis runs to the nice tick at or above the tallest bar; every gridline is labelled
+    // with the value it stands at (counts: whole numbers only)
+    const axis = niceTicks(Math.max(...totals), opts.count !== false);
+    const max = axis.top;
     const plotW = W - left - right, plotH = H - top - bottom;
     const step = plotW / buckets.length;
     const barW = Math.max(2, Math.min(40, step * 0.75));
-    for (const frac of [0, 0.5, 1]) {
-      const y = top + plotH * (1 - frac);
-      put(svg, s("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid" }));
-      put(svg, s("text", { x: left - 6, y: y + 4, "text-anchor": "end", class: "axis", text: fmtInt(max * frac) }));
+    for (const value of axis.ticks) {
+      const y = top + plotH * (1 - value / max);
+      put(svg, s("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid", "data-value": value }));
+      put(svg, s("text", { x: left - 6, y: y + 4, "text-anchor": "end", class: "axis tick", "data-value": value, text: axis.label(value) }));
     }
     buckets.forEach((b, i) => {
       let y = top + plotH;
@@ -337,7 +390,8 @@
       put(tbody, tr);
     }
     if (!rows.length) put(tbody, h("tr", null, h("td", { colspan: columns.length, class: "muted empty", text: opts.empty || "nothing yet" })));
-    return h("table", { class: `grid-table ${opts.class || ""}` }, thead, tbody);
+    // a table wider than its card scrolls inside it, never the page
+    return h("div", { class: "table-scroll" }, h("table", { class: `grid-table ${opts.class || ""}` }, thead, tbody));
   }
 
   const statCard = (label, value, sub) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", text: value }), sub ? h("div", { class: "stat-sub", text: sub }) : null);
@@ -472,6 +526,7 @@
       live: true,
       calls: new Map(), // correlation id -> the turn's model calls, as the API sends them
       open: new Set(), // keys of <details> the user opened
+      pins: new Set(), // waterfall rows whose details the user opened (by a click, a tap or Enter)
       info: null,
     };
     const header = h("div", { class: "session-head" });
@@ -560,6 +615,8 @@
 
     function render() {
       const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+      // a live redraw replaces the rows: the waterfall row the keyboard was on keeps the focus
+      const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.dataset.wfKey : null;
       renderHeader();
       earlier.hidden = !state.moreBefore;
       clear(body);
@@ -580,6 +637,7 @@
         byTurn.get(key).events.push(e);
       }
       for (const group of groups) put(body, turnBlock(group));
+      if (focused) for (const row of body.querySelectorAll(".wf-row[data-wf-key]")) if (row.dataset.wfKey === focused) row.focus({ preventScroll: true });
       if (atBottom && rendered) window.scrollTo(0, document.body.scrollHeight);
       rendered = true;
     }
@@ -642,7 +700,7 @@
       put(block, h("header", { class: "turn-head" },
         h("span", { class: "turn-title", text: group.correlationId ? "Turn" : "Event" }),
         agent ? h("span", { class: "turn-agent", text: agent }) : null,
-        summary && summary.model ? h("span", { class: "muted", text: summary.model }) : null,
+        summary && summary.model ? h("span", { class: "muted turn-model", text: summary.model }) : null,
         h("span", { class: "muted", text: fmtTime(firstEvent.t) }),
         h("span", { class: "spacer" }),
         summary ? h("span", { class: "turn-head-cost" }, turnCost(summary)) : null,
@@ -697,7 +755,7 @@
         h("span", { class: "payload-label", text: "Timing" }),
         h("span", { class: "muted", text: `${plural(calls.length, "model call")} · ${plural(tools, "tool call")} · ${fmtMs(until - origin)}` }),
       ));
-      put(d, waterfall(bars, origin, until));
+      put(d, waterfall(bars, origin, until, { pins: state.pins, key: group.correlationId || group.key }));
       d.addEventListener("toggle", () => { if (d.open) state.open.delete(`closed:${key}`); else state.open.add(`closed:${key}`); });
       return d;
     }
@@ -733,7 +791,7 @@
       return {
         kind: "call", name, start: c.start, end: c.end, duration: c.duration_ms, ttfc: c.ttfc, outcome,
         title: lines.filter(Boolean).join("\n"),
-        attrs: { "data-position": c.position, "data-cost": c.cost_usd ?? "" },
+        key: c.position, attrs: { "data-position": c.position, "data-cost": c.cost_usd ?? "" },
       };
     }
 
@@ -751,7 +809,7 @@
       }
       const outcome = card.end ? c.outcome || c.status || "ended" : "running";
       const lines = [`tool call: ${c.tool_name} (${c.tool_id})`, end === null ? "running" : fmtMs(end - start), `outcome: ${outcome}`, c.error ? `error: ${c.error}` : null];
-      return { kind: "tool", name: c.tool_name || "(unnamed)", start, end, duration: ms, ttfc: null, outcome, title: lines.filter(Boolean).join("\n"), attrs: { "data-tool-id": c.tool_id } };
+      return { kind: "tool", name: c.tool_name || "(unnamed)", start, end, duration: ms, ttfc: null, outcome, title: lines.filter(Boolean).join("\n"), key: c.tool_id, attrs: { "data-tool-id": c.tool_id } };
     }
 
     function messageRow(e) {
