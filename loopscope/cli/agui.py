@@ -14,7 +14,7 @@ from . import _args
 from .commands import CommandError, db_path, emit, emit_json, open_store, resolve_session, warn
 
 if TYPE_CHECKING:
-    from ..storage.store import Store
+    from ..storage.duckdb.store import Store
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -121,7 +121,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _session(store: Store, requested: str) -> str:
     """The session named (or uniquely prefixed); one that only has imported events counts too."""
-    from ..storage.engine import duckdb  # loaded already: the store is open
+    from ..storage.duckdb.engine import duckdb  # loaded already: the store is open
 
     try:
         return resolve_session(store, requested)

@@ -12,7 +12,7 @@ from . import _args
 from .commands import ellipsis, emit, emit_json, open_views
 
 if TYPE_CHECKING:
-    from ..storage.reads import ViewReader
+    from ..storage.duckdb.reads import ViewReader
 
 # -- registration ------------------------------------------------------------------------------
 
@@ -64,7 +64,7 @@ def _records(store: ViewReader, sql: str, params: list[Any] | None = None) -> li
 
 
 def _outcomes() -> tuple[str, ...]:
-    from ..storage.views import OUTCOMES  # here: the views' SQL is not for ``--help``
+    from ..storage.duckdb.views import OUTCOMES  # here: the views' SQL is not for ``--help``
 
     return OUTCOMES
 

@@ -41,8 +41,8 @@ def calls_command(args: argparse.Namespace) -> int:
         emit_json([c.model_dump(mode="json", exclude={"input_messages", "output_messages"}) for c in found])
         return 0
     # the table from plain rows: no pydantic, no models
-    from ..storage import reads
-    from ..storage.connection import resolve
+    from ..storage.duckdb import reads
+    from ..storage.duckdb.connection import resolve
     from ..storage.recording import flush_own
 
     path, wait = resolve(db_path(args)), getattr(args, "wait", 10.0)
@@ -72,8 +72,8 @@ def _session(path: str, wait: float, requested: str | None) -> str | None:
     an id or a unique prefix (None: every session)."""
     if requested is None:
         return None
-    from ..storage import reads
-    from ..storage.connection import open_store as connect
+    from ..storage.duckdb import reads
+    from ..storage.duckdb.connection import open_store as connect
     from ..storage.recording import flush_own
 
     flush_own(path)  # what this process recorded is read too

@@ -14,9 +14,9 @@ from ..storage.errors import StoreError
 from ..storage.recording import default_db_path, flush_own
 
 if TYPE_CHECKING:
-    from ..storage.engine import duckdb
-    from ..storage.reads import ViewReader
-    from ..storage.store import Store
+    from ..storage.duckdb.engine import duckdb
+    from ..storage.duckdb.reads import ViewReader
+    from ..storage.duckdb.store import Store
 
 # DuckDB, pydantic (the public models) and the store are imported by the commands that read
 # the store, not here: ``loopscope --help`` and ``loopscope run`` need none of them.
@@ -90,7 +90,7 @@ def describe(exc: BaseException) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if isinstance(exc, (StoreError, ValueError, CommandError)) and first:
         return first
-    # the engine the store's connections use (``_duckdb``: storage/engine.py), or the package;
+    # the engine the store's connections use (``_duckdb``: storage/duckdb/engine.py), or the package;
     # neither imported: the error is not DuckDB's
     for name in ("_duckdb", "duckdb"):
         duckdb = sys.modules.get(name)
@@ -110,22 +110,22 @@ def db_path(args: argparse.Namespace) -> str:
 
 
 def open_store(args: argparse.Namespace) -> Store:
-    from ..storage.store import Store
+    from ..storage.duckdb.store import Store
 
     return Store(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
 
 
 def open_views(args: argparse.Namespace) -> ViewReader:
     """What the analytics commands read the views through: one attachment for their queries, no pydantic."""
-    from ..storage.connection import resolve
-    from ..storage.reads import ViewReader
+    from ..storage.duckdb.connection import resolve
+    from ..storage.duckdb.reads import ViewReader
 
     return ViewReader(resolve(db_path(args)), lock_timeout=getattr(args, "wait", 10.0))
 
 
 def resolve_session(store: Store, requested: str | None) -> str:
     """The session a command is about: the one named (or uniquely prefixed), else the most recent."""
-    from ..storage.connection import open_store as connect
+    from ..storage.duckdb.connection import open_store as connect
 
     flush_own(store.path)  # what this process recorded (a test, a notebook) is read too
     with connect(store.path, read_only=True, timeout=store.lock_timeout) as con:
@@ -134,7 +134,7 @@ def resolve_session(store: Store, requested: str | None) -> str:
 
 def resolve_session_on(con: duckdb.DuckDBPyConnection, path: str, requested: str | None) -> str:
     """:func:`resolve_session` on a connection to the store at ``path`` that is open already."""
-    from ..storage.reads import session_of
+    from ..storage.duckdb.reads import session_of
 
     found = session_of(con, requested)
     if isinstance(found, str):
@@ -167,7 +167,7 @@ def _running_ids(events: list[Any]) -> set[str]:
 
 def demo(args: argparse.Namespace) -> int:
     from .. import demo as demo_module
-    from ..storage.store import Store
+    from ..storage.duckdb.store import Store
 
     result = demo_module.run(db_path(args), session_id=args.session)
     store = Store(result.db_path, lock_timeout=getattr(args, "wait", 10.0))
@@ -263,9 +263,9 @@ def turns(args: argparse.Namespace) -> int:
         emit_json(turns_json(found, costs))
         return 0
     # the table from plain rows: no pydantic, no models (``loopscope turns`` starts in a third of the time)
-    from ..storage import reads
-    from ..storage.connection import open_store as connect
-    from ..storage.connection import resolve
+    from ..storage.duckdb import reads
+    from ..storage.duckdb.connection import open_store as connect
+    from ..storage.duckdb.connection import resolve
 
     path, wait = resolve(db_path(args)), getattr(args, "wait", 10.0)
     flush_own(path)
@@ -292,7 +292,7 @@ _TURN_COSTS = "SELECT session_id, turn_id, cost_usd FROM turn_summaries WHERE li
 def turn_costs(path: str, wait: float, turn_ids: list[str | None]) -> dict[tuple[str | None, str | None], float | None]:
     """What the turns of these correlation ids cost in USD, by (session, turn); None
     where no price is known."""
-    from ..storage import reads
+    from ..storage.duckdb import reads
 
     ids = sorted({t for t in turn_ids if t})
     if not ids:
@@ -310,7 +310,7 @@ _SESSION_COSTS = "SELECT session_id, cost_usd FROM session_costs WHERE list_cont
 
 
 def sessions(args: argparse.Namespace) -> int:
-    from ..storage import reads
+    from ..storage.duckdb import reads
 
     store = open_store(args)
     search = getattr(args, "search", None)

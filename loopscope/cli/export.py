@@ -75,8 +75,8 @@ def _tables(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..storage.connection import open_store
-    from ..storage.schema import check_readable, missing_views
+    from ..storage.duckdb.connection import open_store
+    from ..storage.duckdb.schema import check_readable, missing_views
 
     if args.agui is not None:
         return agui.run_export(args)
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _copy(con: duckdb.DuckDBPyConnection, query: str, target: Path, label: str | None) -> int:
     """Write one table; with a label, draw a progress bar while DuckDB works."""
-    from ..storage.engine import duckdb  # loaded already: the store is open
+    from ..storage.duckdb.engine import duckdb  # loaded already: the store is open
 
     statement = f"COPY ({query}) TO '{_quote(str(target))}' (FORMAT parquet, PARTITION_BY (date))"
     if label is None:

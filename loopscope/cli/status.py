@@ -1,7 +1,7 @@
 """``loopscope status``: the store at a glance, and what had to be dropped or failed.
 
 What a store holds says little about what it misses. Each writer keeps its counters in
-the store (:mod:`loopscope.storage.health`): rows written, events dropped because its
+the store (:mod:`loopscope.storage.duckdb.health`): rows written, events dropped because its
 queue was full or because the file stayed unwritable too long, failed write attempts
 with the last error, and what the OTLP exporter of the same process dropped. What a
 writer could not say in the store (it was held by another process or full when the
@@ -48,9 +48,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     """The status of the store at ``path`` as plain values (what ``--json`` prints)."""
     from ..semconv import UNSERVED_CUT
-    from ..storage import health  # DuckDB: imported when a command reads, not for ``--help``
-    from ..storage.connection import open_store
-    from ..storage.schema import check_readable, has_model_calls, schema_version
+    from ..storage.duckdb import health  # DuckDB: imported when a command reads, not for ``--help``
+    from ..storage.duckdb.connection import open_store
+    from ..storage.duckdb.schema import check_readable, has_model_calls, schema_version
 
     with open_store(path, read_only=True, timeout=wait) as con:
         check_readable(con)
@@ -98,7 +98,7 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
 def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The store's writer rows with what the file beside the store adds: to the row of
     the same writer, or as a row of its own for a writer the store has no row of."""
-    from ..storage import health
+    from ..storage.duckdb import health
 
     by_id = {w["writer_id"]: w for w in writers}
     stored = {w["writer_id"]: dict(w) for w in writers}  # the rows as the store has them (children are set against these)

@@ -3,7 +3,7 @@
 Following works from another process while an agent writes the store: every
 ``--interval`` it reads each session's last index (the small ``sessions`` table) and,
 for the sessions that moved, the events after the index it printed last, in the same
-read (:class:`loopscope.storage.replay.Follower`, the after-index query that
+read (:class:`loopscope.storage.duckdb.replay.Follower`, the after-index query that
 ``Store.replay`` and the web dashboard's live timeline use too). Each read holds the file
 for a moment only, so the agent's writer is never kept waiting for long. Ctrl-C stops it
 (exit status 0).
@@ -24,8 +24,8 @@ from .commands import CommandError, ellipsis, emit, json_text, open_store, resol
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent
+    from ..storage.duckdb.store import Store
     from ..storage.policy import EventFilter
-    from ..storage.store import Store
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -125,7 +125,7 @@ def _interrupted(exc: BaseException) -> bool:
     """Whether ``exc`` is Ctrl-C that reached DuckDB first: a query running when SIGINT
     arrives is interrupted, and DuckDB raises that instead of ``KeyboardInterrupt``
     (``InterruptException``, or a ``RuntimeError`` "Query interrupted" from a fetch)."""
-    from ..storage.engine import duckdb
+    from ..storage.duckdb.engine import duckdb
 
     return isinstance(exc, duckdb.InterruptException) or (
         isinstance(exc, RuntimeError) and "interrupted" in str(exc).lower()
@@ -148,7 +148,7 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
     session = _session(store, args.session, follow=True)
     # the newest lines and the cursors come from one read of the file: the first poll
     # goes on right after what was printed, with nothing repeated or skipped between
-    from ..storage.replay import Follower
+    from ..storage.duckdb.replay import Follower
 
     follower = Follower(store, session, event_filter=event_filter)
     printer(follower.start(args.lines))

@@ -5,12 +5,12 @@ Two doors, both engine-neutral in what they take and give:
 
 * :class:`StoreReader`: the query API, events, turns, model calls and sessions as the public models
   (:mod:`loopscope.models`), a session's log followed live, read-only SQL. DuckDB's
-  :class:`~loopscope.storage.store.Store` implements it (and :class:`~loopscope.storage.store.AsyncStore`
+  :class:`~loopscope.storage.duckdb.store.Store` implements it (and :class:`~loopscope.storage.duckdb.store.AsyncStore`
   the same reads for async code).
 * :class:`SpanSink`: the write side. Spans queued as they start and end, reduced to
   :class:`~loopscope.storage.rows.Facts` (Arrow record batches in a fixed field order) by
   the :class:`~loopscope.storage.rows.SpanMapping` the sink was given (ingest's), and
-  written in batches. DuckDB's :class:`~loopscope.storage.writer.StoreWriter` implements
+  written in batches. DuckDB's :class:`~loopscope.storage.duckdb.writer.StoreWriter` implements
   it; the facts are what any engine takes, so the mapping is not the engine's.
 
 Behind the doors, DuckDB's own: the file and its connections (``connection.py``), the
@@ -32,15 +32,15 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
+from .duckdb.replay import DEFAULT_PAGE, Replay, StopFlag
+from .duckdb.writer import CLOSE_TIMEOUT, WriterStats
 from .policy import EventFilter
-from .replay import DEFAULT_PAGE, Replay, StopFlag
 from .rows import SpanMapping
-from .writer import CLOSE_TIMEOUT, WriterStats
 
 
 @runtime_checkable
 class StoreReader(Protocol):
-    """The query API of a store (see :class:`~loopscope.storage.store.Store` for each
+    """The query API of a store (see :class:`~loopscope.storage.duckdb.store.Store` for each
     method's full contract). Reads never write."""
 
     path: str

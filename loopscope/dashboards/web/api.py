@@ -31,13 +31,13 @@ from typing import Any
 
 import duckdb
 
-from ...storage.connection import open_store
+from ...storage.duckdb.connection import open_store
+from ...storage.duckdb.replay import SessionMark, read_after
+from ...storage.duckdb.schema import check_readable, has_model_calls, has_tool_columns
+from ...storage.duckdb.store import Store
+from ...storage.duckdb.values import fill_dicts
+from ...storage.duckdb.views import tool_rows
 from ...storage.policy import EventFilter
-from ...storage.replay import SessionMark, read_after
-from ...storage.schema import check_readable, has_model_calls, has_tool_columns
-from ...storage.store import Store
-from ...storage.values import fill_dicts
-from ...storage.views import tool_rows
 
 __all__ = [
     "MAX_CONTENT_CHARS",
@@ -440,7 +440,7 @@ def timeline(
     price, left out of the sum). A file from before model calls has none.
 
     ``cursor`` is the ``after_index`` of the next live page (None for a ``before_index``
-    page): pages after an index are read with :func:`loopscope.storage.replay.read_after`,
+    page): pages after an index are read with :func:`loopscope.storage.duckdb.replay.read_after`,
     the query ``Store.replay`` and ``loopscope tail --follow`` follow a log with, so the
     cursor also passes rows the page leaves out (blocked ones) and nothing lands twice
     or in neither page.

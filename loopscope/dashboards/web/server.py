@@ -32,8 +32,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..._http import BoundedHandler, BoundedHTTPServer, HostRule
+from ...storage.duckdb.store import Store
 from ...storage.errors import StoreError
-from ...storage.store import Store
 from ..tables import visible
 from . import DEFAULT_HOST, DEFAULT_PORT, api  # the defaults live in the package, which ``loopscope ui``'s parser reads
 

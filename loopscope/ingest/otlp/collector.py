@@ -42,7 +42,7 @@ by DNS rebinding (the rule is the dashboard's: :class:`loopscope._http.HostRule`
 collector bound beyond loopback needs, and then any ``Host`` is answered.
 
 Idempotent. A request resent after a crash (the sender never saw the answer) adds no
-rows: rows the store holds already are left out by span id (:mod:`loopscope.storage.idempotent`), and
+rows: rows the store holds already are left out by span id (:mod:`loopscope.storage.duckdb.idempotent`), and
 within a run the spans of the latest requests are remembered.
 
 Memory. The payloads being decoded, routed and written take at most
@@ -63,8 +63,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._http import HostRule
-from ...storage.connection import open_store, resolve
-from ...storage.schema import migrate
+from ...storage.duckdb.connection import open_store, resolve
+from ...storage.duckdb.schema import migrate
 
 # the defaults live in the package, where ``loopscope collect``'s parser reads them without
 # importing the receiver

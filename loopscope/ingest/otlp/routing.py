@@ -16,8 +16,8 @@ from typing import Any
 from ... import _json
 from ... import semconv as a
 from ..._guard import guard, internal_error
-from ...storage.connection import open_store, resolve
-from ...storage.schema import migrate
+from ...storage.duckdb.connection import open_store, resolve
+from ...storage.duckdb.schema import migrate
 from ..foreign import AGENT, Assembler, classify
 from ..spans import Ctx, SpanRecord, is_own
 from ..stitch_foreign import Stitcher
@@ -92,7 +92,7 @@ class CollectorStats:
     store for ``loopscope status``: its sender does not send it again, so what it carried
     is missing from the store. What happens to the rows of accepted requests (written,
     dropped, failed writes) is the store writer's to count, in
-    :class:`loopscope.storage.health.Counters`."""
+    :class:`loopscope.storage.duckdb.health.Counters`."""
 
     requests: int = 0
     spans: int = 0
@@ -216,7 +216,7 @@ class Ingest:
     A request returns once its events, turns and the raw copies of its spans (the
     ``spans`` table) are in the file. They are written in one transaction (the request's
     spans and raw rows are one entry of the writer's queue, see
-    :meth:`~loopscope.storage.writer.StoreWriter.begin_bundle`): a collector killed at any
+    :meth:`~loopscope.storage.duckdb.writer.StoreWriter.begin_bundle`): a collector killed at any
     moment keeps a request whole or not at all, never model-call rows without the spans
     they came from (the raw copies had a writer of their own, a transaction behind).
     """
