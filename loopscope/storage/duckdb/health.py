@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..._guard import warn_once
+from ..results import LOSS_COUNTERS
 from . import store_file
 
 if TYPE_CHECKING:
@@ -358,9 +359,6 @@ def _exists(pid: int) -> bool:
 
 # -- beside the store: what its own row could not take --------------------------------------------
 
-LOSS_COUNTERS = ("dropped_queue_full", "dropped_unwritable", "turns_dropped_queue_full", "turns_dropped_unwritable",
-                 "failed_writes", "otlp_dropped", "otlp_failed", "refused_requests", "refused_spans")
-"""The counters a note beside the store may hold (what ``status`` adds up)."""
 
 
 def beside_path(store: str) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
+from ..results import CallRow, TurnRow
 from .connection import open_store
 from .engine import duckdb
 from .schema import MODEL_CALLS_SINCE, SCHEMA_VERSION, check_readable, missing_views
@@ -31,34 +32,6 @@ TURN_JSON = ("segments", "usage", "declared_tools")
 # hands a TIMESTAMPTZ to Python with a ``zoneinfo`` zone, and importing ``zoneinfo`` and
 # reading the zone's file cost ``loopscope turns`` ~10 ms (a third of its reads)
 _NAIVE_COLUMNS = TURN_COLUMNS.replace(", timestamp,", ", timezone('UTC', timestamp) AS timestamp,", 1)
-
-
-class TurnRow(NamedTuple):
-    """A ``turns`` row with the fields of :class:`~loopscope.models.AIResponseEvent`, by
-    the same names and with the same defaults for NULL, unvalidated: the JSON columns
-    parsed, ``loop_end_reason`` the stored text, ``declared_tools`` plain dicts."""
-
-    channel_id: str | None
-    session_id: str | None
-    correlation_id: str | None
-    parent_correlation_id: str | None
-    response_content: str
-    segments: list[str]
-    tool_calls_count: int
-    round_count: int
-    usage: dict[str, int]
-    thinking: str
-    loop_end_reason: str | None
-    latency_ms: float
-    streaming: bool
-    timestamp: datetime | None
-    declared_tools: list[Any]
-    model: str | None
-    provider: str | None
-    error: str | None
-    trace_id: str | None
-    span_id: str | None
-    model_call_count: int
 
 
 def _json(text: Any) -> Any:
@@ -250,41 +223,6 @@ CALL_JSON = ("finish_reasons", "provider_usage", "parameters", "input_messages",
 _NAIVE_CALL_COLUMNS = CALL_COLUMNS.replace(
     "started_at, ended_at", "timezone('UTC', started_at) AS started_at, timezone('UTC', ended_at) AS ended_at", 1
 )
-
-
-class CallRow(NamedTuple):
-    """A model call with the fields of :class:`~loopscope.models.ModelCall`, by the same
-    names and with the same defaults for NULL, unvalidated (the model validates these)."""
-
-    session_id: str
-    correlation_id: str | None
-    position: int | None
-    agent: str | None
-    provider: str | None
-    framework: str | None
-    model: str | None
-    request_model: str | None
-    response_model: str | None
-    response_id: str | None
-    finish_reasons: list[str]
-    outcome: str | None
-    streaming: bool | None
-    started_at: datetime | None
-    ended_at: datetime | None
-    duration_ms: float | None
-    time_to_first_chunk_ms: float | None
-    usage: dict[str, int]
-    provider_usage: Any
-    parameters: dict[str, Any]
-    cost_usd: float | None
-    price_source: str | None
-    error_type: str | None
-    error: str | None
-    refusal: str | None
-    input_messages: Any
-    output_messages: Any
-    trace_id: str | None
-    span_id: str | None
 
 
 def _loaded(text: Any) -> Any:

@@ -92,7 +92,7 @@ total_tokens, started_at, ended_at, error``. What the turn's tools took:
 
 from __future__ import annotations
 
-OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
+from ..results import TOOL_OUTCOMES as OUTCOMES  # the outcomes the views count, in their columns' order
 
 TOOL_TOTALS, TOOL_DURATIONS = "loopscope_tool_totals", "loopscope_tool_durations"
 """The tables of per-tool totals kept by the writers (``m010_tool_totals``, see
