@@ -125,7 +125,7 @@ def faulted_child(pause: float) -> str:
     process's ``write_batch`` (issue 29: faulting only this one measured nothing)."""
     return (
         "import sys, json, time; sys.path[:0] = json.loads(sys.argv[1])\n"
-        "from loopscope.storage import writer\n"
+        "from loopscope.storage.duckdb import writer\n"
         "original = writer.write_batch\n"
         "def faulted(*args, **kwargs):\n"
         f"    time.sleep({pause!r})\n"

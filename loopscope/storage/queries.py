@@ -35,8 +35,10 @@ CLICKHOUSE_SCHEMES = ("clickhouse://", "clickhouses://")
 """The prefixes that name a ClickHouse store (``--db``, ``LOOPSCOPE_DB``)."""
 
 CLICKHOUSE_ENGINE = "loopscope.storage.clickhouse"
-"""The ClickHouse engine's package: it has ``open_reader(url, *, lock_timeout)`` and
-``open_sink(url, *, mapping, **options)``, as :mod:`loopscope.storage.duckdb.queries` has."""
+"""The ClickHouse engine's package. What the seam calls there: ``open_reader(url, *,
+lock_timeout, keep_open)`` (a :class:`Reader`), ``open_sink(url, *, mapping, **options)``
+(a :class:`~loopscope.storage.api.BundleSink`) and ``prepare(url, *, timeout)`` (the DDL
+run; the URL back), as :mod:`loopscope.storage.duckdb.queries` has them for a file."""
 
 TOOL_ORDERS = ("calls", "failures", "p95", "name")
 """How :meth:`Reader.tools` may order its rows (``loopscope tools --sort``)."""

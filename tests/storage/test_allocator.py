@@ -87,7 +87,7 @@ def test_the_purge_switch_off_leaves_duckdbs_allocator_alone() -> None:
 
     script = (
         "import duckdb\n"
-        "from loopscope.storage import allocator, engine\n"
+        "from loopscope.storage.duckdb import allocator, engine\n"
         "duckdb.connect().execute('SELECT 1').fetchall()\n"
         "allocator.give_back(c_heap=True)\n"
         "print(engine.mallctl() is None, allocator.kept() is None)\n"
