@@ -17,10 +17,10 @@ import time
 
 import duckdb
 
-from loopscope.storage import tool_totals
+from loopscope.storage.duckdb import tool_totals
+from loopscope.storage.duckdb.schema import migrate
+from loopscope.storage.duckdb.views import tool_rows
 from loopscope.storage.rows import EVENT_COLUMNS
-from loopscope.storage.schema import migrate
-from loopscope.storage.views import tool_rows
 
 TOOLS = [
     "search_docs", "fetch_url", "run_sql", "send_email", "get_weather", "book_table",

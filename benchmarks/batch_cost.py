@@ -69,7 +69,7 @@ def _batches(items: list[Any], size: int, repeats: int, folder: Path) -> dict[st
 
     from loopscope.ingest.writer import SPANS
     from loopscope.storage import rows
-    from loopscope.storage import writer as w
+    from loopscope.storage.duckdb import writer as w
 
     clock = time.thread_time
     spent: dict[str, list[float]] = {phase: [] for phase in PHASES}

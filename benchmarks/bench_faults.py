@@ -61,7 +61,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.ingest import writer_process
-from loopscope.storage import writer as writer_module
+from loopscope.storage.duckdb import writer as writer_module
 
 GOAL = 1.5
 SMALL_QUEUE = 5_000
@@ -125,7 +125,7 @@ def faulted_child(pause: float) -> str:
     process's ``write_batch`` (issue 29: faulting only this one measured nothing)."""
     return (
         "import sys, json, time; sys.path[:0] = json.loads(sys.argv[1])\n"
-        "from loopscope.storage import writer\n"
+        "from loopscope.storage.duckdb import writer\n"
         "original = writer.write_batch\n"
         "def faulted(*args, **kwargs):\n"
         f"    time.sleep({pause!r})\n"
@@ -185,7 +185,7 @@ BIG_CHILD = textwrap.dedent(
     """
     import json, resource, statistics, sys, time
     import loopscope
-    from loopscope.storage import writer
+    from loopscope.storage.duckdb import writer
 
     def stuck(*args, **kwargs):
         time.sleep(100)  # the writer is inside a write that takes 100 s
@@ -319,7 +319,7 @@ def main() -> int:
     print()
     print(f"goal (every fault <= {GOAL}x normal, per-call median): {'MET' if met else 'NOT MET'}")
     print()
-    from loopscope.storage.writer import CLOSE_TIMEOUT, QUEUE_BYTES
+    from loopscope.storage.duckdb.writer import CLOSE_TIMEOUT, QUEUE_BYTES
 
     print(f"writer stuck in a 100 s write, {args.big_calls} tool calls returning 1 MiB each, one child process per variant")
     print(f"{'variant':<22} {'median/call':>11} {'cpu/call':>9} {'peak RSS growth':>15} {'writer process':>14} {'dropped':>8} "

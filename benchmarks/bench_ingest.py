@@ -47,13 +47,13 @@ import loopscope
 from loopscope.ingest import mapping
 from loopscope.ingest.processor import StoreSpanProcessor
 from loopscope.ingest.writer import SpanWriter
-from loopscope.storage import writer as store_writer
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb import writer as store_writer
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.schema import migrate
+from loopscope.storage.duckdb.writer import write_batch
 from loopscope.storage.rows import END as _END
 from loopscope.storage.rows import START as _START
 from loopscope.storage.rows import Facts
-from loopscope.storage.schema import migrate
-from loopscope.storage.writer import write_batch
 
 GOAL = 0.5
 SESSIONS = 200

@@ -185,7 +185,7 @@ def child(case: str, mode: str, calls: int, base_url: str) -> dict[str, Any]:
 def flood_child(turns: int) -> dict[str, Any]:
     import loopscope
     import loopscope.pipeline
-    from loopscope.storage.limits import QUEUE_BYTES  # (not storage.writer: DuckDB stays out of this process)
+    from loopscope.storage.limits import QUEUE_BYTES  # (not storage.duckdb.writer: DuckDB stays out of this process)
 
     path = os.path.join(tempfile.mkdtemp(prefix="bench-memory-"), "flood.duckdb")
     pipeline = loopscope.configure(path)

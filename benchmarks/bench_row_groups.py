@@ -1,5 +1,5 @@
 """A normal store's reads with row groups of 2,048 rows (issue 30): what every writing attach's
-``ROW_GROUP_SIZE 2048`` (storage/connection.py, for the large values' parts) costs the reads
+``ROW_GROUP_SIZE 2048`` (storage/duckdb/connection.py, for the large values' parts) costs the reads
 of a store that has no large value at all.
 
 The store of ``bench_views.py`` (generated with SQL, ``--sessions`` of 500 events each; its

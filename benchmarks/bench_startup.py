@@ -12,7 +12,7 @@ the median CPU the child spent, all threads, user + system (``RUSAGE_CHILDREN``)
 * ``loopscope turns``                 -- on a small store (``loopscope demo`` made it, untimed);
 * ``import duckdb`` and ``duckdb engine``  -- for reference, what DuckDB alone costs a command that
   reads: the ``duckdb`` package, and its compiled engine alone (``import _duckdb`` and an
-  in-memory database started, as ``loopscope turns`` reads through ``storage/engine.py``);
+  in-memory database started, as ``loopscope turns`` reads through ``storage/duckdb/engine.py``);
 * ``first line: ...``                 -- an application's first line, timed inside its process
   (its imports included, the interpreter's start and exit not): a minimal OpenTelemetry SDK
   setup (a ``TracerProvider`` set), ``import loopscope; loopscope.instrument()`` and

@@ -66,8 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gen_views_data import EVENTS_PER_TURN, TURNS_PER_SESSION, generate
 
 import loopscope
-from loopscope.storage.schema import SCHEMA_VERSION, migrate, schema_version
-from loopscope.storage.views import create_statements, views
+from loopscope.storage.duckdb.schema import SCHEMA_VERSION, migrate, schema_version
+from loopscope.storage.duckdb.views import create_statements, views
 
 DATA = Path(__file__).resolve().parent / ".data"
 TIMELINE_GOAL_MS = 10.0
@@ -298,7 +298,7 @@ def bench_timeline(path: Path, pages: int, against: Path | None = None) -> dict[
 
 
 def _attach_alone(path: Path) -> None:
-    from loopscope.storage.connection import open_store
+    from loopscope.storage.duckdb.connection import open_store
 
     with open_store(str(path), read_only=True):
         pass

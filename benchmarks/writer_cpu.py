@@ -7,7 +7,7 @@ instrumenting it with the store on (the thread writer, whose CPU is its thread's
 rounds alternate between ``flush_interval=0.5`` (a batch every half second), the default
 before session 21 (the wait after a batch its CPU time / 5%, within 0.5-5 s) and the default
 (``None``: its CPU time / 1%, within 1-5 s; loopscope's readers have held rows written first,
-``storage/wakeup.py``). Per round: the CPU of the writer's thread per call, the round's last
+``storage/duckdb/wakeup.py``). Per round: the CPU of the writer's thread per call, the round's last
 flush included, and the number of batches. Prints the medians and their ratios.
 
     .venv/bin/python benchmarks/writer_cpu.py                          # ~1 min: a steady load
@@ -56,7 +56,7 @@ def main() -> int:
 
     server, rescript = bench._fake_server()
     rescript(server, 100)
-    from loopscope.storage import writer as store_writer
+    from loopscope.storage.duckdb import writer as store_writer
 
     default = (store_writer.AUTO_SHARE, store_writer.AUTO_INTERVAL)
     # name: (flush_interval, AUTO_SHARE, AUTO_INTERVAL)

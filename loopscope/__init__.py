@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     )
     from .pipeline import Pipeline, configure, flush, shutdown
     from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
-    from .storage.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
+    from .storage.duckdb.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
+    from .storage.duckdb.store import AsyncStore, Store
     from .storage.errors import SQLRefusedError, StoreError, StoreLockedError
     from .storage.policy import EventFilter, PersistencePolicy
-    from .storage.store import AsyncStore, Store
 
 # The rest of the public API is imported at its first use, so that ``import loopscope``
 # costs next to nothing (no pydantic, DuckDB or OpenTelemetry SDK until they are needed):
@@ -62,10 +62,10 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ["Round", "ToolExecution", "Turn", "session", "state_delta", "state_snapshot", "tool", "turn"], ".recorder"
     ),
-    **dict.fromkeys(["ConversationStore", "DuckDBConversationStore", "InMemoryConversationStore"], ".storage.conversations"),
+    **dict.fromkeys(["ConversationStore", "DuckDBConversationStore", "InMemoryConversationStore"], ".storage.duckdb.conversations"),
     **dict.fromkeys(["SQLRefusedError", "StoreError", "StoreLockedError"], ".storage.errors"),
     **dict.fromkeys(["EventFilter", "PersistencePolicy"], ".storage.policy"),
-    **dict.fromkeys(["AsyncStore", "Store"], ".storage.store"),
+    **dict.fromkeys(["AsyncStore", "Store"], ".storage.duckdb.store"),
 }
 
 

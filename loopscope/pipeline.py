@@ -49,7 +49,8 @@ from .ingest.writer_process import QUIET, ProcessSpanWriter, unavailable, writer
 from .recorder import settings as recorder_settings
 from .recorder.conversations import conversations
 from .recorder.stitch import set_idle_timeout, set_max_open
-from .storage import health, recording, store_file
+from .storage import recording
+from .storage.duckdb import health, store_file
 from .storage.errors import StoreError, StoreLockedError
 from .storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from .storage.limits import close_timeout as writer_close_timeout
@@ -57,7 +58,7 @@ from .storage.policy import PersistencePolicy
 from .storage.recording import resolve
 
 if TYPE_CHECKING:
-    from .storage.writer import StoreWriter
+    from .storage.duckdb.writer import StoreWriter
 
 # DuckDB (and the writer, the schema) are imported where the thread writer or the store's
 # check needs them: an application whose writer is a process of its own never loads them
@@ -220,8 +221,8 @@ def _check_db(path: str, *, open_it: bool = True) -> None:
         return
     import duckdb
 
-    from .storage.connection import open_store
-    from .storage.schema import migrate
+    from .storage.duckdb.connection import open_store
+    from .storage.duckdb.schema import migrate
 
     try:
         with open_store(path, read_only=False, timeout=0.5) as con:

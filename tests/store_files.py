@@ -6,7 +6,7 @@ from pathlib import Path
 
 import duckdb
 
-from loopscope.storage.schema import SCHEMA_VERSION
+from loopscope.storage.duckdb.schema import SCHEMA_VERSION
 
 
 def newer_store(path: Path) -> None:

@@ -50,7 +50,7 @@ def test_every_public_name_is_there_when_asked_for():
         "import loopscope.instrument.openai  # a submodule import must not hide the function\n"
         "assert callable(loopscope.instrument) and loopscope.instrument.__module__ == 'loopscope.instrument'\n"
         "from loopscope import *  # noqa: F403\n"
-        "assert Store is loopscope.storage.store.Store and turn is loopscope.recorder.turn\n"
+        "assert Store is loopscope.storage.duckdb.store.Store and turn is loopscope.recorder.turn\n"
         "try:\n"
         "    loopscope.no_such_name\n"
         "except AttributeError as exc:\n"
@@ -87,7 +87,7 @@ def test_terminal_reads_print_plain_rows_without_pydantic_or_opentelemetry(tmp_p
     code = "import io, contextlib\nout = io.StringIO()\nwith contextlib.redirect_stdout(out):\n" + "".join(
         "    " + line + "\n" for line in CLI.format(argv=["--db", db, command]).splitlines()
     ) + f"assert {shown!r} in out.getvalue().lower(), out.getvalue()\n"
-    heavy = ["pydantic", "pydantic_core", "loopscope.models", "loopscope.storage.store", "opentelemetry", "pyarrow"]
+    heavy = ["pydantic", "pydantic_core", "loopscope.models", "loopscope.storage.duckdb.store", "opentelemetry", "pyarrow"]
     found = loaded(code, [*heavy, "duckdb", "_duckdb"])
     engine_alone = importlib.util.find_spec("_duckdb") is not None
     assert found.pop("_duckdb" if engine_alone else "duckdb")  # it did read the store
@@ -104,7 +104,7 @@ def test_with_the_engine_switch_off_terminal_reads_use_the_duckdb_package(tmp_pa
     code = "import io, contextlib\nout = io.StringIO()\nwith contextlib.redirect_stdout(out):\n" + "".join(
         "    " + line + "\n" for line in CLI.format(argv=["--db", db, "turns"]).splitlines()
     ) + "assert 'concierge' in out.getvalue().lower(), out.getvalue()\n"
-    code += "import loopscope.storage.engine as _e, duckdb as _d\nassert _e.duckdb is _d, _e.duckdb\n"
+    code += "import loopscope.storage.duckdb.engine as _e, duckdb as _d\nassert _e.duckdb is _d, _e.duckdb\n"
     found = loaded(code, ["duckdb"], env_extra={"LOOPSCOPE_DUCKDB_ENGINE": "0"})
     assert found["duckdb"]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import duckdb
 
-from loopscope.storage import tool_totals
-from loopscope.storage.views import OUTCOMES, TOTALS_COVER, duration_key, tool_rows, views
+from loopscope.storage.duckdb import tool_totals
+from loopscope.storage.duckdb.views import OUTCOMES, TOTALS_COVER, duration_key, tool_rows, views
 
 
 def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

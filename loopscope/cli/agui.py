@@ -14,7 +14,7 @@ from . import _args
 from .commands import CommandError, db_path, emit, emit_json, open_store, resolve_session, warn
 
 if TYPE_CHECKING:
-    from ..storage.store import Store
+    from ..storage.queries import Reader
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -119,17 +119,11 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _session(store: Store, requested: str) -> str:
+def _session(store: Reader, requested: str) -> str:
     """The session named (or uniquely prefixed); one that only has imported events counts too."""
-    from ..storage.engine import duckdb  # loaded already: the store is open
-
     try:
         return resolve_session(store, requested)
     except CommandError:
-        try:
-            _, rows = store.sql("SELECT 1 FROM agui_events WHERE session_id = ? LIMIT 1", [requested])
-        except duckdb.CatalogException:  # a store without AG-UI imports
-            rows = []
-        if rows:
+        if store.has_agui_events(requested):
             return requested
         raise

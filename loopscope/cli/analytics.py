@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from ..dashboards import tables
 from ..dashboards.tables import Column
 from . import _args
-from .commands import ellipsis, emit, emit_json, open_views
+from .commands import ellipsis, emit, emit_json, open_store
 
 if TYPE_CHECKING:
-    from ..storage.reads import ViewReader
+    from ..storage.queries import Reader
 
 # -- registration ------------------------------------------------------------------------------
 
@@ -58,15 +58,10 @@ def register_tools(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _records(store: ViewReader, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    names, rows = store.sql(sql, params or [])
-    return [dict(zip(names, row)) for row in rows]
-
-
 def _outcomes() -> tuple[str, ...]:
-    from ..storage.views import OUTCOMES  # here: the views' SQL is not for ``--help``
+    from ..storage.results import TOOL_OUTCOMES  # the outcomes' order, as the views count them
 
-    return OUTCOMES
+    return TOOL_OUTCOMES
 
 
 def _jsonable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,77 +98,14 @@ def ago(when: datetime | None, now: datetime) -> str:
 
 # -- stats --------------------------------------------------------------------------------------
 
-_OVERVIEW = """
-SELECT
-    (SELECT count(*) FROM sessions) AS sessions,
-    (SELECT count(*) FROM turns) AS turns,
-    (SELECT count(*) FROM events) AS events,
-    (SELECT count(DISTINCT channel_id) FROM turns) AS agents,
-    (SELECT min(first_at) FROM sessions) AS first_at,
-    (SELECT max(last_at) FROM sessions) AS last_at
-"""
 
-_TOOL_TOTALS = """
-SELECT
-    coalesce(sum(calls), 0) AS calls,
-    coalesce(sum(pending), 0) AS pending,
-    coalesce(sum(finished), 0) AS finished,
-    {outcomes},
-    (sum(finished) - sum(served)) / nullif(sum(finished), 0) AS failure_share,
-    count(*) AS tools
-FROM tool_stats
-"""
-
-_REASONS = """
-SELECT loop_end_reason, count(*) AS turns, count(*) / sum(count(*)) OVER () AS share, avg(latency_ms) AS avg_latency_ms
-FROM turns
-GROUP BY loop_end_reason
-ORDER BY turns DESC, loop_end_reason
-"""
-
-_TOKENS = """
-SELECT
-    sum(input_tokens) AS input_tokens,
-    sum(output_tokens) AS output_tokens,
-    sum(cache_read_input_tokens) AS cache_read_input_tokens,
-    sum(cache_creation_input_tokens) AS cache_creation_input_tokens,
-    sum(reasoning_tokens) AS reasoning_tokens,
-    sum(total_tokens) AS total_tokens
-FROM turn_summaries
-"""
-
-_MODELS = """
-SELECT model, provider, count(*) AS turns, sum(total_tokens) AS total_tokens, avg(latency_ms) AS avg_latency_ms
-FROM turn_summaries
-GROUP BY ALL
-ORDER BY turns DESC, model NULLS LAST
-"""
-
-
-_COSTS = "SELECT model_calls, cost_usd, unpriced_calls FROM cost_totals"
-
-_MODEL_CALLS = """
-SELECT model, provider, calls, failed, cost_usd, unpriced_calls, avg_ms, p95_ms, avg_ttfc_ms
-FROM model_usage
-ORDER BY cost_usd DESC NULLS LAST, calls DESC, model NULLS LAST
-"""
-
-
-def overview(store: ViewReader) -> dict[str, Any]:
+def overview(store: Reader) -> dict[str, Any]:
     """Everything ``loopscope stats`` shows, as plain values."""
-    data = _records(store, _OVERVIEW)[0]
-    data["costs"] = _records(store, _COSTS)[0]
-    data["model_calls"] = _records(store, _MODEL_CALLS)
-    outcomes = ", ".join(f"coalesce(sum({o}), 0) AS {o}" for o in _outcomes())
-    data["tool_calls"] = _records(store, _TOOL_TOTALS.format(outcomes=outcomes))[0]
-    data["loop_end_reasons"] = _records(store, _REASONS)
-    data["tokens"] = _records(store, _TOKENS)[0]
-    data["models"] = _records(store, _MODELS)
-    return data
+    return store.stats().as_dict()
 
 
 def stats_command(args: argparse.Namespace) -> int:
-    store = open_views(args)
+    store = open_store(args)
     data = overview(store)
     if args.json:
         from .._json import to_jsonable
@@ -261,14 +193,6 @@ def _unpriced(calls: Any) -> str:
 
 # -- tools --------------------------------------------------------------------------------------
 
-_ORDER = {
-    "calls": "calls DESC, tool",
-    "failures": "failure_share DESC NULLS LAST, calls DESC, tool",
-    "p95": "p95_ms DESC NULLS LAST, tool",
-    "name": "tool",
-}
-
-
 def tools_command(args: argparse.Namespace) -> int:
     if args.declared:
         return _declared(args)
@@ -276,11 +200,7 @@ def tools_command(args: argparse.Namespace) -> int:
         from .commands import CommandError
 
         raise CommandError("--agent goes with --declared (tool_stats counts every agent's calls together)")
-    store = open_views(args)
-    sql = f"SELECT * FROM tool_stats ORDER BY {_ORDER[args.sort]}"
-    if args.limit:
-        sql += f" LIMIT {int(args.limit)}"
-    records = _records(store, sql)
+    records = open_store(args).tools(args.sort, args.limit or None)
     if args.json:
         emit_json(_jsonable(records))
         return 0
@@ -311,38 +231,14 @@ def tools_command(args: argparse.Namespace) -> int:
     return 0
 
 
-# the tools that turns offered as server tools (the provider runs them: a declared tool with
-# a type), by agent as declared_vs_used names it (the text prefilter spares parsing the
-# declared tools of every turn that has none)
-_SERVER_TOOLS = """
-SELECT DISTINCT agent, json_extract_string(d, '$.name') AS tool
-FROM (
-    SELECT channel_id AS agent, unnest(CAST(declared_tools AS JSON[])) AS d
-    FROM turns
-    WHERE contains(CAST(declared_tools AS VARCHAR), '"type"')
-)
-WHERE json_extract_string(d, '$.type') IS NOT NULL
-"""
-
-
 def _declared(args: argparse.Namespace) -> int:
-    store = open_views(args)
-    sql, params = "SELECT * FROM declared_vs_used", []
-    if args.agent:
-        sql += " WHERE agent = ?"
-        params.append(args.agent)
-    if args.limit:
-        sql += f" LIMIT {int(args.limit)}"
-    records = _records(store, sql, params)
-    server = {(r["agent"], r["tool"]) for r in _records(store, _SERVER_TOOLS)} if records else set()
-    for r in records:  # the KIND the table shows
-        r["kind"] = "server" if (r["agent"], r["tool"]) in server else "client"
+    store = open_store(args)
+    records = store.declared_tools(args.agent or None, args.limit or None)
     if args.json:
         emit_json(_jsonable(records))
         return 0
     if not records:
-        where, turn_params = ("WHERE channel_id = ?", [args.agent]) if args.agent else ("", [])
-        turns = _records(store, f"SELECT count(*) AS n FROM turns {where}", turn_params)[0]["n"]
+        turns = store.turn_count(args.agent or None)
         whose = f" of agent {args.agent!r}" if args.agent else ""
         if not turns:
             emit(f"no turns{whose} yet")

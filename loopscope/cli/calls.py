@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..dashboards import tables
 from . import _args
-from .commands import db_path, ellipsis, emit, emit_json, open_store, resolve_session_on
+from .commands import ellipsis, emit, emit_json, open_store, resolve_session
+
+if TYPE_CHECKING:
+    from ..storage.queries import Reader
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -31,9 +35,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def calls_command(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    session = _session(store, args.session)
     if args.json:  # the public models' JSON
-        store = open_store(args)
-        session = _session(store.path, store.lock_timeout, args.session)
         found = store.model_calls(
             session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
             limit=args.limit or None,
@@ -41,24 +45,17 @@ def calls_command(args: argparse.Namespace) -> int:
         emit_json([c.model_dump(mode="json", exclude={"input_messages", "output_messages"}) for c in found])
         return 0
     # the table from plain rows: no pydantic, no models
-    from ..storage import reads
-    from ..storage.connection import resolve
-    from ..storage.recording import flush_own
-
-    path, wait = resolve(db_path(args)), getattr(args, "wait", 10.0)
-    flush_own(path)
-    session = _session(path, wait, args.session)
-    found = [reads.call_row(r) for r in reads.call_rows(
-        path, session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
-        limit=args.limit or None, timeout=wait, keep=True, utc_naive=True,
-    )]
-    if not found:
+    rows = store.calls(
+        session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
+        limit=args.limit or None,
+    )
+    if not rows:
         emit("no model calls match" if any((session, args.model, args.provider, args.failed)) else "no model calls yet")
         return 0
-    emit(tables.calls_table(found, show_session=session is None, ellipsis=ellipsis()))
-    unpriced = sum(1 for c in found if c.cost_usd is None and c.usage)
-    priced = [c.cost_usd for c in found if c.cost_usd is not None]
-    summary = f"{len(found)} call{'s' if len(found) != 1 else ''}"
+    emit(tables.calls_table(rows, show_session=session is None, ellipsis=ellipsis()))
+    unpriced = sum(1 for c in rows if c.cost_usd is None and c.usage)
+    priced = [c.cost_usd for c in rows if c.cost_usd is not None]
+    summary = f"{len(rows)} call{'s' if len(rows) != 1 else ''}"
     if priced:
         summary += f", {tables.usd(sum(priced))}"
     if unpriced:
@@ -67,17 +64,11 @@ def calls_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _session(path: str, wait: float, requested: str | None) -> str | None:
+def _session(store: Reader, requested: str | None) -> str | None:
     """The session asked for: one of model calls alone (no events) is taken as named; else
     an id or a unique prefix (None: every session)."""
     if requested is None:
         return None
-    from ..storage import reads
-    from ..storage.connection import open_store as connect
-    from ..storage.recording import flush_own
-
-    flush_own(path)  # what this process recorded is read too
-    if reads.call_rows(path, requested, limit=1, timeout=wait, keep=True):
+    if store.calls(requested, limit=1):
         return requested
-    with connect(path, read_only=True, timeout=wait, keep=True) as con:
-        return resolve_session_on(con, path, requested)
+    return resolve_session(store, requested)

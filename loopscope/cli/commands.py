@@ -11,15 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..dashboards import tables
 from ..storage.errors import StoreError
-from ..storage.recording import default_db_path, flush_own
+from ..storage.recording import default_db_path
 
 if TYPE_CHECKING:
-    from ..storage.engine import duckdb
-    from ..storage.reads import ViewReader
-    from ..storage.store import Store
+    from ..storage.queries import Reader
 
-# DuckDB, pydantic (the public models) and the store are imported by the commands that read
-# the store, not here: ``loopscope --help`` and ``loopscope run`` need none of them.
+# The store's engine (DuckDB, or ClickHouse by URL) and pydantic (the public models) are
+# imported by the commands that read the store, through the query API
+# (loopscope.storage.queries), not here: ``loopscope --help`` and ``loopscope run`` need none of them.
 
 
 class CommandError(Exception):
@@ -90,7 +89,7 @@ def describe(exc: BaseException) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if isinstance(exc, (StoreError, ValueError, CommandError)) and first:
         return first
-    # the engine the store's connections use (``_duckdb``: storage/engine.py), or the package;
+    # the engine the store's connections use (``_duckdb``: storage/duckdb/engine.py), or the package;
     # neither imported: the error is not DuckDB's
     for name in ("_duckdb", "duckdb"):
         duckdb = sys.modules.get(name)
@@ -109,41 +108,23 @@ def db_path(args: argparse.Namespace) -> str:
     return os.path.expanduser(getattr(args, "db", None) or default_db_path())
 
 
-def open_store(args: argparse.Namespace) -> Store:
-    from ..storage.store import Store
+def open_store(args: argparse.Namespace) -> Reader:
+    """The query API of the store ``--db`` names (a DuckDB file, or a ``clickhouse://`` URL)."""
+    from ..storage.queries import open_reader
 
-    return Store(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
-
-
-def open_views(args: argparse.Namespace) -> ViewReader:
-    """What the analytics commands read the views through: one attachment for their queries, no pydantic."""
-    from ..storage.connection import resolve
-    from ..storage.reads import ViewReader
-
-    return ViewReader(resolve(db_path(args)), lock_timeout=getattr(args, "wait", 10.0))
+    return open_reader(db_path(args), lock_timeout=getattr(args, "wait", 10.0))
 
 
-def resolve_session(store: Store, requested: str | None) -> str:
+def resolve_session(store: Reader, requested: str | None) -> str:
     """The session a command is about: the one named (or uniquely prefixed), else the most recent."""
-    from ..storage.connection import open_store as connect
-
-    flush_own(store.path)  # what this process recorded (a test, a notebook) is read too
-    with connect(store.path, read_only=True, timeout=store.lock_timeout) as con:
-        return resolve_session_on(con, store.path, requested)
-
-
-def resolve_session_on(con: duckdb.DuckDBPyConnection, path: str, requested: str | None) -> str:
-    """:func:`resolve_session` on a connection to the store at ``path`` that is open already."""
-    from ..storage.reads import session_of
-
-    found = session_of(con, requested)
-    if isinstance(found, str):
-        return found
+    found = store.session(requested)
+    if found.session_id is not None:
+        return found.session_id
     if requested is None:
-        raise CommandError(f"the store {path} holds no sessions yet (run an instrumented agent, or `loopscope demo`)")
-    if not found:
-        raise CommandError(f"no session {requested!r} in {path} (list them with `loopscope sessions`)")
-    shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise CommandError(f"the store {store.path} holds no sessions yet (run an instrumented agent, or `loopscope demo`)")
+    if not found.candidates:
+        raise CommandError(f"no session {requested!r} in {store.path} (list them with `loopscope sessions`)")
+    shown = ", ".join(found.candidates[:5]) + (", ..." if len(found.candidates) > 5 else "")
     raise CommandError(f"{requested!r} matches several sessions ({shown}); give more of the id")
 
 
@@ -167,13 +148,13 @@ def _running_ids(events: list[Any]) -> set[str]:
 
 def demo(args: argparse.Namespace) -> int:
     from .. import demo as demo_module
-    from ..storage.store import Store
+    from ..storage.queries import open_reader
 
     result = demo_module.run(db_path(args), session_id=args.session)
-    store = Store(result.db_path, lock_timeout=getattr(args, "wait", 10.0))
-    events = store.get_timeline(result.session_id)
-    turns = store.list_turns(result.session_id, limit=None)
-    costs = turn_costs(result.db_path, store.lock_timeout, [t.correlation_id for t in turns])
+    store = open_reader(result.db_path, lock_timeout=getattr(args, "wait", 10.0))
+    events = store.timeline(result.session_id)
+    turns = store.turns(result.session_id, limit=None)
+    costs = store.turn_costs([t.correlation_id for t in turns])
     if args.json:
         emit_json(
             {
@@ -215,7 +196,7 @@ def timeline(args: argparse.Namespace) -> int:
     store = open_store(args)
     session = resolve_session(store, args.session)
     event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
-    events = store.get_timeline(
+    events = store.timeline(
         session,
         limit=args.limit or None,
         after_index=args.after,
@@ -226,7 +207,7 @@ def timeline(args: argparse.Namespace) -> int:
     if args.json:
         emit_json([e.model_dump(mode="json") for e in events])
         return 0
-    total = store.get_event_count(session, event_filter)
+    total = store.event_count(session, event_filter)
     db_flag = f" --db {shlex.quote(store.path)}" if getattr(args, "db", None) else ""
     if not events:
         where = (
@@ -239,8 +220,8 @@ def timeline(args: argparse.Namespace) -> int:
         emit(f"session {tables.one_line(session)}: no events{where} ({total} in all)")
         return 0
     first, last = events[0].index, events[-1].index
-    later = bool(store.list_events(session, limit=1, after_index=last, event_filter=event_filter))
-    earlier = bool(store.list_events(session, limit=1, before_index=first, event_filter=event_filter))
+    later = bool(store.timeline(session, limit=1, after_index=last, event_filter=event_filter))
+    earlier = bool(store.timeline(session, limit=1, before_index=first, event_filter=event_filter))
     emit(f"session {tables.one_line(session)}: events {first}-{last} ({len(events)} of {total})")
     emit(tables.events_table(events, running=set() if later else _running_ids(events), ellipsis=ellipsis()))
     hints = []
@@ -255,49 +236,20 @@ def timeline(args: argparse.Namespace) -> int:
 
 
 def turns(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    session = resolve_session(store, args.session) if args.session is not None else None
     if args.json:  # the public models' JSON, with the cost the table shows
-        store = open_store(args)
-        session = resolve_session(store, args.session) if args.session is not None else None
-        found = store.list_turns(session, limit=args.limit or None, newest_first=True)
-        costs = turn_costs(store.path, store.lock_timeout, [t.correlation_id for t in found])
-        emit_json(turns_json(found, costs))
+        found = store.turns(session, limit=args.limit or None, newest_first=True)
+        emit_json(turns_json(found, store.turn_costs([t.correlation_id for t in found])))
         return 0
     # the table from plain rows: no pydantic, no models (``loopscope turns`` starts in a third of the time)
-    from ..storage import reads
-    from ..storage.connection import open_store as connect
-    from ..storage.connection import resolve
-
-    path, wait = resolve(db_path(args)), getattr(args, "wait", 10.0)
-    flush_own(path)
-    with connect(path, read_only=True, timeout=wait) as con:
-        session = resolve_session_on(con, path, args.session) if args.session is not None else None
-        rows = reads.turn_rows(con, session, args.limit or None, newest_first=True, utc_naive=True)
-        found = [reads.turn_row(r) for r in rows]
-        ids = sorted({t.correlation_id for t in found if t.correlation_id})
-        cost_rows = reads.view_rows_on(con, _TURN_COSTS, [ids]) if ids else []
-    if not found:
+    rows = store.turn_rows(session, args.limit or None, newest_first=True)
+    if not rows:
         emit(f"no turns{f' in session {tables.one_line(session)}' if session else ''} yet")
         return 0
-    if cost_rows is None:  # an older file: the view is given to a database of its own
-        cost_rows = reads.view_rows(path, _TURN_COSTS, [ids], timeout=wait)
-    costs = {(r[0], r[1]): r[2] for r in cost_rows}
-    emit(tables.turns_table(found, show_session=session is None, costs=costs, ellipsis=ellipsis()))
+    costs = store.turn_costs([t.correlation_id for t in rows])
+    emit(tables.turns_table(rows, show_session=session is None, costs=costs, ellipsis=ellipsis()))
     return 0
-
-
-# what each turn cost in USD (its model calls' sum, else its own price)
-_TURN_COSTS = "SELECT session_id, turn_id, cost_usd FROM turn_summaries WHERE list_contains(?, turn_id)"
-
-
-def turn_costs(path: str, wait: float, turn_ids: list[str | None]) -> dict[tuple[str | None, str | None], float | None]:
-    """What the turns of these correlation ids cost in USD, by (session, turn); None
-    where no price is known."""
-    from ..storage import reads
-
-    ids = sorted({t for t in turn_ids if t})
-    if not ids:
-        return {}
-    return {(r[0], r[1]): r[2] for r in reads.view_rows(path, _TURN_COSTS, [ids], timeout=wait)}
 
 
 def turns_json(turns: list[Any], costs: dict[tuple[str | None, str | None], float | None]) -> list[dict[str, Any]]:
@@ -306,19 +258,11 @@ def turns_json(turns: list[Any], costs: dict[tuple[str | None, str | None], floa
     return [{**t.model_dump(mode="json"), "cost_usd": costs.get((t.session_id, t.correlation_id))} for t in turns]
 
 
-_SESSION_COSTS = "SELECT session_id, cost_usd FROM session_costs WHERE list_contains(?, session_id)"
-
-
 def sessions(args: argparse.Namespace) -> int:
-    from ..storage import reads
-
     store = open_store(args)
     search = getattr(args, "search", None)
-    found = store.list_sessions(limit=args.limit or None, search=search)
-    ids = [s.session_id for s in found]
-    costs: dict[str, float | None] = (
-        dict(reads.view_rows(store.path, _SESSION_COSTS, [ids], timeout=store.lock_timeout)) if ids else {}
-    )
+    found = store.sessions(limit=args.limit or None, search=search)
+    costs = store.session_costs([s.session_id for s in found])
     if args.json:  # the public models' JSON, with the cost the table shows
         emit_json([{**s.model_dump(mode="json"), "cost_usd": costs.get(s.session_id)} for s in found])
         return 0

@@ -12,29 +12,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..storage.queries import EXPORT_TABLES, open_reader
 from . import _args, agui
 from .commands import CommandError, db_path, emit, emit_json
 
-if TYPE_CHECKING:
-    import duckdb
-
-EXPORTS: dict[str, str] = {
-    "events": """SELECT * REPLACE (content::VARCHAR AS content),
-        CAST(timezone('UTC', created_at) AS DATE) AS date FROM events""",
-    "turns": """SELECT * REPLACE (segments::VARCHAR AS segments, usage::VARCHAR AS usage,
-        declared_tools::VARCHAR AS declared_tools),
-        CAST(timezone('UTC', "timestamp") AS DATE) AS date FROM turns""",
-    "tool_calls": """SELECT * REPLACE (arguments::VARCHAR AS arguments, result::VARCHAR AS result),
-        CAST(timezone('UTC', started_at) AS DATE) AS date FROM tool_calls""",
-}
-"""What each exported table holds: its rows and the UTC day (``date``) it is partitioned by."""
+EXPORTS = EXPORT_TABLES
+"""The tables ``--tables`` may name (each with its rows' UTC day, ``date``, that it is partitioned by)."""
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -75,9 +63,6 @@ def _tables(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..storage.connection import open_store
-    from ..storage.schema import check_readable, missing_views
-
     if args.agui is not None:
         return agui.run_export(args)
     agui.refuse_agui_flags(args)
@@ -92,20 +77,12 @@ def run(args: argparse.Namespace) -> int:
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     path = os.path.abspath(db_path(args))
     written: dict[str, dict[str, Any]] = {}
-    # a database of its own that may write files (the Parquet): only these statements run on it
-    with open_store(path, read_only=True, timeout=getattr(args, "wait", 10.0), isolated=True, sealed=False) as con:
-        check_readable(con)
-        for statement in missing_views(con):
-            con.execute(statement)
-        out.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            target = out / name
-            if target.exists():
-                shutil.rmtree(target)
-            rows = _copy(con, EXPORTS[name], target, name if show else None)
-            days = sorted(p.name.split("=", 1)[1] for p in target.iterdir() if p.name.startswith("date=")) if target.exists() else []
-            written[name] = {"rows": rows, "days": len(days), "first_day": days[0] if days else None,
-                             "last_day": days[-1] if days else None, "path": str(target)}
+    reader = open_reader(path, lock_timeout=getattr(args, "wait", 10.0))
+    for name, rows in reader.export_parquet(names, str(out), progress=_Bar if show else None).items():
+        target = out / name
+        days = sorted(p.name.split("=", 1)[1] for p in target.iterdir() if p.name.startswith("date=")) if target.exists() else []
+        written[name] = {"rows": rows, "days": len(days), "first_day": days[0] if days else None,
+                         "last_day": days[-1] if days else None, "path": str(target)}
     if args.json:
         emit_json({"db": path, "dir": str(out), "tables": written})
         return 0
@@ -118,50 +95,6 @@ def run(args: argparse.Namespace) -> int:
     emit("Read it back, e.g.:")
     emit(f"""  duckdb -c "SELECT date, count(*) FROM read_parquet('{first}/*/*.parquet', hive_partitioning = true) GROUP BY date ORDER BY date" """.rstrip())
     return 0
-
-
-def _copy(con: duckdb.DuckDBPyConnection, query: str, target: Path, label: str | None) -> int:
-    """Write one table; with a label, draw a progress bar while DuckDB works."""
-    from ..storage.engine import duckdb  # loaded already: the store is open
-
-    statement = f"COPY ({query}) TO '{_quote(str(target))}' (FORMAT parquet, PARTITION_BY (date))"
-    if label is None:
-        row = con.execute(statement).fetchone()
-        return int(row[0]) if row and row[0] is not None else 0
-    con.execute("SET enable_progress_bar = true")  # DuckDB tracks progress only with it on
-    con.execute("SET enable_progress_bar_print = false")  # ... and we draw it ourselves
-    result: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            result["row"] = con.execute(statement).fetchone()
-        except BaseException as exc:  # handed to the main thread
-            result["error"] = exc
-
-    worker = threading.Thread(target=work, name=f"loopscope-export-{label}", daemon=True)
-    bar = _Bar(label)
-    worker.start()
-    try:
-        while worker.is_alive():
-            try:
-                bar.draw(con.query_progress())
-            except duckdb.Error:
-                pass
-            worker.join(0.2)
-    except KeyboardInterrupt:
-        con.interrupt()
-        worker.join(5)
-        bar.done(interrupted=True)
-        raise
-    bar.done()
-    if "error" in result:
-        raise result["error"]
-    row = result.get("row")
-    return int(row[0]) if row and row[0] is not None else 0
-
-
-def _quote(text: str) -> str:
-    return text.replace("'", "''")
 
 
 class _Bar:

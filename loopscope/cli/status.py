@@ -1,8 +1,8 @@
 """``loopscope status``: the store at a glance, and what had to be dropped or failed.
 
 What a store holds says little about what it misses. Each writer keeps its counters in
-the store (:mod:`loopscope.storage.health`): rows written, events dropped because its
-queue was full or because the file stayed unwritable too long, failed write attempts
+the store (read by the query API's ``status``; on DuckDB :mod:`loopscope.storage.duckdb.health`):
+rows written, events dropped because its queue was full or because the file stayed unwritable too long, failed write attempts
 with the last error, and what the OTLP exporter of the same process dropped. What a
 writer could not say in the store (it was held by another process or full when the
 writer stopped, or a write never ended) is counted in the file beside it
@@ -18,12 +18,12 @@ nothing (the spans carry it all), so they are notes, not problems.
 from __future__ import annotations
 
 import argparse
-import os
 from datetime import datetime, timezone
 from typing import Any
 
 from ..dashboards import tables
 from ..dashboards.tables import Column
+from ..storage.results import LOSS_COUNTERS
 from . import _args
 from .commands import db_path, emit, emit_json
 
@@ -47,50 +47,33 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
     """The status of the store at ``path`` as plain values (what ``--json`` prints)."""
-    from ..semconv import UNSERVED_CUT
-    from ..storage import health  # DuckDB: imported when a command reads, not for ``--help``
-    from ..storage.connection import open_store
-    from ..storage.schema import check_readable, has_model_calls, schema_version
+    from ..storage.queries import open_reader
 
-    with open_store(path, read_only=True, timeout=wait) as con:
-        check_readable(con)
-        version = schema_version(con)
-        [(sessions, events, turns, tool_calls, last_event)] = con.execute(
-            "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM events), (SELECT count(*) FROM turns), "
-            "(SELECT count(*) FROM events WHERE type = 'tool_call_start'), (SELECT max(created_at) FROM events)"
-        ).fetchall()  # one row: aggregates
-        writers = health.writers(con)
-        # calls whose stitched turn ended early: more turns waited for results than are kept open
-        [(cut,)] = con.execute(
-            "SELECT count(*) FROM events WHERE type = 'tool_call_end' AND json_extract_string(content, '$.error') = ?",
-            [UNSERVED_CUT],
-        ).fetchall()
-        model_calls = con.execute("SELECT count(*) FROM model_calls").fetchall()[0][0] if has_model_calls(con) else 0
-    writers = _with_beside(writers, health.read_beside(path))
-    size = sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p))
+    found = open_reader(path, lock_timeout=wait).status()
+    writers = _with_beside(found.writers, found.beside)
     for writer in writers:
         for key in ("boot_id", "pid_namespace", "process_start"):
             writer.pop(key, None)
-    totals = {name: sum(int(w[name]) for w in writers) for name in health.LOSS_COUNTERS}
+    totals = {name: sum(int(w[name]) for w in writers) for name in LOSS_COUNTERS}
     # every loss in the store's own rows: events (rows of `events`) and turns (rows of `turns`)
     totals["events_lost"] = totals["dropped_queue_full"] + totals["dropped_unwritable"]
     totals["turns_lost"] = totals["turns_dropped_queue_full"] + totals["turns_dropped_unwritable"]
     notices = {kind: sum(int(w.get(f"notices_{kind}") or 0) for w in writers) for kind in ("sent", "refused", "failed")}
     return {
-        "path": path,
-        "size_bytes": size,
-        "schema_version": version,
-        "sessions": sessions,
-        "events": events,
-        "turns": turns,
-        "tool_calls": tool_calls,
-        "model_calls": model_calls,
-        "last_event_at": last_event,
+        "path": found.path,
+        "size_bytes": found.size_bytes,
+        "schema_version": found.schema_version,
+        "sessions": found.sessions,
+        "events": found.events,
+        "turns": found.turns,
+        "tool_calls": found.tool_calls,
+        "model_calls": found.model_calls,
+        "last_event_at": found.last_event_at,
         "writers": writers,
         "totals": totals,
-        "unserved_cut": cut,
+        "unserved_cut": found.unserved_cut,
         "notices": notices,
-        "problems": problems(writers) + _cut_problem(cut),
+        "problems": problems(writers) + _cut_problem(found.unserved_cut),
         "notes": notes(writers),
     }
 
@@ -98,8 +81,6 @@ def read_status(path: str, wait: float = 10.0) -> dict[str, Any]:
 def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The store's writer rows with what the file beside the store adds: to the row of
     the same writer, or as a row of its own for a writer the store has no row of."""
-    from ..storage import health
-
     by_id = {w["writer_id"]: w for w in writers}
     stored = {w["writer_id"]: dict(w) for w in writers}  # the rows as the store has them (children are set against these)
     for writer_id, entry in beside.items():
@@ -109,11 +90,11 @@ def _with_beside(writers: list[dict[str, Any]], beside: dict[str, dict[str, Any]
                 "writer_id": writer_id, "host": entry.get("host"), "pid": entry.get("pid"), "started_at": None,
                 "last_seen": _when(entry.get("at")), "alive": "stopped", "events_written": 0, "turns_written": 0,
                 "excluded": 0, "queue_size": entry.get("queue_size") or 0, "last_error": None, "last_error_at": None,
-                "stopped_at": _when(entry.get("at")), **{name: 0 for name in health.LOSS_COUNTERS},
+                "stopped_at": _when(entry.get("at")), **{name: 0 for name in LOSS_COUNTERS},
             }
             writers.append(row)
             by_id[writer_id] = row
-        for name in health.LOSS_COUNTERS:
+        for name in LOSS_COUNTERS:
             value = entry.get(name)
             row[name] = int(row[name] or 0) + (int(value) if isinstance(value, int) else 0)
         if entry.get("last_error"):

@@ -3,8 +3,8 @@
 Following works from another process while an agent writes the store: every
 ``--interval`` it reads each session's last index (the small ``sessions`` table) and,
 for the sessions that moved, the events after the index it printed last, in the same
-read (:class:`loopscope.storage.replay.Follower`, the after-index query that
-``Store.replay`` and the web dashboard's live timeline use too). Each read holds the file
+read (the query API's ``follow``; on DuckDB :class:`loopscope.storage.duckdb.replay.Follower`,
+the after-index query that ``Store.replay`` and the web dashboard's live timeline use too). Each read holds the file
 for a moment only, so the agent's writer is never kept waiting for long. Ctrl-C stops it
 (exit status 0).
 """
@@ -12,20 +12,19 @@ for a moment only, so the agent's writer is never kept waiting for long. Ctrl-C 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from ..dashboards import tables
-from ..storage.errors import StoreError, StoreLockedError
+from ..storage.errors import StoreLockedError
 from . import _args
 from .commands import CommandError, ellipsis, emit, json_text, open_store, resolve_session, warn
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent
     from ..storage.policy import EventFilter
-    from ..storage.store import Store
+    from ..storage.queries import Reader
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -75,7 +74,7 @@ class _Printer:
         sys.stdout.flush()
 
 
-def _session(store: Store, requested: str | None, follow: bool) -> str | None:
+def _session(store: Reader, requested: str | None, follow: bool) -> str | None:
     if requested is None:
         return None
     try:
@@ -86,19 +85,9 @@ def _session(store: Store, requested: str | None, follow: bool) -> str | None:
         raise
 
 
-def _ready(store: Store) -> bool:
+def _ready(store: Reader) -> bool:
     """Whether the store exists and holds loopscope data (else a follower waits)."""
-    if not os.path.exists(store.path):
-        return False
-    try:
-        store.last_indices()
-    except StoreLockedError:
-        return False
-    except StoreError as exc:
-        if "holds no loopscope data yet" in str(exc):
-            return False
-        raise
-    return True
+    return store.ready()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,31 +105,20 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:
-        if _interrupted(exc):
+        if store.interrupted(exc):
             return 0
         raise
 
 
-def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is Ctrl-C that reached DuckDB first: a query running when SIGINT
-    arrives is interrupted, and DuckDB raises that instead of ``KeyboardInterrupt``
-    (``InterruptException``, or a ``RuntimeError`` "Query interrupted" from a fetch)."""
-    from ..storage.engine import duckdb
-
-    return isinstance(exc, duckdb.InterruptException) or (
-        isinstance(exc, RuntimeError) and "interrupted" in str(exc).lower()
-    )
-
-
-def _newest(store: Store, session: str | None, lines: int, event_filter: EventFilter) -> list[ActivityEvent]:
+def _newest(store: Reader, session: str | None, lines: int, event_filter: EventFilter) -> list[ActivityEvent]:
     if lines == 0:
         return []
     if session is None:
-        return store.list_recent_events(lines, event_filter=event_filter)
-    return store.list_events(session, limit=lines, newest_first=True, event_filter=event_filter)
+        return store.recent_events(lines, event_filter=event_filter)
+    return store.timeline(session, limit=lines, newest_first=True, event_filter=event_filter)
 
 
-def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, printer: _Printer) -> int:
+def _follow(store: Reader, args: argparse.Namespace, event_filter: EventFilter, printer: _Printer) -> int:
     if not _ready(store):
         warn(f"loopscope: waiting for a store at {store.path}")
         while not _ready(store):
@@ -148,9 +126,7 @@ def _follow(store: Store, args: argparse.Namespace, event_filter: EventFilter, p
     session = _session(store, args.session, follow=True)
     # the newest lines and the cursors come from one read of the file: the first poll
     # goes on right after what was printed, with nothing repeated or skipped between
-    from ..storage.replay import Follower
-
-    follower = Follower(store, session, event_filter=event_filter)
+    follower = store.follow(session, event_filter=event_filter)
     printer(follower.start(args.lines))
     where = f" (session {session})" if session else ""
     warn(f"loopscope: following {store.path}{where}; Ctrl-C to stop")

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ..dashboards.web import DEFAULT_HOST, DEFAULT_PORT
-from .commands import CommandError, emit, open_store, warn
+from .commands import CommandError, db_path, emit, warn
 
 
 def _port(text: str) -> int:
@@ -57,9 +57,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run(args: argparse.Namespace) -> int:
     from ..dashboards.web.server import make_server  # the store and DuckDB: not for ``--help``
+    from ..storage.queries import open_reader
 
-    store = open_store(args)
-    store.keep_open = True  # a dashboard reads often and never writes: see Store
+    # a dashboard reads often and never writes: the engine may keep the store open between reads
+    store = open_reader(db_path(args), lock_timeout=getattr(args, "wait", 10.0), keep_open=True)
     try:
         server = make_server(store, args.host, args.port, verbose=args.verbose, allow_hosts=args.allow_host)
     except OSError as exc:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # the rows are the public models; pydantic is imported by what reads them, not by ``--help``
     from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
-    from ..storage.reads import CallRow, TurnRow  # plain rows (``loopscope turns``, ``calls``: no pydantic)
+    from ..storage.results import CallRow, TurnRow  # plain rows (``loopscope turns``, ``calls``: no pydantic)
 
 ELLIPSIS = "…"
 GAP = "  "

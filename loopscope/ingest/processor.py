@@ -19,7 +19,7 @@ from .spans import OWN_SCOPE
 from .stitch_foreign import Stitcher
 
 if TYPE_CHECKING:
-    from ..storage.writer import StoreWriter
+    from ..storage.duckdb.writer import StoreWriter
     from .writer_process import ProcessSpanWriter
 
 _STARTS = frozenset({a.OP_EXECUTE_TOOL, a.OP_INVOKE_AGENT})

@@ -1,10 +1,10 @@
 """Closing the turns a dead process left open, at the next open of the store for writing.
 
 The store keeps which writer opened which turn and tells whether a writer's process is
-gone (:mod:`loopscope.storage.recovery`); this module makes the rows a live shutdown
+gone (:mod:`loopscope.storage.duckdb.recovery`); this module makes the rows a live shutdown
 would have written for each such turn: a ``tool_call_end`` row with outcome ``unserved``
 for each call whose start row has no end, then the turn summary, with loop end reason
-``unfinished`` and :data:`~loopscope.storage.recovery.RECOVERED_NOTE` as its error. They
+``unfinished`` and :data:`~loopscope.storage.duckdb.recovery.RECOVERED_NOTE` as its error. They
 go through the same span-to-row mapping as everything else (:mod:`.mapping`, fed plain
 span records as the collector feeds it). All of it, and the removal of the dead writers'
 open turns, is one transaction while the file is held, so two processes opening the
@@ -24,8 +24,8 @@ from .. import _json
 from .. import semconv as a
 from .._guard import logger
 from ..models import RESPONSE_SEGMENT_SEPARATOR
-from ..storage import values, writer
-from ..storage.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, owner_gone, sql_text
+from ..storage.duckdb import values, writer
+from ..storage.duckdb.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, owner_gone, sql_text
 from ..storage.rows import END
 from .mapping import facts_of
 from .spans import Ctx, SpanRecord, Status
@@ -66,7 +66,7 @@ def recover(con: duckdb.DuckDBPyConnection) -> int:
             "ORDER BY session_id, idx",
             [sorted({o[1] for o in opened}), sorted({o[0] for o in opened}), min(o[3] for o in opened) / 1e6 - 1.0],
         ).fetchall()
-        rows = values.fill(con, rows, 10, 7)  # large contents whole (storage/values.py)
+        rows = values.fill(con, rows, 10, 7)  # large contents whole (storage/duckdb/values.py)
         by_turn: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         for row in rows:
             by_turn.setdefault((row[1], row[0]), []).append(row)

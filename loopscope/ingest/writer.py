@@ -1,4 +1,4 @@
-"""The store's writer fed spans: :class:`~loopscope.storage.writer.StoreWriter` with
+"""The store's writer fed spans: :class:`~loopscope.storage.duckdb.writer.StoreWriter` with
 loopscope's span-to-row mapping.
 
 The store's writer knows facts, not spans (:class:`~loopscope.storage.rows.SpanMapping`
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..storage.duckdb.writer import StoreWriter
 from ..storage.rows import SpanMapping
-from ..storage.writer import StoreWriter
 from . import big_values, recovery
 from .mapping import add_spans, span_rows, span_size
 
@@ -38,7 +38,7 @@ SPANS: SpanMapping = _Spans()
 
 
 class SpanWriter(StoreWriter):
-    """A :class:`~loopscope.storage.writer.StoreWriter` that takes spans in loopscope's
+    """A :class:`~loopscope.storage.duckdb.writer.StoreWriter` that takes spans in loopscope's
     conventions (``submit(START or END, span)``); the options are the store writer's."""
 
     def __init__(self, path: str, **options: Any) -> None:

@@ -3,7 +3,7 @@
 Started by :class:`~loopscope.ingest.writer_process.ProcessSpanWriter` (``python -I -c``,
 the application's import path, a session of its own). Its first message is the writer's
 options; then spans, as the plain tuples :func:`~loopscope.ingest.writer_process.shipped`
-made, go to the same :class:`~loopscope.storage.writer.StoreWriter` and mapping the thread mode runs in
+made, go to the same :class:`~loopscope.storage.duckdb.writer.StoreWriter` and mapping the thread mode runs in
 the application (same mapping, same batches, same health row and turn recovery); a flush
 is answered once its writer wrote what came before it; its counters go back now and then.
 At a close message, or when stdin ends (the application died), it closes the writer
@@ -26,9 +26,9 @@ import duckdb
 
 from .. import pricing, semconv
 from .._guard import logger
-from ..storage.allocator import give_back
+from ..storage.duckdb.allocator import give_back
+from ..storage.duckdb.writer import CLOSE_TIMEOUT, StoreWriter
 from ..storage.recording import share_db
-from ..storage.writer import CLOSE_TIMEOUT, StoreWriter
 from .spans import Ctx, Status
 from .writer import SPANS as SPAN_MAPPING
 from .writer_process import ACK, ANSWER, ASK, CLOSE, CONFIG, DONE, FLUSH, READY, SPANS, STATS, receive, send
@@ -147,9 +147,9 @@ def _prepare(path: str, recover: bool) -> str | None:
     process is left to the writer (it retries, says why, and counts what it loses). Returns
     why the store cannot be written (None: it can, or another process holds it now), which
     the ready message tells the application, whose words those are."""
-    from ..storage.connection import open_store
+    from ..storage.duckdb.connection import open_store
+    from ..storage.duckdb.schema import migrate
     from ..storage.errors import StoreError, StoreLockedError
-    from ..storage.schema import migrate
     from .recovery import recover as close_dead_turns
 
     try:

@@ -27,7 +27,7 @@ The writer's promises hold across the pipe:
   counts in the store what it could not write by its bound. A child that has not been
   handed everything in time is killed: what it had not written, and whatever this side
   still held, is counted as lost beside the store
-  (:func:`~loopscope.storage.health.record_beside`), as it is when the child dies while
+  (:func:`~loopscope.storage.duckdb.health.record_beside`), as it is when the child dies while
   the application goes on.
 * A child that dies unasked (the OOM killer, a ``kill -9``, a crash) costs what it had not
   written (counted, its pending flushes answered False); the next span starts a new one, whose
@@ -73,7 +73,8 @@ from typing import IO, Any
 from .. import _json, _otel_sdk
 from .._guard import guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
-from ..storage import health, recording
+from ..storage import recording
+from ..storage.duckdb import health
 from ..storage.flush import FlushRequest, settle
 from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.limits import close_timeout as writer_close_timeout

@@ -1079,7 +1079,7 @@ class Turn:
         marked as an error (Anthropic's ``tool_result.is_error``): the span is gone, so a
         ``tool_outcome_correction`` span under the turn says it failed, with the
         result's text as its error, once per call; the store sets the call's row ``failed``
-        (storage/writer.py) and OTLP carries both spans. The correction span starts where the
+        (storage/duckdb/writer.py) and OTLP carries both spans. The correction span starts where the
         call's span ended (else where the turn started), so the store looks for the call's
         row from then on only."""
         with self._lock:

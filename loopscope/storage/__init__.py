@@ -1,3 +1,3 @@
-"""The DuckDB store: schema and migrations, the writer, the query API and the SQL views.
-:mod:`.api` names the store's API (the seam a second engine would implement); what comes
+"""The store: the seam (:mod:`.queries`, :mod:`.api`) and its engines (:mod:`.duckdb`; ClickHouse by URL),
+the facts they take (:mod:`.rows`) and what they answer (:mod:`.results`); what comes
 into the store from outside lives in :mod:`loopscope.ingest`."""

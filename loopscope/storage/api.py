@@ -1,46 +1,54 @@
-"""The store's API: what ingest, the CLI and the dashboards call, and what a second storage
-engine (ClickHouse, say) would implement beside the DuckDB one.
+"""The store's API: the protocols a storage engine implements (DuckDB's, ClickHouse's), which
+the seam (:mod:`loopscope.storage.queries`: ``open_reader``, ``open_sink``, ``prepare``) hands
+out to the CLI, the dashboards and ingest.
 
 Two doors, both engine-neutral in what they take and give:
 
 * :class:`StoreReader`: the query API, events, turns, model calls and sessions as the public models
   (:mod:`loopscope.models`), a session's log followed live, read-only SQL. DuckDB's
-  :class:`~loopscope.storage.store.Store` implements it (and :class:`~loopscope.storage.store.AsyncStore`
+  :class:`~loopscope.storage.duckdb.store.Store` implements it (and :class:`~loopscope.storage.duckdb.store.AsyncStore`
   the same reads for async code).
 * :class:`SpanSink`: the write side. Spans queued as they start and end, reduced to
   :class:`~loopscope.storage.rows.Facts` (Arrow record batches in a fixed field order) by
   the :class:`~loopscope.storage.rows.SpanMapping` the sink was given (ingest's), and
-  written in batches. DuckDB's :class:`~loopscope.storage.writer.StoreWriter` implements
+  written in batches. DuckDB's :class:`~loopscope.storage.duckdb.writer.StoreWriter` implements
   it; the facts are what any engine takes, so the mapping is not the engine's.
 
-Behind the doors, DuckDB's own: the file and its connections (``connection.py``), the
-schema and its migrations (``schema.py``), ``write_batch`` (facts to rows in SQL), the
-SQL views (``views.py``), the writers' health rows (``health.py``), open-turn tracking
-(``recovery.py``) and the raw ``spans`` table (``raw_spans.py``).
+* :class:`BundleSink`: the sink ``loopscope collect`` writes through (a request's spans in
+  one transaction, refused requests counted, flushes answered later).
 
-Not behind them yet (each is DuckDB-specific and names the DuckDB modules directly):
-AG-UI import (``ingest/agui``) and recovery (``ingest/recovery.py``) write facts with
-``write_batch`` on a connection they open; the collector migrates the file on start; the
-dashboard's JSON API and ``loopscope status`` / ``export`` read with ``open_store``,
-``schema`` and ``health``. An engine of a second kind starts by giving these a door.
+The CLI's, the dashboard's and ``collect``'s reads are the named queries of
+:class:`loopscope.storage.queries.Reader` (typed results: :mod:`loopscope.storage.results`).
+
+Behind the doors, DuckDB's own (``storage/duckdb/``): the file and its connections
+(``connection.py``), the schema and its migrations (``schema.py``), ``write_batch`` (facts to
+rows in SQL), the SQL views (``views.py``), the writers' health rows (``health.py``),
+open-turn tracking (``recovery.py``), the raw ``spans`` table (``raw_spans.py``) and the
+queries' SQL (``queries.py``, ``dashboard.py``, ``parquet.py``).
+
+Not behind them yet (each names the DuckDB modules directly; pyproject.toml's ``seam``
+contract lists them in ``ignore_imports`` with what removes each): ingest's writers run
+DuckDB's ``StoreWriter``; a writer process records its losses beside the store
+(``health``); recovery (``ingest/recovery.py``) and AG-UI import (``ingest/agui``) write
+with ``write_batch`` on a connection they open; AG-UI export reads ``agui_events``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
+from .duckdb.replay import DEFAULT_PAGE, Replay, StopFlag
+from .limits import CLOSE_TIMEOUT, WriterStats
 from .policy import EventFilter
-from .replay import DEFAULT_PAGE, Replay, StopFlag
 from .rows import SpanMapping
-from .writer import CLOSE_TIMEOUT, WriterStats
 
 
 @runtime_checkable
 class StoreReader(Protocol):
-    """The query API of a store (see :class:`~loopscope.storage.store.Store` for each
+    """The query API of a store (see :class:`~loopscope.storage.duckdb.store.Store` for each
     method's full contract). Reads never write."""
 
     path: str
@@ -141,4 +149,31 @@ class SpanSink(Protocol):
         ...
 
 
-__all__ = ["SpanMapping", "SpanSink", "StoreReader"]
+@runtime_checkable
+class BundleSink(SpanSink, Protocol):
+    """A sink that ``loopscope collect`` writes a request's spans through: a request's spans
+    (and their raw copies) in one transaction or none, a refused request counted, a flush
+    answered later (DuckDB's :class:`~loopscope.storage.duckdb.writer.StoreWriter` is one)."""
+
+    def submit_start(self, span: Any) -> None: ...
+
+    def submit_end(self, span: Any) -> None: ...
+
+    def begin_bundle(self) -> None:
+        """The spans submitted until :meth:`end_bundle` are written together."""
+        ...
+
+    def end_bundle(self, raw: list[tuple[Any, ...]] | None = None) -> None:
+        """End the bundle; ``raw``: the raw copies of its spans, written with its rows."""
+        ...
+
+    def flush_then(self, then: Callable[[bool], None]) -> None:
+        """Call ``then(ok)`` once what was queued before is written (or failed to be)."""
+        ...
+
+    def count_refused(self, spans: int = 0, reason: str | None = None) -> None:
+        """Count a request refused unread (with its spans when counted)."""
+        ...
+
+
+__all__ = ["BundleSink", "SpanMapping", "SpanSink", "StoreReader"]

@@ -1,5 +1,5 @@
 """A flush request: the marker both of the store's background writers (the rows writer,
-:mod:`loopscope.storage.writer`, and the raw-span writer, :mod:`loopscope.storage.raw_spans`)
+:mod:`loopscope.storage.duckdb.writer`, and the raw-span writer, :mod:`loopscope.storage.duckdb.raw_spans`)
 queue behind the items it waits for."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The store writer's bounds and counters, without the writer: what ``configure()`` and a
 writer process's application side need, which import neither DuckDB nor Arrow
-(:mod:`loopscope.storage.writer` re-exports them)."""
+(:mod:`loopscope.storage.duckdb.writer` re-exports them)."""
 
 from __future__ import annotations
 

@@ -407,7 +407,7 @@ def test_turns_table_from_plain_rows_is_the_models_table(recording, capsys):
     """``loopscope turns`` prints plain rows (no pydantic): the same table the public models
     make, for turns that ended every way (completed, failed, stopped at a reason, usage or not)."""
     from loopscope.dashboards import tables
-    from loopscope.storage.reads import TURN_NAMES, TurnRow
+    from loopscope.storage.duckdb.reads import TURN_NAMES, TurnRow
 
     assert TurnRow._fields == TURN_NAMES
     with loopscope.turn(session_id="plain", agent="a", input="hello", model="m-1") as t:

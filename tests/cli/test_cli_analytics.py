@@ -20,7 +20,7 @@ import pytest
 import analytics_store as workload
 import loopscope
 from loopscope.cli import main
-from loopscope.cli.export import EXPORTS
+from loopscope.storage.duckdb.parquet import EXPORTS  # the export's SQL is the DuckDB engine's (the seam)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ import pytest
 
 import analytics_store as workload
 import loopscope
-from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
-from loopscope.storage.views import OUTCOMES, VIEWS, views
+from loopscope.storage.duckdb.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from loopscope.storage.duckdb.views import OUTCOMES, VIEWS, views
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import loopscope
 from loopscope.content.policy import DEFAULT_PATTERNS, ContentPolicy
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 KEY = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234"
 BEARER = "Bearer eyZ0b2tlbi1mb3ItdGhlLWFwaQ.abcdef123456"

@@ -26,7 +26,7 @@ import loopscope
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope import semconv as a
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 SWITCH = "LOOPSCOPE_SEMCONV"

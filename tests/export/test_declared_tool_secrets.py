@@ -25,7 +25,7 @@ from fakes.model_server import FakeModelServer, Reply, ToolCall
 from loopscope import semconv as a
 from loopscope.content.policy import ContentPolicy
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 from loopscope.storage.scrub import prefilter
 
 KEY = "sk-proj-DescriptionKey0123456789abcd"

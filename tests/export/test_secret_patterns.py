@@ -23,8 +23,8 @@ from fakes import otlp_receiver
 from loopscope.content.policy import ContentPolicy
 from loopscope.content.secrets import DEFAULT_PREFILTERS, SECRET_SHAPES
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage import writer as writer_module
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb import writer as writer_module
+from loopscope.storage.duckdb.connection import open_store
 from loopscope.storage.scrub import prefilter
 
 

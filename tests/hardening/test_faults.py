@@ -181,7 +181,7 @@ def test_an_otlp_endpoint_that_refuses_or_hangs_changes_nothing_for_the_app(tmp_
 @pytest.fixture
 def stuck_writer(monkeypatch) -> Iterator[threading.Event]:
     """Every store batch waits (up to 30 s) until the event it yields is set; set at the end."""
-    from loopscope.storage import writer as writer_module
+    from loopscope.storage.duckdb import writer as writer_module
 
     gate = threading.Event()
     original = writer_module.write_batch
@@ -235,7 +235,7 @@ def test_a_stuck_writer_bounds_its_queue_by_count_and_counts_what_it_drops(tmp_p
 STUCK_AT_EXIT = """
     import sys, time
     import loopscope
-    from loopscope.storage import writer
+    from loopscope.storage.duckdb import writer
 
     def stuck(*args, **kwargs):
         time.sleep(100)  # a write that does not end (a disk that stalls, say)
@@ -405,7 +405,7 @@ def test_small_spans_with_a_stuck_writer_hold_about_the_byte_bound_in_memory(
 
     import pyarrow.compute  # noqa: F401 - imported by the writer's first batch: not the queue's memory
 
-    from loopscope.storage import writer as writer_module
+    from loopscope.storage.duckdb import writer as writer_module
 
     gate, entered = stuck_writer, threading.Event()
     stuck = writer_module.write_batch

@@ -22,8 +22,8 @@ import pytest
 
 from fakes.model_server import FakeModelServer
 from loopscope.cli.status import read_status
-from loopscope.storage import health
-from loopscope.storage.schema import migrate
+from loopscope.storage.duckdb import health
+from loopscope.storage.duckdb.schema import migrate
 
 WORKERS = """
     import multiprocessing as mp, os, sys, threading

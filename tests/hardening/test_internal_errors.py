@@ -28,7 +28,7 @@ pipeline_module = importlib.import_module("loopscope.pipeline")
 openai_adapter = importlib.import_module("loopscope.instrument.openai")
 anthropic_adapter = importlib.import_module("loopscope.instrument.anthropic")
 from fakes.model_server import Reply, ToolCall, Usage
-from loopscope.storage import writer
+from loopscope.storage.duckdb import writer
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 ANTHROPIC_TOOLS = [{"name": "weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]

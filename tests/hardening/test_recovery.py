@@ -24,9 +24,9 @@ from children import Child, collect_child, hold
 from loopscope import EventFilter
 from loopscope.cli import main as cli_main
 from loopscope.models import RESPONSE_SEGMENT_SEPARATOR
-from loopscope.storage import recovery
-from loopscope.storage.connection import open_store
-from loopscope.storage.recovery import RECOVERED_NOTE
+from loopscope.storage.duckdb import recovery
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.recovery import RECOVERED_NOTE
 from tool_totals_check import assert_totals_exact
 
 EVERY = EventFilter(include_blocked=True)

@@ -26,7 +26,7 @@ from loopscope.ingest.agents_bridges import OI_BRIDGE, OTEL_BRIDGE, REDACTED, re
 from loopscope.ingest.foreign import AGENT, CONTAINER, classify, read_tool
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.ingest.spans import Ctx, Scope, SpanRecord
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "tests" / "fixtures" / "foreign" / "record_agents.py"

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from children import Collect, collect_child
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope.ingest.foreign import ANTHROPIC_SDK_SPAN
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = [{"name": "weather", "description": "The weather in a city",

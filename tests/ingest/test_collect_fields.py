@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import loopscope
 import stacks
 from children import Collect, collect_child
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"

@@ -24,7 +24,7 @@ from loopscope.ingest.foreign import AGENT, CHAT, CONTAINER, TOOL, Assembler, cl
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.ingest.otlp.decode import parse_fixture
 from loopscope.ingest.spans import Ctx, Scope, SpanEvent, SpanRecord, Status
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"

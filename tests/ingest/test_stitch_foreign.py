@@ -27,7 +27,7 @@ from loopscope.ingest.foreign import Assembler
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.ingest.spans import Ctx, Scope, SpanRecord, Status
 from loopscope.ingest.stitch_foreign import Stitcher
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign"

@@ -29,7 +29,7 @@ from loopscope import LoopEndReason
 from loopscope import semconv as a
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.instrument import active
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 from recorded import only_turn, rows, spans_of
 
 MODEL = "gpt-test-1"

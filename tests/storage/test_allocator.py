@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 import loopscope
-from loopscope.storage import allocator
+from loopscope.storage.duckdb import allocator
 
 MiB = 1 << 20
 
@@ -87,7 +87,7 @@ def test_the_purge_switch_off_leaves_duckdbs_allocator_alone() -> None:
 
     script = (
         "import duckdb\n"
-        "from loopscope.storage import allocator, engine\n"
+        "from loopscope.storage.duckdb import allocator, engine\n"
         "duckdb.connect().execute('SELECT 1').fetchall()\n"
         "allocator.give_back(c_heap=True)\n"
         "print(engine.mallctl() is None, allocator.kept() is None)\n"
@@ -102,7 +102,7 @@ def test_the_purge_switch_off_leaves_duckdbs_allocator_alone() -> None:
 _BLOCKS_SCRIPT = """
 import ctypes, os, sys
 import duckdb
-from loopscope.storage import connection
+from loopscope.storage.duckdb import connection
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (

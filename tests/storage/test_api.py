@@ -10,10 +10,10 @@ import pytest
 
 from loopscope.ingest.writer import SpanWriter
 from loopscope.storage.api import SpanSink, StoreReader
-from loopscope.storage.connection import open_store
-from loopscope.storage.schema import migrate
-from loopscope.storage.store import Store
-from loopscope.storage.writer import StoreWriter
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.schema import migrate
+from loopscope.storage.duckdb.store import Store
+from loopscope.storage.duckdb.writer import StoreWriter
 
 
 def _methods(protocol: type) -> list[str]:

@@ -1,4 +1,4 @@
-"""The rows made in Arrow (storage/arrow_rows.py) are the rows the SQL of storage/rows.py
+"""The rows made in Arrow (storage/duckdb/arrow_rows.py) are the rows the SQL of storage/rows.py
 makes from the same facts, column by column, in real DuckDB files: the writer inserts the
 former where it can and falls back to the latter."""
 
@@ -11,10 +11,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from loopscope.storage import arrow_rows, rows
-from loopscope.storage.connection import open_store
-from loopscope.storage.schema import migrate
-from loopscope.storage.writer import write_batch
+from loopscope.storage import rows
+from loopscope.storage.duckdb import arrow_rows
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.schema import migrate
+from loopscope.storage.duckdb.writer import write_batch
 
 AT_US = 1_700_000_000_123_456
 

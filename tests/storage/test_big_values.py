@@ -85,7 +85,7 @@ def test_a_model_answer_far_over_the_cap_keeps_its_turn(tmp_path: Path, model_se
 EXIT_IN_A_WRITE = """
     import sys, threading
     import loopscope
-    from loopscope.storage import writer as store_writer
+    from loopscope.storage.duckdb import writer as store_writer
 
     db, size, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     writing = threading.Event()
@@ -131,7 +131,7 @@ STALLED_IN_DUCKDB = """
     import sys, threading, time
     import pyarrow as pa
     import loopscope
-    from loopscope.storage import writer as store_writer
+    from loopscope.storage.duckdb import writer as store_writer
 
     db, calls, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     inside = threading.Event()

@@ -26,7 +26,7 @@ from children import collect_child
 from exporting import batch_leaves
 from fakes.model_server import Reply, ToolCall, Usage
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 

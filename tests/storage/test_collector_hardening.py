@@ -21,7 +21,7 @@ from test_collector import ROOT, _one_turn_payload, rows
 from children import collect_child
 from idle_sockets import serve_past_idle_sockets
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 
 PROTOBUF = "application/x-protobuf"
 

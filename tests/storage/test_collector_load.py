@@ -20,7 +20,6 @@ from test_collector import events, rows, turns
 import loopscope
 from children import collect_child
 from exporting import batch_leaves
-from loopscope.ingest.otlp import routing
 from loopscope.ingest.otlp.collector import Collector
 
 T0 = 1_700_000_000_000_000_000
@@ -177,15 +176,18 @@ def test_a_request_resent_without_its_start_notices_opens_the_store_once(tmp_pat
     assert len(sent) == 120
     assert sum(any(kv.key == "loopscope.pending_sent" for kv in s.attributes) for s in sent) == 72
 
+    # the look-ups of stored start rows go through the store's query API (the seam), not a
+    # connection routing opens itself: counted there
     opened = []
-    real_open = routing.open_store
-
-    def counting_open(*args, **kwargs):
-        opened.append(args)
-        return real_open(*args, **kwargs)
 
     with Collector(str(tmp_path / "c.duckdb"), http_port=0, grpc_port=None, flush_interval=0.05) as collector:
-        monkeypatch.setattr(routing, "open_store", counting_open)
+        real_lookup = collector.ingest.reader.stored_ids
+
+        def counting_lookup(*args, **kwargs):
+            opened.append(args)
+            return real_lookup(*args, **kwargs)
+
+        monkeypatch.setattr(collector.ingest.reader, "stored_ids", counting_lookup)
         assert post(collector.http_endpoint + "/v1/traces", request.SerializeToString(), timeout=120)[0] == 200
         assert len(opened) == 1  # one look-up for the request (it was one per agent run and tool call)
         assert collector.ingest.start_lookups == 1

@@ -11,7 +11,7 @@ import pytest
 
 import loopscope
 from loopscope import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
-from loopscope.storage.conversations import CONVERSATION_EVENT
+from loopscope.storage.duckdb.conversations import CONVERSATION_EVENT
 
 REPO = Path(__file__).resolve().parents[2]
 

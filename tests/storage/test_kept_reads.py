@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope.storage import connection
+from loopscope.storage.duckdb import connection
 
 WRITER = """
     import json, sys, time
@@ -139,7 +139,7 @@ def test_kept_page_reads_and_view_reads_in_turn_let_go_of_the_file_once_they_pau
     """A session's page (attached to a one-thread database of its own) and the views (to
     the shared one, every thread) one after the other: each reuses the other's kept
     attachment, and the file is let go once they pause, whichever database holds it."""
-    from loopscope.storage.reads import view_rows
+    from loopscope.storage.duckdb.reads import view_rows
 
     db = tmp_path / "turns.duckdb"
     one_turn(db, "both")

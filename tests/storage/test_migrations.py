@@ -18,10 +18,10 @@ import pytest
 
 import loopscope
 from loopscope.cli.status import read_status
-from loopscope.storage import schema
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb import schema
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from loopscope.storage.errors import StoreError
-from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stores"
 NAMES = [m.name for m in MIGRATIONS]

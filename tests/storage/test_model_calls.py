@@ -29,7 +29,7 @@ from loopscope import semconv as a
 from loopscope.content.policy import ContentPolicy
 from loopscope.ingest.spans import OWN_SCOPE
 from loopscope.ingest.writer import SpanWriter
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb.connection import open_store
 from loopscope.storage.rows import END
 
 OPENAI_MODEL = "gpt-4o-mini"

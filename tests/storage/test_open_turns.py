@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 import loopscope
-from loopscope.storage import recovery
+from loopscope.storage.duckdb import recovery
 
 
 def _open_turns(db) -> list[tuple[str, str]]:
@@ -160,9 +160,9 @@ def _listed_after(path, batches, *, made: bool) -> list[tuple]:
     session) turns to end) went through a tracker's statements and write_batch: over the
     tables of turns the tracker ``made``, or over the facts."""
     from loopscope.storage import rows
-    from loopscope.storage.connection import open_store
-    from loopscope.storage.schema import migrate
-    from loopscope.storage.writer import write_batch
+    from loopscope.storage.duckdb.connection import open_store
+    from loopscope.storage.duckdb.schema import migrate
+    from loopscope.storage.duckdb.writer import write_batch
 
     tracker = recovery.Tracker()
     with open_store(path, read_only=False) as con:

@@ -24,7 +24,7 @@ import pytest
 import loopscope
 from children import hold
 from loopscope.cli import main
-from loopscope.storage.connection import command_line
+from loopscope.storage.duckdb.connection import command_line
 
 
 def _record(db: Path) -> None:

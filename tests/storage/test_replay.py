@@ -18,7 +18,7 @@ from test_live_reads import wait_until
 import loopscope
 from loopscope import EventFilter
 from loopscope.dashboards.web import api
-from loopscope.storage.replay import Follower
+from loopscope.storage.duckdb.replay import Follower
 
 EVERY = EventFilter(include_blocked=True)
 ROUNDS = 40

@@ -13,9 +13,9 @@ import duckdb
 
 from loopscope.ingest import mapping
 from loopscope.storage import rows
-from loopscope.storage.connection import open_store
-from loopscope.storage.schema import migrate
-from loopscope.storage.writer import write_batch
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.schema import migrate
+from loopscope.storage.duckdb.writer import write_batch
 
 TRACE, SPAN = bytes(range(16)), bytes(range(100, 108))
 AT_US = 1_700_000_000_123_456

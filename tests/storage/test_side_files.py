@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from children import hold
-from loopscope.storage import health
-from loopscope.storage.connection import open_store, writer_marker
+from loopscope.storage.duckdb import health
+from loopscope.storage.duckdb.connection import open_store, writer_marker
 from loopscope.storage.errors import StoreLockedError
 from store_files import newer_store
 

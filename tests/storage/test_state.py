@@ -15,7 +15,7 @@ import loopscope
 from loopscope import EventType, PersistencePolicy
 from loopscope import semconv as a
 from loopscope.ingest.otlp.collector import Collector
-from loopscope.storage.state import StatePatchError, apply_patch
+from loopscope.storage.duckdb.state import StatePatchError, apply_patch
 
 
 def state_rows(store: loopscope.Store, session: str) -> list[tuple[int, str, dict]]:

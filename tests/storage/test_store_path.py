@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from children import ROOT
-from loopscope.storage import health
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb import health
+from loopscope.storage.duckdb.connection import open_store
 
 READS = (["sessions"], ["turns"], ["timeline", "s"], ["calls"], ["stats"], ["tools"], ["tail"], ["sql", "SELECT 1"],
          ["status"], ["export", "--parquet", "out"])

@@ -20,9 +20,9 @@ from loopscope import semconv as a
 from loopscope.dashboards.web import api
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.ingest.spans import OWN_SCOPE
-from loopscope.storage.connection import open_store
-from loopscope.storage.schema import MIGRATIONS, SCHEMA_VERSION, has_tool_columns, migrate, schema_version
-from loopscope.storage.views import TOOL_COLUMNS, views
+from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.duckdb.schema import MIGRATIONS, SCHEMA_VERSION, has_tool_columns, migrate, schema_version
+from loopscope.storage.duckdb.views import TOOL_COLUMNS, views
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import analytics_store as workload

@@ -15,12 +15,12 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 import analytics_store as workload
 import loopscope
 from loopscope.ingest.writer import SpanWriter
-from loopscope.storage import tool_totals
-from loopscope.storage import writer as writer_module
-from loopscope.storage.conversations import DuckDBConversationStore
+from loopscope.storage.duckdb import tool_totals
+from loopscope.storage.duckdb import writer as writer_module
+from loopscope.storage.duckdb.conversations import DuckDBConversationStore
+from loopscope.storage.duckdb.schema import SCHEMA_VERSION, migrate
+from loopscope.storage.duckdb.views import SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
 from loopscope.storage.rows import END, START
-from loopscope.storage.schema import SCHEMA_VERSION, migrate
-from loopscope.storage.views import SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
 from tool_totals_check import assert_totals_exact
 
 

@@ -16,7 +16,7 @@ from test_conversations import rows  # the timeline as (index, type, what it say
 
 import loopscope
 from loopscope import DuckDBConversationStore
-from loopscope.storage.conversations import CONVERSATION_EVENT
+from loopscope.storage.duckdb.conversations import CONVERSATION_EVENT
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from fakes.model_server import FakeModelServer, Reply, ToolCall
 from loopscope.cli import main
 from loopscope.content.policy import ContentPolicy
 from loopscope.dashboards.web import api
-from loopscope.storage import values
+from loopscope.storage.duckdb import values
 
 TOOLS = [{"type": "function", "function": {"name": "fetch_page", "parameters": {"type": "object", "properties": {}}}}]
 
@@ -285,9 +285,9 @@ def _stored_whole(path: Path) -> list[tuple[Any, ...]]:
 
 def _write(path: Path) -> None:
     from loopscope.storage import rows
-    from loopscope.storage.connection import open_store
-    from loopscope.storage.schema import migrate
-    from loopscope.storage.writer import write_batch
+    from loopscope.storage.duckdb.connection import open_store
+    from loopscope.storage.duckdb.schema import migrate
+    from loopscope.storage.duckdb.writer import write_batch
 
     facts = rows.Facts()
     facts.append(_large_facts(), [])
@@ -301,7 +301,7 @@ def test_parts_put_together_are_the_rows_either_way_of_making_them_stored_whole(
 ) -> None:
     """The rows made in Arrow and the rows DuckDB's SQL makes (read back as Arrow) are cut
     alike, and put together they are what the store held whole before (no cut)."""
-    from loopscope.storage import arrow_rows
+    from loopscope.storage.duckdb import arrow_rows
 
     _write(tmp_path / "arrow.duckdb")
     with monkeypatch.context() as patch:

@@ -1,6 +1,6 @@
 """loopscope's readers never lag what the application recorded, though its writers wait
 seconds between batches: a read first has every writer that holds rows write them
-(storage/wakeup.py). A plain DuckDB reader sees them only once the interval has passed."""
+(storage/duckdb/wakeup.py). A plain DuckDB reader sees them only once the interval has passed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope.storage import wakeup
+from loopscope.storage.duckdb import wakeup
 
 
 def _turn(session: str) -> None:

@@ -12,8 +12,8 @@ import sys
 import duckdb
 import pytest
 
-from loopscope.storage import connection
-from loopscope.storage.connection import open_store
+from loopscope.storage.duckdb import connection
+from loopscope.storage.duckdb.connection import open_store
 
 
 def _setting(con: duckdb.DuckDBPyConnection, name: str) -> str:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.ingest.writer import SpanWriter
-from loopscope.storage import writer
+from loopscope.storage.duckdb import writer
 
 
 def _turn(session: str, text: str) -> None:

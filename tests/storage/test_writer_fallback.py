@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.cli.status import read_status
-from loopscope.storage import health
+from loopscope.storage.duckdb import health
 from loopscope.storage.errors import StoreError
 
 RECORDS = """

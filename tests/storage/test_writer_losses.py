@@ -98,7 +98,7 @@ def test_a_held_lock_of_the_file_beside_the_store_is_waited_for_a_bounded_time(t
     exit of another: the count is given up (and only logged) after ``LOCK_WAIT``."""
     import fcntl
 
-    from loopscope.storage import health
+    from loopscope.storage.duckdb import health
 
     store = str(tmp_path / "s.duckdb")
     with open(health.beside_path(store) + ".lock", "a") as holder:

@@ -33,7 +33,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..._http import BoundedHandler, BoundedHTTPServer, HostRule
 from ...storage.errors import StoreError
-from ...storage.store import Store
+from ...storage.queries import Reader, open_reader
+from ...storage.recording import configured_path, default_db_path
 from ..tables import visible
 from . import DEFAULT_HOST, DEFAULT_PORT, api  # the defaults live in the package, which ``loopscope ui``'s parser reads
 
@@ -126,7 +127,7 @@ class _Query:
         return items
 
 
-def _timeline(store: Store, q: _Query) -> Any:
+def _timeline(store: Reader, q: _Query) -> Any:
     return api.timeline(
         store,
         q.str("session", required=True) or "",
@@ -138,14 +139,14 @@ def _timeline(store: Store, q: _Query) -> Any:
     )
 
 
-def _event(store: Store, q: _Query) -> Any:
+def _event(store: Reader, q: _Query) -> Any:
     found = api.event(store, q.str("id", required=True) or "")
     if found is None:
         raise _NotFound("no such event")
     return found
 
 
-_ROUTES: dict[str, Callable[[Store, _Query], Any]] = {
+_ROUTES: dict[str, Callable[[Reader, _Query], Any]] = {
     "/api/overview": lambda store, q: api.overview(store),
     "/api/sessions": lambda store, q: api.sessions(store, q.str("q"), q.int("limit"), q.int("offset")),
     "/api/timeline": _timeline,
@@ -220,7 +221,7 @@ class _Handler(BoundedHandler):
         body, content_type = found
         self._send(HTTPStatus.OK, body, content_type, extra={"Cache-Control": "no-cache"})
 
-    def _api(self, handler: Callable[[Store, _Query], Any], query: str) -> None:
+    def _api(self, handler: Callable[[Reader, _Query], Any], query: str) -> None:
         try:
             value = handler(self.server.store, _Query(query))
         except (_BadRequest, api.ApiError) as exc:
@@ -269,7 +270,7 @@ class DashboardServer(BoundedHTTPServer):
     """The dashboard's server; ``url`` is where it listens. Close it with ``shutdown()`` then ``server_close()``."""
 
     def __init__(
-        self, store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
+        self, store: Reader, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
         max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT,
         allow_hosts: Sequence[str] = (), max_open: int = MAX_OPEN,
     ) -> None:
@@ -290,24 +291,25 @@ class DashboardServer(BoundedHTTPServer):
 
 
 def make_server(
-    store: Store | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False,
-    max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT, allow_hosts: Sequence[str] = (),
+    store: Reader | api.StoreLike | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+    verbose: bool = False, max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT, allow_hosts: Sequence[str] = (),
     max_open: int = MAX_OPEN,
 ) -> DashboardServer:
     """A dashboard server bound to ``host:port`` (port 0: any free port), not yet serving:
     at most ``max_connections`` served at once, each closed after ``socket_timeout``
     seconds without a byte; it answers requests addressed to the names
     :class:`loopscope._http.HostRule` knows for ``host``, and to ``allow_hosts``."""
-    if not isinstance(store, Store):
-        store = Store(store)
+    if store is None or isinstance(store, str):  # a path (none: the store this process records to, or the default)
+        store = open_reader(store or configured_path() or default_db_path())
     return DashboardServer(
-        store, host, port, verbose=verbose, max_connections=max_connections, socket_timeout=socket_timeout,
+        api.reader(store), host, port, verbose=verbose, max_connections=max_connections, socket_timeout=socket_timeout,
         allow_hosts=allow_hosts, max_open=max_open,
     )
 
 
 def serve(
-    store: Store | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, verbose: bool = False
+    store: Reader | api.StoreLike | str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+    verbose: bool = False,
 ) -> None:
     """Serve the dashboard until interrupted (or until another thread calls ``shutdown()``)."""
     server = make_server(store, host, port, verbose=verbose)

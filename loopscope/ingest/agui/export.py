@@ -26,9 +26,9 @@ from typing import Any
 import duckdb
 
 from ...models import ActivityEvent, AIResponseEvent, TextContent, ToolCallContent
-from ...storage.connection import open_store
+from ...storage.duckdb.connection import open_store
+from ...storage.duckdb.store import Store
 from ...storage.errors import StoreError
-from ...storage.store import Store
 from .interpret import FRAMEWORK
 
 __all__ = ["export_session", "iter_session", "session_events"]

@@ -1,7 +1,7 @@
 """Storing an AG-UI event stream: its rows through the writer's own batch, its events raw.
 
 The whole stream is read and validated first; then, in one transaction of one file
-opening, the rows go through :func:`loopscope.storage.writer.write_batch` (so they get
+opening, the rows go through :func:`loopscope.storage.duckdb.writer.write_batch` (so they get
 their per-session indices exactly as recorded rows do, from the ``sessions`` table) and
 every event goes verbatim into ``agui_events``. Either all of a stream is stored, or
 none of it.
@@ -18,10 +18,10 @@ from typing import Any
 import duckdb
 
 from ...storage import rows
-from ...storage.connection import open_store, resolve
+from ...storage.duckdb.connection import open_store, resolve
+from ...storage.duckdb.schema import migrate
+from ...storage.duckdb.writer import write_batch
 from ...storage.recording import configured_path, default_db_path
-from ...storage.schema import migrate
-from ...storage.writer import write_batch
 from .interpret import Interpretation, PendingCall, interpret
 from .read import AguiFormatError, Source, read_events
 

@@ -42,7 +42,7 @@ by DNS rebinding (the rule is the dashboard's: :class:`loopscope._http.HostRule`
 collector bound beyond loopback needs, and then any ``Host`` is answered.
 
 Idempotent. A request resent after a crash (the sender never saw the answer) adds no
-rows: rows the store holds already are left out by span id (:mod:`loopscope.storage.idempotent`), and
+rows: rows the store holds already are left out by span id (:mod:`loopscope.storage.duckdb.idempotent`), and
 within a run the spans of the latest requests are remembered.
 
 Memory. The payloads being decoded, routed and written take at most
@@ -63,8 +63,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._http import HostRule
-from ...storage.connection import open_store, resolve
-from ...storage.schema import migrate
+from ...storage.queries import name_of, prepare
 
 # the defaults live in the package, where ``loopscope collect``'s parser reads them without
 # importing the receiver
@@ -126,7 +125,7 @@ class Collector:
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         max_open: int = DEFAULT_MAX_OPEN,
     ) -> None:
-        self.db = resolve(db)
+        self.db = name_of(db)  # a file's path resolved; a clickhouse:// URL as given
         self.host = host
         self.max_bytes = max_bytes
         if max_spans < 1:
@@ -169,8 +168,7 @@ class Collector:
 
     def start(self) -> Self:
         # the file first: a path that cannot be written fails here, clearly, not at the first span
-        with open_store(self.db, read_only=False, timeout=10.0) as con:
-            migrate(con)
+        prepare(self.db, timeout=10.0)
         self.ingest = Ingest(self.db, **self._ingest_args)  # type: ignore[arg-type]
         try:
             if self._http_port is not None:

@@ -16,12 +16,11 @@ from typing import Any
 from ... import _json
 from ... import semconv as a
 from ..._guard import guard, internal_error
-from ...storage.connection import open_store, resolve
-from ...storage.schema import migrate
+from ...storage.queries import open_reader, open_sink, prepare
 from ..foreign import AGENT, Assembler, classify
 from ..spans import Ctx, SpanRecord, is_own
 from ..stitch_foreign import Stitcher
-from ..writer import SpanWriter
+from ..writer import SPANS
 from .decode import _KINDS, _STATUS, Received
 
 _STARTS = frozenset({a.OP_INVOKE_AGENT, a.OP_EXECUTE_TOOL})
@@ -92,7 +91,7 @@ class CollectorStats:
     store for ``loopscope status``: its sender does not send it again, so what it carried
     is missing from the store. What happens to the rows of accepted requests (written,
     dropped, failed writes) is the store writer's to count, in
-    :class:`loopscope.storage.health.Counters`."""
+    :class:`loopscope.storage.duckdb.health.Counters`."""
 
     requests: int = 0
     spans: int = 0
@@ -216,7 +215,7 @@ class Ingest:
     A request returns once its events, turns and the raw copies of its spans (the
     ``spans`` table) are in the file. They are written in one transaction (the request's
     spans and raw rows are one entry of the writer's queue, see
-    :meth:`~loopscope.storage.writer.StoreWriter.begin_bundle`): a collector killed at any
+    :meth:`~loopscope.storage.duckdb.writer.StoreWriter.begin_bundle`): a collector killed at any
     moment keeps a request whole or not at all, never model-call rows without the spans
     they came from (the raw copies had a writer of their own, a transaction behind).
     """
@@ -234,13 +233,13 @@ class Ingest:
         lock_timeout: float = 2.0,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     ) -> None:
-        self.path = resolve(path)
         self.flush_timeout = flush_timeout
         self.max_pending_ids = max_pending_ids
         self.budget = ByteBudget(max_queued_bytes)
-        with open_store(self.path, read_only=False, timeout=max(10.0, lock_timeout)) as con:
-            migrate(con)
-        self.writer = SpanWriter(self.path, flush_interval=flush_interval, lock_timeout=lock_timeout, skip_stored=True)
+        self.path = prepare(path, timeout=max(10.0, lock_timeout))  # made or migrated for writing
+        self.writer = open_sink(self.path, mapping=SPANS, flush_interval=flush_interval, lock_timeout=lock_timeout,
+                                skip_stored=True)
+        self.reader = open_reader(self.path, lock_timeout=flush_timeout)  # the start look-ups (_starts_stored)
         self.raw = raw  # keep the raw copies of the spans received (the ``spans`` table)
         # model calls under no agent run (a bare instrumented SDK loop) are stitched into turns
         self.assembler = Assembler(idle_seconds=idle_seconds, stitcher=Stitcher(idle_seconds=idle_seconds))
@@ -591,12 +590,11 @@ class Ingest:
         if not wanted or not self.writer.flush(self.flush_timeout):
             return set()
         try:
-            with open_store(self.path, read_only=True, timeout=self.flush_timeout) as con:
-                found = con.execute("SELECT id FROM events WHERE id IN (SELECT unnest(?::VARCHAR[]))", [list(wanted)]).fetchall()
+            found = self.reader.stored_ids(list(wanted))
         except Exception:
             internal_error("collector start lookup")
             return set()
-        return {wanted[row[0]] for row in found}
+        return {wanted[event_id] for event_id in found}
 
     def _start_stored(self, span: SpanRecord) -> bool:
         """Whether the start rows of a span whose pending copy was sent are in the store

@@ -1,16 +1,17 @@
 """The store's common reads as plain rows: each read's SQL, run on a connection the caller
-opened, its rows as tuples. :class:`~loopscope.storage.store.Store` makes the public
+opened, its rows as tuples. :class:`~loopscope.storage.duckdb.store.Store` makes the public
 models of them; the command line prints them as named tuples (:class:`TurnRow`), so that
 ``loopscope turns`` imports neither pydantic nor the models (nor more of DuckDB than its
-engine: :mod:`loopscope.storage.engine`)."""
+engine: :mod:`loopscope.storage.duckdb.engine`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
+from ..results import CallRow, TurnRow
 from .connection import open_store
 from .engine import duckdb
 from .schema import MODEL_CALLS_SINCE, SCHEMA_VERSION, check_readable, missing_views
@@ -31,34 +32,6 @@ TURN_JSON = ("segments", "usage", "declared_tools")
 # hands a TIMESTAMPTZ to Python with a ``zoneinfo`` zone, and importing ``zoneinfo`` and
 # reading the zone's file cost ``loopscope turns`` ~10 ms (a third of its reads)
 _NAIVE_COLUMNS = TURN_COLUMNS.replace(", timestamp,", ", timezone('UTC', timestamp) AS timestamp,", 1)
-
-
-class TurnRow(NamedTuple):
-    """A ``turns`` row with the fields of :class:`~loopscope.models.AIResponseEvent`, by
-    the same names and with the same defaults for NULL, unvalidated: the JSON columns
-    parsed, ``loop_end_reason`` the stored text, ``declared_tools`` plain dicts."""
-
-    channel_id: str | None
-    session_id: str | None
-    correlation_id: str | None
-    parent_correlation_id: str | None
-    response_content: str
-    segments: list[str]
-    tool_calls_count: int
-    round_count: int
-    usage: dict[str, int]
-    thinking: str
-    loop_end_reason: str | None
-    latency_ms: float
-    streaming: bool
-    timestamp: datetime | None
-    declared_tools: list[Any]
-    model: str | None
-    provider: str | None
-    error: str | None
-    trace_id: str | None
-    span_id: str | None
-    model_call_count: int
 
 
 def _json(text: Any) -> Any:
@@ -110,7 +83,7 @@ def turn_rows(
     utc_naive: bool = False,
 ) -> list[tuple[Any, ...]]:
     """``turns`` rows (:data:`TURN_COLUMNS`), oldest first (``newest_first`` picks the most
-    recent ``limit``): what :meth:`~loopscope.storage.store.Store.list_turns` reads.
+    recent ``limit``): what :meth:`~loopscope.storage.duckdb.store.Store.list_turns` reads.
     ``utc_naive`` reads ``timestamp`` as UTC without a zone (no ``zoneinfo``), as
     :func:`turn_row` takes it."""
     clauses: list[str] = []
@@ -173,7 +146,7 @@ def view_rows(
 ) -> list[tuple[Any, ...]]:
     """A query of the views: on a file of this schema, on the shared read-only attachment;
     on an older one, in a database of its own given this loopscope's views first
-    (:func:`~loopscope.storage.schema.missing_views`)."""
+    (:func:`~loopscope.storage.duckdb.schema.missing_views`)."""
     return view_query(path, sql, params, timeout=timeout, keep=keep)[1]
 
 
@@ -181,7 +154,7 @@ def view_query(
     path: str, sql: str, params: Sequence[Any] = (), *, timeout: float = 10.0, keep: bool = False
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """:func:`view_rows` with the column names: ``(names, rows)``. For our own SQL (the
-    attachment is not sealed as :meth:`~loopscope.storage.store.Store.sql` is)."""
+    attachment is not sealed as :meth:`~loopscope.storage.duckdb.store.Store.sql` is)."""
     with open_store(path, read_only=True, timeout=timeout, keep=keep) as con:
         if check_readable(con) >= SCHEMA_VERSION:
             cursor = con.execute(sql, list(params))
@@ -196,8 +169,8 @@ def view_query(
 class ViewReader:
     """Our own queries of one store's views, as the terminal commands run several in a row
     (``loopscope stats``, ``tools``): on the shared read-only attachment, kept between
-    them (:func:`~loopscope.storage.connection.open_store`'s ``keep``), where
-    :meth:`Store.sql <loopscope.storage.store.Store.sql>` starts a sealed DuckDB of its
+    them (:func:`~loopscope.storage.duckdb.connection.open_store`'s ``keep``), where
+    :meth:`Store.sql <loopscope.storage.duckdb.store.Store.sql>` starts a sealed DuckDB of its
     own per query (~20 ms each); rows as tuples, no pydantic."""
 
     def __init__(self, path: str, *, lock_timeout: float = 10.0) -> None:
@@ -206,7 +179,7 @@ class ViewReader:
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Column names and rows of ``query`` (ours: not sealed)."""
-        from .recording import flush_own
+        from ..recording import flush_own
 
         flush_own(self.path)  # what this process recorded is read too
         return view_query(self.path, query, params, timeout=self.lock_timeout, keep=True)
@@ -250,41 +223,6 @@ CALL_JSON = ("finish_reasons", "provider_usage", "parameters", "input_messages",
 _NAIVE_CALL_COLUMNS = CALL_COLUMNS.replace(
     "started_at, ended_at", "timezone('UTC', started_at) AS started_at, timezone('UTC', ended_at) AS ended_at", 1
 )
-
-
-class CallRow(NamedTuple):
-    """A model call with the fields of :class:`~loopscope.models.ModelCall`, by the same
-    names and with the same defaults for NULL, unvalidated (the model validates these)."""
-
-    session_id: str
-    correlation_id: str | None
-    position: int | None
-    agent: str | None
-    provider: str | None
-    framework: str | None
-    model: str | None
-    request_model: str | None
-    response_model: str | None
-    response_id: str | None
-    finish_reasons: list[str]
-    outcome: str | None
-    streaming: bool | None
-    started_at: datetime | None
-    ended_at: datetime | None
-    duration_ms: float | None
-    time_to_first_chunk_ms: float | None
-    usage: dict[str, int]
-    provider_usage: Any
-    parameters: dict[str, Any]
-    cost_usd: float | None
-    price_source: str | None
-    error_type: str | None
-    error: str | None
-    refusal: str | None
-    input_messages: Any
-    output_messages: Any
-    trace_id: str | None
-    span_id: str | None
 
 
 def _loaded(text: Any) -> Any:
@@ -353,7 +291,7 @@ def call_rows(
     utc_naive: bool = False,
 ) -> list[tuple[Any, ...]]:
     """``model_call_summaries`` rows (:data:`CALL_COLUMNS`) of the store at ``path``: what
-    :meth:`~loopscope.storage.store.Store.model_calls` reads (its filters, its order).
+    :meth:`~loopscope.storage.duckdb.store.Store.model_calls` reads (its filters, its order).
     ``utc_naive`` reads the times as UTC without a zone (no ``zoneinfo``), as
     :func:`call_row` takes them."""
     if limit is not None and limit < 0:

@@ -1,13 +1,13 @@
 """The raw copies of received spans: the ``spans`` table, as they came (``loopscope collect``
 keeps every span it receives there). The store's writer inserts them in the transaction of
-the rows made of the same spans (:meth:`~loopscope.storage.writer.StoreWriter.end_bundle`),
+the rows made of the same spans (:meth:`~loopscope.storage.duckdb.writer.StoreWriter.end_bundle`),
 so that a collector killed at any moment keeps both or neither."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import scrub
+from .. import scrub
 from .idempotent import fresh_spans_sql
 
 # -- the raw spans ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ tool results in ``events.content`` the writer peaked at ~0.8-1.6 GB and wrote 2-
 bytes is stored as parts of :data:`PART_BYTES` bytes at most in ``loopscope_values``
 (``id`` the event's id, ``part`` from 0, ``text``), and the row's ``content`` is NULL;
 the attaches that write a store holding parts give ``ROW_GROUP_SIZE 2048``
-(:data:`~loopscope.storage.connection.ROW_GROUP_SIZE`), so that a row group of parts holds
+(:data:`~loopscope.storage.duckdb.connection.ROW_GROUP_SIZE`), so that a row group of parts holds
 8 MiB at most, each part kept inline in its segment (see :data:`PART_BYTES`). A normal
 store has no value that long and pays nothing.
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from .rows import EVENT_TYPES, INPUT_MESSAGE, MODEL_ERROR, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
+from ..rows import EVENT_TYPES, INPUT_MESSAGE, MODEL_ERROR, STATE_DELTA, STATE_SNAPSHOT, TOOL_END, TOOL_START, Facts
 
 __all__ = ["drop_stored", "fresh_spans_sql"]
 

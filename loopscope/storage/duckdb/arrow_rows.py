@@ -33,8 +33,8 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
-from .. import semconv as a
-from . import rows
+from ... import semconv as a
+from .. import rows
 
 __all__ = ["CALLS_INSERT", "EVENTS_INSERT", "TURNS_INSERT", "call_rows", "event_rows", "turn_rows"]
 

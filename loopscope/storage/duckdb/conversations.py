@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
-from .. import _json
-from .._json import result_value
-from ..models import ActivityEvent
+from ... import _json
+from ..._json import result_value
+from ...models import ActivityEvent
+from ..recording import flush_own
 from . import tool_totals, values
 from .connection import open_store, resolve
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import event_of as _event
-from .recording import flush_own
 from .schema import migrate
 from .store import Store
 from .views import tool_rows

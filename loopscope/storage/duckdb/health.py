@@ -3,10 +3,10 @@
 Drops and failed writes happen in a process's memory; counted there only, they would be
 gone with the process, and another process (``loopscope status``, a dashboard) could not
 tell that the store misses rows. So each writer keeps its counters in its row of
-``loopscope_writers`` (the table of storage/recovery.py; migration ``m007_writer_counters`` adds the columns),
+``loopscope_writers`` (the table of storage/duckdb/recovery.py; migration ``m007_writer_counters`` adds the columns),
 updated in the same transaction as a batch it writes (every batch that a flush waits for
 or that follows a new loss or failure, else at most every
-:data:`~loopscope.storage.writer.REPORT_EVERY` seconds), and once more when it stops:
+:data:`~loopscope.storage.duckdb.writer.REPORT_EVERY` seconds), and once more when it stops:
 events and turns written, events dropped because the queue was full or because the file
 stayed unwritable longer than the queue could hold, failed write attempts with the last
 error and when, and what the OTLP exporter of the same process dropped or failed to send.
@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .._guard import warn_once
+from ..._guard import warn_once
+from ..results import LOSS_COUNTERS
 from . import store_file
 
 if TYPE_CHECKING:
@@ -358,9 +359,6 @@ def _exists(pid: int) -> bool:
 
 # -- beside the store: what its own row could not take --------------------------------------------
 
-LOSS_COUNTERS = ("dropped_queue_full", "dropped_unwritable", "turns_dropped_queue_full", "turns_dropped_unwritable",
-                 "failed_writes", "otlp_dropped", "otlp_failed", "refused_requests", "refused_spans")
-"""The counters a note beside the store may hold (what ``status`` adds up)."""
 
 
 def beside_path(store: str) -> str:

@@ -36,7 +36,7 @@ def mallctl() -> Any | None:
     engine, its functions prefixed ``duckdb_je_``), as a ctypes function; None where there is
     none (a build with the system allocator: macOS, Windows), when the engine is not loaded,
     or with ``LOOPSCOPE_DUCKDB_PURGE=0``. A private name of DuckDB's library, so it is looked
-    up here, beside ``_duckdb``, and behind its own switch: :mod:`~loopscope.storage.allocator`
+    up here, beside ``_duckdb``, and behind its own switch: :mod:`~loopscope.storage.duckdb.allocator`
     uses it to give back what a batch freed."""
     import ctypes
     import sys

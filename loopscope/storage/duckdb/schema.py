@@ -16,7 +16,7 @@ that records a name this loopscope does not know comes from a newer one and is r
 not altered.
 
 ``m002_views`` creates the analytics views. Their SQL lives in
-:mod:`loopscope.storage.views` (one source for the views of every file); the
+:mod:`loopscope.storage.duckdb.views` (one source for the views of every file); the
 migration reads it when it runs. A later change to a view is a new migration that
 creates the views again (``CREATE OR REPLACE``), so every file gets it.
 ``m004_tool_columns`` adds the tool fields as columns of ``events``
@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ..errors import StoreError
 from .connection import file_identity, read_path, scratch_database
 from .engine import duckdb
-from .errors import StoreError
 
 
 def _views() -> list[str]:
@@ -53,7 +53,7 @@ TOOL_COLUMN_TYPES = {
     "tool_duration_ms": "DOUBLE",
 }
 """The tool fields of ``events`` rows stored as columns too (``m004_tool_columns``), as
-:data:`loopscope.storage.views.TOOL_COLUMNS` names them."""
+:data:`loopscope.storage.duckdb.views.TOOL_COLUMNS` names them."""
 
 # Exactly what the views read from ``content`` where the columns are NULL. (Joining one
 # parse of the five paths back by rowid was no faster: ~15 s for 10 M rows either way.)
@@ -224,7 +224,7 @@ def m005_agui_events() -> list[str]:
 
 @migration
 def m006_open_turns() -> list[str]:
-    """What a crash leaves open (storage/recovery.py): the in-process writers that wrote
+    """What a crash leaves open (storage/duckdb/recovery.py): the in-process writers that wrote
     here, each with what tells its process apart from a later one with the same pid
     (host, boot id, pid namespace, pid, the process's start in clock ticks), and the
     turns they started and have not ended yet; the writer keeps both in the same
@@ -253,7 +253,7 @@ def m006_open_turns() -> list[str]:
 
 @migration
 def m007_writer_counters() -> list[str]:
-    """Each writer's counters in its loopscope_writers row (storage/health.py): rows
+    """Each writer's counters in its loopscope_writers row (storage/duckdb/health.py): rows
     written, events dropped (queue full / file unwritable too long), failed write
     attempts and the last error, the OTLP exporter's drops, when it stopped."""
     from .health import migration as writer_counters
@@ -333,7 +333,7 @@ def m010_tool_totals() -> list[str]:
     """Per-tool totals kept by the writers in the rows' transaction (counts, outcomes,
     durations by bucket, agents, first and last seen) and every finished call's duration,
     filled here from the tool rows already stored; ``tool_stats`` reads them while they
-    account for every tool row (see :mod:`loopscope.storage.tool_totals`)."""
+    account for every tool row (see :mod:`loopscope.storage.duckdb.tool_totals`)."""
     from . import tool_totals
     from .views import create_statements, tool_rows
 
@@ -344,7 +344,7 @@ def m010_tool_totals() -> list[str]:
 
 @migration
 def m011_notice_counters() -> list[str]:
-    """Each writer's start notice counters in its loopscope_writers row (storage/health.py):
+    """Each writer's start notice counters in its loopscope_writers row (storage/duckdb/health.py):
     notices its process's OTLP exporter sent, had refused, failed to send, and why they
     were turned off for good."""
     from .health import notice_migration
@@ -354,7 +354,7 @@ def m011_notice_counters() -> list[str]:
 
 @migration
 def m012_writer_mode() -> list[str]:
-    """Where each writer ran in its loopscope_writers row (storage/health.py): in a thread
+    """Where each writer ran in its loopscope_writers row (storage/duckdb/health.py): in a thread
     of the recording process, or in a writer process of its own (and for which application)."""
     from .health import mode_migration
 
@@ -366,7 +366,7 @@ def m013_sorted_durations() -> list[str]:
     """The durations ``tool_stats`` reads its quantiles from, moved into a table kept in
     (tool's key, bucket, duration) order, where a read finds the few buckets it wants
     without scanning every duration; the writers append to the old table and fold it into
-    the sorted one from time to time (see :mod:`loopscope.storage.tool_totals`)."""
+    the sorted one from time to time (see :mod:`loopscope.storage.duckdb.tool_totals`)."""
     from . import tool_totals
     from .views import create_statements
 
@@ -385,7 +385,7 @@ def m014_unnamed_tool_calls() -> list[str]:
 @migration
 def m015_lost_turns() -> list[str]:
     """Each writer's lost turn summaries beside its lost events, in its loopscope_writers
-    row (storage/health.py): every loss counted in the store's rows, events and turns."""
+    row (storage/duckdb/health.py): every loss counted in the store's rows, events and turns."""
     from .health import lost_turns_migration
 
     return lost_turns_migration()
@@ -394,7 +394,7 @@ def m015_lost_turns() -> list[str]:
 @migration
 def m016_collector_refusals() -> list[str]:
     """The traces requests ``loopscope collect`` refused whole, in its writer's row of
-    loopscope_writers (storage/health.py), so that ``loopscope status`` counts them."""
+    loopscope_writers (storage/duckdb/health.py), so that ``loopscope status`` counts them."""
     from .health import refused_migration
 
     return refused_migration()
@@ -403,7 +403,7 @@ def m016_collector_refusals() -> list[str]:
 @migration
 def m017_value_parts() -> list[str]:
     """The parts of ``events.content`` values over 64 KiB, in ``loopscope_values``
-    (storage/values.py): a checkpoint rewrites a row group of 2,048 parts, not of 2,048
+    (storage/duckdb/values.py): a checkpoint rewrites a row group of 2,048 parts, not of 2,048
     values of a MiB each, so the writer's memory stays bounded."""
     from .values import MIGRATION
 
@@ -429,7 +429,7 @@ _versions: dict[str, tuple[tuple[int, ...], int]] = {}
 
 def remembered_version(con: duckdb.DuckDBPyConnection) -> int | None:
     """The schema version a read found in the file ``con`` reads, if that file is the same
-    (:func:`~loopscope.storage.connection.file_identity`) as then; else None (``con`` is
+    (:func:`~loopscope.storage.duckdb.connection.file_identity`) as then; else None (``con`` is
     not a read's, or the file was never checked, or changed since).
 
     Every read of a store checks its schema first, and on a freshly attached file reading
@@ -603,7 +603,7 @@ def _check_ours(con: duckdb.DuckDBPyConnection) -> None:
     theirs = _objects(con) - _BOOKKEEPING
     if not theirs:
         return
-    from .recording import shares
+    from ..recording import shares
 
     row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
     path = str(row[0]) if row and row[0] else ""
@@ -642,7 +642,7 @@ def _meta_version(con: duckdb.DuckDBPyConnection) -> int:
 def check_readable(con: duckdb.DuckDBPyConnection) -> int:
     """Refuse to read a file that is not a loopscope store, or one from a newer loopscope;
     else its schema version (what an older file, read as it is, lacks: see
-    :data:`MODEL_CALLS_SINCE`). A read's connection (:func:`~loopscope.storage.connection.open_store`)
+    :data:`MODEL_CALLS_SINCE`). A read's connection (:func:`~loopscope.storage.duckdb.connection.open_store`)
     of a file unchanged since a read found its version takes that one
     (:func:`remembered_version`)."""
     found = _recalled(con, _meta_version)

@@ -15,7 +15,7 @@ which flushes inside every statement, cost the writer a third more CPU.
 Nothing here is needed for correctness: on a platform or a DuckDB build without either
 allocator, :func:`give_back` does what it can and nothing else. ``LOOPSCOPE_DUCKDB_PURGE=0``
 turns the purge off (DuckDB's allocator is found by a private name of its library:
-:func:`~loopscope.storage.engine.mallctl`).
+:func:`~loopscope.storage.duckdb.engine.mallctl`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import ctypes
 import threading
 from typing import Any
 
-from .._guard import guarded
+from ..._guard import guarded
 from . import engine
 
 _ARENAS_ALL = 4096

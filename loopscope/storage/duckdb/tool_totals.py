@@ -15,7 +15,7 @@ transaction as the rows they count (:func:`batch_script`, run by ``write_batch``
   (an upsert per batch cost three times an append).
 * :data:`DURATIONS` -- each finished call's duration with its tool and bucket, as batches
   append them; :data:`SORTED` -- the same, folded out of :data:`DURATIONS` in
-  (:func:`~loopscope.storage.views.duration_key`, duration) order. A quantile needs the
+  (:func:`~loopscope.storage.duckdb.views.duration_key`, duration) order. A quantile needs the
   values: the bucket counts of :data:`TOTALS` say which bucket holds the wanted rank, so
   only the durations of those few buckets are read and sorted. In :data:`SORTED` a read
   finds them by key without scanning the rest (10 M events, 3 M durations: ``tool_stats``
@@ -30,7 +30,7 @@ duration: the values at a rank are found exactly, and ``p50_ms`` / ``p95_ms`` / 
 interpolate between them as DuckDB's ``quantile_cont`` does.
 
 A tool or agent that is NULL is kept as ``''`` with a flag (keys compare as plain values). ``tool_stats`` uses the totals only while every row of ``events`` was written by a
-writer that keeps them (:data:`~loopscope.storage.views.TOTALS_COVER`: the table's row
+writer that keeps them (:data:`~loopscope.storage.duckdb.views.TOTALS_COVER`: the table's row
 count, which DuckDB keeps, equals the sum of the sessions' last indices): rows inserted
 by a program that does not keep them (an importer's plain ``INSERT``), or deleted, make
 the view compute everything from ``events`` again, as before.
@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import rows
+from .. import rows
 from .views import OUTCOMES, SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS, duration_key
 
 TOTALS, DURATIONS, SORTED = TOOL_TOTALS, TOOL_DURATIONS, SORTED_DURATIONS
@@ -241,7 +241,7 @@ def batch_script(con: Any, events: Any) -> tuple[str, ...]:
     plan and run; a batch holds a few tool rows, added up in Python in microseconds), or
     :data:`BATCH_SQL` where the rows need DuckDB's reading (a content JSON made in Python,
     a NaN duration). Registers what the statements read on ``con`` (a connection, or
-    the batch's :class:`~loopscope.storage.writer.Tables`); nothing for a batch
+    the batch's :class:`~loopscope.storage.duckdb.writer.Tables`); nothing for a batch
     without tool rows."""
     import pyarrow as pa  # the writer's batches have it imported already
 

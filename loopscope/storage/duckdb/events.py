@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, ModelCall, TextContent, ToolCallContent
+from ...models import ActivityEvent, AIResponseEvent, EventSource, EventStatus, ModelCall, TextContent, ToolCallContent
 from .reads import TURN_NAMES, call_row
 
 EVENT_COLUMNS = (
@@ -17,7 +17,7 @@ EVENT_COLUMNS = (
 )
 """The ``events`` columns :func:`event_of` reads, in its order."""
 ID_AT, CONTENT_AT = 0, 10
-"""Where :data:`EVENT_COLUMNS` has ``id`` and ``content`` (:func:`~loopscope.storage.values.fill`)."""
+"""Where :data:`EVENT_COLUMNS` has ``id`` and ``content`` (:func:`~loopscope.storage.duckdb.values.fill`)."""
 
 
 def _content(text: str | None) -> Any:
@@ -48,7 +48,7 @@ def event_of(row: Sequence[Any]) -> ActivityEvent:
 
 
 def turn_of(row: Sequence[Any]) -> AIResponseEvent:
-    """A ``turns`` row (:data:`~loopscope.storage.reads.TURN_COLUMNS`) as an :class:`AIResponseEvent`."""
+    """A ``turns`` row (:data:`~loopscope.storage.duckdb.reads.TURN_COLUMNS`) as an :class:`AIResponseEvent`."""
     data = dict(zip(TURN_NAMES, row))
     for key in ("segments", "usage", "declared_tools"):
         data[key] = json.loads(data[key]) if data[key] else None
@@ -56,6 +56,6 @@ def turn_of(row: Sequence[Any]) -> AIResponseEvent:
 
 
 def call_of(row: Sequence[Any]) -> ModelCall:
-    """A ``model_call_summaries`` row (:data:`~loopscope.storage.reads.CALL_COLUMNS`) as a
-    :class:`ModelCall`: :func:`~loopscope.storage.reads.call_row`'s fields, validated."""
+    """A ``model_call_summaries`` row (:data:`~loopscope.storage.duckdb.reads.CALL_COLUMNS`) as a
+    :class:`ModelCall`: :func:`~loopscope.storage.duckdb.reads.call_row`'s fields, validated."""
     return ModelCall.model_validate({k: v for k, v in call_row(row)._asdict().items() if v is not None})

@@ -37,10 +37,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from ..errors import StoreError, StoreLockedError
+from ..recording import resolve  # noqa: F401  # re-exported: defined where configure() reads it without DuckDB
 from . import store_file, values, wakeup
 from .engine import duckdb
-from .errors import StoreError, StoreLockedError
-from .recording import resolve  # noqa: F401  # re-exported: defined where configure() reads it without DuckDB
 
 _gates: dict[str, threading.Lock] = {}
 _gates_lock = threading.Lock()
@@ -501,7 +501,7 @@ def _retrying(
 
 ROW_GROUP_SIZE = 2048
 """Rows a row group holds in what a write appends (DuckDB's least; 122,880 by default),
-in a store that holds large values in parts (storage/values.py). DuckDB rewrites a table's
+in a store that holds large values in parts (storage/duckdb/values.py). DuckDB rewrites a table's
 last row group whole at each checkpoint and holds its values meanwhile, so a writer's
 memory grows with the bytes one row group holds: 2,048 parts are 8 MiB at most. An option
 of the attach, not kept in the file, for every table of it: a store without parts (most)
@@ -655,7 +655,7 @@ def read_path(con: duckdb.DuckDBPyConnection) -> str | None:
     """The store file ``con`` reads, when it is a read-only :func:`open_store` block's
     connection and the block runs (the file is held meanwhile: nothing writes it); else
     None. What the schema check keys what it found by
-    (:func:`~loopscope.storage.schema.check_readable`)."""
+    (:func:`~loopscope.storage.duckdb.schema.check_readable`)."""
     return _reading.get(id(con))
 
 
@@ -719,7 +719,7 @@ def open_store(
     checkpoints (the rows reach the file proper, and no WAL is left beside it).
     ``checkpoint=False`` leaves the block's rows in the WAL instead (on disk too, and a
     reader replays it): the store's writer does so until the WAL passes
-    :data:`~loopscope.storage.writer.WAL_LIMIT`. A block must not change the database's
+    :data:`~loopscope.storage.duckdb.writer.WAL_LIMIT`. A block must not change the database's
     settings: they are the next block's too. ``cancelled``, for a read-write block: once it
     is true, the block's owner has given up on it (a store writer left behind by its close):
     the file is not attached any more (:class:`Cancelled`), and the detach that ends the

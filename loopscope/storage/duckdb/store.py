@@ -12,19 +12,19 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
+from ...models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
+from ..errors import SQLRefusedError
+from ..policy import RECEIVED, EventFilter
+from ..recording import configured_path, default_db_path, flush_own
 from . import values
 from .connection import open_store, resolve
 from .engine import duckdb
-from .errors import SQLRefusedError
 from .events import CONTENT_AT as _CONTENT_AT
 from .events import EVENT_COLUMNS as _EVENT_COLUMNS
 from .events import call_of as _call
 from .events import event_of as _event
 from .events import turn_of as _turn
-from .policy import RECEIVED, EventFilter
 from .reads import call_rows, turn_rows, view_rows
-from .recording import configured_path, default_db_path, flush_own
 from .replay import DEFAULT_PAGE, AsyncReplay, Replay, StopFlag
 from .schema import SCHEMA_VERSION, check_readable, missing_views, remember_version, remembered_version
 
@@ -315,7 +315,7 @@ class Store:
     def _view_query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """A query of the views: on a file of this schema as :meth:`_query` runs it; on an
         older one (read, not migrated) in a database of its own given this loopscope's
-        views first (:func:`~loopscope.storage.schema.missing_views`)."""
+        views first (:func:`~loopscope.storage.duckdb.schema.missing_views`)."""
         self._flush_own()
         return view_rows(self.path, sql, params, timeout=self.lock_timeout, keep=self.keep_open)
 

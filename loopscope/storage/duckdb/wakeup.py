@@ -26,7 +26,7 @@ import stat
 import threading
 import time
 
-from .._guard import guarded
+from ..._guard import guarded
 
 SUFFIX = ".loopscope-holding."
 """A holding FIFO's name after the store's path: ``<store>.loopscope-holding.<pid>.<random>``."""

@@ -28,13 +28,13 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..models import ActivityEvent
+from ...models import ActivityEvent
+from ..errors import StoreLockedError
+from ..policy import RECEIVED, EventFilter
 from . import values
 from .connection import open_store
 from .engine import duckdb
-from .errors import StoreLockedError
 from .events import CONTENT_AT, EVENT_COLUMNS, ID_AT, event_of
-from .policy import RECEIVED, EventFilter
 from .schema import check_readable
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ everything else, which is why they are made in ingest: a ``tool_call_end`` row w
 outcome ``unserved`` for each call whose start row has no end, then the turn summary,
 with loop end reason ``unfinished`` and :data:`RECOVERED_NOTE` as its error. A dead
 writer's row goes with them, unless it has drops or failures to report
-(storage/health.py keeps each writer's counters in its row).
+(storage/duckdb/health.py keeps each writer's counters in its row).
 
 Turns written by ``loopscope collect`` are never tracked: their writer is remote.
 """
@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from . import rows
+from .. import rows
 
 RECOVERED_NOTE = "the process ended before the turn did (recovered at next open)"
 """The ``error`` of a turn summary (and of its ``unserved`` tool calls) written by :func:`recover`."""

@@ -35,15 +35,16 @@ from typing import Any
 
 import duckdb
 
-from .._guard import clear_warning, guard, internal_error, logger, warn_once
-from ..content.policy import ContentPolicy
-from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, rows, scrub, tool_totals, values, wakeup
+from ..._guard import clear_warning, guard, internal_error, logger, warn_once
+from ...content.policy import ContentPolicy
+from .. import rows, scrub
+from ..errors import StoreError, StoreLockedError
+from ..flush import FlushRequest, settle
+from ..limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
+from ..policy import PersistencePolicy
+from ..rows import END, START, SpanMapping
+from . import allocator, arrow_rows, health, idempotent, raw_spans, recovery, tool_totals, values, wakeup
 from .connection import Cancelled, mark_parted, open_store
-from .errors import StoreError, StoreLockedError
-from .flush import FlushRequest, settle
-from .limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
-from .policy import PersistencePolicy
-from .rows import END, START, SpanMapping
 from .schema import migrate
 
 __all__ = ["StoreWriter", "WriterStats", "write_batch"]
@@ -170,7 +171,7 @@ class StoreWriter:
         self._last_failure: str | None = None  # kept after writes work again, unlike _last_error
         self._last_failure_at: float | None = None
         # an in-process writer notes the turns it opens, so that a crash leaves them
-        # closable; and it closes those that a dead process left (storage/recovery.py)
+        # closable; and it closes those that a dead process left (storage/duckdb/recovery.py)
         self._tracker = recovery.Tracker() if track_turns else None
         self._recovered = not track_turns
         self.policy = policy or PersistencePolicy()
@@ -1178,7 +1179,7 @@ def write_batch(
     from the application's threads at each of its steps (see ``connection._Home``).
     ``extra`` statements run in the same transaction, after the rows (an importer writes
     its own table with them, so that all of it or none of it is stored). ``con`` is a
-    write block of :func:`~loopscope.storage.connection.open_store`, whose settings say
+    write block of :func:`~loopscope.storage.duckdb.connection.open_store`, whose settings say
     whether the commit checkpoints. ``seen``, a writer's memory of the indices it gave,
     is shown the file's (:meth:`_SessionIndex.check`). ``tables`` holds the Arrow tables
     that the ``extra`` statements read (see :func:`scanning`); tables registered on ``con``

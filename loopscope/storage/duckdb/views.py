@@ -10,7 +10,7 @@ command line, pandas, polars or any DuckDB client that opens the file: only core
 DuckDB's built-in JSON functions, nothing of loopscope's at query time.
 
 This module is the one source of their definitions: the schema migrations
-(:mod:`loopscope.storage.schema`) create them from :data:`VIEWS`, in this order (later
+(:mod:`loopscope.storage.duckdb.schema`) create them from :data:`VIEWS`, in this order (later
 views read earlier ones). A change to a view needs a new migration that calls
 :func:`create_statements` again, so that existing files get it too.
 
@@ -92,14 +92,14 @@ total_tokens, started_at, ended_at, error``. What the turn's tools took:
 
 from __future__ import annotations
 
-OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
+from ..results import TOOL_OUTCOMES as OUTCOMES  # the outcomes the views count, in their columns' order
 
 TOOL_TOTALS, TOOL_DURATIONS = "loopscope_tool_totals", "loopscope_tool_durations"
 """The tables of per-tool totals kept by the writers (``m010_tool_totals``, see
-:mod:`loopscope.storage.tool_totals`) that ``tool_stats`` reads."""
+:mod:`loopscope.storage.duckdb.tool_totals`) that ``tool_stats`` reads."""
 SORTED_DURATIONS = "loopscope_tool_durations_sorted"
 """The durations folded out of :data:`TOOL_DURATIONS` in :func:`duration_key` order
-(``m013_sorted_durations``, see :mod:`loopscope.storage.tool_totals`)."""
+(``m013_sorted_durations``, see :mod:`loopscope.storage.duckdb.tool_totals`)."""
 
 
 def duration_key(tool: str, bucket: str) -> str:
@@ -374,7 +374,7 @@ ORDER BY calls DESC, tool
 """
 
 def _tool_stats_from_totals(live: str, sorted_durations: bool = True) -> str:
-    """``tool_stats`` from the tool totals (:mod:`loopscope.storage.tool_totals`) while they
+    """``tool_stats`` from the tool totals (:mod:`loopscope.storage.duckdb.tool_totals`) while they
     account for every row of ``events`` (:data:`TOTALS_COVER`), else ``live`` (the SELECT
     that computes it from ``events``, the same columns, reading nothing while they do).
     ``sorted_durations=False``: for a file without :data:`SORTED_DURATIONS` (before
