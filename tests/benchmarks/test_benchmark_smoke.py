@@ -42,6 +42,8 @@ SMOKE_RUNS = {
     "provider-overhead": ["bench_provider_overhead.py", "--smoke", "--no-setup"],
     # issue 31's per-part export CPU (the peers stack is built before this test runs: its `drives`)
     "export-cpu": ["bench_export_cpu.py", "--smoke", "--no-setup"],
+    # issue 34: chDB beside DuckDB (the clickhouse stack is built before this test runs: its `drives`)
+    "clickhouse": ["bench_clickhouse.py", "--smoke", "--no-setup"],
     "stub-openai-cpu": ["stub_openai_cpu.py", "--store", "--blocks", "2", "--calls", "10"],
     "wrapper-own-time": ["wrapper_own_time.py", "--calls", "40"],
     "writer-cpu": ["writer_cpu.py", "--calls", "40", "--rounds", "1"],
@@ -65,6 +67,9 @@ def test_benchmark_runs_in_smoke_mode(name: str) -> None:
         # issue 31: each scenario's ratio, loopscope's export CPU to genai-openai's exporter's, with its goal
         assert done.stdout.count("export CPU ratio (goal <= 2x") == 4 and "spans+notices+metrics / spans+metrics" in done.stdout, \
             done.stdout[-3000:]
+    if name == "clickhouse":
+        # issue 34: the reads side by side as ratios, and the insert rate with the views on and off
+        assert "views on / off rate:" in done.stdout and done.stdout.count("x  50, 50") >= 2, done.stdout[-3000:]
     if name == "provider-overhead":
         # issue 32: each SDK's verdict against OpenInference (or why there is none)
         assert "goal (issue 32" in done.stdout and "  litellm " in done.stdout and "  google-genai " in done.stdout, done.stdout[-3000:]
