@@ -8,9 +8,16 @@ Over the sample store (``webdata.py``): six tools, six turns (three of them with
 from __future__ import annotations
 
 import re
+import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+import webdata
 from playwright.sync_api import expect
+
+import loopscope
+from loopscope.dashboards.web.server import DashboardServer, make_server
 
 WAIT_MS = 15_000
 TOOLS = "table.tools"
@@ -199,3 +206,53 @@ def test_a_live_redraw_keeps_the_filter_the_sort_and_the_focus(page, dashboard):
     assert page.evaluate("document.activeElement.matches('input.table-filter[data-table=\"sessions\"]')")
     page.keyboard.type("-c")
     assert box.input_value() == "demo-c" and column(page, "table.sessions", "session") == ["demo-concierge"]
+
+
+MANY = 51  # one more session than the sessions page shows, and more turns than "slowest turns" lists
+
+
+@pytest.fixture(scope="module")
+def many_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DashboardServer]:
+    """A store of 51 one-turn sessions (the hand API, as webdata.py records)."""
+    db = tmp_path_factory.mktemp("many") / "many.duckdb"
+    loopscope.configure(db, flush_interval=0.05)
+    try:
+        for n in range(MANY):
+            with loopscope.turn(session_id=f"many-{n:02d}", agent="counter", input=f"count to {n}") as turn:
+                turn.generation(f"{n}", usage={"input_tokens": 10 + n, "output_tokens": 1})
+    finally:
+        loopscope.shutdown()
+    yield from webdata.running(make_server(str(db), port=0))
+
+
+def test_where_the_server_sent_some_rows_the_page_says_the_filter_covers_those(page, many_dashboard):
+    page.goto(many_dashboard.url)
+    page.wait_for_selector("table.sessions tbody tr .session-link", timeout=WAIT_MS)
+    note = page.locator('.table-view[data-table="sessions"] .table-note')
+    assert note.inner_text() == "the filter covers the 50 sessions shown; the search above covers all 51"
+    page.locator('input.table-filter[data-table="sessions"]').fill("many-0")
+    # most recent first; the oldest, many-00, is not on the page, which is what the note says
+    assert column(page, "table.sessions", "session") == [f"many-0{n}" for n in range(9, 0, -1)]
+    page.click("text=Show more")  # all 51 on the page: nothing left out, no note, the filter kept
+    expect(note).to_have_count(0, timeout=WAIT_MS)
+    assert page.locator('input.table-filter[data-table="sessions"]').input_value() == "many-0"
+    assert column(page, "table.sessions", "session") == [f"many-0{n}" for n in range(9, -1, -1)]
+
+    page.goto(many_dashboard.url + "#/turns")
+    page.wait_for_selector(f"{SLOWEST} tbody tr", timeout=WAIT_MS)
+    assert page.locator(f"{SLOWEST} tbody tr").count() == 10
+    assert "the filter covers these 10 slowest turns" in page.locator('.table-view[data-table="slowest"]').inner_text()
+    assert page.locator('.table-view[data-table="models"] .table-note').count() == 0  # every model's row is here
+
+
+def test_a_shared_url_s_markup_shows_as_text_and_never_runs(page, dashboard):
+    """A link is anyone's to write: its filter is put on the page as text, its sort names a column or nothing."""
+    markup = "<img src=x onerror=window.__pwned=9>"
+    query = urllib.parse.urlencode({"tools.filter": markup, "tools.sort": '"]<b>'})
+    page.goto(f"{dashboard.url}#/tools?{query}")
+    page.wait_for_selector(f"{TOOLS} tbody tr.no-match", timeout=WAIT_MS)
+    assert f"no row matches “{markup}”" in page.locator(f"{TOOLS} tbody").inner_text()
+    assert page.locator('input.table-filter[data-table="tools"]').input_value() == markup
+    assert sort_state(page, TOOLS) == {}  # no such column: the server's order
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("document.querySelectorAll('main img, main b').length") == 0
