@@ -378,21 +378,168 @@
     return bar;
   }
 
-  function table(columns, rows, opts = {}) {
-    const thead = h("thead", null, h("tr", null, columns.map((c) => h("th", { class: c.num ? "num" : null, title: c.title || null, text: c.label }))));
-    const tbody = h("tbody");
-    for (const row of rows) {
-      const tr = h("tr", opts.rowProps ? opts.rowProps(row) : null);
-      for (const c of columns) {
-        const value = c.render ? c.render(row) : row[c.key];
-        put(tr, h("td", { class: c.num ? "num" : null }, value));
-      }
-      put(tbody, tr);
-    }
-    if (!rows.length) put(tbody, h("tr", null, h("td", { colspan: columns.length, class: "muted empty", text: opts.empty || "nothing yet" })));
-    // a table wider than its card scrolls inside it, never the page
-    return h("div", { class: "table-scroll" }, h("table", { class: `grid-table ${opts.class || ""}` }, thead, tbody));
+  // -- tables: sortable by a header, filtered by a text box, both kept in the page's URL --------
+
+  // A table's view (opts.key names it in the URL): `<key>.sort=<column>` (a leading "-" sorts
+  // descending) and `<key>.filter=<text>` in the hash's query, so a reload or a shared link
+  // shows the same rows in the same order, and Back returns to the view before.
+  // views: key -> {sort, desc, filter}, read from the URL when a page first draws the table,
+  // then kept here so a live redraw (the sessions page polls) keeps what the user typed.
+  let views = new Map();
+  let liveTables = new Map(); // key -> the table on screen: {apply(), input}
+  const collator = new Intl.Collator("en", { numeric: true, sensitivity: "base" });
+  const slug = (label) => String(label).toLowerCase().replace(/[^a-z0-9]+/g, "-").replace(/^-|-$/g, "");
+  const isViewParam = (name) => name.endsWith(".sort") || name.endsWith(".filter");
+
+  function readView(params, key) {
+    const sort = params.get(`${key}.sort`) || "";
+    return { sort: sort.replace(/^-/, ""), desc: sort.startsWith("-"), filter: params.get(`${key}.filter`) || "" };
   }
+
+  function viewOf(key) {
+    if (!views.has(key)) views.set(key, readView(parseHash().params, key));
+    return views.get(key);
+  }
+
+  // the page's URL with `key`'s view in it; push: a new history entry (Back returns to the view before)
+  function writeView(key, push) {
+    const view = viewOf(key);
+    const { path, params } = parseHash();
+    if (view.sort) params.set(`${key}.sort`, `${view.desc ? "-" : ""}${view.sort}`); else params.delete(`${key}.sort`);
+    if (view.filter) params.set(`${key}.filter`, view.filter); else params.delete(`${key}.filter`);
+    const query = params.toString();
+    const url = `#${path}${query ? `?${query}` : ""}`;
+    if (url === location.hash) return;
+    if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
+    lastHash = location.hash;
+  }
+
+  // Back, Forward or an edited URL on the same page: the tables take the URL's views, no reload
+  function applyViews(params) {
+    for (const [key, live] of liveTables) {
+      views.set(key, readView(params, key));
+      live.apply();
+    }
+  }
+
+  // an empty value (null, "", NaN) sorts last in both directions
+  const empty = (v) => v === null || v === undefined || v === "" || (typeof v === "number" && Number.isNaN(v));
+
+  function compareValues(a, b) {
+    if (typeof a === "number" && typeof b === "number") return a - b;
+    return collator.compare(String(a), String(b));
+  }
+
+  // columns: [{label, key | render, num, title, sort: (row) => value | false}]: a column sorts
+  // by its `sort` value (numbers as numbers: durations in ms, costs in USD), else its key's
+  // value, else its text; `sort: false` or no label: not sortable.
+  // opts.key: the table's name in the URL (no key: neither sortable nor filterable);
+  // opts.shown: a note when the server sent only some rows (the filter covers those);
+  // opts.pinned(row): rows kept first whatever the sort (a total).
+  function table(columns, rows, opts = {}) {
+    const key = opts.key;
+    const cols = columns.map((c) => ({ ...c, id: slug(c.label), sortable: !!key && c.sort !== false && !!slug(c.label) }));
+    const tbody = h("tbody");
+    const items = rows.map((row, index) => {
+      const tr = h("tr", opts.rowProps ? opts.rowProps(row) : null);
+      const values = {};
+      for (const c of cols) {
+        const value = c.render ? c.render(row) : row[c.key];
+        const td = h("td", { class: c.num ? "num" : null }, value);
+        put(tr, td);
+        if (c.sortable) values[c.id] = c.sort ? c.sort(row) : c.key ? row[c.key] : td.textContent.trim();
+      }
+      return { tr, index, values, text: tr.textContent.toLowerCase(), pinned: opts.pinned ? opts.pinned(row) : false };
+    });
+    const headers = cols.map((c) => {
+      if (!c.sortable) return h("th", { class: c.num ? "num" : null, title: c.title || null, text: c.label });
+      const button = h("button", { type: "button", class: "sort-btn", "data-sort": c.id, title: c.title || null },
+        c.label, h("span", { class: "sort-icon", "aria-hidden": "true" }));
+      // unsorted (the server's order), ascending, descending, and back
+      button.addEventListener("click", () => {
+        const view = viewOf(key);
+        if (view.sort !== c.id) { view.sort = c.id; view.desc = false; } else if (!view.desc) view.desc = true; else view.sort = "";
+        writeView(key, true);
+        apply();
+      });
+      return h("th", { class: `sortable${c.num ? " num" : ""}`, "data-col": c.id }, button);
+    });
+    const thead = h("thead", null, h("tr", null, headers));
+    const grid = h("table", { class: `grid-table ${opts.class || ""}`, "data-table": key || null }, thead, tbody);
+    const wrap = h("div", { class: "table-scroll" }, grid);
+    if (!key) {
+      for (const item of items) put(tbody, item.tr);
+      if (!rows.length) put(tbody, h("tr", null, h("td", { colspan: cols.length, class: "muted empty", text: opts.empty || "nothing yet" })));
+      return wrap;
+    }
+
+    const previous = liveTables.get(key);
+    const input = h("input", {
+      type: "search", class: "table-filter", placeholder: "Filter rows", "aria-label": `filter ${opts.label || key} rows`,
+      "data-table": key, value: viewOf(key).filter, autocomplete: "off",
+    });
+    const count = h("span", { class: "muted table-count", "aria-live": "polite" });
+    const note = opts.shown ? h("span", { class: "muted table-note", text: opts.shown }) : null;
+    // typing: the rows follow at once; the URL a moment later, one history entry per visit to the box
+    let typing = false, debounce = null;
+    input.addEventListener("focus", () => { typing = false; });
+    input.addEventListener("input", () => {
+      viewOf(key).filter = input.value;
+      apply();
+      clearTimeout(debounce);
+      debounce = setTimeout(() => { writeView(key, !typing); typing = true; }, 300);
+    });
+
+    function apply() {
+      const view = viewOf(key);
+      if (input.value !== view.filter) input.value = view.filter;
+      const needle = view.filter.trim().toLowerCase();
+      let shown = items.filter((item) => !needle || item.text.includes(needle));
+      const col = cols.find((c) => c.sortable && c.id === view.sort);
+      if (col) {
+        shown = shown.slice().sort((a, b) => {
+          if (a.pinned !== b.pinned) return a.pinned ? -1 : 1;
+          const x = a.values[col.id], y = b.values[col.id];
+          if (empty(x) || empty(y)) return empty(x) === empty(y) ? a.index - b.index : empty(x) ? 1 : -1;
+          return (view.desc ? -compareValues(x, y) : compareValues(x, y)) || a.index - b.index;
+        });
+      }
+      for (const [i, c] of cols.entries()) {
+        if (!c.sortable) continue;
+        const th = headers[i];
+        const on = col === c;
+        if (on) th.setAttribute("aria-sort", view.desc ? "descending" : "ascending"); else th.removeAttribute("aria-sort");
+        th.querySelector(".sort-icon").textContent = on ? (view.desc ? "▼" : "▲") : "";
+      }
+      clear(tbody);
+      for (const item of shown) put(tbody, item.tr);
+      if (!rows.length) put(tbody, h("tr", null, h("td", { colspan: cols.length, class: "muted empty", text: opts.empty || "nothing yet" })));
+      else if (!shown.length) put(tbody, h("tr", { class: "no-match" }, h("td", { colspan: cols.length, class: "muted empty", text: `no row matches “${view.filter.trim()}”` })));
+      count.textContent = needle ? `${fmtInt(shown.length)} of ${fmtInt(rows.length)} rows` : "";
+    }
+    apply();
+    liveTables.set(key, { apply, input });
+
+    // a live redraw replaces the table: the keyboard stays where it was (the box, a header)
+    const focused = previous && previous.root && previous.root.contains(document.activeElement) ? document.activeElement : null;
+    const root = h("div", { class: "table-view", "data-table": key }, h("div", { class: "table-tools" }, input, count, note), wrap);
+    liveTables.get(key).root = root;
+    if (focused) {
+      const again = focused.matches(".table-filter") ? input : root.querySelector(`.sort-btn[data-sort="${focused.dataset.sort}"]`);
+      const [start, end] = focused.matches(".table-filter") ? [focused.selectionStart, focused.selectionEnd] : [null, null];
+      typing = focused.matches(".table-filter");
+      queueMicrotask(() => {
+        if (!again || !again.isConnected) return;
+        again.focus({ preventScroll: true });
+        if (start !== null) again.setSelectionRange(start, end);
+      });
+    }
+    return root;
+  }
+
+  // sort values: a cost in USD (no price: empty, so last), tokens in and out together
+  const costOf = (r) => (r.cost_usd === null || r.cost_usd === undefined ? null : r.cost_usd);
+  const tokenSum = (r) => (r.input_tokens === null && r.output_tokens === null ? null : (r.input_tokens || 0) + (r.output_tokens || 0));
 
   const statCard = (label, value, sub) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", text: value }), sub ? h("div", { class: "stat-sub", text: sub }) : null);
 
@@ -402,16 +549,39 @@
 
   let page = null; // {stop()} of the page on screen
 
-  function parseHash() {
-    const raw = location.hash.replace(/^#/, "") || "/";
+  function parseHash(hash = location.hash) {
+    const raw = hash.replace(/^#/, "") || "/";
     const [path, query] = raw.split("?");
     const decode = (part) => { try { return decodeURIComponent(part); } catch (e) { return part; } };
-    return { parts: path.split("/").filter(Boolean).map(decode), params: new URLSearchParams(query || "") };
+    return { path, parts: path.split("/").filter(Boolean).map(decode), params: new URLSearchParams(query || "") };
+  }
+
+  // what names a page: its path and its parameters but the tables' views
+  function pageOf(hash) {
+    const { path, params } = parseHash(hash);
+    for (const name of [...params.keys()]) if (isViewParam(name)) params.delete(name);
+    params.sort();
+    return `${path}?${params}`;
+  }
+
+  let lastHash = null; // the hash the page on screen shows
+
+  // a new hash: the same page with other table views takes them in place (Back after a sort
+  // or a filter); another page is drawn anew
+  function navigate() {
+    const previous = lastHash;
+    lastHash = location.hash;
+    if (previous === lastHash) return;
+    if (page && previous !== null && pageOf(previous) === pageOf(lastHash)) applyViews(parseHash().params);
+    else route();
   }
 
   function route() {
     if (page && page.stop) page.stop();
     showError(null);
+    lastHash = location.hash;
+    views = new Map();
+    liveTables = new Map();
     const { parts, params } = parseHash();
     const name = parts[0] || "sessions";
     for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.route === (name === "session" ? "sessions" : name));
@@ -466,7 +636,10 @@
       debounce = setTimeout(() => {
         query = search.value.trim();
         limit = 50;
-        history.replaceState(null, "", query ? `#/?q=${encodeURIComponent(query)}` : "#/");
+        const { params: kept } = parseHash();
+        if (query) kept.set("q", query); else kept.delete("q");
+        history.replaceState(null, "", kept.toString() ? `#/?${kept}` : "#/");
+        lastHash = location.hash;
         poll.now();
       }, 250);
     });
@@ -475,7 +648,7 @@
       const overview = await getJSON("/api/overview");
       renderStats(overview);
       const data = query || limit > 50 ? await getJSON("/api/sessions", { q: query, limit }) : { sessions: overview.sessions, total: overview.sessions_total };
-      fill(list, sessionsTable(data.sessions));
+      fill(list, sessionsTable(data.sessions, data.total));
       count.textContent = `${fmtInt(data.sessions.length)} of ${fmtInt(data.total)} sessions${query ? ` matching “${query}”` : ""}`;
       more.hidden = data.sessions.length >= data.total;
       setStatus(`${overview.store} · updated ${fmtTime(overview.generated_at)}`, overview.sessions.some((x) => x.live));
@@ -496,19 +669,22 @@
         o.loop_end_reasons.length ? o.loop_end_reasons.map((r) => h("span", { class: "chip" }, reasonBadge(r.reason), ` ${fmtInt(r.turns)}`)) : h("span", { class: "muted", text: " none yet" }));
     }
 
-    function sessionsTable(rows) {
+    function sessionsTable(rows, total) {
       return table([
-        { label: "Session", render: (r) => [r.live ? h("span", { class: "live-dot", title: "active in the last 30 s" }) : null, sessionLink(r.session_id)] },
-        { label: "Agents", render: (r) => r.agents.join(", ") || "–" },
-        { label: "Model", render: (r) => r.models.join(", ") || "–" },
-        { label: "Turns", num: true, render: (r) => fmtInt(r.turns) },
-        { label: "Events", num: true, render: (r) => fmtInt(r.event_count) },
-        { label: "Tool calls", num: true, render: (r) => fmtInt(r.tool_calls) },
-        { label: "Tokens in / out", num: true, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
-        { label: "Cost", num: true, title: "USD, summed over the model calls that have a price", render: (r) => costNode(r.cost_usd, r.unpriced_calls, r.model_calls) },
-        { label: "Last loop end", render: (r) => (r.last_loop_end_reason ? reasonBadge(r.last_loop_end_reason) : h("span", { class: "muted", text: r.turns ? "–" : "running" })) },
-        { label: "Last active", render: (r) => h("span", { title: fmtTime(r.last_at, true), text: fmtAgo(r.last_at) }) },
-      ], rows, { class: "sessions", empty: query ? "no session matches" : "no sessions yet: run an instrumented agent, or `loopscope demo`" });
+        { label: "Session", sort: (r) => r.session_id, render: (r) => [r.live ? h("span", { class: "live-dot", title: "active in the last 30 s" }) : null, sessionLink(r.session_id)] },
+        { label: "Agents", sort: (r) => r.agents.join(", "), render: (r) => r.agents.join(", ") || "–" },
+        { label: "Model", sort: (r) => r.models.join(", "), render: (r) => r.models.join(", ") || "–" },
+        { label: "Turns", num: true, sort: (r) => r.turns, render: (r) => fmtInt(r.turns) },
+        { label: "Events", num: true, sort: (r) => r.event_count, render: (r) => fmtInt(r.event_count) },
+        { label: "Tool calls", num: true, sort: (r) => r.tool_calls, render: (r) => fmtInt(r.tool_calls) },
+        { label: "Tokens in / out", num: true, title: "sorts by input and output together", sort: tokenSum, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
+        { label: "Cost", num: true, title: "USD, summed over the model calls that have a price", sort: costOf, render: (r) => costNode(r.cost_usd, r.unpriced_calls, r.model_calls) },
+        { label: "Last loop end", sort: (r) => r.last_loop_end_reason, render: (r) => (r.last_loop_end_reason ? reasonBadge(r.last_loop_end_reason) : h("span", { class: "muted", text: r.turns ? "–" : "running" })) },
+        { label: "Last active", sort: (r) => r.last_at, render: (r) => h("span", { title: fmtTime(r.last_at, true), text: fmtAgo(r.last_at) }) },
+      ], rows, {
+        key: "sessions", label: "sessions", class: "sessions", empty: query ? "no session matches" : "no sessions yet: run an instrumented agent, or `loopscope demo`",
+        shown: rows.length < total ? `the filter covers the ${fmtInt(rows.length)} sessions shown; the search above covers all ${fmtInt(total)}` : null,
+      });
     }
 
     const poll = poller(load, POLL_LIST_MS);
@@ -945,17 +1121,17 @@
         h("section", { class: "panel" },
           h("h2", { text: "Calls per tool" }),
           table([
-            { label: "Tool", render: (r) => h("a", { href: "#/tools", class: `tool-link${selected === r.tool ? " active" : ""}`, text: r.tool || "(unnamed)", onclick: (ev) => { ev.preventDefault(); selected = selected === r.tool ? null : r.tool; page.now(); } }) },
-            { label: "Calls", num: true, render: (r) => fmtInt(r.calls) },
-            { label: "Running", num: true, render: (r) => (r.running ? badge(fmtInt(r.running), "run") : "0") },
-            { label: "Outcomes", render: (r) => shareBar(r, [...OUTCOMES, "other"]) },
-            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", render: (r) => h("span", { class: r.failure_share > 0.1 ? "error-text" : null, text: fmtPct(r.failure_share) }) },
-            { label: "p50", num: true, render: (r) => fmtMs(r.p50_ms) },
-            { label: "p95", num: true, render: (r) => fmtMs(r.p95_ms) },
-            { label: "p99", num: true, render: (r) => fmtMs(r.p99_ms) },
-            { label: "max", num: true, render: (r) => fmtMs(r.max_ms) },
-            { label: "Last seen", render: (r) => h("span", { title: fmtTime(r.last_seen, true), text: fmtAgo(r.last_seen) }) },
-          ], rows, { class: "tools", empty: "no tool calls in this range", rowProps: (r) => ({ "data-tool": r.tool, class: selected === r.tool ? "selected" : null }) }),
+            { label: "Tool", sort: (r) => r.tool, render: (r) => h("a", { href: "#/tools", class: `tool-link${selected === r.tool ? " active" : ""}`, text: r.tool || "(unnamed)", onclick: (ev) => { ev.preventDefault(); selected = selected === r.tool ? null : r.tool; page.now(); } }) },
+            { label: "Calls", num: true, sort: (r) => r.calls, render: (r) => fmtInt(r.calls) },
+            { label: "Running", num: true, sort: (r) => r.running, render: (r) => (r.running ? badge(fmtInt(r.running), "run") : "0") },
+            { label: "Outcomes", sort: false, render: (r) => shareBar(r, [...OUTCOMES, "other"]) },
+            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", sort: (r) => r.failure_share, render: (r) => h("span", { class: r.failure_share > 0.1 ? "error-text" : null, text: fmtPct(r.failure_share) }) },
+            { label: "p50", num: true, sort: (r) => r.p50_ms, render: (r) => fmtMs(r.p50_ms) },
+            { label: "p95", num: true, sort: (r) => r.p95_ms, render: (r) => fmtMs(r.p95_ms) },
+            { label: "p99", num: true, sort: (r) => r.p99_ms, render: (r) => fmtMs(r.p99_ms) },
+            { label: "max", num: true, sort: (r) => r.max_ms, render: (r) => fmtMs(r.max_ms) },
+            { label: "Last seen", sort: (r) => r.last_seen, render: (r) => h("span", { title: fmtTime(r.last_seen, true), text: fmtAgo(r.last_seen) }) },
+          ], rows, { key: "tools", label: "tools", class: "tools", empty: "no tool calls in this range", rowProps: (r) => ({ "data-tool": r.tool, class: selected === r.tool ? "selected" : null }) }),
           legend(OUTCOMES),
         ),
         h("section", { class: "panel" },
@@ -1005,12 +1181,12 @@
             table([
               { label: "Model", key: "model" },
               { label: "Provider", key: "provider" },
-              { label: "Turns", num: true, render: (r) => fmtInt(r.turns) },
-              { label: "Input", num: true, render: (r) => fmtInt(r.input_tokens) },
-              { label: "Output", num: true, render: (r) => fmtInt(r.output_tokens) },
-              { label: "Per turn", num: true, render: (r) => fmtInt(r.avg_tokens) },
-              { label: "Cost", num: true, render: (r) => costNode(r.cost_usd, r.unpriced_calls, r.model_calls) },
-            ], data.models, { empty: "no turns in this range" }),
+              { label: "Turns", num: true, sort: (r) => r.turns, render: (r) => fmtInt(r.turns) },
+              { label: "Input", num: true, sort: (r) => r.input_tokens, render: (r) => fmtInt(r.input_tokens) },
+              { label: "Output", num: true, sort: (r) => r.output_tokens, render: (r) => fmtInt(r.output_tokens) },
+              { label: "Per turn", num: true, sort: (r) => r.avg_tokens, render: (r) => fmtInt(r.avg_tokens) },
+              { label: "Cost", num: true, sort: costOf, render: (r) => costNode(r.cost_usd, r.unpriced_calls, r.model_calls) },
+            ], data.models, { key: "models", label: "models", class: "models", empty: "no turns in this range" }),
           ),
           h("section", { class: "panel" },
             h("h2", { text: "Tokens over time" }),
@@ -1022,31 +1198,34 @@
           h("h2", { text: "Latency" }),
           table([
             { label: "Agent", key: "agent" },
-            { label: "Turns", num: true, render: (r) => fmtInt(r.turns) },
-            { label: "p50", num: true, render: (r) => fmtMs(r.p50_ms) },
-            { label: "p95", num: true, render: (r) => fmtMs(r.p95_ms) },
-            { label: "p99", num: true, render: (r) => fmtMs(r.p99_ms) },
-            { label: "max", num: true, render: (r) => fmtMs(r.max_ms) },
-            { label: "Model calls / turn", num: true, render: (r) => (r.avg_model_calls === null || r.avg_model_calls === undefined ? "–" : r.avg_model_calls.toFixed(1)) },
-            { label: "Tool rounds / turn", num: true, title: "model calls that asked for tools (RoomKit's round count)", render: (r) => (r.avg_rounds === null ? "–" : r.avg_rounds.toFixed(1)) },
-            { label: "Tool calls / turn", num: true, render: (r) => (r.avg_tool_calls === null ? "–" : r.avg_tool_calls.toFixed(1)) },
-          ], data.latency, { empty: "no turns in this range" }),
+            { label: "Turns", num: true, sort: (r) => r.turns, render: (r) => fmtInt(r.turns) },
+            { label: "p50", num: true, sort: (r) => r.p50_ms, render: (r) => fmtMs(r.p50_ms) },
+            { label: "p95", num: true, sort: (r) => r.p95_ms, render: (r) => fmtMs(r.p95_ms) },
+            { label: "p99", num: true, sort: (r) => r.p99_ms, render: (r) => fmtMs(r.p99_ms) },
+            { label: "max", num: true, sort: (r) => r.max_ms, render: (r) => fmtMs(r.max_ms) },
+            { label: "Model calls / turn", num: true, sort: (r) => r.avg_model_calls, render: (r) => (r.avg_model_calls === null || r.avg_model_calls === undefined ? "–" : r.avg_model_calls.toFixed(1)) },
+            { label: "Tool rounds / turn", num: true, title: "model calls that asked for tools (RoomKit's round count)", sort: (r) => r.avg_rounds, render: (r) => (r.avg_rounds === null ? "–" : r.avg_rounds.toFixed(1)) },
+            { label: "Tool calls / turn", num: true, sort: (r) => r.avg_tool_calls, render: (r) => (r.avg_tool_calls === null ? "–" : r.avg_tool_calls.toFixed(1)) },
+          ], data.latency, { key: "latency", label: "latency", class: "latency", empty: "no turns in this range", pinned: (r) => r === data.latency[0] }),
         ),
         h("section", { class: "panel" },
           h("h2", { text: "Slowest turns" }),
           table([
-            { label: "Session", render: (r) => (r.session_id ? sessionLink(r.session_id) : "–") },
-            { label: "Agent", render: (r) => r.agent || "–" },
-            { label: "Model", render: (r) => r.model || "–" },
-            { label: "Ended", render: (r) => reasonBadge(r.loop_end_reason) },
-            { label: "Latency", num: true, render: (r) => fmtMs(r.latency_ms) },
-            { label: "Model calls", num: true, render: (r) => fmtInt(modelCalls(r)) },
-            { label: "Tool rounds", num: true, title: "model calls that asked for tools (RoomKit's round count)", render: (r) => fmtInt(r.round_count) },
-            { label: "Tool calls", num: true, render: (r) => fmtInt(r.tool_calls_count) },
-            { label: "Tokens in / out", num: true, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
-            { label: "Cost", num: true, render: (r) => turnCost(r) },
-            { label: "At", render: (r) => fmtTime(r.t, true) },
-          ], data.slowest, { empty: "no turns in this range" }),
+            { label: "Session", sort: (r) => r.session_id, render: (r) => (r.session_id ? sessionLink(r.session_id) : "–") },
+            { label: "Agent", sort: (r) => r.agent, render: (r) => r.agent || "–" },
+            { label: "Model", sort: (r) => r.model, render: (r) => r.model || "–" },
+            { label: "Ended", sort: (r) => r.loop_end_reason, render: (r) => reasonBadge(r.loop_end_reason) },
+            { label: "Latency", num: true, sort: (r) => r.latency_ms, render: (r) => fmtMs(r.latency_ms) },
+            { label: "Model calls", num: true, sort: modelCalls, render: (r) => fmtInt(modelCalls(r)) },
+            { label: "Tool rounds", num: true, title: "model calls that asked for tools (RoomKit's round count)", sort: (r) => r.round_count, render: (r) => fmtInt(r.round_count) },
+            { label: "Tool calls", num: true, sort: (r) => r.tool_calls_count, render: (r) => fmtInt(r.tool_calls_count) },
+            { label: "Tokens in / out", num: true, title: "sorts by input and output together", sort: tokenSum, render: (r) => `${fmtInt(r.input_tokens)} / ${fmtInt(r.output_tokens)}` },
+            { label: "Cost", num: true, sort: costOf, render: (r) => turnCost(r) },
+            { label: "At", sort: (r) => r.t, render: (r) => fmtTime(r.t, true) },
+          ], data.slowest, {
+            key: "slowest", label: "slowest turns", class: "slowest", empty: "no turns in this range",
+            shown: data.slowest.length >= 10 ? "the filter covers these 10 slowest turns of the range" : null,
+          }),
         ),
       );
     });
@@ -1061,18 +1240,19 @@
         put(content, h("section", { class: "panel agent", "data-agent": agent.agent },
           h("h2", null, agent.agent, " ", h("span", { class: "muted", text: `${plural(agent.turns, "turn")} · ${plural(agent.declared, "tool")} offered · ${fmtInt(agent.never_called)} never called` })),
           table([
-            { label: "Tool", render: (r) => h("span", { class: "mono", text: r.tool || "(unnamed)" }) },
-            { label: "Offered in", num: true, render: (r) => `${plural(r.turns_declared, "turn")} (${fmtPct(r.turns_declared / Math.max(1, agent.turns))})` },
-            { label: "Calls", num: true, render: (r) => fmtInt(r.calls) },
-            { label: "Called in", num: true, render: (r) => plural(r.turns_used, "turn") },
-            { label: "Use rate", title: "turns that called the tool / turns that offered it", render: (r) => (r.turns_declared ? [meter(r.turns_used / r.turns_declared, r.never_called ? "bad" : "ok"), ` ${fmtPct(r.turns_used / r.turns_declared)}`] : "–") },
+            { label: "Tool", sort: (r) => r.tool, render: (r) => h("span", { class: "mono", text: r.tool || "(unnamed)" }) },
+            { label: "Offered in", num: true, sort: (r) => r.turns_declared, render: (r) => `${plural(r.turns_declared, "turn")} (${fmtPct(r.turns_declared / Math.max(1, agent.turns))})` },
+            { label: "Calls", num: true, sort: (r) => r.calls, render: (r) => fmtInt(r.calls) },
+            { label: "Called in", num: true, sort: (r) => r.turns_used, render: (r) => plural(r.turns_used, "turn") },
+            { label: "Use rate", title: "turns that called the tool / turns that offered it", sort: (r) => (r.turns_declared ? r.turns_used / r.turns_declared : null), render: (r) => (r.turns_declared ? [meter(r.turns_used / r.turns_declared, r.never_called ? "bad" : "ok"), ` ${fmtPct(r.turns_used / r.turns_declared)}`] : "–") },
             { label: "", render: (r) => (r.never_called ? badge("never called", "warn") : r.undeclared ? badge("called, not offered", "bad") : null) },
-          ], agent.tools, { rowProps: (r) => ({ class: r.never_called ? "never" : null }) }),
+          ], agent.tools, { key: `agent-${agent.agent}`, label: `${agent.agent}'s tools`, rowProps: (r) => ({ class: r.never_called ? "never" : null }) }),
         ));
       }
     });
   }
 
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", navigate);
+  window.addEventListener("popstate", navigate);
   route();
 })();
