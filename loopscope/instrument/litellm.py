@@ -20,10 +20,12 @@ its call (nothing else), and a new request in the same thread (sync: in
 ``log_pre_api_call``) or task (async: in ``async_pre_call_deployment_hook``) that goes on
 from the previous call of that thread or task (its answer, its tool results) ends that
 call first with that response (LiteLLM's cost of it read from the response's
-``_hidden_params``, as LiteLLM's docs show; a stream read to its end assembled and priced
-with LiteLLM's public helpers), or, for a stream not read to its end or a call made
-through a reference to ``completion`` taken before ``instrument()``, waits, bounded, for
-LiteLLM's success callback to end it; one that starts a conversation afresh does neither. LiteLLM tells no callback of a stream closed early: the
+``_hidden_params``, as LiteLLM's docs show), or, for a stream or a call made through a
+reference to ``completion`` taken before ``instrument()``, waits, bounded, for LiteLLM's
+success callback to end it; one that starts a conversation afresh does neither. (A stream
+read to its end could be assembled here with LiteLLM's ``stream_chunk_builder`` and priced
+with ``completion_cost``: 1.8 ms and 0.35 ms of CPU for 7 chunks, on the request's path,
+measured longer than the wait.) LiteLLM tells no callback of a stream closed early: the
 call ends as abandoned when LiteLLM's logging object for it is collected. Per-chunk stream
 events come unordered on a thread pool and are not read: the success event carries the
 whole stream, its first chunk's time included.
@@ -257,24 +259,16 @@ def _end(call: _Call, response: Any, kwargs: dict[str, Any]) -> None:
         call.ended()
 
 
-def _answered(response: Any) -> Any:
+def _answered(response: Any) -> None:
     """``completion()`` / ``acompletion()`` returned ``response`` (in the caller's thread or
     task): kept on its call, which the caller's next request that goes on from it ends
-    with it (:func:`_end_answered`) rather than wait for LiteLLM's success callback. A
-    stream is kept once read to its end: what is returned then is ``response`` behind a
-    proxy that sees its end (nothing else)."""
-    logging_obj = getattr(response, "logging_obj", None)  # a stream (CustomStreamWrapper)
-    if logging_obj is not None and isinstance(getattr(response, "chunks", None), list):
-        call = _open.get(getattr(logging_obj, "litellm_call_id", None))  # type: ignore[arg-type]
-        if call is None or not call.stream:
-            return response
-        return _stream_read(response, call)
+    with it (:func:`_end_answered`) rather than wait for LiteLLM's success callback. A stream
+    is not kept: its response is whole only in that callback."""
     hidden = getattr(response, "_hidden_params", None)  # LiteLLM's documented per-response figures
     call_id = hidden.get("litellm_call_id") if type(hidden) is dict else None
     call = _open.get(call_id) if isinstance(call_id, str) else None
     if call is not None and not call.stream:
         call.answer = response
-    return response
 
 
 def _end_answered(call: _Call) -> bool:
@@ -289,28 +283,10 @@ def _end_answered(call: _Call) -> bool:
     if not mine:  # the success callback has it: it ends it
         return call.done.is_set()
     response = call.answer
-    if call.stream:  # a stream read to its end: its chunks assembled and priced as LiteLLM does it
-        _end(call, *_assembled(response, call.model))
-        return True
     hidden = getattr(response, "_hidden_params", None)
     _end(call, response, {"response_cost": hidden.get("response_cost") if type(hidden) is dict else None,
                           "model": call.model})
     return True
-
-
-def _assembled(stream: Any, model: str | None) -> tuple[Any, dict[str, Any]]:
-    """A stream read to its end as one response, with LiteLLM's public helpers (the same its
-    success handling uses), its cost, and when its first chunk came (LiteLLM's stamp)."""
-    import litellm
-
-    response = litellm.stream_chunk_builder(chunks=list(stream.chunks))
-    try:
-        cost = litellm.completion_cost(completion_response=response) if response is not None else None
-    except Exception:  # a model LiteLLM has no price for
-        cost = None
-    logging_obj = getattr(stream, "logging_obj", None)
-    return response, {"response_cost": cost, "model": model,
-                      "completion_start_time": getattr(logging_obj, "completion_start_time", None)}
 
 
 def _failure(kwargs: dict[str, Any]) -> None:
@@ -458,7 +434,7 @@ def patch() -> list[Patch | Registration]:
 def _returned(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     response = wrapped(*args, **kwargs)
     try:
-        return _answered(response)
+        _answered(response)
     except Exception:
         internal_error("litellm answered")
     return response
@@ -468,53 +444,9 @@ def _returned_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
     async def run() -> Any:
         response = await wrapped(*args, **kwargs)
         try:
-            return _answered(response)
+            _answered(response)
         except Exception:
             internal_error("litellm answered")
         return response
 
     return run()
-
-
-_proxy: list[type] = []  # the stream proxy's class, made at its first use (wrapt is imported then)
-
-
-def _stream_read(stream: Any, call: _Call) -> Any:
-    """LiteLLM's stream (sync and async alike: one class), as it is, but for its end: then
-    it is kept on its call (:func:`_answered`)."""
-    if not _proxy:
-        import wrapt
-
-        class Read(wrapt.ObjectProxy):  # type: ignore[misc]
-            def __init__(self, stream: Any, call: _Call) -> None:
-                super().__init__(stream)
-                self._self_call = call
-
-            def __iter__(self) -> Any:
-                return self
-
-            def __next__(self) -> Any:
-                try:
-                    return self.__wrapped__.__next__()
-                except StopIteration:
-                    _read(self._self_call, self.__wrapped__)
-                    raise
-
-            def __aiter__(self) -> Any:
-                return self
-
-            async def __anext__(self) -> Any:
-                try:
-                    return await self.__wrapped__.__anext__()
-                except StopAsyncIteration:
-                    _read(self._self_call, self.__wrapped__)
-                    raise
-
-        _proxy.append(Read)
-    return _proxy[0](stream, call)
-
-
-def _read(call: _Call, stream: Any) -> None:
-    """A stream was read to its end: kept for the next request that goes on from it."""
-    if call.model_call is not None and not call.done.is_set():
-        call.answer = stream
