@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import stat
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from loopscope import semconv as a
@@ -166,3 +169,21 @@ def assert_never_recorded(recording: Any, *secrets: str, present: tuple[str, ...
     found = (everything + recording.db.read_bytes().decode("latin-1")).lower()
     for secret in secrets:
         assert secret.lower() not in found, secret
+
+
+def store_bytes(db: Path) -> bytes:
+    """Every byte of the store's files (the WAL too, if one is left), once no writer holds rows
+    for it: a writer process that outlived its application's close bound (a loaded machine)
+    writes on, its holding FIFO beside the store until then. A FIFO is not read (opening one
+    waits for a writer), nor a file that went meanwhile."""
+    deadline = time.monotonic() + 60
+    while any(".loopscope-holding." in p.name for p in db.parent.glob(db.name + "*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    found = []
+    for path in sorted(db.parent.glob(db.name + "*")):
+        try:
+            if stat.S_ISREG(path.lstat().st_mode):
+                found.append(path.read_bytes())
+        except FileNotFoundError:
+            continue
+    return b"".join(found)

@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+import recorded
 from loopscope.content.policy import DEFAULT_PATTERNS, ContentPolicy
 from loopscope.ingest.otlp.collector import Collector
 from loopscope.storage.duckdb.connection import open_store
@@ -48,7 +49,7 @@ def record(session: str = "sec") -> None:
 
 def raw_bytes(db: Path) -> bytes:
     """Every byte of the store's files (the WAL too, if one is left)."""
-    return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
+    return recorded.store_bytes(db)
 
 
 def timeline(db: Path, session: str = "sec") -> list[tuple[str, dict[str, Any]]]:

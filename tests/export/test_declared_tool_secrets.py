@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+import recorded
 from exporting import batch_leaves
 from fakes import otlp_receiver
 from fakes.model_server import FakeModelServer, Reply, ToolCall
@@ -90,7 +91,7 @@ def run_agent(server: FakeModelServer, sdk: str) -> None:
 
 
 def store_bytes(db: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
+    return recorded.store_bytes(db)
 
 
 def declared_rows(db: Path) -> list[tuple[list[dict[str, Any]], list[str]]]:
