@@ -74,7 +74,7 @@ from .. import _json, _otel_sdk
 from .._guard import guard, internal_error, logger, warn_once
 from ..content.policy import ContentPolicy
 from ..storage import recording
-from ..storage.duckdb import health
+from ..storage.duckdb import health, wakeup
 from ..storage.flush import FlushRequest, settle
 from ..storage.limits import CLOSE_TIMEOUT, QUEUE_BYTES, WriterStats
 from ..storage.limits import close_timeout as writer_close_timeout
@@ -504,6 +504,8 @@ class ProcessSpanWriter:
                 proc = None
             else:
                 self._kill(proc)
+                if proc.returncode is not None:
+                    wakeup.remove_left(self.path, proc.pid)  # what it held is counted lost: no FIFO stands for it
                 self._child_gone("still writing when the store was closed")
         self._drain()  # what the sender did not get to in time
         events = self._dropped - self._forwarded + self._lost + self._lost_estimate[0]
@@ -1033,6 +1035,8 @@ class ProcessSpanWriter:
         if code is None:  # its pipes ended, yet it runs: it is of no use any more
             self._kill(proc)
             code = proc.returncode
+        if code is not None:
+            wakeup.remove_left(self.path, proc.pid)  # killed before it removed its holding FIFO
         reason = "the writer process ended" + (f" (exit status {code})" if code is not None else "")
         if not restart:
             self._lose_all(reason, pending)

@@ -5,6 +5,7 @@ seconds between batches: a read first has every writer that holds rows write the
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -92,6 +93,28 @@ def test_a_fifo_left_by_a_writer_that_died_is_not_asked(tmp_path: Path) -> None:
     os.mkfifo(f"{db}{wakeup.SUFFIX}99999.deadbeef", 0o600)  # nobody reads it: a SIGKILLed writer's
     assert wakeup.ask(str(db)) == []
     assert [s.session_id for s in loopscope.Store(str(db)).list_sessions()] == ["s"]
+
+
+def test_a_writer_process_killed_while_it_held_rows_leaves_no_fifo(tmp_path: Path) -> None:
+    """A writer process killed (SIGKILL: no cleanup of its own) while it held rows: the
+    application that sees it end removes its FIFO, which would otherwise stay beside the store
+    for good (a program that opens every file there would wait on it)."""
+    db = tmp_path / "killed.duckdb"
+    pipeline = loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=600, writer="process")
+    try:
+        _turn("first")
+        assert loopscope.flush()
+        _held_turn(db, "second")
+        pid = pipeline.writer.child_pid()
+        [held] = _holders(db)
+        assert held.split(".loopscope-holding.")[1].startswith(f"{pid}.")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _holders(db) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _holders(db) == []
+    finally:
+        loopscope.shutdown()
 
 
 def test_only_our_writers_fifos_are_asked_never_a_link_or_a_file(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ of the run is stored. Real processes, real kills, real DuckDB files."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import duckdb
@@ -66,7 +67,17 @@ REOPEN = """
 
 
 def _query(db: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
+    # a writer process left writing by its application's close (its bound passed) may hold
+    # the file a moment after the application ended: read once it lets go, as loopscope's readers wait
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            con = duckdb.connect(str(db), read_only=True)
+            break
+        except duckdb.IOException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     try:
         return con.execute(sql).fetchall()
     finally:

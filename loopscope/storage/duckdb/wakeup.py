@@ -91,6 +91,17 @@ class Holding:
             return False
 
     @guarded("holding FIFO")
+    def unlink(self) -> None:
+        """From another thread than the writer's (a close that gave up on a write that does not
+        end): the FIFO's name goes, so that no reader waits for rows that will not be written;
+        its descriptor stays the writer thread's (closing it here could close another file
+        that reused the number)."""
+        path = self.path
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    @guarded("holding FIFO")
     def close(self) -> None:
         """The rows are written (or the writer stops): the FIFO goes, and readers waiting on it read."""
         fd, path, self._fd, self.path = self._fd, self.path, None, None
@@ -100,6 +111,20 @@ class Holding:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+@guarded("removing a dead writer's FIFOs")
+def remove_left(store: str, pid: int) -> None:
+    """The holding FIFOs writer process ``pid`` left beside ``store`` when it ended without
+    removing them (killed; or past its close bound, its thread still in a write): removed by
+    the process that saw it end, so that none stays beside the store (readers skip them, but
+    a program that opens every file beside the store would wait on one). Ours only: FIFOs of
+    this user, no links."""
+    for path in glob.glob(glob.escape(store) + SUFFIX + f"{pid}.*"):
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISFIFO(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid()):
+                os.unlink(path)
 
 
 def _holders(store: str) -> list[str]:

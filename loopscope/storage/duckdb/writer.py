@@ -409,6 +409,7 @@ class StoreWriter:
             # inside a write that does not end (a stuck disk, a hook): the file and its
             # in-process lock are the thread's, so the count goes beside the store
             self._abandon()
+            self._holding.unlink()  # what it holds is counted lost below: no reader waits for it
             events, turns = self._unwritten()
             lost = (self._dropped + events, self._dropped_turns + turns)
             self._interrupt(time.monotonic() + INTERRUPT_WAIT)
