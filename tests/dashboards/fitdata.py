@@ -100,6 +100,9 @@ def record(db: Path) -> None:
                 client.chat.completions.create(
                     model="gpt-4o-mini", messages=[{"role": "user", "content": "[short] Hi"}]
                 )
+        # written before the close: the writer process started at configure() may still be
+        # starting on a loaded machine (CI's four workers), and a close does not wait past its bound
+        assert loopscope.flush(60)
     finally:
         loopscope.uninstrument()
         loopscope.shutdown()
