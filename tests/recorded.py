@@ -187,3 +187,19 @@ def store_bytes(db: Path) -> bytes:
         except FileNotFoundError:
             continue
     return b"".join(found)
+
+
+def connect_when_free(db: Path) -> Any:
+    """A read-only DuckDB connection to ``db`` once no process holds it (60 s at most): a writer
+    process left writing by its application's close bound (a loaded machine) may hold the file
+    a moment after the application ended, and loopscope's own readers wait for it too."""
+    import duckdb
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return duckdb.connect(str(db), read_only=True)
+        except duckdb.IOException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

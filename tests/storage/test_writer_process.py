@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
+import recorded
 from loopscope._guard import clear_warning
 from loopscope.cli.status import read_status
 from loopscope.content.policy import ContentPolicy
@@ -31,17 +32,7 @@ def _turns(count: int, prefix: str = "s") -> None:
 
 
 def _count(db: Path, table: str = "events") -> int:
-    # a writer process that outlived its application's wait at exit (a loaded machine) may
-    # still hold the file a moment: a reader waits for it, as loopscope's own readers do
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            con = duckdb.connect(str(db), read_only=True)
-            break
-        except duckdb.IOException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    con = recorded.connect_when_free(db)
     try:
         return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
     finally:

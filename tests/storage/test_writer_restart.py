@@ -4,13 +4,12 @@ of the run is stored. Real processes, real kills, real DuckDB files."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
 import loopscope
+import recorded
 from loopscope.cli.status import read_status
 
 # a sync point, not a timing: the child's own counters say it holds the spans (the store's
@@ -67,17 +66,7 @@ REOPEN = """
 
 
 def _query(db: Path, sql: str) -> list[tuple]:
-    # a writer process left writing by its application's close (its bound passed) may hold
-    # the file a moment after the application ended: read once it lets go, as loopscope's readers wait
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            con = duckdb.connect(str(db), read_only=True)
-            break
-        except duckdb.IOException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    con = recorded.connect_when_free(db)
     try:
         return con.execute(sql).fetchall()
     finally:
