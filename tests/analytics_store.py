@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 import loopscope
+import recorded
+from recorded import connect_when_free
 
 SUPPORT_TOOLS = ["lookup_order", "refund", "escalate", "translate"]
 RESEARCH_TOOLS = ["search", "fetch", "summarize"]
@@ -49,12 +49,15 @@ def _serve(name: str, call_id: str, result: Any, pause: float = 0.0) -> None:
 
 
 def record(db: str | Path) -> None:
-    """Record the workload into ``db`` (configures loopscope for it and shuts it down)."""
+    """Record the workload into ``db`` (configures loopscope for it and shuts it down), and
+    return once no writer process holds the file: on a loaded machine the close's bound can
+    leave the writer process finishing its last batch, and the tests read with plain DuckDB."""
     loopscope.configure(db, flush_interval=0.05)
     try:
         _record()
     finally:
         loopscope.shutdown()
+    recorded.connect_when_free(Path(db)).close()
 
 
 def _record() -> None:
@@ -145,7 +148,7 @@ def _record() -> None:
 
 def tool_rows(db: str | Path) -> list[dict[str, Any]]:
     """Every tool row of the store, its content parsed: what the views are checked against."""
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         rows = con.execute(
             "SELECT session_id, correlation_id, type, created_at, source_channel_id, content FROM events "

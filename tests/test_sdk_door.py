@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 from opentelemetry import context as otel_context
 from opentelemetry.attributes import BoundedAttributes
@@ -27,6 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import loopscope
 from loopscope import _otel_sdk
+from recorded import connect_when_free
 from sample_tools import book, weather
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ _RANDOM = {"id", "created_at", "trace_id", "span_id", "timestamp", "latency_ms",
 def _rows(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     """The events and turns the store holds, without ids and times (random on each run)."""
     out: dict[str, list[tuple[Any, ...]]] = {}
-    with duckdb.connect(str(db), read_only=True) as con:
+    with connect_when_free(db) as con:
         for table, order in (("events", "idx"), ("turns", "correlation_id")):
             cursor = con.execute(f"SELECT * FROM {table} ORDER BY {order}")
             columns = [d[0] for d in cursor.description]

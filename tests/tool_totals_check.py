@@ -13,6 +13,7 @@ import duckdb
 
 from loopscope.storage.duckdb import tool_totals
 from loopscope.storage.duckdb.views import OUTCOMES, TOTALS_COVER, duration_key, tool_rows, views
+from recorded import connect_when_free
 
 
 def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -66,7 +67,7 @@ def assert_totals_exact(db: str | Path) -> None:
     kept, again = kept_and_recomputed(db)
     assert kept == again
     assert kept[tool_totals.TOTALS], "no tool rows: nothing was checked"
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         assert con.execute(f"SELECT {TOTALS_COVER}").fetchone() == (True,)
         from_totals = con.execute("SELECT * FROM tool_stats").fetchall()

@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
 import loopscope
 from fakes.model_server import FakeModelServer, Reply, ToolCall
+from recorded import connect_when_free
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         loopscope.uninstrument()
         loopscope.shutdown()
-    with duckdb.connect(str(path), read_only=True) as con:  # all of it, or the assertions below mean little
+    with connect_when_free(path) as con:  # all of it, or the assertions below mean little
         assert con.execute("SELECT count(*) FROM events").fetchone() == (9,)
         assert con.execute("SELECT count(*) FROM model_calls").fetchone() == (3,)
     yield str(path)

@@ -14,8 +14,10 @@ import pytest
 
 import analytics_store as workload
 import loopscope
+import recorded
 from loopscope.storage.duckdb.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from loopscope.storage.duckdb.views import OUTCOMES, VIEWS, views
+from recorded import connect_when_free
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,9 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def query(db: Path, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    """Rows as dicts, read with plain duckdb: no loopscope code at query time."""
-    con = duckdb.connect(str(db), read_only=True)
+    """Rows as dicts, read with plain duckdb: no loopscope code at query time (waiting while a
+    writer process left finishing by the close's bound still holds the file)."""
+    con = recorded.connect_when_free(db)
     try:
         cursor = con.execute(sql, params or [])
         names = [d[0] for d in cursor.description]
@@ -273,7 +276,7 @@ def test_a_v1_file_is_read_with_views_and_left_unchanged(db: Path, tmp_path: Pat
     assert rows == [(21, 1)]
     assert len(store.list_events("sup-1")) == query(db, "SELECT count(*) AS n FROM events WHERE session_id = 'sup-1'")[0]["n"]
     assert old.read_bytes() == before
-    con = duckdb.connect(str(old), read_only=True)
+    con = connect_when_free(old)
     try:
         assert schema_version(con) == 1
         assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 0

@@ -24,6 +24,7 @@ from fakes.model_server import FakeModelServer
 from loopscope.cli.status import read_status
 from loopscope.storage.duckdb import health
 from loopscope.storage.duckdb.schema import migrate
+from recorded import connect_when_free
 
 WORKERS = """
     import multiprocessing as mp, os, sys, threading
@@ -74,7 +75,7 @@ WORKERS = """
 
 
 def _turns(db: Path) -> list[str]:
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         return sorted(r[0] for r in con.execute("SELECT session_id FROM turns").fetchall())
     finally:

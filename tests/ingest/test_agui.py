@@ -11,7 +11,6 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-import duckdb
 import pytest
 from ag_ui.core import (
     ActivitySnapshotEvent,
@@ -49,6 +48,7 @@ from pydantic import TypeAdapter
 import loopscope
 from loopscope import LoopEndReason, Store
 from loopscope.ingest.agui import AguiFormatError, export_session, import_stream
+from recorded import connect_when_free
 
 T0 = 1_767_000_000_000  # ms since the epoch
 ENCODER = EventEncoder()
@@ -64,7 +64,7 @@ def at(ms: int) -> datetime:
 
 
 def stored_raw(db: Path, session: str) -> list[tuple[str | None, int, str, str]]:
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         return con.execute(
             "SELECT run_id, seq, type, raw FROM agui_events WHERE session_id = ? ORDER BY seq", [session]

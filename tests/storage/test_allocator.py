@@ -17,6 +17,7 @@ import pytest
 
 import loopscope
 from loopscope.storage.duckdb import allocator
+from recorded import connect_when_free
 
 MiB = 1 << 20
 
@@ -55,7 +56,7 @@ def test_after_a_flush_duckdbs_allocator_holds_little_more_than_it_uses(instrume
     # beyond what the process held before: not the pages the batches freed (31-36 MB
     # without the writer's give-back)
     assert _excess() - base < 12 * MiB, (base, allocator.kept())
-    con = duckdb.connect(str(instrumented.db), read_only=True)
+    con = connect_when_free(instrumented.db)
     try:
         assert con.execute("SELECT count(*) FROM model_calls").fetchone() == (CALLS,)
     finally:

@@ -22,6 +22,7 @@ from loopscope.storage.duckdb import schema
 from loopscope.storage.duckdb.connection import open_store
 from loopscope.storage.duckdb.schema import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from loopscope.storage.errors import StoreError
+from recorded import connect_when_free
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stores"
 NAMES = [m.name for m in MIGRATIONS]
@@ -60,7 +61,7 @@ def _sorted(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 def contents(path: Path, tables: list[str]) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
     """Every row of ``tables``, with the columns each table has now."""
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         out = {}
         for table in tables:
@@ -73,7 +74,7 @@ def contents(path: Path, tables: list[str]) -> dict[str, tuple[list[str], list[t
 
 def recorded(path: Path) -> list[tuple[str, bool]]:
     """The migrations the file records: (name, whether it says when it ran), in name order."""
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         return con.execute("SELECT name, applied_at IS NOT NULL FROM loopscope_migrations ORDER BY name").fetchall()
     finally:
@@ -94,7 +95,7 @@ def test_the_names_are_unique_and_in_order() -> None:
 @pytest.mark.parametrize("version", [7, 6, 3])
 def test_a_store_written_before_named_migrations_migrates_without_loss(version: int, tmp_path: Path) -> None:
     path = unpack(version, tmp_path)
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         assert schema_version(con) == version
         assert con.execute(
@@ -110,7 +111,7 @@ def test_a_store_written_before_named_migrations_migrates_without_loss(version: 
     # every row of every table survived, each column it had unchanged
     after = contents(path, TABLES[version])
     for table, (names, rows) in before.items():
-        con = duckdb.connect(str(path), read_only=True)
+        con = connect_when_free(path)
         try:
             kept = _sorted(con.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall())
         finally:
@@ -120,7 +121,7 @@ def test_a_store_written_before_named_migrations_migrates_without_loss(version: 
     # the first `version` migrations are recorded as the file had them (when they ran is
     # unknown), the rest ran now
     assert recorded(path) == [(name, index >= version) for index, name in enumerate(NAMES)]
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         assert schema_version(con) == SCHEMA_VERSION
     finally:
@@ -146,7 +147,7 @@ def test_a_store_written_before_named_migrations_migrates_without_loss(version: 
 def test_the_open_turn_and_its_writer_survive_the_migration(tmp_path: Path) -> None:
     path = unpack(6, tmp_path)
     migrate_file(path)
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         assert con.execute("SELECT correlation_id, session_id, agent FROM loopscope_open_turns").fetchall() == [
             ("turn-open", "s2", "helper"),
@@ -219,7 +220,7 @@ def test_a_migration_that_fails_leaves_neither_its_changes_nor_its_record(
     # the names of the file's six are recorded (their own transaction), the seventh not,
     # nor any of its columns
     assert recorded(path) == [(name, False) for name in NAMES[:6]]
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         assert "dropped_queue_full" not in _columns(con, "loopscope_writers")
         assert schema_version(con) == 6
@@ -356,7 +357,7 @@ def test_a_read_of_an_unchanged_file_does_not_check_its_schema_again(tmp_path: P
 
 
 def _sessions_of(path: Path) -> list[str]:
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         return [r[0] for r in con.execute("SELECT session_id FROM sessions").fetchall()]
     finally:
@@ -394,14 +395,14 @@ def test_an_older_store_gains_model_calls_and_costs(version: int, tmp_path: Path
     assert priced == with_usage  # a turn with usage and no price is counted as a call without one
     _, none = store.sql("SELECT count(*) FROM model_call_summaries")
     assert none == [(0,)]
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         assert schema_version(con) == version  # reading changed nothing
     finally:
         con.close()
 
     migrate_file(path)
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         assert con.execute("SELECT count(*) FROM model_calls").fetchone() == (0,)
         assert con.execute("SELECT count(*) FROM turns WHERE model_call_count IS NULL AND cost_usd IS NULL").fetchone() == (5,)

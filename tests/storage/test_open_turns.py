@@ -13,10 +13,11 @@ import pytest
 
 import loopscope
 from loopscope.storage.duckdb import recovery
+from recorded import connect_when_free
 
 
 def _open_turns(db) -> list[tuple[str, str]]:
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         return con.execute("SELECT correlation_id, session_id FROM loopscope_open_turns ORDER BY 1").fetchall()
     finally:

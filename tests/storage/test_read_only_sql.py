@@ -25,6 +25,7 @@ import loopscope
 from children import hold
 from loopscope.cli import main
 from loopscope.storage.duckdb.connection import command_line
+from recorded import connect_when_free
 
 
 def _record(db: Path) -> None:
@@ -44,6 +45,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small store recorded once, copied for each test (attacks may not share one)."""
     db = tmp_path_factory.mktemp("template") / "template.duckdb"
     _record(db)
+    connect_when_free(db).close()  # a writer process the close's bound left writing is done
     assert not Path(f"{db}.wal").exists()
     return db
 
@@ -60,7 +62,7 @@ class Scene:
         """Rows of ``events`` in the store and in the other store (read with DuckDB alone)."""
         found = []
         for db in (self.store, self.other):
-            con = duckdb.connect(str(db), read_only=True)
+            con = connect_when_free(db)
             try:
                 found.append(con.execute("SELECT count(*) FROM events").fetchone()[0])
             finally:

@@ -24,6 +24,7 @@ import loopscope
 from children import ROOT
 from loopscope.storage.duckdb import health
 from loopscope.storage.duckdb.connection import open_store
+from recorded import connect_when_free
 
 READS = (["sessions"], ["turns"], ["timeline", "s"], ["calls"], ["stats"], ["tools"], ["tail"], ["sql", "SELECT 1"],
          ["status"], ["export", "--parquet", "out"])
@@ -185,7 +186,7 @@ def _users_database(path: Path, table: str = "notes") -> Path:
 
 
 def _tables(path: Path) -> list[str]:
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         return sorted(r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall())
     finally:
@@ -238,7 +239,7 @@ def test_loopscope_tables_beside_the_users_when_asked(tmp_path: Path, monkeypatc
     assert loopscope.flush(60)
     loopscope.shutdown()
     assert [e.content.body for e in loopscope.Store(str(db)).get_timeline("s")] == ["q", "a"]
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         assert con.execute("SELECT * FROM notes").fetchall() == [(1, "mine")]
     finally:

@@ -26,6 +26,7 @@ from loopscope.storage.duckdb.views import TOOL_COLUMNS, views
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import analytics_store as workload
+from recorded import connect_when_free
 
 # what the views read from content where the columns are NULL, per column
 FROM_CONTENT = {
@@ -213,7 +214,7 @@ def test_a_v3_file_read_without_migrating_answers_from_content(recorded: Path, t
         assert normalized(rows) == view_rows(recorded, view)
     assert strip(api.tool_analytics(store)) == strip(api.tool_analytics(loopscope.Store(str(recorded))))
     assert strip(api.declared_vs_used(store)) == strip(api.declared_vs_used(loopscope.Store(str(recorded))))
-    con = duckdb.connect(str(old), read_only=True)
+    con = connect_when_free(old)
     try:
         assert schema_version(con) == 3 and not has_tool_columns(con)  # left as it was
     finally:
@@ -282,7 +283,7 @@ def test_views_read_content_where_the_columns_are_null(recorded: Path, tmp_path:
 
 def test_the_views_of_both_kinds_agree(recorded: Path) -> None:
     """The definitions for files without the columns (content only) give the same rows."""
-    con = duckdb.connect(str(recorded), read_only=True)
+    con = connect_when_free(recorded)
     try:
         for view in TOOL_VIEWS:
             # the content-only definitions, as temporary views reading the same tables

@@ -21,6 +21,7 @@ from loopscope.storage.duckdb.conversations import DuckDBConversationStore
 from loopscope.storage.duckdb.schema import SCHEMA_VERSION, migrate
 from loopscope.storage.duckdb.views import SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
 from loopscope.storage.rows import END, START
+from recorded import connect_when_free
 from tool_totals_check import assert_totals_exact
 
 
@@ -88,7 +89,7 @@ def test_folded_back_to_one_row_per_key_now_and_then(tmp_path: Path, monkeypatch
     db = tmp_path / "store.duckdb"
     record(db)
     assert_totals_exact(db)
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         rows, keys = con.execute(f"SELECT count(*), count(DISTINCT (tool, has_tool, agent, has_agent, bucket)) FROM {TOOL_TOTALS}").fetchone()
     finally:
@@ -106,7 +107,7 @@ def test_durations_are_folded_into_the_sorted_table_now_and_then(tmp_path: Path,
     db = tmp_path / "store.duckdb"
     record(db, writer="thread")
     assert_totals_exact(db)
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         unsorted = con.execute(f"SELECT count(*) FROM {TOOL_DURATIONS}").fetchone()[0]
         folded = con.execute(f"SELECT count(*) FROM {SORTED_DURATIONS}").fetchone()[0]
@@ -151,8 +152,8 @@ def test_spans_sent_again_are_counted_once(tmp_path: Path) -> None:
         writer.close()
     assert writer.already_stored > 0
     assert_totals_exact(db)
-    first = duckdb.connect(str(tmp_path / "first.duckdb"), read_only=True)
-    again = duckdb.connect(str(db), read_only=True)
+    first = connect_when_free(tmp_path / "first.duckdb")
+    again = connect_when_free(db)
     try:
         query = "SELECT tool, calls, finished, served, failed FROM tool_stats ORDER BY tool"
         assert again.execute(query).fetchall() == first.execute(query).fetchall()
@@ -180,7 +181,7 @@ def test_a_file_from_before_the_totals_is_filled_when_migrated(tmp_path: Path) -
 def test_rows_inserted_by_another_program_make_tool_stats_read_events(tmp_path: Path) -> None:
     db = tmp_path / "store.duckdb"
     record(db)
-    before = dict(duckdb.connect(str(db), read_only=True).execute("SELECT tool, calls FROM tool_stats").fetchall())
+    before = dict(connect_when_free(db).execute("SELECT tool, calls FROM tool_stats").fetchall())
     con = duckdb.connect(str(db))
     try:  # a plain INSERT keeps neither the totals nor the session's counters
         con.execute("""INSERT INTO events (id, session_id, idx, type, created_at, status, content, tool_name)
@@ -200,7 +201,7 @@ def test_the_conversation_store_keeps_them(tmp_path: Path) -> None:
         {"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "book", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "t1", "content": "booked"},
     ])
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         assert con.execute("SELECT count(*) FROM events WHERE session_id = 'conv' AND type LIKE 'tool_call_%'").fetchone()[0] > 0
     finally:

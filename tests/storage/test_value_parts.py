@@ -20,6 +20,7 @@ from loopscope.cli import main
 from loopscope.content.policy import ContentPolicy
 from loopscope.dashboards.web import api
 from loopscope.storage.duckdb import values
+from recorded import connect_when_free
 
 TOOLS = [{"type": "function", "function": {"name": "fetch_page", "parameters": {"type": "object", "properties": {}}}}]
 
@@ -81,7 +82,7 @@ def test_a_value_of_a_few_mib_is_stored_in_parts_and_read_back_whole_everywhere(
         _stop()
 
     # in the file: the row's content in parts, none of them over PART_BYTES, the column NULL
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         (end_id,) = con.execute("SELECT id FROM events WHERE type = 'tool_call_end'").fetchone() or (None,)
         assert con.execute("SELECT content FROM events WHERE id = ?", [end_id]).fetchone() == (None,)
@@ -151,7 +152,7 @@ def test_parts_are_at_most_4_kib_and_read_back_whole(tmp_path: Path, model_serve
         assert loopscope.flush(timeout=60)
     finally:
         _stop()
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         found = con.execute("SELECT count(*), max(strlen(text)), count(DISTINCT id) FROM loopscope_values").fetchone()
     finally:
@@ -220,7 +221,7 @@ def test_a_store_of_the_previous_schema_migrates_and_reads_old_and_new_values_wh
         assert loopscope.flush(timeout=60)
     finally:
         _stop()
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         assert con.execute("SELECT count(*) FROM loopscope_migrations WHERE name = 'm017_value_parts'").fetchone() == (1,)
         # the old value stays where it was; the new one is in parts
@@ -272,7 +273,7 @@ def _large_facts() -> list[Any]:
 
 def _stored_whole(path: Path) -> list[tuple[Any, ...]]:
     """Every ``events`` row of the file, each content put together from its parts."""
-    con = duckdb.connect(str(path), read_only=True)
+    con = connect_when_free(path)
     try:
         return con.execute(
             "SELECT e.* REPLACE (coalesce(e.content, v.whole::JSON) AS content) FROM events e LEFT JOIN ("
@@ -317,7 +318,7 @@ def test_parts_put_together_are_the_rows_either_way_of_making_them_stored_whole(
     assert _stored_whole(tmp_path / "arrow.duckdb") == whole
     assert _stored_whole(tmp_path / "sql.duckdb") == whole
     for name in ("arrow", "sql"):
-        con = duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True)
+        con = connect_when_free(tmp_path / f"{name}.duckdb")
         try:
             cut = con.execute("SELECT count(*) FROM events WHERE content IS NULL").fetchone()
             longest = con.execute("SELECT max(strlen(text)) FROM loopscope_values").fetchone()

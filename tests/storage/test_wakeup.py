@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.storage.duckdb import wakeup
+from recorded import connect_when_free
 
 
 def _turn(session: str) -> None:
@@ -44,7 +44,7 @@ def _held_turn(db: Path, session: str) -> None:
 
 
 def _plain_turns(db: Path) -> int:
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         return con.execute("SELECT count(*) FROM turns").fetchone()[0]
     finally:

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 
-import duckdb
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.ingest.writer import SpanWriter
 from loopscope.storage.duckdb import writer
+from recorded import connect_when_free
 
 
 def _turn(session: str, text: str) -> None:
@@ -29,7 +29,7 @@ def _turn(session: str, text: str) -> None:
 
 
 def _read(db, sql: str):
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         return con.execute(sql).fetchall()
     finally:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -18,6 +17,7 @@ import loopscope
 from loopscope.cli.status import read_status
 from loopscope.storage.duckdb import health
 from loopscope.storage.errors import StoreError
+from recorded import connect_when_free
 
 RECORDS = """
     import sys
@@ -44,7 +44,7 @@ def _script(setup: str = "", writer: str = "auto") -> str:
 
 
 def _rows(db: Path) -> tuple[int, int]:
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         return con.execute("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM turns)").fetchone()  # type: ignore[return-value]
     finally:

@@ -21,6 +21,7 @@ from loopscope.cli.status import read_status
 from loopscope.content.policy import ContentPolicy
 from loopscope.ingest.writer import SpanWriter
 from loopscope.ingest.writer_process import ProcessSpanWriter
+from recorded import connect_when_free
 
 MODES = ["thread", "process"]
 
@@ -243,7 +244,7 @@ FORKS = """
 def test_a_fork_of_the_application_gets_a_writer_process_of_its_own(tmp_path: Path, spawn) -> None:
     db = tmp_path / "fork.duckdb"
     assert spawn("app", FORKS, db).finish_ok(90).strip() == "fork 0"
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     sessions = sorted(r[0] for r in con.execute("SELECT session_id FROM turns").fetchall())
     con.close()
     assert sessions == sorted([f"parent-{i}" for i in range(4)] + [f"fork-{i}" for i in range(3)])

@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
 from loopscope.cli.status import read_status
 from loopscope.storage.duckdb import health
+from recorded import connect_when_free
 from store_files import newer_store
 
 
@@ -50,7 +50,7 @@ def test_configure_with_a_db_returns_before_the_writer_process_checked_the_store
         loopscope.shutdown()
     """)
     assert app.finish_ok(90).split() == ["starting", "process", "False"]
-    con = duckdb.connect(str(db), read_only=True)
+    con = connect_when_free(db)
     try:
         assert con.execute("SELECT count(*) FROM events WHERE session_id = 's'").fetchone() == (2,)
     finally:
