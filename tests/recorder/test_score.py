@@ -9,7 +9,6 @@ import pytest
 
 import loopscope
 
-
 BAD = [
     (("t1",), {"value": 1}, ValueError, "needs a name"),
     (("t1", "  "), {"value": 1}, ValueError, "needs a name"),
