@@ -228,6 +228,33 @@ store's writer reads these, a writer process being shipped no parent)."""
 SCORE_SEQ = "loopscope.score.seq"
 """On a score made of another instrumentation's ``gen_ai.evaluation.result`` span event: the
 event's place among its span's events (the score's id is the span's and this)."""
+def score_attributes(
+    name: str, *, value: float | None = None, label: str | None = None, explanation: str | None = None,
+    source: str | None = None, kind: str | None = None, target_id: str | None = None, response_id: str | None = None,
+    trace_id: int | None = None, span_id: int | None = None, session_id: str | None = None, turn_id: str | None = None,
+    agent: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A score's span attributes and its :data:`EVALUATION_EVENT`'s attributes (the values
+    checked already: see :func:`loopscope.score`); ``trace_id`` / ``span_id``: the scored span's."""
+    event: dict[str, Any] = {EVALUATION_NAME: name}
+    if value is not None:
+        event[EVALUATION_SCORE_VALUE] = value
+    if label:
+        event[EVALUATION_SCORE_LABEL] = label
+    if explanation:
+        event[EVALUATION_EXPLANATION] = explanation
+    if response_id:
+        event[RESPONSE_ID] = response_id
+    span: dict[str, Any] = {**event}
+    for key, given in ((SCORE_SOURCE, source), (SCORE_TARGET_KIND, kind), (SCORE_TARGET, target_id),
+                       (CONVERSATION_ID, session_id), (TURN_ID, turn_id), (AGENT_NAME, agent)):
+        if given:
+            span[key] = given
+    if trace_id and span_id:
+        span[SCORE_TRACE_ID], span[SCORE_SPAN_ID] = f"{trace_id:032x}", f"{span_id:016x}"
+    return span, event
+
+
 PENDING_FOR = "loopscope.pending_for"
 """On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span made at
 its start (OTLP carries only ended spans): the real span's id, in hex. The exporter sends

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, calls, collect, commands, export, run, status, tail, ui
+from . import _args, agui, analytics, calls, collect, commands, export, run, score, status, tail, ui
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -48,6 +48,7 @@ examples:
   loopscope collect                      receive OTLP on :4318/:4317 from many processes into one store
   loopscope run -- python app.py         run a program with every adapter on, no code change
   loopscope status                       the store, its writers, and what was dropped or failed to write
+  loopscope score TURN helpful --label up   score a turn, a model call (response id) or a tool call
 """
 
 
@@ -176,6 +177,7 @@ COMMANDS: list[Register] = [
     collect.register,
     run.register,
     status.register,
+    score.register,  # (scores: docs/scores.md)
 ]
 """Every command, in the order ``--help`` lists them: a function that adds its parser
 (``register(sub, common)``) and sets ``handler`` to the function that runs it. A new

@@ -202,29 +202,13 @@ def score(
     if not isinstance(source, str) or not source:
         raise TypeError("a score's source is a word such as 'human', 'model' or 'code'")
     found = _resolve(target)
-    event: dict[str, Any] = {a.EVALUATION_NAME: name}
-    if number is not None:
-        event[a.EVALUATION_SCORE_VALUE] = number
-    if label:
-        event[a.EVALUATION_SCORE_LABEL] = label
-    if explanation:
-        event[a.EVALUATION_EXPLANATION] = explanation
-    if found.response_id:
-        event[a.RESPONSE_ID] = found.response_id
-    attributes: dict[str, Any] = {**event, a.SCORE_SOURCE: source}
-    if found.kind:
-        attributes[a.SCORE_TARGET_KIND] = found.kind
-    if found.target_id:
-        attributes[a.SCORE_TARGET] = found.target_id
-    if found.context is not None:
-        attributes[a.SCORE_TRACE_ID] = f"{found.context.trace_id:032x}"
-        attributes[a.SCORE_SPAN_ID] = f"{found.context.span_id:016x}"
-    if found.session_id:
-        attributes[a.CONVERSATION_ID] = found.session_id
-    if found.turn_id:
-        attributes[a.TURN_ID] = found.turn_id
-    if found.agent:
-        attributes[a.AGENT_NAME] = found.agent
+    context = found.context
+    attributes, event = a.score_attributes(
+        name, value=number, label=label, explanation=explanation, source=source, kind=found.kind,
+        target_id=found.target_id, response_id=found.response_id, session_id=found.session_id, turn_id=found.turn_id,
+        agent=found.agent, trace_id=context.trace_id if context is not None else None,
+        span_id=context.span_id if context is not None else None,
+    )
     from . import settings
 
     # the evaluated span's child; without one, the root of a trace of its own (not a child of

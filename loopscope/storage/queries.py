@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .errors import StoreError
 from .policy import EventFilter
-from .results import CallRow, Record, SessionLookup, Stats, StoreStatus, TurnRow
+from .results import CallRow, Record, ScoreTarget, SessionLookup, Stats, StoreStatus, TurnRow
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
@@ -223,6 +223,19 @@ class Reader(Protocol):
 
     def page_declared(self, range_: str | None = "all") -> dict[str, Any]:
         """Declared tools against the tools called, per agent, within a time range."""
+        ...
+
+    # -- scores (docs/scores.md) ---------------------------------------------------------------
+
+    def score_target(self, ref: str) -> ScoreTarget | None:
+        """The turn, model call or tool call an id names (``loopscope score TARGET``): a turn's
+        correlation id or a unique prefix of it, a response id, a tool call id, a span id; None
+        when nothing has it; a :class:`StoreError` when several things do."""
+        ...
+
+    def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
+        """The dashboard's Scores page within a time range: per score name, by agent, model and
+        tool, per day, and the most recent scores with what they score."""
         ...
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -155,4 +155,20 @@ class StoreStatus:
     """What writers counted outside the store (the file beside it), by writer id."""
 
 
-__all__ = ["LOSS_COUNTERS", "TOOL_OUTCOMES", "CallRow", "Record", "SessionLookup", "Stats", "StoreStatus", "TurnRow"]
+class ScoreTarget(NamedTuple):
+    """What ``loopscope score TARGET`` names in the store: a turn, a model call or a tool call
+    (``kind``), with its ids as stored (hex span ids)."""
+
+    kind: str  # turn, call, tool
+    session_id: str | None
+    turn_id: str | None
+    agent: str | None
+    trace_id: str | None
+    span_id: str | None
+    response_id: str | None
+    tool_call_id: str | None
+
+
+__all__ = [
+    "LOSS_COUNTERS", "TOOL_OUTCOMES", "CallRow", "Record", "ScoreTarget", "SessionLookup", "Stats", "StoreStatus", "TurnRow",
+]

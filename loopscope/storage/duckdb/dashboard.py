@@ -50,6 +50,7 @@ from ..policy import EventFilter
 from .connection import open_store
 from .replay import SessionMark, read_after
 from .schema import check_readable, has_model_calls, has_tool_columns
+from .scores import turn_scores
 from .values import fill_dicts
 from .views import tool_rows
 
@@ -466,6 +467,7 @@ def timeline(
             costs = {r["correlation_id"]: r for r in _rows(con, _TURN_COSTS_SQL, [session_id, wanted, session_id, wanted])}
         else:
             costs = {}
+        scores = turn_scores(con, session_id, wanted)  # the page's turns' scores (and their calls' and tools')
         for turn in turns:
             cost = costs.get(turn["correlation_id"], {})
             turn["model_calls"], turn["cost_usd"] = cost.get("model_calls", 0), cost.get("cost_usd")
@@ -480,6 +482,7 @@ def timeline(
         "events": events,
         "turns": turns,
         "model_calls": calls,
+        "scores": scores,
         # more history before the page (newest/before pages) or more events after it (after pages)
         "more_before": more if descending else None,
         "more_after": more if not descending else None,

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreError, StoreLockedError
 from ..policy import EventFilter
 from ..recording import flush_own, resolve
-from ..results import CallRow, Record, SessionLookup, Stats, StoreStatus, TurnRow
+from ..results import CallRow, Record, ScoreTarget, SessionLookup, Stats, StoreStatus, TurnRow
 from . import reads
 from .connection import open_store
+from .schema import check_readable
 
 if TYPE_CHECKING:
     from ...models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
@@ -333,6 +334,24 @@ class DuckDBReader:
         from . import dashboard
 
         return dashboard.declared_vs_used(self, range_)
+
+    # -- scores (storage/duckdb/scores.py) ---------------------------------------------------
+
+    def score_target(self, ref: str) -> ScoreTarget | None:
+        from . import scores
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+            check_readable(con)
+            return scores.score_target(con, ref) if scores.has_scores(con) else None
+
+    def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
+        from . import scores
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+            check_readable(con)
+            return scores.page(con, range_)
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         return self.store.sql(query, params)
