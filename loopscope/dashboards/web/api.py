@@ -46,6 +46,7 @@ __all__ = [
     "event",
     "json_safe",
     "overview",
+    "scores",
     "sessions",
     "timeline",
     "tool_analytics",
@@ -117,3 +118,9 @@ def declared_vs_used(store: Reader | StoreLike, range_: str | None = "all") -> d
     declared point at a mismatch between what the model is offered and what runs.
     """
     return reader(store).page_declared(range_)
+
+
+def scores(store: Reader | StoreLike, range_: str | None = "all") -> dict[str, Any]:
+    """The Scores page: per score name, by agent, model and tool, per day, and the most recent
+    scores with what they score (docs/scores.md)."""
+    return reader(store).page_scores(range_)

@@ -408,6 +408,10 @@ def timeline(
          "finish_reasons": [str], "error_type": str | None, "error": str | None,
          "refusal": str | None, "streaming": bool | None, "response_id": str | None, "span_id": str}
 
+    ``scores`` holds the scores of the same turns, of their model calls and of their tool calls
+    (``storage/duckdb/scores.py``: ``target`` turn, call or tool, ``turn_id``, ``tool_call_id``,
+    ``call_position``, name, value, label, explanation, source), oldest first.
+
     Each turn summary gains ``model_calls`` (how many), ``cost_usd`` (their sum; a turn
     without call rows, its own price) and ``unpriced_calls`` (calls with tokens but no
     price, left out of the sum). A file from before model calls has none.

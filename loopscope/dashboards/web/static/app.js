@@ -590,6 +590,7 @@
     else if (name === "tools") page = toolsPage();
     else if (name === "turns") page = turnsPage();
     else if (name === "declared") page = declaredPage();
+    else if (name === "scores" && scoresUi) page = scoresUi.page();
     else page = sessionsPage(params);
   }
 
@@ -701,6 +702,7 @@
       blocked: params.get("blocked") === "1",
       live: true,
       calls: new Map(), // correlation id -> the turn's model calls, as the API sends them
+      scores: new Map(), // correlation id -> the scores of the turn, its calls and its tools
       open: new Set(), // keys of <details> the user opened
       pins: new Set(), // waterfall rows whose details the user opened (by a click, a tap or Enter)
       info: null,
@@ -754,6 +756,9 @@
         calls.get(c.turn_id).push(c);
       }
       for (const [id, list] of calls) state.calls.set(id, list);
+      const scores = new Map(); // each turn's scores in a response are whole too
+      for (const sc of data.scores || []) scores.set(sc.turn_id, [...(scores.get(sc.turn_id) || []), sc]);
+      for (const [id, list] of scores) state.scores.set(id, list);
       // the server's cursor also passes rows the page leaves out (blocked ones), as Store.replay's does
       state.cursor = Math.max(state.cursor, state.maxIndex, data.cursor ?? 0);
       if (direction !== "after") state.moreBefore = !!data.more_before;
@@ -781,7 +786,9 @@
       }
       let calls = 0;
       for (const list of state.calls.values()) calls += list.length;
-      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${calls}:${state.live}`;
+      let scored = 0;
+      for (const list of state.scores.values()) scored += list.length;
+      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${calls}:${scored}:${state.live}`;
       if (fingerprint !== lastFingerprint) {
         lastFingerprint = fingerprint;
         render();
@@ -882,6 +889,7 @@
         summary ? h("span", { class: "turn-head-cost" }, turnCost(summary)) : null,
         summary ? reasonBadge(summary.loop_end_reason) : running ? badge("running", "run", "reason") : null,
       ));
+      if (scoresUi && group.correlationId) put(block, scoresUi.turnScores(state.scores.get(group.correlationId)));
       // tool cards: one per call id, placed where the call started
       const cards = new Map();
       const items = [];
@@ -1034,6 +1042,7 @@
         if (c.result !== null && c.result !== undefined) put(payloads, detailsBlock(`${key}:result`, "Result", c.result, { open: true }));
         if (c.error) put(payloads, detailsBlock(`${key}:error`, "Error", c.error, { open: true, class: "error" }));
       }
+      put(el, scoresUi && last.correlation_id ? scoresUi.toolScores(state.scores.get(last.correlation_id), c.tool_id) : null);
       put(el, payloads, fullButton(last));
       return el;
     }
@@ -1251,6 +1260,11 @@
       }
     });
   }
+
+  // -- scores: static/scores.js draws them (docs/scores.md) ------------------------------------
+  const scoresUi = window.loopscopeScores
+    ? window.loopscopeScores({ h, put, clear, table, badge, plural, fmtInt, fmtTime, analyticsPage, getJSON, statCard })
+    : null;
 
   window.addEventListener("hashchange", navigate);
   window.addEventListener("popstate", navigate);
