@@ -1,5 +1,5 @@
 """Scores over OTLP: ``loopscope.score`` recorded in-process and exported by loopscope's own
-exporter into a real ``loopscope collect`` child land in both stores alike; another
+exporter (a secret in an explanation masked alike) into a real ``loopscope collect`` child land in both stores alike; another
 instrumentation's ``gen_ai.evaluation.result`` (a span event on the evaluated span, or a span of
 the evaluator's own carrying the event's attributes) becomes a score in the collector's store.
 One recording for the module (docs/testing.md: tests are cheap)."""
@@ -45,7 +45,7 @@ def record_scored_turn() -> Any:
             loopscope.score(name="grounded", label="yes", source="model")  # the model call running here
         get_weather("Paris")
         t.generation("21 °C: a terrace works.", finish_reason="stop", response_id="resp_2")
-    loopscope.score(t, "helpful", value=0.9, label="up", explanation="answered the question")  # after the turn ended
+    loopscope.score(t, "helpful", value=0.9, label="up", explanation="answered the question (password=hunter2)")  # after it ended
     loopscope.score("resp_2", "accurate", value=1)  # a response id, as a web front end keeps it
     return t
 
@@ -104,7 +104,7 @@ def test_scores_recorded_in_process_and_received_by_collect_are_equal_and_find_w
     assert all(s["agent"] == "concierge" and s["model"] == "gpt-4o" for s in found.values())
     helpful = found["helpful"]
     assert (helpful["target"], helpful["value"], helpful["label"], helpful["explanation"], helpful["source"]) == (
-        "turn", 0.9, "up", "answered the question", "human")
+        "turn", 0.9, "up", "answered the question (password=[REDACTED])", "human")  # masked in both stores, as an error is
     assert helpful["span_id"] == turn.response.span_id and helpful["trace_id"] == turn.response.trace_id
     assert (found["tool_ok"]["target"], found["tool_ok"]["tool"], found["tool_ok"]["tool_call_id"]) == ("tool", "get_weather", "call_1")
     assert (found["grounded"]["target"], found["grounded"]["call_position"], found["grounded"]["response_id"]) == ("call", 1, "resp_1")
@@ -115,6 +115,7 @@ def test_scores_recorded_in_process_and_received_by_collect_are_equal_and_find_w
     assert parent == (turn.response.span_id,)
     (events,) = query(stores["collected"], "SELECT events::VARCHAR FROM spans WHERE attributes->>'gen_ai.evaluation.name' = 'helpful'")
     assert '"gen_ai.evaluation.result"' in events[0] and '"gen_ai.evaluation.score.label"' in events[0]
+    assert "hunter2" not in events[0]  # the event's explanation is masked on export too
 
 
 def test_another_instrumentations_evaluation_results_become_scores_of_what_they_evaluate(stores):
