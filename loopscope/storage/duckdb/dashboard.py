@@ -471,7 +471,9 @@ def timeline(
             costs = {r["correlation_id"]: r for r in _rows(con, _TURN_COSTS_SQL, [session_id, wanted, session_id, wanted])}
         else:
             costs = {}
-        scores = turn_scores(con, session_id, wanted)  # the page's turns' scores (and their calls' and tools')
+        # the page's turns' scores (and their calls' and tools'), from the session's stretch of the log
+        stretch = (info[0]["first_at"], info[0]["last_at"]) if info else (None, None)
+        scores = turn_scores(con, session_id, wanted, *stretch)
         for turn in turns:
             cost = costs.get(turn["correlation_id"], {})
             turn["model_calls"], turn["cost_usd"] = cost.get("model_calls", 0), cost.get("cost_usd")

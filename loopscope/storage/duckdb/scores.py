@@ -28,8 +28,8 @@ def has_scores(con: duckdb.DuckDBPyConnection) -> bool:
     return _has_tables(con, "scores")
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    cursor = con.execute(sql, list(params))
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+    cursor = con.execute(sql, params if isinstance(params, dict) else list(params))
     names = [d[0] for d in cursor.description]
     return [{k: json_safe(v) if isinstance(v, float) else v for k, v in zip(names, row, strict=True)} for row in cursor.fetchall()]
 
@@ -68,20 +68,46 @@ def score_target(con: duckdb.DuckDBPyConnection, ref: str) -> ScoreTarget | None
     return ScoreTarget(*row)
 
 
-_TURN_SCORES = """
+# a session's scores: those of its rows (the scores that name it) and those that name no session
+# (an id given as text, another instrumentation's), matched against that session's rows alone
+_SESSION_SCORES = """
 SELECT id, epoch_ms(created_at) AS t, name, value, label, explanation, source, target, turn_id, tool, tool_call_id,
        call_position, response_id
-FROM score_targets WHERE session_id = ? AND list_contains(?, turn_id)
+FROM ({targets})
+WHERE session_id = $session AND list_contains($turns, turn_id)
 ORDER BY created_at, id
 """
 
 
-def turn_scores(con: duckdb.DuckDBPyConnection, session_id: str, turn_ids: Sequence[str]) -> list[dict[str, Any]]:
+def _session_targets() -> str:
+    from .views import score_targets
+
+    return score_targets(
+        scores="(SELECT * FROM scores WHERE session_id = $session OR session_id IS NULL)",
+        turns="(SELECT * FROM turns WHERE session_id = $session)",
+        model_calls="(SELECT * FROM model_calls WHERE session_id = $session)",
+        events="(SELECT * FROM events WHERE session_id = $session AND type IN ('tool_call_start', 'tool_call_end') "
+               "AND created_at BETWEEN $first AND $last)",
+    )
+
+
+def turn_scores(con: duckdb.DuckDBPyConnection, session_id: str, turn_ids: Sequence[str],
+                first_at: Any = None, last_at: Any = None) -> list[dict[str, Any]]:
     """The scores of these turns of a session, and of their model calls and tool calls
-    (``target``: turn, call, tool), oldest first: what a timeline page shows on each turn."""
+    (``target``: turn, call, tool), oldest first: what a timeline page shows on each turn.
+    ``first_at`` / ``last_at``: the session's first and last event times (its stretch of the
+    log, as the page reads it), else the whole log is looked through."""
     if not turn_ids or not has_scores(con):
         return []
-    return _rows(con, _TURN_SCORES, [session_id, list(turn_ids)])
+    if con.execute("SELECT count(*) FROM scores").fetchall()[0][0] == 0:
+        return []  # the common case: a store nobody scored in
+    return _rows(con, _SESSION_SCORES.format(targets=_session_targets()), {
+        "session": session_id, "turns": list(turn_ids),
+        "first": first_at if first_at is not None else _EARLIEST, "last": last_at if last_at is not None else _LATEST,
+    })
+
+
+_EARLIEST, _LATEST = "-infinity", "infinity"
 
 
 def page(con: duckdb.DuckDBPyConnection, range_: str | None = "all") -> dict[str, Any]:

@@ -696,42 +696,52 @@ the ids of what it scores as the scorer had them (the scored span's, a response 
 as text); :data:`SCORE_TARGETS` finds the turn, call or tool they name."""
 
 _SCORE_MATCH = """
-    SELECT s.id, {rank} AS rank, '{target}' AS target, {columns}
-    FROM scores s JOIN {source} ON {on}"""
-_TURN_MATCH = ("turns t", (
+    SELECT s.id, {rank} AS rank, '{target}' AS target, {columns}, s.session_id AS given_session
+    FROM {scores} s JOIN {source} ON {on}"""
+_TURN_MATCH = ("turns", "t", (
     "t.session_id, t.correlation_id AS turn_id, t.channel_id AS agent, t.model, NULL::VARCHAR AS tool, "
     "NULL::VARCHAR AS tool_call_id, NULL::VARCHAR AS call_response_id, NULL::INTEGER AS call_position"
 ))
-_CALL_MATCH = ("model_calls m", (
+_CALL_MATCH = ("model_calls", "m", (
     "m.session_id, m.correlation_id, m.agent, coalesce(m.response_model, m.request_model), NULL, NULL, m.response_id, m.position"
 ))
-_TOOL_MATCH = ("events e", "e.session_id, e.correlation_id, e.source_channel_id, NULL, e.tool_name, e.tool_call_id, NULL, NULL")
+_TOOL_MATCH = ("events", "e", "e.session_id, e.correlation_id, e.source_channel_id, NULL, e.tool_name, e.tool_call_id, NULL, NULL")
 _TOOL_ROW = "e.type IN ('tool_call_start', 'tool_call_end')"
-
-
-def _score_match(rank: int, target: str, match: tuple[str, str], on: str) -> str:
-    return _SCORE_MATCH.format(rank=rank, target=target, source=match[0], columns=match[1], on=on)
-
-
-_SCORE_MATCHES = " UNION ALL ".join([
+_SCORE_ON = [
     # the scored span itself (loopscope.score of an object, the conventions' parent span)
-    _score_match(1, "turn", _TURN_MATCH, "t.span_id = s.span_id AND t.trace_id = s.trace_id"),
-    _score_match(1, "call", _CALL_MATCH, "m.span_id = s.span_id AND m.trace_id = s.trace_id"),
-    _score_match(1, "tool", _TOOL_MATCH, f"e.span_id = s.span_id AND e.trace_id = s.trace_id AND {_TOOL_ROW}"),
+    (1, "turn", _TURN_MATCH, "t.span_id = s.span_id AND t.trace_id = s.trace_id"),
+    (1, "call", _CALL_MATCH, "m.span_id = s.span_id AND m.trace_id = s.trace_id"),
+    (1, "tool", _TOOL_MATCH, f"e.span_id = s.span_id AND e.trace_id = s.trace_id AND {_TOOL_ROW}"),
     # a response id (the conventions' way where no span is at hand)
-    _score_match(2, "call", _CALL_MATCH, "m.response_id = coalesce(s.response_id, s.target_id)"),
+    (2, "call", _CALL_MATCH, "m.response_id = coalesce(s.response_id, s.target_id)"),
     # an id given as text: a turn's correlation id, a tool call id
-    _score_match(3, "turn", _TURN_MATCH, "t.correlation_id = s.target_id"),
-    _score_match(3, "tool", _TOOL_MATCH, f"e.tool_call_id = s.target_id AND {_TOOL_ROW}"),
-])
+    (3, "turn", _TURN_MATCH, "t.correlation_id = s.target_id"),
+    (3, "tool", _TOOL_MATCH, f"e.tool_call_id = s.target_id AND {_TOOL_ROW}"),
+]
 
-SCORE_TARGETS = f"""
-WITH matched AS ({_SCORE_MATCHES}
+
+def score_targets(**sources: str) -> str:
+    """The SELECT of :data:`SCORE_TARGETS`, reading ``sources`` instead of the tables of those
+    names (``scores``, ``turns``, ``model_calls``, ``events``): a timeline page reads one
+    session's rows only (``storage/duckdb/scores.py``)."""
+    def source(table: str) -> str:
+        return sources.get(table, table)
+
+    matches = " UNION ALL ".join(
+        _SCORE_MATCH.format(rank=rank, target=target, columns=columns, scores=source("scores"),
+                            source=f"{source(table)} {alias}", on=on)
+        for rank, target, (table, alias, columns), on in _SCORE_ON
+    )
+    return f"""
+WITH matched AS ({matches}
 ), best AS (
-    SELECT * FROM matched QUALIFY row_number() OVER (PARTITION BY id ORDER BY rank, target, session_id) = 1
+    -- one match per score: the surest way first; an id several things have, in the score's own session first
+    SELECT * FROM matched
+    QUALIFY row_number() OVER (
+        PARTITION BY id ORDER BY rank, session_id IS NOT DISTINCT FROM given_session DESC, target, session_id) = 1
 ), turn_of AS (
     SELECT session_id, correlation_id, any_value(channel_id) AS agent, any_value(model) AS model
-    FROM turns WHERE correlation_id IN (SELECT turn_id FROM best UNION ALL SELECT correlation_id FROM scores)
+    FROM {source("turns")} t WHERE correlation_id IN (SELECT turn_id FROM best UNION ALL SELECT correlation_id FROM {source("scores")} s)
     GROUP BY session_id, correlation_id
 )
 SELECT
@@ -756,11 +766,14 @@ SELECT
     s.trace_id,
     s.span_id,
     s.error_type
-FROM scores s
+FROM {source("scores")} s
 LEFT JOIN best b ON b.id = s.id
 LEFT JOIN turn_of t ON t.correlation_id = coalesce(b.turn_id, s.correlation_id)
     AND t.session_id = coalesce(b.session_id, s.session_id)
 """
+
+
+SCORE_TARGETS = score_targets()
 """``score_targets``: every score with what it scores, found by the scored span's ids, else the
 response id, else the id given as text (a turn's correlation id, a tool call id): ``target``
 (turn, call, tool), session, turn, agent, model, tool; ``found`` is false while what it names
