@@ -149,9 +149,9 @@ def _sql(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> No
         "sql",
         parents=[common],
         help="run read-only SQL on the store (tables, and views such as tool_calls and tool_stats)",
-        description="Run one read-only SQL query on the store. Tables: events, turns, sessions, model_calls. Views: "
-        "tool_calls, turn_summaries, tool_stats, loop_end_reasons, declared_vs_used, token_usage, "
-        "slowest_turns, model_call_summaries, model_usage, session_costs, cost_totals "
+        description="Run one read-only SQL query on the store. Tables: events, turns, sessions, model_calls, scores. "
+        "Views: tool_calls, turn_summaries, tool_stats, loop_end_reasons, declared_vs_used, token_usage, "
+        "slowest_turns, model_call_summaries, model_usage, session_costs, cost_totals, score_targets, scores_over_time "
         "(see docs/sql-views.md for their columns). The SQL reads the store and nothing else: "
         "other files (COPY TO, EXPORT, read_csv, glob), ATTACH, INSTALL, LOAD, SET and writes are "
         "refused, and the query must fit in memory. To write Parquet files, use `loopscope export --parquet`.",
