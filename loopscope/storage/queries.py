@@ -233,6 +233,12 @@ class Reader(Protocol):
         when nothing has it; a :class:`StoreError` when several things do."""
         ...
 
+    def page_session_scores(self, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+        """The scores of these turns of a session and of their calls and tools, as a timeline
+        page holds them (its ``scores``): what a page open on the session polls for, as scores
+        come after their turns ended."""
+        ...
+
     def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
         """The dashboard's Scores page within a time range: per score name, by agent, model and
         tool, per day, and the most recent scores with what they score."""

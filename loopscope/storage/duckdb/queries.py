@@ -345,6 +345,14 @@ class DuckDBReader:
             check_readable(con)
             return scores.score_target(con, ref) if scores.has_scores(con) else None
 
+    def page_session_scores(self, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+        from . import scores
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+            check_readable(con)
+            return scores.session_page(con, session_id, turn_ids)
+
     def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
         from . import scores
 

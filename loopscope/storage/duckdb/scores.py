@@ -110,6 +110,13 @@ def turn_scores(con: duckdb.DuckDBPyConnection, session_id: str, turn_ids: Seque
 _EARLIEST, _LATEST = "-infinity", "infinity"
 
 
+def session_page(con: duckdb.DuckDBPyConnection, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+    """:func:`turn_scores` of a session's turns as the dashboard polls for them (``/api/scores?session=``)."""
+    found = con.execute("SELECT first_at, last_at FROM sessions WHERE session_id = ?", [session_id]).fetchall()
+    stretch = found[0] if found else (None, None)
+    return {"session_id": session_id, "scores": turn_scores(con, session_id, turn_ids, *stretch), "generated_at": _now_ms()}
+
+
 def page(con: duckdb.DuckDBPyConnection, range_: str | None = "all") -> dict[str, Any]:
     """The Scores page: per score name, and per name by agent, by model and by tool (count,
     mean value, each label's count), per day, and the most recent scores with what they score."""
@@ -147,4 +154,4 @@ def page(con: duckdb.DuckDBPyConnection, range_: str | None = "all") -> dict[str
     return answer
 
 
-__all__ = ["MAX_SCORES", "has_scores", "page", "score_target", "turn_scores"]
+__all__ = ["MAX_SCORES", "has_scores", "page", "score_target", "session_page", "turn_scores"]

@@ -1068,7 +1068,12 @@
       for (const el of body.querySelectorAll(".elapsed")) el.textContent = fmtMs(Date.now() - Number(el.dataset.since));
     }, 250);
     const poll = poller(load, POLL_TIMELINE_MS);
-    return { stop() { poll.stop(); clearInterval(ticker); } };
+    const unwatch = scoresUi ? scoresUi.watch(sessionId, () => [...state.turns.keys()].slice(-200), (list, ids) => {
+      const before = JSON.stringify([...state.scores]);
+      for (const id of ids) state.scores.set(id, list.filter((sc) => sc.turn_id === id));
+      if (JSON.stringify([...state.scores]) !== before) render();
+    }) : () => {};
+    return { stop() { poll.stop(); unwatch(); clearInterval(ticker); } };
   }
 
   // -- analytics --------------------------------------------------------------------------------

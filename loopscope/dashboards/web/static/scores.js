@@ -97,5 +97,23 @@ window.loopscopeScores = (kit) => {
     });
   }
 
-  return { page, turnScores, toolScores };
+  // a session's page polls for its turns' scores: a score often comes after its turn ended
+  // (a thumbs-up minutes later, from another process); `apply(list, ids)` gets the scores of
+  // the turns `ids`, all of them
+  function watch(sessionId, turnIds, apply, ms = 3000) {
+    let timer = null, stopped = false;
+    const tick = async () => {
+      const ids = turnIds();
+      if (!stopped && !document.hidden && ids.length) {
+        try {
+          apply((await getJSON("/api/scores", { session: sessionId, turns: ids.join(",") })).scores, ids);
+        } catch (err) { /* the timeline's own poll says what is wrong */ }
+      }
+      if (!stopped) timer = setTimeout(tick, ms);
+    };
+    timer = setTimeout(tick, ms);
+    return () => { stopped = true; clearTimeout(timer); };
+  }
+
+  return { page, turnScores, toolScores, watch };
 };
