@@ -33,6 +33,8 @@ from .align import align
 if TYPE_CHECKING:
     from ..storage.results import Trajectory, TrajectoryStep
 
+VERSION = 1
+"""The version of the diff's JSON shape (docs/diff.md); a change that breaks a reader raises it."""
 SAME, CHANGED_OUTCOME, CHANGED_ARGUMENTS = 4, 3, 2
 """The scores of a pair (see the module's docstring)."""
 OPS = ("same", "changed", "added", "dropped", "reordered")
@@ -74,19 +76,20 @@ def score(x: _Keyed, y: _Keyed) -> int | None:
 
 
 def changes(a: TrajectoryStep, b: TrajectoryStep) -> list[str]:
-    """What differs between two paired steps: ``model`` (a model call's), ``arguments``,
-    ``result``, ``status`` (``end_reason`` for a turn's end), ``error``, ``requested``."""
+    """What differs between two paired steps, in this order: ``model`` (a model call's),
+    ``arguments``, ``status`` (``end_reason`` for a turn's end), ``error``, ``result``,
+    ``requested`` (the tools a model call asked for)."""
     found: list[str] = []
     if a.kind == "model_call" and a.name != b.name:
         found.append("model")
     if a.kind == "tool_call" and _canonical(a.arguments) != _canonical(b.arguments):
         found.append("arguments")
-    if _canonical(a.result) != _canonical(b.result):
-        found.append("result")
     if a.status != b.status:
         found.append("end_reason" if a.kind == "end" else "status")
     if a.error != b.error:
         found.append("error")
+    if _canonical(a.result) != _canonical(b.result):
+        found.append("result")
     if a.requested != b.requested:
         found.append("requested")
     return found
@@ -120,7 +123,7 @@ def compare(a: Trajectory, b: Trajectory) -> dict[str, Any]:
     summary["reordered"] //= 2  # a moved step shows on both sides: counted once
     ta, tb = totals(a.steps), totals(b.steps)
     return {
-        "a": _side(a, ta), "b": _side(b, tb), "rows": rows, "summary": summary,
+        "version": VERSION, "a": _side(a, ta), "b": _side(b, tb), "rows": rows, "summary": summary,
         "delta": {k: _minus(tb[k], ta[k]) for k in TOTAL_FIELDS},
     }
 
@@ -196,4 +199,4 @@ def _side(t: Trajectory, figures: dict[str, Any]) -> dict[str, Any]:
     return {"kind": t.kind, "id": t.id, "session_id": t.session_id, "turn_ids": list(t.turn_ids), "totals": figures}
 
 
-__all__ = ["DELTA_FIELDS", "OPS", "TOTAL_FIELDS", "changes", "compare", "score", "totals"]
+__all__ = ["DELTA_FIELDS", "OPS", "TOTAL_FIELDS", "VERSION", "changes", "compare", "score", "totals"]
