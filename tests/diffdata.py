@@ -4,7 +4,8 @@ baseline, and ``NAME-b``; one turn each):
 
 - ``retry``: B's ``lookup`` fails once and the model asks for it again (two steps more);
 - ``extra``: B's first model call asks for ``fetch`` besides ``search``, and ``fetch`` runs;
-- ``args``: ``weather`` is asked for Lyon in B, Paris in A (its result differs too);
+- ``args``: ``weather`` is asked for Lyon in B, Paris in A (its result differs too, B's holding an
+  escape sequence);
 - ``reason``: A answers and completes; B stops after the tool at ``max_rounds``;
 - ``moved``: A runs ``alpha`` then ``beta``, B ``beta`` then ``alpha``.
 """
@@ -20,6 +21,7 @@ import recorded
 
 MODEL = "gpt-4o-mini"
 PAIRS = ("retry", "extra", "args", "reason", "moved")
+CLEAR = "\x1b[2Jcleared"
 
 
 def _gen(turn: Any, text: str, calls: list[tuple[str, str, dict[str, Any]]] = (), tokens: int = 100) -> None:  # type: ignore[assignment]
@@ -70,7 +72,8 @@ def _record() -> None:
         with _turn(f"args-{side}") as t:
             city = "Paris" if side == "a" else "Lyon"
             _gen(t, "Checking the weather.", [("w1", "weather", {"city": city})])
-            _tool("weather", "w1", {"city": city}, {"city": city, "temp_c": 21 if side == "a" else 17})
+            # B's result holds what a terminal would act on (clear the screen): shown as an escape
+            _tool("weather", "w1", {"city": city}, {"city": city, "temp_c": 21} if side == "a" else {"city": city, "note": CLEAR})
             _gen(t, "Nice weather.")
 
         with _turn(f"reason-{side}") as t:

@@ -8,6 +8,7 @@ laptop's width. One module, one recording: the CLI's and the page's tests read t
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,6 +19,7 @@ import pytest
 import webdata
 
 import diffdata
+from loopscope.cli import diff as cli_diff
 from loopscope.cli import main
 from loopscope.dashboards.diff import compare
 from loopscope.dashboards.web.server import DashboardServer, make_server
@@ -197,6 +199,25 @@ def test_the_terminal_shows_marks_positions_what_changed_and_the_totals(db, caps
     assert 'end  end reason "completed" -> "max_rounds"' in out
     code, out, err = run(capsys, "--db", db, "diff", "moved-a", "moved-b")
     assert "(moved: B step 3)" in out and "(moved: A step 2)" in out
+
+
+def test_colour_on_a_terminal_marks_the_rows_and_stored_text_stays_escaped(db, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # wide enough that the stored value is not cut
+    code, plain, _ = run(capsys, "--db", db, "diff", "args-a", "args-b")
+    assert "\\u001b[2Jcleared" in plain and "\x1b" not in plain  # a pipe: the stored ESC shown as JSON writes it, no colour
+    colour = cli_diff._colour
+    monkeypatch.setattr(cli_diff, "_colour", lambda: True)  # a terminal
+    code, out, err = run(capsys, "--db", db, "diff", "args-a", "args-b")
+    assert code == 0, err
+    changed = next(line for line in out.splitlines() if "tool weather" in line)
+    assert changed.startswith("\x1b[33m~") and changed.endswith("\x1b[0m")  # the changed row in yellow
+    assert re.sub(r"\x1b\[\d+m", "", out) == plain  # nothing else differs: the stored ESC is still an escape
+    monkeypatch.setattr(cli_diff.sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert colour()  # a terminal: colour
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not colour()  # unless NO_COLOR says no
 
 
 def test_a_run_not_found_or_named_by_too_short_a_prefix_is_one_clear_line(db, capsys):
