@@ -1,12 +1,15 @@
 """The sequence alignment behind ``loopscope diff`` (loopscope/dashboards/align.py), on plain
 items: pairs a person would draw between two lists, an extra or a repeated item costing one gap
-instead of shifting everything after it."""
+instead of shifting everything after it; and the comparison of two trajectories
+(loopscope/dashboards/diff.py) on hand-made steps, no store (test_diff.py: recorded runs)."""
 
 from __future__ import annotations
 
 import pytest
 
 from loopscope.dashboards.align import TooLongError, align
+from loopscope.dashboards.diff import compare
+from loopscope.storage.results import Trajectory, TrajectoryStep
 
 
 def letters(x: str, y: str) -> int | None:
@@ -63,3 +66,39 @@ def test_too_long_a_middle_says_so_but_long_equal_ends_cost_nothing():
         align(list(a), list(b), letters, max_cells=100)
     pairs = align(list(a), list(b), letters, identical=lambda x, y: x == y, max_cells=100)
     assert pairs[:3000] == [(i, i) for i in range(3000)] and pairs[3000:] == [(3000, None), (None, 3000)]
+
+
+# -- two trajectories compared (loopscope/dashboards/diff.py), on hand-made steps ------------------------
+
+
+def trajectory(*steps: TrajectoryStep) -> Trajectory:
+    return Trajectory(kind="turn", id="t", session_id="s", turn_ids=("t",), steps=steps)
+
+
+def call(model: str, text: str, tokens: int = 10, cost: float | None = 0.001) -> TrajectoryStep:
+    return TrajectoryStep("model_call", "t", name=model, result=text, status="completed", input_tokens=tokens,
+                          output_tokens=1, cost_usd=cost, duration_ms=100.0)
+
+
+def tool(name: str, arguments: dict, status: str = "served") -> TrajectoryStep:
+    return TrajectoryStep("tool_call", "t", name=name, arguments=arguments, result="ok", status=status, duration_ms=5.0)
+
+
+def test_another_model_changes_the_calls_instead_of_replacing_every_one():
+    a = trajectory(call("gpt-4o", "hi"), tool("search", {"q": 1}), call("gpt-4o", "done"))
+    b = trajectory(call("gpt-4o-mini", "hi"), tool("search", {"q": 1}), call("gpt-4o-mini", "done"))
+    result = compare(a, b)
+    assert [(r["op"], r["changes"]) for r in result["rows"]] == [
+        ("changed", ["model"]), ("same", []), ("changed", ["model"])]
+
+
+def test_tools_of_other_names_never_pair_and_totals_sum_calls_or_the_turns_own():
+    a = trajectory(tool("search", {"q": 1}), TrajectoryStep("end", "t", status="completed", input_tokens=7,
+                                                            output_tokens=3, cost_usd=0.5, duration_ms=40.0))
+    b = trajectory(call("m", "x", tokens=20, cost=None), tool("fetch", {"q": 1}, status="failed"))
+    result = compare(a, b)
+    assert [r["op"] for r in result["rows"]] == ["dropped", "dropped", "added", "added"]
+    assert result["a"]["totals"]["input_tokens"] == 7 and result["a"]["totals"]["cost_usd"] == 0.5  # no call rows: the turn's
+    assert result["b"]["totals"]["cost_usd"] is None and result["b"]["totals"]["latency_ms"] is None  # no price, no end
+    assert result["delta"]["input_tokens"] == 13 and result["delta"]["cost_usd"] is None
+    assert result["b"]["totals"]["failed_tool_calls"] == 1
