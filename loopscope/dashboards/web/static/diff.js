@@ -19,10 +19,12 @@
     const a = params.get("a") || "";
     const b = params.get("b") || "";
 
+    // a delta with its sign; one that rounds to nothing as shown ("0.00 ms", "$0") is 0
     const signed = (value, fmt) => {
       if (value === null || value === undefined) return "–";
-      if (Math.abs(value) < 1e-12) return "0";
-      return `${value < 0 ? "−" : "+"}${fmt(Math.abs(value))}`;
+      const text = fmt(Math.abs(value));
+      if (Number(text.replace(/[^0-9.]/g, "")) === 0) return "0";
+      return `${value < 0 ? "−" : "+"}${text}`;
     };
     const figure = (value, how) => (value === null || value === undefined ? "–" : how === "usd" ? fmtUsd(value) : how === "ms" ? fmtMs(value) : fmtInt(value));
     const delta = (value, how) => signed(value, (v) => figure(v, how));
