@@ -287,7 +287,14 @@ def test_compare_with_from_a_session_picks_b_and_shows_what_changed(page, diff_d
     page.goto(diff_dashboard.url + "#/session/reason-b")
     page.wait_for_selector(".turn-summary .compare-link", timeout=WAIT_MS)
     href = page.get_attribute(".turn-summary .compare-link", "href")
-    assert href is not None and href.startswith("#/diff?a=") and len(href) > len("#/diff?a=") + 8
+    turn_id = open_reader(diff_dashboard.store.path).trajectory("reason-b").trajectory.turn_ids[0]  # type: ignore[union-attr]
+    assert href == f"#/diff?a={turn_id}&s=reason-b"
+    page.click(".turn-summary .compare-link")
+    page.wait_for_selector("#diff-runs option[label='session']", state="attached", timeout=WAIT_MS)
+    # B is picked from the session's turns first, then the sessions
+    options = page.evaluate("[...document.querySelectorAll('#diff-runs option')].map((o) => [o.value, o.label])")
+    assert options[0] == [turn_id, f"turn 1 of reason-b: max_rounds, {diffdata.MODEL}"]
+    assert ["retry-a", "session"] in options
 
 
 def test_a_run_not_found_is_said_on_the_page(page, diff_dashboard):

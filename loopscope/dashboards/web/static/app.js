@@ -1058,7 +1058,7 @@
         "cost_usd" in t ? h("span", { class: "sum-item turn-cost" }, "cost ", turnCost(t)) : null,
         t.declared_tools && t.declared_tools.length ? h("span", { class: "sum-item muted", text: `offered: ${t.declared_tools.join(", ")}` }) : null,
         t.error ? h("span", { class: "sum-item error-text", text: t.error }) : null,
-        h("a", { class: "sum-item compare-link", href: `#/diff?a=${encodeURIComponent(t.correlation_id)}`, text: "Compare turn with…" }),
+        h("a", { class: "sum-item compare-link", href: `#/diff?a=${encodeURIComponent(t.correlation_id)}&s=${encodeURIComponent(t.session_id || "")}`, text: "Compare turn with…" }),
       );
     }
 

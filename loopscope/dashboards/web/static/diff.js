@@ -49,8 +49,14 @@
     put(main, h("p", { class: "crumbs" }, h("a", { href: "#/", text: "Sessions" }), " / ", h("span", { text: "Compare runs" })),
       h("h1", { text: "Compare two runs" }), form, body);
 
-    getJSON("/api/sessions", { limit: 50 }).then((data) => {
-      for (const s of data.sessions || []) put(recent, h("option", { value: s.session_id }));
+    // what to pick B from: the turns of the session A's turn is in (s=, from "Compare turn with…"),
+    // then the most recently active sessions
+    const within = params.get("s");
+    const picks = within ? getJSON("/api/timeline", { session: within }).then((data) => {
+      (data.turns || []).forEach((t, n) => put(recent, h("option", { value: t.correlation_id, label: `turn ${n + 1} of ${within}: ${t.loop_end_reason || "running"}${t.model ? `, ${t.model}` : ""}` })));
+    }) : Promise.resolve();
+    picks.catch(() => {}).then(() => getJSON("/api/sessions", { limit: 50 })).then((data) => {
+      for (const s of data.sessions || []) put(recent, h("option", { value: s.session_id, label: "session" }));
     }).catch(() => {});
 
     let stopped = false;
