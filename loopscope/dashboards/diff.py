@@ -138,10 +138,14 @@ def _reorders(rows: list[dict[str, Any]], ka: Sequence[_Keyed], kb: Sequence[_Ke
     for n, row in enumerate(rows):
         if row["op"] != "dropped":
             continue
-        found = waiting.get(ka[row["a"]["index"]].key)
+        mine = ka[row["a"]["index"]]
+        # a tool call moved when its tool and arguments match; a model call (keyed by its model
+        # alone) or an end only when all of it does: another answer is another step
+        found = [m for m in waiting.get(mine.key, ()) if mine.kind == "tool_call" or kb[rows[m]["b"]["index"]].details == mine.details]
         if not found:
             continue
-        m = found.pop(0)
+        m = found[0]
+        waiting[mine.key].remove(m)
         other = rows[m]
         sa, sb = ka[row["a"]["index"]].step, kb[other["b"]["index"]].step
         for mine, theirs in ((row, m), (other, n)):

@@ -102,3 +102,16 @@ def test_tools_of_other_names_never_pair_and_totals_sum_calls_or_the_turns_own()
     assert result["b"]["totals"]["cost_usd"] is None and result["b"]["totals"]["latency_ms"] is None  # no price, no end
     assert result["delta"]["input_tokens"] == 13 and result["delta"]["cost_usd"] is None
     assert result["b"]["totals"]["failed_tool_calls"] == 1
+
+
+def test_a_model_call_is_moved_only_when_all_of_it_matches():
+    a = trajectory(call("m", "plan"), tool("x", {}), call("m", "answer"))
+    b = trajectory(tool("x", {}), call("m", "answer"), call("m", "plan"))
+    ops = [(r["op"], r["a"] and r["a"]["result"], r["b"] and r["b"]["result"]) for r in compare(a, b)["rows"]]
+    assert ops == [("reordered", "plan", None), ("same", "ok", "ok"), ("same", "answer", "answer"),
+                   ("reordered", None, "plan")]
+    # another text is another model call: dropped here, added there, not moved
+    b = trajectory(tool("x", {}), call("m", "answer"), call("m", "another plan"))
+    ops = [(r["op"], r["a"] and r["a"]["result"], r["b"] and r["b"]["result"]) for r in compare(a, b)["rows"]]
+    assert ops == [("dropped", "plan", None), ("same", "ok", "ok"), ("same", "answer", "answer"),
+                   ("added", None, "another plan")]
