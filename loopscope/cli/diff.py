@@ -6,11 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dashboards import tables
 from . import _args, commands
 from .commands import CommandError, emit, emit_json, open_store
+
+if TYPE_CHECKING:
+    from ..storage.queries import Reader
+    from ..storage.results import Trajectory
 
 MARKS = {"same": " ", "changed": "~", "added": "+", "dropped": "-", "reordered": ">"}
 """Each row's mark (a unified diff's, and ``>`` for a step that moved)."""
@@ -59,7 +63,7 @@ def diff_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trajectory(store: Any, ref: str) -> Any:
+def _trajectory(store: Reader, ref: str) -> Trajectory:
     found = store.trajectory(ref)
     if found.trajectory is not None:
         return found.trajectory
