@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from . import _args, agui, analytics, calls, collect, commands, export, run, status, tail, ui
+from . import diff as diff_cli  # its own line: other commands join the line above
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -35,6 +36,7 @@ examples:
   loopscope turns --json                 turn summaries as JSON
   loopscope calls --slowest              model calls, longest first: model, ms, tokens, cost, outcome
   loopscope calls --failed --session S   the calls of session S that ended in an error
+  loopscope diff RUN-A RUN-B             two sessions (or turns) aligned step by step, and their deltas
   loopscope stats                        totals: sessions, turns, tool calls, failures, end reasons, tokens
   loopscope tools                        per tool: calls, outcomes, p50/p95/p99 duration
   loopscope tools --declared             per agent: tools offered in its turns vs tools called
@@ -166,6 +168,7 @@ COMMANDS: list[Register] = [
     _timeline,
     _turns,
     calls.register,
+    diff_cli.register,
     analytics.register_stats,
     analytics.register_tools,
     tail.register,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .errors import StoreError
 from .policy import EventFilter
-from .results import CallRow, Record, SessionLookup, Stats, StoreStatus, TurnRow
+from .results import CallRow, Record, SessionLookup, Stats, StoreStatus, TrajectoryLookup, TurnRow
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
@@ -166,6 +166,14 @@ class Reader(Protocol):
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
     ) -> list[ModelCall]:
         """The same calls as the public models."""
+        ...
+
+    # -- trajectories (loopscope diff) -------------------------------------------------------
+
+    def trajectory(self, ref: str) -> TrajectoryLookup:
+        """The steps of the session or turn ``ref`` names (its id, else a unique prefix of a
+        session id or a turn's correlation id; a session's id wins over a turn's), in order:
+        model calls, tool calls, and each turn's end (:class:`~.results.TrajectoryStep`)."""
         ...
 
     # -- analytics ------------------------------------------------------------------------

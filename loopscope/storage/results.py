@@ -155,4 +155,61 @@ class StoreStatus:
     """What writers counted outside the store (the file beside it), by writer id."""
 
 
-__all__ = ["LOSS_COUNTERS", "TOOL_OUTCOMES", "CallRow", "Record", "SessionLookup", "Stats", "StoreStatus", "TurnRow"]
+# -- trajectories (``loopscope diff``: one run's steps in order) ------------------------------
+
+STEP_KINDS = ("model_call", "tool_call", "end")
+"""What a trajectory step is: a model call, a tool call, or the end of a turn (its loop end reason)."""
+
+
+@dataclass(frozen=True)
+class TrajectoryStep:
+    """One step of a run, in the order it happened: a model call (``name``: its model;
+    ``result``: the text it answered; ``requested``: the tools it asked for; ``status``: its
+    outcome), a tool call (``name``: the tool; ``arguments`` and ``result`` as recorded,
+    JSON parsed; ``status``: its outcome, ``served`` ... or ``pending``), or a turn's end
+    (``status``: the loop end reason; ``result``: the turn's answer; its duration, tokens and
+    cost the turn's own totals)."""
+
+    kind: str
+    turn_id: str | None
+    name: str | None = None
+    call_id: str | None = None
+    arguments: Any = None
+    result: Any = None
+    status: str | None = None
+    error: str | None = None
+    requested: tuple[str, ...] = ()
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A session's or a turn's steps, in order (a session's turns oldest first, each ended by
+    its ``end`` step once it has ended)."""
+
+    kind: str
+    """``session`` or ``turn``."""
+    id: str
+    """The session id, or the turn's correlation id."""
+    session_id: str
+    turn_ids: tuple[str, ...]
+    steps: tuple[TrajectoryStep, ...]
+
+
+@dataclass(frozen=True)
+class TrajectoryLookup:
+    """What a session id or turn correlation id (or a unique prefix of one) names: its
+    trajectory, or None with the ids (at most six) the prefix matched (none, or several)."""
+
+    trajectory: Trajectory | None
+    candidates: tuple[str, ...] = ()
+
+
+__all__ = [
+    "LOSS_COUNTERS", "STEP_KINDS", "TOOL_OUTCOMES", "CallRow", "Record", "SessionLookup", "Stats", "StoreStatus",
+    "Trajectory", "TrajectoryLookup", "TrajectoryStep", "TurnRow",
+]

@@ -117,7 +117,7 @@ def test_markup_in_the_data_shows_as_text_and_never_runs(page, dashboard, tmp_pa
         page.wait_for_timeout(300)
     assert page.evaluate("window.__pwned") is None
     # the only script on the page is ours; no element came from the data
-    assert page.evaluate("[...document.scripts].map(s => s.getAttribute('src'))") == ["/static/app.js"]
+    assert page.evaluate("[...document.scripts].map(s => s.getAttribute('src'))") == ["/static/diff.js", "/static/app.js"]
     assert page.evaluate("document.querySelectorAll('img[src=x], b, svg[onload]').length") == 0
     shoot(page, tmp_path / "xss.png")
 

@@ -43,6 +43,7 @@ __all__ = [
     "TIMELINE_PAGE",
     "ApiError",
     "declared_vs_used",
+    "diff",
     "event",
     "json_safe",
     "overview",
@@ -117,3 +118,28 @@ def declared_vs_used(store: Reader | StoreLike, range_: str | None = "all") -> d
     declared point at a mismatch between what the model is offered and what runs.
     """
     return reader(store).page_declared(range_)
+
+
+# -- two runs compared (the diff page; loopscope diff) --------------------------------------------
+
+
+def diff(store: Reader | StoreLike, a: str, b: str) -> dict[str, Any]:
+    """Run ``a`` and run ``b`` (each a session id or a turn's correlation id, or a unique
+    prefix) aligned step by step (:func:`loopscope.dashboards.diff.compare`, docs/diff.md);
+    an :class:`ApiError` names a run not found, or a prefix that names several."""
+    from ..align import TooLongError
+    from ..diff import compare
+
+    read = reader(store)
+    runs = []
+    for side, ref in (("a", a), ("b", b)):
+        found = read.trajectory(ref)
+        if found.trajectory is None:
+            if found.candidates:
+                raise ApiError(f"{side}: {ref!r} matches several sessions or turns ({', '.join(found.candidates)})")
+            raise ApiError(f"{side}: no session or turn {ref!r} in this store")
+        runs.append(found.trajectory)
+    try:
+        return json_safe(compare(runs[0], runs[1]))  # type: ignore[no-any-return]
+    except TooLongError as exc:
+        raise ApiError(f"{exc}: compare single turns instead") from None

@@ -154,6 +154,7 @@ _ROUTES: dict[str, Callable[[Reader, _Query], Any]] = {
     "/api/tools": lambda store, q: api.tool_analytics(store, q.str("range"), q.str("tool")),
     "/api/turns": lambda store, q: api.turn_analytics(store, q.str("range")),
     "/api/declared": lambda store, q: api.declared_vs_used(store, q.str("range")),
+    "/api/diff": lambda store, q: api.diff(store, q.str("a", required=True) or "", q.str("b", required=True) or ""),
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreError, StoreLockedError
 from ..policy import EventFilter
 from ..recording import flush_own, resolve
-from ..results import CallRow, Record, SessionLookup, Stats, StoreStatus, TurnRow
+from ..results import CallRow, Record, SessionLookup, Stats, StoreStatus, TrajectoryLookup, TurnRow
 from . import reads
 from .connection import open_store
 
@@ -221,6 +221,15 @@ class DuckDBReader:
         return self.store.model_calls(
             session_id, model=model, provider=provider, failed=failed, slowest=slowest, limit=limit,
         )
+
+    # -- trajectories (loopscope diff: storage/duckdb/trajectory.py) -------------------------
+
+    def trajectory(self, ref: str) -> TrajectoryLookup:
+        from . import trajectory
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+            return trajectory.lookup(con, ref)
 
     # -- analytics ------------------------------------------------------------------------
 

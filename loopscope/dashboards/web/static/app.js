@@ -590,8 +590,14 @@
     else if (name === "tools") page = toolsPage();
     else if (name === "turns") page = turnsPage();
     else if (name === "declared") page = declaredPage();
+    else if (pageFiles()[name]) page = pageFiles()[name](pageKit(), params, parts);
     else page = sessionsPage(params);
   }
+
+  // pages in files of their own (diff.js: #/diff): each registers itself in window.loopscopePages
+  // as (kit, params, parts) => {stop()}, and draws with the helpers this kit hands it
+  const pageFiles = () => window.loopscopePages || {};
+  const pageKit = () => ({ main, h, put, fill, clear, getJSON, showError, setStatus, badge, reasonBadge, fmtInt, fmtMs, fmtUsd, pretty, plural, sessionLink });
 
   // A page that reloads itself every `ms` while visible; `load` returns a promise.
   function poller(load, ms) {
@@ -831,6 +837,7 @@
           h("span", { text: `${plural(shown.size, "turn")} shown${runningTurns ? `, ${fmtInt(runningTurns)} running` : ""}` }),
           agents.length ? h("span", { text: `agents: ${agents.join(", ")}` }) : null,
           info.first_at ? h("span", { text: `${fmtTime(info.first_at, true)} → ${fmtTime(info.last_at, true)}` }) : null,
+          h("a", { class: "compare-link", href: `#/diff?a=${encodeURIComponent(sessionId)}`, text: "Compare with…" }),
         ),
       );
     }
@@ -1051,6 +1058,7 @@
         "cost_usd" in t ? h("span", { class: "sum-item turn-cost" }, "cost ", turnCost(t)) : null,
         t.declared_tools && t.declared_tools.length ? h("span", { class: "sum-item muted", text: `offered: ${t.declared_tools.join(", ")}` }) : null,
         t.error ? h("span", { class: "sum-item error-text", text: t.error }) : null,
+        h("a", { class: "sum-item compare-link", href: `#/diff?a=${encodeURIComponent(t.correlation_id)}&s=${encodeURIComponent(t.session_id || "")}`, text: "Compare turn with…" }),
       );
     }
 
