@@ -154,8 +154,8 @@ def _sessions(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         help="sessions, most recently active first (--search to find some)",
         description="Every session in the store with its event and turn counts, most recently active first. "
         "--search keeps the sessions whose id, or one of whose agents or models, contains the text (any case), "
-        "and those whose content holds it: a message, a tool's name, arguments, result or error, a model call's "
-        "messages (`loopscope search TEXT` shows where).",
+        "and those whose content holds it: a message, a tool's name, arguments, result or error, what a model "
+        "call generated or failed with (`loopscope search TEXT` shows where).",
     )
     sessions.add_argument(
         "--search", "-s", type=_args.search_text, metavar="TEXT",

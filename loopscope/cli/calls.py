@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     calls.add_argument("--since", type=_args.since, metavar="WHEN",
                        help="only calls started since WHEN: a duration back from now (30m, 2h, 3d) or an ISO date or time")
     calls.add_argument("--search", type=_args.search_text, metavar="TEXT",
-                       help="only calls whose messages or error (with --tool: arguments, result or error) hold TEXT")
+                       help="only calls whose output (what they generated) or error holds TEXT "
+                       "(with --tool: arguments, result or error)")
     calls.add_argument("--tool", metavar="NAME",
                        help="list this tool's calls instead of model calls (with --failed, --slowest, --since, ...)")
     calls.add_argument("--limit", type=_args.non_negative_int, default=50, metavar="N",

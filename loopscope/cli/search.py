@@ -1,5 +1,5 @@
 """``loopscope search TEXT``: where a text is in the store's content (messages, tool names,
-arguments, results, errors, model calls' messages), and the tool call list ``loopscope
+arguments, results, errors, model calls' output), and the tool call list ``loopscope
 calls --tool NAME`` prints (issue 35)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         parents=[common],
         help="where a text is in the store: messages, tool names, arguments, results, errors",
         description="Search the store's content for TEXT (any case): the messages of the timeline, tool calls' "
-        "names, arguments, results and errors, and model calls' input and output messages. One line per place "
+        "names, arguments, results and errors, and what model calls generated or failed with. One line per place "
         "found, newest first: the session, the turn, the event's index, what matched (FIELD) and the text around "
         "it. A plain scan of the stored text (no index): see docs/cli.md.",
     )

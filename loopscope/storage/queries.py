@@ -183,7 +183,7 @@ class Reader(Protocol):
 
     def search(self, text: str, *, session_id: str | None = None, limit: int = 50) -> list[SearchHit]:
         """Where ``text`` (any case) is in the store's content: messages, tool names,
-        arguments, results and errors, model calls' input and output messages; newest
+        arguments, results and errors, model calls' output messages and errors; newest
         first, each with its session, turn, the field that holds it and a snippet. A plain
         scan, no index; an empty text is a ``ValueError``."""
         ...

@@ -154,6 +154,9 @@ _ROUTES: dict[str, Callable[[Reader, _Query], Any]] = {
     "/api/tools": lambda store, q: api.tool_analytics(store, q.str("range"), q.str("tool")),
     "/api/turns": lambda store, q: api.turn_analytics(store, q.str("range")),
     "/api/declared": lambda store, q: api.declared_vs_used(store, q.str("range")),
+    # issue 35: content search, store-wide slowest and failed calls
+    "/api/search": lambda store, q: api.search(store, q.str("q"), q.str("session"), q.int("limit")),
+    "/api/calls": lambda store, q: api.calls(store, q.str("tool"), q.flag("failed"), q.int("limit")),
 }
 
 

@@ -4,8 +4,8 @@ turn search, and :meth:`~loopscope.storage.queries.Reader.tool_calls`.
 
 The search is a plain case-insensitive scan (``contains(lower(text), needle)``) over the
 stored text: messages, tool names, arguments, results and errors of the event log
-(:data:`~loopscope.storage.policy.EVENT_TEXT`), the model calls' input and output messages
-and errors (:data:`CALL_TEXT`), and the parts of values too large for a row
+(:data:`~loopscope.storage.policy.EVENT_TEXT`), the model calls' output messages (what they
+generated) and errors (:data:`CALL_TEXT`), and the parts of values too large for a row
 (``loopscope_values``; a match across two parts is not found). A model call is a hit only
 for a turn none of whose events is (its messages repeat the turn's). No full-text index: the
 duckdb wheel has no ``fts`` extension built in, installing one needs the network, and an
@@ -24,10 +24,11 @@ from ..results import SearchHit, ToolCallRow
 from .engine import duckdb
 from .schema import has_model_calls
 
-CALL_TEXT = (
-    "concat_ws(chr(31), CAST(input_messages AS VARCHAR), CAST(output_messages AS VARCHAR), error_type, error, refusal)"
-)
-"""A model call's searchable text (SQL over ``model_calls`` or ``model_call_summaries``)."""
+CALL_TEXT = "concat_ws(chr(31), CAST(output_messages AS VARCHAR), error_type, error, refusal)"
+"""A model call's searchable text (SQL over ``model_calls`` or ``model_call_summaries``): what
+it generated (output messages), its error and refusal. Not its input messages: they repeat
+the turn's history, which the events hold (the user's input among them), and may hold input
+a guardrail blocked, which the events keep out of reads."""
 
 TOOL_CALL_TEXT = (
     "concat_ws(chr(31), tool, CAST(arguments AS VARCHAR), CAST(result AS VARCHAR), error)"
@@ -92,7 +93,7 @@ def _aware(value: datetime | None) -> datetime | None:
 
 
 # an event's fields, in the order a hit names the first that holds the needle; a tool call's
-# end repeats its arguments (its start already names them)
+# end repeats its name and arguments, which its start names: the end is a hit by its result or error
 _EVENT_FIELDS = ("text", "tool", "arguments", "result", "error")
 _EVENT_HITS = f"""
 SELECT id, session_id, correlation_id, idx, type, timezone('UTC', created_at),
@@ -107,7 +108,6 @@ LIMIT ?
 """
 
 # a model call's text can be a long history: the SQL cuts the piece around the match
-_CALL_FIELDS = ("output", "error", "input")
 _CALL_HITS = """
 SELECT session_id, correlation_id, timezone('UTC', started_at), field, piece, cut_before, cut_after
 FROM (
@@ -115,12 +115,9 @@ FROM (
            strpos(lower(t), ?) - {pad} > 1 AS cut_before, strpos(lower(t), ?) - {pad} + {width} <= length(t) AS cut_after
     FROM (
         SELECT session_id, correlation_id, started_at, span_id,
-               CASE WHEN contains(lower(CAST(output_messages AS VARCHAR)), ?) THEN 'output'
-                    WHEN contains(lower(concat_ws(' ', error_type, error, refusal)), ?) THEN 'error'
-                    ELSE 'input' END AS field,
+               CASE WHEN contains(lower(CAST(output_messages AS VARCHAR)), ?) THEN 'output' ELSE 'error' END AS field,
                CASE field WHEN 'output' THEN CAST(output_messages AS VARCHAR)
-                          WHEN 'error' THEN concat_ws(' ', error_type, error, refusal)
-                          ELSE CAST(input_messages AS VARCHAR) END AS t
+                          ELSE concat_ws(' ', error_type, error, refusal) END AS t
         FROM model_calls
         WHERE contains(lower({text}), ?){session}
         ORDER BY started_at DESC, span_id
@@ -150,11 +147,11 @@ def hits(con: duckdb.DuckDBPyConnection, text: str, session_id: str | None = Non
         event_id, session, turn, index, kind, at, tool, *fields = row
         field = next(
             (name for name, value in zip(_EVENT_FIELDS, fields) if value and needle in value.lower()
-             and not (name == "arguments" and kind == "tool_call_end")),
+             and not (name in ("tool", "arguments") and kind == "tool_call_end")),
             None,
         )
         if field is None:
-            continue  # a tool call's end that matched by its arguments only: its start is the hit
+            continue  # a tool call's end that matched by its name or arguments only: its start is the hit
         value = fields[_EVENT_FIELDS.index(field)]
         found.append(SearchHit(session, turn, kind, index, event_id, tool, field, snippet(value, needle), _aware(at)))
     if has_model_calls(con):
@@ -164,7 +161,7 @@ def hits(con: duckdb.DuckDBPyConnection, text: str, session_id: str | None = Non
         turns_found = {(h.session_id, h.turn_id) for h in found}
         sql = _CALL_HITS.format(pad=SNIPPET_CHARS * 2, width=SNIPPET_CHARS * 4 + len(needle), text=CALL_TEXT, session=session_sql)
         for session, turn, at, field, piece, cut_before, cut_after in con.execute(
-            sql, [needle] * 6 + [*session_params, limit]
+            sql, [needle] * 5 + [*session_params, limit]
         ).fetchall():
             if (session, turn) in turns_found:
                 continue

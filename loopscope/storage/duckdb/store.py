@@ -295,7 +295,7 @@ class Store:
         """Sessions, most recently active first. ``search`` keeps the sessions whose id,
         or the name of one of their agents or models, contains it (any case), and those
         whose content holds it (a message, a tool's name, arguments, result or error, a
-        model call's messages: the content search, storage/duckdb/search.py)."""
+        model call's output or error: the content search, storage/duckdb/search.py)."""
         matched, where, params = "", "", []
         if search:
             from .search import matches_sql, needle_of
