@@ -97,6 +97,11 @@ def test_search_finds_a_tool_a_user_word_a_result_word_and_an_error(db, capsys):
         assert {e["correlation_id"] for e in events} == {hits[0]["turn_id"]}
         turns = run(capsys, db, "turns", "--search", text)
         assert [t["correlation_id"] for t in turns] == [hits[0]["turn_id"]]
+    # a text with a quote or beyond ASCII (which JSON may escape) is looked for in the fields alone
+    quoted = run(capsys, db, "search", '"Páteo"')
+    assert {(h["session_id"], h["kind"], h["field"]) for h in quoted} == {
+        ("demo", "tool_call_start", "arguments"), ("demo", "tool_call_end", "result")
+    }
     assert run(capsys, db, "search", "no such words anywhere") == []
     assert run(capsys, db, "sessions", "--search", "no such words anywhere") == []
     # what a model call generated, found among model calls

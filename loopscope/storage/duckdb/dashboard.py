@@ -213,12 +213,12 @@ def _session_page(
         from .search import matches_sql
 
         needle = query.strip().lower()
-        content, count = matches_sql(con)  # and the sessions whose content holds it (issue 35)
+        content, match_params = matches_sql(con, needle)  # and the sessions whose content holds it (issue 35)
         where = f"""WHERE contains(lower(session_id), ?) OR session_id IN (
             SELECT session_id FROM turns
             WHERE contains(lower(coalesce(channel_id, '')), ?) OR contains(lower(coalesce(model, '')), ?)
         ) OR session_id IN (SELECT session_id FROM ({content}))"""
-        params = [needle] * (3 + count)
+        params = [needle, needle, needle, *match_params]
     total_row = con.execute(f"SELECT count(*) FROM sessions {where}", params).fetchone()
     costs = _turn_costs(con, "WHERE session_id IN (SELECT session_id FROM page)")
     rows = _rows(con, _SESSION_PAGE_SQL.format(where=where, **costs), [*params, limit, offset])

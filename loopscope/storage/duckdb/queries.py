@@ -249,12 +249,34 @@ class DuckDBReader:
         self, session_id: str | None = None, *, tool: str | None = None, failed: bool = False,
         slowest: bool = False, since: datetime | None = None, search: str | None = None, limit: int | None = 50,
     ) -> list[ToolCallRow]:
-        from .search import tool_call_row, tool_call_sql
+        from .schema import has_tool_columns
+        from .search import ended_calls_sql, tool_call_row, tool_call_sql
 
+        flush_own(self.path)
+        if (failed or slowest) and not search and limit is not None:
+            # the ended calls a failed or slowest list shows, picked from the end rows alone;
+            # then the view reads just those sessions (it groups every tool row otherwise)
+            with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+                reads.check_readable(con)
+                sql, params = ended_calls_sql(
+                    has_tool_columns(con), tool=tool, failed=failed, slowest=slowest, session_id=session_id,
+                    since=since, limit=limit,
+                )
+                keys = con.execute(sql, params).fetchall()
+            if not keys:
+                return []
+            sql, params = tool_call_sql(
+                session_id, tool=tool, failed=failed, slowest=slowest, since=since, limit=None,
+                sessions=sorted({k[0] for k in keys}),
+            )
+            rows = {
+                (r.session_id, r.turn_id, r.call_id): r
+                for r in map(tool_call_row, reads.view_rows(self.path, sql, params, timeout=self.lock_timeout, keep=True))
+            }
+            return [rows[key] for key in keys if key in rows]
         sql, params = tool_call_sql(
             session_id, tool=tool, failed=failed, slowest=slowest, since=since, text=search, limit=limit,
         )
-        flush_own(self.path)
         return [tool_call_row(r) for r in reads.view_rows(self.path, sql, params, timeout=self.lock_timeout, keep=True)]
 
     # -- analytics ------------------------------------------------------------------------

@@ -143,11 +143,11 @@ def turn_filter_where(con: duckdb.DuckDBPyConnection, turn_filter: TurnFilter) -
     if turn_filter.text:
         from .search import matches_sql, needle_of
 
-        sql, count = matches_sql(con)
+        sql, match_params = matches_sql(con, needle_of(turn_filter.text))
         clauses.append(
             f"session_id || chr(31) || correlation_id IN (SELECT session_id || chr(31) || turn_id FROM ({sql}))"
         )
-        params += [needle_of(turn_filter.text)] * count
+        params += match_params
     return clauses, params
 
 

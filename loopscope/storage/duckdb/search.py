@@ -58,21 +58,39 @@ def needle_of(text: str) -> str:
     return needle
 
 
-def matches_sql(con: duckdb.DuckDBPyConnection) -> tuple[str, int]:
+def _raw_safe(needle: str) -> bool:
+    """Whether ``needle`` reads the same in an event's stored JSON text as in its fields: printable
+    ASCII without the characters JSON escapes (a quote, a backslash). Then a row whose fields
+    hold it holds it in its raw text too, and the cheap scan of the raw text (one string per
+    row, ~5x faster than taking the fields apart) can pick the rows the exact test looks at."""
+    return needle.isascii() and needle.isprintable() and '"' not in needle and "\\" not in needle
+
+
+def event_match(needle: str) -> tuple[str, list[str]]:
+    """SQL that keeps the events whose text (:data:`~loopscope.storage.policy.EVENT_TEXT`)
+    holds ``needle`` (lower case), and its parameters: the exact test, after a scan of the
+    raw JSON text where that finds every such row (:func:`_raw_safe`)."""
+    exact = f"contains(lower({EVENT_TEXT}), ?)"
+    if _raw_safe(needle):
+        return f"contains(lower(CAST(content AS VARCHAR)), ?) AND {exact}", [needle, needle]
+    return exact, [needle]
+
+
+def matches_sql(con: duckdb.DuckDBPyConnection, needle: str) -> tuple[str, list[str]]:
     """SQL selecting ``(session_id, turn_id)`` of every event, model call and large value
-    whose text holds the needle, and how many ``?`` it takes (each the needle)."""
-    parts = [
-        (f"SELECT session_id, correlation_id AS turn_id FROM events "
-        f"WHERE status <> 'blocked' AND contains(lower({EVENT_TEXT}), ?)")
-    ]
+    whose text holds ``needle`` (:func:`needle_of`'s), and its parameters."""
+    match, params = event_match(needle)
+    parts = [f"SELECT session_id, correlation_id AS turn_id FROM events WHERE status <> 'blocked' AND {match}"]
     if has_model_calls(con):
         parts.append(f"SELECT session_id, correlation_id AS turn_id FROM model_calls WHERE contains(lower({CALL_TEXT}), ?)")
+        params.append(needle)
     if has_parts(con):
         parts.append(
             f"SELECT session_id, correlation_id AS turn_id FROM events WHERE status <> 'blocked' "
             f"AND id IN (SELECT id FROM {_PARTS} WHERE contains(lower(text), ?))"
         )
-    return " UNION ".join(parts), len(parts)
+        params.append(needle)
+    return " UNION ".join(parts), params
 
 
 def snippet(text: str, needle: str, *, cut_before: bool = False, cut_after: bool = False) -> str:
@@ -95,14 +113,14 @@ def _aware(value: datetime | None) -> datetime | None:
 # an event's fields, in the order a hit names the first that holds the needle; a tool call's
 # end repeats its name and arguments, which its start names: the end is a hit by its result or error
 _EVENT_FIELDS = ("text", "tool", "arguments", "result", "error")
-_EVENT_HITS = f"""
+_EVENT_HITS = """
 SELECT id, session_id, correlation_id, idx, type, timezone('UTC', created_at),
        json_extract_string(content, '$.tool_name'),
        json_extract_string(content, '$.body'), json_extract_string(content, '$.tool_name'),
        CAST(json_extract(content, '$.arguments') AS VARCHAR), CAST(json_extract(content, '$.result') AS VARCHAR),
        json_extract_string(content, '$.error')
 FROM events
-WHERE status <> 'blocked' AND contains(lower({EVENT_TEXT}), ?){{session}}
+WHERE status <> 'blocked' AND {match}{session}
 ORDER BY created_at DESC, idx DESC
 LIMIT ?
 """
@@ -143,7 +161,10 @@ def hits(con: duckdb.DuckDBPyConnection, text: str, session_id: str | None = Non
     needle = needle_of(text)
     session_sql, session_params = (" AND session_id = ?", [session_id]) if session_id is not None else ("", [])
     found: list[SearchHit] = []
-    for row in con.execute(_EVENT_HITS.format(session=session_sql), [needle, *session_params, limit]).fetchall():
+    match, match_params = event_match(needle)
+    for row in con.execute(
+        _EVENT_HITS.format(match=match, session=session_sql), [*match_params, *session_params, limit]
+    ).fetchall():
         event_id, session, turn, index, kind, at, tool, *fields = row
         field = next(
             (name for name, value in zip(_EVENT_FIELDS, fields) if value and needle in value.lower()
@@ -194,9 +215,11 @@ TOOL_NOT_SERVED = (
 def tool_call_sql(
     session_id: str | None = None, *, tool: str | None = None, failed: bool = False, slowest: bool = False,
     since: datetime | None = None, text: str | None = None, limit: int | None = 50,
+    sessions: Sequence[str] | None = None,
 ) -> tuple[str, list[Any]]:
     """The ``tool_calls`` read :meth:`~loopscope.storage.queries.Reader.tool_calls` makes:
-    its SQL and parameters (newest first, or longest first with ``slowest``)."""
+    its SQL and parameters (newest first, or longest first with ``slowest``); ``sessions``:
+    only these sessions' calls (a filter the view takes to its scan of the tool rows)."""
     if limit is not None and limit < 0:
         raise ValueError("limit must not be negative")
     clauses: list[str] = []
@@ -205,6 +228,9 @@ def tool_call_sql(
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
+    if sessions is not None:
+        clauses.append("list_contains(?, session_id)")
+        params.append(list(sessions))
     if failed:
         clauses.append(TOOL_NOT_SERVED)
     if since is not None:
@@ -221,6 +247,35 @@ def tool_call_sql(
     sql = f"SELECT {TOOL_CALL_COLUMNS} FROM tool_calls {where} ORDER BY {order}"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
+    return sql, params
+
+
+def ended_calls_sql(
+    tool_columns: bool, *, tool: str | None = None, failed: bool = False, slowest: bool = False,
+    session_id: str | None = None, since: datetime | None = None, limit: int = 50,
+) -> tuple[str, list[Any]]:
+    """The keys ``(session_id, turn_id, call_id)`` of the ``limit`` ended tool calls a
+    failed or slowest list shows, from the end rows alone (a top-N over one scan of them,
+    ms where the ``tool_calls`` view groups every tool row first: 0.7 s at 1 M events); the
+    view then reads those calls alone (:func:`tool_call_sql` with ``keys``)."""
+    from .views import tool_rows
+
+    clauses = ["type = 'tool_call_end'"]
+    params: list[Any] = []
+    for column, value in (("session_id", session_id), ("tool", tool)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if failed:
+        clauses.append("coalesce(outcome, CASE WHEN status = 'completed' THEN 'served' END, 'failed') <> 'served'")
+    if since is not None:
+        clauses.append("created_at >= ?")
+        params.append(since)
+    order = "duration_ms DESC NULLS LAST, created_at DESC" if slowest else "created_at DESC, idx DESC"
+    sql = (
+        f"SELECT session_id, turn_id, call_id FROM ({tool_rows(tool_columns)}) "
+        f"WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT {int(limit)}"
+    )
     return sql, params
 
 
@@ -247,6 +302,6 @@ def tool_call_row(row: Sequence[Any]) -> ToolCallRow:
 
 
 __all__ = [
-    "CALL_TEXT", "SNIPPET_CHARS", "TOOL_CALL_COLUMNS", "TOOL_CALL_TEXT", "TOOL_NOT_SERVED", "has_parts", "hits",
-    "matches_sql", "needle_of", "snippet", "tool_call_row", "tool_call_sql",
+    "CALL_TEXT", "SNIPPET_CHARS", "TOOL_CALL_COLUMNS", "TOOL_CALL_TEXT", "TOOL_NOT_SERVED", "ended_calls_sql",
+    "event_match", "has_parts", "hits", "matches_sql", "needle_of", "snippet", "tool_call_row", "tool_call_sql",
 ]

@@ -300,15 +300,15 @@ class Store:
         if search:
             from .search import matches_sql, needle_of
 
-            with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
-                content, count = matches_sql(con)
             needle = needle_of(search)
+            with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+                content, match_params = matches_sql(con, needle)
             matched = ", bool_or(contains(lower(channel_id), ?) OR contains(lower(model), ?)) AS matched"
             where = (
                 "WHERE contains(lower(s.session_id), ?) OR coalesce(t.matched, false) "
                 f"OR s.session_id IN (SELECT session_id FROM ({content}))"
             )
-            params = [needle] * (3 + count)
+            params = [needle, needle, needle, *match_params]
         sql = f"""
             SELECT s.session_id, s.last_index, coalesce(t.turns, 0), s.first_at, s.last_at, coalesce(t.agents, [])
             FROM sessions s
