@@ -25,10 +25,16 @@
     return out;
   }
 
-  // under the sessions list: where the search text is (a message, a tool call, a model call)
+  // under the sessions list: where the search text is (a message, a tool call, a model call).
+  // The sessions page polls every 5 s; a search scans the store's text, so the places are read
+  // again when the text changes, else every 30 s (new rows of a running agent)
+  const HITS_EVERY_MS = 30000;
+  let shown = { query: null, at: 0, el: null };
   pages.searchHits = async (k, el, query) => {
-    if (!query) { k.clear(el); return; }
+    if (!query) { k.clear(el); shown = { query: null, at: 0, el: null }; return; }
+    if (shown.query === query && shown.el === el && el.firstChild && Date.now() - shown.at < HITS_EVERY_MS) return;
     const data = await k.getJSON("/api/search", { q: query });
+    shown = { query, at: Date.now(), el };
     const n = data.hits.length;
     k.fill(el, k.h("section", { class: "panel hits-panel" },
       k.h("h2", { text: `Found in content: ${k.fmtInt(n)}${n >= data.limit ? "+" : ""} place${n === 1 ? "" : "s"}` }),
