@@ -42,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from .duckdb.replay import DEFAULT_PAGE, Replay, StopFlag
 from .limits import CLOSE_TIMEOUT, WriterStats
-from .policy import EventFilter
+from .policy import EventFilter, TurnFilter
 from .rows import SpanMapping
 
 
@@ -102,21 +102,22 @@ class StoreReader(Protocol):
     def list_turns(
         self, session_id: str | None = None, limit: int | None = 50, *, correlation_id: str | None = None,
         channel_id: str | None = None, loop_end_reason: str | None = None, after_time: datetime | None = None,
-        newest_first: bool = False,
+        newest_first: bool = False, turn_filter: TurnFilter | None = None,
     ) -> list[AIResponseEvent]:
-        """Turn summaries, oldest first."""
+        """Turn summaries, oldest first; ``turn_filter``: only those it keeps."""
         ...
 
     def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
-        """Sessions, most recently active first."""
+        """Sessions, most recently active first; ``search``: whose id, agent, model or content holds it."""
         ...
 
     def model_calls(
         self, session_id: str | None = None, correlation_id: str | None = None, *, model: str | None = None,
         provider: str | None = None, failed: bool = False, slowest: bool = False, limit: int | None = 50,
-        with_messages: bool = False,
+        with_messages: bool = False, since: datetime | None = None, search: str | None = None,
     ) -> list[ModelCall]:
-        """Model calls, oldest first (``slowest``: longest first), with their cost."""
+        """Model calls, oldest first (``slowest``: longest first), with their cost; ``since``:
+        started at or after it; ``search``: whose output or error holds the text."""
         ...
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:

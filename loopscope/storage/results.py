@@ -82,6 +82,48 @@ class CallRow(NamedTuple):
     span_id: str | None
 
 
+# -- search and tool calls (issue 35: content search, store-wide call lists) --------------------
+
+
+class SearchHit(NamedTuple):
+    """One place a content search matched: an event of a session's timeline (a message, a
+    tool call's start or end) or a model call, with where in it the text was found
+    (``field``: ``text``, ``tool``, ``arguments``, ``result``, ``error``, ``input``,
+    ``output``, ``content`` for a value stored in parts) and the text around it."""
+
+    session_id: str
+    turn_id: str | None
+    kind: str
+    """``message``, ``tool_call_start``, ``tool_call_end`` (the event's type), or ``model_call``."""
+    index: int | None
+    """The event's index in its session's timeline (None for a model call)."""
+    event_id: str | None
+    tool: str | None
+    field: str
+    snippet: str
+    at: datetime | None
+
+
+class ToolCallRow(NamedTuple):
+    """One tool call (the ``tool_calls`` view's row: its start and end rows together)."""
+
+    session_id: str | None
+    turn_id: str | None
+    agent: str | None
+    tool: str | None
+    call_id: str | None
+    outcome: str | None
+    status: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_ms: float | None
+    arguments: Any
+    result: Any
+    error: str | None
+    start_index: int | None
+    end_index: int | None
+
+
 TOOL_OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
 """How a finished tool call went, in the order the analytics count them (``tool_stats``'s columns)."""
 
@@ -210,6 +252,6 @@ class TrajectoryLookup:
 
 
 __all__ = [
-    "LOSS_COUNTERS", "STEP_KINDS", "TOOL_OUTCOMES", "CallRow", "Record", "SessionLookup", "Stats", "StoreStatus",
-    "Trajectory", "TrajectoryLookup", "TrajectoryStep", "TurnRow",
+    "LOSS_COUNTERS", "STEP_KINDS", "TOOL_OUTCOMES", "CallRow", "Record", "SearchHit", "SessionLookup", "Stats", "StoreStatus",
+    "ToolCallRow", "Trajectory", "TrajectoryLookup", "TrajectoryStep", "TurnRow",
 ]

@@ -209,13 +209,16 @@ def _session_page(
     con: duckdb.DuckDBPyConnection, query: str | None, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
     where, params = "", []
-    if query:
+    if query and query.strip():
+        from .search import matches_sql
+
         needle = query.strip().lower()
-        where = """WHERE contains(lower(session_id), ?) OR session_id IN (
+        content, match_params = matches_sql(con, needle)  # and the sessions whose content holds it (issue 35)
+        where = f"""WHERE contains(lower(session_id), ?) OR session_id IN (
             SELECT session_id FROM turns
             WHERE contains(lower(coalesce(channel_id, '')), ?) OR contains(lower(coalesce(model, '')), ?)
-        )"""
-        params = [needle, needle, needle]
+        ) OR session_id IN (SELECT session_id FROM ({content}))"""
+        params = [needle, needle, needle, *match_params]
     total_row = con.execute(f"SELECT count(*) FROM sessions {where}", params).fetchone()
     costs = _turn_costs(con, "WHERE session_id IN (SELECT session_id FROM page)")
     rows = _rows(con, _SESSION_PAGE_SQL.format(where=where, **costs), [*params, limit, offset])
@@ -234,7 +237,8 @@ def _page_args(limit: int | None, offset: int | None, default: int) -> tuple[int
 
 
 def sessions(store: Store, q: str | None = None, limit: int | None = None, offset: int | None = None) -> dict[str, Any]:
-    """A page of sessions, most recently active first; ``q`` matches session id, agent or model."""
+    """A page of sessions, most recently active first; ``q`` matches session id, agent or
+    model, or the content of the session (storage/duckdb/search.py)."""
     limit, offset = _page_args(limit, offset, 50)
     with _reading(store) as con:
         rows, total = _session_page(con, q, limit, offset)

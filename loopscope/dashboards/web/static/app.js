@@ -543,6 +543,7 @@
 
   const statCard = (label, value, sub) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", text: value }), sub ? h("div", { class: "stat-sub", text: sub }) : null);
 
+  const turnHref = (session, turn) => `#/session/${encodeURIComponent(session)}?turn=${encodeURIComponent(turn)}`;
   const sessionLink = (id) => h("a", { href: `#/session/${encodeURIComponent(id)}`, class: "session-link", text: id });
 
   // -- pages ----------------------------------------------------------------------------------
@@ -590,14 +591,9 @@
     else if (name === "tools") page = toolsPage();
     else if (name === "turns") page = turnsPage();
     else if (name === "declared") page = declaredPage();
-    else if (pageFiles()[name]) page = pageFiles()[name](pageKit(), params, parts);
+    else if (EXTRA[name]) page = EXTRA[name](kit, params, parts);
     else page = sessionsPage(params);
   }
-
-  // pages in files of their own (diff.js: #/diff): each registers itself in window.loopscopePages
-  // as (kit, params, parts) => {stop()}, and draws with the helpers this kit hands it
-  const pageFiles = () => window.loopscopePages || {};
-  const pageKit = () => ({ main, h, put, fill, clear, getJSON, showError, setStatus, badge, reasonBadge, fmtInt, fmtMs, fmtUsd, pretty, plural, sessionLink });
 
   // A page that reloads itself every `ms` while visible; `load` returns a promise.
   function poller(load, ms) {
@@ -628,13 +624,14 @@
     let limit = 50;
     const stats = h("section", { class: "stats" });
     const reasons = h("div", { class: "reason-chips" });
-    const search = h("input", { type: "search", id: "session-search", placeholder: "Search sessions by id, agent or model", value: query, "aria-label": "search sessions" });
+    const search = h("input", { type: "search", id: "session-search", placeholder: "Search sessions by id, agent, model or content (a tool, a word of a message, a result, an error)", value: query, "aria-label": "search sessions" });
     const count = h("span", { class: "muted" });
     const list = h("div", { class: "session-list" });
+    const hits = h("div", { class: "search-hits", id: "search-hits" });
     const more = h("button", { class: "btn", hidden: true, text: "Show more", onclick: () => { limit += 50; poll.now(); } });
     put(main, 
       h("h1", { text: "Sessions" }), stats, reasons,
-      h("div", { class: "toolbar" }, search, count), list, more,
+      h("div", { class: "toolbar" }, search, count), list, more, hits,
     );
     let debounce = null;
     search.addEventListener("input", () => {
@@ -657,6 +654,7 @@
       fill(list, sessionsTable(data.sessions, data.total));
       count.textContent = `${fmtInt(data.sessions.length)} of ${fmtInt(data.total)} sessions${query ? ` matching “${query}”` : ""}`;
       more.hidden = data.sessions.length >= data.total;
+      if (EXTRA.searchHits) await EXTRA.searchHits(kit, hits, query);
       setStatus(`${overview.store} · updated ${fmtTime(overview.generated_at)}`, overview.sessions.some((x) => x.live));
     }
 
@@ -740,6 +738,15 @@
       }
     });
 
+    let wantedTurn = params.get("turn"), seeking = 0;
+    function revealTurn() {
+      const block = [...body.querySelectorAll("section.turn")].find((b) => b.dataset.correlationId === wantedTurn);
+      if (block) {
+        wantedTurn = null;
+        block.classList.add("target");
+        queueMicrotask(() => block.scrollIntoView({ block: "start" }));
+      } else if (state.moreBefore && seeking++ < 50) queueMicrotask(() => earlier.click());
+    }
     let first = true;
     let rendered = false;
     let lastFingerprint = "";
@@ -819,6 +826,7 @@
         byTurn.get(key).events.push(e);
       }
       for (const group of groups) put(body, turnBlock(group));
+      if (wantedTurn) revealTurn();
       if (focused) for (const row of body.querySelectorAll(".wf-row[data-wf-key]")) if (row.dataset.wfKey === focused) row.focus({ preventScroll: true });
       if (atBottom && rendered) window.scrollTo(0, document.body.scrollHeight);
       rendered = true;
@@ -1133,7 +1141,7 @@
             { label: "Calls", num: true, sort: (r) => r.calls, render: (r) => fmtInt(r.calls) },
             { label: "Running", num: true, sort: (r) => r.running, render: (r) => (r.running ? badge(fmtInt(r.running), "run") : "0") },
             { label: "Outcomes", sort: false, render: (r) => shareBar(r, [...OUTCOMES, "other"]) },
-            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", sort: (r) => r.failure_share, render: (r) => h("span", { class: r.failure_share > 0.1 ? "error-text" : null, text: fmtPct(r.failure_share) }) },
+            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", sort: (r) => r.failure_share, render: (r) => (r.failures ? h("a", { href: `#/calls?tool=${encodeURIComponent(r.tool || "")}&failed=1`, class: `failed-calls-link${r.failure_share > 0.1 ? " error-text" : ""}`, title: "this tool's failed calls", text: fmtPct(r.failure_share) }) : fmtPct(r.failure_share)) },
             { label: "p50", num: true, sort: (r) => r.p50_ms, render: (r) => fmtMs(r.p50_ms) },
             { label: "p95", num: true, sort: (r) => r.p95_ms, render: (r) => fmtMs(r.p95_ms) },
             { label: "p99", num: true, sort: (r) => r.p99_ms, render: (r) => fmtMs(r.p99_ms) },
@@ -1220,6 +1228,7 @@
           h("h2", { text: "Slowest turns" }),
           table([
             { label: "Session", sort: (r) => r.session_id, render: (r) => (r.session_id ? sessionLink(r.session_id) : "–") },
+            { label: "Turn", sort: false, render: (r) => (r.session_id && r.correlation_id ? h("a", { href: turnHref(r.session_id, r.correlation_id), class: "turn-link", text: "open turn" }) : "–") },
             { label: "Agent", sort: (r) => r.agent, render: (r) => r.agent || "–" },
             { label: "Model", sort: (r) => r.model, render: (r) => r.model || "–" },
             { label: "Ended", sort: (r) => r.loop_end_reason, render: (r) => reasonBadge(r.loop_end_reason) },
@@ -1259,6 +1268,15 @@
       }
     });
   }
+
+  // pages and parts in files of their own (static/diff.js, static/search.js, loaded before this
+  // one) register in window.loopscopePages: a page as (kit, params, parts) => {stop()}; they draw
+  // with the helpers of this kit
+  const EXTRA = window.loopscopePages || {};
+  const kit = {
+    main, h, put, fill, clear, table, getJSON, poller, setStatus, showError, fmtMs, fmtInt, fmtTime, fmtAgo, fmtUsd,
+    badge, reasonBadge, pretty, plural, sessionLink, statCard, POLL_LIST_MS,
+  };
 
   window.addEventListener("hashchange", navigate);
   window.addEventListener("popstate", navigate);
