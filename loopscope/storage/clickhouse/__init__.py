@@ -9,5 +9,6 @@ would, for ``loopscope collect --db clickhouse://...`` without a Collector. The 
 (:mod:`loopscope.storage.queries`) calls ``open_reader``, ``open_sink`` and ``prepare`` here."""
 
 from .reader import open_reader, prepare
+from .sink import open_sink
 
-__all__ = ["open_reader", "prepare"]
+__all__ = ["open_reader", "open_sink", "prepare"]

@@ -107,7 +107,7 @@ def row_of(span: Any) -> dict[str, Any]:
     ctx = span.context
     parent = span.parent
     status = span.status
-    resource = span.resource.attributes if span.resource is not None else {}
+    resource = getattr(span.resource, "attributes", span.resource) or {}  # an SDK Resource, or a dict
     scope = span.instrumentation_scope
     events = list(span.events or ())
     links = list(span.links or ())
@@ -116,23 +116,23 @@ def row_of(span: Any) -> dict[str, Any]:
         "TraceId": f"{ctx.trace_id:032x}",
         "SpanId": f"{ctx.span_id:016x}",
         "ParentSpanId": f"{parent.span_id:016x}" if parent is not None else "",
-        "TraceState": _trace_state(ctx.trace_state),
+        "TraceState": _trace_state(getattr(ctx, "trace_state", None)),
         "SpanName": span.name,
-        "SpanKind": SPAN_KINDS.get(span.kind.value, ""),
+        "SpanKind": SPAN_KINDS.get(getattr(span.kind, "value", span.kind), ""),
         "ServiceName": as_string(resource.get("service.name", "")),
         "ResourceAttributes": _map(resource),
         "ScopeName": scope.name if scope is not None else "",
         "ScopeVersion": (scope.version or "") if scope is not None else "",
         "SpanAttributes": _map(span.attributes),
         "Duration": span.end_time - span.start_time,
-        "StatusCode": STATUS_CODES.get(status.status_code.value, ""),
-        "StatusMessage": status.description or "",
+        "StatusCode": STATUS_CODES.get(getattr(status.status_code, "value", status.status_code), "") if status else "",
+        "StatusMessage": (status.description or "") if status else "",
         "Events.Timestamp": [_time(e.timestamp) for e in events],
         "Events.Name": [e.name for e in events],
         "Events.Attributes": [_map(e.attributes) for e in events],
         "Links.TraceId": [f"{link.context.trace_id:032x}" for link in links],
         "Links.SpanId": [f"{link.context.span_id:016x}" for link in links],
-        "Links.TraceState": [_trace_state(link.context.trace_state) for link in links],
+        "Links.TraceState": [_trace_state(getattr(link.context, "trace_state", None)) for link in links],
         "Links.Attributes": [_map(link.attributes) for link in links],
     }
 
