@@ -16,10 +16,12 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from agent_loop import record_sessions
@@ -54,10 +56,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         loopscope.shutdown()
     body = json_each_row(row_of(span) for span in exporter.get_finished_spans())
     urls = {"chdb": prepare(f"chdb://{folder}/chdb")}
-    if SERVER:
-        database = f"loopscope_test_{uuid.uuid4().hex[:8]}"
-        urls["server"] = prepare(SERVER.rstrip("/").rsplit("/", 1)[0] + "/" + database
-                                 if SERVER.count("/") > 2 else f"{SERVER.rstrip('/')}/{database}")
+    if SERVER:  # a database of its own on the server, dropped at the end
+        parts = urlsplit(SERVER)
+        urls["server"] = prepare(urlunsplit(parts._replace(path=f"/loopscope_test_{uuid.uuid4().hex[:8]}")))
     for url in urls.values():
         runner = connect(url)
         try:
@@ -266,3 +267,29 @@ def test_cli_commands_read_the_chdb_store(recorded: dict[str, Any]) -> None:
                            "--db", recorded["chdb"]], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "n" in done.stdout
+
+
+def test_the_dashboard_serves_the_chdb_store_over_http(recorded: dict[str, Any]) -> None:
+    """The web dashboard's API on a ``chdb://`` store, as ``loopscope ui --db chdb://...`` serves it."""
+    from loopscope.dashboards.web.server import make_server, serve_in_thread
+
+    server = make_server(recorded["chdb"], "127.0.0.1", 0)
+    serve_in_thread(server)
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(server.url + path, timeout=30) as response:
+            return json.loads(response.read())
+
+    try:
+        assert get("api/overview")["totals"]["turns"] == 6
+        assert [s["session_id"] for s in get("api/sessions?limit=2")["sessions"]] == ["gamma", "beta"]
+        page = get("api/timeline?session=beta&limit=5")
+        assert len(page["events"]) == 5 and page["more_before"] is True and page["turns"]
+        assert get(f"api/event?id={page['events'][0]['id']}")["index"] == page["events"][0]["index"]
+        assert {t["tool"] for t in get("api/tools")["tools"]} == {"lookup", "convert"}
+        assert get("api/turns")["loop_end_reasons"]
+        assert {a["agent"] for a in get("api/declared")["agents"]} == {"helper", "planner"}
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.store.close()  # type: ignore[attr-defined]
