@@ -50,6 +50,11 @@ if TYPE_CHECKING:
     from ..queries import ExportProgress, Follow
 
 
+_TABLES = ("loopscope_events", "loopscope_turns", "loopscope_model_calls", "loopscope_tool_calls", "loopscope_sessions")
+_HAS_TABLES = ("SELECT count() FROM system.tables WHERE database = currentDatabase() AND name IN ("
+               + ", ".join(f"'{t}'" for t in _TABLES) + ")")
+
+
 class ClickHouseReader:
     """The named queries on the ClickHouse store ``url`` names (:mod:`.runner`). Opens nothing
     until the first query; the connection is kept until :meth:`close` (a chDB directory is
@@ -66,8 +71,20 @@ class ClickHouseReader:
 
     @property
     def runner(self) -> Runner:
+        """The connection, made at the first query; a store without loopscope's tables (not
+        prepared: no ``loopscope collect`` or ``prepare`` ran on it) is a clear :class:`StoreError`."""
         if self._runner is None:
-            self._runner = connect(self.path, timeout=self.lock_timeout)
+            runner = connect(self.path, timeout=self.lock_timeout)
+            try:
+                [(found,)] = runner.rows(_HAS_TABLES)
+            except Exception:
+                runner.close()
+                raise
+            if int(found) < len(_TABLES):
+                runner.close()
+                raise StoreError(f"the ClickHouse store {self.path} holds no loopscope data yet (its tables are made by "
+                                 "`loopscope collect --db <url>`, or by the engine's prepare() before a Collector writes)")
+            self._runner = runner
         return self._runner
 
     def close(self) -> None:
@@ -237,11 +254,10 @@ class ClickHouseReader:
 
     def ready(self) -> bool:
         try:
-            rows = self.rows("SELECT count() FROM system.tables WHERE database = currentDatabase() AND "
-                             "name IN ('loopscope_events', 'loopscope_turns', 'loopscope_sessions')")
+            self.runner  # noqa: B018 (connects, and checks the tables)
         except Exception:
             return False
-        return bool(rows) and int(rows[0][0]) == 3
+        return True
 
     # -- turns and model calls --------------------------------------------------------------
 

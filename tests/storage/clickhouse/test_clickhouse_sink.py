@@ -71,7 +71,7 @@ def test_the_sink_batches_and_a_resent_span_reads_once(tmp_path: Path) -> None:
     from loopscope.storage.queries import prepare
 
     prepare(url)
-    sink = open_sink(url, mapping=None, batch_rows=7, flush_interval=60)  # type: ignore[arg-type]
+    sink = open_sink(url, mapping=None, batch_rows=20, flush_interval=60)  # type: ignore[arg-type]
     reader = open_reader(url)
     try:
         sink.begin_bundle()
@@ -84,7 +84,7 @@ def test_the_sink_batches_and_a_resent_span_reads_once(tmp_path: Path) -> None:
         assert sink.stats().queued == len(spans)
         assert sink.flush(30)
         stats = sink.stats()
-        assert (stats.written_events, stats.queued, stats.batches) == (len(spans), 0, -(-len(spans) // 7))
+        assert (stats.written_events, stats.queued, stats.batches) == (len(spans), 0, -(-len(spans) // 20))
         once = (reader.sessions(), reader.timeline("gamma"), reader.turn_rows(), reader.tools())
         for span in spans:
             sink.submit_end(span)

@@ -1,15 +1,16 @@
 """The ClickHouse engine's URLs (docs/clickhouse.md): which engine a store's name asks for, where each
-form points, and a clear error for what is not one. Pure parsing: no engine runs."""
+form points, and a clear error for what is not one, or for a store that holds no loopscope data."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from loopscope.storage.clickhouse.runner import parse, readonly
 from loopscope.storage.errors import StoreError
-from loopscope.storage.queries import engine_of
+from loopscope.storage.queries import engine_of, open_reader
 
 pytestmark = pytest.mark.stack("clickhouse")
 
@@ -34,3 +35,13 @@ def test_each_url_form_names_its_target() -> None:
 
 def test_read_only_sql_keeps_the_statement_and_adds_the_setting() -> None:
     assert readonly(" SELECT 1 ; ") == "SELECT 1\nSETTINGS readonly = 1"
+
+
+def test_a_store_not_prepared_says_so_and_is_not_ready(tmp_path: Path) -> None:
+    reader = open_reader(f"chdb://{tmp_path}/empty")
+    try:
+        assert reader.ready() is False
+        with pytest.raises(StoreError, match="holds no loopscope data yet"):
+            reader.sessions()
+    finally:
+        reader.close()  # type: ignore[attr-defined]
