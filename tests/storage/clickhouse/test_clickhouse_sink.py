@@ -53,8 +53,9 @@ def test_collect_writes_otlp_spans_into_chdb_and_they_read_as_in_duckdb(tmp_path
 
 
 def test_the_sink_batches_and_a_resent_span_reads_once(tmp_path: Path) -> None:
-    """In process: spans through ``open_sink`` in a bundle and one by one, flushed as batches; the
-    same spans sent again (a client's retry) change no answer."""
+    """In process: spans through ``open_sink`` in a bundle and one by one, flushed as batches, and a
+    follower sees each event land once; the same spans sent again (a client's retry) change no
+    answer and are no new events."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
@@ -74,6 +75,8 @@ def test_the_sink_batches_and_a_resent_span_reads_once(tmp_path: Path) -> None:
     sink = open_sink(url, mapping=None, batch_rows=20, flush_interval=60)  # type: ignore[arg-type]
     reader = open_reader(url)
     try:
+        follow = reader.follow(None)  # every session's log, followed by polling
+        assert follow.start(5) == []
         sink.begin_bundle()
         for span in spans[:10]:
             sink.submit_start(span)  # nothing to write: ended spans only
@@ -86,10 +89,14 @@ def test_the_sink_batches_and_a_resent_span_reads_once(tmp_path: Path) -> None:
         stats = sink.stats()
         assert (stats.written_events, stats.queued, stats.batches) == (len(spans), 0, -(-len(spans) // 20))
         once = (reader.sessions(), reader.timeline("gamma"), reader.turn_rows(), reader.tools())
+        landed = follow.poll()
+        assert len(landed) == sum(len(reader.timeline(s.session_id)) for s in once[0])  # blocked rows left out
+        assert [e.index for e in landed if e.session_id == "gamma"] == [e.index for e in once[1]]
         for span in spans:
             sink.submit_end(span)
         assert sink.flush(30)
         assert (reader.sessions(), reader.timeline("gamma"), reader.turn_rows(), reader.tools()) == once
+        assert follow.poll() == []  # a resent span is no new event
         assert reader.turn_count() == 6
     finally:
         sink.close(10)

@@ -246,7 +246,8 @@ def test_sql_is_read_only_and_export_writes_parquet(pair: tuple[Reader, Reader],
 
 
 def test_cli_commands_read_the_chdb_store(recorded: dict[str, Any]) -> None:
-    """The commands with ``--db chdb://...`` in a child process (this one holds no chDB directory
+    """The commands (sessions, timeline, turns, calls, stats, tools, status, sql) with ``--db
+    chdb://...`` in a child process (this one holds no chDB directory
     meanwhile: chDB lets one process at a time open it)."""
 
     def cli(*args: str) -> Any:
@@ -260,6 +261,7 @@ def test_cli_commands_read_the_chdb_store(recorded: dict[str, Any]) -> None:
     assert timeline and all(e["session_id"] == "beta" for e in (timeline.get("events", timeline)
                                                                  if isinstance(timeline, dict) else timeline))
     assert len(cli("turns")) == 6
+    assert {c["session_id"] for c in cli("calls")} == {"alpha", "beta", "gamma"}
     assert cli("stats")["turns"] == 6
     assert {r["tool"] for r in cli("tools")} == {"lookup", "convert"}
     assert cli("status")["turns"] == 6
