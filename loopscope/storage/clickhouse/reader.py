@@ -481,11 +481,17 @@ class ClickHouseReader:
 
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Read-only SQL (ClickHouse's dialect; ``readonly = 1``: a write is refused). Parameters
-        by name (``{name:Type}``), a mapping; positional ones are refused."""
+        by name (``{name:Type}``), a mapping; positional ones are refused. What the engine refuses
+        is a :class:`StoreError` that says ``SQL failed:`` and the engine's first line (as the CLI
+        says it of DuckDB's errors)."""
         if params and not isinstance(params, Mapping):
             raise StoreError("ClickHouse SQL takes its parameters by name ({name:Type}), not positional ones")
-        names, rows = self.runner.query(readonly(query), dict(params or {}))
-        return names, rows
+        runner = self.runner  # a store that cannot be read says so first
+        try:
+            return runner.query(readonly(query), dict(params or {}))
+        except Exception as exc:  # the engine refused the text (syntax, a write, an unknown table): one line
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise StoreError(f"SQL failed: {first}") from exc
 
     def export_parquet(
         self, tables: Sequence[str], out: str, *, progress: Callable[[str], ExportProgress] | None = None,

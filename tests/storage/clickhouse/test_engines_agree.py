@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import loopscope
 from loopscope.storage.clickhouse.runner import connect
 from loopscope.storage.clickhouse.spans import json_each_row, row_of
+from loopscope.storage.errors import StoreError
 from loopscope.storage.policy import EventFilter
 from loopscope.storage.queries import Reader, open_reader, prepare
 
@@ -233,8 +234,10 @@ def test_sql_is_read_only_and_export_writes_parquet(pair: tuple[Reader, Reader],
     assert names == ["n"] and rows == [(2,)]
     for write in ("INSERT INTO loopscope_turns (correlation_id) VALUES ('x')", "DROP TABLE loopscope_turns",
                   "CREATE TABLE t (x Int8) ENGINE = Memory"):
-        with pytest.raises(Exception, match="readonly|READONLY"):
+        with pytest.raises(StoreError, match="SQL failed: .*(readonly|READONLY)"):
             ch.sql(write)
+    with pytest.raises(StoreError, match="SQL failed: .*UNKNOWN_TABLE"):
+        ch.sql("SELECT * FROM no_such_table")
     assert ch.sql("SELECT count() FROM loopscope_turns")[1] == [(6,)]
     counts = ch.export_parquet(["events", "turns", "tool_calls"], str(tmp_path / "out"))
     assert counts == {"events": ch.stats().events, "turns": 6, "tool_calls": 18}
