@@ -27,8 +27,9 @@ open-turn tracking (``recovery.py``), the raw ``spans`` table (``raw_spans.py``)
 queries' SQL (``queries.py``, ``dashboard.py``, ``parquet.py``).
 
 Not behind them yet (each names the DuckDB modules directly; pyproject.toml's ``seam``
-contract lists them in ``ignore_imports`` with what removes each): ingest's writers run
-DuckDB's ``StoreWriter``; a writer process records its losses beside the store
+contract lists them in ``ignore_imports`` with what removes each): the writer process's child
+runs DuckDB's ``StoreWriter`` itself (the thread writer and ``collect`` take theirs from
+``open_sink``); a writer process records its losses beside the store
 (``health``); recovery (``ingest/recovery.py``) and AG-UI import (``ingest/agui``) write
 with ``write_batch`` on a connection they open; AG-UI export reads ``agui_events``.
 """

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .api import BundleSink
     from .rows import SpanMapping
 
-CLICKHOUSE_SCHEMES = ("clickhouse://", "clickhouses://")
+CLICKHOUSE_SCHEMES = ("clickhouse://", "clickhouses://", "chdb://")
 """The prefixes that name a ClickHouse store (``--db``, ``LOOPSCOPE_DB``)."""
 
 CLICKHOUSE_ENGINE = "loopscope.storage.clickhouse"
