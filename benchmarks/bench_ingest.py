@@ -46,11 +46,12 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 import loopscope
 from loopscope.ingest import mapping
 from loopscope.ingest.processor import StoreSpanProcessor
-from loopscope.ingest.writer import SpanWriter
+from loopscope.ingest.writer import SPANS
 from loopscope.storage.duckdb import writer as store_writer
 from loopscope.storage.duckdb.connection import open_store
 from loopscope.storage.duckdb.schema import migrate
 from loopscope.storage.duckdb.writer import write_batch
+from loopscope.storage.queries import open_sink
 from loopscope.storage.rows import END as _END
 from loopscope.storage.rows import START as _START
 from loopscope.storage.rows import Facts
@@ -132,7 +133,7 @@ def run_store(items: list[tuple[int, Any]], path: str, via_processor: bool) -> t
     # bounds that hold the whole burst, at every size (the smoke run's too): the default ones
     # (200,000 spans, 64 MiB) drop part of a 15,000-turn burst submitted at once (counted: 141,757
     # events at the full size, issue 29), and a rate of what was kept is no rate of ingestion
-    writer = SpanWriter(path, max_queue=len(items) + 1, max_bytes=NO_BOUND)
+    writer = open_sink(path, mapping=SPANS, max_queue=len(items) + 1, max_bytes=NO_BOUND)
     try:
         processor = StoreSpanProcessor(writer)
         t0 = time.perf_counter()
@@ -231,7 +232,7 @@ def run_write_only(batches: list[Facts], path: str) -> float:
 
 def run_submit_only(items: list[tuple[int, Any]], path: str) -> float:
     """The calling thread's share: the processor's filter and the deque append, nothing drained."""
-    writer = SpanWriter(path, flush_interval=3600, batch_size=1 << 60, max_queue=1 << 60, max_bytes=NO_BOUND)
+    writer = open_sink(path, mapping=SPANS, flush_interval=3600, batch_size=1 << 60, max_queue=1 << 60, max_bytes=NO_BOUND)
     try:
         processor = StoreSpanProcessor(writer)
         on_start, on_end = processor.on_start, processor.on_end

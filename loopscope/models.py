@@ -13,6 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# defined apart: the store's writer process maps spans with it without importing pydantic
+from ._segments import RESPONSE_SEGMENT_SEPARATOR
+
 __all__ = [
     "RESPONSE_SEGMENT_SEPARATOR",
     "AIResponseEvent",
@@ -28,9 +31,6 @@ __all__ = [
     "ToolCall",
     "ToolCallContent",
 ]
-
-RESPONSE_SEGMENT_SEPARATOR = "\n\n"
-"""Joins a turn's segments into its ``response_content``: a blank line at every tool-call boundary."""
 
 ToolStatus = Literal["pending", "completed", "failed"]
 ToolOutcome = Literal["served", "refused", "failed", "blocked", "unserved", "cancelled"]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
@@ -158,10 +158,12 @@ _dispatchers: dict[int, _Dispatch] = {}
 
 
 def _thread_writer(path: str, options: dict[str, Any]) -> StoreWriter:
-    """The store's writer as a thread of this process (its module imported only then)."""
-    from .ingest.writer import SpanWriter
+    """The store's writer as a thread of this process (its module imported only then): the seam's
+    sink of a DuckDB file, given loopscope's mapping."""
+    from .ingest.writer import SPANS
+    from .storage.queries import open_sink
 
-    return SpanWriter(path, **options)
+    return cast("StoreWriter", open_sink(path, mapping=SPANS, **options))
 
 
 def _process_writer(

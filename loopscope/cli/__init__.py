@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, calls, collect, commands, export, run, score, status, tail, ui
+from . import _args, agui, analytics, calls, collect, commands, export, run, score, search, status, tail, ui
+from . import diff as diff_cli  # its own line: other commands join the line above
 from .commands import CommandError
 
 EXIT_OK = 0
@@ -28,13 +29,17 @@ _EPILOG = """\
 examples:
   loopscope demo                         record an offline example agent and show it
   loopscope sessions                     sessions, most recently active first
-  loopscope sessions --search support    sessions whose id, agent or model contains "support"
+  loopscope sessions --search support    sessions whose id, agent, model or content holds "support"
+  loopscope search "timed out"           where a text is: messages, tool arguments, results, errors
+  loopscope turns --reason max_rounds --since 2h   turns that hit the round limit in the last 2 hours
+  loopscope calls --tool book_table --failed       the failed calls of one tool
   loopscope timeline                     the most recent session's timeline
   loopscope timeline SESSION --newest --limit 20
   loopscope timeline SESSION --after 40  the events after index 40 (next page)
   loopscope turns --json                 turn summaries as JSON
   loopscope calls --slowest              model calls, longest first: model, ms, tokens, cost, outcome
   loopscope calls --failed --session S   the calls of session S that ended in an error
+  loopscope diff RUN-A RUN-B             two sessions (or turns) aligned step by step, and their deltas
   loopscope stats                        totals: sessions, turns, tool calls, failures, end reasons, tokens
   loopscope tools                        per tool: calls, outcomes, p50/p95/p99 duration
   loopscope tools --declared             per agent: tools offered in its turns vs tools called
@@ -100,6 +105,13 @@ def _timeline(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         "--before", type=int, metavar="IDX", help="only events with index less than IDX (the page just before it)"
     )
     timeline.add_argument("--include-blocked", action="store_true", help="also show events a guardrail blocked")
+    # filters (issue 35): each narrows the page's events, through the store's query API
+    timeline.add_argument("--type", action="append", choices=_args.EVENT_TYPES, metavar="TYPE",
+                          help=f"only events of this type (repeat for several): {', '.join(_args.EVENT_TYPES)}")
+    timeline.add_argument("--tool", metavar="NAME", help="only the starts and ends of this tool's calls")
+    timeline.add_argument("--failed", action="store_true", help="only the ends of tool calls that were not served")
+    timeline.add_argument("--search", type=_args.search_text, metavar="TEXT",
+                          help="only events whose text, tool name, arguments, result or error holds TEXT (any case)")
     timeline.add_argument("--json", action="store_true", help="print the events as a JSON array")
     timeline.set_defaults(handler=commands.timeline)
 
@@ -122,6 +134,18 @@ def _turns(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> 
         metavar="N",
         help="the most recent N turns (default: 50; 0 = all)",
     )
+    # filters (issue 35)
+    turns.add_argument("--reason", choices=_args.LOOP_END_REASONS, metavar="REASON",
+                       help=f"only turns whose loop ended so: {', '.join(_args.LOOP_END_REASONS)}")
+    turns.add_argument("--model", metavar="NAME", help="only turns of this model")
+    turns.add_argument("--agent", metavar="NAME", help="only turns of this agent")
+    turns.add_argument("--since", type=_args.since, metavar="WHEN",
+                       help="only turns that ended since WHEN: a duration back from now (30m, 2h, 3d) or an ISO "
+                       "date or time (UTC unless it names its zone)")
+    turns.add_argument("--min-cost", type=_args.non_negative_float_usd, metavar="USD",
+                       help="only turns that cost at least USD (turns without a price never match)")
+    turns.add_argument("--search", type=_args.search_text, metavar="TEXT",
+                       help="only turns one of whose messages, tool calls or model calls holds TEXT (any case)")
     turns.add_argument("--json", action="store_true", help="print the turns as a JSON array")
     turns.set_defaults(handler=commands.turns)
 
@@ -132,10 +156,13 @@ def _sessions(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         parents=[common],
         help="sessions, most recently active first (--search to find some)",
         description="Every session in the store with its event and turn counts, most recently active first. "
-        "--search keeps the sessions whose id, or one of whose agents or models, contains the text (any case).",
+        "--search keeps the sessions whose id, or one of whose agents or models, contains the text (any case), "
+        "and those whose content holds it: a message, a tool's name, arguments, result or error, what a model "
+        "call generated or failed with (`loopscope search TEXT` shows where).",
     )
     sessions.add_argument(
-        "--search", "-s", metavar="TEXT", help="only sessions whose id, agent or model contains TEXT (any case)"
+        "--search", "-s", type=_args.search_text, metavar="TEXT",
+        help="only sessions whose id, agent or model, or whose content, holds TEXT (any case)",
     )
     sessions.add_argument(
         "--limit", type=_non_negative_int, default=0, metavar="N", help="at most N sessions (default: 0 = all)"
@@ -167,6 +194,8 @@ COMMANDS: list[Register] = [
     _timeline,
     _turns,
     calls.register,
+    diff_cli.register,
+    search.register,
     analytics.register_stats,
     analytics.register_tools,
     tail.register,

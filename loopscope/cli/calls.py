@@ -28,6 +28,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     calls.add_argument("--provider", metavar="NAME", help="only calls to this provider (openai, anthropic, ...)")
     calls.add_argument("--slowest", action="store_true", help="the longest calls first")
     calls.add_argument("--failed", action="store_true", help="only calls that ended in an error")
+    # filters (issue 35)
+    calls.add_argument("--since", type=_args.since, metavar="WHEN",
+                       help="only calls started since WHEN: a duration back from now (30m, 2h, 3d) or an ISO date or time")
+    calls.add_argument("--search", type=_args.search_text, metavar="TEXT",
+                       help="only calls whose output (what they generated) or error holds TEXT "
+                       "(with --tool: arguments, result or error)")
+    calls.add_argument("--tool", metavar="NAME",
+                       help="list this tool's calls instead of model calls (with --failed, --slowest, --since, ...)")
     calls.add_argument("--limit", type=_args.non_negative_int, default=50, metavar="N",
                        help="the most recent (or, with --slowest, the longest) N calls (default: 50; 0 = all)")
     _args.add_json(calls, "the calls (with their parameters and the provider's usage figures)")
@@ -37,20 +45,25 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def calls_command(args: argparse.Namespace) -> int:
     store = open_store(args)
     session = _session(store, args.session)
+    if args.tool is not None:
+        from .search import tool_calls_command
+
+        return tool_calls_command(args, session)
     if args.json:  # the public models' JSON
         found = store.model_calls(
             session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
-            limit=args.limit or None,
+            limit=args.limit or None, since=args.since, search=args.search,
         )
         emit_json([c.model_dump(mode="json", exclude={"input_messages", "output_messages"}) for c in found])
         return 0
     # the table from plain rows: no pydantic, no models
     rows = store.calls(
         session, model=args.model, provider=args.provider, failed=args.failed, slowest=args.slowest,
-        limit=args.limit or None,
+        limit=args.limit or None, since=args.since, search=args.search,
     )
     if not rows:
-        emit("no model calls match" if any((session, args.model, args.provider, args.failed)) else "no model calls yet")
+        narrowed = any((session, args.model, args.provider, args.failed, args.since, args.search))
+        emit("no model calls match" if narrowed else "no model calls yet")
         return 0
     emit(tables.calls_table(rows, show_session=session is None, ellipsis=ellipsis()))
     unpriced = sum(1 for c in rows if c.cost_usd is None and c.usage)

@@ -195,7 +195,11 @@ def timeline(args: argparse.Namespace) -> int:
 
     store = open_store(args)
     session = resolve_session(store, args.session)
-    event_filter = EventFilter(include_blocked=True) if args.include_blocked else EventFilter()
+    event_filter = EventFilter(
+        include_blocked=args.include_blocked, event_types=args.type, tool_name=args.tool, failed=args.failed,
+        text=args.search,
+    )
+    narrowed = bool(args.type or args.tool or args.failed or args.search)
     events = store.timeline(
         session,
         limit=args.limit or None,
@@ -217,13 +221,15 @@ def timeline(args: argparse.Namespace) -> int:
             if args.before is not None
             else ""
         )
-        emit(f"session {tables.one_line(session)}: no events{where} ({total} in all)")
+        emit(f"session {tables.one_line(session)}: no events{' match' if narrowed else ''}{where} ({total} in all)")
         return 0
     first, last = events[0].index, events[-1].index
     later = bool(store.timeline(session, limit=1, after_index=last, event_filter=event_filter))
     earlier = bool(store.timeline(session, limit=1, before_index=first, event_filter=event_filter))
-    emit(f"session {tables.one_line(session)}: events {first}-{last} ({len(events)} of {total})")
-    emit(tables.events_table(events, running=set() if later else _running_ids(events), ellipsis=ellipsis()))
+    matching = " matching" if narrowed else ""
+    emit(f"session {tables.one_line(session)}: events {first}-{last} ({len(events)} of {total}{matching})")
+    running = set() if later or narrowed else _running_ids(events)
+    emit(tables.events_table(events, running=running, ellipsis=ellipsis()))
     hints = []
     quoted = shlex.quote(session)  # a command to copy: the id is one word of it, whatever it holds
     if earlier:
@@ -236,16 +242,25 @@ def timeline(args: argparse.Namespace) -> int:
 
 
 def turns(args: argparse.Namespace) -> int:
+    from ..storage.policy import TurnFilter
+
     store = open_store(args)
     session = resolve_session(store, args.session) if args.session is not None else None
+    turn_filter = TurnFilter(
+        agent=args.agent, reason=args.reason, model=args.model, since=args.since, min_cost=args.min_cost,
+        text=args.search,
+    )
+    if turn_filter == TurnFilter():
+        turn_filter = None
     if args.json:  # the public models' JSON, with the cost the table shows
-        found = store.turns(session, limit=args.limit or None, newest_first=True)
+        found = store.turns(session, limit=args.limit or None, newest_first=True, turn_filter=turn_filter)
         emit_json(turns_json(found, store.turn_costs([t.correlation_id for t in found])))
         return 0
     # the table from plain rows: no pydantic, no models (``loopscope turns`` starts in a third of the time)
-    rows = store.turn_rows(session, args.limit or None, newest_first=True)
+    rows = store.turn_rows(session, args.limit or None, newest_first=True, turn_filter=turn_filter)
     if not rows:
-        emit(f"no turns{f' in session {tables.one_line(session)}' if session else ''} yet")
+        where = f" in session {tables.one_line(session)}" if session else ""
+        emit(f"no turns{where} match" if turn_filter else f"no turns{where} yet")
         return 0
     costs = store.turn_costs([t.correlation_id for t in rows])
     emit(tables.turns_table(rows, show_session=session is None, costs=costs, ellipsis=ellipsis()))

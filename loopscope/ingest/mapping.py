@@ -30,7 +30,7 @@ from typing import Any
 from .. import _json, _otel_sdk, pricing
 from .. import semconv as a
 from .._guard import internal_error
-from ..models import RESPONSE_SEGMENT_SEPARATOR
+from .._segments import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.rows import (
     CHUNK,
     END,

@@ -23,7 +23,7 @@ import duckdb
 from .. import _json
 from .. import semconv as a
 from .._guard import logger
-from ..models import RESPONSE_SEGMENT_SEPARATOR
+from .._segments import RESPONSE_SEGMENT_SEPARATOR
 from ..storage.duckdb import values, writer
 from ..storage.duckdb.recovery import NOTHING_TO_REPORT, OPEN_TURNS, RECOVERED_NOTE, WRITERS, owner_gone, sql_text
 from ..storage.rows import END

@@ -1,5 +1,6 @@
-"""The store's writer fed spans: :class:`~loopscope.storage.duckdb.writer.StoreWriter` with
-loopscope's span-to-row mapping.
+"""loopscope's span-to-row mapping, as the store's writer takes it (the seam's ``open_sink(db,
+mapping=SPANS)``: DuckDB's ``StoreWriter``, or the ClickHouse engine's sink, which leaves the
+mapping to ClickHouse's materialized views).
 
 The store's writer knows facts, not spans (:class:`~loopscope.storage.rows.SpanMapping`
 is the seam); :data:`SPANS` is the mapping it is given here: spans to facts
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..storage.duckdb.writer import StoreWriter
 from ..storage.rows import SpanMapping
 from . import big_values, recovery
 from .mapping import add_spans, span_rows, span_size
@@ -37,12 +37,4 @@ class _Spans:
 SPANS: SpanMapping = _Spans()
 
 
-class SpanWriter(StoreWriter):
-    """A :class:`~loopscope.storage.duckdb.writer.StoreWriter` that takes spans in loopscope's
-    conventions (``submit(START or END, span)``); the options are the store writer's."""
-
-    def __init__(self, path: str, **options: Any) -> None:
-        super().__init__(path, mapping=SPANS, **options)
-
-
-__all__ = ["SPANS", "SpanWriter"]
+__all__ = ["SPANS"]

@@ -10,7 +10,7 @@ text: what the mapping reads) into plain tuples, and writes them, ``marshal``-ed
 at a time, to the child's stdin. That is all the Python the application runs for the
 store: the mapping, Arrow, DuckDB and their GIL hand-offs (see ``connection._Home``) run
 in the child (:mod:`loopscope.ingest.writer_child`), which feeds the same
-:class:`~loopscope.ingest.writer.SpanWriter` the thread mode runs in the application, so
+:class:`~loopscope.storage.duckdb.writer.StoreWriter` the thread mode runs in the application, so
 the rows are the same.
 
 The writer's promises hold across the pipe:
@@ -295,7 +295,7 @@ class _Pending:
 
 class ProcessSpanWriter:
     """The store's writer for this process's spans, run in a child process: the same
-    options and methods as :class:`~loopscope.ingest.writer.SpanWriter` (``submit``,
+    options and methods as :class:`~loopscope.storage.duckdb.writer.StoreWriter` (``submit``,
     ``flush``, ``close``, ``stats``, ``report.otlp``). Raises ``pickle.PicklingError`` (or
     the error pickling raised) when the options cannot be sent to a child (a content hook
     that is a lambda, say): the caller runs the thread writer instead."""

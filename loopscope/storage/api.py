@@ -27,8 +27,9 @@ open-turn tracking (``recovery.py``), the raw ``spans`` table (``raw_spans.py``)
 queries' SQL (``queries.py``, ``dashboard.py``, ``parquet.py``).
 
 Not behind them yet (each names the DuckDB modules directly; pyproject.toml's ``seam``
-contract lists them in ``ignore_imports`` with what removes each): ingest's writers run
-DuckDB's ``StoreWriter``; a writer process records its losses beside the store
+contract lists them in ``ignore_imports`` with what removes each): the writer process's child
+runs DuckDB's ``StoreWriter`` itself (the thread writer and ``collect`` take theirs from
+``open_sink``); a writer process records its losses beside the store
 (``health``); recovery (``ingest/recovery.py``) and AG-UI import (``ingest/agui``) write
 with ``write_batch`` on a connection they open; AG-UI export reads ``agui_events``.
 """
@@ -42,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from .duckdb.replay import DEFAULT_PAGE, Replay, StopFlag
 from .limits import CLOSE_TIMEOUT, WriterStats
-from .policy import EventFilter
+from .policy import EventFilter, TurnFilter
 from .rows import SpanMapping
 
 
@@ -102,21 +103,22 @@ class StoreReader(Protocol):
     def list_turns(
         self, session_id: str | None = None, limit: int | None = 50, *, correlation_id: str | None = None,
         channel_id: str | None = None, loop_end_reason: str | None = None, after_time: datetime | None = None,
-        newest_first: bool = False,
+        newest_first: bool = False, turn_filter: TurnFilter | None = None,
     ) -> list[AIResponseEvent]:
-        """Turn summaries, oldest first."""
+        """Turn summaries, oldest first; ``turn_filter``: only those it keeps."""
         ...
 
     def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
-        """Sessions, most recently active first."""
+        """Sessions, most recently active first; ``search``: whose id, agent, model or content holds it."""
         ...
 
     def model_calls(
         self, session_id: str | None = None, correlation_id: str | None = None, *, model: str | None = None,
         provider: str | None = None, failed: bool = False, slowest: bool = False, limit: int | None = 50,
-        with_messages: bool = False,
+        with_messages: bool = False, since: datetime | None = None, search: str | None = None,
     ) -> list[ModelCall]:
-        """Model calls, oldest first (``slowest``: longest first), with their cost."""
+        """Model calls, oldest first (``slowest``: longest first), with their cost; ``since``:
+        started at or after it; ``search``: whose output or error holds the text."""
         ...
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:

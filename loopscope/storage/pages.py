@@ -6,6 +6,7 @@ keys the dashboard's page reads (docs/dashboards.md)."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -64,7 +65,50 @@ def since(range_: str | None) -> float | None:
     return None if seconds is None else time.time() - seconds
 
 
+def loads(text: str) -> Any:
+    """Stored JSON text as a value an answer can hold: ``NaN``, ``Infinity`` and numbers
+    too large for a float (which the store's JSON may hold) become ``None``."""
+    return json.loads(text, parse_constant=_not_a_number, parse_float=_finite_float)
+
+
+def _not_a_number(name: str) -> None:
+    return None
+
+
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _clip(value: Any) -> tuple[Any, bool]:
+    """``value``, or its text cut to :data:`MAX_CONTENT_CHARS`, and whether it was cut."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value, False
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(text) <= MAX_CONTENT_CHARS:
+        return value, False
+    return f"{text[:MAX_CONTENT_CHARS]}… [{len(text):,} characters in all]", True
+
+
+def content_of(text: str | None, clip: bool) -> tuple[Any, bool]:
+    """An event's stored ``content`` as the page shows it (a dict), its long texts cut when
+    ``clip``; and whether one was cut. Every engine's timeline page uses it."""
+    try:
+        content = loads(text) if text else {}
+    except ValueError:
+        content = {"value": text}
+    if not isinstance(content, dict):
+        content = {"value": content}
+    truncated = False
+    if clip and text is not None and len(text) > MAX_CONTENT_CHARS:
+        for key in ("body", "arguments", "result", "error", "value"):
+            if key in content:
+                content[key], cut = _clip(content[key])
+                truncated = truncated or cut
+    return content, truncated
+
+
 __all__ = [
     "LIVE_SECONDS", "MAX_CONTENT_CHARS", "MAX_INDEX", "MAX_OFFSET", "MAX_PAGE", "RANGES", "TIMELINE_PAGE", "ApiError",
-    "json_safe", "now_ms", "since", "whole",
+    "content_of", "json_safe", "loads", "now_ms", "since", "whole",
 ]

@@ -20,18 +20,30 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .errors import StoreError
-from .policy import EventFilter
-from .results import CallRow, Record, ScoreTarget, SessionLookup, Stats, StoreStatus, TurnRow
+from .policy import EventFilter, TurnFilter
+from .results import (
+    CallRow,
+    Record,
+    ScoreTarget,
+    SearchHit,
+    SessionLookup,
+    Stats,
+    StoreStatus,
+    ToolCallRow,
+    TrajectoryLookup,
+    TurnRow,
+)
 
 if TYPE_CHECKING:
     from ..models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
     from .api import BundleSink
     from .rows import SpanMapping
 
-CLICKHOUSE_SCHEMES = ("clickhouse://", "clickhouses://")
+CLICKHOUSE_SCHEMES = ("clickhouse://", "clickhouses://", "chdb://")
 """The prefixes that name a ClickHouse store (``--db``, ``LOOPSCOPE_DB``)."""
 
 CLICKHOUSE_ENGINE = "loopscope.storage.clickhouse"
@@ -108,7 +120,7 @@ class Reader(Protocol):
 
     def sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
         """Sessions, most recently active first; ``search``: those whose id, agent or
-        text holds it (the search query)."""
+        model, or whose content (:meth:`search`'s), holds it (any case)."""
         ...
 
     def session_costs(self, session_ids: Sequence[str]) -> dict[str, float | None]:
@@ -142,11 +154,18 @@ class Reader(Protocol):
 
     # -- turns and model calls --------------------------------------------------------------
 
-    def turns(self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False) -> list[AIResponseEvent]:
-        """Turn summaries as the public models, oldest first (``newest_first``: the most recent ``limit``)."""
+    def turns(
+        self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
+    ) -> list[AIResponseEvent]:
+        """Turn summaries as the public models, oldest first (``newest_first``: the most recent
+        ``limit``); ``turn_filter``: only the turns it keeps (agent, reason, model, since, cost, text)."""
         ...
 
-    def turn_rows(self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False) -> list[TurnRow]:
+    def turn_rows(
+        self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
+    ) -> list[TurnRow]:
         """The same turns as plain rows (no pydantic)."""
         ...
 
@@ -157,15 +176,44 @@ class Reader(Protocol):
     def calls(
         self, session_id: str | None = None, *, model: str | None = None, provider: str | None = None,
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        since: datetime | None = None, search: str | None = None,
     ) -> list[CallRow]:
-        """Model calls as plain rows, oldest first (``slowest``: longest first)."""
+        """Model calls as plain rows, oldest first (``slowest``: longest first); ``since``:
+        started at or after it; ``search``: whose messages or error hold the text (any case)."""
         ...
 
     def model_calls(
         self, session_id: str | None = None, *, model: str | None = None, provider: str | None = None,
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        since: datetime | None = None, search: str | None = None,
     ) -> list[ModelCall]:
         """The same calls as the public models."""
+        ...
+
+    # -- trajectories (loopscope diff) -------------------------------------------------------
+
+    def trajectory(self, ref: str) -> TrajectoryLookup:
+        """The steps of the session or turn ``ref`` names (its id, else a unique prefix of a
+        session id or a turn's correlation id; a session's id wins over a turn's), in order:
+        model calls, tool calls, and each turn's end (:class:`~.results.TrajectoryStep`)."""
+        ...
+
+    # -- search and tool calls (issue 35) ---------------------------------------------------
+
+    def search(self, text: str, *, session_id: str | None = None, limit: int = 50) -> list[SearchHit]:
+        """Where ``text`` (any case) is in the store's content: messages, tool names,
+        arguments, results and errors, model calls' output messages and errors; newest
+        first, each with its session, turn, the field that holds it and a snippet. A plain
+        scan, no index; an empty text is a ``ValueError``."""
+        ...
+
+    def tool_calls(
+        self, session_id: str | None = None, *, tool: str | None = None, failed: bool = False,
+        slowest: bool = False, since: datetime | None = None, search: str | None = None, limit: int | None = 50,
+    ) -> list[ToolCallRow]:
+        """Tool calls (a start and its end as one row), newest first (``slowest``: longest
+        first); ``failed``: those that ended other than served; ``search``: whose name,
+        arguments, result or error hold the text."""
         ...
 
     # -- analytics ------------------------------------------------------------------------
@@ -199,7 +247,7 @@ class Reader(Protocol):
 
     def page_sessions(self, q: str | None = None, limit: int | None = None, offset: int | None = None) -> dict[str, Any]:
         """A page of sessions, most recently active first; ``q`` matches session id, agent or
-        model (the search query)."""
+        model, or the sessions' content (:meth:`search`'s)."""
         ...
 
     def page_timeline(

@@ -82,6 +82,48 @@ class CallRow(NamedTuple):
     span_id: str | None
 
 
+# -- search and tool calls (issue 35: content search, store-wide call lists) --------------------
+
+
+class SearchHit(NamedTuple):
+    """One place a content search matched: an event of a session's timeline (a message, a
+    tool call's start or end) or a model call, with where in it the text was found
+    (``field``: ``text``, ``tool``, ``arguments``, ``result``, ``error``, ``input``,
+    ``output``, ``content`` for a value stored in parts) and the text around it."""
+
+    session_id: str
+    turn_id: str | None
+    kind: str
+    """``message``, ``tool_call_start``, ``tool_call_end`` (the event's type), or ``model_call``."""
+    index: int | None
+    """The event's index in its session's timeline (None for a model call)."""
+    event_id: str | None
+    tool: str | None
+    field: str
+    snippet: str
+    at: datetime | None
+
+
+class ToolCallRow(NamedTuple):
+    """One tool call (the ``tool_calls`` view's row: its start and end rows together)."""
+
+    session_id: str | None
+    turn_id: str | None
+    agent: str | None
+    tool: str | None
+    call_id: str | None
+    outcome: str | None
+    status: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_ms: float | None
+    arguments: Any
+    result: Any
+    error: str | None
+    start_index: int | None
+    end_index: int | None
+
+
 TOOL_OUTCOMES = ("served", "failed", "refused", "blocked", "unserved", "cancelled")
 """How a finished tool call went, in the order the analytics count them (``tool_stats``'s columns)."""
 
@@ -169,6 +211,62 @@ class ScoreTarget(NamedTuple):
     tool_call_id: str | None
 
 
+# -- trajectories (``loopscope diff``: one run's steps in order) ------------------------------
+
+STEP_KINDS = ("model_call", "tool_call", "end")
+"""What a trajectory step is: a model call, a tool call, or the end of a turn (its loop end reason)."""
+
+
+@dataclass(frozen=True)
+class TrajectoryStep:
+    """One step of a run, in the order it happened: a model call (``name``: its model;
+    ``result``: the text it answered; ``requested``: the tools it asked for; ``status``: its
+    outcome), a tool call (``name``: the tool; ``arguments`` and ``result`` as recorded,
+    JSON parsed; ``status``: its outcome, ``served`` ... or ``pending``), or a turn's end
+    (``status``: the loop end reason; ``result``: the turn's answer; its duration, tokens and
+    cost the turn's own totals)."""
+
+    kind: str
+    turn_id: str | None
+    name: str | None = None
+    call_id: str | None = None
+    arguments: Any = None
+    result: Any = None
+    status: str | None = None
+    error: str | None = None
+    requested: tuple[str, ...] = ()
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A session's or a turn's steps, in order (a session's turns oldest first, each ended by
+    its ``end`` step once it has ended)."""
+
+    kind: str
+    """``session`` or ``turn``."""
+    id: str
+    """The session id, or the turn's correlation id."""
+    session_id: str
+    turn_ids: tuple[str, ...]
+    steps: tuple[TrajectoryStep, ...]
+
+
+@dataclass(frozen=True)
+class TrajectoryLookup:
+    """What a session id or turn correlation id (or a unique prefix of one) names: its
+    trajectory, or None with the ids (at most six) the prefix matched (none, or several)."""
+
+    trajectory: Trajectory | None
+    candidates: tuple[str, ...] = ()
+
+
 __all__ = [
-    "LOSS_COUNTERS", "TOOL_OUTCOMES", "CallRow", "Record", "ScoreTarget", "SessionLookup", "Stats", "StoreStatus", "TurnRow",
+    "LOSS_COUNTERS", "STEP_KINDS", "TOOL_OUTCOMES", "CallRow", "Record", "ScoreTarget", "SearchHit", "SessionLookup", "Stats",
+    "StoreStatus",
+    "ToolCallRow", "Trajectory", "TrajectoryLookup", "TrajectoryStep", "TurnRow",
 ]

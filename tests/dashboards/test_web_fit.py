@@ -30,6 +30,8 @@ PAGES = {
     "tools": ("#/tools", "table.tools tbody tr[data-tool]"),
     "turns": ("#/turns", ".bar-row"),
     "declared": ("#/declared", "section.agent"),
+    "calls": ("#/calls", "table.tool-calls tbody tr[data-call-id]"),
+    "search": ("#/?q=example.com", "table.hits tbody tr[data-field]"),
 }
 
 

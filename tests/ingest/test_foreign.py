@@ -316,10 +316,11 @@ def test_the_in_process_store_maps_foreign_spans_as_the_collector_does(tmp_path,
     """Foreign spans that end in this process (pydantic-ai's, with loopscope.instrument()) go
     through the store's span processor: the same rows as the collector's."""
     from loopscope.ingest.processor import StoreSpanProcessor
-    from loopscope.ingest.writer import SpanWriter
+    from loopscope.ingest.writer import SPANS
+    from loopscope.storage.queries import open_sink
 
     db = str(tmp_path / f"{lib}.duckdb")
-    processor = StoreSpanProcessor(SpanWriter(db, flush_interval=0.05))
+    processor = StoreSpanProcessor(open_sink(db, mapping=SPANS, flush_interval=0.05))
     for record in parse_fixture(json.loads((FIXTURES / f"{lib}.json").read_text())):
         processor.on_end(record)
     processor.shutdown()

@@ -148,10 +148,11 @@ def test_the_in_process_store_stitches_a_bare_loop_as_the_collector_does(tmp_pat
     """Foreign spans that end in this process go through the store's span processor: the same turn."""
     from loopscope.ingest.otlp.decode import parse_fixture
     from loopscope.ingest.processor import StoreSpanProcessor
-    from loopscope.ingest.writer import SpanWriter
+    from loopscope.ingest.writer import SPANS
+    from loopscope.storage.queries import open_sink
 
     db = tmp_path / "local.duckdb"
-    processor = StoreSpanProcessor(SpanWriter(str(db), flush_interval=0.05))
+    processor = StoreSpanProcessor(open_sink(str(db), mapping=SPANS, flush_interval=0.05))
     for record in parse_fixture(json.loads((FIXTURES / "otel-genai-bare.json").read_text())):
         processor.on_end(record)
     processor.shutdown()

@@ -8,12 +8,13 @@ import inspect
 
 import pytest
 
-from loopscope.ingest.writer import SpanWriter
+from loopscope.ingest.writer import SPANS
 from loopscope.storage.api import SpanSink, StoreReader
 from loopscope.storage.duckdb.connection import open_store
 from loopscope.storage.duckdb.schema import migrate
 from loopscope.storage.duckdb.store import Store
 from loopscope.storage.duckdb.writer import StoreWriter
+from loopscope.storage.queries import open_sink
 
 
 def _methods(protocol: type) -> list[str]:
@@ -39,7 +40,7 @@ def test_a_store_and_a_span_writer_are_what_the_seam_names(tmp_path):
     path = str(tmp_path / "seam.duckdb")
     with open_store(path, read_only=False) as con:
         migrate(con)
-    writer = SpanWriter(path)
+    writer = open_sink(path, mapping=SPANS)
     try:
         assert isinstance(writer, SpanSink)
         assert writer.flush()

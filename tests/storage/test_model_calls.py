@@ -28,8 +28,9 @@ from loopscope import pricing
 from loopscope import semconv as a
 from loopscope.content.policy import ContentPolicy
 from loopscope.ingest.spans import OWN_SCOPE
-from loopscope.ingest.writer import SpanWriter
+from loopscope.ingest.writer import SPANS
 from loopscope.storage.duckdb.connection import open_store
+from loopscope.storage.queries import open_sink
 from loopscope.storage.rows import END
 
 OPENAI_MODEL = "gpt-4o-mini"
@@ -350,7 +351,7 @@ def test_a_resent_span_adds_no_second_row(tmp_path, provider):
     provider.add_span_processor(Keep())
     _chat_span(provider, {a.CONVERSATION_ID: "again", a.REQUEST_MODEL: "gpt-4o", a.USAGE_INPUT: 5})
     loopscope.flush()
-    writer = SpanWriter(str(tmp_path / "store.duckdb"), skip_stored=True, flush_interval=0.05)
+    writer = open_sink(str(tmp_path / "store.duckdb"), mapping=SPANS, skip_stored=True, flush_interval=0.05)
     try:
         for _ in range(2):
             writer.submit(END, captured[0])

@@ -14,12 +14,13 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 import analytics_store as workload
 import loopscope
-from loopscope.ingest.writer import SpanWriter
+from loopscope.ingest.writer import SPANS
 from loopscope.storage.duckdb import tool_totals
 from loopscope.storage.duckdb import writer as writer_module
 from loopscope.storage.duckdb.conversations import DuckDBConversationStore
 from loopscope.storage.duckdb.schema import SCHEMA_VERSION, migrate
 from loopscope.storage.duckdb.views import SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
+from loopscope.storage.queries import open_sink
 from loopscope.storage.rows import END, START
 from recorded import connect_when_free
 from tool_totals_check import assert_totals_exact
@@ -72,7 +73,7 @@ def test_a_batch_written_in_halves_after_failures(tmp_path: Path, monkeypatch: A
 
     monkeypatch.setattr(writer_module, "write_batch", refusing_big_batches)
     db = tmp_path / "halves.duckdb"
-    writer = SpanWriter(str(db), flush_interval=60)
+    writer = open_sink(str(db), mapping=SPANS, flush_interval=60)
     try:
         for kind, span in items:
             writer.submit(kind, span)
@@ -139,7 +140,7 @@ def test_a_store_of_schema_12_read_as_it_is_gives_the_same_tool_stats(tmp_path: 
 def test_spans_sent_again_are_counted_once(tmp_path: Path) -> None:
     items = record(tmp_path / "first.duckdb")
     db = tmp_path / "resent.duckdb"
-    writer = SpanWriter(str(db), skip_stored=True, flush_interval=60)
+    writer = open_sink(str(db), mapping=SPANS, skip_stored=True, flush_interval=60)
     try:
         half = len(items) // 2
         for kind, span in items[:half]:

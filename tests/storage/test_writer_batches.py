@@ -12,8 +12,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import loopscope
-from loopscope.ingest.writer import SpanWriter
+from loopscope.ingest.writer import SPANS
 from loopscope.storage.duckdb import writer
+from loopscope.storage.queries import open_sink
 from recorded import connect_when_free
 
 
@@ -105,7 +106,7 @@ def test_by_default_rows_reach_the_file_within_seconds_without_a_flush_or_a_read
 
 
 def test_a_flush_with_nothing_queued_answers_at_once_and_writes_nothing(tmp_path):
-    w = SpanWriter(str(tmp_path / "idle.duckdb"))
+    w = open_sink(str(tmp_path / "idle.duckdb"), mapping=SPANS)
     try:
         time.sleep(0.2)
         started = time.monotonic()
@@ -121,7 +122,7 @@ def test_a_flush_with_nothing_queued_answers_at_once_and_writes_nothing(tmp_path
     [(0.0, 1.0), (0.005, 1.0), (0.02, 2.0), (0.035, 3.5), (0.05, 5.0), (1.0, 5.0)],
 )
 def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost, wait):
-    w = SpanWriter(str(tmp_path / "w.duckdb"))
+    w = open_sink(str(tmp_path / "w.duckdb"), mapping=SPANS)
     try:
         # a batch that took `cost` s of the writer's CPU is followed by a wait 100x as long
         # (1% of a core), within one second and five; loopscope's readers do not wait for it
@@ -132,7 +133,7 @@ def test_the_default_interval_follows_the_cost_of_the_last_batch(tmp_path, cost,
 
 
 def test_a_given_interval_is_kept_whatever_a_batch_costs(tmp_path):
-    w = SpanWriter(str(tmp_path / "w.duckdb"), flush_interval=0.2)
+    w = open_sink(str(tmp_path / "w.duckdb"), mapping=SPANS, flush_interval=0.2)
     try:
         assert w._wait_after(0.0) == w._wait_after(3.0) == 0.2
     finally:

@@ -19,8 +19,8 @@ import recorded
 from loopscope._guard import clear_warning
 from loopscope.cli.status import read_status
 from loopscope.content.policy import ContentPolicy
-from loopscope.ingest.writer import SpanWriter
 from loopscope.ingest.writer_process import ProcessSpanWriter
+from loopscope.storage.duckdb.writer import StoreWriter
 from recorded import connect_when_free
 
 MODES = ["thread", "process"]
@@ -63,7 +63,7 @@ def test_flush_returns_once_the_rows_are_in_the_file(tmp_path: Path, mode: str) 
     db = tmp_path / "flush.duckdb"
     pipeline = loopscope.configure(db, tracer_provider=TracerProvider(), writer=mode, flush_interval=3600)
     try:
-        assert isinstance(pipeline.writer, ProcessSpanWriter if mode == "process" else SpanWriter)
+        assert isinstance(pipeline.writer, ProcessSpanWriter if mode == "process" else StoreWriter)
         _turns(20)
         assert loopscope.flush()
         assert _count(db) == 40  # read by another connection: in the file, not in a queue
@@ -104,7 +104,7 @@ def test_the_mode_comes_from_the_environment(tmp_path: Path, mode: str, monkeypa
     monkeypatch.setenv("LOOPSCOPE_WRITER", mode)
     pipeline = loopscope.configure(tmp_path / "env.duckdb", tracer_provider=TracerProvider())
     try:
-        assert isinstance(pipeline.writer, ProcessSpanWriter if mode == "process" else SpanWriter)
+        assert isinstance(pipeline.writer, ProcessSpanWriter if mode == "process" else StoreWriter)
     finally:
         loopscope.shutdown()
 
@@ -122,7 +122,7 @@ def test_a_content_hook_a_process_cannot_take_keeps_the_thread(tmp_path: Path, c
     pipeline = loopscope.configure(tmp_path / "hook.duckdb", tracer_provider=TracerProvider(), writer="process",
                                    content_policy=policy)
     try:
-        assert isinstance(pipeline.writer, SpanWriter)
+        assert isinstance(pipeline.writer, StoreWriter)
         with loopscope.turn(session_id="s", input="my secret") as t:
             t.generation("ok", finish_reason="stop")
         assert loopscope.flush()

@@ -161,3 +161,12 @@ def test_configure_never_makes_or_removes_a_file_at_the_stores_path(tmp_path: Pa
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert loopscope.Store(str(db)).last_indices() == {"s": 2}
     assert not list(tmp_path.glob(".loopscope-probe-*"))
+
+
+def test_the_writer_process_starts_without_pydantic() -> None:
+    """Every store's writer process imports what it maps and writes with, not the public models
+    (pydantic's ~0.1 s, paid again by each writer start: docs/architecture.md, _segments.py)."""
+    code = "import sys, loopscope.ingest.writer_child; print(sorted(m for m in ('pydantic', 'loopscope.models') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-I", "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -20,6 +20,7 @@ else is an :class:`ApiError` (HTTP 400).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from ...storage.pages import (
@@ -31,6 +32,8 @@ from ...storage.pages import (
     TIMELINE_PAGE,
     ApiError,
     json_safe,
+    now_ms,
+    whole,
 )
 from ...storage.queries import Reader, open_reader
 
@@ -42,11 +45,14 @@ __all__ = [
     "RANGES",
     "TIMELINE_PAGE",
     "ApiError",
+    "calls",
     "declared_vs_used",
+    "diff",
     "event",
     "json_safe",
     "overview",
     "scores",
+    "search",
     "session_scores",
     "sessions",
     "timeline",
@@ -130,3 +136,93 @@ def scores(store: Reader | StoreLike, range_: str | None = "all") -> dict[str, A
 def session_scores(store: Reader | StoreLike, session_id: str, turn_ids: Sequence[str] = ()) -> dict[str, Any]:
     """The scores of a session's turns (and their calls' and tools'), as a timeline page holds them."""
     return reader(store).page_session_scores(session_id, turn_ids)
+# -- two runs compared (the diff page; loopscope diff) --------------------------------------------
+
+
+def diff(store: Reader | StoreLike, a: str, b: str) -> dict[str, Any]:
+    """Run ``a`` and run ``b`` (each a session id or a turn's correlation id, or a unique
+    prefix) aligned step by step (:func:`loopscope.dashboards.diff.compare`, docs/diff.md);
+    an :class:`ApiError` names a run not found, or a prefix that names several."""
+    from ..align import TooLongError
+    from ..diff import compare
+
+    read = reader(store)
+    runs = []
+    for side, ref in (("a", a), ("b", b)):
+        found = read.trajectory(ref)
+        if found.trajectory is None:
+            if found.candidates:
+                raise ApiError(f"{side}: {ref!r} matches several sessions or turns ({', '.join(found.candidates)})")
+            raise ApiError(f"{side}: no session or turn {ref!r} in this store")
+        runs.append(found.trajectory)
+    try:
+        return json_safe(compare(runs[0], runs[1]))  # type: ignore[no-any-return]
+    except TooLongError as exc:
+        raise ApiError(f"{exc}: compare single turns instead") from None
+
+
+# -- search and the store-wide call lists (issue 35) ---------------------------------------------
+
+SEARCH_LIMIT = 100
+"""The places a dashboard search lists at most."""
+CALLS_LIMIT = 50
+"""The calls a store-wide list shows at most (``/api/calls``)."""
+
+
+def _ms(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def search(store: Reader | StoreLike, q: str | None, session_id: str | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Where ``q`` is in the store's content (:meth:`~loopscope.storage.queries.Reader.search`):
+    each place with its session, turn, event index, field and snippet; ``t`` epoch ms."""
+    limit = whole("limit", SEARCH_LIMIT if limit is None else limit, 1, MAX_PAGE)
+    text = (q or "").strip()
+    if not text:
+        return {"q": "", "hits": [], "limit": limit}
+    hits = reader(store).search(text, session_id=session_id, limit=limit)
+    return {
+        "q": text,
+        "limit": limit,
+        "hits": [
+            {"session_id": h.session_id, "turn_id": h.turn_id, "kind": h.kind, "index": h.index, "event_id": h.event_id,
+             "tool": h.tool, "field": h.field, "snippet": h.snippet, "t": _ms(h.at)}
+            for h in hits
+        ],
+    }
+
+
+def calls(store: Reader | StoreLike, tool: str | None = None, failed: bool = False, limit: int | None = None) -> dict[str, Any]:
+    """Store-wide lists of calls: with ``failed`` the calls that failed, newest first, else
+    the slowest, longest first; tool calls (of ``tool`` alone when given) and, without a
+    ``tool``, model calls. Each with its session and turn; times epoch ms."""
+    limit = whole("limit", CALLS_LIMIT if limit is None else limit, 1, MAX_PAGE)
+    found = reader(store)
+    tool_rows = found.tool_calls(tool=tool, failed=failed, slowest=not failed, limit=limit)
+    model_rows = [] if tool is not None else found.calls(failed=failed, slowest=not failed, limit=limit)
+    if failed:
+        model_rows.reverse()  # newest first, as the tool calls
+    return {
+        "tool": tool,
+        "failed": failed,
+        "limit": limit,
+        "tool_calls": [
+            json_safe({
+                "session_id": r.session_id, "turn_id": r.turn_id, "agent": r.agent, "tool": r.tool, "call_id": r.call_id,
+                "outcome": r.outcome or ("running" if r.end_index is None else r.status), "t": _ms(r.started_at or r.ended_at),
+                "duration_ms": r.duration_ms, "error": r.error, "arguments": r.arguments, "index": r.start_index,
+                "end_index": r.end_index,
+            })
+            for r in tool_rows
+        ],
+        "model_calls": [
+            json_safe({
+                "session_id": c.session_id, "turn_id": c.correlation_id, "agent": c.agent, "position": c.position,
+                "model": c.response_model or c.request_model or c.model, "provider": c.provider, "outcome": c.outcome,
+                "t": _ms(c.started_at), "duration_ms": c.duration_ms, "time_to_first_chunk_ms": c.time_to_first_chunk_ms,
+                "cost_usd": c.cost_usd, "error_type": c.error_type, "error": c.error,
+            })
+            for c in model_rows
+        ],
+        "generated_at": now_ms(),
+    }

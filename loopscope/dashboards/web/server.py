@@ -162,6 +162,10 @@ _ROUTES: dict[str, Callable[[Reader, _Query], Any]] = {
     "/api/turns": lambda store, q: api.turn_analytics(store, q.str("range")),
     "/api/declared": lambda store, q: api.declared_vs_used(store, q.str("range")),
     "/api/scores": lambda store, q: _scores(store, q),  # the Scores page, a session's scores (docs/scores.md)
+    "/api/diff": lambda store, q: api.diff(store, q.str("a", required=True) or "", q.str("b", required=True) or ""),
+    # issue 35: content search, store-wide slowest and failed calls
+    "/api/search": lambda store, q: api.search(store, q.str("q"), q.str("session"), q.int("limit")),
+    "/api/calls": lambda store, q: api.calls(store, q.str("tool"), q.flag("failed"), q.int("limit")),
 }
 
 

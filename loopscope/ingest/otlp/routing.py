@@ -208,7 +208,7 @@ def _settled(ok: bool) -> None:
 
 
 class Ingest:
-    """Spans in (already decoded and checked), rows out through a :class:`~loopscope.ingest.writer.SpanWriter`.
+    """Spans in (already decoded and checked), rows out through the store's sink (``open_sink``).
 
     Thread-safe: requests are routed one at a time (the order of a request's spans is
     the order of their rows), and then wait together for the writer.

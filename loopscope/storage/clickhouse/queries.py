@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["EVENT_FIELDS", "TURN_FIELDS", "Run", "sessions", "timeline_page", "tool_stats", "turns_list"]
+__all__ = ["EVENT_FIELDS", "TIMELINE_ROWS", "TURN_FIELDS", "Run", "sessions", "timeline_page", "tool_stats", "turns_list"]
 
 
 class Run(Protocol):
@@ -44,7 +44,7 @@ _EVENT_SELECT = ("idx, id, type, status, toUnixTimestamp64Micro(created_at) AS c
 # row (a resent span, not merged away yet) dropped by ``LIMIT 1 BY id`` instead of ``FINAL``: a
 # resent span makes the very same row, so either keeps the same rows, and ``FINAL`` merges every
 # part's range of the session in order (77 vs 6 ms a page at 1M events, 23 parts)
-_TIMELINE = """SELECT row_number() OVER (ORDER BY at, seq, id) AS idx, * FROM (
+TIMELINE_ROWS = """SELECT row_number() OVER (ORDER BY at, seq, id) AS idx, * FROM (
     SELECT * FROM loopscope_events WHERE session_id = {session_id:String} ORDER BY at, seq, id LIMIT 1 BY id)"""
 
 
@@ -66,7 +66,7 @@ def timeline_page(run: Run, session_id: str, offset: int = 0, limit: int | None 
         params["after_index"] = int(after_index)
         offset = 0
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    sql = f"SELECT {_EVENT_SELECT} FROM ({_TIMELINE}) {where} ORDER BY idx"
+    sql = f"SELECT {_EVENT_SELECT} FROM ({TIMELINE_ROWS}) {where} ORDER BY idx"
     if limit is not None:
         sql += " LIMIT {limit:UInt64}"
         params["limit"] = int(limit)

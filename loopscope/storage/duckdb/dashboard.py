@@ -25,8 +25,6 @@ else is an :class:`ApiError` (HTTP 400).
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -43,6 +41,8 @@ from ..pages import (
     ApiError,
     json_safe,
 )
+from ..pages import content_of as _content
+from ..pages import loads as _loads
 from ..pages import now_ms as _now_ms
 from ..pages import since as _since
 from ..pages import whole as _whole
@@ -105,21 +105,6 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) 
 def _finite(row: Sequence[Any]) -> list[Any]:
     # JSON has no NaN or infinity (a list or struct column may hold them too)
     return [json_safe(v) if isinstance(v, (float, list, dict)) else v for v in row]
-
-
-def _loads(text: str) -> Any:
-    """Stored JSON text as a value an answer can hold: ``NaN``, ``Infinity`` and numbers
-    too large for a float (which the store's JSON may hold) become ``None``."""
-    return json.loads(text, parse_constant=_not_a_number, parse_float=_finite_float)
-
-
-def _not_a_number(name: str) -> None:
-    return None
-
-
-def _finite_float(text: str) -> float | None:
-    value = float(text)
-    return value if math.isfinite(value) else None
 
 
 def _bucket(con: duckdb.DuckDBPyConnection, since: float | None) -> tuple[int, int | None]:
@@ -210,13 +195,16 @@ def _session_page(
     con: duckdb.DuckDBPyConnection, query: str | None, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
     where, params = "", []
-    if query:
+    if query and query.strip():
+        from .search import matches_sql
+
         needle = query.strip().lower()
-        where = """WHERE contains(lower(session_id), ?) OR session_id IN (
+        content, match_params = matches_sql(con, needle)  # and the sessions whose content holds it (issue 35)
+        where = f"""WHERE contains(lower(session_id), ?) OR session_id IN (
             SELECT session_id FROM turns
             WHERE contains(lower(coalesce(channel_id, '')), ?) OR contains(lower(coalesce(model, '')), ?)
-        )"""
-        params = [needle, needle, needle]
+        ) OR session_id IN (SELECT session_id FROM ({content}))"""
+        params = [needle, needle, needle, *match_params]
     total_row = con.execute(f"SELECT count(*) FROM sessions {where}", params).fetchone()
     costs = _turn_costs(con, "WHERE session_id IN (SELECT session_id FROM page)")
     rows = _rows(con, _SESSION_PAGE_SQL.format(where=where, **costs), [*params, limit, offset])
@@ -235,7 +223,8 @@ def _page_args(limit: int | None, offset: int | None, default: int) -> tuple[int
 
 
 def sessions(store: Store, q: str | None = None, limit: int | None = None, offset: int | None = None) -> dict[str, Any]:
-    """A page of sessions, most recently active first; ``q`` matches session id, agent or model."""
+    """A page of sessions, most recently active first; ``q`` matches session id, agent or
+    model, or the content of the session (storage/duckdb/search.py)."""
     limit, offset = _page_args(limit, offset, 50)
     with _reading(store) as con:
         rows, total = _session_page(con, q, limit, offset)
@@ -334,32 +323,6 @@ def _call_row(row: dict[str, Any]) -> dict[str, Any]:
         reasons = []
     row["finish_reasons"] = reasons if isinstance(reasons, list) else []
     return row
-
-
-def _clip(value: Any) -> tuple[Any, bool]:
-    """``value``, or its text cut to :data:`MAX_CONTENT_CHARS`, and whether it was cut."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value, False
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    if len(text) <= MAX_CONTENT_CHARS:
-        return value, False
-    return f"{text[:MAX_CONTENT_CHARS]}… [{len(text):,} characters in all]", True
-
-
-def _content(text: str | None, clip: bool) -> tuple[Any, bool]:
-    try:
-        content = _loads(text) if text else {}
-    except ValueError:
-        content = {"value": text}
-    if not isinstance(content, dict):
-        content = {"value": content}
-    truncated = False
-    if clip and text is not None and len(text) > MAX_CONTENT_CHARS:
-        for key in ("body", "arguments", "result", "error", "value"):
-            if key in content:
-                content[key], cut = _clip(content[key])
-                truncated = truncated or cut
-    return content, truncated
 
 
 def _event_row(row: dict[str, Any], clip: bool = True) -> dict[str, Any]:

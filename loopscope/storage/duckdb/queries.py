@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, StoreLockedError
-from ..policy import EventFilter
+from ..policy import EventFilter, TurnFilter
 from ..recording import flush_own, resolve
-from ..results import CallRow, Record, ScoreTarget, SessionLookup, Stats, StoreStatus, TurnRow
+from ..results import (
+    CallRow,
+    Record,
+    ScoreTarget,
+    SearchHit,
+    SessionLookup,
+    Stats,
+    StoreStatus,
+    ToolCallRow,
+    TrajectoryLookup,
+    TurnRow,
+)
 from . import reads
 from .connection import open_store
 from .schema import check_readable
@@ -190,13 +202,21 @@ class DuckDBReader:
 
     # -- turns and model calls --------------------------------------------------------------
 
-    def turns(self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False) -> list[AIResponseEvent]:
-        return self.store.list_turns(session_id, limit=limit, newest_first=newest_first)
+    def turns(
+        self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
+    ) -> list[AIResponseEvent]:
+        return self.store.list_turns(session_id, limit=limit, newest_first=newest_first, turn_filter=turn_filter)
 
-    def turn_rows(self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False) -> list[TurnRow]:
+    def turn_rows(
+        self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
+    ) -> list[TurnRow]:
         flush_own(self.path)
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
-            rows = reads.turn_rows(con, session_id, limit, newest_first=newest_first, utc_naive=True)
+            rows = reads.turn_rows(
+                con, session_id, limit, newest_first=newest_first, utc_naive=True, turn_filter=turn_filter
+            )
         return [reads.turn_row(r) for r in rows]
 
     def turn_costs(self, turn_ids: Sequence[str | None]) -> dict[tuple[str | None, str | None], float | None]:
@@ -208,20 +228,77 @@ class DuckDBReader:
     def calls(
         self, session_id: str | None = None, *, model: str | None = None, provider: str | None = None,
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        since: datetime | None = None, search: str | None = None,
     ) -> list[CallRow]:
         flush_own(self.path)
         return [reads.call_row(r) for r in reads.call_rows(
             self.path, session_id, model=model, provider=provider, failed=failed, slowest=slowest, limit=limit,
-            timeout=self.lock_timeout, keep=True, utc_naive=True,
+            since=since, text=search, timeout=self.lock_timeout, keep=True, utc_naive=True,
         )]
 
     def model_calls(
         self, session_id: str | None = None, *, model: str | None = None, provider: str | None = None,
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        since: datetime | None = None, search: str | None = None,
     ) -> list[ModelCall]:
         return self.store.model_calls(
             session_id, model=model, provider=provider, failed=failed, slowest=slowest, limit=limit,
+            since=since, search=search,
         )
+
+    # -- trajectories (loopscope diff: storage/duckdb/trajectory.py) -------------------------
+
+    def trajectory(self, ref: str) -> TrajectoryLookup:
+        from . import trajectory
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+            return trajectory.lookup(con, ref)
+
+    # -- search and tool calls (storage/duckdb/search.py) -----------------------------------
+
+    def search(self, text: str, *, session_id: str | None = None, limit: int = 50) -> list[SearchHit]:
+        from . import search
+
+        search.needle_of(text)  # an empty text: a clear error before the store is opened
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+            reads.check_readable(con)
+            return search.hits(con, text, session_id, limit)
+
+    def tool_calls(
+        self, session_id: str | None = None, *, tool: str | None = None, failed: bool = False,
+        slowest: bool = False, since: datetime | None = None, search: str | None = None, limit: int | None = 50,
+    ) -> list[ToolCallRow]:
+        from .schema import has_tool_columns
+        from .search import ended_calls_sql, tool_call_row, tool_call_sql
+
+        flush_own(self.path)
+        if (failed or slowest) and not search and limit is not None:
+            # the ended calls a failed or slowest list shows, picked from the end rows alone;
+            # then the view reads just those sessions (it groups every tool row otherwise)
+            with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+                reads.check_readable(con)
+                sql, params = ended_calls_sql(
+                    has_tool_columns(con), tool=tool, failed=failed, slowest=slowest, session_id=session_id,
+                    since=since, limit=limit,
+                )
+                keys = con.execute(sql, params).fetchall()
+            if not keys:
+                return []
+            sql, params = tool_call_sql(
+                session_id, tool=tool, failed=failed, slowest=slowest, since=since, limit=None,
+                sessions=sorted({k[0] for k in keys}),
+            )
+            rows = {
+                (r.session_id, r.turn_id, r.call_id): r
+                for r in map(tool_call_row, reads.view_rows(self.path, sql, params, timeout=self.lock_timeout, keep=True))
+            }
+            return [rows[key] for key in keys if key in rows]
+        sql, params = tool_call_sql(
+            session_id, tool=tool, failed=failed, slowest=slowest, since=since, text=search, limit=limit,
+        )
+        return [tool_call_row(r) for r in reads.view_rows(self.path, sql, params, timeout=self.lock_timeout, keep=True)]
 
     # -- analytics ------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..policy import TurnFilter
 from ..results import CallRow, TurnRow
 from .connection import open_store
 from .engine import duckdb
@@ -81,6 +82,7 @@ def turn_rows(
     after_time: datetime | None = None,
     newest_first: bool = False,
     utc_naive: bool = False,
+    turn_filter: TurnFilter | None = None,
 ) -> list[tuple[Any, ...]]:
     """``turns`` rows (:data:`TURN_COLUMNS`), oldest first (``newest_first`` picks the most
     recent ``limit``): what :meth:`~loopscope.storage.duckdb.store.Store.list_turns` reads.
@@ -98,6 +100,10 @@ def turn_rows(
     if after_time is not None:
         clauses.append("timestamp > ?")
         params.append(after_time)
+    if turn_filter is not None:
+        more, more_params = turn_filter_where(con, turn_filter)
+        clauses += more
+        params += more_params
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     order = "DESC" if newest_first else "ASC"
     sql = f"SELECT {_NAIVE_COLUMNS if utc_naive else TURN_COLUMNS} FROM turns {where} ORDER BY timestamp {order}, correlation_id"
@@ -112,6 +118,37 @@ def turn_rows(
     if newest_first:
         rows.reverse()
     return rows
+
+
+def turn_filter_where(con: duckdb.DuckDBPyConnection, turn_filter: TurnFilter) -> tuple[list[str], list[Any]]:
+    """SQL conditions on ``turns`` (joined with AND) and their parameters for ``turn_filter``."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in (
+        ("channel_id", turn_filter.agent), ("loop_end_reason", turn_filter.reason), ("model", turn_filter.model),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if turn_filter.since is not None:
+        clauses.append("timestamp >= ?")
+        params.append(turn_filter.since)
+    if turn_filter.min_cost is not None:
+        # the cost the tables show (turn_summaries: the turn's model calls' sum, else its own price)
+        clauses.append(
+            "EXISTS (SELECT 1 FROM turn_summaries s WHERE s.session_id = turns.session_id "
+            "AND s.turn_id = turns.correlation_id AND s.cost_usd >= ?)"
+        )
+        params.append(turn_filter.min_cost)
+    if turn_filter.text:
+        from .search import matches_sql, needle_of
+
+        sql, match_params = matches_sql(con, needle_of(turn_filter.text))
+        clauses.append(
+            f"session_id || chr(31) || correlation_id IN (SELECT session_id || chr(31) || turn_id FROM ({sql}))"
+        )
+        params += match_params
+    return clauses, params
 
 
 def with_call_counts(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -285,6 +322,8 @@ def call_rows(
     failed: bool = False,
     slowest: bool = False,
     limit: int | None = 50,
+    since: datetime | None = None,
+    text: str | None = None,
     with_messages: bool = False,
     timeout: float = 10.0,
     keep: bool = False,
@@ -307,6 +346,14 @@ def call_rows(
         params += [model, model]
     if failed:
         clauses.append("(outcome = 'error' OR error_type IS NOT NULL)")
+    if since is not None:
+        clauses.append("started_at >= ?")
+        params.append(since)
+    if text:
+        from .search import CALL_TEXT, needle_of
+
+        clauses.append(f"contains(lower({CALL_TEXT}), ?)")
+        params.append(needle_of(text))
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     columns = _NAIVE_CALL_COLUMNS if utc_naive else CALL_COLUMNS
     if not with_messages:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
 from ..errors import SQLRefusedError
-from ..policy import RECEIVED, EventFilter
+from ..policy import RECEIVED, EventFilter, TurnFilter
 from ..recording import configured_path, default_db_path, flush_own
 from . import values
 from .connection import open_store, resolve
@@ -278,24 +278,37 @@ class Store:
         loop_end_reason: str | None = None,
         after_time: datetime | None = None,
         newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
     ) -> list[AIResponseEvent]:
-        """Turn summaries, oldest first (``newest_first`` picks the most recent ``limit``)."""
+        """Turn summaries, oldest first (``newest_first`` picks the most recent ``limit``);
+        ``turn_filter`` narrows them (agent, end reason, model, since, cost, content)."""
         self._flush_own()
         with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
             rows = turn_rows(
                 con, session_id, limit, correlation_id=correlation_id, channel_id=channel_id,
                 loop_end_reason=loop_end_reason, after_time=after_time, newest_first=newest_first,
+                turn_filter=turn_filter,
             )
         return [_turn(r) for r in rows]
 
     def list_sessions(self, limit: int | None = None, *, search: str | None = None) -> list[SessionInfo]:
         """Sessions, most recently active first. ``search`` keeps the sessions whose id,
-        or the name of one of their agents or models, contains it (any case)."""
+        or the name of one of their agents or models, contains it (any case), and those
+        whose content holds it (a message, a tool's name, arguments, result or error, a
+        model call's output or error: the content search, storage/duckdb/search.py)."""
         matched, where, params = "", "", []
         if search:
-            matched = ", bool_or(contains(lower(channel_id), lower(?)) OR contains(lower(model), lower(?))) AS matched"
-            where = "WHERE contains(lower(s.session_id), lower(?)) OR coalesce(t.matched, false)"
-            params = [search, search, search]
+            from .search import matches_sql, needle_of
+
+            needle = needle_of(search)
+            with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+                content, match_params = matches_sql(con, needle)
+            matched = ", bool_or(contains(lower(channel_id), ?) OR contains(lower(model), ?)) AS matched"
+            where = (
+                "WHERE contains(lower(s.session_id), ?) OR coalesce(t.matched, false) "
+                f"OR s.session_id IN (SELECT session_id FROM ({content}))"
+            )
+            params = [needle, needle, needle, *match_params]
         sql = f"""
             SELECT s.session_id, s.last_index, coalesce(t.turns, 0), s.first_at, s.last_at, coalesce(t.agents, [])
             FROM sessions s
@@ -330,6 +343,8 @@ class Store:
         slowest: bool = False,
         limit: int | None = 50,
         with_messages: bool = False,
+        since: datetime | None = None,
+        search: str | None = None,
     ) -> list[ModelCall]:
         """Model calls (one per ``chat`` span), oldest first: the most recent ``limit``.
 
@@ -337,12 +352,13 @@ class Store:
         the response's), the provider, and ``failed`` (calls that ended in an error).
         ``slowest`` orders by duration instead, longest first (the ``limit`` longest).
         ``with_messages`` reads each call's input and output messages too (content).
-        A file from before model calls were stored has none.
+        ``since``: calls started at or after it; ``search``: calls whose messages or
+        error hold the text (any case). A file from before model calls were stored has none.
         """
         self._flush_own()
         rows = call_rows(
             self.path, session_id, correlation_id, model=model, provider=provider, failed=failed, slowest=slowest,
-            limit=limit, with_messages=with_messages, timeout=self.lock_timeout, keep=self.keep_open,
+            limit=limit, since=since, text=search, with_messages=with_messages, timeout=self.lock_timeout, keep=self.keep_open,
         )
         return [_call(r) for r in rows]
 

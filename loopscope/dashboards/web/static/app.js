@@ -543,6 +543,7 @@
 
   const statCard = (label, value, sub) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", text: value }), sub ? h("div", { class: "stat-sub", text: sub }) : null);
 
+  const turnHref = (session, turn) => `#/session/${encodeURIComponent(session)}?turn=${encodeURIComponent(turn)}`;
   const sessionLink = (id) => h("a", { href: `#/session/${encodeURIComponent(id)}`, class: "session-link", text: id });
 
   // -- pages ----------------------------------------------------------------------------------
@@ -590,7 +591,7 @@
     else if (name === "tools") page = toolsPage();
     else if (name === "turns") page = turnsPage();
     else if (name === "declared") page = declaredPage();
-    else if (name === "scores" && scoresUi) page = scoresUi.page();
+    else if (EXTRA[name]) page = EXTRA[name](kit, params, parts);
     else page = sessionsPage(params);
   }
 
@@ -623,13 +624,14 @@
     let limit = 50;
     const stats = h("section", { class: "stats" });
     const reasons = h("div", { class: "reason-chips" });
-    const search = h("input", { type: "search", id: "session-search", placeholder: "Search sessions by id, agent or model", value: query, "aria-label": "search sessions" });
+    const search = h("input", { type: "search", id: "session-search", placeholder: "Search sessions by id, agent, model or content (a tool, a word of a message, a result, an error)", value: query, "aria-label": "search sessions" });
     const count = h("span", { class: "muted" });
     const list = h("div", { class: "session-list" });
+    const hits = h("div", { class: "search-hits", id: "search-hits" });
     const more = h("button", { class: "btn", hidden: true, text: "Show more", onclick: () => { limit += 50; poll.now(); } });
     put(main, 
       h("h1", { text: "Sessions" }), stats, reasons,
-      h("div", { class: "toolbar" }, search, count), list, more,
+      h("div", { class: "toolbar" }, search, count), list, more, hits,
     );
     let debounce = null;
     search.addEventListener("input", () => {
@@ -652,6 +654,7 @@
       fill(list, sessionsTable(data.sessions, data.total));
       count.textContent = `${fmtInt(data.sessions.length)} of ${fmtInt(data.total)} sessions${query ? ` matching “${query}”` : ""}`;
       more.hidden = data.sessions.length >= data.total;
+      if (EXTRA.searchHits) await EXTRA.searchHits(kit, hits, query);
       setStatus(`${overview.store} · updated ${fmtTime(overview.generated_at)}`, overview.sessions.some((x) => x.live));
     }
 
@@ -736,6 +739,15 @@
       }
     });
 
+    let wantedTurn = params.get("turn"), seeking = 0;
+    function revealTurn() {
+      const block = [...body.querySelectorAll("section.turn")].find((b) => b.dataset.correlationId === wantedTurn);
+      if (block) {
+        wantedTurn = null;
+        block.classList.add("target");
+        queueMicrotask(() => block.scrollIntoView({ block: "start" }));
+      } else if (state.moreBefore && seeking++ < 50) queueMicrotask(() => earlier.click());
+    }
     let first = true;
     let rendered = false;
     let lastFingerprint = "";
@@ -820,6 +832,7 @@
         byTurn.get(key).events.push(e);
       }
       for (const group of groups) put(body, turnBlock(group));
+      if (wantedTurn) revealTurn();
       if (focused) for (const row of body.querySelectorAll(".wf-row[data-wf-key]")) if (row.dataset.wfKey === focused) row.focus({ preventScroll: true });
       if (atBottom && rendered) window.scrollTo(0, document.body.scrollHeight);
       rendered = true;
@@ -838,6 +851,7 @@
           h("span", { text: `${plural(shown.size, "turn")} shown${runningTurns ? `, ${fmtInt(runningTurns)} running` : ""}` }),
           agents.length ? h("span", { text: `agents: ${agents.join(", ")}` }) : null,
           info.first_at ? h("span", { text: `${fmtTime(info.first_at, true)} → ${fmtTime(info.last_at, true)}` }) : null,
+          h("a", { class: "compare-link", href: `#/diff?a=${encodeURIComponent(sessionId)}`, text: "Compare with…" }),
         ),
       );
     }
@@ -1060,6 +1074,7 @@
         "cost_usd" in t ? h("span", { class: "sum-item turn-cost" }, "cost ", turnCost(t)) : null,
         t.declared_tools && t.declared_tools.length ? h("span", { class: "sum-item muted", text: `offered: ${t.declared_tools.join(", ")}` }) : null,
         t.error ? h("span", { class: "sum-item error-text", text: t.error }) : null,
+        h("a", { class: "sum-item compare-link", href: `#/diff?a=${encodeURIComponent(t.correlation_id)}&s=${encodeURIComponent(t.session_id || "")}`, text: "Compare turn with…" }),
       );
     }
 
@@ -1139,7 +1154,7 @@
             { label: "Calls", num: true, sort: (r) => r.calls, render: (r) => fmtInt(r.calls) },
             { label: "Running", num: true, sort: (r) => r.running, render: (r) => (r.running ? badge(fmtInt(r.running), "run") : "0") },
             { label: "Outcomes", sort: false, render: (r) => shareBar(r, [...OUTCOMES, "other"]) },
-            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", sort: (r) => r.failure_share, render: (r) => h("span", { class: r.failure_share > 0.1 ? "error-text" : null, text: fmtPct(r.failure_share) }) },
+            { label: "Failure share", num: true, title: "share of ended calls whose outcome is not served", sort: (r) => r.failure_share, render: (r) => (r.failures ? h("a", { href: `#/calls?tool=${encodeURIComponent(r.tool || "")}&failed=1`, class: `failed-calls-link${r.failure_share > 0.1 ? " error-text" : ""}`, title: "this tool's failed calls", text: fmtPct(r.failure_share) }) : fmtPct(r.failure_share)) },
             { label: "p50", num: true, sort: (r) => r.p50_ms, render: (r) => fmtMs(r.p50_ms) },
             { label: "p95", num: true, sort: (r) => r.p95_ms, render: (r) => fmtMs(r.p95_ms) },
             { label: "p99", num: true, sort: (r) => r.p99_ms, render: (r) => fmtMs(r.p99_ms) },
@@ -1226,6 +1241,7 @@
           h("h2", { text: "Slowest turns" }),
           table([
             { label: "Session", sort: (r) => r.session_id, render: (r) => (r.session_id ? sessionLink(r.session_id) : "–") },
+            { label: "Turn", sort: false, render: (r) => (r.session_id && r.correlation_id ? h("a", { href: turnHref(r.session_id, r.correlation_id), class: "turn-link", text: "open turn" }) : "–") },
             { label: "Agent", sort: (r) => r.agent, render: (r) => r.agent || "–" },
             { label: "Model", sort: (r) => r.model, render: (r) => r.model || "–" },
             { label: "Ended", sort: (r) => r.loop_end_reason, render: (r) => reasonBadge(r.loop_end_reason) },
@@ -1266,10 +1282,16 @@
     });
   }
 
-  // -- scores: static/scores.js draws them (docs/scores.md) ------------------------------------
-  const scoresUi = window.loopscopeScores
-    ? window.loopscopeScores({ h, put, clear, table, badge, plural, fmtInt, fmtTime, analyticsPage, getJSON, statCard })
-    : null;
+  // pages and parts in files of their own (static/diff.js, static/search.js, loaded before this
+  // one) register in window.loopscopePages: a page as (kit, params, parts) => {stop()}; they draw
+  // with the helpers of this kit
+  const EXTRA = window.loopscopePages || {};
+  const kit = {
+    main, h, put, fill, clear, table, getJSON, poller, setStatus, showError, fmtMs, fmtInt, fmtTime, fmtAgo, fmtUsd,
+    badge, reasonBadge, pretty, plural, sessionLink, statCard, POLL_LIST_MS, analyticsPage,
+  };
+  // scores on a session's turns and tool calls (static/scores.js, docs/scores.md)
+  const scoresUi = EXTRA.scoreParts ? EXTRA.scoreParts(kit) : null;
 
   window.addEventListener("hashchange", navigate);
   window.addEventListener("popstate", navigate);
