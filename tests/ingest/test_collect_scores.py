@@ -79,10 +79,16 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     folder = tmp_path_factory.mktemp("scores")
     local, collected = folder / "local.duckdb", folder / "collected.duckdb"
     with collect_child(collected, "--no-grpc") as child:
-        loopscope.configure(local, tracer_provider=TracerProvider(), otlp_endpoint=child.http, capture_content=True,
+        provider = TracerProvider()
+        loopscope.configure(local, tracer_provider=provider, otlp_endpoint=child.http, capture_content=True,
                             flush_interval=0.05)
         try:
             turn = record_scored_turn()
+            # another instrumentation in the same process: its evaluation event is a score in both stores
+            with provider.get_tracer("some.instrumentation").start_as_current_span("chat m", attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "m",
+            }) as chat:
+                chat.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.name": "in_process", "gen_ai.evaluation.score.label": "ok"})
         finally:
             loopscope.shutdown()
         send_foreign_evaluations(child.http)
@@ -95,7 +101,7 @@ def scores(db: Path, where: str = "true") -> list[tuple[Any, ...]]:
 
 
 def test_scores_recorded_in_process_and_received_by_collect_are_equal_and_find_what_they_score(stores):
-    local = scores(stores["local"])
+    local = scores(stores["local"], "source IS NOT NULL")
     assert local == scores(stores["collected"], "source IS NOT NULL")  # the foreign ones have no source
     turn = stores["turn"]
     found = {row[0]: dict(zip(COLUMNS, row)) for row in local}
@@ -119,7 +125,11 @@ def test_scores_recorded_in_process_and_received_by_collect_are_equal_and_find_w
 
 
 def test_another_instrumentations_evaluation_results_become_scores_of_what_they_evaluate(stores):
-    foreign = {row[0]: dict(zip(COLUMNS, row)) for row in scores(stores["collected"], "source IS NULL")}
+    # in the recording process (its store's processor) and through collect alike
+    (in_process,) = scores(stores["local"], "source IS NULL")
+    assert in_process == scores(stores["collected"], "name = 'in_process'")[0]
+    assert (in_process[0], in_process[2], in_process[5]) == ("in_process", "ok", "call")
+    foreign = {row[0]: dict(zip(COLUMNS, row)) for row in scores(stores["collected"], "source IS NULL AND name <> 'in_process'")}
     assert sorted(foreign) == ["relevance", "tool_choice", "toxicity"]
     relevance = foreign["relevance"]
     assert (relevance["value"], relevance["label"], relevance["explanation"], relevance["target"], relevance["response_id"]) == (
