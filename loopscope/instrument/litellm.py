@@ -26,9 +26,9 @@ first with that response (LiteLLM's cost of it read from the response's ``_hidde
 as LiteLLM's docs show; a stream's first chunk from LiteLLM's stamp of it), and does not
 wait; only for a call not streamed made through a reference to ``completion`` taken before
 ``instrument()``, or a stream of a LiteLLM without that assembly, does it wait, bounded, for
-LiteLLM's success callback to end it. One that starts a conversation afresh does neither. (Reading a
-stream's chunks ourselves costs some microseconds a chunk; assembling it again with
-``stream_chunk_builder`` and ``completion_cost``, 1.8 ms and 0.35 ms of CPU for 7 chunks.)
+LiteLLM's success callback to end it. One that starts a conversation afresh does neither.
+(Reading a stream's chunks ourselves costs some microseconds a chunk; assembling it again
+with ``stream_chunk_builder`` and ``completion_cost``, 1.8 ms and 0.35 ms of CPU for 7 chunks.)
 LiteLLM tells no callback of a stream closed early: the call ends as abandoned when
 LiteLLM's logging object for it is collected (with its assembled response, if it was read
 to its end and no callback came). Per-chunk stream events come unordered on a thread pool
@@ -225,7 +225,8 @@ def _pre(model: Any, messages: Any, kwargs: dict[str, Any], caller: FrameType) -
 
 
 def _collected(call_id: str) -> None:
-    """LiteLLM's logging object of a call is gone and no event ended the call: a stream let go early."""
+    """LiteLLM's logging object of a call is gone and no event ended the call: a stream let go
+    early (or, with the response LiteLLM assembled, one read to its end whose report never came)."""
     try:
         call = _open.get(call_id)
         if call is not None and call.answer is not None and _end_answered(call):
@@ -297,10 +298,10 @@ def _stream_answered(stream: Any, response: Any) -> None:
 
 
 def _end_answered(call: _Call) -> bool:
-    """End ``call`` here with the response its ``completion()`` returned, if it has one and
-    LiteLLM's success callback has not taken it: the next request goes on at once (it
-    waited for LiteLLM's whole success handling, on its thread pool, before). True when
-    ended here or already."""
+    """End ``call`` here with the response its ``completion()`` returned (a stream's: as
+    LiteLLM assembled it), if it has one and LiteLLM's success callback has not taken it:
+    the next request goes on at once (it waited for LiteLLM's whole success handling, on
+    its thread pool, before). True when ended here or already."""
     if call.answer is None:
         return call.done.is_set()
     with _lock:
