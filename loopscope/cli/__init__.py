@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, calls, collect, commands, export, run, search, status, tail, ui
+from . import _args, agui, analytics, calls, collect, commands, export, init, run, search, status, tail, ui
 from . import diff as diff_cli  # its own line: other commands join the line above
 from .commands import CommandError
 
@@ -53,6 +53,7 @@ examples:
   loopscope collect                      receive OTLP on :4318/:4317 from many processes into one store
   loopscope run -- python app.py         run a program with every adapter on, no code change
   loopscope status                       the store, its writers, and what was dropped or failed to write
+  loopscope init --db clickhouse://ch:8123/otel --ttl-days 30   a store's schema, no data (before the Collectors)
 """
 
 
@@ -205,6 +206,7 @@ COMMANDS: list[Register] = [
     collect.register,
     run.register,
     status.register,
+    init.register,
 ]
 """Every command, in the order ``--help`` lists them: a function that adds its parser
 (``register(sub, common)``) and sets ``handler`` to the function that runs it. A new

@@ -98,7 +98,7 @@ class ClickHouseReader:
             if int(found) < len(_TABLES):
                 runner.close()
                 raise StoreError(f"the ClickHouse store {self.path} holds no loopscope data yet (its tables are made by "
-                                 "`loopscope collect --db <url>`, or by the engine's prepare() before a Collector writes)")
+                                 "`loopscope init --db <url>` before the Collectors write, or by `loopscope collect --db <url>`)")
             self._runner = runner
         return self._runner
 

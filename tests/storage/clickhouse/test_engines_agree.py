@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import loopscope
+from loopscope.dashboards.web import api
 from loopscope.storage.clickhouse.runner import connect
 from loopscope.storage.clickhouse.spans import json_each_row, row_of
 from loopscope.storage.errors import StoreError
@@ -274,7 +276,7 @@ def test_dashboard_pages_agree(pair: tuple[Reader, Reader]) -> None:
     duck, ch = pair
     drop = ("generated_at", "id", "cost_usd", "unpriced_calls", "store", "live")
     assert _page(ch.page_overview(), drop) == _page(duck.page_overview(), drop)
-    for q, limit, offset in ((None, None, None), ("help", 1, 0), (None, 1, 1)):
+    for q, limit, offset in ((None, None, None), ("help", 1, 0), (None, 1, 1), ("value of k4", None, None)):
         assert _page(ch.page_sessions(q, limit, offset), drop) == _page(duck.page_sessions(q, limit, offset), drop)
     for kwargs in ({}, {"limit": 5}, {"after_index": 3, "limit": 4}, {"before_index": 10, "limit": 3},
                    {"include_blocked": True, "limit": 6}):
@@ -335,6 +337,14 @@ def test_cli_commands_read_the_chdb_store(recorded: dict[str, Any]) -> None:
     assert cli("stats")["turns"] == 6
     assert {r["tool"] for r in cli("tools")} == {"lookup", "convert"}
     assert cli("status")["turns"] == 6
+    # issue 35's commands: diff, search, and the filters of turns, calls and timeline
+    duck = open_reader(recorded["duckdb"])
+    diffed = cli("diff", "alpha", "turn-4")
+    assert _page(diffed, ("cost_usd",)) == _page(api.diff(duck, "alpha", "turn-4"), ("cost_usd",))
+    assert diffed["a"]["session_id"] == "alpha" and diffed["b"]["id"] == "turn-4" and len(diffed["rows"]) > 5
+    hits = cli("search", "bad", "--session", "beta")
+    assert [(h["turn_id"], h["index"], h["field"], h["snippet"]) for h in hits] == \
+        [(h.turn_id, h.index, h.field, h.snippet) for h in duck.search("bad", session_id="beta")] and hits
     done = subprocess.run([sys.executable, "-m", "loopscope", "sql", "SELECT count() AS n FROM loopscope_events",
                            "--db", recorded["chdb"]], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -361,6 +371,20 @@ def test_the_dashboard_serves_the_chdb_store_over_http(recorded: dict[str, Any])
         assert {t["tool"] for t in get("api/tools")["tools"]} == {"lookup", "convert"}
         assert get("api/turns")["loop_end_reasons"]
         assert {a["agent"] for a in get("api/declared")["agents"]} == {"helper", "planner"}
+        # issue 35's pages: a diff, a search, the failed and slowest calls, as on the DuckDB store
+        duck = open_reader(recorded["duckdb"])
+        assert _page(get("api/diff?a=beta&b=gam"), ("cost_usd",)) == _page(api.diff(duck, "beta", "gam"), ("cost_usd",))
+        with pytest.raises(urllib.error.HTTPError) as unknown:
+            get("api/diff?a=beta&b=nothing")
+        assert unknown.value.code == 400
+        found = get("api/search?q=model%20down")
+        assert found["hits"] == api.search(duck, "model down")["hits"] and found["hits"]
+        for query, failed in (("api/calls?failed=1", True), ("api/calls?tool=convert&failed=1", True), ("api/calls", False)):
+            page, expected = get(query), api.calls(duck, "convert" if "tool" in query else None, failed)
+            ids = lambda rows: sorted((r["session_id"], r["turn_id"], r.get("call_id")) for r in rows)
+            assert ids(page["tool_calls"]) == ids(expected["tool_calls"]), query
+            assert ids(page["model_calls"]) == ids(expected["model_calls"]), query
+        assert len(get("api/calls?failed=1")["tool_calls"]) == 6
     finally:
         server.shutdown()
         server.server_close()
