@@ -84,7 +84,10 @@ def hits(reader: ClickHouseReader, text: str, session_id: str | None = None, lim
     in_session = ""
     if session_id is not None:
         in_session, params["session_id"] = " AND session_id = {session_id:String}", session_id
-    picked = f"(SELECT DISTINCT session_id FROM loopscope_events WHERE status != 'blocked' AND {event_match()}{in_session})"
+    # the sessions of the newest ``limit`` matches only are numbered (as recent_events picks them)
+    picked = (f"(SELECT DISTINCT session_id FROM (SELECT session_id FROM loopscope_events WHERE status != 'blocked' AND "
+              f"{event_match()}{in_session} ORDER BY created_at DESC, session_id DESC, at DESC, seq DESC, id DESC "
+              "LIMIT {limit:UInt64}))")
     found: list[SearchHit] = []
     for row in reader.rows(_EVENT_HITS.replace("ROWS", MANY_ROWS.format(sessions=picked), 1), params):
         event_id, session, turn, index, kind, created_us, tool, *fields = row
