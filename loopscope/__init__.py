@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         ToolCallContent,
     )
     from .pipeline import Pipeline, configure, flush, shutdown
-    from .recorder import Round, ToolExecution, Turn, session, state_delta, state_snapshot, tool, turn
+    from .recorder import Round, ToolExecution, Turn, score, session, state_delta, state_snapshot, tool, turn
     from .storage.duckdb.conversations import ConversationStore, DuckDBConversationStore, InMemoryConversationStore
     from .storage.duckdb.store import AsyncStore, Store
     from .storage.errors import SQLRefusedError, StoreError, StoreLockedError
@@ -60,7 +60,8 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(["Pipeline", "configure", "flush", "shutdown"], ".pipeline"),
     **dict.fromkeys(
-        ["Round", "ToolExecution", "Turn", "session", "state_delta", "state_snapshot", "tool", "turn"], ".recorder"
+        ["Round", "ToolExecution", "Turn", "score", "session", "state_delta", "state_snapshot", "tool", "turn"],
+        ".recorder",
     ),
     **dict.fromkeys(["ConversationStore", "DuckDBConversationStore", "InMemoryConversationStore"], ".storage.duckdb.conversations"),
     **dict.fromkeys(["SQLRefusedError", "StoreError", "StoreLockedError"], ".storage.errors"),
@@ -128,6 +129,7 @@ __all__ = [
     "configure",
     "flush",
     "instrument",
+    "score",
     "session",
     "shutdown",
     "state_delta",

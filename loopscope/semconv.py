@@ -197,6 +197,64 @@ with the call's :data:`TOOL_NAME`, :data:`TOOL_CALL_ID` and :data:`TOOL_ERROR` (
 text): the store sets the call's row ``failed`` with that error."""
 TOOL_CORRECTION_SPAN = "tool_outcome_correction"
 """The name of the span that carries :data:`TOOL_CORRECTION`."""
+# evaluation results (scores, feedback): the GenAI conventions' ``gen_ai.evaluation.result`` event
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+"""The conventions' event of one evaluation of a GenAI operation (semantic-conventions-genai
+``model/gen-ai/events.yaml``): parented to the evaluated span where possible, else carrying
+:data:`RESPONSE_ID`. loopscope sends it as a span event of a zero-duration span of that name
+(:data:`EVALUATION_SPAN`), the evaluated span's child: see docs/scores.md for why."""
+EVALUATION_SPAN = "gen_ai.evaluation.result"
+"""The name of the zero-duration span that carries one :data:`EVALUATION_EVENT`."""
+EVALUATION_NAME = "gen_ai.evaluation.name"
+EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
+EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
+EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
+EVALUATION_ATTRIBUTES = (EVALUATION_NAME, EVALUATION_SCORE_VALUE, EVALUATION_SCORE_LABEL, EVALUATION_EXPLANATION,
+                         RESPONSE_ID, ERROR_TYPE)
+"""What a :data:`EVALUATION_EVENT` carries (the conventions' attributes), in the store's terms."""
+SCORE_SOURCE = "loopscope.score.source"
+"""On an evaluation span: who scored (``human``, ``model``, ``code``, or the caller's word)."""
+SCORE_TARGET = "loopscope.score.target"
+"""On an evaluation span: the id the score was given for, as given (a turn's correlation id, a
+response id, a tool call id), when no span of it was at hand (the store matches it to its turn,
+model call or tool call)."""
+SCORE_TARGET_KIND = "loopscope.score.target_kind"
+"""On an evaluation span: ``turn``, ``call`` or ``tool`` where the scorer knew which."""
+SCORE_TARGET_KINDS = ("turn", "call", "tool")
+SCORE_TRACE_ID = "loopscope.score.trace_id"
+SCORE_SPAN_ID = "loopscope.score.span_id"
+"""On an evaluation span: the evaluated span's trace and span ids, in hex (also its parent: the
+store's writer reads these, a writer process being shipped no parent)."""
+SCORE_SEQ = "loopscope.score.seq"
+"""On a score made of another instrumentation's ``gen_ai.evaluation.result`` span event: the
+event's place among its span's events (the score's id is the span's and this)."""
+def score_attributes(
+    name: str, *, value: float | None = None, label: str | None = None, explanation: str | None = None,
+    source: str | None = None, kind: str | None = None, target_id: str | None = None, response_id: str | None = None,
+    trace_id: int | None = None, span_id: int | None = None, session_id: str | None = None, turn_id: str | None = None,
+    agent: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A score's span attributes and its :data:`EVALUATION_EVENT`'s attributes (the values
+    checked already: see :func:`loopscope.score`); ``trace_id`` / ``span_id``: the scored span's."""
+    event: dict[str, Any] = {EVALUATION_NAME: name}
+    if value is not None:
+        event[EVALUATION_SCORE_VALUE] = value
+    if label:
+        event[EVALUATION_SCORE_LABEL] = label
+    if explanation:
+        event[EVALUATION_EXPLANATION] = explanation
+    if response_id:
+        event[RESPONSE_ID] = response_id
+    span: dict[str, Any] = {**event}
+    for key, given in ((SCORE_SOURCE, source), (SCORE_TARGET_KIND, kind), (SCORE_TARGET, target_id),
+                       (CONVERSATION_ID, session_id), (TURN_ID, turn_id), (AGENT_NAME, agent)):
+        if given:
+            span[key] = given
+    if trace_id and span_id:
+        span[SCORE_TRACE_ID], span[SCORE_SPAN_ID] = f"{trace_id:032x}", f"{span_id:016x}"
+    return span, event
+
+
 PENDING_FOR = "loopscope.pending_for"
 """On a zero-duration copy of a started ``invoke_agent`` / ``execute_tool`` span made at
 its start (OTLP carries only ended spans): the real span's id, in hex. The exporter sends

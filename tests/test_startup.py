@@ -206,6 +206,18 @@ _DEFAULT_CASES: dict[str, tuple[tuple[str, ...], str]] = {
         assert loopscope.Store().derive_state("s") == {"n": 2}
     """,
     ),
+    "score": (
+        ("score",),
+        """
+        with loopscope.turn(session_id="s", input="hi") as t:
+            t.generation("hello")
+            loopscope.score(name="polite", label="yes", source="model")  # the turn running here
+        loopscope.score(t, "helpful", value=1, explanation="said hello")
+        assert loopscope.flush()
+        names, rows = loopscope.Store().sql("SELECT name, value, label, target, turn_id FROM score_targets ORDER BY name")
+        assert rows == [("helpful", 1.0, None, "turn", t.correlation_id), ("polite", None, "yes", "turn", t.correlation_id)], rows
+    """,
+    ),
     "instrument": (
         ("instrument", "uninstrument", "ModelCall"),
         """

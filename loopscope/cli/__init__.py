@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, calls, collect, commands, export, init, run, search, status, tail, ui
+from . import _args, agui, analytics, calls, collect, commands, export, init, run, score, search, status, tail, ui
 from . import diff as diff_cli  # its own line: other commands join the line above
 from .commands import CommandError
 
@@ -53,6 +53,7 @@ examples:
   loopscope collect                      receive OTLP on :4318/:4317 from many processes into one store
   loopscope run -- python app.py         run a program with every adapter on, no code change
   loopscope status                       the store, its writers, and what was dropped or failed to write
+  loopscope score TURN helpful --label up   score a turn, a model call (response id) or a tool call
   loopscope init --db clickhouse://ch:8123/otel --ttl-days 30   a store's schema, no data (before the Collectors)
 """
 
@@ -176,9 +177,9 @@ def _sql(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> No
         "sql",
         parents=[common],
         help="run read-only SQL on the store (tables, and views such as tool_calls and tool_stats)",
-        description="Run one read-only SQL query on the store. Tables: events, turns, sessions, model_calls. Views: "
-        "tool_calls, turn_summaries, tool_stats, loop_end_reasons, declared_vs_used, token_usage, "
-        "slowest_turns, model_call_summaries, model_usage, session_costs, cost_totals "
+        description="Run one read-only SQL query on the store. Tables: events, turns, sessions, model_calls, scores. "
+        "Views: tool_calls, turn_summaries, tool_stats, loop_end_reasons, declared_vs_used, token_usage, "
+        "slowest_turns, model_call_summaries, model_usage, session_costs, cost_totals, score_targets, scores_over_time "
         "(see docs/sql-views.md for their columns). The SQL reads the store and nothing else: "
         "other files (COPY TO, EXPORT, read_csv, glob), ATTACH, INSTALL, LOAD, SET and writes are "
         "refused, and the query must fit in memory. To write Parquet files, use `loopscope export --parquet`.",
@@ -206,6 +207,7 @@ COMMANDS: list[Register] = [
     collect.register,
     run.register,
     status.register,
+    score.register,  # (scores: docs/scores.md)
     init.register,
 ]
 """Every command, in the order ``--help`` lists them: a function that adds its parser

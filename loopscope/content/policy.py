@@ -51,6 +51,7 @@ a description or a parameter's default may hold a key or a signed URL."""
 
 SCRUBBED_ATTRIBUTES = CONTENT_ATTRIBUTES | TOOL_ATTRIBUTES | {
     a.TOOL_ERROR, a.CALL_ERROR, a.TOOL_DESCRIPTION, "exception.message", "exception.stacktrace",
+    a.EVALUATION_EXPLANATION,  # a score's explanation may quote what it judges
 }
 """Attributes whose text is scrubbed of secrets wherever it goes (errors quote inputs too)."""
 

@@ -151,7 +151,9 @@ def filtered_span(span: ReadableSpan, policy: ContentPolicy) -> ReadableSpan:
     # the span's own dict, read only (the public view iterates in Python frames, two a key)
     attributes = policy.export_attributes(span_attributes(span))
     events = span.events
-    scrub_events = bool(events) and any(e.attributes and ("exception.message" in e.attributes) for e in events)
+    scrub_events = bool(events) and any(
+        e.attributes and ("exception.message" in e.attributes or a.EVALUATION_EXPLANATION in e.attributes) for e in events
+    )
     status = span.status
     # an error's description quotes the exception message, which may quote inputs
     description = status.description

@@ -23,6 +23,7 @@ an override, so every value gives the row it always gave.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,12 +65,13 @@ def _plain(attrs: Any) -> dict[str, Any]:
 
 def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], turns: list[tuple[Any, ...]],
             skip: frozenset[str] = frozenset(), calls: list[tuple[Any, ...]] | None = None,
-            fixes: list[tuple[Any, ...]] | None = None) -> int:
+            fixes: list[tuple[Any, ...]] | None = None, scores: list[tuple[Any, ...]] | None = None) -> int:
     """Append the facts of each ``(kind, span)`` pair (kind 0: started, 1: ended) to
     ``events``, ``turns`` and ``calls`` (a model call per ended ``chat`` span; left out
     when None), in order; rows of the event types in ``skip`` are left out. ``fixes``
     gets the tool calls a ``tool_outcome_correction`` span says failed (a
-    :class:`~loopscope.storage.rows.ToolFix` each; left out when None).
+    :class:`~loopscope.storage.rows.ToolFix` each; left out when None), ``scores`` the scores
+    of ``gen_ai.evaluation.result`` spans (a :class:`~loopscope.storage.rows.ScoreFact` each).
 
     Returns how many rows were left out. A span whose facts cannot be read (a foreign
     span without times or ids, say) yields no row, and the failure is reported.
@@ -94,7 +96,7 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
     ROUND_TEXT, ROUND_BLOCKED = a.ROUND_TEXT, a.ROUND_BLOCKED
     TURN_INPUT, TURN_INPUT_BLOCKED, CONTENT_WITHHELD = a.TURN_INPUT, a.TURN_INPUT_BLOCKED, a.CONTENT_WITHHELD
     STATE_KIND, STATE_VALUE, STATE_KINDS = a.STATE_KIND, a.STATE_VALUE, a.STATE_KINDS
-    TOOL_CORRECTION = a.TOOL_CORRECTION
+    TOOL_CORRECTION, EVALUATION_NAME = a.TOOL_CORRECTION, a.EVALUATION_NAME
     last_tid: Any = None
     trace_id = b""
     for kind, span in items:
@@ -220,6 +222,10 @@ def collect(items: Iterable[tuple[int, Any]], events: list[tuple[Any, ...]], tur
                 if kind == END and fixes is not None and "tool_call_end" not in skip:
                     fixes.append(_fix(span, d, sdk, tid))
                 continue
+            elif EVALUATION_NAME in d:  # a score (loopscope.score, gen_ai.evaluation.result): a table of its own
+                if kind == END and scores is not None:
+                    scores.append(score_fact(span, d, sdk, tid, sid))
+                continue
             else:
                 continue
             session_id = get(CONVERSATION_ID) or f"{tid:032x}"
@@ -295,6 +301,47 @@ def _fix(span: Any, d: dict[str, Any], sdk: bool, tid: int) -> tuple[Any, ...]:
         "" if error is None else error if type(error) is str else str(error),
         created_us,
         since_us,
+    )
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None or value == "" else value if type(value) is str else _json.to_text(value)
+
+
+def _score_value(value: Any) -> float | None:
+    """A score's value as a finite number (another instrumentation's may be text, ``"0.8"``), else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def score_fact(span: Any, d: dict[str, Any], sdk: bool, tid: int, sid: int) -> tuple[Any, ...]:
+    """The :class:`~loopscope.storage.rows.ScoreFact` of a ``gen_ai.evaluation.result`` span
+    (:func:`loopscope.score`'s, or one :mod:`loopscope.ingest.scores` made of another
+    instrumentation's event): the evaluation's attributes and the ids of what it scores."""
+    get = d.get
+    seq = get(a.SCORE_SEQ)
+    id = f"{tid:032x}{sid:016x}" + (f"-{seq}" if seq else "")  # named as the row's field
+    created_us = (_otel_sdk.span_fields().end_time(span) if sdk else span.end_time) // 1000
+    name = _optional_text(get(a.EVALUATION_NAME)) or ""
+    value = _score_value(get(a.EVALUATION_SCORE_VALUE))
+    label, explanation = _optional_text(get(a.EVALUATION_SCORE_LABEL)), _optional_text(get(a.EVALUATION_EXPLANATION))
+    source = _optional_text(get(a.SCORE_SOURCE))
+    target_kind = get(a.SCORE_TARGET_KIND)
+    if target_kind not in a.SCORE_TARGET_KINDS:
+        target_kind = None
+    target_id, response_id = _optional_text(get(a.SCORE_TARGET)), _optional_text(get(a.RESPONSE_ID))
+    trace_id, span_id = _optional_text(get(a.SCORE_TRACE_ID)), _optional_text(get(a.SCORE_SPAN_ID))
+    session_id, correlation_id = _optional_text(get(a.CONVERSATION_ID)), _optional_text(get(a.TURN_ID))
+    agent, error_type = _optional_text(get(a.AGENT_NAME)), _optional_text(get(a.ERROR_TYPE))
+    # in ScoreFact's field order, named as its fields
+    return (
+        id, created_us, name, value, label, explanation, source, target_kind, target_id, trace_id, span_id,
+        response_id, session_id, correlation_id, agent, error_type,
     )
 
 
@@ -650,13 +697,13 @@ def add_spans(facts: Facts, items: list[tuple[int, Any]], skip: frozenset[str] =
         events: list[tuple[Any, ...]] = []
         turns: list[tuple[Any, ...]] = []
         calls: list[tuple[Any, ...]] = []
-        fixes = facts.fixes  # rare: plain tuples, kept in order
+        fixes, scores = facts.fixes, facts.scores  # rare: plain tuples, kept in order
         excluded = 0
         if pause is None:
-            excluded += collect(items[i:i + CHUNK], events, turns, skip, calls, fixes)
+            excluded += collect(items[i:i + CHUNK], events, turns, skip, calls, fixes, scores)
         else:
             for j in range(i, min(i + CHUNK, len(items)), PAUSE_EVERY):
-                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip, calls, fixes)
+                excluded += collect(items[j:j + PAUSE_EVERY], events, turns, skip, calls, fixes, scores)
                 pause()
         facts.append(events, turns, excluded, calls)
 

@@ -15,6 +15,7 @@ from .._otel_sdk import attributes_if_from
 from .._otel_sdk import attributes_view as _attributes
 from ..storage.rows import END, START
 from .foreign import Assembler, classify
+from .scores import foreign_scores
 from .spans import OWN_SCOPE
 from .stitch_foreign import Stitcher
 
@@ -29,7 +30,7 @@ PYDANTIC_AI_SCOPE = "pydantic-ai"
 _MARKERS = frozenset({
     # a span without any of these (or pydantic-ai's scope) is nothing foreign.classify maps
     a.OPERATION, a.PROVIDER, "gen_ai.system", "openinference.span.kind", "traceloop.span.kind", "llm.request.type",
-    "agent_name", "tool_arguments",
+    "agent_name", "tool_arguments", a.EVALUATION_NAME,
 })
 
 
@@ -64,7 +65,8 @@ class StoreSpanProcessor(SpanProcessor):
             if attributes is not None:
                 # a state span (loopscope.state_snapshot) or a tool outcome's correction is no
                 # GenAI operation: asked only after
-                if attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes or a.TOOL_CORRECTION in attributes:
+                if (attributes.get(a.OPERATION) in _ENDS or a.STATE_KIND in attributes or a.TOOL_CORRECTION in attributes
+                        or a.EVALUATION_NAME in attributes):  # (a score: loopscope.score)
                     self._submit(END, span)
                 assembler = self._assembler
                 # an ended SDK span always has its context (ReadableSpan types it Optional)
@@ -77,13 +79,17 @@ class StoreSpanProcessor(SpanProcessor):
 
     def _foreign(self, span: ReadableSpan) -> None:
         assembler = self._assembler
-        if assembler is None or not assembler.tracks(span.context.trace_id):  # pyright: ignore[reportOptionalMemberAccess]  # see on_end
+        tracked = assembler is not None and assembler.tracks(span.context.trace_id)  # pyright: ignore[reportOptionalMemberAccess]  # see on_end
+        if not tracked:
             # most spans of other instrumentations (HTTP, databases) carry no GenAI marker at all
             scope = getattr(span.instrumentation_scope, "name", None)
             if _MARKERS.isdisjoint(_attributes(span)) and scope != PYDANTIC_AI_SCOPE:
                 return
-            if classify(span)[0] is None:
-                return  # no GenAI span, and none of its trace is waiting for it
+        if span.events or a.EVALUATION_NAME in _attributes(span):
+            for score in foreign_scores(span):  # another instrumentation's gen_ai.evaluation.result (rare)
+                self._submit(END, score)
+        if not tracked and classify(span)[0] is None:
+            return  # no GenAI span, and none of its trace is waiting for it
         if assembler is None:
             with self._lock:
                 if self._assembler is None:

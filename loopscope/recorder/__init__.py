@@ -7,6 +7,7 @@ from typing import Any
 
 from . import settings
 from .records import ToolResult
+from .score import score
 from .state import state_delta, state_snapshot
 from .stitch import session
 from .tool import ToolExecution, tool
@@ -51,4 +52,4 @@ def turn(
     )
 
 
-__all__ = ["Round", "ToolExecution", "ToolResult", "Turn", "session", "state_delta", "state_snapshot", "tool", "turn"]
+__all__ = ["Round", "ToolExecution", "ToolResult", "Turn", "score", "session", "state_delta", "state_snapshot", "tool", "turn"]

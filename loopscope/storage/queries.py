@@ -28,6 +28,7 @@ from .policy import EventFilter, TurnFilter
 from .results import (
     CallRow,
     Record,
+    ScoreTarget,
     SearchHit,
     SessionLookup,
     Stats,
@@ -270,6 +271,25 @@ class Reader(Protocol):
 
     def page_declared(self, range_: str | None = "all") -> dict[str, Any]:
         """Declared tools against the tools called, per agent, within a time range."""
+        ...
+
+    # -- scores (docs/scores.md) ---------------------------------------------------------------
+
+    def score_target(self, ref: str) -> ScoreTarget | None:
+        """The turn, model call or tool call an id names (``loopscope score TARGET``): a turn's
+        correlation id or a unique prefix of it, a response id, a tool call id, a span id; None
+        when nothing has it; a :class:`StoreError` when several things do."""
+        ...
+
+    def page_session_scores(self, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+        """The scores of these turns of a session and of their calls and tools, as a timeline
+        page holds them (its ``scores``): what a page open on the session polls for, as scores
+        come after their turns ended."""
+        ...
+
+    def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
+        """The dashboard's Scores page within a time range: per score name, by agent, model and
+        tool, per day, and the most recent scores with what they score."""
         ...
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -197,6 +197,20 @@ class StoreStatus:
     """What writers counted outside the store (the file beside it), by writer id."""
 
 
+class ScoreTarget(NamedTuple):
+    """What ``loopscope score TARGET`` names in the store: a turn, a model call or a tool call
+    (``kind``), with its ids as stored (hex span ids)."""
+
+    kind: str  # turn, call, tool
+    session_id: str | None
+    turn_id: str | None
+    agent: str | None
+    trace_id: str | None
+    span_id: str | None
+    response_id: str | None
+    tool_call_id: str | None
+
+
 # -- trajectories (``loopscope diff``: one run's steps in order) ------------------------------
 
 STEP_KINDS = ("model_call", "tool_call", "end")
@@ -252,6 +266,7 @@ class TrajectoryLookup:
 
 
 __all__ = [
-    "LOSS_COUNTERS", "STEP_KINDS", "TOOL_OUTCOMES", "CallRow", "Record", "SearchHit", "SessionLookup", "Stats", "StoreStatus",
+    "LOSS_COUNTERS", "STEP_KINDS", "TOOL_OUTCOMES", "CallRow", "Record", "ScoreTarget", "SearchHit", "SessionLookup", "Stats",
+    "StoreStatus",
     "ToolCallRow", "Trajectory", "TrajectoryLookup", "TrajectoryStep", "TurnRow",
 ]

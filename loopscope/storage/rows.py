@@ -169,6 +169,51 @@ class ToolFix(NamedTuple):
     error: str  # the result's text (the content policy applied, as to a row's error)
     created_us: int
     since_us: int  # the call's row is no older than this (where its span ended; else its turn began)
+
+
+class ScoreFact(NamedTuple):
+    """A score (the GenAI conventions' ``gen_ai.evaluation.result``) of a turn, a model call or a
+    tool call: one ``scores`` row, kept apart from the log (a score may come long after what it
+    scores, from another process, before or after its rows). The ids of what it scores are as
+    the scorer had them; the views match them to a turn, a call or a tool
+    (``storage/duckdb/views.py``, ``score_targets``)."""
+
+    id: str  # the score span's trace and span ids in hex (and the event's place, for another instrumentation's)
+    created_us: int
+    name: str
+    value: float | None
+    label: str | None
+    explanation: str | None
+    source: str | None
+    target_kind: str | None  # turn, call, tool, or None: not said
+    target_id: str | None  # an id as given: a turn's correlation id, a response id, a tool call id
+    trace_id: str | None  # the scored span's, hex
+    span_id: str | None
+    response_id: str | None
+    session_id: str | None
+    correlation_id: str | None  # the scored turn's, where the scorer knew it
+    agent: str | None
+    error_type: str | None
+
+
+SCORE_FIELDS: tuple[str, ...] = ScoreFact._fields
+SCORES_TABLE = "_loopscope_scores"
+"""The name a batch's :class:`ScoreFact` rows are registered under for :data:`SCORES_INSERT`."""
+SCORES_INSERT = f"""INSERT INTO scores
+SELECT id, make_timestamptz(created_us) AS created_at, name, value, label, explanation, source, target_kind, target_id,
+       trace_id, span_id, response_id, session_id, correlation_id, agent, error_type
+FROM {SCORES_TABLE} f WHERE NOT EXISTS (SELECT 1 FROM scores s WHERE s.id = f.id)"""
+"""Stores a batch's scores; one stored already (a span sent again) is left out."""
+
+
+def score_schema() -> Any:
+    """The Arrow schema of a batch's :class:`ScoreFact` rows."""
+    import pyarrow as pa
+
+    kinds = {"created_us": pa.int64(), "value": pa.float64()}
+    return pa.schema([(name, kinds.get(name, pa.string())) for name in SCORE_FIELDS])
+
+
 assert set(_USAGE_KEYS) <= set(TURN_FIELDS), "a usage value has a field of its own"
 
 # What each field is in Arrow ("us": a UTC timestamp from microseconds) and how _clean
@@ -463,10 +508,13 @@ class Facts:
     says; a fact that still cannot be stored is dropped and reported.
     """
 
-    __slots__ = ("call_rows", "calls", "events", "excluded", "fixes", "raw", "raw_bytes", "sessions", "turn_rows", "turns")
+    __slots__ = (
+        "call_rows", "calls", "events", "excluded", "fixes", "raw", "raw_bytes", "scores", "sessions", "turn_rows", "turns",
+    )
 
     def __init__(self) -> None:
         self.fixes: list[tuple[Any, ...]] = []  # ToolFix tuples, in order: applied after the batch's rows
+        self.scores: list[tuple[Any, ...]] = []  # ScoreFact tuples (rare): a table of their own
         # the raw copies of received spans (a collector's ``spans`` table, tuples in
         # raw_spans.RAW_COLUMNS' order), written in the same transaction as the rows made of
         # them (see StoreWriter.end_bundle); not counted in :attr:`rows`
@@ -518,6 +566,7 @@ class Facts:
         self.call_rows += other.call_rows
         self.excluded += other.excluded
         self.fixes += other.fixes
+        self.scores += other.scores
         self.raw += other.raw
         self.raw_bytes += other.raw_bytes
 

@@ -126,6 +126,10 @@ class Scrubber:
                 setattr(facts, name, batches)
         if facts.fixes:  # a corrected call's error, as its row's error would be (rare: in Python)
             facts.fixes = [(*fix[:3], self._scrub(fix[3], a.TOOL_ERROR, "text"), *fix[4:]) for fix in facts.fixes]
+        if facts.scores:  # a score's explanation, as its span's attribute is scrubbed on export (rare: in Python)
+            facts.scores = [
+                (*f[:5], self._scrub(f[5], a.EVALUATION_EXPLANATION, "text") if f[5] else f[5], *f[6:]) for f in facts.scores
+            ]
 
     def masked(self, column: Any, how: str = "json") -> Any:
         """A string array with secrets masked in the values the prefilter picks (no cap,

@@ -89,7 +89,7 @@ def migrate_file(path: Path) -> int:
 
 def test_the_names_are_unique_and_in_order() -> None:
     assert NAMES == sorted(NAMES) and len(set(NAMES)) == len(NAMES) == SCHEMA_VERSION
-    assert NAMES[0] == "m001_activity_log" and NAMES[-1] == "m017_value_parts"
+    assert NAMES[0] == "m001_activity_log" and NAMES[-1] == "m018_scores"
 
 
 @pytest.mark.parametrize("version", [7, 6, 3])

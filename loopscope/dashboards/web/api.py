@@ -51,7 +51,9 @@ __all__ = [
     "event",
     "json_safe",
     "overview",
+    "scores",
     "search",
+    "session_scores",
     "sessions",
     "timeline",
     "tool_analytics",
@@ -125,6 +127,15 @@ def declared_vs_used(store: Reader | StoreLike, range_: str | None = "all") -> d
     return reader(store).page_declared(range_)
 
 
+def scores(store: Reader | StoreLike, range_: str | None = "all") -> dict[str, Any]:
+    """The Scores page: per score name, by agent, model and tool, per day, and the most recent
+    scores with what they score (docs/scores.md)."""
+    return reader(store).page_scores(range_)
+
+
+def session_scores(store: Reader | StoreLike, session_id: str, turn_ids: Sequence[str] = ()) -> dict[str, Any]:
+    """The scores of a session's turns (and their calls' and tools'), as a timeline page holds them."""
+    return reader(store).page_session_scores(session_id, turn_ids)
 # -- two runs compared (the diff page; loopscope diff) --------------------------------------------
 
 

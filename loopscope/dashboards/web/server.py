@@ -139,6 +139,13 @@ def _timeline(store: Reader, q: _Query) -> Any:
     )
 
 
+def _scores(store: Reader, q: _Query) -> Any:
+    session = q.str("session")
+    if session is not None:  # a timeline page's turns' scores, polled while it is open
+        return api.session_scores(store, session, q.list("turns"))
+    return api.scores(store, q.str("range"))
+
+
 def _event(store: Reader, q: _Query) -> Any:
     found = api.event(store, q.str("id", required=True) or "")
     if found is None:
@@ -154,6 +161,7 @@ _ROUTES: dict[str, Callable[[Reader, _Query], Any]] = {
     "/api/tools": lambda store, q: api.tool_analytics(store, q.str("range"), q.str("tool")),
     "/api/turns": lambda store, q: api.turn_analytics(store, q.str("range")),
     "/api/declared": lambda store, q: api.declared_vs_used(store, q.str("range")),
+    "/api/scores": lambda store, q: _scores(store, q),  # the Scores page, a session's scores (docs/scores.md)
     "/api/diff": lambda store, q: api.diff(store, q.str("a", required=True) or "", q.str("b", required=True) or ""),
     # issue 35: content search, store-wide slowest and failed calls
     "/api/search": lambda store, q: api.search(store, q.str("q"), q.str("session"), q.int("limit")),

@@ -18,6 +18,7 @@ from ... import semconv as a
 from ..._guard import guard, internal_error
 from ...storage.queries import open_reader, open_sink, prepare
 from ..foreign import AGENT, Assembler, classify
+from ..scores import foreign_scores
 from ..spans import Ctx, SpanRecord, is_own
 from ..stitch_foreign import Stitcher
 from ..writer import SPANS
@@ -417,6 +418,9 @@ class Ingest:
             if a.TOOL_CORRECTION in attrs and a.OPERATION not in attrs:  # a served tool call found failed
                 writer.submit_end(span)
                 return "correction", "loopscope"
+            if a.EVALUATION_NAME in attrs and a.OPERATION not in attrs:  # a score (loopscope.score)
+                writer.submit_end(span)
+                return "score", "loopscope"
             op = attrs.get(a.OPERATION)
             role = _OWN_ROLES.get(op) if isinstance(op, str) else None
             if ((op == a.OP_CHAT or op == a.OP_EXECUTE_TOOL or (op == a.OP_INVOKE_AGENT and a.PARENT_TURN_ID in attrs))
@@ -428,6 +432,8 @@ class Ingest:
                 self._release_unstarted((tid, sid))  # its start rows are queued: its calls follow them
             self._end_own(span)
             return role, "loopscope"
+        for score in foreign_scores(span):  # another instrumentation's gen_ai.evaluation.result (rare)
+            writer.submit_end(score)
         role, framework = classify(span)
         if self._unstarted:  # loopscope's calls under another instrumentation's span: before it, as they came
             self._release_unstarted((tid, sid))

@@ -50,6 +50,7 @@ from ..policy import EventFilter
 from .connection import open_store
 from .replay import SessionMark, read_after
 from .schema import check_readable, has_model_calls, has_tool_columns
+from .scores import turn_scores
 from .values import fill_dicts
 from .views import tool_rows
 
@@ -370,6 +371,10 @@ def timeline(
          "finish_reasons": [str], "error_type": str | None, "error": str | None,
          "refusal": str | None, "streaming": bool | None, "response_id": str | None, "span_id": str}
 
+    ``scores`` holds the scores of the same turns, of their model calls and of their tool calls
+    (``storage/duckdb/scores.py``: ``target`` turn, call or tool, ``turn_id``, ``tool_call_id``,
+    ``call_position``, name, value, label, explanation, source), oldest first.
+
     Each turn summary gains ``model_calls`` (how many), ``cost_usd`` (their sum; a turn
     without call rows, its own price) and ``unpriced_calls`` (calls with tokens but no
     price, left out of the sum). A file from before model calls has none.
@@ -429,6 +434,9 @@ def timeline(
             costs = {r["correlation_id"]: r for r in _rows(con, _TURN_COSTS_SQL, [session_id, wanted, session_id, wanted])}
         else:
             costs = {}
+        # the page's turns' scores (and their calls' and tools'), from the session's stretch of the log
+        stretch = (info[0]["first_at"], info[0]["last_at"]) if info else (None, None)
+        scores = turn_scores(con, session_id, wanted, *stretch)
         for turn in turns:
             cost = costs.get(turn["correlation_id"], {})
             turn["model_calls"], turn["cost_usd"] = cost.get("model_calls", 0), cost.get("cost_usd")
@@ -443,6 +451,7 @@ def timeline(
         "events": events,
         "turns": turns,
         "model_calls": calls,
+        "scores": scores,
         # more history before the page (newest/before pages) or more events after it (after pages)
         "more_before": more if descending else None,
         "more_after": more if not descending else None,

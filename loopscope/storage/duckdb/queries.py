@@ -20,6 +20,7 @@ from ..recording import flush_own, resolve
 from ..results import (
     CallRow,
     Record,
+    ScoreTarget,
     SearchHit,
     SessionLookup,
     Stats,
@@ -30,6 +31,7 @@ from ..results import (
 )
 from . import reads
 from .connection import open_store
+from .schema import check_readable
 
 if TYPE_CHECKING:
     from ...models import ActivityEvent, AIResponseEvent, ModelCall, SessionInfo
@@ -409,6 +411,32 @@ class DuckDBReader:
         from . import dashboard
 
         return dashboard.declared_vs_used(self, range_)
+
+    # -- scores (storage/duckdb/scores.py) ---------------------------------------------------
+
+    def score_target(self, ref: str) -> ScoreTarget | None:
+        from . import scores
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=True) as con:
+            check_readable(con)
+            return scores.score_target(con, ref) if scores.has_scores(con) else None
+
+    def page_session_scores(self, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+        from . import scores
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+            check_readable(con)
+            return scores.session_page(con, session_id, turn_ids)
+
+    def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
+        from . import scores
+
+        flush_own(self.path)
+        with open_store(self.path, read_only=True, timeout=self.lock_timeout, keep=self.keep_open) as con:
+            check_readable(con)
+            return scores.page(con, range_)
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
         return self.store.sql(query, params)

@@ -410,6 +410,16 @@ def m017_value_parts() -> list[str]:
     return list(MIGRATION)
 
 
+@migration
+def m018_scores() -> list[str]:
+    """Scores and feedback (``loopscope.score``, ``gen_ai.evaluation.result``) in ``scores``, and
+    the views that find what each scores (``score_targets``) and sum them up per day, agent,
+    model and tool (``scores_over_time``)."""
+    from .views import SCORE_VIEWS, SCORES_DDL
+
+    return [SCORES_DDL, *(f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in SCORE_VIEWS.items())]
+
+
 MODEL_CALLS_SINCE = [m.name for m in MIGRATIONS].index("m009_model_calls") + 1
 """The schema version from which a file has ``model_calls`` and the turns'
 ``model_call_count`` column (an older file, read without migrating it, has neither)."""
@@ -690,10 +700,23 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     if missing:
         added = ", ".join(f"NULL::{TURN_CALL_COLUMNS[name]} AS {name}" for name in missing)
         statements.append(f"CREATE OR REPLACE TEMP VIEW turns AS SELECT *, {added} FROM {_quoted(database)}.main.turns")
+    if not _has_tables(con, "scores"):  # no scores before m018_scores: an empty relation of the same columns
+        from .views import SCORES_DDL
+
+        columns = SCORES_DDL.split("(", 1)[1].rsplit(")", 1)[0]
+        typed = ", ".join(
+            f"NULL::{kind} AS {name}" for name, kind, *_ in (line.strip().rstrip(",").split() for line in columns.splitlines() if line.strip())
+        )
+        statements.append(f"CREATE OR REPLACE TEMP VIEW scores AS SELECT {typed} WHERE false")
     # every view, as this loopscope defines it (a temporary view hides the file's own of the same name)
     definitions = views(
         tool_columns=has_tool_columns(con), tool_totals=has_tool_totals(con), sorted_durations=has_sorted_durations(con),
     )
+    from .views import EMPTY_SCORE_TARGETS, SCORE_VIEWS
+
+    definitions = {**definitions, **SCORE_VIEWS}
+    if not _has_tables(con, "scores"):
+        definitions["score_targets"] = EMPTY_SCORE_TARGETS
     return [*statements, *(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}" for name, sql in definitions.items())]
 
 

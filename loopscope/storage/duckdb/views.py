@@ -669,3 +669,149 @@ def create_statements(
     :func:`views` for ``tool_columns``, ``model_calls``, ``tool_totals`` and ``sorted_durations``)."""
     definitions = views(tool_columns, model_calls, tool_totals, sorted_durations)
     return [f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}" for name, sql in definitions.items()]
+
+
+# -- scores (m018_scores) ------------------------------------------------------------------------
+
+SCORES_DDL = """CREATE TABLE scores (
+    id VARCHAR NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL,
+    name VARCHAR NOT NULL,
+    value DOUBLE,
+    label VARCHAR,
+    explanation VARCHAR,
+    source VARCHAR,
+    target_kind VARCHAR,
+    target_id VARCHAR,
+    trace_id VARCHAR,
+    span_id VARCHAR,
+    response_id VARCHAR,
+    session_id VARCHAR,
+    correlation_id VARCHAR,
+    agent VARCHAR,
+    error_type VARCHAR
+)"""
+"""One row per score (``loopscope.score``, another instrumentation's ``gen_ai.evaluation.result``):
+the ids of what it scores as the scorer had them (the scored span's, a response id, an id given
+as text); :data:`SCORE_TARGETS` finds the turn, call or tool they name."""
+
+_SCORE_MATCH = """
+    SELECT s.id, {rank} AS rank, '{target}' AS target, {columns}, s.session_id AS given_session
+    FROM {scores} s JOIN {source} ON {on}"""
+_TURN_MATCH = ("turns", "t", (
+    "t.session_id, t.correlation_id AS turn_id, t.channel_id AS agent, t.model, NULL::VARCHAR AS tool, "
+    "NULL::VARCHAR AS tool_call_id, NULL::VARCHAR AS call_response_id, NULL::INTEGER AS call_position"
+))
+_CALL_MATCH = ("model_calls", "m", (
+    "m.session_id, m.correlation_id, m.agent, coalesce(m.response_model, m.request_model), NULL, NULL, m.response_id, m.position"
+))
+_TOOL_MATCH = ("events", "e", "e.session_id, e.correlation_id, e.source_channel_id, NULL, e.tool_name, e.tool_call_id, NULL, NULL")
+_TOOL_ROW = "e.type IN ('tool_call_start', 'tool_call_end')"
+_SCORE_ON = [
+    # the scored span itself (loopscope.score of an object, the conventions' parent span)
+    (1, "turn", _TURN_MATCH, "t.span_id = s.span_id AND t.trace_id = s.trace_id"),
+    (1, "call", _CALL_MATCH, "m.span_id = s.span_id AND m.trace_id = s.trace_id"),
+    (1, "tool", _TOOL_MATCH, f"e.span_id = s.span_id AND e.trace_id = s.trace_id AND {_TOOL_ROW}"),
+    # a response id (the conventions' way where no span is at hand)
+    (2, "call", _CALL_MATCH, "m.response_id = coalesce(s.response_id, s.target_id)"),
+    # an id given as text: a turn's correlation id, a tool call id
+    (3, "turn", _TURN_MATCH, "t.correlation_id = s.target_id"),
+    (3, "tool", _TOOL_MATCH, f"e.tool_call_id = s.target_id AND {_TOOL_ROW}"),
+]
+
+
+def score_targets(**sources: str) -> str:
+    """The SELECT of :data:`SCORE_TARGETS`, reading ``sources`` instead of the tables of those
+    names (``scores``, ``turns``, ``model_calls``, ``events``): a timeline page reads one
+    session's rows only (``storage/duckdb/scores.py``)."""
+    def source(table: str) -> str:
+        return sources.get(table, table)
+
+    matches = " UNION ALL ".join(
+        _SCORE_MATCH.format(rank=rank, target=target, columns=columns, scores=source("scores"),
+                            source=f"{source(table)} {alias}", on=on)
+        for rank, target, (table, alias, columns), on in _SCORE_ON
+    )
+    return f"""
+WITH matched AS ({matches}
+), best AS (
+    -- one match per score: the surest way first; an id several things have, in the score's own session first
+    SELECT * FROM matched
+    QUALIFY row_number() OVER (
+        PARTITION BY id ORDER BY rank, session_id IS NOT DISTINCT FROM given_session DESC, target, session_id) = 1
+), turn_of AS (
+    SELECT session_id, correlation_id, any_value(channel_id) AS agent, any_value(model) AS model
+    FROM {source("turns")} t WHERE correlation_id IN (SELECT turn_id FROM best UNION ALL SELECT correlation_id FROM {source("scores")} s)
+    GROUP BY session_id, correlation_id
+)
+SELECT
+    s.id,
+    s.created_at,
+    s.name,
+    s.value,
+    s.label,
+    s.explanation,
+    s.source,
+    coalesce(b.target, s.target_kind) AS target,
+    coalesce(b.session_id, s.session_id) AS session_id,
+    coalesce(b.turn_id, s.correlation_id) AS turn_id,
+    coalesce(b.agent, t.agent, s.agent) AS agent,
+    coalesce(b.model, t.model) AS model,
+    b.tool,
+    b.tool_call_id,
+    coalesce(b.call_response_id, s.response_id) AS response_id,
+    b.call_position,
+    b.target IS NOT NULL AS found,
+    s.target_id,
+    s.trace_id,
+    s.span_id,
+    s.error_type
+FROM {source("scores")} s
+LEFT JOIN best b ON b.id = s.id
+LEFT JOIN turn_of t ON t.correlation_id = coalesce(b.turn_id, s.correlation_id)
+    AND t.session_id = coalesce(b.session_id, s.session_id)
+"""
+
+
+SCORE_TARGETS = score_targets()
+"""``score_targets``: every score with what it scores, found by the scored span's ids, else the
+response id, else the id given as text (a turn's correlation id, a tool call id): ``target``
+(turn, call, tool), session, turn, agent, model, tool; ``found`` is false while what it names
+is not in the store (not written yet, or another store's)."""
+
+EMPTY_SCORE_TARGETS = """
+SELECT NULL::VARCHAR AS id, NULL::TIMESTAMPTZ AS created_at, NULL::VARCHAR AS name, NULL::DOUBLE AS value,
+       NULL::VARCHAR AS label, NULL::VARCHAR AS explanation, NULL::VARCHAR AS source, NULL::VARCHAR AS target,
+       NULL::VARCHAR AS session_id, NULL::VARCHAR AS turn_id, NULL::VARCHAR AS agent, NULL::VARCHAR AS model,
+       NULL::VARCHAR AS tool, NULL::VARCHAR AS tool_call_id, NULL::VARCHAR AS response_id, NULL::INTEGER AS call_position,
+       NULL::BOOLEAN AS found, NULL::VARCHAR AS target_id, NULL::VARCHAR AS trace_id, NULL::VARCHAR AS span_id,
+       NULL::VARCHAR AS error_type
+WHERE false
+"""
+"""``score_targets`` of a file from before ``m018_scores`` read as it is (no scores, and maybe no
+tool columns to match them by)."""
+
+SCORES_OVER_TIME = """
+SELECT
+    date_trunc('day', created_at) AS day,
+    name,
+    target,
+    agent,
+    model,
+    tool,
+    count(*) AS scores,
+    count(value) AS valued,
+    avg(value) AS mean_value,
+    min(value) AS min_value,
+    max(value) AS max_value,
+    count(label) AS labelled,
+    CAST(to_json(histogram(label) FILTER (WHERE label IS NOT NULL)) AS VARCHAR) AS labels
+FROM score_targets
+GROUP BY ALL
+"""
+"""``scores_over_time``: per UTC day, evaluation name, target kind, agent, model and tool: how
+many scores, their values' mean, least and most, and each label's count (JSON)."""
+
+SCORE_VIEWS = {"score_targets": SCORE_TARGETS, "scores_over_time": SCORES_OVER_TIME}
+"""The score views (``m018_scores``), by name, in creation order."""
+VIEWS.update(SCORE_VIEWS)  # every view of a file of this loopscope (views() gives those of the migrations before m018)

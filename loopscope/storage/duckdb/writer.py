@@ -735,7 +735,7 @@ class StoreWriter:
             idle = left <= 0
             bound = large_share if large else share
             full = facts.rows >= limit or self._held_bytes >= bound or batch_bytes >= bound
-            if markers or ((facts.rows or facts.raw) and (idle or full)) or (idle and self._backlog is not None):
+            if markers or ((facts.rows or facts.raw or facts.scores) and (idle or full)) or (idle and self._backlog is not None):
                 ok = False
                 try:
                     ok = self._write(facts, flushing=bool(markers))
@@ -821,7 +821,7 @@ class StoreWriter:
             self._backlog = None
             backlog.extend(facts)
             facts = backlog
-        if not facts.rows and not facts.fixes and not facts.raw and not (flushing and self._losses_unsaid()):
+        if not facts.rows and not facts.fixes and not facts.scores and not facts.raw and not (flushing and self._losses_unsaid()):
             return True
         self._inflight, self._mapped, self._mapped_facts = facts.rows, 0, None
         self._inflight_rows = (facts.event_rows, facts.turn_rows)
@@ -1055,6 +1055,7 @@ def _halves(facts: rows.Facts) -> tuple[rows.Facts, rows.Facts]:
     turn summaries. Each half holds at least one row of ``facts`` (which holds two or more)."""
     first, second = rows.Facts(), rows.Facts()
     second.fixes = list(facts.fixes)  # after every row they may fix
+    second.scores = list(facts.scores)  # a table of their own: with the last half
     second.raw, second.raw_bytes = list(facts.raw), facts.raw_bytes  # with the rows that are written last
     events = facts.event_rows
     if events > 1 or (events == 1 and (facts.turn_rows or facts.call_rows)):
@@ -1280,6 +1281,12 @@ def write_batch(
         ))
         since = min(fix[5] for fix in fixes)
         script += [tool_totals.fix_sql(since), rows.fix_sql(since)]
+    if facts.scores:  # scores of turns, calls and tools (loopscope.score, gen_ai.evaluation.result): rare
+        tables.register(rows.SCORES_TABLE, pa.Table.from_pylist(
+            [dict(zip(rows.SCORE_FIELDS, fact)) for fact in {f[0]: f for f in facts.scores}.values()],
+            rows.score_schema(),
+        ))
+        script.append(rows.SCORES_INSERT)
     script += extra
     script.append("COMMIT")
     # the tables of facts, for the statements that read them (the SQL that makes rows where

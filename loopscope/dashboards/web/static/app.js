@@ -705,6 +705,7 @@
       blocked: params.get("blocked") === "1",
       live: true,
       calls: new Map(), // correlation id -> the turn's model calls, as the API sends them
+      scores: new Map(), // correlation id -> the scores of the turn, its calls and its tools
       open: new Set(), // keys of <details> the user opened
       pins: new Set(), // waterfall rows whose details the user opened (by a click, a tap or Enter)
       info: null,
@@ -767,6 +768,9 @@
         calls.get(c.turn_id).push(c);
       }
       for (const [id, list] of calls) state.calls.set(id, list);
+      const scores = new Map(); // each turn's scores in a response are whole too
+      for (const sc of data.scores || []) scores.set(sc.turn_id, [...(scores.get(sc.turn_id) || []), sc]);
+      for (const [id, list] of scores) state.scores.set(id, list);
       // the server's cursor also passes rows the page leaves out (blocked ones), as Store.replay's does
       state.cursor = Math.max(state.cursor, state.maxIndex, data.cursor ?? 0);
       if (direction !== "after") state.moreBefore = !!data.more_before;
@@ -794,7 +798,9 @@
       }
       let calls = 0;
       for (const list of state.calls.values()) calls += list.length;
-      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${calls}:${state.live}`;
+      let scored = 0;
+      for (const list of state.scores.values()) scored += list.length;
+      const fingerprint = `${state.events.size}:${state.maxIndex}:${state.turns.size}:${calls}:${scored}:${state.live}`;
       if (fingerprint !== lastFingerprint) {
         lastFingerprint = fingerprint;
         render();
@@ -897,6 +903,7 @@
         summary ? h("span", { class: "turn-head-cost" }, turnCost(summary)) : null,
         summary ? reasonBadge(summary.loop_end_reason) : running ? badge("running", "run", "reason") : null,
       ));
+      if (scoresUi && group.correlationId) put(block, scoresUi.turnScores(state.scores.get(group.correlationId)));
       // tool cards: one per call id, placed where the call started
       const cards = new Map();
       const items = [];
@@ -1049,6 +1056,7 @@
         if (c.result !== null && c.result !== undefined) put(payloads, detailsBlock(`${key}:result`, "Result", c.result, { open: true }));
         if (c.error) put(payloads, detailsBlock(`${key}:error`, "Error", c.error, { open: true, class: "error" }));
       }
+      put(el, scoresUi && last.correlation_id ? scoresUi.toolScores(state.scores.get(last.correlation_id), c.tool_id) : null);
       put(el, payloads, fullButton(last));
       return el;
     }
@@ -1075,7 +1083,12 @@
       for (const el of body.querySelectorAll(".elapsed")) el.textContent = fmtMs(Date.now() - Number(el.dataset.since));
     }, 250);
     const poll = poller(load, POLL_TIMELINE_MS);
-    return { stop() { poll.stop(); clearInterval(ticker); } };
+    const unwatch = scoresUi ? scoresUi.watch(sessionId, () => [...state.turns.keys()].slice(-200), (list, ids) => {
+      const before = JSON.stringify([...state.scores]);
+      for (const id of ids) state.scores.set(id, list.filter((sc) => sc.turn_id === id));
+      if (JSON.stringify([...state.scores]) !== before) render();
+    }) : () => {};
+    return { stop() { poll.stop(); unwatch(); clearInterval(ticker); } };
   }
 
   // -- analytics --------------------------------------------------------------------------------
@@ -1275,8 +1288,10 @@
   const EXTRA = window.loopscopePages || {};
   const kit = {
     main, h, put, fill, clear, table, getJSON, poller, setStatus, showError, fmtMs, fmtInt, fmtTime, fmtAgo, fmtUsd,
-    badge, reasonBadge, pretty, plural, sessionLink, statCard, POLL_LIST_MS,
+    badge, reasonBadge, pretty, plural, sessionLink, statCard, POLL_LIST_MS, analyticsPage,
   };
+  // scores on a session's turns and tool calls (static/scores.js, docs/scores.md)
+  const scoresUi = EXTRA.scoreParts ? EXTRA.scoreParts(kit) : null;
 
   window.addEventListener("hashchange", navigate);
   window.addEventListener("popstate", navigate);
