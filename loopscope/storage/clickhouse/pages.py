@@ -201,6 +201,7 @@ def timeline(
         "session_id": session_id, "found": found, "last_index": info["event_count"],
         "first_at": _ms(info["first_us"]) if found else None, "last_at": _ms(info["last_us"]) if found else None,
         "events": events, "turns": turns, "model_calls": calls,
+        "scores": [],  # a ClickHouse store keeps no scores yet (docs/scores.md): the page's shape, none in it
         "more_before": more if after_index is None else None, "more_after": more if after_index is not None else None,
         "cursor": cursor, "generated_at": now_ms(),
     }
