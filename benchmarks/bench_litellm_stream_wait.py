@@ -13,6 +13,7 @@ not take the caller's GIL.
 
     .stacks/peers-litellm/bin/python benchmarks/bench_litellm_stream_wait.py --calls 120
     .stacks/peers-litellm/bin/python benchmarks/bench_litellm_stream_wait.py --calls 60 --slow-ms 20
+    .stacks/peers-litellm/bin/python benchmarks/bench_litellm_stream_wait.py --smoke      # that it runs (CI)
 
 (``peers-litellm``: the stack ``bench_provider_overhead.py`` builds, LiteLLM and loopscope in one venv.)
 """
@@ -55,7 +56,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=120, help="loops timed, half each way")
     parser.add_argument("--slow-ms", type=float, default=0.0, help="an application logger's time to report a call")
+    parser.add_argument("--smoke", action="store_true", help="four loops after one warm-up: that it runs (CI)")
     args = parser.parse_args()
+    warmup = 1 if args.smoke else WARMUP
+    if args.smoke:
+        args.calls = 4  # two each way: the quartiles need two
 
     import litellm
     from opentelemetry.sdk.trace import TracerProvider
@@ -69,7 +74,7 @@ def main() -> None:
 
     spawn = multiprocessing.get_context("fork")
     found = spawn.Queue()
-    spawn.Process(target=_serve, args=(found, WARMUP + args.calls), daemon=True).start()
+    spawn.Process(target=_serve, args=(found, warmup + args.calls), daemon=True).start()
     route = {"model": "openai/gpt-4.1-mini", "api_base": found.get(timeout=60), "api_key": "sk-bench", "num_retries": 0}
 
     if args.slow_ms:
@@ -98,11 +103,11 @@ def main() -> None:
         list(litellm.completion(messages=messages, **options))
         return time.perf_counter_ns() - wall, time.thread_time_ns() - cpu
 
-    for i in range(WARMUP):
+    for i in range(warmup):
         loop(i)
     walls: dict[bool, list[float]] = {True: [], False: []}
     cpus: dict[bool, list[float]] = {True: [], False: []}
-    for i in range(WARMUP, WARMUP + args.calls):
+    for i in range(warmup, warmup + args.calls):
         kept = i % 2 == 0
         adapter._stream_answered = keep if kept else (lambda stream, response: None)
         wall, cpu = loop(i)

@@ -16,6 +16,7 @@ a Python call), but it does not depend on the load.
 
     .stacks/peers-litellm/bin/python benchmarks/litellm_call_counts.py           # every variant, both series
     .stacks/peers-litellm/bin/python benchmarks/litellm_call_counts.py --loops 20 --variants none loopscope
+    .stacks/peers-litellm/bin/python benchmarks/litellm_call_counts.py --smoke      # that it runs (CI)
 """
 
 from __future__ import annotations
@@ -96,12 +97,12 @@ def _package(filename: str) -> str:
     return "stdlib"
 
 
-def worker(variant: str, series: str, loops: int) -> None:
+def worker(variant: str, series: str, loops: int, warmup: int = WARMUP) -> None:
     import litellm
 
     spawn = multiprocessing.get_context("fork")
     found = spawn.Queue()
-    spawn.Process(target=_serve, args=(found, WARMUP + loops), daemon=True).start()
+    spawn.Process(target=_serve, args=(found, warmup + loops), daemon=True).start()
     route = {"model": "openai/gpt-4.1-mini", "api_base": found.get(timeout=60), "api_key": "sk-bench", "num_retries": 0}
     _instrument(variant)
     stream = series == "stream"
@@ -123,7 +124,7 @@ def worker(variant: str, series: str, loops: int) -> None:
                      {"role": "tool", "tool_call_id": f"c{i}", "content": "sunny"}]
         request(messages)
 
-    for i in range(WARMUP):
+    for i in range(warmup):
         loop(i)
     time.sleep(1.0)
     counts: collections.Counter[str] = collections.Counter()
@@ -133,7 +134,7 @@ def worker(variant: str, series: str, loops: int) -> None:
             counts[_package(frame.f_code.co_filename)] += 1
 
     threading.setprofile_all_threads(count)  # type: ignore[attr-defined]  # Python 3.12+
-    for i in range(WARMUP, WARMUP + loops):
+    for i in range(warmup, warmup + loops):
         loop(i)
     time.sleep(1.5)  # LiteLLM's reports of the last calls, on its pool
     threading.setprofile_all_threads(None)  # type: ignore[attr-defined]
@@ -147,16 +148,21 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=20)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--series", nargs="+", default=list(SERIES), choices=SERIES)
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="loops run before the counted ones")
+    parser.add_argument("--smoke", action="store_true", help="one loop, loopscope's variant, streamed: that it runs (CI)")
     parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "SERIES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.loops, args.warmup, args.variants, args.series = 1, 1, ["loopscope"], ["stream"]
     if args.worker:
-        worker(args.worker[0], args.worker[1], args.loops)
+        worker(args.worker[0], args.worker[1], args.loops, args.warmup)
         return
     if not hasattr(threading, "setprofile_all_threads"):
         raise SystemExit("Python 3.12 or later: threading.setprofile_all_threads counts every thread's calls")
     for series in args.series:
         for variant in args.variants:
-            subprocess.run([sys.executable, __file__, "--loops", str(args.loops), "--worker", variant, series], check=True)
+            subprocess.run([sys.executable, __file__, "--loops", str(args.loops), "--warmup", str(args.warmup), "--worker", variant, series],
+                           check=True)
 
 
 if __name__ == "__main__":
