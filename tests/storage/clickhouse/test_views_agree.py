@@ -18,7 +18,7 @@ from test_engines_agree import ENGINES, recorded  # noqa: F401  (the module's da
 
 from loopscope.storage.clickhouse.views import VIEWS
 from loopscope.storage.duckdb.views import VIEWS as DUCKDB_VIEWS
-from loopscope.storage.queries import open_reader
+from loopscope.storage.queries import open_reader, prepare
 
 pytestmark = pytest.mark.stack("clickhouse")
 
@@ -90,9 +90,21 @@ def test_every_duckdb_view_has_a_clickhouse_view_of_the_same_rows(readers: tuple
     assert cost is None and unpriced == calls_with_tokens > 0
     _, turns = ch.sql("SELECT sum(unpriced_calls), countIf(cost_usd IS NULL), count() FROM turn_summaries")
     assert turns == [(calls_with_tokens, 6, 6)]
-    # a filter on a view reaches its table's read: one session's calls
+    # a filter on a view reaches its tables' reads (a range of their sort keys): one session's calls
+    # read that session's tool calls and numbers that session's timeline rows only
     _, one = ch.sql("SELECT DISTINCT session_id FROM tool_calls WHERE session_id = {s:String}", {"s": "beta"})
     assert one == [("beta",)]
+    _, plan = ch.sql("EXPLAIN indexes = 1 SELECT * FROM tool_calls WHERE session_id = 'beta'")
+    plan_text = "\n".join(str(r[0]) for r in plan)
+    assert plan_text.count("Condition: (session_id in ['beta', 'beta'])") == 2, plan_text
+    # plain views, read when asked: no insert into otel_traces feeds them (its dependents are the
+    # materialized views that fill the derived tables, as before)
+    names_sql = ", ".join(f"'{name}'" for name in VIEWS)
+    _, kinds = ch.sql(f"SELECT name, engine FROM system.tables WHERE database = currentDatabase() AND name IN ({names_sql})")
+    assert sorted(kinds) == sorted((name, "View") for name in VIEWS)
+    _, [(dependents,)] = ch.sql("SELECT dependencies_table FROM system.tables "
+                                "WHERE database = currentDatabase() AND name = 'otel_traces'")
+    assert dependents and all(name.endswith("_mv") for name in dependents)
 
 
 def test_loopscope_sql_answers_the_same_tool_stats_on_both_engines(recorded: dict[str, Any]) -> None:  # noqa: F811
@@ -102,6 +114,7 @@ def test_loopscope_sql_answers_the_same_tool_stats_on_both_engines(recorded: dic
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
+    assert prepare(recorded["chdb"]) == recorded["chdb"]  # prepare again: the views replaced, the data kept
     expected, found = cli(recorded["duckdb"]), cli(recorded["chdb"])
     assert [list(r) for r in found] == [list(r) for r in expected]
     assert [r["tool"] for r in found] == [r["tool"] for r in expected] == ["lookup", "convert"]
