@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import semconv as a
+from . import views
 
 OTEL_TRACES = "otel_traces"
 """The exporter's default traces table name (its ``traces_table_name``)."""
@@ -349,7 +350,8 @@ _TABLES = {
 
 def derived(database: str = "default", source: str = OTEL_TRACES, *, ttl_days: int = 0) -> list[str]:
     """loopscope's tables and the materialized views that fill them from ``source`` (the exporter's
-    traces table), then the read-time views; in order, each ``IF NOT EXISTS``."""
+    traces table), then the read-time views; in order, each ``IF NOT EXISTS``; last the SQL views
+    of the DuckDB store's names (:mod:`.views`), each ``OR REPLACE``."""
     db, src = ident(database), f"{ident(database)}.{ident(source)}"
     out = []
     for name, (columns, partition, order, time) in _TABLES.items():
@@ -385,6 +387,7 @@ SELECT {_SESSION} AS session_id, min({_START_US}) AS first_at, max({_END_US}) AS
     groupUniqArrayIf({_attr(a.AGENT_NAME)}, {_attr(a.AGENT_NAME)} != '') AS agents
 FROM {src} WHERE {_OP} IN ({ops}) GROUP BY session_id""")
     out.append(f"CREATE VIEW IF NOT EXISTS {db}.`loopscope_timeline` AS {TIMELINE.format(events=events)}")
+    out.extend(views.create_statements(db))  # the DuckDB store's SQL views, by the same names
     return out
 
 
