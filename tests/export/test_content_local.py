@@ -243,6 +243,7 @@ def test_a_hook_that_breaks_json_still_leaves_json(tmp_path):
         t.generation("go", tool_calls=[{"id": "e", "name": "echo", "arguments": {"q": "a}b"}}])
         echo("a}b")
         t.generation("done", finish_reason="stop")
+    assert loopscope.flush(60)  # written before the close's bound (5 s) could cut a loaded machine's writer off
     loopscope.shutdown()
     end = next(c for k, c in timeline(db, "j") if k == "tool_call_end")
     # masked value by value: the strings changed, the objects stayed objects
@@ -259,6 +260,7 @@ def test_a_failing_hook_keeps_nothing_of_the_value(tmp_path, caplog):
     loopscope.configure(db, tracer_provider=TracerProvider(), flush_interval=0.05, content_policy=ContentPolicy(redact=hook))
     with loopscope.turn(session_id="h", input="private notes") as t:
         t.generation("public answer", finish_reason="stop")
+    assert loopscope.flush(60)  # written before the close's bound (5 s) could cut a loaded machine's writer off
     loopscope.shutdown()
     assert [c["body"] for _, c in timeline(db, "h")] == ["[REDACTED]", "public answer"]
     assert b"private notes" not in raw_bytes(db)

