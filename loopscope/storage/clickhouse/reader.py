@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..policy import EventFilter
-from ..results import TOOL_OUTCOMES, CallRow, Record, SessionLookup, Stats, StoreStatus, TurnRow
-from . import pages, parquet
+from ..results import TOOL_OUTCOMES, CallRow, Record, ScoreTarget, SessionLookup, Stats, StoreStatus, TurnRow
+from . import pages, parquet, scores
 from .runner import Runner, connect, parse, readonly
 from .tables import (
     CALL_SELECT,
@@ -509,6 +509,17 @@ class ClickHouseReader:
 
     def interrupted(self, exc: BaseException) -> bool:
         return isinstance(exc, KeyboardInterrupt) or "interrupted" in str(exc).lower() and "Code: 394" in str(exc)
+
+    # -- scores (.scores; docs/scores.md) ----------------------------------------------------
+
+    def score_target(self, ref: str) -> ScoreTarget | None:
+        return scores.score_target(self, ref)
+
+    def page_session_scores(self, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+        return scores.session_page(self, session_id, turn_ids)
+
+    def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
+        return scores.page(self, range_)
 
 
 class _Follower:
