@@ -311,11 +311,16 @@ def _records(reader: ClickHouseReader, sql: str, params: dict[str, Any]) -> list
 
 
 def session_page(reader: ClickHouseReader, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
-    """A session's scores as the dashboard polls for them (``/api/scores?session=``): those of these
-    turns and of their calls and tools, oldest first (the DuckDB engine's ``session_page``)."""
-    answer: dict[str, Any] = {"session_id": session_id, "scores": [], "generated_at": now_ms()}
+    """A session's scores as the dashboard polls for them (``/api/scores?session=``): :func:`turn_scores`
+    (the DuckDB engine's ``session_page``)."""
+    return {"session_id": session_id, "scores": turn_scores(reader, session_id, turn_ids), "generated_at": now_ms()}
+
+
+def turn_scores(reader: ClickHouseReader, session_id: str, turn_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The scores of these turns of a session and of their model calls and tool calls (``target``:
+    turn, call, tool), oldest first: what a timeline page shows on each turn."""
     if not turn_ids or not has_scores(reader):
-        return answer
+        return []
     session = "session_id = {session:String}"
     targets = score_targets(
         scores=f"(SELECT * FROM {SCORES} FINAL WHERE {session} OR session_id IS NULL)",
@@ -323,13 +328,12 @@ def session_page(reader: ClickHouseReader, session_id: str, turn_ids: Sequence[s
         model_calls=f"(SELECT * FROM loopscope_model_calls FINAL WHERE {session})",
         tool_calls=f"(SELECT * FROM loopscope_tool_calls FINAL WHERE {session})",
     )
-    answer["scores"] = _records(reader, f"""
+    return _records(reader, f"""
         SELECT id, {_MS.format('created_at')} AS t, name, value, label, explanation, source, target, turn_id, tool,
             tool_call_id, call_position, response_id
         FROM ({targets})
         WHERE {session} AND turn_id IN {IN_IDS % 'turns'}
         ORDER BY created_at, id""", {"session": session_id, "turns": ids_param(turn_ids)})
-    return answer
 
 
 def page(reader: ClickHouseReader, range_: str | None = "all") -> dict[str, Any]:
@@ -373,4 +377,4 @@ def page(reader: ClickHouseReader, range_: str | None = "all") -> dict[str, Any]
 
 
 __all__ = ["MAX_SCORES", "SCORES", "SCORES_OVER_TIME", "has_scores", "page", "score_target", "score_targets",
-           "session_page", "statements"]
+           "session_page", "statements", "turn_scores"]

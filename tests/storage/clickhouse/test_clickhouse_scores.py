@@ -134,6 +134,8 @@ def test_score_targets_session_scores_and_the_scores_page_answer_as_on_duckdb(pa
     assert {s["target"] for s in s1} == {"call", "tool", "turn"}
     assert [s["name"] for s in ch.page_session_scores("beta", turn_ids["beta"])["scores"]] == ["thumbs"]  # turn-1
     assert ch.page_session_scores("s1", []) == {**ch.page_session_scores("s1", []), "scores": []}
+    # a timeline page holds its turns' scores too
+    assert _close(ch.page_timeline("s1")["scores"]) == _close(duck.page_timeline("s1")["scores"]) == _close(s1)
 
     for range_ in ("all", "24h"):
         found, expected = ch.page_scores(range_), duck.page_scores(range_)
@@ -157,9 +159,6 @@ def test_loopscope_score_and_collect_write_scores_into_a_chdb_store(recorded: di
     and ``loopscope collect --db chdb://...`` keeps another instrumentation's evaluation event:
     each in a child process (chDB lets one process at a time open a directory)."""
     url = prepare(f"chdb://{recorded['folder']}/cli")
-    done = subprocess.run([sys.executable, "-m", "loopscope", "score", "turn-1", "cli_thumbs", "--value", "1", "--db", url,
-                           "--json"], check=False, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "no turn, model call or tool call" in done.stderr  # an empty store: nothing to score
     runner = connect(url)
     try:
         runner.insert_json("otel_traces", recorded["body"])
@@ -185,9 +184,11 @@ def test_loopscope_score_and_collect_write_scores_into_a_chdb_store(recorded: di
         provider.shutdown()
         child.stop_ok()
 
+    # what the dashboard asks (its /api/scores: the Scores page, a session page's poll) of a reader
     ch = open_reader(url)
     try:
-        recent = {r["name"]: r for r in ch.page_scores()["recent"]}
+        page = ch.page_scores()["recent"]
+        recent = {r["name"]: r for r in page}
         assert (recent["cli_thumbs"]["value"], recent["cli_thumbs"]["source"], recent["cli_thumbs"]["target"],
                 recent["cli_thumbs"]["found"]) == (1.0, "human", "turn", True)
         beta = ch.page_session_scores("beta", ["turn-1"])["scores"]
@@ -195,6 +196,6 @@ def test_loopscope_score_and_collect_write_scores_into_a_chdb_store(recorded: di
         collected, own_span = recent["collected"], recent["collected_span"]
         assert (collected["label"], collected["target"], collected["tool"], collected["found"]) == ("ok", "tool", "search", True)
         assert (own_span["value"], own_span["target"], own_span["tool"]) == (2.0, "tool", "search")
-        assert len([n for n in ch.sql("SELECT name FROM loopscope_scores FINAL")[1] if n[0].startswith("collected")]) == 2
+        assert len([r for r in page if r["name"].startswith("collected")]) == 2  # collect's score and the view's: one row
     finally:
         ch.close()  # type: ignore[attr-defined]
