@@ -149,9 +149,10 @@ WHERE NOT {_OWN} AND score_event_name = '{a.EVALUATION_EVENT}' AND mapContains({
 
 # -- score_targets: what each score names (storage/duckdb/views.py's score_targets) -----------------
 
+# the scores on the right: ClickHouse builds its hash table of a join's right side, and scores are few
 _MATCH = """
     SELECT s.id AS id, {rank} AS rank, '{target}' AS target, {columns}, s.session_id AS given_session
-    FROM {scores} AS s INNER JOIN {source} ON {on}"""
+    FROM {source} INNER JOIN {scores} AS s ON {on}"""
 
 
 def _columns(session: str, turn: str, agent: str, model: str, tool: str, call_id: str, response: str, position: str) -> str:
@@ -209,7 +210,9 @@ WITH matched AS ({matches}
     FROM {src["scores"]} AS s LEFT JOIN best AS b ON b.id = s.id
 ), turn_of AS (
     SELECT session_id, correlation_id, any(channel_id) AS agent, any(model) AS model
-    FROM {src["turns"]} GROUP BY session_id, correlation_id
+    FROM {src["turns"]}
+    WHERE correlation_id IN (SELECT turn_id FROM scored WHERE turn_id IS NOT NULL)
+    GROUP BY session_id, correlation_id
 )
 SELECT x.id AS id, x.created_at AS created_at, x.name AS name, x.value AS value, x.label AS label,
     x.explanation AS explanation, x.source AS source, x.target AS target, x.session_id AS session_id,
