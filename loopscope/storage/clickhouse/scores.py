@@ -339,6 +339,26 @@ def turn_scores(reader: ClickHouseReader, session_id: str, turn_ids: Sequence[st
         ORDER BY created_at, id""", {"session": session_id, "turns": ids_param(turn_ids)})
 
 
+def _summed(groups: list[dict[str, Any]], by: str, *, labels: bool = True) -> list[dict[str, Any]]:
+    """The page's rows per name (and per ``by``: agent, model, tool, day) summed from the groups:
+    count, mean value (of the scores with one), each label's count; ordered as DuckDB orders them."""
+    sums: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for g in groups:
+        key = (g["day"], g["name"]) if by == "day" else (g["name"], g[f"by_{by}"]) if by else (g["name"],)
+        row = sums.setdefault(key, {"scores": 0, "valued": 0, "total": 0.0, "labels": Counter()})
+        row["scores"] += g["scores"]
+        row["valued"] += g["valued"]
+        row["total"] += g["total"] or 0.0
+        if g["label"] is not None:
+            row["labels"][g["label"]] += g["scores"]
+    out = []
+    for key, row in sorted(sums.items(), key=lambda item: item[0]):
+        named = {"day": key[0], "name": key[1]} if by == "day" else {"name": key[0], **({by: key[1]} if by else {})}
+        summed = {**named, "scores": row["scores"], "mean_value": json_safe(row["total"] / row["valued"]) if row["valued"] else None}
+        out.append({**summed, "labels": dict(row["labels"])} if labels else summed)
+    return out
+
+
 def page(reader: ClickHouseReader, range_: str | None = "all") -> dict[str, Any]:
     """The Scores page (the DuckDB engine's ``page``): per score name, and per name by agent, model
     and tool (count, mean value, each label's count), per day, and the most recent scores."""
@@ -351,27 +371,18 @@ def page(reader: ClickHouseReader, range_: str | None = "all") -> dict[str, Any]
     if start is not None:
         where, params = "WHERE created_at >= fromUnixTimestamp64Micro({since:Int64}, 'UTC')", {"since": int(start * 1e6)}
     scored = f"({score_targets()}) {where}"
-
-    def summed(by: str) -> list[dict[str, Any]]:
-        key = f", coalesce({by}, '') AS key" if by else ""
-        rows = _records(reader, f"""
-            SELECT name{key}, count() AS scores, avg(value) AS mean_value, groupArray(label) AS labels
-            FROM {scored} GROUP BY name{", key" if by else ""} ORDER BY name{", key" if by else ""}""", params)
-        out = []
-        for row in rows:
-            labels = dict(Counter(row.pop("labels")))
-            named = {"name": row.pop("name"), **({by: row.pop("key")} if by else {})}
-            out.append({**named, **row, "labels": labels})
-        return out
-
-    answer["names"] = summed("")
-    answer["by_agent"] = summed("agent")
-    answer["by_model"] = summed("model")
-    answer["by_tool"] = [r for r in summed("tool") if r["tool"]]
-    answer["over_time"] = _records(reader, f"""
-        SELECT {_MS.format("toDateTime64(toStartOfDay(created_at), 6, 'UTC')")} AS day, name, count() AS scores,
-            avg(value) AS mean_value
-        FROM {scored} GROUP BY day, name ORDER BY day, name""", params)
+    # one read of what the scores name, in groups the page's sums are made of (each a day, name, agent,
+    # model, tool and label): the matching is the costly part, and the groups are few
+    groups = _records(reader, f"""
+        SELECT {_MS.format("toDateTime64(toStartOfDay(created_at), 6, 'UTC')")} AS day, name,
+            coalesce(agent, '') AS by_agent, coalesce(model, '') AS by_model, coalesce(tool, '') AS by_tool, label,
+            count() AS scores, count(value) AS valued, sum(value) AS total
+        FROM {scored} GROUP BY day, name, by_agent, by_model, by_tool, label""", params)
+    answer["names"] = _summed(groups, "")
+    answer["by_agent"] = _summed(groups, "agent")
+    answer["by_model"] = _summed(groups, "model")
+    answer["by_tool"] = [r for r in _summed(groups, "tool") if r["tool"]]
+    answer["over_time"] = _summed(groups, "day", labels=False)
     answer["recent"] = _records(reader, f"""
         SELECT id, {_MS.format('created_at')} AS t, name, value, label, explanation, source, target, session_id, turn_id,
             agent, model, tool, tool_call_id, call_position, found
