@@ -26,7 +26,9 @@ agents; sessions start every 130 s and overlap (about 27 at a time). ``--events`
 Then, in the same run, each read ``--repeats`` times, the two engines taking turns: the median
 latency of a timeline page (50 rows at offset 200 of a session in the middle), tool statistics (all
 time: DuckDB's ``tool_stats`` view, which reads the per-tool totals its writer keeps; chDB computes
-them from the tool durations table), the newest 50 turns, and the 50 most recent sessions; printed
+them from the tool durations table), the newest 50 turns, the 50 most recent sessions, and
+``SELECT * FROM tool_stats`` (the SQL view of that name on each engine, every column: what
+``loopscope sql`` reads; on chDB a plain view, ``views.py``, over the tool calls read ``FINAL``); printed
 side by side with the chDB / DuckDB ratio. The load average is printed before and after (the machine
 is shared). Memory is bounded: chDB's ``max_memory_usage`` (``--ch-memory``, default 4 GB), DuckDB's
 defaults (the generator's sort is of narrow keys).
@@ -284,6 +286,9 @@ def reads(store: Any, con: Any, ch: Chdb, session: str) -> dict[str, tuple[Calla
         "turns list": (lambda: store.list_turns(limit=PAGE, newest_first=True),
                        lambda: queries.turns_list(ch.run, PAGE)),
         "sessions list": (lambda: store.list_sessions(PAGE), lambda: queries.sessions(ch.run, PAGE)),
+        # the SQL view of that name on each engine, every column (what `loopscope sql` reads)
+        "tool_stats view": (lambda: con.execute("SELECT * FROM tool_stats").fetchall(),
+                            lambda: ch.run("SELECT * FROM tool_stats")),
     }
 
 

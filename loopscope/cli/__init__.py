@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _args, agui, analytics, calls, collect, commands, export, run, score, search, status, tail, ui
+from . import _args, agui, analytics, calls, collect, commands, export, init, run, score, search, status, tail, ui
 from . import diff as diff_cli  # its own line: other commands join the line above
 from .commands import CommandError
 
@@ -54,6 +54,7 @@ examples:
   loopscope run -- python app.py         run a program with every adapter on, no code change
   loopscope status                       the store, its writers, and what was dropped or failed to write
   loopscope score TURN helpful --label up   score a turn, a model call (response id) or a tool call
+  loopscope init --db clickhouse://ch:8123/otel --ttl-days 30   a store's schema, no data (before the Collectors)
 """
 
 
@@ -207,6 +208,7 @@ COMMANDS: list[Register] = [
     run.register,
     status.register,
     score.register,  # (scores: docs/scores.md)
+    init.register,
 ]
 """Every command, in the order ``--help`` lists them: a function that adds its parser
 (``register(sub, common)``) and sets ``handler`` to the function that runs it. A new

@@ -14,21 +14,26 @@ passes. Ours is registered in LiteLLM's callback lists (never replacing the user
 
 LiteLLM runs success callbacks after it returned the response: on a thread pool (sync) or
 its logging worker task (async). A loop's next request may so come before the last
-response is recorded, and its tool results would find no call waiting for them. So
-``completion()`` and ``acompletion()`` are wrapped to hand the response they return to
-its call (nothing else), and a new request in the same thread (sync: in
-``log_pre_api_call``) or task (async: in ``async_pre_call_deployment_hook``) that goes on
-from the previous call of that thread or task (its answer, its tool results) ends that
-call first with that response (LiteLLM's cost of it read from the response's
-``_hidden_params``, as LiteLLM's docs show), or, for a stream or a call made through a
-reference to ``completion`` taken before ``instrument()``, waits, bounded, for LiteLLM's
-success callback to end it; one that starts a conversation afresh does neither. (A stream
-read to its end could be assembled here with LiteLLM's ``stream_chunk_builder`` and priced
-with ``completion_cost``: 1.8 ms and 0.35 ms of CPU for 7 chunks, on the request's path,
-measured longer than the wait.) LiteLLM tells no callback of a stream closed early: the
-call ends as abandoned when LiteLLM's logging object for it is collected. Per-chunk stream
-events come unordered on a thread pool and are not read: the success event carries the
-whole stream, its first chunk's time included.
+response is recorded, and its tool results would find no call waiting for them. So the
+response is also taken where the caller has it: ``completion()`` and ``acompletion()`` are
+wrapped to hand the response they return to its call, and a stream's is taken as LiteLLM
+assembles it at the stream's end (``CustomStreamWrapper._build_complete_streaming_response``
+and its async twin, which LiteLLM runs in the caller's thread or task whatever the
+callbacks: no work of ours per chunk, none again). A new request in the same thread (sync:
+in ``log_pre_api_call``) or task (async: in ``async_pre_call_deployment_hook``) that goes on
+from the previous call of that thread or task (its answer, its tool results) ends that call
+first with that response (LiteLLM's cost of it read from the response's ``_hidden_params``,
+as LiteLLM's docs show; a stream's first chunk from LiteLLM's stamp of it), and does not
+wait; only for a call not streamed made through a reference to ``completion`` taken before
+``instrument()``, or a stream of a LiteLLM without that assembly, does it wait, bounded, for
+LiteLLM's success callback to end it. One that starts a conversation afresh does neither.
+(Reading a stream's chunks ourselves costs some microseconds a chunk; assembling it again
+with ``stream_chunk_builder`` and ``completion_cost``, 1.8 ms and 0.35 ms of CPU for 7 chunks.)
+LiteLLM tells no callback of a stream closed early: the call ends as abandoned when
+LiteLLM's logging object for it is collected (with its assembled response, if it was read
+to its end and no callback came). Per-chunk stream events come unordered on a thread pool
+and are not read: the success event, or the assembled response, carries the whole stream,
+its first chunk's time included.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ _LISTS = ("input_callback", "success_callback", "failure_callback", "_async_succ
 class _Call:
     """One LiteLLM call being recorded."""
 
-    __slots__ = ("__weakref__", "answer", "call_id", "done", "model", "model_call", "owner", "stream", "token")
+    __slots__ = ("__weakref__", "answer", "call_id", "done", "first", "model", "model_call", "owner", "stream", "token")
 
     def __init__(
         self, call_id: str, model_call: ModelCall, request: ModelRequest, owner: object, token: Token[Any] | None
@@ -81,14 +86,16 @@ class _Call:
         self.model = request.model
         self.owner: object = owner  # the thread (sync) or task (async) that made it
         self.token: Token[Any] | None = token
-        self.answer: Any = None  # LiteLLM's response, as completion() returned it (not a stream's)
+        # LiteLLM's response: as completion() returned it, or as LiteLLM assembled a stream at its end
+        self.answer: Any = None
+        self.first: Any = None  # a stream's: LiteLLM's wall-clock time of its first chunk
         self.done = threading.Event()
 
     def ended(self) -> None:
         """Recorded: a request waiting for it goes on. What it holds is let go (it may stay
         its context's previous call for long)."""
         self.done.set()
-        self.owner = self.token = self.model_call = self.answer = None
+        self.owner = self.token = self.model_call = self.answer = self.first = None
 
 
 _open: dict[str, _Call] = {}  # litellm_call_id -> the call, until it ends
@@ -218,8 +225,12 @@ def _pre(model: Any, messages: Any, kwargs: dict[str, Any], caller: FrameType) -
 
 
 def _collected(call_id: str) -> None:
-    """LiteLLM's logging object of a call is gone and no event ended the call: a stream let go early."""
+    """LiteLLM's logging object of a call is gone and no event ended the call: a stream let go
+    early (or, with the response LiteLLM assembled, one read to its end whose report never came)."""
     try:
+        call = _open.get(call_id)
+        if call is not None and call.answer is not None and _end_answered(call):
+            return  # read to its end, and no callback came: ended with what LiteLLM assembled
         with _lock:
             call = _open.pop(call_id, None)
         if call is not None and call.model_call is not None:
@@ -263,7 +274,7 @@ def _answered(response: Any) -> None:
     """``completion()`` / ``acompletion()`` returned ``response`` (in the caller's thread or
     task): kept on its call, which the caller's next request that goes on from it ends
     with it (:func:`_end_answered`) rather than wait for LiteLLM's success callback. A stream
-    is not kept: its response is whole only in that callback."""
+    is kept by :func:`_stream_answered`, at its end."""
     hidden = getattr(response, "_hidden_params", None)  # LiteLLM's documented per-response figures
     call_id = hidden.get("litellm_call_id") if type(hidden) is dict else None
     call = _open.get(call_id) if isinstance(call_id, str) else None
@@ -271,11 +282,26 @@ def _answered(response: Any) -> None:
         call.answer = response
 
 
+def _stream_answered(stream: Any, response: Any) -> None:
+    """LiteLLM assembled the response of ``stream`` (its ``CustomStreamWrapper``) at its end,
+    in the caller's thread or task, as it does whatever the callbacks: kept on its call, as
+    :func:`_answered` keeps a whole response (a failed assembly, a bare usage chunk, is not)."""
+    logging_obj = getattr(stream, "logging_obj", None)
+    call_id = getattr(logging_obj, "litellm_call_id", None)
+    call = _open.get(call_id) if isinstance(call_id, str) else None
+    if call is None or not call.stream:
+        return
+    choices = getattr(response, "choices", None)
+    if choices and getattr(choices[0], "message", None) is not None:
+        call.first = getattr(logging_obj, "completion_start_time", None)
+        call.answer = response
+
+
 def _end_answered(call: _Call) -> bool:
-    """End ``call`` here with the response its ``completion()`` returned, if it has one and
-    LiteLLM's success callback has not taken it: the next request goes on at once (it
-    waited for LiteLLM's whole success handling, on its thread pool, before). True when
-    ended here or already."""
+    """End ``call`` here with the response its ``completion()`` returned (a stream's: as
+    LiteLLM assembled it), if it has one and LiteLLM's success callback has not taken it:
+    the next request goes on at once (it waited for LiteLLM's whole success handling, on
+    its thread pool, before). True when ended here or already."""
     if call.answer is None:
         return call.done.is_set()
     with _lock:
@@ -285,7 +311,7 @@ def _end_answered(call: _Call) -> bool:
     response = call.answer
     hidden = getattr(response, "_hidden_params", None)
     _end(call, response, {"response_cost": hidden.get("response_cost") if type(hidden) is dict else None,
-                          "model": call.model})
+                          "model": call.model, "completion_start_time": call.first})
     return True
 
 
@@ -410,10 +436,17 @@ def patch() -> list[Patch | Registration]:
     # entries left as they are
     _keep_in_callbacks(logger)
     # completion() and acompletion() only hand their response over (_answered): what the
-    # caller's next request needs before it goes on. Calls made through references taken
-    # before instrument() (``from litellm import completion``) are ended by the callbacks
-    # alone, the next request waiting for them as before.
+    # caller's next request needs before it goes on. Calls not streamed made through
+    # references taken before instrument() (``from litellm import completion``) are ended by
+    # the callbacks alone, the next request waiting for them as before.
     wrapped = [wrap(litellm, "completion", _returned), wrap(litellm, "acompletion", _returned_async)]  # type: ignore[arg-type]
+    # a stream's response as LiteLLM assembles it at the stream's end, in the caller's thread
+    # or task, before it hands it to its callbacks: kept too (_stream_answered). Absent (another
+    # LiteLLM), a stream's next request waits for the callback, as a reference taken early does.
+    streams = _stream_class()
+    if streams is not None:
+        wrapped += [wrap(streams, "_build_complete_streaming_response", _assembled),
+                    wrap(streams, "_async_build_complete_streaming_response", _assembled_async)]
 
     def undo() -> None:
         for name in ("callbacks", *_LISTS):
@@ -447,6 +480,36 @@ def _returned_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
             _answered(response)
         except Exception:
             internal_error("litellm answered")
+        return response
+
+    return run()
+
+
+def _stream_class() -> type | None:
+    """LiteLLM's ``CustomStreamWrapper``, every stream it returns (None where it is not found)."""
+    try:
+        from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+    except ImportError:
+        return None
+    return CustomStreamWrapper if isinstance(CustomStreamWrapper, type) else None
+
+
+def _assembled(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    response = wrapped(*args, **kwargs)
+    try:
+        _stream_answered(instance, response)
+    except Exception:
+        internal_error("litellm stream answered")
+    return response
+
+
+def _assembled_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def run() -> Any:
+        response = await wrapped(*args, **kwargs)
+        try:
+            _stream_answered(instance, response)
+        except Exception:
+            internal_error("litellm stream answered")
         return response
 
     return run()

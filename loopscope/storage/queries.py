@@ -49,7 +49,7 @@ CLICKHOUSE_SCHEMES = ("clickhouse://", "clickhouses://", "chdb://")
 CLICKHOUSE_ENGINE = "loopscope.storage.clickhouse"
 """The ClickHouse engine's package. What the seam calls there: ``open_reader(url, *,
 lock_timeout, keep_open)`` (a :class:`Reader`), ``open_sink(url, *, mapping, **options)``
-(a :class:`~loopscope.storage.api.BundleSink`) and ``prepare(url, *, timeout)`` (the DDL
+(a :class:`~loopscope.storage.api.BundleSink`) and ``prepare(url, *, timeout[, ttl_days])`` (the DDL
 run; the URL back), as :mod:`loopscope.storage.duckdb.queries` has them for a file."""
 
 TOOL_ORDERS = ("calls", "failures", "p95", "name")
@@ -329,12 +329,18 @@ def open_reader(db: str, *, lock_timeout: float = 10.0, keep_open: bool = False)
     return DuckDBReader(db, lock_timeout=lock_timeout, keep_open=keep_open)
 
 
-def prepare(db: str, *, timeout: float = 10.0) -> str:
+def prepare(db: str, *, timeout: float = 10.0, ttl_days: int = 0) -> str:
     """Make the store ``db`` names ready to be written (its schema made, or migrated to this
     loopscope's); its name as its reads and sinks take it. A store that cannot be written
-    fails here, clearly, not at the first span."""
+    fails here, clearly, not at the first span. ``ttl_days`` (ClickHouse only; 0: keep
+    everything): the retention the tables it makes get (docs/clickhouse.md, "Retention");
+    a DuckDB file keeps every row, and asking it for a retention is a ``ValueError``."""
+    if ttl_days < 0:
+        raise ValueError("ttl_days must not be negative")
     if engine_of(db) == "clickhouse":
-        return _clickhouse("prepare")(db, timeout=timeout)  # type: ignore[no-any-return]
+        return _clickhouse("prepare")(db, timeout=timeout, ttl_days=ttl_days)  # type: ignore[no-any-return]
+    if ttl_days:
+        raise ValueError("a DuckDB file has no retention (ttl_days is for a ClickHouse store): it keeps every row")
     from .duckdb.queries import prepare as prepare_file
 
     return prepare_file(db, timeout=timeout)

@@ -485,12 +485,14 @@ class Held(CustomLogger):
             await asyncio.sleep(0.005)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", MODES)
 def test_the_next_round_goes_on_with_the_answer_completion_returned(recording, server, monkeypatch, caplog, mode):
     """A round's answer is recorded from what ``completion()`` / ``acompletion()`` returned
-    when the next round goes on from it: that request does not wait for LiteLLM's success
-    callbacks (its whole success handling, on its thread pool or logging task), held here
-    until both rounds were sent."""
+    (a stream's: as LiteLLM assembled it at its end) when the next round goes on from it:
+    that request does not wait for LiteLLM's success callbacks (its whole success handling,
+    on its thread pool or logging task), held here until both rounds were sent. The first
+    round is recorded by then (ended by the second request, not by LiteLLM's report of it),
+    and the turn is the one LiteLLM's callbacks make."""
     held = Held()
     # in the lists LiteLLM reports from, before ours (instrument() appends ours)
     litellm.success_callback.append(held)
@@ -501,8 +503,9 @@ def test_the_next_round_goes_on_with_the_answer_completion_returned(recording, s
     try:
         tool_round_script(server)
         with loopscope.session("conv-held"), caplog.at_level(logging.WARNING, logger="loopscope"):
-            if mode == "sync":
+            if mode in ("sync", "stream"):
                 run_loop(mode, route(server, "openai"))
+                assert len(recording.spans(a.OP_CHAT)) == 1  # the first, ended by the second request
             else:
 
                 async def main() -> None:
@@ -510,6 +513,7 @@ def test_the_next_round_goes_on_with_the_answer_completion_returned(recording, s
                     message = await acall(mode, route(server, "openai"), messages)
                     await acall(mode, route(server, "openai"), follow_up(messages, message, "21 C and sunny"))
                     assert "had not reported a call" not in caplog.text
+                    assert len(recording.spans(a.OP_CHAT)) == 1  # the first, ended by the second request
                     held.go.set()  # in the loop: LiteLLM's logging task reports the last call now
                     while len(recording.spans(a.OP_CHAT)) < 2:
                         await asyncio.sleep(0.005)
@@ -518,10 +522,14 @@ def test_the_next_round_goes_on_with_the_answer_completion_returned(recording, s
         assert "had not reported a call" not in caplog.text  # it did not wait
         held.go.set()
         settle(recording, 2)
-        assert_tool_loop(recording, "conv-held", "openai")
+        turn = assert_tool_loop(recording, "conv-held", "openai")
+        assert turn.streaming is (mode in ("stream", "astream"))
+        chats = recording.spans(a.OP_CHAT)
         # LiteLLM's cost of each call: of the first from its response, of the last from its callback
-        figures = [json.loads(c.attributes[a.USAGE_PROVIDER]) for c in recording.spans(a.OP_CHAT)]
+        figures = [json.loads(c.attributes[a.USAGE_PROVIDER]) for c in chats]
         assert len(figures) == 2 and all(f["litellm_response_cost"] > 0 for f in figures)
+        if mode in ("stream", "astream"):  # the first chunk's time, from LiteLLM's stamp of it
+            assert all(0 < c.attributes[a.TIME_TO_FIRST_CHUNK] <= (c.end_time - c.start_time) / 1e9 for c in chats)
     finally:
         held.go.set()
         loopscope.uninstrument()

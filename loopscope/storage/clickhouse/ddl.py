@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import semconv as a
+from . import views
 
 OTEL_TRACES = "otel_traces"
 """The exporter's default traces table name (its ``traces_table_name``)."""
@@ -349,7 +350,8 @@ _TABLES = {
 
 def derived(database: str = "default", source: str = OTEL_TRACES, *, ttl_days: int = 0) -> list[str]:
     """loopscope's tables and the materialized views that fill them from ``source`` (the exporter's
-    traces table), then the read-time views; in order, each ``IF NOT EXISTS``."""
+    traces table), then the read-time views; in order, each ``IF NOT EXISTS``; last the SQL views
+    of the DuckDB store's names (:mod:`.views`), each ``OR REPLACE``."""
     db, src = ident(database), f"{ident(database)}.{ident(source)}"
     out = []
     for name, (columns, partition, order, time) in _TABLES.items():
@@ -387,6 +389,7 @@ FROM {src} WHERE {_OP} IN ({ops}) GROUP BY session_id""")
     out.append(f"CREATE VIEW IF NOT EXISTS {db}.`loopscope_timeline` AS {TIMELINE.format(events=events)}")
     from .scores import statements as scores  # loopscope_scores and its views (storage/clickhouse/scores.py)
     out.extend(scores(database, source, ttl_days=ttl_days))
+    out.extend(views.create_statements(db))  # the DuckDB store's SQL views, by the same names
     return out
 
 

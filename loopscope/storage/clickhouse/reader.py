@@ -14,12 +14,27 @@ imports.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
-from ..policy import EventFilter
-from ..results import TOOL_OUTCOMES, CallRow, Record, ScoreTarget, SessionLookup, Stats, StoreStatus, TurnRow
-from . import pages, parquet, scores
+from ..matching import needle_of
+from ..policy import EventFilter, TurnFilter
+from ..results import (
+    TOOL_OUTCOMES,
+    CallRow,
+    Record,
+    ScoreTarget,
+    SearchHit,
+    SessionLookup,
+    Stats,
+    StoreStatus,
+    ToolCallRow,
+    TrajectoryLookup,
+    TurnRow,
+)
+from . import pages, parquet, scores, trajectory
+from . import search as _search  # (a method is named search)
 from .runner import Runner, connect, parse, readonly
 from .tables import (
     CALL_SELECT,
@@ -40,6 +55,7 @@ from .tables import (
     event_filter_sql,
     ids_param,
     json_of,
+    us_of,
     usage_of,
     when,
     where_of,
@@ -83,7 +99,7 @@ class ClickHouseReader:
             if int(found) < len(_TABLES):
                 runner.close()
                 raise StoreError(f"the ClickHouse store {self.path} holds no loopscope data yet (its tables are made by "
-                                 "`loopscope collect --db <url>`, or by the engine's prepare() before a Collector writes)")
+                                 "`loopscope init --db <url>` before the Collectors write, or by `loopscope collect --db <url>`)")
             self._runner = runner
         return self._runner
 
@@ -141,13 +157,16 @@ class ClickHouseReader:
         return SessionLookup(None, tuple(matches[:6]))
 
     def _session_ids(self, limit: int | None, offset: int = 0, search: str | None = None) -> list[str]:
+        """The ids of a page of sessions, most recently active first; ``search``: those whose
+        id, agent or model, or whose content (:meth:`search`'s), holds it."""
         params: dict[str, Any] = {}
         where = ""
         if search:
-            params["q"] = search.strip()
+            params["q"] = params["needle"] = search.strip()  # and the sessions whose content holds it (issue 35)
             where = ("WHERE positionCaseInsensitiveUTF8(session_id, {q:String}) > 0 OR session_id IN ("
                      "SELECT session_id FROM loopscope_turns WHERE positionCaseInsensitiveUTF8(coalesce(channel_id, ''), "
-                     "{q:String}) > 0 OR positionCaseInsensitiveUTF8(coalesce(model, ''), {q:String}) > 0)")
+                     "{q:String}) > 0 OR positionCaseInsensitiveUTF8(coalesce(model, ''), {q:String}) > 0) "
+                     f"OR session_id IN (SELECT session_id FROM ({_search.matches_sql()}))")
         sql = f"SELECT session_id FROM loopscope_sessions {where} GROUP BY session_id ORDER BY max(last_at) DESC, session_id"
         if limit is not None:
             sql += " LIMIT {limit:UInt64} OFFSET {offset:UInt64}"
@@ -261,12 +280,18 @@ class ClickHouseReader:
 
     # -- turns and model calls --------------------------------------------------------------
 
-    def turn_rows(self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False) -> list[TurnRow]:
+    def turn_rows(
+        self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
+    ) -> list[TurnRow]:
         params: dict[str, Any] = {}
-        where = ""
+        clauses: list[str] = []
         if session_id is not None:
-            where, params["session_id"] = "WHERE session_id = {session_id:String}", session_id
-        sql = (f"SELECT {TURN_SELECT} FROM {TURNS.format(where=where)} "
+            clauses.append("session_id = {session_id:String}")
+            params["session_id"] = session_id
+        if turn_filter is not None:
+            clauses += _turn_filter_sql(turn_filter, params)
+        sql = (f"SELECT {TURN_SELECT} FROM {TURNS.format(where=where_of(clauses))} "
                f"ORDER BY timestamp {'DESC' if newest_first else 'ASC'}, correlation_id")
         if limit is not None:
             sql += " LIMIT {limit:UInt64}"
@@ -292,11 +317,14 @@ class ClickHouseReader:
             model_call_count=int(r["model_call_count"] or 0),
         ) for r in rows]
 
-    def turns(self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False) -> list[AIResponseEvent]:
+    def turns(
+        self, session_id: str | None = None, limit: int | None = 50, *, newest_first: bool = False,
+        turn_filter: TurnFilter | None = None,
+    ) -> list[AIResponseEvent]:
         from ...models import AIResponseEvent
 
         return [AIResponseEvent.model_validate({k: v for k, v in r._asdict().items() if v is not None})
-                for r in self.turn_rows(session_id, limit, newest_first=newest_first)]
+                for r in self.turn_rows(session_id, limit, newest_first=newest_first, turn_filter=turn_filter)]
 
     def turn_costs(self, turn_ids: Sequence[str | None]) -> dict[tuple[str | None, str | None], float | None]:
         ids = sorted({t for t in turn_ids if t})
@@ -309,6 +337,7 @@ class ClickHouseReader:
     def calls(
         self, session_id: str | None = None, *, model: str | None = None, provider: str | None = None,
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        since: datetime | None = None, search: str | None = None,
     ) -> list[CallRow]:
         if limit is not None and limit < 0:
             raise ValueError("limit must not be negative")
@@ -323,6 +352,12 @@ class ClickHouseReader:
             params["model"] = model
         if failed:
             clauses.append("(outcome = 'error' OR error_type IS NOT NULL)")
+        if since is not None:
+            clauses.append("started_at >= fromUnixTimestamp64Micro({since:Int64}, 'UTC')")
+            params["since"] = us_of(since)
+        if search:
+            clauses.append(_search.MATCH.format(text=_search.CALL_TEXT))
+            params["needle"] = needle_of(search)
         order = ("duration_ms DESC, started_us DESC, span_id" if slowest
                  else "started_us DESC, position DESC, span_id DESC")
         sql = f"SELECT {CALL_SELECT} FROM {CALLS.format(where=where_of(clauses))} ORDER BY {order}"
@@ -351,11 +386,31 @@ class ClickHouseReader:
     def model_calls(
         self, session_id: str | None = None, *, model: str | None = None, provider: str | None = None,
         failed: bool = False, slowest: bool = False, limit: int | None = 50,
+        since: datetime | None = None, search: str | None = None,
     ) -> list[ModelCall]:
         from ...models import ModelCall
 
         return [ModelCall.model_validate({k: v for k, v in c._asdict().items() if v is not None})
-                for c in self.calls(session_id, model=model, provider=provider, failed=failed, slowest=slowest, limit=limit)]
+                for c in self.calls(session_id, model=model, provider=provider, failed=failed, slowest=slowest, limit=limit,
+                                    since=since, search=search)]
+
+    # -- trajectories (loopscope diff: .trajectory) ------------------------------------------
+
+    def trajectory(self, ref: str) -> TrajectoryLookup:
+        return trajectory.lookup(self, ref)
+
+    # -- search and tool calls (.search) -----------------------------------------------------
+
+    def search(self, text: str, *, session_id: str | None = None, limit: int = 50) -> list[SearchHit]:
+        needle_of(text)  # an empty text: a clear error before the store is opened
+        return _search.hits(self, text, session_id, limit)
+
+    def tool_calls(
+        self, session_id: str | None = None, *, tool: str | None = None, failed: bool = False,
+        slowest: bool = False, since: datetime | None = None, search: str | None = None, limit: int | None = 50,
+    ) -> list[ToolCallRow]:
+        return _search.tool_calls(self, session_id, tool=tool, failed=failed, slowest=slowest, since=since, text=search,
+                                  limit=limit)
 
     # -- analytics ------------------------------------------------------------------------
 
@@ -520,6 +575,26 @@ class ClickHouseReader:
 
     def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
         return scores.page(self, range_)
+
+
+def _turn_filter_sql(turn_filter: TurnFilter, params: dict[str, Any]) -> list[str]:
+    """A :class:`TurnFilter` as conditions on ``loopscope_turns``, its values in ``params``. No
+    turn has a cost here: ``min_cost`` keeps none (as the DuckDB store keeps no unpriced turn)."""
+    clauses: list[str] = []
+    for column, name, value in (("channel_id", "t_agent", turn_filter.agent),
+                                ("loop_end_reason", "t_reason", turn_filter.reason), ("model", "t_model", turn_filter.model)):
+        if value is not None:
+            clauses.append(f"{column} = {{{name}:String}}")
+            params[name] = value
+    if turn_filter.since is not None:
+        clauses.append("timestamp >= fromUnixTimestamp64Micro({t_since:Int64}, 'UTC')")
+        params["t_since"] = us_of(turn_filter.since)
+    if turn_filter.min_cost is not None:
+        clauses.append("0")
+    if turn_filter.text:
+        clauses.append(f"(session_id, correlation_id) IN (SELECT session_id, turn_id FROM ({_search.matches_sql()}))")
+        params["needle"] = needle_of(turn_filter.text)
+    return clauses
 
 
 class _Follower:

@@ -227,9 +227,10 @@ LEFT JOIN turn_of AS t ON t.correlation_id = x.turn_id AND t.session_id = x.sess
 
 
 SCORES_OVER_TIME = """
-SELECT toStartOfDay(created_at) AS day, name, target, agent, model, tool, count() AS scores, count(value) AS valued,
+SELECT toDateTime64(toStartOfDay(created_at), 6, 'UTC') AS day, name, target, agent, model, tool, count() AS scores, count(value) AS valued,
     avg(value) AS mean_value, min(value) AS min_value, max(value) AS max_value, count(label) AS labelled,
-    toJSONString(CAST(sumMap(map(assumeNotNull(label), toUInt64(1))) AS Map(String, UInt64))) AS labels
+    if(count(label) = 0, NULL, toJSONString(CAST(sumMapIf(map(assumeNotNull(label), toUInt64(1)), isNotNull(label))
+        AS Map(String, UInt64)))) AS labels
 FROM score_targets
 GROUP BY day, name, target, agent, model, tool
 """
@@ -237,9 +238,13 @@ GROUP BY day, name, target, agent, model, tool
 scores, their values' mean, least and most, and each label's count (JSON)."""
 
 
+SCORE_VIEWS = {"score_targets": score_targets().strip(), "scores_over_time": SCORES_OVER_TIME.strip()}
+"""The score views by the DuckDB store's names, in its order (``views.VIEWS`` ends with them)."""
+
+
 def statements(database: str, source: str, *, ttl_days: int = 0) -> list[str]:
-    """``loopscope_scores``, its two materialized views over ``source`` (the exporter's traces
-    table) and the ``score_targets`` / ``scores_over_time`` views; each ``IF NOT EXISTS``."""
+    """``loopscope_scores`` and its two materialized views over ``source`` (the exporter's traces
+    table); each ``IF NOT EXISTS``. (The views over it: :data:`SCORE_VIEWS`.)"""
     db, src = ident(database), f"{ident(database)}.{ident(source)}"
     ttl = f"TTL toDateTime(created_at) + toIntervalDay({int(ttl_days)})" if ttl_days > 0 else ""
     table = f"{db}.{ident(SCORES)}"
@@ -252,9 +257,7 @@ ORDER BY id
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.`loopscope_scores_mv` TO {table} AS {_span_select(src)}",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.`loopscope_score_events_mv` TO {table} AS {_event_select(src)}",
-        f"CREATE VIEW IF NOT EXISTS {db}.`score_targets` AS {score_targets().strip()}",
-        f"CREATE VIEW IF NOT EXISTS {db}.`scores_over_time` AS {SCORES_OVER_TIME.strip()}",
-    ]
+    ]  # the views: SCORE_VIEWS, in views.VIEWS
 
 
 # -- the reads ---------------------------------------------------------------------------------------
@@ -390,5 +393,5 @@ def page(reader: ClickHouseReader, range_: str | None = "all") -> dict[str, Any]
     return answer
 
 
-__all__ = ["MAX_SCORES", "SCORES", "SCORES_OVER_TIME", "has_scores", "page", "score_target", "score_targets",
+__all__ = ["MAX_SCORES", "SCORES", "SCORES_OVER_TIME", "SCORE_VIEWS", "has_scores", "page", "score_target", "score_targets",
            "session_page", "statements", "turn_scores"]

@@ -125,6 +125,18 @@ FROM {TURNS.format(where=_HAS_TYPE)}
 ARRAY JOIN JSONExtractArrayRaw(declared_tools) AS d WHERE JSONExtractString(d, 'type') != ''"""
 
 
+MATCH = "positionCaseInsensitiveUTF8({text}, {{needle:String}}) > 0"
+"""A row whose ``text`` holds the needle bound as ``needle`` (any case)."""
+
+EVENT_TEXT = ("concatWithSeparator(char(31), JSONExtractString(content, 'body'), JSONExtractString(content, 'tool_name'), "
+              "JSONExtractRaw(content, 'arguments'), JSONExtractRaw(content, 'result'), JSONExtractString(content, 'error'))")
+"""An event's searchable text (``loopscope_events.content``), as ``policy.EVENT_TEXT`` has it."""
+
+EVENT_NOT_SERVED = ("type = 'tool_call_end' AND "
+                    "coalesce(tool_outcome, if(tool_status = 'completed', 'served', NULL), 'failed') != 'served'")
+"""A tool call's end row whose call was not served (``loopscope_events``)."""
+
+
 def event_filter_sql(event_filter: EventFilter, params: dict[str, Any]) -> list[str]:
     """An :class:`EventFilter` as ClickHouse conditions (joined with AND), its values in ``params``."""
     clauses: list[str] = []
@@ -147,6 +159,14 @@ def event_filter_sql(event_filter: EventFilter, params: dict[str, Any]) -> list[
     if event_filter.before_time is not None:
         clauses.append("created_at < fromUnixTimestamp64Micro({f_before:Int64}, 'UTC')")
         params["f_before"] = us_of(event_filter.before_time)
+    if event_filter.tool_name is not None:
+        clauses.append("tool_name = {f_tool:String}")
+        params["f_tool"] = event_filter.tool_name
+    if event_filter.failed:
+        clauses.append(EVENT_NOT_SERVED)
+    if event_filter.text:
+        clauses.append(MATCH.format(text=EVENT_TEXT).replace("{needle:", "{f_needle:"))
+        params["f_needle"] = event_filter.text.lower()
     return clauses
 
 
@@ -169,7 +189,7 @@ def usage_of(data: Mapping[str, Any]) -> dict[str, int]:
 
 
 __all__ = [
-    "CALLS", "CALL_SELECT", "DECLARED", "EVENT_NAMES", "EVENT_SELECT", "IN_IDS", "MANY_ROWS", "SERVER_TOOLS", "SESSION_ROWS",
+    "CALLS", "CALL_SELECT", "DECLARED", "EVENT_NAMES", "EVENT_NOT_SERVED", "EVENT_SELECT", "EVENT_TEXT", "IN_IDS", "MANY_ROWS", "MATCH", "SERVER_TOOLS", "SESSION_ROWS",
     "TOOL_CALLS", "TOOL_ORDER", "TOOL_STATS", "TURNS", "TURN_NAMES", "TURN_SELECT", "USAGE_NAMES", "at",
     "event_filter_sql", "ids_param", "json_of", "us_of", "usage_of", "when", "where_of",
 ]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..matching import SNIPPET_CHARS, needle_of, snippet
 from ..policy import EVENT_TEXT
 from ..results import SearchHit, ToolCallRow
 from .engine import duckdb
@@ -35,9 +36,6 @@ TOOL_CALL_TEXT = (
 )
 """A tool call's searchable text (SQL over the ``tool_calls`` view)."""
 
-SNIPPET_CHARS = 60
-"""Characters of context a snippet keeps on each side of the match."""
-
 _PARTS = "loopscope_values"
 
 
@@ -47,15 +45,6 @@ def has_parts(con: duckdb.DuckDBPyConnection) -> bool:
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND database_name = current_database()", [_PARTS]
     ).fetchone()
     return bool(row and row[0])
-
-
-def needle_of(text: str) -> str:
-    """The text a search looks for, as it compares it (stripped, lower case); a clear error
-    for an empty one."""
-    needle = text.strip().lower()
-    if not needle:
-        raise ValueError("the search text is empty")
-    return needle
 
 
 def _raw_safe(needle: str) -> bool:
@@ -91,19 +80,6 @@ def matches_sql(con: duckdb.DuckDBPyConnection, needle: str) -> tuple[str, list[
         )
         params.append(needle)
     return " UNION ".join(parts), params
-
-
-def snippet(text: str, needle: str, *, cut_before: bool = False, cut_after: bool = False) -> str:
-    """The text around the first match of ``needle`` (lower case) on one line, with an
-    ellipsis where text was left out."""
-    flat = " ".join(text.split())
-    at = flat.lower().find(needle)
-    at = max(at, 0)
-    start = max(0, at - SNIPPET_CHARS)
-    end = min(len(flat), at + len(needle) + SNIPPET_CHARS)
-    before = "…" if start > 0 or cut_before else ""
-    after = "…" if end < len(flat) or cut_after else ""
-    return f"{before}{flat[start:end]}{after}"
 
 
 def _aware(value: datetime | None) -> datetime | None:

@@ -1,23 +1,16 @@
 """A run's trajectory on a DuckDB file (``Reader.trajectory``, ``loopscope diff``): the session
-or turn a reference names, and its steps in the order they happened, read from the views
-``model_call_summaries``, ``tool_calls`` and ``turn_summaries``.
-
-Within a turn the steps are ordered by start time (a tool call starts after the model call
-that asked for it; calls that started together keep the model call first, then the store's
-order); a turn that has ended closes with its ``end`` step; a session's turns follow each
-other by their first step (a turn still running has no end step yet)."""
+or turn a reference names, and its steps, read from the views ``model_call_summaries``,
+``tool_calls`` and ``turn_summaries`` and put in the order they happened by
+:func:`loopscope.storage.trajectories.assemble`."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
-from typing import Any
 
 from ..results import Trajectory, TrajectoryLookup, TrajectoryStep
+from ..trajectories import MAX_CANDIDATES, answer_of, assemble, parsed
 from .engine import duckdb
 from .schema import check_readable, has_model_calls
-
-_MAX_CANDIDATES = 6
 
 _IS_SESSION = "SELECT 1 FROM sessions WHERE session_id = ? UNION ALL SELECT 1 FROM turns WHERE session_id = ? LIMIT 1"
 _TURN_SESSION = """
@@ -75,76 +68,30 @@ def lookup(con: duckdb.DuckDBPyConnection, ref: str) -> TrajectoryLookup:
     if len(found) == 1:
         ident = found[0][1]
         return lookup(con, str(ident)) if ident != ref else TrajectoryLookup(None)
-    return TrajectoryLookup(None, tuple(str(r[1]) for r in found[:_MAX_CANDIDATES]))
+    return TrajectoryLookup(None, tuple(str(r[1]) for r in found[:MAX_CANDIDATES]))
 
 
 def read(con: duckdb.DuckDBPyConnection, kind: str, ident: str, session_id: str) -> Trajectory:
     """The steps of session ``session_id`` (``kind`` ``session``) or of its turn ``ident``."""
     turn = ident if kind == "turn" else None
     params = [session_id, turn, turn]
-    steps: list[tuple[datetime | None, int, int, TrajectoryStep]] = []
+    calls: list[TrajectoryStep] = []
     if has_model_calls(con):
-        for n, r in enumerate(con.execute(_MODEL_CALLS, params).fetchall()):
-            text, requested = _answer(r[3])
-            steps.append((_aware(r[4]), 0, n, TrajectoryStep(
+        for r in con.execute(_MODEL_CALLS, params).fetchall():
+            text, requested = answer_of(r[3])
+            calls.append(TrajectoryStep(
                 kind="model_call", turn_id=r[0], name=r[1], result=text, status=r[2], error=r[9], requested=requested,
                 started_at=_aware(r[4]), duration_ms=r[5], input_tokens=r[6], output_tokens=r[7], cost_usd=r[8],
-            )))
-    for n, r in enumerate(con.execute(_TOOL_CALLS, params).fetchall()):
-        steps.append((_aware(r[7]), 1, n, TrajectoryStep(
-            kind="tool_call", turn_id=r[0], name=r[1], call_id=r[2] or None, arguments=_parsed(r[3]),
-            result=_parsed(r[4]), status=r[5], error=r[6], started_at=_aware(r[7]), duration_ms=r[8],
-        )))
-    ends: dict[str | None, TrajectoryStep] = {}
-    first: dict[str | None, datetime | None] = {}
-    for r in con.execute(_TURNS, params).fetchall():
-        ends[r[0]] = TrajectoryStep(
-            kind="end", turn_id=r[0], result=r[2] or None, status=r[1], error=r[3], started_at=_aware(r[5]),
-            duration_ms=r[6], input_tokens=r[7], output_tokens=r[8], cost_usd=r[9],
-        )
-        first[r[0]] = _aware(r[4])
-    by_turn: dict[str | None, list[tuple[datetime | None, int, int, TrajectoryStep]]] = {}
-    for item in steps:
-        by_turn.setdefault(item[3].turn_id, []).append(item)
-    for turn_id, items in by_turn.items():
-        start = min((t for t, *_ in items if t is not None), default=None)
-        known = first.get(turn_id)
-        first[turn_id] = start if known is None or (start is not None and start < known) else known
-    floor = datetime.min.replace(tzinfo=timezone.utc)
-    order = sorted(first, key=lambda t: (first[t] or floor, t or ""))
-    out: list[TrajectoryStep] = []
-    for turn_id in order:
-        items = sorted(by_turn.get(turn_id, []), key=lambda i: (i[0] or floor, i[1], i[2]))
-        out.extend(i[3] for i in items)
-        if turn_id in ends:
-            out.append(ends[turn_id])
-    return Trajectory(kind=kind, id=ident, session_id=session_id, turn_ids=tuple(t for t in order if t), steps=tuple(out))
-
-
-def _answer(messages: Any) -> tuple[str | None, tuple[str, ...]]:
-    """A model call's answered text and the tools it asked for, from its ``output_messages``
-    (the GenAI conventions' parts); none where content was not kept."""
-    parsed = _parsed(messages)
-    texts: list[str] = []
-    tools: list[str] = []
-    for message in parsed if isinstance(parsed, list) else []:
-        for part in message.get("parts") or [] if isinstance(message, dict) else []:
-            if not isinstance(part, dict):
-                continue
-            if part.get("type") == "text" and isinstance(part.get("content"), str):
-                texts.append(part["content"])
-            elif part.get("type") == "tool_call" and part.get("name"):
-                tools.append(str(part["name"]))
-    return ("\n".join(texts) if texts else None), tuple(tools)
-
-
-def _parsed(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
+            ))
+    tools = [TrajectoryStep(
+        kind="tool_call", turn_id=r[0], name=r[1], call_id=r[2] or None, arguments=parsed(r[3]),
+        result=parsed(r[4]), status=r[5], error=r[6], started_at=_aware(r[7]), duration_ms=r[8],
+    ) for r in con.execute(_TOOL_CALLS, params).fetchall()]
+    ends = [(_aware(r[4]), TrajectoryStep(
+        kind="end", turn_id=r[0], result=r[2] or None, status=r[1], error=r[3], started_at=_aware(r[5]),
+        duration_ms=r[6], input_tokens=r[7], output_tokens=r[8], cost_usd=r[9],
+    )) for r in con.execute(_TURNS, params).fetchall()]
+    return assemble(kind, ident, session_id, calls, tools, ends)
 
 
 def _aware(value: datetime | None) -> datetime | None:

@@ -148,7 +148,13 @@ def test_score_targets_session_scores_and_the_scores_page_answer_as_on_duckdb(pa
     orphan = next(r for r in page["recent"] if r["name"] == "orphan")
     assert orphan["found"] is False and orphan["target"] is None
     assert len(page["recent"]) == 11  # the resent batch counted once
-    # the views by the DuckDB store's names, for SQL
+    # the views by the DuckDB store's names, for SQL: the same rows
+    from test_clickhouse_views import _rows
+
+    for view in ("score_targets", "scores_over_time"):
+        duck_names, expected = _rows(duck, view)
+        names, found = _rows(ch, view)
+        assert names == duck_names and len(found) == len(expected) > 0 and found == expected, view
     _, rows = ch.sql("SELECT name, scores, labels FROM scores_over_time WHERE name = 'helpful'")
     assert rows == [("helpful", 2, '{"down":1,"up":1}')]
     assert ch.sql("SELECT count() FROM score_targets WHERE found")[1] == [(10,)]

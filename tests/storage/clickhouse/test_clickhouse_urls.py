@@ -3,6 +3,7 @@ form points, and a clear error for what is not one, or for a store that holds no
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -45,3 +46,29 @@ def test_a_store_not_prepared_says_so_and_is_not_ready(tmp_path: Path) -> None:
             reader.sessions()
     finally:
         reader.close()  # type: ignore[attr-defined]
+
+
+def test_init_makes_a_chdb_store_ready_once_with_its_retention(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``loopscope init`` on a chDB directory: the schema made with the retention asked for, ready to
+    read and empty; run again, nothing changes and it says so."""
+    from loopscope.cli import main
+
+    url = f"chdb://{tmp_path}/ch"
+    assert main(["init", "--db", url, "--ttl-days", "3"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"made loopscope's schema on {url}: otel_traces") and "rows kept 3 days" in said
+    reader = open_reader(url)
+    try:
+        assert reader.ready() and reader.sessions() == [] and reader.status().events == 0
+        _, rows = reader.sql("SELECT name FROM system.tables WHERE database = currentDatabase() "
+                             "AND position(create_table_query, 'toIntervalDay(3)') > 0 ORDER BY name")
+        kept = {r[0] for r in rows}
+        assert {"otel_traces", "loopscope_events", "loopscope_turns", "loopscope_sessions"} <= kept
+    finally:
+        reader.close()  # type: ignore[attr-defined]
+    assert main(["init", "--db", url, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again == {"store": url, "engine": "clickhouse", "schema_version": 0, "ttl_days": 0, "action": "unchanged",
+                     "sessions": 0, "events": 0}
+    assert main(["init", "--db", url]) == 0
+    assert "nothing changed" in capsys.readouterr().out

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -30,10 +31,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import loopscope
+from loopscope.dashboards.web import api
 from loopscope.storage.clickhouse.runner import connect
 from loopscope.storage.clickhouse.spans import json_each_row, row_of
 from loopscope.storage.errors import StoreError
-from loopscope.storage.policy import EventFilter
+from loopscope.storage.policy import EventFilter, TurnFilter
 from loopscope.storage.queries import Reader, open_reader, prepare
 
 pytestmark = pytest.mark.stack("clickhouse")
@@ -157,6 +159,73 @@ def test_turns_and_calls_agree(pair: tuple[Reader, Reader]) -> None:
     assert all(v is None for v in ch.turn_costs(turn_ids).values())
 
 
+def _step(step: Any) -> dict[str, Any]:
+    """A trajectory step less its cost (none on ClickHouse), durations to the microsecond."""
+    data = dict(vars(step)) | {"cost_usd": None}
+    if data["duration_ms"] is not None:
+        data["duration_ms"] = pytest.approx(data["duration_ms"], abs=1.5e-3)
+    return data
+
+
+def test_search_filters_tool_calls_and_trajectories_agree(pair: tuple[Reader, Reader]) -> None:
+    """Issue 35's queries and filters: content search, tool calls, the new timeline, turn and call
+    filters, and ``diff``'s trajectories, the same on both engines."""
+    duck, ch = pair
+    # the timeline's tool, failed and text filters, and their counts
+    for f in (EventFilter(tool_name="lookup"), EventFilter(failed=True), EventFilter(text="VALUE OF k"),
+              EventFilter(text="ünïcode", include_blocked=True), EventFilter(text="bad", event_types=["tool_call_start"]),
+              EventFilter(tool_name="convert", failed=True)):
+        expected = duck.timeline("alpha", event_filter=f)
+        assert [event_view(e) for e in ch.timeline("alpha", event_filter=f)] == [event_view(e) for e in expected], f
+        assert ch.event_count("alpha", f) == duck.event_count("alpha", f) == len(expected), f
+    assert len(ch.timeline("alpha", event_filter=EventFilter(failed=True))) == 2  # the bad keys' lookups
+    # turns as filtered rows and models
+    since = duck.turn_rows()[3].timestamp
+    for tf in (TurnFilter(agent="helper"), TurnFilter(reason="completed", model="scripted-1"), TurnFilter(since=since),
+               TurnFilter(text="bad3"), TurnFilter(text="MODEL DOWN"), TurnFilter(min_cost=0.0), TurnFilter(agent="nobody")):
+        found, expected = ch.turn_rows(None, 50, turn_filter=tf), duck.turn_rows(None, 50, turn_filter=tf)
+        assert [r._replace(latency_ms=pytest.approx(r.latency_ms, abs=1.5e-3)) for r in found] == expected, tf
+        assert [t.correlation_id for t in ch.turns(turn_filter=tf)] == [r.correlation_id for r in expected], tf
+    assert [r.correlation_id for r in ch.turn_rows(turn_filter=TurnFilter(text="bad3"))] == ["turn-3"]
+    assert ch.turn_rows(turn_filter=TurnFilter(min_cost=0.0)) == []  # no prices on ClickHouse, none on DuckDB here
+    # calls since a time and by their text
+    ignore = {"cost_usd": None, "price_source": None, "parameters": {}, "input_messages": None, "output_messages": None}
+    started = duck.calls(limit=None)[5].started_at
+    for kwargs in ({"since": started}, {"search": "answer 4"}, {"search": "MODEL down"}, {"search": "nowhere"}):
+        assert [r._asdict() | ignore | {"duration_ms": pytest.approx(r.duration_ms, abs=1.5e-3)} for r in ch.calls(**kwargs)] \
+            == [r._asdict() | ignore for r in duck.calls(**kwargs)], kwargs
+        assert [c.span_id for c in ch.model_calls(**kwargs)] == [c.span_id for c in duck.model_calls(**kwargs)], kwargs
+    assert len(ch.calls(search="answer 4")) == 1 and len(ch.calls(since=started)) == len(duck.calls(limit=None)) - 5
+    # content search: events by field, model calls, a session, a limit
+    for text, kwargs in (("value of k1", {}), ("bad", {}), ("Model Down", {}), ("ÜNÏCODE", {}), ("lookup", {"session_id": "beta"}),
+                         ("answer", {"limit": 3}), ("again 2", {}), ("nothing like it", {})):
+        assert ch.search(text, **kwargs) == duck.search(text, **kwargs), text
+    assert {h.field for h in ch.search("bad")} >= {"arguments", "error"}
+    with pytest.raises(ValueError, match="empty"):
+        ch.search("  ")
+    assert [s.session_id for s in ch.sessions(search="value of k4")] == [s.session_id for s in duck.sessions(search="value of k4")] \
+        == ["beta"]
+    # tool calls, one row a call, with their timeline indices
+    for kwargs in ({}, {"session_id": "gamma"}, {"tool": "lookup", "failed": True}, {"failed": True, "limit": 2},
+                   {"slowest": True, "limit": 3}, {"since": started}, {"search": "negative"}, {"search": "k5"}, {"limit": 0}):
+        found, expected = ch.tool_calls(**kwargs), duck.tool_calls(**kwargs)
+        if kwargs.get("slowest"):  # the order of near-equal durations is the engines' own: compare what is picked
+            found, expected = sorted(found), sorted(expected)
+        assert [r._replace(duration_ms=pytest.approx(r.duration_ms, abs=1.5e-3)) for r in found] == expected, kwargs
+    assert len(ch.tool_calls(limit=None)) == 18 and all(r.start_index and r.end_index for r in ch.tool_calls(limit=None))
+    # trajectories (loopscope diff): a session, a turn, prefixes, an unknown run
+    for ref in ("alpha", "turn-4", "gam", "turn-", "nothing"):
+        found, expected = ch.trajectory(ref), duck.trajectory(ref)
+        assert found.candidates == expected.candidates, ref
+        assert (found.trajectory is None) == (expected.trajectory is None), ref
+        if expected.trajectory is not None and found.trajectory is not None:
+            assert (found.trajectory.kind, found.trajectory.id, found.trajectory.session_id, found.trajectory.turn_ids) == \
+                (expected.trajectory.kind, expected.trajectory.id, expected.trajectory.session_id, expected.trajectory.turn_ids)
+            assert [_step(s) for s in found.trajectory.steps] == [_step(s) for s in expected.trajectory.steps], ref
+    whole = ch.trajectory("gamma").trajectory
+    assert whole is not None and [s.kind for s in whole.steps].count("end") == 2
+
+
 def _close(value: Any) -> Any:
     """A figure to compare across engines: floats to the microsecond, records key by key."""
     if isinstance(value, float):
@@ -207,7 +276,7 @@ def test_dashboard_pages_agree(pair: tuple[Reader, Reader]) -> None:
     duck, ch = pair
     drop = ("generated_at", "id", "cost_usd", "unpriced_calls", "store", "live")
     assert _page(ch.page_overview(), drop) == _page(duck.page_overview(), drop)
-    for q, limit, offset in ((None, None, None), ("help", 1, 0), (None, 1, 1)):
+    for q, limit, offset in ((None, None, None), ("help", 1, 0), (None, 1, 1), ("value of k4", None, None)):
         assert _page(ch.page_sessions(q, limit, offset), drop) == _page(duck.page_sessions(q, limit, offset), drop)
     for kwargs in ({}, {"limit": 5}, {"after_index": 3, "limit": 4}, {"before_index": 10, "limit": 3},
                    {"include_blocked": True, "limit": 6}):
@@ -268,6 +337,14 @@ def test_cli_commands_read_the_chdb_store(recorded: dict[str, Any]) -> None:
     assert cli("stats")["turns"] == 6
     assert {r["tool"] for r in cli("tools")} == {"lookup", "convert"}
     assert cli("status")["turns"] == 6
+    # issue 35's commands: diff, search, and the filters of turns, calls and timeline
+    duck = open_reader(recorded["duckdb"])
+    diffed = cli("diff", "alpha", "turn-4")
+    assert _page(diffed, ("cost_usd",)) == _page(api.diff(duck, "alpha", "turn-4"), ("cost_usd",))
+    assert diffed["a"]["session_id"] == "alpha" and diffed["b"]["id"] == "turn-4" and len(diffed["rows"]) > 5
+    hits = cli("search", "bad", "--session", "beta")
+    assert [(h["turn_id"], h["index"], h["field"], h["snippet"]) for h in hits] == \
+        [(h.turn_id, h.index, h.field, h.snippet) for h in duck.search("bad", session_id="beta")] and hits
     done = subprocess.run([sys.executable, "-m", "loopscope", "sql", "SELECT count() AS n FROM loopscope_events",
                            "--db", recorded["chdb"]], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -294,6 +371,20 @@ def test_the_dashboard_serves_the_chdb_store_over_http(recorded: dict[str, Any])
         assert {t["tool"] for t in get("api/tools")["tools"]} == {"lookup", "convert"}
         assert get("api/turns")["loop_end_reasons"]
         assert {a["agent"] for a in get("api/declared")["agents"]} == {"helper", "planner"}
+        # issue 35's pages: a diff, a search, the failed and slowest calls, as on the DuckDB store
+        duck = open_reader(recorded["duckdb"])
+        assert _page(get("api/diff?a=beta&b=gam"), ("cost_usd",)) == _page(api.diff(duck, "beta", "gam"), ("cost_usd",))
+        with pytest.raises(urllib.error.HTTPError) as unknown:
+            get("api/diff?a=beta&b=nothing")
+        assert unknown.value.code == 400
+        found = get("api/search?q=model%20down")
+        assert found["hits"] == api.search(duck, "model down")["hits"] and found["hits"]
+        for query, failed in (("api/calls?failed=1", True), ("api/calls?tool=convert&failed=1", True), ("api/calls", False)):
+            page, expected = get(query), api.calls(duck, "convert" if "tool" in query else None, failed)
+            ids = lambda rows: sorted((r["session_id"], r["turn_id"], r.get("call_id")) for r in rows)
+            assert ids(page["tool_calls"]) == ids(expected["tool_calls"]), query
+            assert ids(page["model_calls"]) == ids(expected["model_calls"]), query
+        assert len(get("api/calls?failed=1")["tool_calls"]) == 6
     finally:
         server.shutdown()
         server.server_close()
