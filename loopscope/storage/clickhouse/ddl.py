@@ -387,6 +387,8 @@ SELECT {_SESSION} AS session_id, min({_START_US}) AS first_at, max({_END_US}) AS
     groupUniqArrayIf({_attr(a.AGENT_NAME)}, {_attr(a.AGENT_NAME)} != '') AS agents
 FROM {src} WHERE {_OP} IN ({ops}) GROUP BY session_id""")
     out.append(f"CREATE VIEW IF NOT EXISTS {db}.`loopscope_timeline` AS {TIMELINE.format(events=events)}")
+    from .scores import statements as scores  # loopscope_scores and its views (storage/clickhouse/scores.py)
+    out.extend(scores(database, source, ttl_days=ttl_days))
     out.extend(views.create_statements(db))  # the DuckDB store's SQL views, by the same names
     return out
 

@@ -26,6 +26,7 @@ from ..pages import (
     since,
     whole,
 )
+from .scores import turn_scores
 from .tables import CALLS, EVENT_NAMES, EVENT_SELECT, IN_IDS, SESSION_ROWS, TOOL_CALLS, TURNS, ids_param
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ def timeline(
         "session_id": session_id, "found": found, "last_index": info["event_count"],
         "first_at": _ms(info["first_us"]) if found else None, "last_at": _ms(info["last_us"]) if found else None,
         "events": events, "turns": turns, "model_calls": calls,
-        "scores": [],  # a ClickHouse store keeps no scores yet (docs/scores.md): the page's shape, none in it
+        "scores": turn_scores(reader, session_id, wanted),  # the page's turns' (and their calls' and tools') scores
         "more_before": more if after_index is None else None, "more_after": more if after_index is not None else None,
         "cursor": cursor, "generated_at": now_ms(),
     }

@@ -24,6 +24,7 @@ from ..results import (
     TOOL_OUTCOMES,
     CallRow,
     Record,
+    ScoreTarget,
     SearchHit,
     SessionLookup,
     Stats,
@@ -32,7 +33,7 @@ from ..results import (
     TrajectoryLookup,
     TurnRow,
 )
-from . import pages, parquet, trajectory
+from . import pages, parquet, scores, trajectory
 from . import search as _search  # (a method is named search)
 from .runner import Runner, connect, parse, readonly
 from .tables import (
@@ -563,6 +564,17 @@ class ClickHouseReader:
 
     def interrupted(self, exc: BaseException) -> bool:
         return isinstance(exc, KeyboardInterrupt) or "interrupted" in str(exc).lower() and "Code: 394" in str(exc)
+
+    # -- scores (.scores; docs/scores.md) ----------------------------------------------------
+
+    def score_target(self, ref: str) -> ScoreTarget | None:
+        return scores.score_target(self, ref)
+
+    def page_session_scores(self, session_id: str, turn_ids: Sequence[str]) -> dict[str, Any]:
+        return scores.session_page(self, session_id, turn_ids)
+
+    def page_scores(self, range_: str | None = "all") -> dict[str, Any]:
+        return scores.page(self, range_)
 
 
 def _turn_filter_sql(turn_filter: TurnFilter, params: dict[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ columns JSON text. What ClickHouse has no data for is there and NULL: costs (``c
 from __future__ import annotations
 
 from ..results import TOOL_OUTCOMES
+from .scores import SCORE_VIEWS
 
 __all__ = ["VIEWS", "create_statements"]
 
@@ -206,6 +207,7 @@ VIEWS: dict[str, str] = {
     "cost_totals": COST_TOTALS,
 }
 """Every view, by name, as the SELECT that defines it; in creation order (later ones read earlier ones)."""
+VIEWS.update(SCORE_VIEWS)  # score_targets, scores_over_time (.scores), last as in the DuckDB store
 
 
 def create_statements(database: str) -> list[str]:

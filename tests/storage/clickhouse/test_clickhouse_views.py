@@ -35,7 +35,11 @@ KEYS = {
     "model_usage": "provider, model",
     "session_costs": "session_id",
     "cost_totals": "model_calls",
+    "score_targets": "id",
+    "scores_over_time": "day, name, target, agent, model, tool",
 }
+SCORED = {"score_targets", "scores_over_time"}
+"""Views empty in this recording (no scores): test_clickhouse_scores.py compares them."""
 
 # no prices on ClickHouse (every call that used tokens is unpriced), no request parameters
 PRICELESS = {"cost_usd", "price_source", "unpriced", "unpriced_calls", "parameters"}
@@ -80,7 +84,7 @@ def test_every_duckdb_view_has_a_clickhouse_view_of_the_same_rows(readers: tuple
         duck_names, expected = _rows(duck, view)
         names, found = _rows(ch, view)
         assert names == duck_names, view  # the same columns, in the same order
-        assert expected, view  # the recording gives every view rows to compare
+        assert expected or view in SCORED, view  # the recording gives every other view rows to compare
         assert found == expected, view
     # what ClickHouse has no data for is NULL, and every call that used tokens is unpriced
     names, rows = ch.sql("SELECT cost_usd, price_source, parameters, unpriced, total_tokens FROM model_call_summaries")
