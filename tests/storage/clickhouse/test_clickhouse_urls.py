@@ -72,3 +72,15 @@ def test_init_makes_a_chdb_store_ready_once_with_its_retention(tmp_path: Path, c
                      "sessions": 0, "events": 0}
     assert main(["init", "--db", url]) == 0
     assert "nothing changed" in capsys.readouterr().out
+
+
+def test_the_clickhouse_reader_answers_every_query_of_the_protocol() -> None:
+    """A reader missing one of the protocol's queries is, to the dashboard, not a reader at all
+    (``isinstance`` of a runtime-checkable protocol): it opened a new one for every request and
+    kept chDB's directory open. Every named query the CLI and the dashboard make is here."""
+    from loopscope.storage.clickhouse.reader import ClickHouseReader
+    from loopscope.storage.queries import Reader
+
+    queries = sorted(n for n in dir(Reader) if not n.startswith("_") and callable(getattr(Reader, n)))
+    assert len(queries) > 30
+    assert [n for n in queries if not callable(getattr(ClickHouseReader, n, None))] == []
