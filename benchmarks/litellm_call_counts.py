@@ -23,36 +23,21 @@ from __future__ import annotations
 
 import argparse
 import collections
-import multiprocessing
 import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM's shipped price map, not fetched
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from _litellm_loops import WARMUP, WEATHER  # benchmarks/: the script's own folder is on sys.path
+from _litellm_loops import route as fake_route
 
 VARIANTS = ("none", "noop", "loopscope", "openinference")
 SERIES = ("stream", "nonstream")
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-WARMUP = 10
 
-
-def _serve(found: Any, loops: int) -> None:
-    from fakes.model_server import FakeModelServer
-    from fakes.script import Reply, ToolCall, Usage
-
-    server = FakeModelServer().start()
-    for i in range(loops):
-        server.queue(Reply(text="Let me check.", tool_calls=[ToolCall("get_weather", {"city": "Paris"}, id=f"c{i}")],
-                           usage=Usage(100, 20)),
-                     Reply(text="Sunny.", usage=Usage(120, 5)), match=f"q{i} ")
-    found.put(server.openai_base_url)
-    threading.Event().wait()
 
 
 def _instrument(variant: str) -> None:
@@ -100,10 +85,7 @@ def _package(filename: str) -> str:
 def worker(variant: str, series: str, loops: int, warmup: int = WARMUP) -> None:
     import litellm
 
-    spawn = multiprocessing.get_context("fork")
-    found = spawn.Queue()
-    spawn.Process(target=_serve, args=(found, warmup + loops), daemon=True).start()
-    route = {"model": "openai/gpt-4.1-mini", "api_base": found.get(timeout=60), "api_key": "sk-bench", "num_retries": 0}
+    route = fake_route(warmup + loops)
     _instrument(variant)
     stream = series == "stream"
     options: dict[str, Any] = {"tools": [WEATHER], **route}

@@ -108,7 +108,26 @@ def content_of(text: str | None, clip: bool) -> tuple[Any, bool]:
     return content, truncated
 
 
+def declared_page(rows: list[dict[str, Any]], range_: str | None) -> dict[str, Any]:
+    """The declared-vs-used page from one row per (agent, tool) (``agent``, ``tool``,
+    ``turns_declared``, ``calls``, ``turns_used``, ``agent_turns``), as both engines read them:
+    grouped by agent, each tool marked never called (declared, no call) or undeclared (called,
+    never offered)."""
+    agents: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        name = row.pop("agent")
+        entry = agents.setdefault(name, {"agent": name or "(no agent)", "turns": row["agent_turns"], "tools": []})
+        row.pop("agent_turns")
+        row["never_called"] = row["turns_declared"] > 0 and row["calls"] == 0
+        row["undeclared"] = row["turns_declared"] == 0
+        entry["tools"].append(row)
+    for entry in agents.values():
+        entry["declared"] = sum(1 for t in entry["tools"] if t["turns_declared"])
+        entry["never_called"] = sum(1 for t in entry["tools"] if t["never_called"])
+    return {"range": range_ or "all", "agents": list(agents.values()), "generated_at": now_ms()}
+
+
 __all__ = [
     "LIVE_SECONDS", "MAX_CONTENT_CHARS", "MAX_INDEX", "MAX_OFFSET", "MAX_PAGE", "RANGES", "TIMELINE_PAGE", "ApiError",
-    "content_of", "json_safe", "loads", "now_ms", "since", "whole",
+    "content_of", "declared_page", "json_safe", "loads", "now_ms", "since", "whole",
 ]

@@ -20,6 +20,7 @@ from ..pages import (
     TIMELINE_PAGE,
     ApiError,
     content_of,
+    declared_page,
     json_safe,
     loads,
     now_ms,
@@ -333,18 +334,7 @@ def declared_vs_used(reader: ClickHouseReader, range_: str | None = "all") -> di
         FROM joined AS j LEFT JOIN agent_turns AS a ON a.agent = j.agent
         ORDER BY agent, calls DESC, turns_declared DESC, tool
         SETTINGS join_use_nulls = 0""", params)
-    agents: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        name = row.pop("agent")
-        entry = agents.setdefault(name, {"agent": name or "(no agent)", "turns": row["agent_turns"], "tools": []})
-        row.pop("agent_turns")
-        row["never_called"] = row["turns_declared"] > 0 and row["calls"] == 0
-        row["undeclared"] = row["turns_declared"] == 0
-        entry["tools"].append(row)
-    for entry in agents.values():
-        entry["declared"] = sum(1 for t in entry["tools"] if t["turns_declared"])
-        entry["never_called"] = sum(1 for t in entry["tools"] if t["never_called"])
-    return {"range": range_ or "all", "agents": list(agents.values()), "generated_at": now_ms()}
+    return declared_page(rows, range_)
 
 
 __all__ = ["declared_vs_used", "event", "overview", "sessions", "timeline", "tool_analytics", "turn_analytics"]

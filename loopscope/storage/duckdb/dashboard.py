@@ -39,6 +39,7 @@ from ..pages import (
     RANGES,
     TIMELINE_PAGE,
     ApiError,
+    declared_page,
     json_safe,
 )
 from ..pages import content_of as _content
@@ -654,15 +655,4 @@ def declared_vs_used(store: Store, range_: str | None = "all") -> dict[str, Any]
                 ORDER BY 1, calls DESC, turns_declared DESC, 2""",
             [*time_params, *event_params],
         )
-    agents: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        name = row.pop("agent")
-        entry = agents.setdefault(name, {"agent": name or "(no agent)", "turns": row["agent_turns"], "tools": []})
-        row.pop("agent_turns")
-        row["never_called"] = row["turns_declared"] > 0 and row["calls"] == 0
-        row["undeclared"] = row["turns_declared"] == 0
-        entry["tools"].append(row)
-    for entry in agents.values():
-        entry["declared"] = sum(1 for t in entry["tools"] if t["turns_declared"])
-        entry["never_called"] = sum(1 for t in entry["tools"] if t["never_called"])
-    return {"range": range_ or "all", "agents": list(agents.values()), "generated_at": _now_ms()}
+    return declared_page(rows, range_)
