@@ -19,7 +19,7 @@ from loopscope.storage.duckdb import tool_totals
 from loopscope.storage.duckdb import writer as writer_module
 from loopscope.storage.duckdb.conversations import DuckDBConversationStore
 from loopscope.storage.duckdb.schema import SCHEMA_VERSION, migrate
-from loopscope.storage.duckdb.views import SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
+from loopscope.storage.duckdb.views import SCORE_VIEWS, SORTED_DURATIONS, TOOL_DURATIONS, TOOL_TOTALS
 from loopscope.storage.queries import open_sink
 from loopscope.storage.rows import END, START
 from recorded import connect_when_free
@@ -171,6 +171,9 @@ def test_a_file_from_before_the_totals_is_filled_when_migrated(tmp_path: Path) -
         con.execute(f"DROP TABLE {TOOL_TOTALS}")
         con.execute(f"DROP TABLE {TOOL_DURATIONS}")
         con.execute(f"DROP TABLE {SORTED_DURATIONS}")
+        for view in SCORE_VIEWS:  # m018's scores, which that file had not either
+            con.execute(f"DROP VIEW {view}")
+        con.execute("DROP TABLE scores")
         con.execute("DELETE FROM loopscope_migrations WHERE name >= 'm010'")  # m010 and every later one
         con.execute("UPDATE loopscope_meta SET value = '9' WHERE key = 'schema_version'")
         assert migrate(con) == 9 and SCHEMA_VERSION >= 13
