@@ -56,6 +56,26 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def page_args(limit: int | None, offset: int | None, default: int) -> tuple[int, int]:
+    """A page's ``limit`` (``default`` when not given) and ``offset`` (0), each checked within
+    its bound: an :class:`ApiError` names the one out of it."""
+    return (whole("limit", default if limit is None else limit, 1, MAX_PAGE),
+            whole("offset", 0 if offset is None else offset, 0, MAX_OFFSET))
+
+
+def timeline_limit(limit: int | None, after_index: int | None, before_index: int | None) -> int:
+    """A timeline page's ``limit``, once its cursor is checked: at most one of ``after_index``
+    and ``before_index``, each a whole index within bounds (both engines' pages take them)."""
+    if after_index is not None and before_index is not None:
+        raise ApiError("after and before cannot be used together")
+    limit, _ = page_args(limit, 0, TIMELINE_PAGE)
+    if after_index is not None:
+        whole("after", after_index, 0, MAX_INDEX)
+    if before_index is not None:
+        whole("before", before_index, 0, MAX_INDEX)
+    return limit
+
+
 def since(range_: str | None) -> float | None:
     """The start of a time range as epoch seconds; None for all time."""
     key = range_ or "all"
@@ -69,6 +89,16 @@ def loads(text: str) -> Any:
     """Stored JSON text as a value an answer can hold: ``NaN``, ``Infinity`` and numbers
     too large for a float (which the store's JSON may hold) become ``None``."""
     return json.loads(text, parse_constant=_not_a_number, parse_float=_finite_float)
+
+
+def json_or_text(text: Any) -> Any:
+    """Stored JSON text parsed; text that is not JSON kept as it is; None as None."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _not_a_number(name: str) -> None:
@@ -129,5 +159,5 @@ def declared_page(rows: list[dict[str, Any]], range_: str | None) -> dict[str, A
 
 __all__ = [
     "LIVE_SECONDS", "MAX_CONTENT_CHARS", "MAX_INDEX", "MAX_OFFSET", "MAX_PAGE", "RANGES", "TIMELINE_PAGE", "ApiError",
-    "content_of", "declared_page", "json_safe", "loads", "now_ms", "since", "whole",
+    "content_of", "declared_page", "json_or_text", "json_safe", "loads", "now_ms", "page_args", "since", "timeline_limit", "whole",
 ]

@@ -14,18 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..pages import (
     LIVE_SECONDS,
-    MAX_INDEX,
-    MAX_OFFSET,
-    MAX_PAGE,
-    TIMELINE_PAGE,
-    ApiError,
     content_of,
     declared_page,
     json_safe,
     loads,
     now_ms,
+    page_args,
     since,
-    whole,
+    timeline_limit,
 )
 from .scores import turn_scores
 from .tables import CALLS, EVENT_NAMES, EVENT_SELECT, IN_IDS, SESSION_ROWS, TOOL_CALLS, TURNS, ids_param
@@ -46,11 +42,6 @@ def _ms(us: int | None) -> int | None:
 
 def _records(reader: ClickHouseReader, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return [json_safe(r) for r in reader.records(sql, params)]
-
-
-def _page_args(limit: int | None, offset: int | None, default: int) -> tuple[int, int]:
-    return (whole("limit", default if limit is None else limit, 1, MAX_PAGE),
-            whole("offset", 0 if offset is None else offset, 0, MAX_OFFSET))
 
 
 def _session_rows(reader: ClickHouseReader, q: str | None, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -88,7 +79,7 @@ def _session_rows(reader: ClickHouseReader, q: str | None, limit: int, offset: i
 
 
 def sessions(reader: ClickHouseReader, q: str | None = None, limit: int | None = None, offset: int | None = None) -> dict[str, Any]:
-    limit, offset = _page_args(limit, offset, 50)
+    limit, offset = page_args(limit, offset, 50)
     rows, total = _session_rows(reader, q, limit, offset)
     return {"sessions": rows, "total": total, "limit": limit, "offset": offset, "q": q or ""}
 
@@ -135,13 +126,7 @@ def timeline(
     limit: int | None = None, include_blocked: bool = False, turn_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A page of a session's timeline, the turns on it and their model calls (see the DuckDB engine's)."""
-    if after_index is not None and before_index is not None:
-        raise ApiError("after and before cannot be used together")
-    limit, _ = _page_args(limit, 0, TIMELINE_PAGE)
-    if after_index is not None:
-        whole("after", after_index, 0, MAX_INDEX)
-    if before_index is not None:
-        whole("before", before_index, 0, MAX_INDEX)
+    limit = timeline_limit(limit, after_index, before_index)
     from ..policy import EventFilter
 
     info = reader.session_infos([session_id])[session_id]

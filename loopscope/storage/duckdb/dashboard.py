@@ -33,20 +33,17 @@ import duckdb
 from ..pages import (
     LIVE_SECONDS,
     MAX_CONTENT_CHARS,
-    MAX_INDEX,
-    MAX_OFFSET,
-    MAX_PAGE,
     RANGES,
-    TIMELINE_PAGE,
     ApiError,
     declared_page,
     json_safe,
+    page_args,
+    timeline_limit,
 )
 from ..pages import content_of as _content
 from ..pages import loads as _loads
 from ..pages import now_ms as _now_ms
 from ..pages import since as _since
-from ..pages import whole as _whole
 from ..policy import EventFilter
 from .connection import open_store
 from .replay import SessionMark, read_after
@@ -217,16 +214,10 @@ def _session_page(
     return rows, int(total_row[0]) if total_row else 0
 
 
-def _page_args(limit: int | None, offset: int | None, default: int) -> tuple[int, int]:
-    limit = _whole("limit", default if limit is None else limit, 1, MAX_PAGE)
-    offset = _whole("offset", 0 if offset is None else offset, 0, MAX_OFFSET)
-    return limit, offset
-
-
 def sessions(store: Store, q: str | None = None, limit: int | None = None, offset: int | None = None) -> dict[str, Any]:
     """A page of sessions, most recently active first; ``q`` matches session id, agent or
     model, or the content of the session (storage/duckdb/search.py)."""
-    limit, offset = _page_args(limit, offset, 50)
+    limit, offset = page_args(limit, offset, 50)
     with _reading(store) as con:
         rows, total = _session_page(con, q, limit, offset)
     return {"sessions": rows, "total": total, "limit": limit, "offset": offset, "q": q or ""}
@@ -386,13 +377,7 @@ def timeline(
     cursor also passes rows the page leaves out (blocked ones) and nothing lands twice
     or in neither page.
     """
-    if after_index is not None and before_index is not None:
-        raise ApiError("after and before cannot be used together")
-    limit, _ = _page_args(limit, 0, TIMELINE_PAGE)
-    if after_index is not None:
-        _whole("after", after_index, 0, MAX_INDEX)
-    if before_index is not None:
-        _whole("before", before_index, 0, MAX_INDEX)
+    limit = timeline_limit(limit, after_index, before_index)
     clauses, params = EventFilter(include_blocked=include_blocked).where()
     clauses.insert(0, "session_id = ?")
     params.insert(0, session_id)

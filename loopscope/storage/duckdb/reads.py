@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..pages import json_or_text
 from ..policy import TurnFilter
 from ..results import CallRow, TurnRow
 from .connection import open_store
@@ -262,22 +263,13 @@ _NAIVE_CALL_COLUMNS = CALL_COLUMNS.replace(
 )
 
 
-def _loaded(text: Any) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def call_row(row: Sequence[Any]) -> CallRow:
     """A ``model_call_summaries`` row (:data:`CALL_COLUMNS`) as a :class:`CallRow`: the JSON
     columns parsed (text that is not JSON kept as it is), the stored token counts as one
     ``usage``, the finish reasons as text."""
     data = dict(zip(CALL_NAMES, row, strict=True))
     for key in CALL_JSON:
-        data[key] = _loaded(data[key])
+        data[key] = json_or_text(data[key])
     reasons, parameters = data["finish_reasons"], data["parameters"]
     return CallRow(
         session_id=data["session_id"],

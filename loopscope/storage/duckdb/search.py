@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..matching import SNIPPET_CHARS, needle_of, snippet
+from ..pages import json_or_text
 from ..policy import EVENT_TEXT
 from ..results import SearchHit, ToolCallRow
 from .engine import duckdb
@@ -255,25 +256,14 @@ def ended_calls_sql(
     return sql, params
 
 
-def _json(text: Any) -> Any:
-    import json
-
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def tool_call_row(row: Sequence[Any]) -> ToolCallRow:
     """A row of :data:`TOOL_CALL_COLUMNS` as a :class:`ToolCallRow` (JSON parsed, times UTC)."""
     (session, turn, agent, tool, call_id, outcome, status, started, ended, ms, arguments, result, error,
      start_index, end_index) = row
     return ToolCallRow(
         session_id=session, turn_id=turn, agent=agent, tool=tool, call_id=call_id, outcome=outcome, status=status,
-        started_at=_aware(started), ended_at=_aware(ended), duration_ms=ms, arguments=_json(arguments),
-        result=_json(result), error=error, start_index=start_index, end_index=end_index,
+        started_at=_aware(started), ended_at=_aware(ended), duration_ms=ms, arguments=json_or_text(arguments),
+        result=json_or_text(result), error=error, start_index=start_index, end_index=end_index,
     )
 
 
